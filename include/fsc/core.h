@@ -1,0 +1,188 @@
+/* fsc core: status codes, logging, dtypes, tagged memory, arenas, tensors, Philox RNG.
+ *
+ * Floor 1 of the house. Everything above reports errors through the status
+ * codes here, allocates large buffers through the tagged allocator (so memory
+ * claims can be checked exactly) and draws randomness by meaning, not by order.
+ */
+#ifndef FSC_CORE_H
+#define FSC_CORE_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fsc/export.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- status codes: 0 is success, negative is failure ---------------------- */
+enum {
+    FSC_OK = 0,
+    FSC_ERR_INVALID = -1,     /* a bad argument or configuration */
+    FSC_ERR_NOMEM = -2,       /* an allocation failed */
+    FSC_ERR_IO = -3,          /* a file could not be opened, read or written */
+    FSC_ERR_FORMAT = -4,      /* a file's contents are malformed */
+    FSC_ERR_SHAPE = -5,       /* tensor shapes do not agree */
+    FSC_ERR_DTYPE = -6,       /* unsupported or mismatched dtype */
+    FSC_ERR_UNSUPPORTED = -7, /* valid but not implemented */
+    FSC_ERR_NOT_FOUND = -8,   /* a named item is missing */
+    FSC_ERR_NUMERIC = -9,     /* a NaN or inf where none may be */
+    FSC_ERR_INTERNAL = -10,   /* a broken invariant: a bug in fsc */
+};
+
+/* Short fixed description of a status code ("invalid argument"). */
+FSC_API const char *fsc_strerror(int status);
+/* The specific message of the last failure on this thread ("" if none). */
+FSC_API const char *fsc_last_error(void);
+/* Records a message for this thread and returns `status`, so callers can write
+ * `return fsc_error(FSC_ERR_INVALID, "--heads %d must divide --d-model %d", h, c);` */
+FSC_API int fsc_error(int status, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+FSC_API void fsc_clear_error(void);
+
+/* ---- logging ------------------------------------------------------------- */
+typedef enum { FSC_LOG_DEBUG = 0, FSC_LOG_INFO, FSC_LOG_WARN, FSC_LOG_ERROR, FSC_LOG_OFF } fsc_log_level;
+
+/* Default level is INFO, or the FSC_LOG_LEVEL environment variable (debug|info|warn|error|off). */
+FSC_API void fsc_log_set_level(fsc_log_level level);
+FSC_API fsc_log_level fsc_log_get_level(void);
+FSC_API void fsc_log(fsc_log_level level, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+/* ---- dtypes -------------------------------------------------------------- */
+typedef enum {
+    FSC_DTYPE_F32 = 0,
+    FSC_DTYPE_BF16,
+    FSC_DTYPE_F16,
+    FSC_DTYPE_I32,
+    FSC_DTYPE_I64,
+    FSC_DTYPE_U16,
+    FSC_DTYPE_COUNT
+} fsc_dtype;
+
+FSC_API size_t fsc_dtype_size(fsc_dtype dt);
+/* Name as safetensors spells it: "F32", "BF16", "F16", "I32", "I64", "U16". */
+FSC_API const char *fsc_dtype_name(fsc_dtype dt);
+/* Parses a safetensors dtype name; returns FSC_ERR_DTYPE for unknown names. */
+FSC_API int fsc_dtype_parse(const char *name, fsc_dtype *out);
+
+FSC_API float fsc_bf16_to_f32(uint16_t h);
+FSC_API uint16_t fsc_f32_to_bf16(float f); /* round to nearest even */
+FSC_API float fsc_f16_to_f32(uint16_t h);
+FSC_API uint16_t fsc_f32_to_f16(float f); /* round to nearest even */
+
+/* ---- tagged memory -------------------------------------------------------- */
+/* Every large allocation carries a tag; current and peak bytes are kept per tag
+ * (thread-safe), so ZeRO's promises can be checked against exact figures. */
+typedef enum {
+    FSC_MEM_PARAMS = 0,
+    FSC_MEM_GRADS,
+    FSC_MEM_OPTIM,
+    FSC_MEM_ACTIV,
+    FSC_MEM_COMM,
+    FSC_MEM_WORK,
+    FSC_MEM_TAG_COUNT
+} fsc_mem_tag;
+
+/* 64-byte aligned, zero-filled. Returns NULL and sets the error on failure. */
+FSC_API void *fsc_mem_alloc(fsc_mem_tag tag, size_t bytes);
+FSC_API void fsc_mem_free(void *p); /* accepts NULL */
+FSC_API size_t fsc_mem_current(fsc_mem_tag tag);
+FSC_API size_t fsc_mem_peak(fsc_mem_tag tag);
+FSC_API size_t fsc_mem_current_total(void);
+/* Peak of the sum over tags (not the sum of per-tag peaks). */
+FSC_API size_t fsc_mem_peak_total(void);
+FSC_API void fsc_mem_reset_peaks(void);
+FSC_API const char *fsc_mem_tag_name(fsc_mem_tag tag); /* "params", "grads", ... */
+
+/* ---- arena ---------------------------------------------------------------- */
+/* A bump allocator for one step's activations and saved state. Memory comes
+ * from the tagged allocator in blocks that are kept across resets, so a
+ * steady-state training loop allocates nothing after its first step. */
+typedef struct fsc_arena fsc_arena;
+
+FSC_API fsc_arena *fsc_arena_new(fsc_mem_tag tag, size_t block_bytes);
+FSC_API void fsc_arena_free(fsc_arena *a); /* accepts NULL */
+/* 64-byte aligned, NOT zeroed. NULL (error set) only if memory is exhausted. */
+FSC_API void *fsc_arena_alloc(fsc_arena *a, size_t bytes);
+/* Zero-filled variant. */
+FSC_API void *fsc_arena_calloc(fsc_arena *a, size_t bytes);
+/* Forgets every allocation; keeps the blocks. If the last step needed more than
+ * one block, they are merged into one block of the high-water size. */
+FSC_API void fsc_arena_reset(fsc_arena *a);
+FSC_API size_t fsc_arena_used(const fsc_arena *a);
+FSC_API size_t fsc_arena_high_water(const fsc_arena *a);
+
+/* ---- tensors -------------------------------------------------------------- */
+#define FSC_MAX_DIMS 4
+
+/* A contiguous row-major view. It never owns its data: storage belongs to a flat
+ * buffer, an arena or the caller. Passed by value; cheap to copy. */
+typedef struct fsc_tensor {
+    void *data;
+    fsc_dtype dtype;
+    int ndim;
+    int64_t shape[FSC_MAX_DIMS];
+} fsc_tensor;
+
+FSC_API fsc_tensor fsc_tensor_make(void *data, fsc_dtype dt, int ndim, const int64_t *shape);
+/* Convenience constructors for 1-4 dims. */
+FSC_API fsc_tensor fsc_tensor_1d(void *data, fsc_dtype dt, int64_t d0);
+FSC_API fsc_tensor fsc_tensor_2d(void *data, fsc_dtype dt, int64_t d0, int64_t d1);
+FSC_API fsc_tensor fsc_tensor_3d(void *data, fsc_dtype dt, int64_t d0, int64_t d1, int64_t d2);
+FSC_API fsc_tensor fsc_tensor_4d(void *data, fsc_dtype dt, int64_t d0, int64_t d1, int64_t d2,
+                                 int64_t d3);
+FSC_API int64_t fsc_tensor_numel(const fsc_tensor *t);
+FSC_API size_t fsc_tensor_nbytes(const fsc_tensor *t);
+/* Same data, new shape with equal numel; FSC_ERR_SHAPE otherwise. */
+FSC_API int fsc_tensor_reshape(const fsc_tensor *t, int ndim, const int64_t *shape, fsc_tensor *out);
+/* Rows [start, start+count) of dimension 0, as a view. */
+FSC_API int fsc_tensor_narrow0(const fsc_tensor *t, int64_t start, int64_t count, fsc_tensor *out);
+/* Allocates a tensor from an arena (not zeroed). data is NULL on failure. */
+FSC_API fsc_tensor fsc_tensor_arena(fsc_arena *a, fsc_dtype dt, int ndim, const int64_t *shape);
+FSC_API bool fsc_tensor_same_shape(const fsc_tensor *a, const fsc_tensor *b);
+/* Converts between dtypes element-wise (f32 <-> bf16/f16). Shapes must match. */
+FSC_API int fsc_tensor_convert(const fsc_tensor *src, fsc_tensor *dst);
+
+/* ---- Philox4x32-10 counter-based RNG -------------------------------------- */
+/* Randomness keyed by meaning (DESIGN.md decision 5): a key names *what* is
+ * being drawn (seed + parameter name, or seed + layer), a counter names *which*
+ * draw (element index, step, sample). Any parallel layout draws the same
+ * numbers for the same element. */
+typedef struct {
+    uint32_t v[4];
+} fsc_philox_out;
+
+FSC_API fsc_philox_out fsc_philox4x32(uint64_t key, uint64_t ctr_hi, uint64_t ctr_lo);
+/* A 64-bit key from a seed and a name (FNV-1a mixed with splitmix64). */
+FSC_API uint64_t fsc_rng_key(uint64_t seed, const char *name);
+/* A 64-bit key from a seed and small integers (layer, stream id). */
+FSC_API uint64_t fsc_rng_key_ints(uint64_t seed, uint64_t a, uint64_t b);
+/* Uniform in [0,1) from 32 random bits (24-bit resolution). */
+FSC_API float fsc_rng_uniform(uint32_t bits);
+/* Fills out[i] ~ N(mean, std) for global element indices [first, first+n):
+ * element j of any slice draws exactly what it would in the full tensor. */
+FSC_API void fsc_rng_normal_fill(float *out, int64_t n, int64_t first, uint64_t key, float mean,
+                                 float std);
+
+/* ---- threads --------------------------------------------------------------- */
+/* Threads for fsc's own OpenMP loops (default 1; FSC_NUM_THREADS overrides). */
+FSC_API void fsc_set_num_threads(int n);
+FSC_API int fsc_get_num_threads(void);
+
+/* Monotonic wall time in seconds. */
+FSC_API double fsc_now(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

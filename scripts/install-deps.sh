@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs the Debian packages fsc needs, only those missing.
+# Called by both README commands and by .ci/run; safe to run repeatedly.
+set -euo pipefail
+
+packages=(
+  build-essential cmake pkg-config
+  libopenblas-dev        # CBLAS; fsc selects the AVX-512 kernels itself
+  libopenmpi-dev openmpi-bin
+  libcjson-dev           # safetensors headers
+  libcmocka-dev          # unit tests
+  libomp-dev
+  python3 python3-numpy  # reference scripts (goldens are committed)
+)
+# PyTorch is only needed to regenerate goldens and for the peer benchmark.
+if [ "${FSC_WITH_TORCH:-0}" = 1 ]; then packages+=(python3-torch); fi
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+echo "install-deps: installing ${missing[*]}" >&2
+sudo=""
+[ "$(id -u)" -ne 0 ] && sudo="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

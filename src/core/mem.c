@@ -1,0 +1,82 @@
+/* The tagged allocator (DESIGN.md decision 6). Each block carries a small
+ * header with its tag and size, so fsc_mem_free needs only the pointer and the
+ * per-tag counters stay exact. Counters are atomics: worker threads allocate. */
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fsc/core.h"
+
+#define ALIGN 64
+
+typedef struct {
+    size_t bytes;
+    int tag;
+    uint32_t magic;
+} header;
+
+#define MAGIC 0xF5C0A11Cu
+
+static _Atomic size_t current[FSC_MEM_TAG_COUNT], peak[FSC_MEM_TAG_COUNT];
+static _Atomic size_t total_current, total_peak;
+
+static void raise_peak(_Atomic size_t *pk, size_t now) {
+    size_t old = atomic_load(pk);
+    while (now > old && !atomic_compare_exchange_weak(pk, &old, now)) {
+    }
+}
+
+void *fsc_mem_alloc(fsc_mem_tag tag, size_t bytes) {
+    if ((unsigned)tag >= FSC_MEM_TAG_COUNT) {
+        fsc_error(FSC_ERR_INVALID, "fsc_mem_alloc: bad tag %d", (int)tag);
+        return NULL;
+    }
+    if (bytes > SIZE_MAX - 2 * ALIGN) {
+        fsc_error(FSC_ERR_NOMEM, "fsc_mem_alloc: %zu bytes is too large", bytes);
+        return NULL;
+    }
+    size_t rounded = (bytes + ALIGN - 1) / ALIGN * ALIGN;
+    char *base = aligned_alloc(ALIGN, rounded + ALIGN);
+    if (!base) {
+        fsc_error(FSC_ERR_NOMEM, "out of memory allocating %zu bytes for %s", bytes,
+                  fsc_mem_tag_name(tag));
+        return NULL;
+    }
+    memset(base + ALIGN, 0, rounded);
+    header *h = (header *)base;
+    h->bytes = bytes;
+    h->tag = tag;
+    h->magic = MAGIC;
+    raise_peak(&peak[tag], atomic_fetch_add(&current[tag], bytes) + bytes);
+    raise_peak(&total_peak, atomic_fetch_add(&total_current, bytes) + bytes);
+    return base + ALIGN;
+}
+
+void fsc_mem_free(void *p) {
+    if (!p) return;
+    header *h = (header *)((char *)p - ALIGN);
+    if (h->magic != MAGIC) {
+        fsc_log(FSC_LOG_ERROR, "fsc_mem_free: pointer %p was not allocated by fsc_mem_alloc", p);
+        return;
+    }
+    h->magic = 0;
+    atomic_fetch_sub(&current[h->tag], h->bytes);
+    atomic_fetch_sub(&total_current, h->bytes);
+    free(h);
+}
+
+size_t fsc_mem_current(fsc_mem_tag t) { return (unsigned)t < FSC_MEM_TAG_COUNT ? current[t] : 0; }
+size_t fsc_mem_peak(fsc_mem_tag t) { return (unsigned)t < FSC_MEM_TAG_COUNT ? peak[t] : 0; }
+size_t fsc_mem_current_total(void) { return total_current; }
+size_t fsc_mem_peak_total(void) { return total_peak; }
+
+void fsc_mem_reset_peaks(void) {
+    for (int t = 0; t < FSC_MEM_TAG_COUNT; t++) atomic_store(&peak[t], atomic_load(&current[t]));
+    atomic_store(&total_peak, atomic_load(&total_current));
+}
+
+const char *fsc_mem_tag_name(fsc_mem_tag t) {
+    static const char *names[FSC_MEM_TAG_COUNT] = {"params", "grads",     "optim",
+                                                   "activ",  "comm",      "work"};
+    return (unsigned)t < FSC_MEM_TAG_COUNT ? names[t] : "?";
+}

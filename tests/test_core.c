@@ -1,0 +1,108 @@
+/* Core: errors, dtype conversions, tagged memory, arena, tensors, Philox. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+#include <math.h>
+#include <string.h>
+
+#include "fsc/core.h"
+
+static void test_error_message(void **state) {
+    (void)state;
+    int rc = fsc_error(FSC_ERR_INVALID, "--heads %d must divide --d-model %d", 3, 64);
+    assert_int_equal(rc, FSC_ERR_INVALID);
+    assert_string_equal(fsc_last_error(), "--heads 3 must divide --d-model 64");
+    assert_string_equal(fsc_strerror(FSC_ERR_FORMAT), "malformed file");
+}
+
+static void test_half_conversions(void **state) {
+    (void)state;
+    float vals[] = {0.f, 1.f, -2.5f, 3.14159f, 65504.f, 1e-7f, -1e-3f};
+    for (size_t i = 0; i < sizeof vals / sizeof *vals; i++) {
+        float b = fsc_bf16_to_f32(fsc_f32_to_bf16(vals[i]));
+        assert_true(fabsf(b - vals[i]) <= fabsf(vals[i]) / 128.f);
+        float h = fsc_f16_to_f32(fsc_f32_to_f16(vals[i]));
+        assert_true(fabsf(h - vals[i]) <= fabsf(vals[i]) / 1024.f + 6e-8f);
+    }
+    assert_int_equal(fsc_f32_to_bf16(1.0f), 0x3f80);
+    assert_int_equal(fsc_f32_to_f16(1.0f), 0x3c00);
+    assert_true(isinf(fsc_f16_to_f32(fsc_f32_to_f16(1e6f))));
+    /* round to nearest even: 1 + 2^-8 is halfway between two bf16 values */
+    assert_int_equal(fsc_f32_to_bf16(1.00390625f), 0x3f80);
+}
+
+static void test_mem_tags(void **state) {
+    (void)state;
+    size_t before = fsc_mem_current(FSC_MEM_OPTIM);
+    void *p = fsc_mem_alloc(FSC_MEM_OPTIM, 1000);
+    assert_non_null(p);
+    assert_int_equal((uintptr_t)p % 64, 0);
+    assert_int_equal(fsc_mem_current(FSC_MEM_OPTIM), before + 1000);
+    assert_true(fsc_mem_peak(FSC_MEM_OPTIM) >= before + 1000);
+    fsc_mem_free(p);
+    assert_int_equal(fsc_mem_current(FSC_MEM_OPTIM), before);
+    fsc_mem_free(NULL);
+    assert_null(fsc_mem_alloc(FSC_MEM_OPTIM, SIZE_MAX - 10));
+    assert_non_null(strstr(fsc_last_error(), "too large"));
+}
+
+static void test_arena_reuses_memory(void **state) {
+    (void)state;
+    fsc_arena *a = fsc_arena_new(FSC_MEM_ACTIV, 1024);
+    for (int i = 0; i < 10; i++) assert_non_null(fsc_arena_alloc(a, 700));
+    size_t hw = fsc_arena_high_water(a);
+    assert_true(hw >= 7000);
+    fsc_arena_reset(a);
+    size_t held = fsc_mem_current(FSC_MEM_ACTIV);
+    for (int i = 0; i < 10; i++) assert_non_null(fsc_arena_alloc(a, 700));
+    assert_int_equal(fsc_mem_current(FSC_MEM_ACTIV), held); /* no new block after reset */
+    fsc_arena_free(a);
+}
+
+static void test_tensor_views(void **state) {
+    (void)state;
+    float buf[24];
+    fsc_tensor t = fsc_tensor_3d(buf, FSC_DTYPE_F32, 2, 3, 4), r, n;
+    assert_int_equal(fsc_tensor_numel(&t), 24);
+    assert_int_equal(fsc_tensor_reshape(&t, 2, (int64_t[]){6, 4}, &r), FSC_OK);
+    assert_int_equal(fsc_tensor_reshape(&t, 2, (int64_t[]){5, 4}, &r), FSC_ERR_SHAPE);
+    assert_int_equal(fsc_tensor_narrow0(&t, 1, 1, &n), FSC_OK);
+    assert_ptr_equal(n.data, buf + 12);
+    assert_int_equal(fsc_tensor_narrow0(&t, 1, 2, &n), FSC_ERR_SHAPE);
+}
+
+static void test_philox_known_answer(void **state) {
+    (void)state;
+    /* Random123 known-answer test for philox4x32-10: counter and key all zero. */
+    fsc_philox_out r = fsc_philox4x32(0, 0, 0);
+    assert_int_equal(r.v[0], 0x6627e8d5u);
+    assert_int_equal(r.v[1], 0xe169c58du);
+    assert_int_equal(r.v[2], 0xbc57ac4cu);
+    assert_int_equal(r.v[3], 0x9b00dbd8u);
+}
+
+static void test_normal_fill_slices_match(void **state) {
+    (void)state;
+    enum { N = 4096 };
+    static float full[N], part[100];
+    uint64_t key = fsc_rng_key(42, "h.0.attn.c_attn.weight");
+    fsc_rng_normal_fill(full, N, 0, key, 0.f, 1.f);
+    fsc_rng_normal_fill(part, 100, 1001, key, 0.f, 1.f);
+    assert_memory_equal(part, full + 1001, sizeof part);
+    double s = 0, s2 = 0;
+    for (int i = 0; i < N; i++) s += full[i], s2 += (double)full[i] * full[i];
+    assert_true(fabs(s / N) < 0.06);
+    assert_true(fabs(s2 / N - 1.0) < 0.08);
+    assert_true(fsc_rng_key(42, "a") != fsc_rng_key(42, "b"));
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_error_message),       cmocka_unit_test(test_half_conversions),
+        cmocka_unit_test(test_mem_tags),            cmocka_unit_test(test_arena_reuses_memory),
+        cmocka_unit_test(test_tensor_views),        cmocka_unit_test(test_philox_known_answer),
+        cmocka_unit_test(test_normal_fill_slices_match),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
