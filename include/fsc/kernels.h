@@ -10,6 +10,7 @@
 #define FSC_KERNELS_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "fsc/export.h"

@@ -1,0 +1,113 @@
+/* Softmax and causal multi-head self-attention.
+ * Each (batch, head) pair is three sgemm calls on strided views of the fused
+ * qkv buffer (leading dimension 3C), so q, k, v are never copied out; the
+ * (b,h) pairs are independent and run in parallel. */
+#include <math.h>
+#include <string.h>
+
+#include "fastmath.h"
+#include "fsc/core.h"
+#include "fsc/kernels.h"
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+void fsc_softmax_forward(float *out, const float *inp, int N, int V) {
+#pragma omp parallel for if ((int64_t)N * V >= (1 << 16)) schedule(static)
+    for (int i = 0; i < N; i++) {
+        const float *x = inp + (size_t)i * V;
+        float *y = out + (size_t)i * V;
+        float m = -INFINITY, s = 0.f;
+        for (int v = 0; v < V; v++) m = x[v] > m ? x[v] : m;
+#pragma omp simd reduction(+ : s)
+        for (int v = 0; v < V; v++) {
+            y[v] = fsc_fast_expf(x[v] - m);
+            s += y[v];
+        }
+        float inv = 1.f / s;
+#pragma omp simd
+        for (int v = 0; v < V; v++) y[v] *= inv;
+    }
+}
+
+/* In-place causal softmax of one (T,T) score matrix: row t keeps columns 0..t;
+ * the rest are zeroed so that att @ v can be one dense sgemm. */
+static void causal_softmax(float *s, int T) {
+    for (int t = 0; t < T; t++) {
+        float *row = s + (size_t)t * T;
+        float m = -INFINITY, sum = 0.f;
+        for (int u = 0; u <= t; u++) m = row[u] > m ? row[u] : m;
+#pragma omp simd reduction(+ : sum)
+        for (int u = 0; u <= t; u++) {
+            row[u] = fsc_fast_expf(row[u] - m);
+            sum += row[u];
+        }
+        float inv = 1.f / sum;
+#pragma omp simd
+        for (int u = 0; u <= t; u++) row[u] *= inv;
+        memset(row + t + 1, 0, (size_t)(T - t - 1) * sizeof(float));
+    }
+}
+
+// out is (B,T,C); att is (B,NH,T,T); qkv is (B,T,3C) = [q | k | v], heads of size hs = C/NH
+void fsc_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
+    int hs = C / NH;
+    float scale = 1.0f / sqrtf((float)hs);
+#pragma omp parallel for collapse(2) if (B * NH > 1 && (int64_t)T * T * hs >= (1 << 16))
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++) {
+            const float *q = qkv + (size_t)b * T * 3 * C + (size_t)h * hs;
+            const float *k = q + C, *v = q + 2 * C;
+            float *a = att + ((size_t)b * NH + h) * T * T;
+            /* scores = q k^T / sqrt(hs): the full square; the upper half is discarded */
+            fsc_sgemm(false, true, T, T, hs, scale, q, 3 * C, k, 3 * C, 0.f, a, T);
+            causal_softmax(a, T);
+            fsc_sgemm(false, false, T, hs, T, 1.f, a, T, v, 3 * C, 0.f,
+                      out + (size_t)b * T * C + (size_t)h * hs, C);
+        }
+}
+
+void fsc_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
+                            int B, int T, int C, int NH) {
+    int hs = C / NH;
+    float scale = 1.0f / sqrtf((float)hs);
+    int threads = fsc_get_num_threads();
+    float *scratch = fsc_mem_alloc(FSC_MEM_WORK, (size_t)threads * T * T * sizeof(float));
+    if (!scratch) { /* cannot happen for sane sizes; leave the gradient defined */
+        memset(dqkv, 0, (size_t)B * T * 3 * C * sizeof(float));
+        fsc_log(FSC_LOG_ERROR, "attention backward: %s", fsc_last_error());
+        return;
+    }
+#pragma omp parallel for collapse(2) if (B * NH > 1 && (int64_t)T * T * hs >= (1 << 16))
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++) {
+            int tid = 0;
+#ifdef _OPENMP
+            tid = omp_get_thread_num();
+#endif
+            float *dp = scratch + (size_t)tid * T * T;
+            size_t base = (size_t)b * T * 3 * C + (size_t)h * hs;
+            const float *q = qkv + base, *k = q + C, *v = q + 2 * C;
+            float *dq = dqkv + base, *dk = dq + C, *dv = dq + 2 * C;
+            const float *a = att + ((size_t)b * NH + h) * T * T;
+            const float *dy = dout + (size_t)b * T * C + (size_t)h * hs;
+            /* dv = att^T @ dy ; datt = dy @ v^T */
+            fsc_sgemm(true, false, T, hs, T, 1.f, a, T, dy, C, 0.f, dv, 3 * C);
+            fsc_sgemm(false, true, T, T, hs, 1.f, dy, C, v, 3 * C, 0.f, dp, T);
+            /* softmax backward, scaled: ds = att * (datt - sum(att * datt)) * scale */
+            for (int t = 0; t < T; t++) {
+                const float *ar = a + (size_t)t * T;
+                float *dr = dp + (size_t)t * T;
+                float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+                for (int u = 0; u <= t; u++) dot += ar[u] * dr[u];
+#pragma omp simd
+                for (int u = 0; u <= t; u++) dr[u] = ar[u] * (dr[u] - dot) * scale;
+                memset(dr + t + 1, 0, (size_t)(T - t - 1) * sizeof(float));
+            }
+            /* dq = ds @ k ; dk = ds^T @ q */
+            fsc_sgemm(false, false, T, hs, T, 1.f, dp, T, k, 3 * C, 0.f, dq, 3 * C);
+            fsc_sgemm(true, false, T, hs, T, 1.f, dp, T, q, 3 * C, 0.f, dk, 3 * C);
+        }
+    fsc_mem_free(scratch);
+}

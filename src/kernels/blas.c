@@ -1,0 +1,147 @@
+/* OpenBLAS, loaded at run time so that fsc chooses its kernels.
+ *
+ * Debian's OpenBLAS 0.3.21 is built for many CPUs and picks kernels when it is
+ * loaded; on some recent Xeons it mis-detects the CPU and runs SSE3 kernels at
+ * a fifth of the speed. It reads OPENBLAS_CORETYPE only at load time, so fsc
+ * does not link it: fsc_blas_init sets OPENBLAS_CORETYPE from the CPU's own
+ * feature flags (unless the user set it) and then dlopens the library. If the
+ * process already has OpenBLAS loaded, that copy is used and reported as is. */
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fsc/core.h"
+#include "fsc/kernels.h"
+
+/* CBLAS enums (cblas.h): row-major 101, no-trans 111, trans 112. */
+typedef void (*sgemm_fn)(int order, int ta, int tb, int M, int N, int K, float alpha,
+                         const float *A, int lda, const float *B, int ldb, float beta, float *C,
+                         int ldc);
+typedef char *(*corename_fn)(void);
+typedef void (*set_threads_fn)(int);
+
+static struct {
+    void *lib;
+    sgemm_fn sgemm;
+    corename_fn corename;
+    set_threads_fn set_threads;
+    char describe[256];
+    char chosen[32]; /* what fsc set OPENBLAS_CORETYPE to, or "" */
+    int threads;
+} blas;
+
+/* The OpenBLAS kernel family this CPU supports best, from CPUID. */
+static const char *coretype_for_cpu(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+        return "SkylakeX";
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "Haswell";
+#endif
+    return NULL;
+}
+
+static void *open_openblas(void) {
+    static const char *names[] = {"libopenblas.so.0", "libopenblas.so",
+                                  "libopenblasp.so.0", "libblas.so.3"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        void *h = dlopen(names[i], RTLD_NOW | RTLD_GLOBAL);
+        if (h && dlsym(h, "cblas_sgemm")) return h;
+        if (h) dlclose(h);
+    }
+    return NULL;
+}
+
+/* POSIX guarantees dlsym's object pointer converts to a function pointer; ISO C
+ * does not, so the bits are copied rather than cast. */
+static void load_symbol(void *lib, const char *name, void *fn_ptr, size_t size) {
+    void *sym = dlsym(lib, name);
+    memcpy(fn_ptr, &sym, size);
+}
+
+int fsc_blas_init(int threads) {
+    if (blas.lib) {
+        if (threads > 0) fsc_blas_set_threads(threads);
+        return FSC_OK;
+    }
+    /* Already loaded by someone else? Then the choice was made at their load. */
+    void *h = dlopen("libopenblas.so.0", RTLD_NOW | RTLD_NOLOAD);
+    if (!h) {
+        const char *ct = coretype_for_cpu();
+        if (!getenv("OPENBLAS_CORETYPE") && ct) {
+            setenv("OPENBLAS_CORETYPE", ct, 0);
+            snprintf(blas.chosen, sizeof blas.chosen, "%s", ct);
+        }
+        /* One BLAS thread unless asked: fsc runs one rank per core. */
+        if (!getenv("OPENBLAS_NUM_THREADS")) setenv("OPENBLAS_NUM_THREADS", "1", 0);
+        h = open_openblas();
+    }
+    if (!h)
+        return fsc_error(FSC_ERR_NOT_FOUND, "cannot load OpenBLAS (libopenblas.so.0): %s; "
+                                            "install libopenblas0 (scripts/install-deps.sh)",
+                         dlerror());
+    blas.lib = h;
+    load_symbol(h, "cblas_sgemm", &blas.sgemm, sizeof blas.sgemm);
+    load_symbol(h, "openblas_get_corename", &blas.corename, sizeof blas.corename);
+    load_symbol(h, "openblas_set_num_threads", &blas.set_threads, sizeof blas.set_threads);
+    const char *env = getenv("OPENBLAS_NUM_THREADS");
+    blas.threads = env ? atoi(env) : 1;
+    if (threads > 0) fsc_blas_set_threads(threads);
+    return FSC_OK;
+}
+
+static void ensure_loaded(void) {
+    if (!blas.lib && fsc_blas_init(0) != FSC_OK) {
+        fsc_log(FSC_LOG_ERROR, "%s", fsc_last_error());
+        abort(); /* no BLAS at all: nothing can compute; install-deps.sh prevents this */
+    }
+}
+
+void fsc_blas_set_threads(int threads) {
+    ensure_loaded();
+    if (threads < 1) threads = 1;
+    blas.threads = threads;
+    if (blas.set_threads) blas.set_threads(threads);
+}
+
+const char *fsc_blas_corename(void) {
+    ensure_loaded();
+    return blas.corename ? blas.corename() : "unknown";
+}
+
+const char *fsc_blas_describe(void) {
+    ensure_loaded();
+    snprintf(blas.describe, sizeof blas.describe, "BLAS: OpenBLAS, %s kernels, %d thread%s (%s)",
+             fsc_blas_corename(), blas.threads, blas.threads == 1 ? "" : "s",
+             blas.chosen[0] ? "OPENBLAS_CORETYPE chosen by fsc from CPUID"
+             : getenv("OPENBLAS_CORETYPE") ? "OPENBLAS_CORETYPE set by the user"
+                                           : "OpenBLAS's own CPU detection");
+    return blas.describe;
+}
+
+void fsc_sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
+               const float *B, int ldb, float beta, float *C, int ldc) {
+    ensure_loaded();
+    blas.sgemm(101, ta ? 112 : 111, tb ? 112 : 111, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+double fsc_sgemm_peak_gflops(int n, int reps) {
+    size_t bytes = (size_t)n * n * sizeof(float);
+    float *a = fsc_mem_alloc(FSC_MEM_WORK, bytes), *b = fsc_mem_alloc(FSC_MEM_WORK, bytes),
+          *c = fsc_mem_alloc(FSC_MEM_WORK, bytes);
+    double best = 0;
+    if (a && b && c) {
+        for (size_t i = 0; i < (size_t)n * n; i++) a[i] = b[i] = (float)(i % 17) * 0.01f;
+        fsc_sgemm(false, false, n, n, n, 1.f, a, n, b, n, 0.f, c, n); /* warm-up */
+        for (int r = 0; r < reps; r++) {
+            double t = fsc_now();
+            fsc_sgemm(false, false, n, n, n, 1.f, a, n, b, n, 0.f, c, n);
+            double g = 2.0 * n * n * (double)n / (fsc_now() - t) / 1e9;
+            if (g > best) best = g;
+        }
+    }
+    fsc_mem_free(a), fsc_mem_free(b), fsc_mem_free(c);
+    return best;
+}

@@ -1,0 +1,57 @@
+/* Parameter-free point-wise modules: GELU (tanh form) and ReLU. Both save a view
+ * of their input and recompute what backward needs from it. */
+#include "layers_internal.h"
+
+typedef void (*pointwise_fwd)(float *out, const float *inp, int64_t n);
+typedef void (*pointwise_bwd)(float *dinp, const float *inp, const float *dout, int64_t n);
+
+typedef struct {
+    fsc_module base;
+    pointwise_fwd fwd;
+    pointwise_bwd bwd;
+} pointwise;
+
+static int pw_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, fsc_tensor *y,
+                      void **saved) {
+    pointwise *p = (pointwise *)m;
+    if (x->dtype != FSC_DTYPE_F32)
+        return fsc_error(FSC_ERR_DTYPE, "%s %s: expected f32 input", m->ops->kind, m->name);
+    int rc = fsc_alloc_like(ctx->arena, x, x->shape[x->ndim - 1], y);
+    if (rc) return rc;
+    p->fwd(y->data, x->data, fsc_tensor_numel(x));
+    fsc_tensor *keep = fsc_arena_alloc(ctx->arena, sizeof *keep);
+    if (!keep) return FSC_ERR_NOMEM;
+    *keep = *x;
+    *saved = keep;
+    return FSC_OK;
+}
+
+static int pw_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fsc_tensor *dy,
+                       fsc_tensor *dx) {
+    pointwise *p = (pointwise *)m;
+    const fsc_tensor *x = saved;
+    if (!dx) return FSC_OK;
+    int rc = fsc_alloc_like(ctx->arena, x, x->shape[x->ndim - 1], dx);
+    if (rc) return rc;
+    p->bwd(dx->data, x->data, dy->data, fsc_tensor_numel(x));
+    return FSC_OK;
+}
+
+static const fsc_module_ops gelu_ops = {"GELU", pw_forward, pw_backward, NULL};
+static const fsc_module_ops relu_ops = {"ReLU", pw_forward, pw_backward, NULL};
+
+static fsc_module *pointwise_new(const char *name, const fsc_module_ops *ops, pointwise_fwd f,
+                                 pointwise_bwd b) {
+    pointwise *p = fsc_module_alloc(sizeof *p, ops, name);
+    if (!p) return NULL;
+    p->fwd = f, p->bwd = b;
+    return &p->base;
+}
+
+fsc_module *fsc_gelu_new(const char *name) {
+    return pointwise_new(name, &gelu_ops, fsc_gelu_forward, fsc_gelu_backward);
+}
+
+fsc_module *fsc_relu_new(const char *name) {
+    return pointwise_new(name, &relu_ops, fsc_relu_forward, fsc_relu_backward);
+}

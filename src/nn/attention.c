@@ -1,0 +1,77 @@
+/* Causal self-attention, GPT-2 layout: c_attn (C -> 3C, fused q|k|v), the
+ * attention kernel, c_proj (C -> C), residual dropout. Saves qkv and the
+ * softmax probabilities (B,NH,T,T) for backward. */
+#include "layers_internal.h"
+
+typedef struct {
+    fsc_module base;
+    int C, NH;
+    fsc_module *c_attn, *c_proj, *drop;
+} attention;
+
+typedef struct {
+    void *c_attn, *c_proj, *drop;
+    fsc_tensor qkv;
+    float *att;
+} attn_saved;
+
+static int attn_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, fsc_tensor *y,
+                        void **saved) {
+    attention *a = (attention *)m;
+    if (x->ndim != 3 || x->dtype != FSC_DTYPE_F32 || x->shape[2] != a->C)
+        return fsc_error(FSC_ERR_SHAPE, "CausalSelfAttention %s: expected f32 (B,T,%d) input",
+                         m->name, a->C);
+    int B = (int)x->shape[0], T = (int)x->shape[1];
+    attn_saved *s = fsc_arena_alloc(ctx->arena, sizeof *s);
+    if (!s) return FSC_ERR_NOMEM;
+    int rc = fsc_module_forward(a->c_attn, ctx, x, &s->qkv, &s->c_attn);
+    if (rc) return rc;
+    fsc_tensor h;
+    s->att = fsc_arena_alloc(ctx->arena, (size_t)B * a->NH * T * T * sizeof(float));
+    rc = s->att ? fsc_alloc_like(ctx->arena, x, a->C, &h) : FSC_ERR_NOMEM;
+    if (rc) return rc;
+    fsc_attention_forward(h.data, s->att, s->qkv.data, B, T, a->C, a->NH);
+    fsc_tensor p;
+    rc = fsc_module_forward(a->c_proj, ctx, &h, &p, &s->c_proj);
+    if (!rc) rc = fsc_module_forward(a->drop, ctx, &p, y, &s->drop);
+    *saved = s;
+    return rc;
+}
+
+static int attn_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fsc_tensor *dy,
+                         fsc_tensor *dx) {
+    attention *a = (attention *)m;
+    attn_saved *s = saved;
+    int B = (int)s->qkv.shape[0], T = (int)s->qkv.shape[1];
+    fsc_tensor dp, dh, dqkv;
+    int rc = fsc_module_backward(a->drop, ctx, s->drop, dy, &dp);
+    if (!rc) rc = fsc_module_backward(a->c_proj, ctx, s->c_proj, &dp, &dh);
+    if (!rc) rc = fsc_alloc_like(ctx->arena, &s->qkv, 3 * a->C, &dqkv);
+    if (rc) return rc;
+    fsc_attention_backward(dqkv.data, dh.data, s->qkv.data, s->att, B, T, a->C, a->NH);
+    return fsc_module_backward(a->c_attn, ctx, s->c_attn, &dqkv, dx);
+}
+
+static const fsc_module_ops attn_ops = {"CausalSelfAttention", attn_forward, attn_backward, NULL};
+
+fsc_module *fsc_attention_new(const char *name, int C, int NH, float dropout, uint32_t layer_id,
+                              float init_std, float proj_std) {
+    if (C <= 0 || NH <= 0 || C % NH) {
+        fsc_error(FSC_ERR_INVALID, "CausalSelfAttention %s: %d heads must divide d_model %d", name,
+                  NH, C);
+        return NULL;
+    }
+    attention *a = fsc_module_alloc(sizeof *a, &attn_ops, name);
+    if (!a) return NULL;
+    a->C = C, a->NH = NH;
+    a->c_attn = fsc_linear_new("c_attn", C, 3 * C, true, FSC_WEIGHT_IN_OUT, init_std);
+    a->c_proj = fsc_linear_new("c_proj", C, C, true, FSC_WEIGHT_IN_OUT, proj_std);
+    a->drop = fsc_dropout_new("resid_dropout", dropout, layer_id);
+    if (fsc_module_add_child(&a->base, a->c_attn) || fsc_module_add_child(&a->base, a->c_proj) ||
+        fsc_module_add_child(&a->base, a->drop)) {
+        fsc_module_free(&a->base);
+        fsc_module_free(a->c_attn), fsc_module_free(a->c_proj), fsc_module_free(a->drop);
+        return NULL;
+    }
+    return &a->base;
+}

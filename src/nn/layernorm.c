@@ -1,0 +1,64 @@
+/* LayerNorm module: saves x plus per-row mean and 1/std. */
+#include "layers_internal.h"
+
+typedef struct {
+    fsc_module base;
+    int dim;
+    float eps;
+} layernorm;
+
+typedef struct {
+    fsc_tensor x;
+    float *mean, *rstd;
+} ln_saved;
+
+static int ln_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, fsc_tensor *y,
+                      void **saved) {
+    layernorm *l = (layernorm *)m;
+    int rc = fsc_check_last(m, x, l->dim);
+    if (!rc) rc = fsc_alloc_like(ctx->arena, x, l->dim, y);
+    if (rc) return rc;
+    int64_t n = fsc_rows(x);
+    ln_saved *s = fsc_arena_alloc(ctx->arena, sizeof *s);
+    if (!s) return FSC_ERR_NOMEM;
+    s->x = *x;
+    s->mean = fsc_arena_alloc(ctx->arena, (size_t)n * sizeof(float));
+    s->rstd = fsc_arena_alloc(ctx->arena, (size_t)n * sizeof(float));
+    if (!s->mean || !s->rstd) return FSC_ERR_NOMEM;
+    fsc_layernorm_forward(y->data, s->mean, s->rstd, x->data, m->params[0].data, m->params[1].data,
+                          (int)n, l->dim, l->eps);
+    *saved = s;
+    return FSC_OK;
+}
+
+static int ln_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fsc_tensor *dy,
+                       fsc_tensor *dx) {
+    layernorm *l = (layernorm *)m;
+    ln_saved *s = saved;
+    fsc_tensor tmp;
+    if (!dx) dx = &tmp; /* the kernel computes dx alongside dweight; keep it simple */
+    int rc = fsc_alloc_like(ctx->arena, &s->x, l->dim, dx);
+    if (rc) return rc;
+    fsc_layernorm_backward(dx->data, m->params[0].grad, m->params[1].grad, dy->data, s->x.data,
+                           m->params[0].data, s->mean, s->rstd, (int)fsc_rows(&s->x), l->dim);
+    return FSC_OK;
+}
+
+static const fsc_module_ops ln_ops = {"LayerNorm", ln_forward, ln_backward, NULL};
+
+fsc_module *fsc_layernorm_new(const char *name, int dim, float eps) {
+    if (dim <= 0) {
+        fsc_error(FSC_ERR_INVALID, "LayerNorm %s: dim %d must be positive", name, dim);
+        return NULL;
+    }
+    layernorm *l = fsc_module_alloc(sizeof *l, &ln_ops, name);
+    if (!l) return NULL;
+    l->dim = dim;
+    l->eps = eps > 0 ? eps : 1e-5f;
+    if (fsc_module_add_param(&l->base, "weight", 1, (int64_t[]){dim}, FSC_INIT_ONES, 0) < 0 ||
+        fsc_module_add_param(&l->base, "bias", 1, (int64_t[]){dim}, FSC_INIT_ZEROS, 0) < 0) {
+        fsc_module_free(&l->base);
+        return NULL;
+    }
+    return &l->base;
+}

@@ -1,0 +1,46 @@
+/* Helpers shared by the built-in modules (not public). */
+#ifndef FSC_NN_LAYERS_INTERNAL_H
+#define FSC_NN_LAYERS_INTERNAL_H
+
+#include <stdlib.h>
+
+#include "fsc/nn.h"
+
+/* Allocates a zeroed module struct of `size` bytes whose first member is an
+ * fsc_module, and initialises that member. */
+static inline void *fsc_module_alloc(size_t size, const fsc_module_ops *ops, const char *name) {
+    fsc_module *m = calloc(1, size);
+    if (!m) {
+        fsc_error(FSC_ERR_NOMEM, "out of memory creating module %s", name ? name : "");
+        return NULL;
+    }
+    fsc_module_init(m, ops, name);
+    return m;
+}
+
+/* Allocates an output tensor shaped like x but with the last dim replaced. */
+static inline int fsc_alloc_like(fsc_arena *a, const fsc_tensor *x, int64_t last, fsc_tensor *out) {
+    fsc_tensor t = *x;
+    t.dtype = FSC_DTYPE_F32;
+    t.shape[t.ndim - 1] = last;
+    t.data = fsc_arena_alloc(a, fsc_tensor_nbytes(&t));
+    if (!t.data) return FSC_ERR_NOMEM;
+    *out = t;
+    return FSC_OK;
+}
+
+static inline int64_t fsc_rows(const fsc_tensor *x) {
+    return fsc_tensor_numel(x) / x->shape[x->ndim - 1];
+}
+
+/* Checks x is an f32 tensor whose last dim is `last`. */
+static inline int fsc_check_last(const fsc_module *m, const fsc_tensor *x, int64_t last) {
+    if (x->dtype != FSC_DTYPE_F32 || x->ndim < 1 || x->shape[x->ndim - 1] != last)
+        return fsc_error(FSC_ERR_SHAPE, "%s (%s): expected f32 input with last dim %lld, got %s "
+                                        "with last dim %lld",
+                         m->name, m->ops->kind, (long long)last, fsc_dtype_name(x->dtype),
+                         (long long)(x->ndim ? x->shape[x->ndim - 1] : 0));
+    return FSC_OK;
+}
+
+#endif

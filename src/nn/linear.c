@@ -1,0 +1,60 @@
+/* Linear: y = x W^T + b over the last dim, in torch's (out,in) layout or GPT-2
+ * Conv1D's (in,out). Saves only a view of x for backward. */
+#include "layers_internal.h"
+
+typedef struct {
+    fsc_module base;
+    int in, out;
+    bool bias;
+    fsc_weight_layout layout;
+} linear;
+
+static int linear_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, fsc_tensor *y,
+                          void **saved) {
+    linear *l = (linear *)m;
+    int rc = fsc_check_last(m, x, l->in);
+    if (!rc) rc = fsc_alloc_like(ctx->arena, x, l->out, y);
+    if (rc) return rc;
+    fsc_matmul_forward(y->data, x->data, m->params[0].data, l->bias ? m->params[1].data : NULL,
+                       (int)fsc_rows(x), l->in, l->out, l->layout);
+    fsc_tensor *keep = fsc_arena_alloc(ctx->arena, sizeof *keep);
+    if (!keep) return FSC_ERR_NOMEM;
+    *keep = *x;
+    *saved = keep;
+    return FSC_OK;
+}
+
+static int linear_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fsc_tensor *dy,
+                           fsc_tensor *dx) {
+    linear *l = (linear *)m;
+    const fsc_tensor *x = saved;
+    float *dinp = NULL;
+    if (dx) {
+        int rc = fsc_alloc_like(ctx->arena, x, l->in, dx);
+        if (rc) return rc;
+        dinp = dx->data;
+    }
+    fsc_matmul_backward(dinp, m->params[0].grad, l->bias ? m->params[1].grad : NULL, dy->data,
+                        x->data, m->params[0].data, (int)fsc_rows(x), l->in, l->out, l->layout);
+    return FSC_OK;
+}
+
+static const fsc_module_ops linear_ops = {"Linear", linear_forward, linear_backward, NULL};
+
+fsc_module *fsc_linear_new(const char *name, int in, int out, bool bias, fsc_weight_layout layout,
+                           float init_std) {
+    if (in <= 0 || out <= 0) {
+        fsc_error(FSC_ERR_INVALID, "Linear %s: sizes %d -> %d must be positive", name, in, out);
+        return NULL;
+    }
+    linear *l = fsc_module_alloc(sizeof *l, &linear_ops, name);
+    if (!l) return NULL;
+    l->in = in, l->out = out, l->bias = bias, l->layout = layout;
+    int64_t shape[2] = {layout == FSC_WEIGHT_IN_OUT ? in : out, layout == FSC_WEIGHT_IN_OUT ? out : in};
+    if (fsc_module_add_param(&l->base, "weight", 2, shape, FSC_INIT_NORMAL, init_std) < 0 ||
+        (bias && fsc_module_add_param(&l->base, "bias", 1, (int64_t[]){out}, FSC_INIT_ZEROS, 0) < 0)) {
+        fsc_module_free(&l->base);
+        return NULL;
+    }
+    return &l->base;
+}
