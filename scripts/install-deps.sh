@@ -10,10 +10,11 @@ packages=(
   libcjson-dev           # safetensors headers
   libcmocka-dev          # unit tests
   libomp-dev
-  python3 python3-numpy  # reference scripts (goldens are committed)
+  python3 python3-numpy
 )
-# PyTorch is only needed to regenerate goldens and for the peer benchmark.
-if [ "${FSC_WITH_TORCH:-0}" = 1 ]; then packages+=(python3-torch); fi
+# PyTorch cross-checks (a model saved by fsc evaluated in PyTorch), golden
+# regeneration and the peer benchmark; FSC_NO_TORCH=1 skips it (those tests skip).
+if [ "${FSC_NO_TORCH:-0}" != 1 ]; then packages+=(python3-torch); fi
 
 missing=()
 for p in "${packages[@]}"; do
