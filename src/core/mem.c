@@ -1,6 +1,8 @@
 /* The tagged allocator (DESIGN.md decision 6). Each block carries a small
  * header with its tag and size, so fsc_mem_free needs only the pointer and the
- * per-tag counters stay exact. Counters are atomics: worker threads allocate. */
+ * per-tag counters stay exact. Counters are atomics: worker threads allocate.
+ * Memory comes from calloc, which maps large blocks as untouched zero pages:
+ * no memset pass, and RSS grows only with what is used. */
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +12,7 @@
 #define ALIGN 64
 
 typedef struct {
+    void *base; /* what calloc returned */
     size_t bytes;
     int tag;
     uint32_t magic;
@@ -35,26 +38,26 @@ void *fsc_mem_alloc(fsc_mem_tag tag, size_t bytes) {
         fsc_error(FSC_ERR_NOMEM, "fsc_mem_alloc: %zu bytes is too large", bytes);
         return NULL;
     }
-    size_t rounded = (bytes + ALIGN - 1) / ALIGN * ALIGN;
-    char *base = aligned_alloc(ALIGN, rounded + ALIGN);
+    char *base = calloc(1, bytes + ALIGN + sizeof(header));
     if (!base) {
         fsc_error(FSC_ERR_NOMEM, "out of memory allocating %zu bytes for %s", bytes,
                   fsc_mem_tag_name(tag));
         return NULL;
     }
-    memset(base + ALIGN, 0, rounded);
-    header *h = (header *)base;
+    char *user = (char *)(((uintptr_t)base + sizeof(header) + ALIGN - 1) & ~(uintptr_t)(ALIGN - 1));
+    header *h = (header *)user - 1;
+    h->base = base;
     h->bytes = bytes;
     h->tag = tag;
     h->magic = MAGIC;
     raise_peak(&peak[tag], atomic_fetch_add(&current[tag], bytes) + bytes);
     raise_peak(&total_peak, atomic_fetch_add(&total_current, bytes) + bytes);
-    return base + ALIGN;
+    return user;
 }
 
 void fsc_mem_free(void *p) {
     if (!p) return;
-    header *h = (header *)((char *)p - ALIGN);
+    header *h = (header *)p - 1;
     if (h->magic != MAGIC) {
         fsc_log(FSC_LOG_ERROR, "fsc_mem_free: pointer %p was not allocated by fsc_mem_alloc", p);
         return;
@@ -62,7 +65,7 @@ void fsc_mem_free(void *p) {
     h->magic = 0;
     atomic_fetch_sub(&current[h->tag], h->bytes);
     atomic_fetch_sub(&total_current, h->bytes);
-    free(h);
+    free(h->base);
 }
 
 size_t fsc_mem_current(fsc_mem_tag t) { return (unsigned)t < FSC_MEM_TAG_COUNT ? current[t] : 0; }

@@ -12,7 +12,9 @@
 static inline float fsc_fast_expf(float x) {
     x = x < -87.0f ? -87.0f : x;
     x = x > 88.0f ? 88.0f : x;
-    float n = floorf(x * 1.44269504088896341f + 0.5f);
+    /* round to nearest by the 1.5 * 2^23 trick: floorf/rintf only vectorise
+     * under -fno-trapping-math, which fsc does not impose on its users */
+    float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
     float r = x - n * 0.693145751953125f - n * 1.42860682030941723212e-6f;
     float p = 1.0f + r * (1.0f + r * (0.5f + r * (0.166666671633720398f +
                                                r * (0.0416666679084300995f +

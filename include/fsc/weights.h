@@ -1,0 +1,30 @@
+/* fsc weights: a module tree's parameters to and from safetensors, by name.
+ *
+ * Names are the full dotted parameter names (for GPT the Hugging Face GPT-2
+ * names), so files interoperate with PyTorch (DESIGN.md decision 9). Writes
+ * are atomic (temporary file, fsync, rename); a failed save leaves an
+ * existing file untouched.
+ */
+#ifndef FSC_WEIGHTS_H
+#define FSC_WEIGHTS_H
+
+#include "fsc/nn.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Writes every parameter of ps as F32, with string metadata pairs (may be 0). */
+FSC_API int fsc_weights_save(const char *path, const fsc_params *ps, int n_meta,
+                             const char *const *keys, const char *const *values);
+/* Reads every parameter of ps from path (F32, BF16 or F16 in the file; converted).
+ * A missing tensor or a shape mismatch is an error naming the tensor; nothing
+ * is changed in ps unless every tensor is present and well-shaped. Names may
+ * carry Hugging Face's "transformer." prefix. Tensors the model does not have
+ * are ignored, except that their count is returned in *n_unused (may be NULL). */
+FSC_API int fsc_weights_load(const char *path, fsc_params *ps, int *n_unused);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,80 @@
+/* Parameters to and from safetensors by full name. Loading is two-phase: every
+ * tensor is checked (present, right shape) before any parameter is written,
+ * so a bad file never leaves a model half-loaded. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fsc/io.h"
+#include "fsc/weights.h"
+
+int fsc_weights_save(const char *path, const fsc_params *ps, int n_meta, const char *const *keys,
+                     const char *const *values) {
+    int status = FSC_OK;
+    fsc_st_writer *w = fsc_st_writer_open(path, &status);
+    if (!w) return status;
+    for (int i = 0; !status && i < n_meta; i++)
+        status = fsc_st_writer_set_metadata(w, keys[i], values[i]);
+    for (int i = 0; !status && i < ps->count; i++) {
+        const fsc_param *p = ps->entries[i].param;
+        status = fsc_st_writer_declare(w, ps->entries[i].name, FSC_DTYPE_F32, p->ndim, p->shape);
+    }
+    for (int i = 0; !status && i < ps->count; i++) {
+        fsc_tensor t = fsc_param_tensor(ps->entries[i].param);
+        status = fsc_st_writer_write_tensor(w, ps->entries[i].name, &t);
+    }
+    if (status) {
+        fsc_st_writer_abort(w);
+        return status;
+    }
+    return fsc_st_writer_close(w);
+}
+
+/* The file's entry for a parameter, with or without HF's "transformer." prefix. */
+static const fsc_st_entry *find_entry(const fsc_st_file *f, const char *name) {
+    const fsc_st_entry *e = fsc_st_find(f, name);
+    if (e) return e;
+    char prefixed[FSC_NAME_MAX * 2 + 16];
+    snprintf(prefixed, sizeof prefixed, "transformer.%s", name);
+    return fsc_st_find(f, prefixed);
+}
+
+int fsc_weights_load(const char *path, fsc_params *ps, int *n_unused) {
+    int status = FSC_OK;
+    fsc_st_file *f = fsc_st_open(path, &status);
+    if (!f) return status;
+    for (int i = 0; !status && i < ps->count; i++) {
+        const fsc_param *p = ps->entries[i].param;
+        const fsc_st_entry *e = find_entry(f, ps->entries[i].name);
+        if (!e) {
+            status = fsc_error(FSC_ERR_NOT_FOUND, "%s: no tensor %s (is this a checkpoint of "
+                                                  "the same model?)",
+                               path, ps->entries[i].name);
+            break;
+        }
+        bool same = e->ndim == p->ndim;
+        for (int d = 0; same && d < p->ndim; d++) same = e->shape[d] == p->shape[d];
+        if (!same) {
+            char want[64], got[64];
+            int a = 0, b = 0;
+            for (int d = 0; d < p->ndim; d++)
+                a += snprintf(want + a, sizeof want - (size_t)a, d ? ",%lld" : "%lld",
+                              (long long)p->shape[d]);
+            for (int d = 0; d < e->ndim; d++)
+                b += snprintf(got + b, sizeof got - (size_t)b, d ? ",%lld" : "%lld",
+                              (long long)e->shape[d]);
+            status = fsc_error(FSC_ERR_SHAPE, "%s: tensor %s has shape [%s], the model expects [%s]",
+                               path, e->name, got, want);
+        }
+    }
+    for (int i = 0; !status && i < ps->count; i++) {
+        fsc_tensor t = fsc_param_tensor(ps->entries[i].param);
+        status = fsc_st_read(f, find_entry(f, ps->entries[i].name)->name, &t);
+    }
+    if (!status && n_unused) {
+        int used = ps->count;
+        *n_unused = fsc_st_count(f) - used > 0 ? fsc_st_count(f) - used : 0;
+    }
+    fsc_st_close(f);
+    return status;
+}

@@ -1,0 +1,283 @@
+/* The training loop behind fsc-train and fsc-bench.
+ *
+ * One step = grad_accum micro-batches taken in the documented data order
+ * (fsc_tokens_batch), each adding its share of the global-batch mean loss to
+ * the gradients, then optional clipping, the scheduled lr, and the update. */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "fsc/weights.h"
+#include "train_common.h"
+
+void train_options_default(train_options *o) {
+    memset(o, 0, sizeof *o);
+    o->model = (fsc_gpt_config){.vocab = 256, .seq = 128, .layers = 4, .d_model = 256, .heads = 4};
+    o->data = "builtin";
+    o->batch = 8;
+    o->grad_accum = 1;
+    o->steps = 200;
+    o->lr = 1e-3;
+    o->min_lr_ratio = 0.1;
+    o->warmup = 20;
+    o->schedule = "cosine";
+    o->optimizer = "adamw";
+    o->weight_decay = 0.1;
+    o->beta1 = 0.9;
+    o->beta2 = 0.95;
+    o->eps = 1e-8;
+    o->clip = 1.0;
+    o->seed = 1337;
+    o->threads = 1;
+    o->log_every = 10;
+}
+
+typedef enum { ARG_INT, ARG_I64, ARG_U64, ARG_DOUBLE, ARG_FLOAT, ARG_STR, ARG_FLAG } arg_kind;
+
+typedef struct {
+    const char *name;
+    arg_kind kind;
+    size_t offset;
+    const char *help;
+} flag;
+
+#define F(name, kind, field, help) {name, kind, offsetof(train_options, field), help}
+static const flag flags[] = {
+    F("layers", ARG_INT, model.layers, "transformer blocks (L)"),
+    F("d-model", ARG_INT, model.d_model, "model width (C)"),
+    F("heads", ARG_INT, model.heads, "attention heads (must divide --d-model)"),
+    F("seq", ARG_INT, model.seq, "sequence length (T)"),
+    F("vocab", ARG_INT, model.vocab, "vocabulary size (256 for bytes; 50257 for GPT-2 shards)"),
+    F("dropout", ARG_FLOAT, model.dropout, "embedding and residual dropout"),
+    F("data", ARG_STR, data,
+      "builtin[:SEED[:BYTES]] | shard.bin[,more.bin] | 'dir/*.bin' | text file (bytes)"),
+    F("batch", ARG_INT, batch, "sequences per micro-batch per rank"),
+    F("grad-accum", ARG_INT, grad_accum, "micro-batches per optimizer step"),
+    F("steps", ARG_I64, steps, "optimizer steps"),
+    F("lr", ARG_DOUBLE, lr, "peak learning rate"),
+    F("min-lr-ratio", ARG_DOUBLE, min_lr_ratio, "cosine floor as a fraction of --lr"),
+    F("warmup", ARG_I64, warmup, "linear warm-up steps"),
+    F("schedule", ARG_STR, schedule, "cosine | constant | warmup-constant"),
+    F("optimizer", ARG_STR, optimizer, "adamw | adam | sgd"),
+    F("weight-decay", ARG_DOUBLE, weight_decay, "weight decay (AdamW: on >= 2-dim params)"),
+    F("beta1", ARG_DOUBLE, beta1, "Adam beta1"),
+    F("beta2", ARG_DOUBLE, beta2, "Adam beta2"),
+    F("eps", ARG_DOUBLE, eps, "Adam epsilon"),
+    F("momentum", ARG_DOUBLE, momentum, "SGD momentum"),
+    F("clip", ARG_DOUBLE, clip, "global grad-norm clip (0 = off)"),
+    F("seed", ARG_U64, seed, "seed for initial weights and dropout"),
+    F("threads", ARG_INT, threads, "BLAS and OpenMP threads"),
+    F("init-from", ARG_STR, init_from, "start from these weights (safetensors)"),
+    F("save-init", ARG_STR, save_init, "save the weights before step 1"),
+    F("save", ARG_STR, save, "save the weights at the end"),
+    F("metrics", ARG_STR, metrics, "write one JSON object per step to this file"),
+    F("log-every", ARG_INT, log_every, "progress lines every N steps when not on a terminal"),
+    F("quiet", ARG_FLAG, quiet, "no progress output"),
+};
+#undef F
+
+static void usage(const char *prog, const char *extra) {
+    printf("usage: %s [flags]\n%s\n", prog, extra ? extra : "");
+    for (size_t i = 0; i < sizeof flags / sizeof *flags; i++)
+        printf("  --%-14s %s\n", flags[i].name, flags[i].help);
+}
+
+static int parse_value(const flag *f, const char *v, void *dst) {
+    char *end = NULL;
+    errno = 0;
+    switch (f->kind) {
+    case ARG_INT: {
+        long x = strtol(v, &end, 10);
+        if (x < INT32_MIN || x > INT32_MAX) errno = ERANGE;
+        *(int *)dst = (int)x;
+        break;
+    }
+    case ARG_I64: *(int64_t *)dst = strtoll(v, &end, 10); break;
+    case ARG_U64: *(uint64_t *)dst = strtoull(v, &end, 10); break;
+    case ARG_DOUBLE: *(double *)dst = strtod(v, &end); break;
+    case ARG_FLOAT: *(float *)dst = strtof(v, &end); break;
+    case ARG_STR: *(const char **)dst = v; return FSC_OK;
+    case ARG_FLAG: *(bool *)dst = true; return FSC_OK;
+    }
+    if (errno || end == v || *end)
+        return fsc_error(FSC_ERR_INVALID, "--%s: \"%s\" is not a valid %s", f->name, v,
+                         f->kind == ARG_DOUBLE || f->kind == ARG_FLOAT ? "number" : "integer");
+    return FSC_OK;
+}
+
+int train_options_parse(train_options *o, int argc, char **argv, const char *prog,
+                        const char *extra) {
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(prog, extra);
+            return 1;
+        }
+        if (strncmp(a, "--", 2))
+            return fsc_error(FSC_ERR_INVALID, "unexpected argument \"%s\" (flags start with --)", a);
+        const char *name = a + 2, *eq = strchr(name, '=');
+        size_t len = eq ? (size_t)(eq - name) : strlen(name);
+        const flag *f = NULL;
+        for (size_t k = 0; k < sizeof flags / sizeof *flags; k++)
+            if (strlen(flags[k].name) == len && !strncmp(flags[k].name, name, len)) f = &flags[k];
+        if (!f) return fsc_error(FSC_ERR_INVALID, "unknown flag \"%s\" (see --help)", a);
+        const char *v = eq ? eq + 1 : NULL;
+        if (!v && f->kind != ARG_FLAG) {
+            if (i + 1 >= argc) return fsc_error(FSC_ERR_INVALID, "--%s needs a value", f->name);
+            v = argv[++i];
+        }
+        int rc = parse_value(f, v ? v : "", (char *)o + f->offset);
+        if (rc) return rc;
+    }
+    return FSC_OK;
+}
+
+static int check_options(const train_options *o) {
+    int rc = fsc_gpt_config_check(&o->model);
+    if (rc) return fsc_error(rc, "bad model: %s", fsc_last_error());
+    if (o->batch < 1) return fsc_error(FSC_ERR_INVALID, "--batch %d must be positive", o->batch);
+    if (o->grad_accum < 1)
+        return fsc_error(FSC_ERR_INVALID, "--grad-accum %d must be positive", o->grad_accum);
+    if (o->steps < 0) return fsc_error(FSC_ERR_INVALID, "--steps must be >= 0");
+    if (o->threads < 1) return fsc_error(FSC_ERR_INVALID, "--threads must be >= 1");
+    if (o->clip < 0) return fsc_error(FSC_ERR_INVALID, "--clip %g must be >= 0", o->clip);
+    return FSC_OK;
+}
+
+static int make_optimizer(trainer *t) {
+    const train_options *o = &t->opt;
+    fsc_optim_config cfg = {.lr = o->lr, .weight_decay = o->weight_decay, .beta1 = o->beta1,
+                            .beta2 = o->beta2, .eps = o->eps, .momentum = o->momentum};
+    if (!strcmp(o->optimizer, "adamw")) cfg.kind = FSC_OPTIM_ADAMW;
+    else if (!strcmp(o->optimizer, "adam")) cfg.kind = FSC_OPTIM_ADAM;
+    else if (!strcmp(o->optimizer, "sgd")) cfg.kind = FSC_OPTIM_SGD;
+    else
+        return fsc_error(FSC_ERR_INVALID, "--optimizer \"%s\": expected adamw, adam or sgd",
+                         o->optimizer);
+    int rc = fsc_optim_ranges_from_params(&t->params, &t->ranges, &t->nranges);
+    if (rc) return rc;
+    t->optim = fsc_optim_new(&cfg, t->ranges, t->nranges);
+    if (!t->optim) return fsc_error(FSC_ERR_INVALID, "optimizer: %s", fsc_last_error());
+
+    fsc_lr_schedule_config *s = &t->sched;
+    *s = (fsc_lr_schedule_config){.max_lr = (float)o->lr, .warmup_steps = o->warmup,
+                                  .total_steps = o->steps, .min_lr_ratio = (float)o->min_lr_ratio};
+    if (!strcmp(o->schedule, "cosine")) s->kind = FSC_LR_WARMUP_COSINE;
+    else if (!strcmp(o->schedule, "constant")) s->kind = FSC_LR_CONSTANT, s->warmup_steps = 0;
+    else if (!strcmp(o->schedule, "warmup-constant")) s->kind = FSC_LR_WARMUP_CONSTANT;
+    else
+        return fsc_error(FSC_ERR_INVALID,
+                         "--schedule \"%s\": expected cosine, constant or warmup-constant",
+                         o->schedule);
+    if (s->kind == FSC_LR_WARMUP_COSINE && s->total_steps < s->warmup_steps)
+        s->total_steps = s->warmup_steps;
+    rc = fsc_lr_schedule_check(s);
+    return rc ? fsc_error(rc, "schedule: %s", fsc_last_error()) : FSC_OK;
+}
+
+int trainer_init(trainer *t, const train_options *o) {
+    memset(t, 0, sizeof *t);
+    t->opt = *o;
+    int rc = check_options(o);
+    if (rc) return rc;
+    fsc_set_num_threads(o->threads);
+    if ((rc = fsc_blas_init(o->threads))) return rc;
+
+    if ((rc = fsc_tokens_load(o->data, &t->tokens)))
+        return fsc_error(rc, "--data %s: %s", o->data, fsc_last_error());
+    if (t->tokens.vocab > o->model.vocab)
+        return fsc_error(FSC_ERR_INVALID,
+                         "--data %s has token ids up to %d but --vocab is %d; raise --vocab",
+                         o->data, t->tokens.vocab - 1, o->model.vocab);
+    if (t->tokens.count < (int64_t)o->model.seq + 1)
+        return fsc_error(FSC_ERR_INVALID, "--data %s has %" PRId64 " tokens, fewer than --seq + 1",
+                         o->data, t->tokens.count);
+
+    t->model = fsc_gpt_new(&o->model);
+    if (!t->model) return FSC_ERR_INVALID;
+    if ((rc = fsc_params_bind(t->model, o->seed, true, &t->params))) return rc;
+    if (o->init_from) {
+        int unused = 0;
+        if ((rc = fsc_weights_load(o->init_from, &t->params, &unused)))
+            return fsc_error(rc, "--init-from: %s", fsc_last_error());
+        if (unused) fsc_log(FSC_LOG_INFO, "--init-from: %d tensors in the file were not used", unused);
+    }
+    if ((rc = make_optimizer(t))) return rc;
+    t->arena = fsc_arena_new(FSC_MEM_ACTIV, 1 << 20);
+    size_t n = (size_t)o->batch * o->model.seq;
+    t->x = malloc(n * sizeof *t->x);
+    t->y = malloc(n * sizeof *t->y);
+    if (!t->arena || !t->x || !t->y) return fsc_error(FSC_ERR_NOMEM, "out of memory");
+    if (o->save_init && (rc = trainer_save(t, o->save_init)))
+        return fsc_error(rc, "--save-init: %s", fsc_last_error());
+    return FSC_OK;
+}
+
+int trainer_step(trainer *t, step_result *r) {
+    const train_options *o = &t->opt;
+    int B = o->batch, T = o->model.seq;
+    double t0 = fsc_now(), loss = 0;
+    double norm = (double)B * T * o->grad_accum; /* targets in the global batch (dp = 1) */
+    fsc_params_zero_grad(&t->params);
+    for (int k = 0; k < o->grad_accum; k++) {
+        int rc = fsc_tokens_batch(&t->tokens, t->step, k, 0, B, o->grad_accum, 1, T, t->x, t->y);
+        if (rc) return rc;
+        fsc_arena_reset(t->arena);
+        fsc_ctx ctx = {.arena = t->arena, .training = true, .seed = o->seed, .step = t->step,
+                       .sample0 = fsc_batch_first_sample(t->step, k, 0, B, o->grad_accum, 1)};
+        float part = 0;
+        rc = fsc_gpt_train_micro(t->model, &ctx, t->x, t->y, B, T, -1, norm, &part);
+        if (rc) return rc;
+        loss += part;
+    }
+    float gnorm = 0;
+    int rc = o->clip > 0 ? fsc_clip_grad_norm(t->ranges, t->nranges, (float)o->clip, &gnorm)
+                         : FSC_OK;
+    if (o->clip <= 0) gnorm = (float)sqrt(fsc_grad_norm_sq(t->ranges, t->nranges));
+    if (rc == FSC_ERR_NUMERIC || !isfinite(loss))
+        return fsc_error(FSC_ERR_NUMERIC, "step %" PRId64 ": loss %g, gradient norm %g: training "
+                                          "diverged (lower --lr or use --clip)",
+                         t->step + 1, loss, (double)gnorm);
+    if (rc) return rc;
+    double lr = fsc_lr_schedule(&t->sched, t->step);
+    fsc_optim_set_lr(t->optim, lr);
+    if ((rc = fsc_optim_step(t->optim))) return rc;
+    t->step++;
+    *r = (step_result){.loss = loss, .lr = lr, .grad_norm = gnorm, .seconds = fsc_now() - t0};
+    return FSC_OK;
+}
+
+int trainer_save(trainer *t, const char *path) {
+    char cfg[256];
+    const fsc_gpt_config *m = &t->opt.model;
+    snprintf(cfg, sizeof cfg,
+             "{\"vocab_size\": %d, \"n_positions\": %d, \"n_layer\": %d, \"n_embd\": %d, "
+             "\"n_head\": %d}",
+             m->vocab, m->seq, m->layers, m->d_model, m->heads);
+    char step[32];
+    snprintf(step, sizeof step, "%" PRId64, t->step);
+    const char *keys[] = {"format", "fsc.gpt_config", "fsc.step"};
+    const char *values[] = {"pt", cfg, step};
+    return fsc_weights_save(path, &t->params, 3, keys, values);
+}
+
+void trainer_free(trainer *t) {
+    fsc_optim_free(t->optim);
+    fsc_optim_ranges_free(t->ranges);
+    fsc_params_free(&t->params);
+    fsc_module_free(t->model);
+    fsc_tokens_free(&t->tokens);
+    fsc_arena_free(t->arena);
+    free(t->x);
+    free(t->y);
+    memset(t, 0, sizeof *t);
+}
+
+void print_mem_json(FILE *f, bool peak) {
+    for (int tag = 0; tag < FSC_MEM_TAG_COUNT; tag++)
+        fprintf(f, "%s\"%s\": %zu", tag ? ", " : "", fsc_mem_tag_name((fsc_mem_tag)tag),
+                peak ? fsc_mem_peak((fsc_mem_tag)tag) : fsc_mem_current((fsc_mem_tag)tag));
+}

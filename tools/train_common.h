@@ -1,0 +1,64 @@
+/* The training loop shared by fsc-train and fsc-bench: options, flag parsing,
+ * model + data + optimizer set-up, one optimizer step, and the summary. */
+#ifndef FSC_TOOLS_TRAIN_COMMON_H
+#define FSC_TOOLS_TRAIN_COMMON_H
+
+#include <stdio.h>
+
+#include "fsc/gpt.h"
+#include "fsc/io.h"
+#include "fsc/optim.h"
+
+typedef struct train_options {
+    fsc_gpt_config model;
+    const char *data;
+    int batch, grad_accum;
+    int64_t steps;
+    double lr, min_lr_ratio, weight_decay, beta1, beta2, eps, momentum, clip;
+    int64_t warmup;
+    const char *schedule;  /* cosine | constant | warmup-constant */
+    const char *optimizer; /* adamw | adam | sgd */
+    uint64_t seed;
+    int threads;
+    const char *init_from, *save_init, *save, *metrics;
+    int log_every;
+    bool quiet;
+} train_options;
+
+/* Defaults of fsc-train: a small GPT on the built-in corpus. */
+void train_options_default(train_options *o);
+/* Parses --flag value / --flag=value. Returns 0, 1 if --help was printed, or a
+ * negative status with fsc_last_error() naming the flag and the bad value. */
+int train_options_parse(train_options *o, int argc, char **argv, const char *prog,
+                        const char *usage_extra);
+
+typedef struct trainer {
+    train_options opt;
+    fsc_module *model;
+    fsc_params params;
+    fsc_optim_range *ranges;
+    int nranges;
+    fsc_optim *optim;
+    fsc_lr_schedule_config sched;
+    fsc_tokens tokens;
+    fsc_arena *arena;
+    int32_t *x, *y;
+    int64_t step; /* next step to run, 0-based */
+} trainer;
+
+typedef struct step_result {
+    double loss, lr, grad_norm, seconds;
+} step_result;
+
+/* Builds everything from the options; on error returns a status with the message set. */
+int trainer_init(trainer *t, const train_options *o);
+/* Trains step t->step with all its micro-batches, then the optimizer update. */
+int trainer_step(trainer *t, step_result *r);
+void trainer_free(trainer *t);
+/* Saves weights with the model configuration in the metadata. */
+int trainer_save(trainer *t, const char *path);
+
+/* Prints per-tag memory figures as a JSON object body ("params": N, ...). */
+void print_mem_json(FILE *f, bool peak);
+
+#endif
