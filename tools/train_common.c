@@ -135,16 +135,34 @@ int train_options_parse(train_options *o, int argc, char **argv, const char *pro
     return FSC_OK;
 }
 
+/* Fails early, before any training, if `path` could not be written later. */
+static int check_writable(const char *flag, const char *path) {
+    if (!path) return FSC_OK;
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == dir) dir[1] = '\0';
+    else *slash = '\0';
+    if (access(dir, W_OK) != 0)
+        return fsc_error(FSC_ERR_IO, "%s %s: directory %s is not writable (%s)", flag, path, dir,
+                         strerror(errno));
+    return FSC_OK;
+}
+
 static int check_options(const train_options *o) {
     int rc = fsc_gpt_config_check(&o->model);
-    if (rc) return fsc_error(rc, "bad model: %s", fsc_last_error());
+    if (rc) return fsc_error_context(rc, "bad model: ");
     if (o->batch < 1) return fsc_error(FSC_ERR_INVALID, "--batch %d must be positive", o->batch);
     if (o->grad_accum < 1)
         return fsc_error(FSC_ERR_INVALID, "--grad-accum %d must be positive", o->grad_accum);
     if (o->steps < 0) return fsc_error(FSC_ERR_INVALID, "--steps must be >= 0");
     if (o->threads < 1) return fsc_error(FSC_ERR_INVALID, "--threads must be >= 1");
     if (o->clip < 0) return fsc_error(FSC_ERR_INVALID, "--clip %g must be >= 0", o->clip);
-    return FSC_OK;
+    int rc2 = check_writable("--save", o->save);
+    if (!rc2) rc2 = check_writable("--save-init", o->save_init);
+    if (!rc2) rc2 = check_writable("--metrics", o->metrics);
+    return rc2;
 }
 
 static int make_optimizer(trainer *t) {
@@ -160,7 +178,7 @@ static int make_optimizer(trainer *t) {
     int rc = fsc_optim_ranges_from_params(&t->params, &t->ranges, &t->nranges);
     if (rc) return rc;
     t->optim = fsc_optim_new(&cfg, t->ranges, t->nranges);
-    if (!t->optim) return fsc_error(FSC_ERR_INVALID, "optimizer: %s", fsc_last_error());
+    if (!t->optim) return fsc_error_context(FSC_ERR_INVALID, "optimizer: ");
 
     fsc_lr_schedule_config *s = &t->sched;
     *s = (fsc_lr_schedule_config){.max_lr = (float)o->lr, .warmup_steps = o->warmup,
@@ -175,7 +193,7 @@ static int make_optimizer(trainer *t) {
     if (s->kind == FSC_LR_WARMUP_COSINE && s->total_steps < s->warmup_steps)
         s->total_steps = s->warmup_steps;
     rc = fsc_lr_schedule_check(s);
-    return rc ? fsc_error(rc, "schedule: %s", fsc_last_error()) : FSC_OK;
+    return rc ? fsc_error_context(rc, "schedule: ") : FSC_OK;
 }
 
 int trainer_init(trainer *t, const train_options *o) {
@@ -187,7 +205,7 @@ int trainer_init(trainer *t, const train_options *o) {
     if ((rc = fsc_blas_init(o->threads))) return rc;
 
     if ((rc = fsc_tokens_load(o->data, &t->tokens)))
-        return fsc_error(rc, "--data %s: %s", o->data, fsc_last_error());
+        return fsc_error_context(rc, "--data %s: ", o->data);
     if (t->tokens.vocab > o->model.vocab)
         return fsc_error(FSC_ERR_INVALID,
                          "--data %s has token ids up to %d but --vocab is %d; raise --vocab",
@@ -202,7 +220,7 @@ int trainer_init(trainer *t, const train_options *o) {
     if (o->init_from) {
         int unused = 0;
         if ((rc = fsc_weights_load(o->init_from, &t->params, &unused)))
-            return fsc_error(rc, "--init-from: %s", fsc_last_error());
+            return fsc_error_context(rc, "--init-from: ");
         if (unused) fsc_log(FSC_LOG_INFO, "--init-from: %d tensors in the file were not used", unused);
     }
     if ((rc = make_optimizer(t))) return rc;
@@ -212,7 +230,7 @@ int trainer_init(trainer *t, const train_options *o) {
     t->y = malloc(n * sizeof *t->y);
     if (!t->arena || !t->x || !t->y) return fsc_error(FSC_ERR_NOMEM, "out of memory");
     if (o->save_init && (rc = trainer_save(t, o->save_init)))
-        return fsc_error(rc, "--save-init: %s", fsc_last_error());
+        return fsc_error_context(rc, "--save-init: ");
     return FSC_OK;
 }
 

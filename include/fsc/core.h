@@ -44,6 +44,13 @@ FSC_API int fsc_error(int status, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)))
 #endif
     ;
+/* Prepends context to this thread's message ("--data x.bin: " + message) and
+ * returns `status`; the way to add context while propagating a failure. */
+FSC_API int fsc_error_context(int status, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
 FSC_API void fsc_clear_error(void);
 
 /* ---- logging ------------------------------------------------------------- */

@@ -36,3 +36,14 @@ int fsc_error(int status, const char *fmt, ...) {
     va_end(ap);
     return status;
 }
+
+int fsc_error_context(int status, const char *fmt, ...) {
+    char prefix[512], old[sizeof last_error];
+    memcpy(old, last_error, sizeof old);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(prefix, sizeof prefix, fmt, ap);
+    va_end(ap);
+    snprintf(last_error, sizeof last_error, "%s%s", prefix, old);
+    return status;
+}

@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""fsc-train end to end: it learns, it refuses bad input clearly, and (when
+PyTorch is present) its models and losses agree with PyTorch.
+
+usage: train_e2e.py FSC_TRAIN {learns|bad-input|torch}
+Exit 0 = pass, 1 = fail, 77 = skipped (no PyTorch).
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "reference"))
+
+FSC_TRAIN = sys.argv[1]
+TMP = tempfile.mkdtemp(prefix="fsc-e2e-")
+TINY = ["--layers", "2", "--d-model", "64", "--heads", "4", "--seq", "32", "--batch", "4"]
+
+
+def run(*args, expect_ok=True):
+    p = subprocess.run([FSC_TRAIN, *map(str, args)], capture_output=True, text=True, timeout=600)
+    if p.returncode < 0:
+        sys.exit(f"FAIL: fsc-train {' '.join(map(str, args))} crashed with signal {-p.returncode}")
+    if expect_ok and p.returncode != 0:
+        sys.exit(f"FAIL: fsc-train {' '.join(map(str, args))} exited {p.returncode}:\n{p.stderr}")
+    return p
+
+
+def metrics(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+def learns():
+    m = os.path.join(TMP, "m.jsonl")
+    run("--layers", "2", "--d-model", "128", "--heads", "4", "--seq", "64", "--batch", "8",
+        "--steps", "120", "--lr", "2e-3", "--warmup", "10", "--metrics", m, "--quiet")
+    rows = metrics(m)
+    first = rows[0]["loss"]
+    last = sum(r["loss"] for r in rows[-10:]) / 10
+    print(f"builtin corpus: loss {first:.3f} -> {last:.3f} (mean of the last 10 steps)")
+    assert len(rows) == 120 and rows[-1]["step"] == 120
+    assert all(k in rows[0] for k in ("step", "loss", "lr", "grad_norm", "tokens_per_s", "mem"))
+    mem = rows[0]["mem"]
+    assert set(mem) == {"params", "grads", "optim", "activ", "comm", "work"}, mem
+    assert mem["params"] > 0 and mem["optim"] > 0 and mem["activ"] > 0, mem
+    if not last < first - 2.0:
+        sys.exit(f"FAIL: loss did not fall enough: {first:.3f} -> {last:.3f}")
+
+
+def bad_input():
+    garbage = os.path.join(TMP, "garbage.safetensors")
+    with open(garbage, "wb") as f:
+        f.write(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all")
+    other = os.path.join(TMP, "other.safetensors")
+    run(*TINY, "--steps", "0", "--save-init", other, "--quiet")
+    cases = [
+        (["--heads", "3"], "heads 3 must divide d_model 256"),
+        (["--steps", "abc"], "--steps: \"abc\" is not a valid integer"),
+        (["--bogus", "1"], "unknown flag"),
+        (["--batch"], "--batch needs a value"),
+        (["--batch", "0"], "--batch 0 must be positive"),
+        (["--data", "/nonexistent/x.bin"], "/nonexistent/x.bin"),
+        (["--init-from", garbage], garbage),
+        (["--init-from", other], "has shape"),
+        (["--optimizer", "lion"], "--optimizer \"lion\""),
+        (["--schedule", "step"], "--schedule \"step\""),
+        (["--lr", "-1"], "lr"),
+        (["--vocab", "100"], "raise --vocab"),
+        (["--save", "/nonexistent-dir/m.safetensors", "--steps", "1"], "/nonexistent-dir"),
+    ]
+    for args, needle in cases:
+        p = run(*args, expect_ok=False)
+        msg = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ""
+        if p.returncode == 0 or needle not in p.stderr:
+            sys.exit(f"FAIL: {args}: exit {p.returncode}, expected a message containing "
+                     f"{needle!r}, got:\n{p.stderr}")
+        print(f"ok  {' '.join(args)[:60]:60s} -> {msg[:110]}")
+
+
+def torch_cross_check():
+    try:
+        import torch
+        import torch_gpt
+    except ImportError:
+        print("SKIP: PyTorch is not installed (scripts/install-deps.sh installs python3-torch)")
+        sys.exit(77)
+    torch.set_num_threads(1)
+    data = os.path.join(TMP, "data.txt")
+    with open(data, "wb") as f:  # varied bytes, deterministic
+        f.write(bytes((i * 7919 + (i // 13) * 31) % 251 for i in range(20000)))
+    init, final, m = (os.path.join(TMP, n) for n in ("init.safetensors", "final.safetensors", "m.jsonl"))
+    steps, lr, warmup = 20, 1e-3, 5
+    run(*TINY, "--data", data, "--steps", steps, "--lr", lr, "--warmup", warmup, "--clip", "1.0",
+        "--save-init", init, "--save", final, "--metrics", m, "--quiet")
+    fsc_losses = [r["loss"] for r in metrics(m)]
+
+    tensors, meta = torch_gpt.load_safetensors(init)
+    cfg = json.loads(meta["fsc.gpt_config"])
+    model = torch_gpt.GPT(cfg["vocab_size"], cfg["n_positions"], cfg["n_layer"], cfg["n_embd"],
+                          cfg["n_head"])
+    model.load(tensors)
+    tokens = torch.tensor(list(open(data, "rb").read()), dtype=torch.int64)
+    opt = torch_gpt.adamw(model, lr, (0.9, 0.95), 1e-8, 0.1)
+    torch_losses = []
+    for s in range(steps):
+        x, y = torch_gpt.batch(tokens, s, 0, 0, 4, 1, 1, 32)
+        for g in opt.param_groups:
+            g["lr"] = torch_gpt.lr_at(s, lr, warmup, steps, 0.1)
+        opt.zero_grad()
+        loss = model.loss(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_([model.p(k) for k in model.names], 1.0)
+        opt.step()
+        torch_losses.append(loss.item())
+    rel = max(abs(a - b) / abs(b) for a, b in zip(fsc_losses, torch_losses))
+    print(f"20 AdamW steps, same init and data: max relative loss difference {rel:.2e}")
+    print("  fsc  ", " ".join(f"{v:.5f}" for v in fsc_losses[::4]))
+    print("  torch", " ".join(f"{v:.5f}" for v in torch_losses[::4]))
+    if rel > 1e-4:
+        sys.exit(f"FAIL: per-step losses differ from PyTorch by {rel:.2e} (> 1e-4)")
+
+    # The trained model opens in PyTorch and gives fsc's loss on fresh batches.
+    trained, _ = torch_gpt.load_safetensors(final)
+    model.load(trained)
+    m2 = os.path.join(TMP, "m2.jsonl")
+    run(*TINY, "--data", data, "--steps", "3", "--lr", "0", "--init-from", final, "--metrics", m2,
+        "--quiet", "--schedule", "constant")
+    fsc_eval = [r["loss"] for r in metrics(m2)]
+    with torch.no_grad():
+        torch_eval = [model.loss(*torch_gpt.batch(tokens, s, 0, 0, 4, 1, 1, 32)).item()
+                      for s in range(3)]
+    rel = max(abs(a - b) / abs(b) for a, b in zip(fsc_eval, torch_eval))
+    print(f"fsc-trained model in PyTorch: losses {torch_eval} vs fsc {fsc_eval} (rel {rel:.1e})")
+    if rel > 1e-5:
+        sys.exit(f"FAIL: the saved model gives different losses in PyTorch ({rel:.2e})")
+
+
+{"learns": learns, "bad-input": bad_input, "torch": torch_cross_check}[sys.argv[2]]()
+print("PASS")
