@@ -179,9 +179,11 @@ FSC_API fsc_module *fsc_block_new(const char *name, int C, int NH, float dropout
 
 /* ---- loss ------------------------------------------------------------------ */
 /* Cross-entropy, mean over every non-ignored target of the GLOBAL batch: the
- * caller passes the global count (norm) so micro-batches and ranks sum to the
- * gradient of one big batch. logits (N,V) are overwritten by their gradient.
- * Returns the status; *loss_sum receives the sum of per-token losses / norm. */
+ * caller passes the global count of such targets (norm), so micro-batches and
+ * ranks add up to the gradient of one big batch. logits (..., V) f32 are
+ * overwritten by d(loss)/d(logits); targets int32 with one id per row.
+ * *loss_out receives sum(per-token loss) / norm. An out-of-range target (other
+ * than ignore_index) is an error naming its position. */
 FSC_API int fsc_cross_entropy(float *loss_out, fsc_tensor *logits, const fsc_tensor *targets,
                               int ignore_index, double norm, fsc_arena *arena);
 

@@ -151,26 +151,22 @@ double fsc_gpt_flops_per_token(const fsc_gpt_config *c, int T) {
     return 6.0 * n + 12.0 * c->layers * (double)c->d_model * T;
 }
 
+/* Counts targets that are not ignore_index: the normaliser of a batch's mean. */
+static int64_t count_targets(const int32_t *y, int64_t n, int ignore_index) {
+    int64_t c = 0;
+    for (int64_t i = 0; i < n; i++) c += y[i] != ignore_index;
+    return c;
+}
+
 static int gpt_loss(fsc_module *m, const fsc_ctx *ctx, const int32_t *x, const int32_t *y, int B,
                     int T, int ignore_index, double norm, float *loss, bool train) {
-    gpt *g = (gpt *)m;
     fsc_tensor ids = fsc_tensor_2d((void *)x, FSC_DTYPE_I32, B, T), logits;
+    fsc_tensor targets = fsc_tensor_2d((void *)y, FSC_DTYPE_I32, B, T);
     void *saved = NULL;
     int rc = fsc_module_forward(m, ctx, &ids, &logits, &saved);
-    if (rc) return rc;
-    float *losses = fsc_arena_alloc(ctx->arena, (size_t)B * T * sizeof(float));
-    if (!losses) return FSC_ERR_NOMEM;
-    int64_t bad = -1;
-    int64_t counted = fsc_crossentropy_fused(losses, logits.data, y, B * T, g->cfg.vocab,
-                                             ignore_index, (float)(1.0 / norm), &bad);
-    if (bad >= 0)
-        return fsc_error(FSC_ERR_INVALID, "target %d at position %lld outside vocab [0,%d)",
-                         y[bad], (long long)bad, g->cfg.vocab);
-    double sum = 0;
-    for (int64_t i = 0; i < (int64_t)B * T; i++) sum += losses[i];
-    *loss = (float)(train ? sum / norm : (counted ? sum / (double)counted : 0.0));
-    if (!train) return FSC_OK;
-    return fsc_module_backward(m, ctx, saved, &logits, NULL);
+    if (!rc) rc = fsc_cross_entropy(loss, &logits, &targets, ignore_index, norm, ctx->arena);
+    if (rc || !train) return rc;
+    return fsc_module_backward(m, ctx, saved, &logits, NULL); /* logits now hold dloss/dlogits */
 }
 
 int fsc_gpt_train_micro(fsc_module *m, const fsc_ctx *ctx, const int32_t *x, const int32_t *y,
@@ -183,5 +179,7 @@ int fsc_gpt_eval_loss(fsc_module *m, const fsc_ctx *ctx, const int32_t *x, const
                       int B, int T, int ignore_index, float *loss) {
     fsc_ctx eval = *ctx;
     eval.training = false;
-    return gpt_loss(m, &eval, x, y, B, T, ignore_index, 1.0, loss, false);
+    int64_t n = count_targets(y, (int64_t)B * T, ignore_index);
+    if (!n) return fsc_error(FSC_ERR_INVALID, "eval loss: every target is ignore_index");
+    return gpt_loss(m, &eval, x, y, B, T, ignore_index, (double)n, loss, false);
 }

@@ -1,8 +1,7 @@
-"""A GPT-2 in PyTorch with the Hugging Face parameter names and layouts.
-
-Shared by the reference scripts and the cross-check tests: it loads and saves
-the safetensors files fsc writes (Conv1D weights are (in, out), the LM head is
-tied to wte), and implements fsc's data order and learning-rate schedule.
+"""fsc's training semantics in PyTorch, for the cross-check tests: a GPT-2
+(goldens.py's, with the Hugging Face names and layouts) as trainable
+parameters, a safetensors reader for the files fsc writes, fsc's data order,
+its learning-rate schedules, and AdamW with fsc's decay rule.
 """
 import json
 import math
@@ -10,6 +9,8 @@ import struct
 
 import torch
 import torch.nn.functional as F
+
+import goldens
 
 DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16,
           "I32": torch.int32, "I64": torch.int64}
@@ -31,44 +32,16 @@ def load_safetensors(path):
     return out, meta
 
 
-def save_safetensors(path, tensors, metadata=None):
-    names = list(tensors)
-    header, offset, blobs = {}, 0, []
-    for k in names:
-        t = tensors[k].contiguous()
-        dt = {v: k2 for k2, v in DTYPES.items()}[t.dtype]
-        raw = t.numpy().tobytes()
-        header[k] = {"dtype": dt, "shape": list(t.shape), "data_offsets": [offset, offset + len(raw)]}
-        offset += len(raw)
-        blobs.append(raw)
-    if metadata:
-        header["__metadata__"] = metadata
-    h = json.dumps(header).encode()
-    h += b" " * ((8 - len(h) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)))
-        f.write(h)
-        for b in blobs:
-            f.write(b)
-
-
 class GPT(torch.nn.Module):
+    """goldens.py's functional GPT-2 held as trainable parameters."""
+
     def __init__(self, vocab, seq, layers, d_model, heads):
         super().__init__()
-        self.V, self.T, self.L, self.C, self.NH = vocab, seq, layers, d_model, heads
-        C = d_model
-        p = {"wte.weight": (vocab, C), "wpe.weight": (seq, C), "ln_f.weight": (C,), "ln_f.bias": (C,)}
-        for i in range(layers):
-            h = f"h.{i}."
-            p.update({h + "ln_1.weight": (C,), h + "ln_1.bias": (C,),
-                      h + "attn.c_attn.weight": (C, 3 * C), h + "attn.c_attn.bias": (3 * C,),
-                      h + "attn.c_proj.weight": (C, C), h + "attn.c_proj.bias": (C,),
-                      h + "ln_2.weight": (C,), h + "ln_2.bias": (C,),
-                      h + "mlp.c_fc.weight": (C, 4 * C), h + "mlp.c_fc.bias": (4 * C,),
-                      h + "mlp.c_proj.weight": (4 * C, C), h + "mlp.c_proj.bias": (C,)})
-        self.names = list(p)
+        self.V, self.L, self.NH = vocab, layers, heads
+        shapes = goldens.gpt_param_shapes(vocab, seq, layers, d_model)
+        self.names = [k for k, _ in shapes]
         self.params = torch.nn.ParameterDict(
-            {k.replace(".", "__"): torch.nn.Parameter(torch.zeros(s)) for k, s in p.items()})
+            {k.replace(".", "__"): torch.nn.Parameter(torch.zeros(s)) for k, s in shapes})
 
     def p(self, name):
         return self.params[name.replace(".", "__")]
@@ -81,29 +54,8 @@ class GPT(torch.nn.Module):
                     raise KeyError(f"missing tensor {k}")
                 self.p(k).copy_(src.float())
 
-    def state(self):
-        return {k: self.p(k).detach().clone() for k in self.names}
-
     def forward(self, idx):
-        B, T = idx.shape
-        C, NH = self.C, self.NH
-        x = self.p("wte.weight")[idx] + self.p("wpe.weight")[:T]
-        mask = torch.ones(T, T, dtype=torch.bool).triu(1)
-        for i in range(self.L):
-            h = f"h.{i}."
-            a = F.layer_norm(x, (C,), self.p(h + "ln_1.weight"), self.p(h + "ln_1.bias"), 1e-5)
-            qkv = a @ self.p(h + "attn.c_attn.weight") + self.p(h + "attn.c_attn.bias")
-            q, k, v = (t.view(B, T, NH, C // NH).transpose(1, 2) for t in qkv.split(C, dim=2))
-            att = (q @ k.transpose(-2, -1)) / math.sqrt(C // NH)
-            att = att.masked_fill(mask, float("-inf")).softmax(-1)
-            y = (att @ v).transpose(1, 2).reshape(B, T, C)
-            x = x + y @ self.p(h + "attn.c_proj.weight") + self.p(h + "attn.c_proj.bias")
-            m = F.layer_norm(x, (C,), self.p(h + "ln_2.weight"), self.p(h + "ln_2.bias"), 1e-5)
-            m = F.gelu(m @ self.p(h + "mlp.c_fc.weight") + self.p(h + "mlp.c_fc.bias"),
-                       approximate="tanh")
-            x = x + m @ self.p(h + "mlp.c_proj.weight") + self.p(h + "mlp.c_proj.bias")
-        x = F.layer_norm(x, (C,), self.p("ln_f.weight"), self.p("ln_f.bias"), 1e-5)
-        return x @ self.p("wte.weight").t()
+        return goldens.gpt_logits(idx, {k: self.p(k) for k in self.names}, self.L, self.NH)
 
     def loss(self, x, y):
         logits = self(x)
