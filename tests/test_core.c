@@ -60,6 +60,28 @@ static void test_arena_reuses_memory(void **state) {
     fsc_arena_free(a);
 }
 
+static void test_arena_mark_release(void **state) {
+    (void)state;
+    fsc_arena *a = fsc_arena_new(FSC_MEM_ACTIV, 4096);
+    char *keep = fsc_arena_alloc(a, 1000);
+    fsc_arena_mark_t m = fsc_arena_mark(a);
+    for (int i = 0; i < 8; i++) assert_non_null(fsc_arena_alloc(a, 3000)); /* spans new blocks */
+    size_t held = fsc_mem_current(FSC_MEM_ACTIV);
+    fsc_arena_release(a, m);
+    assert_int_equal(fsc_arena_used(a), 1024);
+    /* released blocks are reused, not allocated again */
+    for (int i = 0; i < 8; i++) assert_non_null(fsc_arena_alloc(a, 3000));
+    assert_int_equal(fsc_mem_current(FSC_MEM_ACTIV), held);
+    keep[0] = 1;
+    /* reset shrinks to one block sized by the last step */
+    fsc_arena_reset(a);
+    fsc_arena_alloc(a, 500);
+    fsc_arena_reset(a);
+    fsc_arena_reset(a);
+    assert_true(fsc_mem_current(FSC_MEM_ACTIV) < held);
+    fsc_arena_free(a);
+}
+
 static void test_tensor_views(void **state) {
     (void)state;
     float buf[24];
@@ -101,6 +123,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_error_message),       cmocka_unit_test(test_half_conversions),
         cmocka_unit_test(test_mem_tags),            cmocka_unit_test(test_arena_reuses_memory),
+        cmocka_unit_test(test_arena_mark_release),
         cmocka_unit_test(test_tensor_views),        cmocka_unit_test(test_philox_known_answer),
         cmocka_unit_test(test_normal_fill_slices_match),
     };

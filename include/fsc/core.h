@@ -126,6 +126,16 @@ FSC_API void *fsc_arena_calloc(fsc_arena *a, size_t bytes);
 /* Forgets every allocation; keeps the blocks. If the last step needed more than
  * one block, they are merged into one block of the high-water size. */
 FSC_API void fsc_arena_reset(fsc_arena *a);
+/* A position to return to: everything allocated after fsc_arena_mark is given
+ * back by fsc_arena_release (a stack discipline for short-lived buffers, such
+ * as the gradients inside one block's backward). If the arena had to grow after
+ * the mark (only before its first reset), release keeps the memory until reset. */
+typedef struct {
+    const void *block;
+    size_t used;
+} fsc_arena_mark_t;
+FSC_API fsc_arena_mark_t fsc_arena_mark(const fsc_arena *a);
+FSC_API void fsc_arena_release(fsc_arena *a, fsc_arena_mark_t m);
 FSC_API size_t fsc_arena_used(const fsc_arena *a);
 FSC_API size_t fsc_arena_high_water(const fsc_arena *a);
 

@@ -1,7 +1,11 @@
 /* Bump allocator for a step's activations and saved state (DESIGN.md
  * decision 1: forward writes what backward needs into caller-provided memory).
- * After the first step has shown how much a step needs, reset leaves a single
- * block of that size, so steady-state steps never touch malloc. */
+ *
+ * Blocks come from the tagged allocator. Allocation bumps within the newest
+ * block and chains a new one when it is full; mark/release give back
+ * everything allocated after a mark (released blocks wait on a spare list for
+ * reuse). Reset leaves a single block of what the last step used at most, so a
+ * steady-state training loop never touches malloc. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,9 +22,11 @@ typedef struct block {
 struct fsc_arena {
     fsc_mem_tag tag;
     size_t block_bytes;
-    block *head; /* current block first */
-    size_t used_before_head;
-    size_t high_water;
+    block *head;             /* newest block first */
+    block *spare;            /* released blocks, empty, for reuse */
+    size_t used_before_head; /* bytes used in the blocks after head */
+    size_t high_water;       /* ever */
+    size_t step_high;        /* since the last reset */
 };
 
 static block *block_new(fsc_mem_tag tag, size_t size) {
@@ -58,14 +64,26 @@ fsc_arena *fsc_arena_new(fsc_mem_tag tag, size_t block_bytes) {
 void fsc_arena_free(fsc_arena *a) {
     if (!a) return;
     blocks_free(a->head);
+    blocks_free(a->spare);
     free(a);
+}
+
+/* A spare block with room for `need`, unlinked from the spare list, or NULL. */
+static block *take_spare(fsc_arena *a, size_t need) {
+    for (block **p = &a->spare; *p; p = &(*p)->next)
+        if ((*p)->size >= need) {
+            block *b = *p;
+            *p = b->next;
+            return b;
+        }
+    return NULL;
 }
 
 void *fsc_arena_alloc(fsc_arena *a, size_t bytes) {
     size_t need = (bytes + ALIGN - 1) / ALIGN * ALIGN;
     if (!a->head || a->head->size - a->head->used < need) {
-        size_t size = need > a->block_bytes ? need : a->block_bytes;
-        block *b = block_new(a->tag, size);
+        block *b = take_spare(a, need);
+        if (!b) b = block_new(a->tag, need > a->block_bytes ? need : a->block_bytes);
         if (!b) return NULL;
         if (a->head) a->used_before_head += a->head->used;
         b->next = a->head;
@@ -75,6 +93,7 @@ void *fsc_arena_alloc(fsc_arena *a, size_t bytes) {
     a->head->used += need;
     size_t used = a->used_before_head + a->head->used;
     if (used > a->high_water) a->high_water = used;
+    if (used > a->step_high) a->step_high = used;
     return p;
 }
 
@@ -84,16 +103,35 @@ void *fsc_arena_calloc(fsc_arena *a, size_t bytes) {
     return p;
 }
 
+fsc_arena_mark_t fsc_arena_mark(const fsc_arena *a) {
+    return (fsc_arena_mark_t){a->head, a->head ? a->head->used : 0};
+}
+
+void fsc_arena_release(fsc_arena *a, fsc_arena_mark_t m) {
+    while (a->head && a->head != m.block) { /* blocks chained after the mark */
+        block *b = a->head;
+        a->head = b->next;
+        if (a->head) a->used_before_head -= a->head->used;
+        b->used = 0;
+        b->next = a->spare;
+        a->spare = b;
+    }
+    if (a->head && m.used <= a->head->used) a->head->used = m.used;
+}
+
 void fsc_arena_reset(fsc_arena *a) {
-    if (!a->head) return;
-    if (a->head->next) { /* several blocks: replace them by one of the high-water size */
+    /* Several blocks, or one much larger than the last step needed: replace
+     * them by one block of what the last step used. */
+    size_t need = a->step_high > a->block_bytes ? a->step_high : a->block_bytes;
+    if (a->spare || (a->head && (a->head->next || a->head->size > need + need / 4))) {
         blocks_free(a->head);
-        a->head = NULL;
-        if (a->high_water > a->block_bytes) a->block_bytes = a->high_water;
-        a->head = block_new(a->tag, a->block_bytes);
+        blocks_free(a->spare);
+        a->spare = NULL;
+        a->head = block_new(a->tag, need); /* NULL is fine: the next alloc retries */
     }
     if (a->head) a->head->used = 0;
     a->used_before_head = 0;
+    a->step_high = 0;
 }
 
 size_t fsc_arena_used(const fsc_arena *a) {
