@@ -95,6 +95,17 @@ static void test_attention(void **state) {
     free(xd);
 }
 
+/* Sequences longer than the attention kernel's query block (64) take the
+ * blocked causal path: several blocks and a partial last one. */
+static void test_attention_long_sequence(void **state) {
+    (void)state;
+    enum { TL = 150 };
+    float *xd = input(TL * C);
+    fsc_tensor x = fsc_tensor_3d(xd, FSC_DTYPE_F32, 1, TL, C);
+    check(fsc_attention_new("attn_long", C, 2, 0.f, 1, 0.3f, 0.3f), &x, TL * C, true, 0);
+    free(xd);
+}
+
 static void test_containers_and_block(void **state) {
     (void)state;
     float *xd = input(B * T * C);
@@ -152,7 +163,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_linear),          cmocka_unit_test(test_layernorm),
         cmocka_unit_test(test_activations),     cmocka_unit_test(test_embedding),
-        cmocka_unit_test(test_attention),       cmocka_unit_test(test_containers_and_block),
+        cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_attention_long_sequence),       cmocka_unit_test(test_containers_and_block),
         cmocka_unit_test(test_gpt_logits),      cmocka_unit_test(test_cross_entropy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -2,17 +2,25 @@
  * header with its tag and size, so fsc_mem_free needs only the pointer and the
  * per-tag counters stay exact. Counters are atomics: worker threads allocate.
  * Memory comes from calloc, which maps large blocks as untouched zero pages:
- * no memset pass, and RSS grows only with what is used. */
+ * no memset pass, and RSS grows only with what is used. Blocks of HUGE_MIN
+ * bytes or more (parameters, gradients, optimizer state, activation arenas)
+ * are mapped directly, 2 MiB aligned, and asked for transparent huge pages:
+ * a training step streams through them, and 4 KiB pages cost TLB misses. */
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "fsc/core.h"
 
 #define ALIGN 64
 
+#define HUGE_PAGE ((size_t)2 << 20)
+#define HUGE_MIN ((size_t)4 << 20)
+
 typedef struct {
-    void *base; /* what calloc returned */
+    void *base;         /* what calloc or mmap returned */
+    size_t mapped;      /* mmap length, or 0 for calloc */
     size_t bytes;
     int tag;
     uint32_t magic;
@@ -34,19 +42,33 @@ void *fsc_mem_alloc(fsc_mem_tag tag, size_t bytes) {
         fsc_error(FSC_ERR_INVALID, "fsc_mem_alloc: bad tag %d", (int)tag);
         return NULL;
     }
-    if (bytes > SIZE_MAX - 2 * ALIGN) {
+    if (bytes > SIZE_MAX - 4 * HUGE_PAGE) {
         fsc_error(FSC_ERR_NOMEM, "fsc_mem_alloc: %zu bytes is too large", bytes);
         return NULL;
     }
-    char *base = calloc(1, bytes + ALIGN + sizeof(header));
+    char *base, *user;
+    size_t mapped = 0;
+    if (bytes >= HUGE_MIN) {
+        mapped = bytes + 2 * HUGE_PAGE;
+        base = mmap(NULL, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (base == MAP_FAILED) base = NULL;
+        user = base ? (char *)(((uintptr_t)base + HUGE_PAGE) & ~(uintptr_t)(HUGE_PAGE - 1)) : NULL;
+#ifdef MADV_HUGEPAGE
+        if (base) madvise(user, bytes, MADV_HUGEPAGE); /* advice only: failure is harmless */
+#endif
+    } else {
+        base = calloc(1, bytes + ALIGN + sizeof(header));
+        user = base ? (char *)(((uintptr_t)base + sizeof(header) + ALIGN - 1) & ~(uintptr_t)(ALIGN - 1))
+                    : NULL;
+    }
     if (!base) {
         fsc_error(FSC_ERR_NOMEM, "out of memory allocating %zu bytes for %s", bytes,
                   fsc_mem_tag_name(tag));
         return NULL;
     }
-    char *user = (char *)(((uintptr_t)base + sizeof(header) + ALIGN - 1) & ~(uintptr_t)(ALIGN - 1));
     header *h = (header *)user - 1;
     h->base = base;
+    h->mapped = mapped;
     h->bytes = bytes;
     h->tag = tag;
     h->magic = MAGIC;
@@ -65,7 +87,10 @@ void fsc_mem_free(void *p) {
     h->magic = 0;
     atomic_fetch_sub(&current[h->tag], h->bytes);
     atomic_fetch_sub(&total_current, h->bytes);
-    free(h->base);
+    if (h->mapped)
+        munmap(h->base, h->mapped);
+    else
+        free(h->base);
 }
 
 size_t fsc_mem_current(fsc_mem_tag t) { return (unsigned)t < FSC_MEM_TAG_COUNT ? current[t] : 0; }

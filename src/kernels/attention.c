@@ -30,10 +30,17 @@ void fsc_softmax_forward(float *out, const float *inp, int N, int V) {
     }
 }
 
-/* In-place causal softmax of one (T,T) score matrix: row t keeps columns 0..t;
- * the rest are zeroed so that att @ v can be one dense sgemm. */
-static void causal_softmax(float *s, int T) {
-    for (int t = 0; t < T; t++) {
+/* Queries are taken in blocks of ATT_BLOCK rows; block i needs keys up to its
+ * last row only, so the upper triangle of the score matrix is computed and
+ * multiplied only within diagonal blocks (3/4 of the work at T=128, 5/8 at
+ * T=256). Entries of att right of a block's last key are never written or read. */
+#define ATT_BLOCK 64
+
+/* In-place causal softmax of rows [r0, r0+rows) of a score matrix with row
+ * stride T, over columns 0..ncols-1: row t keeps columns 0..t, the rest of the
+ * block is zeroed (it takes part in the block's dense sgemm). */
+static void causal_softmax(float *s, int T, int r0, int rows, int ncols) {
+    for (int t = r0; t < r0 + rows; t++) {
         float *row = s + (size_t)t * T;
         float m = -INFINITY, sum = 0.f;
         for (int u = 0; u <= t; u++) m = row[u] > m ? row[u] : m;
@@ -45,7 +52,7 @@ static void causal_softmax(float *s, int T) {
         float inv = 1.f / sum;
 #pragma omp simd
         for (int u = 0; u <= t; u++) row[u] *= inv;
-        memset(row + t + 1, 0, (size_t)(T - t - 1) * sizeof(float));
+        memset(row + t + 1, 0, (size_t)(ncols - t - 1) * sizeof(float));
     }
 }
 
@@ -59,11 +66,17 @@ void fsc_attention_forward(float *out, float *att, const float *qkv, int B, int 
             const float *q = qkv + (size_t)b * T * 3 * C + (size_t)h * hs;
             const float *k = q + C, *v = q + 2 * C;
             float *a = att + ((size_t)b * NH + h) * T * T;
-            /* scores = q k^T / sqrt(hs): the full square; the upper half is discarded */
-            fsc_sgemm(false, true, T, T, hs, scale, q, 3 * C, k, 3 * C, 0.f, a, T);
-            causal_softmax(a, T);
-            fsc_sgemm(false, false, T, hs, T, 1.f, a, T, v, 3 * C, 0.f,
-                      out + (size_t)b * T * C + (size_t)h * hs, C);
+            float *o = out + (size_t)b * T * C + (size_t)h * hs;
+            for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
+                int rows = T - r0 < ATT_BLOCK ? T - r0 : ATT_BLOCK, ncols = r0 + rows;
+                float *ab = a + (size_t)r0 * T;
+                /* scores = q k^T / sqrt(hs) for this block's rows and the keys they see */
+                fsc_sgemm(false, true, rows, ncols, hs, scale, q + (size_t)r0 * 3 * C, 3 * C, k,
+                          3 * C, 0.f, ab, T);
+                causal_softmax(a, T, r0, rows, ncols);
+                fsc_sgemm(false, false, rows, hs, ncols, 1.f, ab, T, v, 3 * C, 0.f,
+                          o + (size_t)r0 * C, C);
+            }
         }
 }
 
@@ -91,23 +104,35 @@ void fsc_attention_backward(float *dqkv, const float *dout, const float *qkv, co
             float *dq = dqkv + base, *dk = dq + C, *dv = dq + 2 * C;
             const float *a = att + ((size_t)b * NH + h) * T * T;
             const float *dy = dout + (size_t)b * T * C + (size_t)h * hs;
-            /* dv = att^T @ dy ; datt = dy @ v^T */
-            fsc_sgemm(true, false, T, hs, T, 1.f, a, T, dy, C, 0.f, dv, 3 * C);
-            fsc_sgemm(false, true, T, T, hs, 1.f, dy, C, v, 3 * C, 0.f, dp, T);
-            /* softmax backward, scaled: ds = att * (datt - sum(att * datt)) * scale */
-            for (int t = 0; t < T; t++) {
-                const float *ar = a + (size_t)t * T;
-                float *dr = dp + (size_t)t * T;
-                float dot = 0.f;
+            /* per query block: datt = dy v^T, softmax backward to ds, dq = ds k */
+            for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
+                int rows = T - r0 < ATT_BLOCK ? T - r0 : ATT_BLOCK, ncols = r0 + rows;
+                float *db = dp + (size_t)r0 * T;
+                fsc_sgemm(false, true, rows, ncols, hs, 1.f, dy + (size_t)r0 * C, C, v, 3 * C, 0.f,
+                          db, T);
+                for (int t = r0; t < r0 + rows; t++) {
+                    const float *ar = a + (size_t)t * T;
+                    float *dr = dp + (size_t)t * T;
+                    float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
-                for (int u = 0; u <= t; u++) dot += ar[u] * dr[u];
+                    for (int u = 0; u <= t; u++) dot += ar[u] * dr[u];
 #pragma omp simd
-                for (int u = 0; u <= t; u++) dr[u] = ar[u] * (dr[u] - dot) * scale;
-                memset(dr + t + 1, 0, (size_t)(T - t - 1) * sizeof(float));
+                    for (int u = 0; u <= t; u++) dr[u] = ar[u] * (dr[u] - dot) * scale;
+                    memset(dr + t + 1, 0, (size_t)(ncols - t - 1) * sizeof(float));
+                }
+                fsc_sgemm(false, false, rows, hs, ncols, 1.f, db, T, k, 3 * C, 0.f,
+                          dq + (size_t)r0 * 3 * C, 3 * C);
             }
-            /* dq = ds @ k ; dk = ds^T @ q */
-            fsc_sgemm(false, false, T, hs, T, 1.f, dp, T, k, 3 * C, 0.f, dq, 3 * C);
-            fsc_sgemm(true, false, T, hs, T, 1.f, dp, T, q, 3 * C, 0.f, dk, 3 * C);
+            /* per key block: only queries at or after the block see it.
+             * dv = att^T dy ; dk = ds^T q */
+            for (int c0 = 0; c0 < T; c0 += ATT_BLOCK) {
+                int cols = T - c0 < ATT_BLOCK ? T - c0 : ATT_BLOCK;
+                size_t corner = (size_t)c0 * T + c0;
+                fsc_sgemm(true, false, cols, hs, T - c0, 1.f, a + corner, T, dy + (size_t)c0 * C, C,
+                          0.f, dv + (size_t)c0 * 3 * C, 3 * C);
+                fsc_sgemm(true, false, cols, hs, T - c0, 1.f, dp + corner, T,
+                          q + (size_t)c0 * 3 * C, 3 * C, 0.f, dk + (size_t)c0 * 3 * C, 3 * C);
+            }
         }
     fsc_mem_free(scratch);
 }
