@@ -48,6 +48,7 @@ static int run(const bench_config *c, int steps, int warmup, int threads) {
     o.threads = threads;
     o.lr = 3e-4, o.weight_decay = 0.1, o.beta1 = 0.9, o.beta2 = 0.95, o.clip = 0;
     o.schedule = "constant";
+    o.skip_grad_norm = true; /* as the PyTorch peer: no clipping, no norm */
     o.data = "builtin"; /* replaced below by random tokens */
     fsc_mem_reset_peaks();
     trainer t;

@@ -254,7 +254,8 @@ int trainer_step(trainer *t, step_result *r) {
     float gnorm = 0;
     int rc = o->clip > 0 ? fsc_clip_grad_norm(t->ranges, t->nranges, (float)o->clip, &gnorm)
                          : FSC_OK;
-    if (o->clip <= 0) gnorm = (float)sqrt(fsc_grad_norm_sq(t->ranges, t->nranges));
+    if (o->clip <= 0 && !o->skip_grad_norm)
+        gnorm = (float)sqrt(fsc_grad_norm_sq(t->ranges, t->nranges));
     if (rc == FSC_ERR_NUMERIC || !isfinite(loss))
         return fsc_error(FSC_ERR_NUMERIC, "step %" PRId64 ": loss %g, gradient norm %g: training "
                                           "diverged (lower --lr or use --clip)",

@@ -23,6 +23,7 @@ typedef struct train_options {
     const char *init_from, *save_init, *save, *metrics;
     int log_every;
     bool quiet;
+    bool skip_grad_norm; /* without clipping, do not compute |g| (benchmarks) */
 } train_options;
 
 /* Defaults of fsc-train: a small GPT on the built-in corpus. */
