@@ -2,7 +2,7 @@
 """fsc-train end to end: it learns, it refuses bad input clearly, and (when
 PyTorch is present) its models and losses agree with PyTorch.
 
-usage: train_e2e.py FSC_TRAIN {learns|bad-input|torch}
+usage: train_e2e.py FSC_TRAIN {learns|accum|bad-input|torch}
 Exit 0 = pass, 1 = fail, 77 = skipped (no PyTorch).
 """
 import json
@@ -48,6 +48,26 @@ def learns():
     assert mem["params"] > 0 and mem["optim"] > 0 and mem["activ"] > 0, mem
     if not last < first - 2.0:
         sys.exit(f"FAIL: loss did not fall enough: {first:.3f} -> {last:.3f}")
+
+
+def accumulation():
+    """batch 8 = batch 4 x 2 micro-steps = batch 2 x 4: same data, same dropout masks
+    (keyed by global sample index), same mean loss, same gradient, same run."""
+    runs = {}
+    for b, k in ((8, 1), (4, 2), (2, 4)):
+        m = os.path.join(TMP, f"acc{b}.jsonl")
+        run("--layers", "2", "--d-model", "64", "--heads", "4", "--seq", "32", "--batch", b,
+            "--grad-accum", k, "--steps", "8", "--dropout", "0.1", "--metrics", m, "--quiet")
+        runs[(b, k)] = metrics(m)
+    ref = runs[(8, 1)]
+    for key, rows in runs.items():
+        for a, r in zip(rows, ref):
+            for field in ("loss", "grad_norm"):
+                if abs(a[field] - r[field]) > 2e-5 * abs(r[field]):
+                    sys.exit(f"FAIL: batch {key[0]} x accum {key[1]} step {a['step']}: {field} "
+                             f"{a[field]} vs {r[field]} with batch 8")
+    print("batch 8 = 4 x 2 = 2 x 4 micro-batches (dropout 0.1): losses "
+          + " ".join(f"{r['loss']:.5f}" for r in ref))
 
 
 def bad_input():
@@ -138,5 +158,5 @@ def torch_cross_check():
         sys.exit(f"FAIL: the saved model gives different losses in PyTorch ({rel:.2e})")
 
 
-{"learns": learns, "bad-input": bad_input, "torch": torch_cross_check}[sys.argv[2]]()
+{"learns": learns, "accum": accumulation, "bad-input": bad_input, "torch": torch_cross_check}[sys.argv[2]]()
 print("PASS")
