@@ -68,8 +68,8 @@ int main(void) {
         fprintf(stderr, "setup failed: %s\n", fsc_last_error());
         return 1;
     }
-    fsc_optim *opt = fsc_optim_new(&(fsc_optim_config){.kind = FSC_OPTIM_ADAMW, .lr = 1e-2},
-                                   ranges, nranges);
+    fsc_optim *opt =
+        fsc_optim_new(&(fsc_optim_config){.kind = FSC_OPTIM_ADAMW, .lr = 1e-2}, ranges, nranges);
     fsc_arena *arena = fsc_arena_new(FSC_MEM_ACTIV, 1 << 16);
     static float xs[N], ys[N];
     for (int i = 0; i < N; i++) xs[i] = -1.0f + 2.0f * i / (N - 1), ys[i] = sinf(3 * xs[i]);

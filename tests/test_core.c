@@ -121,10 +121,13 @@ static void test_normal_fill_slices_match(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_error_message),       cmocka_unit_test(test_half_conversions),
-        cmocka_unit_test(test_mem_tags),            cmocka_unit_test(test_arena_reuses_memory),
+        cmocka_unit_test(test_error_message),
+        cmocka_unit_test(test_half_conversions),
+        cmocka_unit_test(test_mem_tags),
+        cmocka_unit_test(test_arena_reuses_memory),
         cmocka_unit_test(test_arena_mark_release),
-        cmocka_unit_test(test_tensor_views),        cmocka_unit_test(test_philox_known_answer),
+        cmocka_unit_test(test_tensor_views),
+        cmocka_unit_test(test_philox_known_answer),
         cmocka_unit_test(test_normal_fill_slices_match),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

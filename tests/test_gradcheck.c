@@ -15,7 +15,8 @@ static void fill(float *x, int64_t n, uint64_t seed, float std) {
     fsc_rng_normal_fill(x, n, 0, fsc_rng_key(seed, "gradcheck"), 0.f, std);
 }
 
-/* Builds params for m (random non-trivial values, so LayerNorm weights are not all 1), runs the check. */
+/* Builds params for m (random non-trivial values, so LayerNorm weights are not all 1), runs the
+ * check. */
 static void check(fsc_module *m, fsc_tensor *x, int64_t y_numel, bool check_input, float train_p) {
     (void)train_p;
     fsc_params ps;
@@ -52,8 +53,10 @@ static void test_linear(void **state) {
     (void)state;
     float *xd = input(B * T * C);
     fsc_tensor x = fsc_tensor_3d(xd, FSC_DTYPE_F32, B, T, C);
-    check(fsc_linear_new("torch_layout", C, 6, true, FSC_WEIGHT_OUT_IN, 0.3f), &x, B * T * 6, true, 0);
-    check(fsc_linear_new("conv1d_layout", C, 6, true, FSC_WEIGHT_IN_OUT, 0.3f), &x, B * T * 6, true, 0);
+    check(fsc_linear_new("torch_layout", C, 6, true, FSC_WEIGHT_OUT_IN, 0.3f), &x, B * T * 6, true,
+          0);
+    check(fsc_linear_new("conv1d_layout", C, 6, true, FSC_WEIGHT_IN_OUT, 0.3f), &x, B * T * 6, true,
+          0);
     check(fsc_linear_new("no_bias", C, 3, false, FSC_WEIGHT_OUT_IN, 0.3f), &x, B * T * 3, true, 0);
     free(xd);
 }
@@ -136,7 +139,8 @@ static void test_cross_entropy(void **state) {
     double norm = 5.0; /* non-ignored targets */
     memcpy(work, logits, sizeof work);
     int64_t bad;
-    int64_t counted = fsc_crossentropy_fused(losses, work, targets, N, V, -100, (float)(1 / norm), &bad);
+    int64_t counted =
+        fsc_crossentropy_fused(losses, work, targets, N, V, -100, (float)(1 / norm), &bad);
     assert_int_equal(counted, 5);
     assert_int_equal(bad, -1);
     for (int i = 0; i < N * V; i++) {
@@ -150,7 +154,8 @@ static void test_cross_entropy(void **state) {
         tmp[i] -= (float)h;
         fsc_crossentropy_fused(l2, tmp, targets, N, V, -100, 1.f, NULL);
         for (int r = 0; r < N; r++) lm += l2[r];
-        assert_int_equal(gc_compare("cross_entropy", i, work[i], (lp - lm) / (2 * h) / norm, &OPTS), 0);
+        assert_int_equal(gc_compare("cross_entropy", i, work[i], (lp - lm) / (2 * h) / norm, &OPTS),
+                         0);
     }
     /* an out-of-range target is reported, not read out of bounds */
     targets[1] = V;
@@ -161,11 +166,15 @@ static void test_cross_entropy(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_linear),          cmocka_unit_test(test_layernorm),
-        cmocka_unit_test(test_activations),     cmocka_unit_test(test_embedding),
+        cmocka_unit_test(test_linear),
+        cmocka_unit_test(test_layernorm),
+        cmocka_unit_test(test_activations),
+        cmocka_unit_test(test_embedding),
         cmocka_unit_test(test_attention),
-        cmocka_unit_test(test_attention_long_sequence),       cmocka_unit_test(test_containers_and_block),
-        cmocka_unit_test(test_gpt_logits),      cmocka_unit_test(test_cross_entropy),
+        cmocka_unit_test(test_attention_long_sequence),
+        cmocka_unit_test(test_containers_and_block),
+        cmocka_unit_test(test_gpt_logits),
+        cmocka_unit_test(test_cross_entropy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

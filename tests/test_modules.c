@@ -42,9 +42,9 @@ static void test_hooks_fire_in_order(void **state) {
     void *saved;
     assert_int_equal(fsc_module_forward(seq, &ctx, &x, &y, &saved), FSC_OK);
     assert_int_equal(fsc_module_backward(seq, &ctx, saved, &y, &dx), FSC_OK);
-    const char *want[] = {"pre_fwd:seq",  "pre_fwd:a",  "post_fwd:a",  "pre_fwd:b",
-                          "post_fwd:b",   "post_fwd:seq", "pre_bwd:seq", "pre_bwd:b",
-                          "post_bwd:b",   "pre_bwd:a",  "post_bwd:a",  "post_bwd:seq"};
+    const char *want[] = {"pre_fwd:seq", "pre_fwd:a",    "post_fwd:a",  "pre_fwd:b",
+                          "post_fwd:b",  "post_fwd:seq", "pre_bwd:seq", "pre_bwd:b",
+                          "post_bwd:b",  "pre_bwd:a",    "post_bwd:a",  "post_bwd:seq"};
     assert_int_equal(log.n, 12);
     for (int i = 0; i < 12; i++) assert_string_equal(log.log[i], want[i]);
     fsc_arena_free(arena);
@@ -104,7 +104,9 @@ static void test_gpt_names_and_layout(void **state) {
     for (int i = 0; i < ps.count; i++) {
         assert_ptr_equal(ps.entries[i].param->data, ps.data + ps.entries[i].offset);
         assert_int_equal(ps.entries[i].offset % 16, 0);
-        if (i) assert_true(ps.entries[i].offset >= ps.entries[i - 1].offset + ps.entries[i - 1].param->numel);
+        if (i)
+            assert_true(ps.entries[i].offset >=
+                        ps.entries[i - 1].offset + ps.entries[i - 1].param->numel);
     }
     assert_int_equal(fsc_mem_current(FSC_MEM_PARAMS) >= (size_t)ps.numel * 4, 1);
     /* weight decay by default only on >= 2-dim parameters */

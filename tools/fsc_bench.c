@@ -49,7 +49,7 @@ static int run(const bench_config *c, int steps, int warmup, int threads) {
     o.lr = 3e-4, o.weight_decay = 0.1, o.beta1 = 0.9, o.beta2 = 0.95, o.clip = 0;
     o.schedule = "constant";
     o.skip_grad_norm = true; /* as the PyTorch peer: no clipping, no norm */
-    o.data = "builtin"; /* replaced below by random tokens */
+    o.data = "builtin";      /* replaced below by random tokens */
     fsc_mem_reset_peaks();
     trainer t;
     int rc = trainer_init(&t, &o);
@@ -86,10 +86,10 @@ static int run(const bench_config *c, int steps, int warmup, int threads) {
                "\"model_gflops\": %.1f, \"sgemm_peak_gflops\": %.1f, \"share_of_peak\": %.3f, "
                "\"first_loss\": %.4f, \"last_loss\": %.4f, \"peak_rss_mib\": %.1f, "
                "\"peak_accounted_mib\": %.1f, \"peak_mem\": {",
-               c->name, o.model.layers, o.model.d_model, o.model.heads, o.model.seq,
-               o.model.vocab, o.batch, threads, fsc_gpt_num_params(&o.model), steps, tok_s,
-               ms[steps / 2], gflops, peak, gflops / (peak * threads), first, last,
-               (double)ru.ru_maxrss / 1024.0, (double)fsc_mem_peak_total() / 1048576.0);
+               c->name, o.model.layers, o.model.d_model, o.model.heads, o.model.seq, o.model.vocab,
+               o.batch, threads, fsc_gpt_num_params(&o.model), steps, tok_s, ms[steps / 2], gflops,
+               peak, gflops / (peak * threads), first, last, (double)ru.ru_maxrss / 1024.0,
+               (double)fsc_mem_peak_total() / 1048576.0);
         print_mem_json(stdout, true);
         printf("}, \"blas\": \"%s\"}\n", fsc_blas_corename());
         fflush(stdout);
@@ -113,10 +113,14 @@ int main(int argc, char **argv) {
             fprintf(stderr, "fsc-bench: %s needs a value\n", a);
             return 2;
         }
-        if (!strcmp(a, "--config")) which = v;
-        else if (!strcmp(a, "--steps")) steps = atoi(v);
-        else if (!strcmp(a, "--warmup")) warmup = atoi(v);
-        else if (!strcmp(a, "--threads")) threads = atoi(v);
+        if (!strcmp(a, "--config"))
+            which = v;
+        else if (!strcmp(a, "--steps"))
+            steps = atoi(v);
+        else if (!strcmp(a, "--warmup"))
+            warmup = atoi(v);
+        else if (!strcmp(a, "--threads"))
+            threads = atoi(v);
         else {
             fprintf(stderr, "fsc-bench: unknown flag %s\n", a);
             return 2;

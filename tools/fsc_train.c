@@ -38,8 +38,9 @@ static void summary(const trainer *t, double first_loss, double last_loss, doubl
             (double)fsc_gpt_num_params(&o->model) / 1e6);
     fprintf(stderr, "loss       %.4f -> %.4f over %" PRId64 " steps (%.1f s)\n", first_loss,
             last_loss, steps, seconds);
-    fprintf(stderr, "throughput %.0f tokens/s, %.1f model GFLOP/s = %.0f%% of the %.1f GFLOP/s "
-                    "sgemm peak (x%d thread%s)\n",
+    fprintf(stderr,
+            "throughput %.0f tokens/s, %.1f model GFLOP/s = %.0f%% of the %.1f GFLOP/s "
+            "sgemm peak (x%d thread%s)\n",
             tok_s, gflops, peak_gflops > 0 ? 100 * gflops / (peak_gflops * o->threads) : 0,
             peak_gflops, o->threads, o->threads > 1 ? "s" : "");
     fprintf(stderr, "peak memory");
@@ -90,10 +91,12 @@ int main(int argc, char **argv) {
         if (metrics) write_metrics(metrics, s + 1, &r, tok_s);
         if (o.quiet) continue;
         if (tty)
-            fprintf(stderr, "\rstep %" PRId64 "/%" PRId64 "  loss %.4f  lr %.2e  |g| %.3f  %.0f tok/s ",
+            fprintf(stderr,
+                    "\rstep %" PRId64 "/%" PRId64 "  loss %.4f  lr %.2e  |g| %.3f  %.0f tok/s ",
                     s + 1, o.steps, r.loss, r.lr, r.grad_norm, tok_s);
         else if ((s + 1) % (o.log_every > 0 ? o.log_every : 1) == 0 || s == 0 || s + 1 == o.steps)
-            fprintf(stderr, "step %" PRId64 "/%" PRId64 "  loss %.4f  lr %.2e  |g| %.3f  %.0f tok/s\n",
+            fprintf(stderr,
+                    "step %" PRId64 "/%" PRId64 "  loss %.4f  lr %.2e  |g| %.3f  %.0f tok/s\n",
                     s + 1, o.steps, r.loss, r.lr, r.grad_norm, tok_s);
     }
     double seconds = fsc_now() - t0;

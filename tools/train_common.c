@@ -44,7 +44,8 @@ typedef struct {
     const char *help;
 } flag;
 
-#define F(name, kind, field, help) {name, kind, offsetof(train_options, field), help}
+#define F(name, kind, field, help)                                                                 \
+    { name, kind, offsetof(train_options, field), help }
 static const flag flags[] = {
     F("layers", ARG_INT, model.layers, "transformer blocks (L)"),
     F("d-model", ARG_INT, model.d_model, "model width (C)"),
@@ -95,12 +96,24 @@ static int parse_value(const flag *f, const char *v, void *dst) {
         *(int *)dst = (int)x;
         break;
     }
-    case ARG_I64: *(int64_t *)dst = strtoll(v, &end, 10); break;
-    case ARG_U64: *(uint64_t *)dst = strtoull(v, &end, 10); break;
-    case ARG_DOUBLE: *(double *)dst = strtod(v, &end); break;
-    case ARG_FLOAT: *(float *)dst = strtof(v, &end); break;
-    case ARG_STR: *(const char **)dst = v; return FSC_OK;
-    case ARG_FLAG: *(bool *)dst = true; return FSC_OK;
+    case ARG_I64:
+        *(int64_t *)dst = strtoll(v, &end, 10);
+        break;
+    case ARG_U64:
+        *(uint64_t *)dst = strtoull(v, &end, 10);
+        break;
+    case ARG_DOUBLE:
+        *(double *)dst = strtod(v, &end);
+        break;
+    case ARG_FLOAT:
+        *(float *)dst = strtof(v, &end);
+        break;
+    case ARG_STR:
+        *(const char **)dst = v;
+        return FSC_OK;
+    case ARG_FLAG:
+        *(bool *)dst = true;
+        return FSC_OK;
     }
     if (errno || end == v || *end)
         return fsc_error(FSC_ERR_INVALID, "--%s: \"%s\" is not a valid %s", f->name, v,
@@ -117,7 +130,8 @@ int train_options_parse(train_options *o, int argc, char **argv, const char *pro
             return 1;
         }
         if (strncmp(a, "--", 2))
-            return fsc_error(FSC_ERR_INVALID, "unexpected argument \"%s\" (flags start with --)", a);
+            return fsc_error(FSC_ERR_INVALID, "unexpected argument \"%s\" (flags start with --)",
+                             a);
         const char *name = a + 2, *eq = strchr(name, '=');
         size_t len = eq ? (size_t)(eq - name) : strlen(name);
         const flag *f = NULL;
@@ -141,9 +155,12 @@ static int check_writable(const char *flag, const char *path) {
     char dir[4096];
     snprintf(dir, sizeof dir, "%s", path);
     char *slash = strrchr(dir, '/');
-    if (!slash) snprintf(dir, sizeof dir, ".");
-    else if (slash == dir) dir[1] = '\0';
-    else *slash = '\0';
+    if (!slash)
+        snprintf(dir, sizeof dir, ".");
+    else if (slash == dir)
+        dir[1] = '\0';
+    else
+        *slash = '\0';
     if (access(dir, W_OK) != 0)
         return fsc_error(FSC_ERR_IO, "%s %s: directory %s is not writable (%s)", flag, path, dir,
                          strerror(errno));
@@ -167,11 +184,18 @@ static int check_options(const train_options *o) {
 
 static int make_optimizer(trainer *t) {
     const train_options *o = &t->opt;
-    fsc_optim_config cfg = {.lr = o->lr, .weight_decay = o->weight_decay, .beta1 = o->beta1,
-                            .beta2 = o->beta2, .eps = o->eps, .momentum = o->momentum};
-    if (!strcmp(o->optimizer, "adamw")) cfg.kind = FSC_OPTIM_ADAMW;
-    else if (!strcmp(o->optimizer, "adam")) cfg.kind = FSC_OPTIM_ADAM;
-    else if (!strcmp(o->optimizer, "sgd")) cfg.kind = FSC_OPTIM_SGD;
+    fsc_optim_config cfg = {.lr = o->lr,
+                            .weight_decay = o->weight_decay,
+                            .beta1 = o->beta1,
+                            .beta2 = o->beta2,
+                            .eps = o->eps,
+                            .momentum = o->momentum};
+    if (!strcmp(o->optimizer, "adamw"))
+        cfg.kind = FSC_OPTIM_ADAMW;
+    else if (!strcmp(o->optimizer, "adam"))
+        cfg.kind = FSC_OPTIM_ADAM;
+    else if (!strcmp(o->optimizer, "sgd"))
+        cfg.kind = FSC_OPTIM_SGD;
     else
         return fsc_error(FSC_ERR_INVALID, "--optimizer \"%s\": expected adamw, adam or sgd",
                          o->optimizer);
@@ -181,11 +205,16 @@ static int make_optimizer(trainer *t) {
     if (!t->optim) return fsc_error_context(FSC_ERR_INVALID, "optimizer: ");
 
     fsc_lr_schedule_config *s = &t->sched;
-    *s = (fsc_lr_schedule_config){.max_lr = (float)o->lr, .warmup_steps = o->warmup,
-                                  .total_steps = o->steps, .min_lr_ratio = (float)o->min_lr_ratio};
-    if (!strcmp(o->schedule, "cosine")) s->kind = FSC_LR_WARMUP_COSINE;
-    else if (!strcmp(o->schedule, "constant")) s->kind = FSC_LR_CONSTANT, s->warmup_steps = 0;
-    else if (!strcmp(o->schedule, "warmup-constant")) s->kind = FSC_LR_WARMUP_CONSTANT;
+    *s = (fsc_lr_schedule_config){.max_lr = (float)o->lr,
+                                  .warmup_steps = o->warmup,
+                                  .total_steps = o->steps,
+                                  .min_lr_ratio = (float)o->min_lr_ratio};
+    if (!strcmp(o->schedule, "cosine"))
+        s->kind = FSC_LR_WARMUP_COSINE;
+    else if (!strcmp(o->schedule, "constant"))
+        s->kind = FSC_LR_CONSTANT, s->warmup_steps = 0;
+    else if (!strcmp(o->schedule, "warmup-constant"))
+        s->kind = FSC_LR_WARMUP_CONSTANT;
     else
         return fsc_error(FSC_ERR_INVALID,
                          "--schedule \"%s\": expected cosine, constant or warmup-constant",
@@ -221,7 +250,8 @@ int trainer_init(trainer *t, const train_options *o) {
         int unused = 0;
         if ((rc = fsc_weights_load(o->init_from, &t->params, &unused)))
             return fsc_error_context(rc, "--init-from: ");
-        if (unused) fsc_log(FSC_LOG_INFO, "--init-from: %d tensors in the file were not used", unused);
+        if (unused)
+            fsc_log(FSC_LOG_INFO, "--init-from: %d tensors in the file were not used", unused);
     }
     if ((rc = make_optimizer(t))) return rc;
     t->arena = fsc_arena_new(FSC_MEM_ACTIV, 1 << 20);
@@ -244,7 +274,10 @@ int trainer_step(trainer *t, step_result *r) {
         int rc = fsc_tokens_batch(&t->tokens, t->step, k, 0, B, o->grad_accum, 1, T, t->x, t->y);
         if (rc) return rc;
         fsc_arena_reset(t->arena);
-        fsc_ctx ctx = {.arena = t->arena, .training = true, .seed = o->seed, .step = t->step,
+        fsc_ctx ctx = {.arena = t->arena,
+                       .training = true,
+                       .seed = o->seed,
+                       .step = t->step,
                        .sample0 = fsc_batch_first_sample(t->step, k, 0, B, o->grad_accum, 1)};
         float part = 0;
         rc = fsc_gpt_train_micro(t->model, &ctx, t->x, t->y, B, T, -1, norm, &part);
@@ -252,13 +285,14 @@ int trainer_step(trainer *t, step_result *r) {
         loss += part;
     }
     float gnorm = 0;
-    int rc = o->clip > 0 ? fsc_clip_grad_norm(t->ranges, t->nranges, (float)o->clip, &gnorm)
-                         : FSC_OK;
+    int rc =
+        o->clip > 0 ? fsc_clip_grad_norm(t->ranges, t->nranges, (float)o->clip, &gnorm) : FSC_OK;
     if (o->clip <= 0 && !o->skip_grad_norm)
         gnorm = (float)sqrt(fsc_grad_norm_sq(t->ranges, t->nranges));
     if (rc == FSC_ERR_NUMERIC || !isfinite(loss))
-        return fsc_error(FSC_ERR_NUMERIC, "step %" PRId64 ": loss %g, gradient norm %g: training "
-                                          "diverged (lower --lr or use --clip)",
+        return fsc_error(FSC_ERR_NUMERIC,
+                         "step %" PRId64 ": loss %g, gradient norm %g: training "
+                         "diverged (lower --lr or use --clip)",
                          t->step + 1, loss, (double)gnorm);
     if (rc) return rc;
     double lr = fsc_lr_schedule(&t->sched, t->step);

@@ -54,7 +54,13 @@ FSC_API int fsc_error_context(int status, const char *fmt, ...)
 FSC_API void fsc_clear_error(void);
 
 /* ---- logging ------------------------------------------------------------- */
-typedef enum { FSC_LOG_DEBUG = 0, FSC_LOG_INFO, FSC_LOG_WARN, FSC_LOG_ERROR, FSC_LOG_OFF } fsc_log_level;
+typedef enum {
+    FSC_LOG_DEBUG = 0,
+    FSC_LOG_INFO,
+    FSC_LOG_WARN,
+    FSC_LOG_ERROR,
+    FSC_LOG_OFF
+} fsc_log_level;
 
 /* Default level is INFO, or the FSC_LOG_LEVEL environment variable (debug|info|warn|error|off). */
 FSC_API void fsc_log_set_level(fsc_log_level level);
@@ -161,7 +167,8 @@ FSC_API fsc_tensor fsc_tensor_4d(void *data, fsc_dtype dt, int64_t d0, int64_t d
 FSC_API int64_t fsc_tensor_numel(const fsc_tensor *t);
 FSC_API size_t fsc_tensor_nbytes(const fsc_tensor *t);
 /* Same data, new shape with equal numel; FSC_ERR_SHAPE otherwise. */
-FSC_API int fsc_tensor_reshape(const fsc_tensor *t, int ndim, const int64_t *shape, fsc_tensor *out);
+FSC_API int fsc_tensor_reshape(const fsc_tensor *t, int ndim, const int64_t *shape,
+                               fsc_tensor *out);
 /* Rows [start, start+count) of dimension 0, as a view. */
 FSC_API int fsc_tensor_narrow0(const fsc_tensor *t, int64_t start, int64_t count, fsc_tensor *out);
 /* Allocates a tensor from an arena (not zeroed). data is NULL on failure. */

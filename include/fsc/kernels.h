@@ -68,8 +68,8 @@ FSC_API void fsc_relu_backward(float *dinp, const float *inp, const float *dout,
 
 /* ---- element-wise ---------------------------------------------------------- */
 FSC_API void fsc_add(float *out, const float *a, const float *b, int64_t n); /* out = a + b */
-FSC_API void fsc_add_inplace(float *acc, const float *x, int64_t n);          /* acc += x */
-FSC_API void fsc_scale(float *x, float s, int64_t n);                         /* x *= s */
+FSC_API void fsc_add_inplace(float *acc, const float *x, int64_t n);         /* acc += x */
+FSC_API void fsc_scale(float *x, float s, int64_t n);                        /* x *= s */
 /* Dropout with a counter-based mask: element e of row r keeps with prob 1-p, keyed by
  * (key, row_id[r], e), where row_id is the row's global sample index. */
 FSC_API void fsc_dropout_forward(float *out, const float *inp, float p, uint64_t key,
@@ -102,8 +102,8 @@ FSC_API void fsc_encoder_backward(float *dwte, float *dwpe, const float *dout,
  * place of logits, the gradient (softmax - onehot) * grad_scale (0 rows for ignored
  * targets). Returns the number of non-ignored rows. Sets *bad_target to the first
  * out-of-range target index (or -1). */
-FSC_API int64_t fsc_crossentropy_fused(float *losses, float *logits, const int32_t *targets,
-                                       int N, int V, int ignore_index, float grad_scale,
+FSC_API int64_t fsc_crossentropy_fused(float *losses, float *logits, const int32_t *targets, int N,
+                                       int V, int ignore_index, float grad_scale,
                                        int64_t *bad_target);
 
 /* ---- reductions ------------------------------------------------------------ */

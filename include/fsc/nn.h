@@ -28,11 +28,11 @@ extern "C" {
 
 /* What forward and backward of one step need to know beyond their tensors. */
 typedef struct fsc_ctx {
-    fsc_arena *arena;   /* outputs and saved state live here until the step ends */
-    bool training;      /* dropout on, saved state kept */
-    uint64_t seed;      /* run seed (dropout keys) */
-    int64_t step;       /* optimizer step, 0-based (dropout keys) */
-    int64_t sample0;    /* global index of batch row 0 (dropout keys) */
+    fsc_arena *arena; /* outputs and saved state live here until the step ends */
+    bool training;    /* dropout on, saved state kept */
+    uint64_t seed;    /* run seed (dropout keys) */
+    int64_t step;     /* optimizer step, 0-based (dropout keys) */
+    int64_t sample0;  /* global index of batch row 0 (dropout keys) */
 } fsc_ctx;
 
 typedef struct fsc_module fsc_module;
@@ -108,8 +108,8 @@ FSC_API int fsc_module_add_param(fsc_module *m, const char *name, int ndim, cons
 FSC_API int fsc_module_add_child(fsc_module *m, fsc_module *child);
 FSC_API int fsc_module_add_hook(fsc_module *m, fsc_hook_kind kind, fsc_hook_fn fn, void *user);
 /* Runs hooks and ops->forward / ops->backward. Containers call children through these. */
-FSC_API int fsc_module_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, fsc_tensor *y,
-                               void **saved);
+FSC_API int fsc_module_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x,
+                               fsc_tensor *y, void **saved);
 FSC_API int fsc_module_backward(fsc_module *m, const fsc_ctx *ctx, void *saved,
                                 const fsc_tensor *dy, fsc_tensor *dx);
 /* Frees the module, its children, recursively. Accepts NULL. */
@@ -130,9 +130,9 @@ typedef struct fsc_param_entry {
 typedef struct fsc_params {
     fsc_param_entry *entries;
     int count;
-    int64_t numel;  /* total elements, with alignment padding */
-    float *data;    /* flat parameters (FSC_MEM_PARAMS), owned here */
-    float *grad;    /* flat gradients (FSC_MEM_GRADS), owned here; NULL if not requested */
+    int64_t numel; /* total elements, with alignment padding */
+    float *data;   /* flat parameters (FSC_MEM_PARAMS), owned here */
+    float *grad;   /* flat gradients (FSC_MEM_GRADS), owned here; NULL if not requested */
 } fsc_params;
 
 /* Collects every parameter under root, allocates flat storage (and gradients if

@@ -138,4 +138,6 @@ size_t fsc_arena_used(const fsc_arena *a) {
     return a->head ? a->used_before_head + a->head->used : 0;
 }
 
-size_t fsc_arena_high_water(const fsc_arena *a) { return a->high_water; }
+size_t fsc_arena_high_water(const fsc_arena *a) {
+    return a->high_water;
+}

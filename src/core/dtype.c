@@ -42,7 +42,9 @@ static float bits_f32(uint32_t u) {
     return f;
 }
 
-float fsc_bf16_to_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
+float fsc_bf16_to_f32(uint16_t h) {
+    return bits_f32((uint32_t)h << 16);
+}
 
 uint16_t fsc_f32_to_bf16(float f) {
     uint32_t u = f32_bits(f);
@@ -68,7 +70,7 @@ uint16_t fsc_f32_to_f16(float f) {
     uint32_t a = u & 0x7fffffffu;
     if (a > 0x7f800000u) return sign | 0x7e00u;
     if (a >= 0x477ff000u) return sign | 0x7c00u; /* rounds to inf */
-    if (a < 0x38800000u) {                        /* subnormal or zero in f16 */
+    if (a < 0x38800000u) {                       /* subnormal or zero in f16 */
         float v = bits_f32(a);
         uint32_t m = (uint32_t)lrintf(ldexpf(v, 24)); /* nearest even under default rounding */
         return sign | (uint16_t)m;

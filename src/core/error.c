@@ -10,24 +10,40 @@ static _Thread_local char last_error[1024];
 
 const char *fsc_strerror(int status) {
     switch (status) {
-    case FSC_OK: return "success";
-    case FSC_ERR_INVALID: return "invalid argument";
-    case FSC_ERR_NOMEM: return "out of memory";
-    case FSC_ERR_IO: return "I/O error";
-    case FSC_ERR_FORMAT: return "malformed file";
-    case FSC_ERR_SHAPE: return "shape mismatch";
-    case FSC_ERR_DTYPE: return "dtype error";
-    case FSC_ERR_UNSUPPORTED: return "unsupported";
-    case FSC_ERR_NOT_FOUND: return "not found";
-    case FSC_ERR_NUMERIC: return "non-finite value";
-    case FSC_ERR_INTERNAL: return "internal error";
-    default: return "unknown error";
+    case FSC_OK:
+        return "success";
+    case FSC_ERR_INVALID:
+        return "invalid argument";
+    case FSC_ERR_NOMEM:
+        return "out of memory";
+    case FSC_ERR_IO:
+        return "I/O error";
+    case FSC_ERR_FORMAT:
+        return "malformed file";
+    case FSC_ERR_SHAPE:
+        return "shape mismatch";
+    case FSC_ERR_DTYPE:
+        return "dtype error";
+    case FSC_ERR_UNSUPPORTED:
+        return "unsupported";
+    case FSC_ERR_NOT_FOUND:
+        return "not found";
+    case FSC_ERR_NUMERIC:
+        return "non-finite value";
+    case FSC_ERR_INTERNAL:
+        return "internal error";
+    default:
+        return "unknown error";
     }
 }
 
-const char *fsc_last_error(void) { return last_error; }
+const char *fsc_last_error(void) {
+    return last_error;
+}
 
-void fsc_clear_error(void) { last_error[0] = '\0'; }
+void fsc_clear_error(void) {
+    last_error[0] = '\0';
+}
 
 int fsc_error(int status, const char *fmt, ...) {
     va_list ap;

@@ -17,7 +17,9 @@ static void init_level(void) {
         if (strcmp(env, names[i]) == 0) level = i;
 }
 
-void fsc_log_set_level(fsc_log_level l) { level = (int)l; }
+void fsc_log_set_level(fsc_log_level l) {
+    level = (int)l;
+}
 
 fsc_log_level fsc_log_get_level(void) {
     if (level < 0) init_level();

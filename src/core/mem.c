@@ -19,8 +19,8 @@
 #define HUGE_MIN ((size_t)4 << 20)
 
 typedef struct {
-    void *base;         /* what calloc or mmap returned */
-    size_t mapped;      /* mmap length, or 0 for calloc */
+    void *base;    /* what calloc or mmap returned */
+    size_t mapped; /* mmap length, or 0 for calloc */
     size_t bytes;
     int tag;
     uint32_t magic;
@@ -58,8 +58,10 @@ void *fsc_mem_alloc(fsc_mem_tag tag, size_t bytes) {
 #endif
     } else {
         base = calloc(1, bytes + ALIGN + sizeof(header));
-        user = base ? (char *)(((uintptr_t)base + sizeof(header) + ALIGN - 1) & ~(uintptr_t)(ALIGN - 1))
-                    : NULL;
+        user =
+            base
+                ? (char *)(((uintptr_t)base + sizeof(header) + ALIGN - 1) & ~(uintptr_t)(ALIGN - 1))
+                : NULL;
     }
     if (!base) {
         fsc_error(FSC_ERR_NOMEM, "out of memory allocating %zu bytes for %s", bytes,
@@ -93,10 +95,18 @@ void fsc_mem_free(void *p) {
         free(h->base);
 }
 
-size_t fsc_mem_current(fsc_mem_tag t) { return (unsigned)t < FSC_MEM_TAG_COUNT ? current[t] : 0; }
-size_t fsc_mem_peak(fsc_mem_tag t) { return (unsigned)t < FSC_MEM_TAG_COUNT ? peak[t] : 0; }
-size_t fsc_mem_current_total(void) { return total_current; }
-size_t fsc_mem_peak_total(void) { return total_peak; }
+size_t fsc_mem_current(fsc_mem_tag t) {
+    return (unsigned)t < FSC_MEM_TAG_COUNT ? current[t] : 0;
+}
+size_t fsc_mem_peak(fsc_mem_tag t) {
+    return (unsigned)t < FSC_MEM_TAG_COUNT ? peak[t] : 0;
+}
+size_t fsc_mem_current_total(void) {
+    return total_current;
+}
+size_t fsc_mem_peak_total(void) {
+    return total_peak;
+}
 
 void fsc_mem_reset_peaks(void) {
     for (int t = 0; t < FSC_MEM_TAG_COUNT; t++) atomic_store(&peak[t], atomic_load(&current[t]));
@@ -104,7 +114,7 @@ void fsc_mem_reset_peaks(void) {
 }
 
 const char *fsc_mem_tag_name(fsc_mem_tag t) {
-    static const char *names[FSC_MEM_TAG_COUNT] = {"params", "grads",     "optim",
-                                                   "activ",  "comm",      "work"};
+    static const char *names[FSC_MEM_TAG_COUNT] = {"params", "grads", "optim",
+                                                   "activ",  "comm",  "work"};
     return (unsigned)t < FSC_MEM_TAG_COUNT ? names[t] : "?";
 }

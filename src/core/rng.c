@@ -51,7 +51,9 @@ uint64_t fsc_rng_key_ints(uint64_t seed, uint64_t a, uint64_t b) {
     return splitmix64(splitmix64(splitmix64(seed) ^ a) ^ b);
 }
 
-float fsc_rng_uniform(uint32_t bits) { return (float)(bits >> 8) * (1.0f / 16777216.0f); }
+float fsc_rng_uniform(uint32_t bits) {
+    return (float)(bits >> 8) * (1.0f / 16777216.0f);
+}
 
 /* Box-Muller on element pairs: elements 2p and 2p+1 share counter p, so each
  * element's value depends only on its global index. */

@@ -47,8 +47,9 @@ int fsc_weights_load(const char *path, fsc_params *ps, int *n_unused) {
         const fsc_param *p = ps->entries[i].param;
         const fsc_st_entry *e = find_entry(f, ps->entries[i].name);
         if (!e) {
-            status = fsc_error(FSC_ERR_NOT_FOUND, "%s: no tensor %s (is this a checkpoint of "
-                                                  "the same model?)",
+            status = fsc_error(FSC_ERR_NOT_FOUND,
+                               "%s: no tensor %s (is this a checkpoint of "
+                               "the same model?)",
                                path, ps->entries[i].name);
             break;
         }
@@ -63,8 +64,9 @@ int fsc_weights_load(const char *path, fsc_params *ps, int *n_unused) {
             for (int d = 0; d < e->ndim; d++)
                 b += snprintf(got + b, sizeof got - (size_t)b, d ? ",%lld" : "%lld",
                               (long long)e->shape[d]);
-            status = fsc_error(FSC_ERR_SHAPE, "%s: tensor %s has shape [%s], the model expects [%s]",
-                               path, e->name, got, want);
+            status =
+                fsc_error(FSC_ERR_SHAPE, "%s: tensor %s has shape [%s], the model expects [%s]",
+                          path, e->name, got, want);
         }
     }
     for (int i = 0; !status && i < ps->count; i++) {

@@ -44,8 +44,8 @@ static const char *coretype_for_cpu(void) {
 }
 
 static void *open_openblas(void) {
-    static const char *names[] = {"libopenblas.so.0", "libopenblas.so",
-                                  "libopenblasp.so.0", "libblas.so.3"};
+    static const char *names[] = {"libopenblas.so.0", "libopenblas.so", "libopenblasp.so.0",
+                                  "libblas.so.3"};
     for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
         void *h = dlopen(names[i], RTLD_NOW | RTLD_GLOBAL);
         if (h && dlsym(h, "cblas_sgemm")) return h;
@@ -79,8 +79,9 @@ int fsc_blas_init(int threads) {
         h = open_openblas();
     }
     if (!h)
-        return fsc_error(FSC_ERR_NOT_FOUND, "cannot load OpenBLAS (libopenblas.so.0): %s; "
-                                            "install libopenblas0 (scripts/install-deps.sh)",
+        return fsc_error(FSC_ERR_NOT_FOUND,
+                         "cannot load OpenBLAS (libopenblas.so.0): %s; "
+                         "install libopenblas0 (scripts/install-deps.sh)",
                          dlerror());
     blas.lib = h;
     load_symbol(h, "cblas_sgemm", &blas.sgemm, sizeof blas.sgemm);
@@ -115,7 +116,7 @@ const char *fsc_blas_describe(void) {
     ensure_loaded();
     snprintf(blas.describe, sizeof blas.describe, "BLAS: OpenBLAS, %s kernels, %d thread%s (%s)",
              fsc_blas_corename(), blas.threads, blas.threads == 1 ? "" : "s",
-             blas.chosen[0] ? "OPENBLAS_CORETYPE chosen by fsc from CPUID"
+             blas.chosen[0]                ? "OPENBLAS_CORETYPE chosen by fsc from CPUID"
              : getenv("OPENBLAS_CORETYPE") ? "OPENBLAS_CORETYPE set by the user"
                                            : "OpenBLAS's own CPU detection");
     return blas.describe;

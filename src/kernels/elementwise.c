@@ -44,8 +44,8 @@ void fsc_dropout_forward(float *out, const float *inp, float p, uint64_t key, in
     dropout_apply(out, inp, p, key, first_row, rows, row_len);
 }
 
-void fsc_dropout_backward(float *dinp, const float *dout, float p, uint64_t key,
-                          int64_t first_row, int64_t rows, int64_t row_len) {
+void fsc_dropout_backward(float *dinp, const float *dout, float p, uint64_t key, int64_t first_row,
+                          int64_t rows, int64_t row_len) {
     dropout_apply(dinp, dout, p, key, first_row, rows, row_len);
 }
 

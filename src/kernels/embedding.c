@@ -20,8 +20,8 @@ void fsc_encoder_forward(float *out, const int32_t *tokens, const float *wte, co
         }
 }
 
-void fsc_encoder_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
-                          int B, int T, int C) {
+void fsc_encoder_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens, int B,
+                          int T, int C) {
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++) {
             const float *d = dout + ((size_t)b * T + t) * C;

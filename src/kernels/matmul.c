@@ -5,8 +5,8 @@
 #include "fsc/kernels.h"
 
 // out is (N,OC), inp is (N,C), weight (OC,C) or (C,OC), bias (OC) or NULL
-void fsc_matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
-                        int N, int C, int OC, fsc_weight_layout layout) {
+void fsc_matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N,
+                        int C, int OC, fsc_weight_layout layout) {
     float beta = 0.f;
     if (bias) {
         for (int i = 0; i < N; i++) memcpy(out + (size_t)i * OC, bias, (size_t)OC * sizeof(float));

@@ -28,7 +28,8 @@ static int seq_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fs
     for (int i = m->nchildren - 1; i >= 0; i--) {
         fsc_tensor next;
         bool want = i > 0 || dx;
-        int rc = fsc_module_backward(m->children[i], ctx, child_saved[i], &cur, want ? &next : NULL);
+        int rc =
+            fsc_module_backward(m->children[i], ctx, child_saved[i], &cur, want ? &next : NULL);
         if (rc) return rc;
         if (want) cur = next;
     }

@@ -14,7 +14,9 @@ static uint64_t dropout_key(const fsc_ctx *ctx, uint32_t layer_id) {
     return fsc_rng_key_ints(ctx->seed, 0xD20Full << 32 | layer_id, (uint64_t)ctx->step);
 }
 
-static bool active(const dropout *d, const fsc_ctx *ctx) { return ctx->training && d->p > 0.f; }
+static bool active(const dropout *d, const fsc_ctx *ctx) {
+    return ctx->training && d->p > 0.f;
+}
 
 static int dropout_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, fsc_tensor *y,
                            void **saved) {

@@ -8,8 +8,9 @@ typedef struct {
 
 static int check_ids(const fsc_module *m, const fsc_tensor *x, int num) {
     if (x->dtype != FSC_DTYPE_I32 || x->ndim != 2)
-        return fsc_error(FSC_ERR_SHAPE, "Embedding %s: expected int32 (B,T) ids, got %s with %d dims",
-                         m->name, fsc_dtype_name(x->dtype), x->ndim);
+        return fsc_error(FSC_ERR_SHAPE,
+                         "Embedding %s: expected int32 (B,T) ids, got %s with %d dims", m->name,
+                         fsc_dtype_name(x->dtype), x->ndim);
     const int32_t *ids = x->data;
     for (int64_t i = 0; i < fsc_tensor_numel(x); i++)
         if (ids[i] < 0 || ids[i] >= num)
@@ -18,8 +19,8 @@ static int check_ids(const fsc_module *m, const fsc_tensor *x, int num) {
     return FSC_OK;
 }
 
-static int embedding_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x,
-                             fsc_tensor *y, void **saved) {
+static int embedding_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, fsc_tensor *y,
+                             void **saved) {
     embedding *e = (embedding *)m;
     int rc = check_ids(m, x, e->num);
     if (rc) return rc;

@@ -130,14 +130,16 @@ fsc_module *fsc_gpt_new(const fsc_gpt_config *cfg) {
                           fsc_dropout_new("drop", cfg->dropout, 0)};
     for (int i = 0; i < 3; i++) {
         *slots[i] = made[i];
-        if (!rc) rc = made[i] ? fsc_module_add_child(&g->base, made[i]) : FSC_ERR_INVALID;
-        else fsc_module_free(made[i]);
+        if (!rc)
+            rc = made[i] ? fsc_module_add_child(&g->base, made[i]) : FSC_ERR_INVALID;
+        else
+            fsc_module_free(made[i]);
     }
     for (int l = 0; !rc && l < cfg->layers; l++) {
         char name[32];
         snprintf(name, sizeof name, "h.%d", l);
-        g->h[l] = fsc_block_new(name, cfg->d_model, cfg->heads, cfg->dropout, (uint32_t)l,
-                                cfg->layers);
+        g->h[l] =
+            fsc_block_new(name, cfg->d_model, cfg->heads, cfg->dropout, (uint32_t)l, cfg->layers);
         rc = g->h[l] ? fsc_module_add_child(&g->base, g->h[l]) : FSC_ERR_INVALID;
     }
     if (!rc) {
@@ -186,8 +188,8 @@ int fsc_gpt_train_micro(fsc_module *m, const fsc_ctx *ctx, const int32_t *x, con
     return gpt_loss(m, ctx, x, y, B, T, ignore_index, norm, loss, true);
 }
 
-int fsc_gpt_eval_loss(fsc_module *m, const fsc_ctx *ctx, const int32_t *x, const int32_t *y,
-                      int B, int T, int ignore_index, float *loss) {
+int fsc_gpt_eval_loss(fsc_module *m, const fsc_ctx *ctx, const int32_t *x, const int32_t *y, int B,
+                      int T, int ignore_index, float *loss) {
     fsc_ctx eval = *ctx;
     eval.training = false;
     int64_t n = count_targets(y, (int64_t)B * T, ignore_index);

@@ -36,8 +36,9 @@ static inline int64_t fsc_rows(const fsc_tensor *x) {
 /* Checks x is an f32 tensor whose last dim is `last`. */
 static inline int fsc_check_last(const fsc_module *m, const fsc_tensor *x, int64_t last) {
     if (x->dtype != FSC_DTYPE_F32 || x->ndim < 1 || x->shape[x->ndim - 1] != last)
-        return fsc_error(FSC_ERR_SHAPE, "%s (%s): expected f32 input with last dim %lld, got %s "
-                                        "with last dim %lld",
+        return fsc_error(FSC_ERR_SHAPE,
+                         "%s (%s): expected f32 input with last dim %lld, got %s "
+                         "with last dim %lld",
                          m->name, m->ops->kind, (long long)last, fsc_dtype_name(x->dtype),
                          (long long)(x->ndim ? x->shape[x->ndim - 1] : 0));
     return FSC_OK;

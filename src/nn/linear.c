@@ -50,9 +50,11 @@ fsc_module *fsc_linear_new(const char *name, int in, int out, bool bias, fsc_wei
     linear *l = fsc_module_alloc(sizeof *l, &linear_ops, name);
     if (!l) return NULL;
     l->in = in, l->out = out, l->bias = bias, l->layout = layout;
-    int64_t shape[2] = {layout == FSC_WEIGHT_IN_OUT ? in : out, layout == FSC_WEIGHT_IN_OUT ? out : in};
+    int64_t shape[2] = {layout == FSC_WEIGHT_IN_OUT ? in : out,
+                        layout == FSC_WEIGHT_IN_OUT ? out : in};
     if (fsc_module_add_param(&l->base, "weight", 2, shape, FSC_INIT_NORMAL, init_std) < 0 ||
-        (bias && fsc_module_add_param(&l->base, "bias", 1, (int64_t[]){out}, FSC_INIT_ZEROS, 0) < 0)) {
+        (bias &&
+         fsc_module_add_param(&l->base, "bias", 1, (int64_t[]){out}, FSC_INIT_ZEROS, 0) < 0)) {
         fsc_module_free(&l->base);
         return NULL;
     }

@@ -19,8 +19,9 @@ int fsc_cross_entropy(float *loss_out, fsc_tensor *logits, const fsc_tensor *tar
     fsc_crossentropy_fused(losses, logits->data, y, (int)N, (int)V, ignore_index,
                            (float)(1.0 / norm), &bad);
     if (bad >= 0)
-        return fsc_error(FSC_ERR_INVALID, "cross_entropy: target %d at position %lld outside [0,%lld)",
-                         y[bad], (long long)bad, (long long)V);
+        return fsc_error(FSC_ERR_INVALID,
+                         "cross_entropy: target %d at position %lld outside [0,%lld)", y[bad],
+                         (long long)bad, (long long)V);
     double sum = 0;
     for (int64_t i = 0; i < N; i++) sum += losses[i];
     *loss_out = (float)(sum / norm);

@@ -27,8 +27,8 @@ static int grow(void **arr, int *cap, int need, size_t elem) {
 int fsc_module_add_param(fsc_module *m, const char *name, int ndim, const int64_t *shape,
                          fsc_init_kind init, float init_std) {
     if (ndim < 1 || ndim > FSC_MAX_DIMS)
-        return fsc_error(FSC_ERR_INVALID, "parameter %s.%s: %d dims (1..%d allowed)", m->name,
-                         name, ndim, FSC_MAX_DIMS);
+        return fsc_error(FSC_ERR_INVALID, "parameter %s.%s: %d dims (1..%d allowed)", m->name, name,
+                         ndim, FSC_MAX_DIMS);
     int rc = grow((void **)&m->params, &m->cap_params, m->nparams + 1, sizeof *m->params);
     if (rc) return rc;
     fsc_param *p = &m->params[m->nparams];

@@ -83,7 +83,9 @@ void fsc_params_init_values(fsc_params *ps, uint64_t seed) {
     for (int i = 0; i < ps->count; i++) {
         fsc_param *p = ps->entries[i].param;
         switch (p->init) {
-        case FSC_INIT_ZEROS: memset(p->data, 0, (size_t)p->numel * sizeof(float)); break;
+        case FSC_INIT_ZEROS:
+            memset(p->data, 0, (size_t)p->numel * sizeof(float));
+            break;
         case FSC_INIT_ONES:
             for (int64_t j = 0; j < p->numel; j++) p->data[j] = 1.f;
             break;
