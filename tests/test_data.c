@@ -15,38 +15,7 @@
 
 #include "fsc/io.h"
 
-static char dir[64];
-
-static const char *tmp(const char *name) {
-    static char buf[4][512];
-    static int k;
-    k = (k + 1) % 4;
-    snprintf(buf[k], sizeof buf[k], "%s/%s", dir, name);
-    return buf[k];
-}
-
-static int setup(void **state) {
-    (void)state;
-    strcpy(dir, "/tmp/fsc_data_XXXXXX");
-    return mkdtemp(dir) ? 0 : -1;
-}
-
-static int teardown(void **state) {
-    (void)state;
-    DIR *d = opendir(dir);
-    for (struct dirent *e; d && (e = readdir(d));)
-        if (e->d_name[0] != '.') unlink(tmp(e->d_name));
-    if (d) closedir(d);
-    rmdir(dir);
-    return 0;
-}
-
-static void write_raw(const char *path, const void *data, size_t n) {
-    FILE *fp = fopen(path, "wb");
-    assert_non_null(fp);
-    assert_int_equal(fwrite(data, 1, n, fp), n);
-    fclose(fp);
-}
+#include "tmpdir.h"
 
 /* A shard with chosen header words and ntok tokens actually present. */
 static void write_shard(const char *path, int32_t magic, int32_t version, int32_t count, int ntok) {

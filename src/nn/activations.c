@@ -19,11 +19,7 @@ static int pw_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, fs
     int rc = fsc_alloc_like(ctx->arena, x, x->shape[x->ndim - 1], y);
     if (rc) return rc;
     p->fwd(y->data, x->data, fsc_tensor_numel(x));
-    fsc_tensor *keep = fsc_arena_alloc(ctx->arena, sizeof *keep);
-    if (!keep) return FSC_ERR_NOMEM;
-    *keep = *x;
-    *saved = keep;
-    return FSC_OK;
+    return fsc_save_input(ctx->arena, x, saved);
 }
 
 static int pw_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fsc_tensor *dy,

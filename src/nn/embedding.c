@@ -29,11 +29,7 @@ static int embedding_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor
     if (!y->data) return FSC_ERR_NOMEM;
     fsc_encoder_forward(y->data, x->data, m->params[0].data, NULL, (int)x->shape[0],
                         (int)x->shape[1], e->dim);
-    fsc_tensor *keep = fsc_arena_alloc(ctx->arena, sizeof *keep);
-    if (!keep) return FSC_ERR_NOMEM;
-    *keep = *x;
-    *saved = keep;
-    return FSC_OK;
+    return fsc_save_input(ctx->arena, x, saved);
 }
 
 static int embedding_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fsc_tensor *dy,

@@ -29,6 +29,15 @@ static inline int fsc_alloc_like(fsc_arena *a, const fsc_tensor *x, int64_t last
     return FSC_OK;
 }
 
+/* For modules whose backward needs only their input: saves a view of x. */
+static inline int fsc_save_input(fsc_arena *a, const fsc_tensor *x, void **saved) {
+    fsc_tensor *keep = fsc_arena_alloc(a, sizeof *keep);
+    if (!keep) return FSC_ERR_NOMEM;
+    *keep = *x;
+    *saved = keep;
+    return FSC_OK;
+}
+
 static inline int64_t fsc_rows(const fsc_tensor *x) {
     return fsc_tensor_numel(x) / x->shape[x->ndim - 1];
 }

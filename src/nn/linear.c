@@ -17,11 +17,7 @@ static int linear_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x
     if (rc) return rc;
     fsc_matmul_forward(y->data, x->data, m->params[0].data, l->bias ? m->params[1].data : NULL,
                        (int)fsc_rows(x), l->in, l->out, l->layout);
-    fsc_tensor *keep = fsc_arena_alloc(ctx->arena, sizeof *keep);
-    if (!keep) return FSC_ERR_NOMEM;
-    *keep = *x;
-    *saved = keep;
-    return FSC_OK;
+    return fsc_save_input(ctx->arena, x, saved);
 }
 
 static int linear_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fsc_tensor *dy,
