@@ -1,0 +1,160 @@
+/* fsc dist: the distributed runtime (floor 5) — process groups over MPI,
+ * collectives (blocking and non-blocking), a device mesh, and the hang
+ * watchdog / desync guard.
+ *
+ * DESIGN.md decisions 7 and 8: every collective goes through a process group
+ * whose backend is a table of function pointers (MPI today, NCCL tomorrow);
+ * a program started without a launcher is a world of size 1; a collective
+ * that a peer never joins ends with an error naming the operation, the group,
+ * the sequence number and the ranks missing, never a silent hang; the library
+ * never calls MPI_Abort on bad input.
+ *
+ * Non-blocking collectives do not progress by themselves (neither Open MPI
+ * nor MPICH has a progress thread by default): call fsc_group_progress() or
+ * fsc_request_test() now and then (DDP does it from its backward hooks).
+ */
+#ifndef FSC_DIST_H
+#define FSC_DIST_H
+
+#include "fsc/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Status codes of the distributed runtime (continuing core.h's list). */
+enum {
+    FSC_ERR_MPI = -20,     /* the MPI library reported an error */
+    FSC_ERR_TIMEOUT = -21, /* a collective did not complete in time (watchdog) */
+    FSC_ERR_DESYNC = -22,  /* ranks issued different collectives */
+};
+
+/* ---- initialisation --------------------------------------------------------- */
+typedef struct fsc_dist_options {
+    double timeout_s;    /* watchdog: a collective not done after this fails (0: 300 s,
+                            or FSC_TIMEOUT_S from the environment) */
+    bool full_check;     /* exchange every collective's full signature before it runs
+                            (also on with FSC_DESYNC_CHECK=1); off: a cheap hash check */
+} fsc_dist_options;
+
+/* Initialises MPI (MPI_Init_thread, FUNNELED) unless the program already did.
+ * argc/argv may be NULL. Idempotent. */
+FSC_API int fsc_dist_init(int *argc, char ***argv, const fsc_dist_options *opt);
+/* Finalises MPI if fsc_dist_init initialised it. */
+FSC_API int fsc_dist_finalize(void);
+FSC_API int fsc_dist_rank(void);       /* world rank (0 without a launcher) */
+FSC_API int fsc_dist_size(void);       /* world size (1 without a launcher) */
+FSC_API int fsc_dist_local_rank(void); /* rank among the processes of this node */
+FSC_API int fsc_dist_local_size(void);
+
+/* ---- process groups ------------------------------------------------------ */
+typedef struct fsc_group fsc_group;
+
+/* The world group (owned by the runtime; do not free). NULL before init. */
+FSC_API fsc_group *fsc_group_world(void);
+/* Ranks with the same color form a group, ordered by key (then world rank).
+ * Collective over `parent`. color < 0: this rank joins no group (*out = NULL). */
+FSC_API int fsc_group_split(fsc_group *parent, int color, int key, const char *name,
+                            fsc_group **out);
+FSC_API void fsc_group_free(fsc_group *g); /* accepts NULL; not the world group */
+FSC_API int fsc_group_rank(const fsc_group *g);
+FSC_API int fsc_group_size(const fsc_group *g);
+FSC_API const char *fsc_group_name(const fsc_group *g);
+/* World rank of group rank r. */
+FSC_API int fsc_group_world_rank(const fsc_group *g, int r);
+/* Collectives issued on this group so far (the next one's sequence number). */
+FSC_API int64_t fsc_group_seq(const fsc_group *g);
+
+/* ---- collectives ----------------------------------------------------------- */
+/* dtypes: FSC_DTYPE_F32, BF16, F16, I32, I64. Sums of BF16/F16 accumulate in F32. */
+typedef enum { FSC_REDUCE_SUM = 0, FSC_REDUCE_AVG, FSC_REDUCE_MAX } fsc_reduce_op;
+
+typedef struct fsc_request fsc_request;
+
+/* Blocking forms. Buffers hold `count` elements of dt; in-place where noted. */
+FSC_API int fsc_group_allreduce(fsc_group *g, void *buf, int64_t count, fsc_dtype dt,
+                                fsc_reduce_op op); /* in place */
+FSC_API int fsc_group_reduce(fsc_group *g, void *buf, int64_t count, fsc_dtype dt,
+                             fsc_reduce_op op, int root); /* in place; result on root */
+FSC_API int fsc_group_broadcast(fsc_group *g, void *buf, int64_t count, fsc_dtype dt, int root);
+/* out holds size * count elements; rank r's `in` lands at out + r*count. */
+FSC_API int fsc_group_allgather(fsc_group *g, const void *in, void *out, int64_t count,
+                                fsc_dtype dt);
+/* Uneven: rank r contributes counts[r] elements, placed at displs[r] (elements). */
+FSC_API int fsc_group_allgatherv(fsc_group *g, const void *in, void *out, const int64_t *counts,
+                                 const int64_t *displs, fsc_dtype dt);
+/* in holds size * count elements; rank r receives the reduction of chunk r in out. */
+FSC_API int fsc_group_reduce_scatter(fsc_group *g, const void *in, void *out, int64_t count,
+                                     fsc_dtype dt, fsc_reduce_op op);
+/* Uneven: chunk r is counts[r] elements at displs[r] of in. */
+FSC_API int fsc_group_reduce_scatterv(fsc_group *g, const void *in, void *out,
+                                      const int64_t *counts, const int64_t *displs, fsc_dtype dt,
+                                      fsc_reduce_op op);
+/* in and out hold size * count elements: chunk r of in goes to rank r. */
+FSC_API int fsc_group_alltoall(fsc_group *g, const void *in, void *out, int64_t count,
+                               fsc_dtype dt);
+FSC_API int fsc_group_barrier(fsc_group *g);
+FSC_API int fsc_group_send(fsc_group *g, const void *buf, int64_t count, fsc_dtype dt, int dst,
+                           int tag);
+FSC_API int fsc_group_recv(fsc_group *g, void *buf, int64_t count, fsc_dtype dt, int src,
+                           int tag);
+
+/* Non-blocking forms: same arguments, a request out. The buffers must stay
+ * valid and untouched until the request completes. */
+FSC_API int fsc_group_iallreduce(fsc_group *g, void *buf, int64_t count, fsc_dtype dt,
+                                 fsc_reduce_op op, fsc_request **req);
+FSC_API int fsc_group_ibroadcast(fsc_group *g, void *buf, int64_t count, fsc_dtype dt, int root,
+                                 fsc_request **req);
+FSC_API int fsc_group_iallgather(fsc_group *g, const void *in, void *out, int64_t count,
+                                 fsc_dtype dt, fsc_request **req);
+FSC_API int fsc_group_ireduce_scatter(fsc_group *g, const void *in, void *out, int64_t count,
+                                      fsc_dtype dt, fsc_reduce_op op, fsc_request **req);
+/* *done = true once complete (then the request is freed and *req set to NULL).
+ * Errors (desync, timeout) are returned here or by wait. */
+FSC_API int fsc_request_test(fsc_request **req, bool *done);
+/* Blocks (polling, under the watchdog) until complete; frees the request. */
+FSC_API int fsc_request_wait(fsc_request **req);
+/* Drives every outstanding request of the group a little (call between layers). */
+FSC_API void fsc_group_progress(fsc_group *g);
+
+/* ---- statistics -------------------------------------------------------------- */
+typedef struct fsc_group_stats {
+    int64_t count[16];   /* collectives issued, by fsc_coll_kind */
+    int64_t bytes;       /* payload bytes issued by this rank */
+    double wait_s;       /* seconds spent blocked in wait / blocking collectives */
+} fsc_group_stats;
+
+typedef enum {
+    FSC_COLL_ALLREDUCE = 0,
+    FSC_COLL_REDUCE,
+    FSC_COLL_BROADCAST,
+    FSC_COLL_ALLGATHER,
+    FSC_COLL_REDUCE_SCATTER,
+    FSC_COLL_ALLTOALL,
+    FSC_COLL_BARRIER,
+    FSC_COLL_SEND,
+    FSC_COLL_RECV,
+    FSC_COLL_KIND_COUNT
+} fsc_coll_kind;
+
+FSC_API fsc_group_stats fsc_group_get_stats(const fsc_group *g);
+FSC_API void fsc_group_reset_stats(fsc_group *g);
+
+/* ---- device mesh: dp x pp x tp, tp varying fastest ----------------------------- */
+/* World rank = (d * pp + p) * tp + t. */
+typedef struct fsc_mesh fsc_mesh;
+
+/* Refuses sizes that do not multiply to the world size, naming the numbers.
+ * Collective over the world. */
+FSC_API int fsc_mesh_new(int dp, int pp, int tp, fsc_mesh **out);
+FSC_API void fsc_mesh_free(fsc_mesh *m);
+typedef enum { FSC_MESH_DP = 0, FSC_MESH_PP, FSC_MESH_TP } fsc_mesh_dim;
+/* The group of ranks that differ from this rank only along `dim`. */
+FSC_API fsc_group *fsc_mesh_group(const fsc_mesh *m, fsc_mesh_dim dim);
+FSC_API int fsc_mesh_size(const fsc_mesh *m, fsc_mesh_dim dim);
+FSC_API int fsc_mesh_coord(const fsc_mesh *m, fsc_mesh_dim dim); /* this rank's index */
+
+#ifdef __cplusplus
+}
+#endif
+#endif
