@@ -107,6 +107,8 @@ FSC_API int fsc_module_add_param(fsc_module *m, const char *name, int ndim, cons
 /* Adopts child (the parent frees it). Its name becomes child->name. */
 FSC_API int fsc_module_add_child(fsc_module *m, fsc_module *child);
 FSC_API int fsc_module_add_hook(fsc_module *m, fsc_hook_kind kind, fsc_hook_fn fn, void *user);
+/* Removes every hook (fn, user) of that kind; wrappers call it when freed. */
+FSC_API void fsc_module_remove_hook(fsc_module *m, fsc_hook_kind kind, fsc_hook_fn fn, void *user);
 /* Runs hooks and ops->forward / ops->backward. Containers call children through these. */
 FSC_API int fsc_module_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x,
                                fsc_tensor *y, void **saved);

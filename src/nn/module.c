@@ -68,6 +68,15 @@ int fsc_module_add_hook(fsc_module *m, fsc_hook_kind kind, fsc_hook_fn fn, void 
     return FSC_OK;
 }
 
+void fsc_module_remove_hook(fsc_module *m, fsc_hook_kind kind, fsc_hook_fn fn, void *user) {
+    if ((unsigned)kind >= FSC_HOOK_KIND_COUNT) return;
+    int k = 0;
+    for (int i = 0; i < m->nhooks[kind]; i++)
+        if (m->hooks[kind][i].fn != fn || m->hooks[kind][i].user != user)
+            m->hooks[kind][k++] = m->hooks[kind][i];
+    m->nhooks[kind] = k;
+}
+
 static int run_hooks(fsc_module *m, fsc_hook_kind kind, const fsc_tensor *t) {
     for (int i = 0; i < m->nhooks[kind]; i++) {
         int rc = m->hooks[kind][i].fn(m, kind, t, m->hooks[kind][i].user);

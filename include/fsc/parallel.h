@@ -1,0 +1,78 @@
+/* fsc parallel: training strategies (floor 6). This header: plain data
+ * parallelism — DDP over processes (like torch DistributedDataParallel) and DP
+ * over threads in one process (like torch.nn.DataParallel).
+ *
+ * Both rely on fsc's loss convention: a micro-batch's loss is divided by the
+ * number of targets in the GLOBAL batch (fsc_cross_entropy's norm), so the
+ * SUM of gradients over ranks, threads and micro-batches is exactly the
+ * gradient of the global-batch mean, i.e. the average over ranks of their
+ * local means when every rank has the same number of targets.
+ */
+#ifndef FSC_PARALLEL_H
+#define FSC_PARALLEL_H
+
+#include "fsc/dist.h"
+#include "fsc/nn.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- DDP ------------------------------------------------------------------- */
+typedef struct fsc_ddp_options {
+    size_t bucket_bytes;     /* gradient bucket size (0: 25 MB); must not be negative */
+    fsc_reduce_op reduce_op; /* FSC_REDUCE_SUM (default: fsc's global-batch losses) or
+                                FSC_REDUCE_AVG (losses that are per-rank means) */
+    bool no_broadcast;       /* skip broadcasting rank 0's parameters at wrap time */
+} fsc_ddp_options;
+
+typedef struct fsc_ddp_stats {
+    int64_t buckets;           /* buckets per synchronised backward */
+    int64_t allreduces;        /* collectives issued so far */
+    double wait_s;             /* time blocked waiting for reductions after backward */
+    double last_wait_s;        /* ... in the last synchronised backward */
+} fsc_ddp_stats;
+
+/* Wraps `child` (whose parameters are bound in `params`) for data parallelism
+ * over group g. Returns a module: forward is the child's; backward runs the
+ * child's backward while reducing gradient buckets (in reverse order of the
+ * forward pass) as soon as each is complete, overlapped with the rest of
+ * backward, and returns when every bucket is reduced. The wrapper does not own
+ * child or params; fsc_module_free on it frees only the wrapper. Hooks are
+ * added to the child's modules. NULL (error set) on bad options. */
+FSC_API fsc_module *fsc_ddp_wrap(fsc_module *child, fsc_params *params, fsc_group *g,
+                                 const fsc_ddp_options *opt);
+/* While on, backward accumulates gradients locally with no communication
+ * (gradient accumulation); the next backward with it off reduces the sum. */
+FSC_API void fsc_ddp_set_no_sync(fsc_module *ddp, bool no_sync);
+FSC_API fsc_ddp_stats fsc_ddp_get_stats(const fsc_module *ddp);
+
+/* ---- DP (threads) ---------------------------------------------------------- */
+typedef struct fsc_dp fsc_dp;
+
+/* A replica factory: builds a module tree with the same parameter layout as
+ * the main model (e.g. fsc_gpt_new with the same config). */
+typedef fsc_module *(*fsc_replica_fn)(void *user);
+/* One worker's share of a micro-batch: rows [row0, row0 + rows) of it. The
+ * worker's ctx has its own arena and sample0 already offset by row0. *loss
+ * receives the worker's share of the loss. */
+typedef int (*fsc_dp_work_fn)(fsc_module *replica, const fsc_ctx *ctx, int row0, int rows,
+                              void *user, float *loss);
+
+/* `threads` workers, each with a replica whose parameters are views of
+ * params->data and whose gradients go to a private buffer (FSC_MEM_GRADS). */
+FSC_API int fsc_dp_new(fsc_replica_fn make, void *make_user, fsc_params *params, int threads,
+                       fsc_dp **out);
+FSC_API void fsc_dp_free(fsc_dp *dp); /* accepts NULL */
+FSC_API int fsc_dp_threads(const fsc_dp *dp);
+/* Splits `rows` rows across the workers (contiguous, as even as possible),
+ * runs fn on each in parallel, then adds every worker's gradients into
+ * params->grad (+=) and returns the sum of their losses in *loss. ctx supplies
+ * training, seed, step and sample0 (of row 0); its arena is not used. */
+FSC_API int fsc_dp_run(fsc_dp *dp, const fsc_ctx *ctx, int rows, fsc_dp_work_fn fn, void *user,
+                       float *loss);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
