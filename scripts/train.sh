@@ -1,9 +1,18 @@
 #!/usr/bin/env bash
-# README command 1: installs what is missing, builds, and trains the default GPT
-# on the built-in corpus, printing progress and a summary. Extra arguments go
-# to fsc-train (e.g. --steps 500).
+# README command 1: installs what is missing, builds, and trains the default
+# GPT on the built-in corpus with one DDP rank per core (one process when no
+# MPI launcher is installed), printing progress and a summary. Extra arguments
+# go to fsc-train (e.g. --steps 500).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh
 mkdir -p out
-exec build/tools/fsc-train --data builtin --metrics out/metrics.jsonl --save out/model.safetensors "$@"
+args=(--data builtin --metrics out/metrics.jsonl --save out/model.safetensors "$@")
+launcher=$(grep -E '^MPIEXEC_EXECUTABLE:' build/CMakeCache.txt 2>/dev/null | cut -d= -f2 || true)
+ranks=$(nproc)
+if [ -n "$launcher" ] && [ -x "$launcher" ] && [ "$ranks" -gt 1 ]; then
+  # Open MPI refuses root without these; harmless for MPICH.
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  exec "$launcher" -n "$ranks" build/tools/fsc-train --strategy ddp "${args[@]}"
+fi
+exec build/tools/fsc-train "${args[@]}"

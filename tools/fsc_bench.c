@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include "train_common.h"
 
@@ -39,9 +40,17 @@ static int random_tokens(int vocab, int64_t n, uint64_t seed, fsc_tokens *out) {
     return rc;
 }
 
-static int run(const bench_config *c, int steps, int warmup, int threads) {
+typedef struct {
+    double tok_s, ms_median, gflops, peak, first, last, comm_share;
+    int64_t mem[FSC_MEM_TAG_COUNT]; /* this rank's peaks */
+} bench_result;
+
+/* Trains `steps` timed steps after `warmup` ones under `strategy`. */
+static int measure(const bench_config *c, const char *strategy, int steps, int warmup,
+                   int threads, bench_result *out) {
     train_options o;
     train_options_default(&o);
+    o.strategy = strategy;
     o.model = c->model;
     o.batch = c->batch;
     o.steps = warmup + steps;
@@ -49,78 +58,119 @@ static int run(const bench_config *c, int steps, int warmup, int threads) {
     o.lr = 3e-4, o.weight_decay = 0.1, o.beta1 = 0.9, o.beta2 = 0.95, o.clip = 0;
     o.schedule = "constant";
     o.skip_grad_norm = true; /* as the PyTorch peer: no clipping, no norm */
-    o.data = "builtin";      /* replaced below by random tokens */
     fsc_mem_reset_peaks();
     trainer t;
     int rc = trainer_init(&t, &o);
-    if (!rc) {
+    if (!rc) { /* random tokens, as the peer; enough for every rank's batches */
         fsc_tokens_free(&t.tokens);
-        rc = random_tokens(o.model.vocab, (int64_t)o.steps * o.batch * o.model.seq + 1, 1234,
-                           &t.tokens);
+        rc = random_tokens(o.model.vocab,
+                           (int64_t)o.steps * o.batch * o.model.seq * t.world + 1, 1234, &t.tokens);
     }
     if (rc) {
         trainer_free(&t);
         return rc;
     }
-    double peak = fsc_sgemm_peak_gflops(1024, 5) / threads;
-    double *ms = calloc((size_t)steps, sizeof *ms), elapsed = 0, first = 0, last = 0;
+    int cores = threads; /* per process */
+    double peak = fsc_sgemm_peak_gflops(1024, 5) / cores;
+    double *ms = calloc((size_t)steps, sizeof *ms), elapsed = 0, comm = 0;
     for (int s = 0; s < warmup + steps && !rc; s++) {
+        if (s == warmup && t.ddp) rc = fsc_group_barrier(fsc_group_world());
         step_result r;
-        rc = trainer_step(&t, &r);
-        if (s == 0) first = r.loss;
-        last = r.loss;
-        if (s >= warmup) ms[s - warmup] = 1e3 * r.seconds, elapsed += r.seconds;
+        if (!rc) rc = trainer_step(&t, &r);
+        if (rc) break;
+        if (s == 0) out->first = r.loss;
+        out->last = r.loss;
+        if (s >= warmup) ms[s - warmup] = 1e3 * r.seconds, elapsed += r.seconds, comm += r.comm_wait_s;
     }
-    double peak2 = fsc_sgemm_peak_gflops(1024, 5) / threads; /* the machine drifts: keep the best */
-    if (peak2 > peak) peak = peak2;
+    double peak2 = fsc_sgemm_peak_gflops(1024, 5) / cores; /* the machine drifts: keep the best */
     if (!rc) {
         qsort(ms, (size_t)steps, sizeof *ms, cmp_double);
-        double tokens = (double)steps * o.batch * o.model.seq;
-        double tok_s = tokens / elapsed;
-        double gflops = tok_s * fsc_gpt_flops_per_token(&o.model, o.model.seq) / 1e9;
-        struct rusage ru;
-        getrusage(RUSAGE_SELF, &ru);
-        printf("{\"config\": \"%s\", \"layers\": %d, \"d_model\": %d, \"heads\": %d, \"seq\": %d, "
-               "\"vocab\": %d, \"batch\": %d, \"threads\": %d, \"params\": %" PRId64 ", "
-               "\"steps\": %d, \"tokens_per_s\": %.1f, \"ms_per_step_median\": %.2f, "
-               "\"model_gflops\": %.1f, \"sgemm_peak_gflops\": %.1f, \"share_of_peak\": %.3f, "
-               "\"first_loss\": %.4f, \"last_loss\": %.4f, \"peak_rss_mib\": %.1f, "
-               "\"peak_accounted_mib\": %.1f, \"peak_mem\": {",
-               c->name, o.model.layers, o.model.d_model, o.model.heads, o.model.seq, o.model.vocab,
-               o.batch, threads, fsc_gpt_num_params(&o.model), steps, tok_s, ms[steps / 2], gflops,
-               peak, gflops / (peak * threads), first, last, (double)ru.ru_maxrss / 1024.0,
-               (double)fsc_mem_peak_total() / 1048576.0);
-        print_mem_json(stdout, true);
-        printf("}, \"blas\": \"%s\"}\n", fsc_blas_corename());
-        fflush(stdout);
+        double tokens = (double)steps * o.batch * o.model.seq * t.world;
+        out->tok_s = tokens / elapsed;
+        out->ms_median = ms[steps / 2];
+        out->gflops = out->tok_s * fsc_gpt_flops_per_token(&o.model, o.model.seq) / 1e9;
+        out->peak = peak2 > peak ? peak2 : peak;
+        out->comm_share = comm / elapsed;
+        for (int tag = 0; tag < FSC_MEM_TAG_COUNT; tag++)
+            out->mem[tag] = (int64_t)fsc_mem_peak((fsc_mem_tag)tag);
     }
     free(ms);
     trainer_free(&t);
     return rc;
 }
 
+static void print_result(const bench_config *c, const char *strategy, int ranks, int threads,
+                         int steps, const bench_result *r, const bench_result *single) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    int workers = !strcmp(strategy, "ddp") ? ranks : !strcmp(strategy, "dp") ? threads : 1;
+    printf("{\"config\": \"%s\", \"strategy\": \"%s\", \"ranks\": %d, \"threads\": %d, "
+           "\"layers\": %d, \"d_model\": %d, \"heads\": %d, \"seq\": %d, \"vocab\": %d, "
+           "\"batch_per_worker\": %d, \"params\": %" PRId64 ", \"steps\": %d, "
+           "\"tokens_per_s\": %.1f, \"ms_per_step_median\": %.2f, \"model_gflops\": %.1f, "
+           "\"sgemm_peak_gflops\": %.1f, \"share_of_peak\": %.3f, ",
+           c->name, strategy, ranks, threads, c->model.layers, c->model.d_model, c->model.heads,
+           c->model.seq, c->model.vocab, c->batch,
+           fsc_gpt_num_params(&c->model), steps, r->tok_s, r->ms_median, r->gflops, r->peak,
+           r->gflops / (r->peak * workers));
+    if (single)
+        printf("\"single_tokens_per_s\": %.1f, \"scaling_efficiency\": %.3f, ", single->tok_s,
+               r->tok_s / (workers * single->tok_s));
+    if (!strcmp(strategy, "ddp")) printf("\"comm_wait_share\": %.4f, ", r->comm_share);
+    printf("\"first_loss\": %.4f, \"last_loss\": %.4f, \"peak_rss_mib\": %.1f, \"peak_mem\": {",
+           r->first, r->last, (double)ru.ru_maxrss / 1024.0);
+    for (int tag = 0; tag < FSC_MEM_TAG_COUNT; tag++)
+        printf("%s\"%s\": %" PRId64, tag ? ", " : "", fsc_mem_tag_name((fsc_mem_tag)tag), r->mem[tag]);
+    printf("}, \"blas\": \"%s\"}\n", fsc_blas_corename());
+    fflush(stdout);
+}
+
+/* Under dp or ddp, the single-process baseline at the same per-worker batch is
+ * measured first in the same run (under ddp on rank 0 while the others wait). */
+static int run(const bench_config *c, const char *strategy, int steps, int warmup, int threads) {
+    int rank = fsc_dist_rank(), world = fsc_dist_size();
+    bench_result single = {0}, r = {0};
+    bool scaled = strcmp(strategy, "single") != 0;
+    /* weak scaling: every worker (thread or rank) takes the reference batch */
+    bench_config wide = *c;
+    if (!strcmp(strategy, "dp")) wide.batch = c->batch * threads;
+    int rc = FSC_OK;
+    if (scaled && rank == 0) rc = measure(c, "single", steps, warmup, 1, &single);
+    if (!strcmp(strategy, "ddp")) {
+        int all = fsc_group_barrier(fsc_group_world()); /* the others wait for the baseline */
+        if (!rc) rc = all;
+    }
+    if (!rc) rc = measure(&wide, strategy, steps, warmup, !strcmp(strategy, "dp") ? threads : 1, &r);
+    if (!rc && rank == 0) print_result(c, strategy, world, threads, steps, &r, scaled ? &single : NULL);
+    return rc;
+}
+
 int main(int argc, char **argv) {
-    const char *which = "all";
+    if (fsc_dist_init(&argc, &argv, NULL)) {
+        fprintf(stderr, "fsc-bench: %s\n", fsc_last_error());
+        return 1;
+    }
+    const char *which = "all", *strategy = "single";
     int steps = 10, warmup = 3, threads = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help")) {
-            printf("usage: fsc-bench [--config small|medium|all] [--steps N>=10] [--warmup N] "
-                   "[--threads N]\n");
+            printf("usage: fsc-bench [--config small|medium|all] [--strategy single|dp|ddp] "
+                   "[--steps N] [--warmup N] [--threads N]\n"
+                   "  dp and ddp scale weakly: each thread (dp, --threads) or rank (ddp, under "
+                   "mpirun)\n  takes the reference batch; the single-process baseline is "
+                   "measured in the same run.\n");
             return 0;
         }
         if (!v) {
             fprintf(stderr, "fsc-bench: %s needs a value\n", a);
             return 2;
         }
-        if (!strcmp(a, "--config"))
-            which = v;
-        else if (!strcmp(a, "--steps"))
-            steps = atoi(v);
-        else if (!strcmp(a, "--warmup"))
-            warmup = atoi(v);
-        else if (!strcmp(a, "--threads"))
-            threads = atoi(v);
+        if (!strcmp(a, "--config")) which = v;
+        else if (!strcmp(a, "--strategy")) strategy = v;
+        else if (!strcmp(a, "--steps")) steps = atoi(v);
+        else if (!strcmp(a, "--warmup")) warmup = atoi(v);
+        else if (!strcmp(a, "--threads")) threads = atoi(v);
         else {
             fprintf(stderr, "fsc-bench: unknown flag %s\n", a);
             return 2;
@@ -131,18 +181,24 @@ int main(int argc, char **argv) {
         fprintf(stderr, "fsc-bench: --steps must be >= 1, --warmup >= 0, --threads >= 1\n");
         return 2;
     }
+    if (strcmp(strategy, "single") && strcmp(strategy, "dp") && strcmp(strategy, "ddp")) {
+        fprintf(stderr, "fsc-bench: --strategy %s: expected single, dp or ddp\n", strategy);
+        return 2;
+    }
     bool any = false;
     for (size_t k = 0; k < sizeof CONFIGS / sizeof *CONFIGS; k++) {
         if (strcmp(which, "all") && strcmp(which, CONFIGS[k].name)) continue;
         any = true;
-        if (run(&CONFIGS[k], steps, warmup, threads)) {
+        if (run(&CONFIGS[k], strategy, steps, warmup, threads)) {
             fprintf(stderr, "fsc-bench: %s: %s\n", CONFIGS[k].name, fsc_last_error());
-            return 1;
+            fflush(NULL);
+            _exit(1); /* other ranks may be blocked in a collective: no MPI_Finalize */
         }
     }
     if (!any) {
         fprintf(stderr, "fsc-bench: --config %s: expected small, medium or all\n", which);
         return 2;
     }
+    fsc_dist_finalize();
     return 0;
 }

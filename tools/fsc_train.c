@@ -7,14 +7,16 @@
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "train_common.h"
 
 static const char *USAGE =
-    "Trains a GPT-2 style model (single process). Data order: step s uses sequences\n"
-    "s*G .. s*G+G-1 (G = batch * grad-accum); sequence i is tokens [i*T, i*T+T] (wrapping).";
+    "Trains a GPT-2 style model: in one process (--strategy single), over threads (dp), or\n"
+    "over MPI ranks (ddp, under mpirun). Data order: step s uses sequences s*G .. s*G+G-1\n"
+    "(G = batch * grad-accum * ranks); sequence i is tokens [i*T, i*T+T] (wrapping).";
 
 static void write_metrics(FILE *f, int64_t step, const step_result *r, double tok_s) {
     fprintf(f,
@@ -27,64 +29,95 @@ static void write_metrics(FILE *f, int64_t step, const step_result *r, double to
 }
 
 static void summary(const trainer *t, double first_loss, double last_loss, double seconds,
-                    int64_t steps, double peak_gflops) {
+                    int64_t steps, double peak_gflops, double comm_s, const int64_t *mem) {
     const train_options *o = &t->opt;
-    double tokens = (double)steps * o->batch * o->grad_accum * o->model.seq;
+    double tokens = (double)steps * o->batch * o->grad_accum * o->model.seq * t->world;
     double tok_s = seconds > 0 ? tokens / seconds : 0;
     double gflops = tok_s * fsc_gpt_flops_per_token(&o->model, o->model.seq) / 1e9;
-    fprintf(stderr, "\n== fsc-train summary ==\n");
+    int cores = t->strategy == STRATEGY_DP ? o->threads : t->world * o->threads;
+    fprintf(stderr, "\n== fsc-train summary (--strategy %s, %d rank%s%s) ==\n", o->strategy,
+            t->world, t->world > 1 ? "s" : "", t->dp ? ", DP threads" : "");
     fprintf(stderr, "model      GPT L%d C%d H%d T%d V%d, %.2fM parameters\n", o->model.layers,
             o->model.d_model, o->model.heads, o->model.seq, o->model.vocab,
             (double)fsc_gpt_num_params(&o->model) / 1e6);
     fprintf(stderr, "loss       %.4f -> %.4f over %" PRId64 " steps (%.1f s)\n", first_loss,
             last_loss, steps, seconds);
     fprintf(stderr,
-            "throughput %.0f tokens/s, %.1f model GFLOP/s = %.0f%% of the %.1f GFLOP/s "
-            "sgemm peak (x%d thread%s)\n",
-            tok_s, gflops, peak_gflops > 0 ? 100 * gflops / (peak_gflops * o->threads) : 0,
-            peak_gflops, o->threads, o->threads > 1 ? "s" : "");
-    fprintf(stderr, "peak memory");
-    for (int tag = 0; tag < FSC_MEM_TAG_COUNT; tag++)
-        fprintf(stderr, " %s %.1f MiB%s", fsc_mem_tag_name((fsc_mem_tag)tag),
-                (double)fsc_mem_peak((fsc_mem_tag)tag) / 1048576.0,
-                tag + 1 < FSC_MEM_TAG_COUNT ? "," : "");
-    fprintf(stderr, "; total %.1f MiB\n", (double)fsc_mem_peak_total() / 1048576.0);
+            "throughput %.0f tokens/s, %.1f model GFLOP/s = %.0f%% of %d x %.1f GFLOP/s sgemm "
+            "peak\n",
+            tok_s, gflops, peak_gflops > 0 ? 100 * gflops / (peak_gflops * cores) : 0, cores,
+            peak_gflops);
+    if (t->ddp)
+        fprintf(stderr, "DDP        %.1f%% of step time waiting on gradient all-reduce (rank 0)\n",
+                seconds > 0 ? 100 * comm_s / seconds : 0);
+    for (int r = 0; r < t->world; r++) {
+        fprintf(stderr, "peak memory%s", t->world > 1 ? "" : "");
+        if (t->world > 1) fprintf(stderr, " rank %d:", r);
+        int64_t total = 0;
+        for (int tag = 0; tag < FSC_MEM_TAG_COUNT; tag++) {
+            int64_t b = mem[r * FSC_MEM_TAG_COUNT + tag];
+            total += b;
+            fprintf(stderr, " %s %.1f MiB%s", fsc_mem_tag_name((fsc_mem_tag)tag),
+                    (double)b / 1048576.0, tag + 1 < FSC_MEM_TAG_COUNT ? "," : "");
+        }
+        fprintf(stderr, "\n");
+        (void)total;
+    }
+}
+
+/* Ends the process after a failure. Under a launcher the other ranks may be
+ * blocked in a collective: MPI_Finalize would hang, so exit without it and let
+ * the launcher end the job (every rank exits non-zero). */
+static int fail(trainer *t, int world, int code) {
+    if (t) trainer_free(t);
+    if (world > 1) {
+        fflush(NULL);
+        _exit(code);
+    }
+    fsc_dist_finalize();
+    return code;
 }
 
 int main(int argc, char **argv) {
-    train_options o;
-    train_options_default(&o);
-    int rc = train_options_parse(&o, argc, argv, "fsc-train", USAGE);
-    if (rc == 1) return 0;
+    int rc = fsc_dist_init(&argc, &argv, NULL);
     if (rc) {
         fprintf(stderr, "fsc-train: %s\n", fsc_last_error());
-        return 2;
+        return 1;
     }
+    int rank = fsc_dist_rank(), world = fsc_dist_size();
+    train_options o;
+    train_options_default(&o);
+    rc = train_options_parse(&o, argc, argv, "fsc-train", USAGE);
+    if (rc == 1) return fail(NULL, 1, 0);
+    if (rc) {
+        if (rank == 0) fprintf(stderr, "fsc-train: %s\n", fsc_last_error());
+        return fail(NULL, world, 2);
+    }
+    if (rank != 0) o.quiet = true, o.metrics = NULL, o.save = o.save_init = NULL;
     trainer t;
     if ((rc = trainer_init(&t, &o))) {
-        fprintf(stderr, "fsc-train: %s\n", fsc_last_error());
-        trainer_free(&t);
-        return 1;
+        if (rank == 0 || t.world > 1) fprintf(stderr, "fsc-train: %s\n", fsc_last_error());
+        return fail(&t, world, 1);
     }
     FILE *metrics = NULL;
     if (o.metrics && !(metrics = fopen(o.metrics, "w"))) {
         fprintf(stderr, "fsc-train: --metrics %s: cannot open for writing\n", o.metrics);
-        trainer_free(&t);
-        return 1;
+        return fail(&t, world, 1);
     }
     if (!o.quiet) fprintf(stderr, "fsc-train: %s\n", fsc_blas_describe());
-    double peak = fsc_sgemm_peak_gflops(1024, 3) / o.threads;
+    double peak = rank == 0 ? fsc_sgemm_peak_gflops(1024, 3) / (t.dp ? 1 : o.threads) : 0;
     bool tty = isatty(STDERR_FILENO);
-    double first_loss = NAN, last_loss = NAN, t0 = fsc_now();
+    double first_loss = NAN, last_loss = NAN, comm = 0, t0 = fsc_now();
     int64_t steps = 0;
-    double tokens_per_step = (double)o.batch * o.grad_accum * o.model.seq;
+    double tokens_per_step = (double)o.batch * o.grad_accum * o.model.seq * t.world;
     for (int64_t s = 0; s < o.steps; s++) {
         step_result r;
         if ((rc = trainer_step(&t, &r))) {
-            fprintf(stderr, "\nfsc-train: %s\n", fsc_last_error());
+            fprintf(stderr, "\nfsc-train%s: %s\n", world > 1 ? " (a rank)" : "", fsc_last_error());
             break;
         }
         steps++;
+        comm += r.comm_wait_s;
         if (s == 0) first_loss = r.loss;
         last_loss = r.loss;
         double tok_s = tokens_per_step / r.seconds;
@@ -101,12 +134,21 @@ int main(int argc, char **argv) {
     }
     double seconds = fsc_now() - t0;
     if (metrics) fclose(metrics);
-    if (!rc && o.save && trainer_save(&t, o.save)) {
+    if (rc) return fail(&t, world, 1);
+    if (o.save && trainer_save(&t, o.save)) {
         fprintf(stderr, "fsc-train: --save %s: %s\n", o.save, fsc_last_error());
-        rc = FSC_ERR_IO;
+        return fail(&t, world, 1);
     }
-    if (!o.quiet && steps) summary(&t, first_loss, last_loss, seconds, steps, peak);
-    if (!rc && o.save && !o.quiet) fprintf(stderr, "saved %s\n", o.save);
+    int64_t *mem = calloc((size_t)t.world * FSC_MEM_TAG_COUNT, sizeof *mem);
+    if (!mem || gather_mem_peaks(&t, mem)) {
+        fprintf(stderr, "fsc-train: gathering memory figures: %s\n", fsc_last_error());
+        free(mem);
+        return fail(&t, world, 1);
+    }
+    if (!o.quiet && steps) summary(&t, first_loss, last_loss, seconds, steps, peak, comm, mem);
+    if (o.save && !o.quiet) fprintf(stderr, "saved %s\n", o.save);
+    free(mem);
     trainer_free(&t);
-    return rc ? 1 : 0;
+    fsc_dist_finalize();
+    return 0;
 }

@@ -15,6 +15,7 @@
 
 void train_options_default(train_options *o) {
     memset(o, 0, sizeof *o);
+    o->strategy = "single";
     o->model = (fsc_gpt_config){.vocab = 256, .seq = 128, .layers = 4, .d_model = 256, .heads = 4};
     o->data = "builtin";
     o->batch = 8;
@@ -32,6 +33,7 @@ void train_options_default(train_options *o) {
     o->clip = 1.0;
     o->seed = 1337;
     o->threads = 1;
+    o->bucket_mb = 25;
     o->log_every = 10;
 }
 
@@ -47,6 +49,8 @@ typedef struct {
 #define F(name, kind, field, help)                                                                 \
     { name, kind, offsetof(train_options, field), help }
 static const flag flags[] = {
+    F("strategy", ARG_STR, strategy,
+      "single | dp (threads in one process) | ddp (one process per rank, under mpirun)"),
     F("layers", ARG_INT, model.layers, "transformer blocks (L)"),
     F("d-model", ARG_INT, model.d_model, "model width (C)"),
     F("heads", ARG_INT, model.heads, "attention heads (must divide --d-model)"),
@@ -70,7 +74,8 @@ static const flag flags[] = {
     F("momentum", ARG_DOUBLE, momentum, "SGD momentum"),
     F("clip", ARG_DOUBLE, clip, "global grad-norm clip (0 = off)"),
     F("seed", ARG_U64, seed, "seed for initial weights and dropout"),
-    F("threads", ARG_INT, threads, "BLAS and OpenMP threads"),
+    F("threads", ARG_INT, threads, "BLAS and OpenMP threads; with --strategy dp, worker threads"),
+    F("bucket-mb", ARG_DOUBLE, bucket_mb, "DDP gradient bucket size in MB"),
     F("init-from", ARG_STR, init_from, "start from these weights (safetensors)"),
     F("save-init", ARG_STR, save_init, "save the weights before step 1"),
     F("save", ARG_STR, save, "save the weights at the end"),
@@ -175,6 +180,8 @@ static int check_options(const train_options *o) {
         return fsc_error(FSC_ERR_INVALID, "--grad-accum %d must be positive", o->grad_accum);
     if (o->steps < 0) return fsc_error(FSC_ERR_INVALID, "--steps must be >= 0");
     if (o->threads < 1) return fsc_error(FSC_ERR_INVALID, "--threads must be >= 1");
+    if (!(o->bucket_mb > 0))
+        return fsc_error(FSC_ERR_INVALID, "--bucket-mb %g must be positive", o->bucket_mb);
     if (o->clip < 0) return fsc_error(FSC_ERR_INVALID, "--clip %g must be >= 0", o->clip);
     int rc2 = check_writable("--save", o->save);
     if (!rc2) rc2 = check_writable("--save-init", o->save_init);
@@ -225,13 +232,37 @@ static int make_optimizer(trainer *t) {
     return rc ? fsc_error_context(rc, "schedule: ") : FSC_OK;
 }
 
+static int parse_strategy(trainer *t) {
+    const char *s = t->opt.strategy;
+    if (!strcmp(s, "single")) t->strategy = STRATEGY_SINGLE;
+    else if (!strcmp(s, "dp")) t->strategy = STRATEGY_DP;
+    else if (!strcmp(s, "ddp")) t->strategy = STRATEGY_DDP;
+    else return fsc_error(FSC_ERR_INVALID, "--strategy \"%s\": expected single, dp or ddp", s);
+    int world = fsc_dist_size();
+    if (t->strategy != STRATEGY_DDP && world > 1)
+        return fsc_error(FSC_ERR_INVALID, "--strategy %s runs in one process but %d were launched; "
+                                          "use --strategy ddp under mpirun",
+                         s, world);
+    t->rank = t->strategy == STRATEGY_DDP ? fsc_dist_rank() : 0;
+    t->world = t->strategy == STRATEGY_DDP ? world : 1;
+    if (t->strategy == STRATEGY_DP && t->opt.batch < t->opt.threads)
+        return fsc_error(FSC_ERR_INVALID, "--batch %d cannot be split across --threads %d",
+                         t->opt.batch, t->opt.threads);
+    return FSC_OK;
+}
+
+static fsc_module *make_replica(void *user) { return fsc_gpt_new(user); }
+
 int trainer_init(trainer *t, const train_options *o) {
     memset(t, 0, sizeof *t);
     t->opt = *o;
     int rc = check_options(o);
+    if (!rc) rc = parse_strategy(t);
     if (rc) return rc;
-    fsc_set_num_threads(o->threads);
-    if ((rc = fsc_blas_init(o->threads))) return rc;
+    /* DP workers each run one BLAS thread; elsewhere --threads is the BLAS/OpenMP count. */
+    int inner = t->strategy == STRATEGY_DP ? 1 : o->threads;
+    fsc_set_num_threads(inner);
+    if ((rc = fsc_blas_init(inner))) return rc;
 
     if ((rc = fsc_tokens_load(o->data, &t->tokens)))
         return fsc_error_context(rc, "--data %s: ", o->data);
@@ -253,36 +284,70 @@ int trainer_init(trainer *t, const train_options *o) {
         if (unused)
             fsc_log(FSC_LOG_INFO, "--init-from: %d tensors in the file were not used", unused);
     }
+    if (t->strategy == STRATEGY_DDP) {
+        fsc_ddp_options d = {.bucket_bytes = (size_t)(o->bucket_mb * 1e6)};
+        t->ddp = fsc_ddp_wrap(t->model, &t->params, fsc_group_world(), &d);
+        if (!t->ddp) return fsc_error_context(FSC_ERR_INVALID, "DDP: ");
+    } else if (t->strategy == STRATEGY_DP) {
+        if ((rc = fsc_dp_new(make_replica, &t->opt.model, &t->params, o->threads, &t->dp)))
+            return rc;
+    }
     if ((rc = make_optimizer(t))) return rc;
     t->arena = fsc_arena_new(FSC_MEM_ACTIV, 1 << 20);
     size_t n = (size_t)o->batch * o->model.seq;
     t->x = malloc(n * sizeof *t->x);
     t->y = malloc(n * sizeof *t->y);
     if (!t->arena || !t->x || !t->y) return fsc_error(FSC_ERR_NOMEM, "out of memory");
-    if (o->save_init && (rc = trainer_save(t, o->save_init)))
+    if (o->save_init && t->rank == 0 && (rc = trainer_save(t, o->save_init)))
         return fsc_error_context(rc, "--save-init: ");
     return FSC_OK;
 }
 
+typedef struct {
+    const trainer *t;
+    double norm;
+} dp_work;
+
+/* A DP worker's rows of the current micro-batch. */
+static int dp_micro(fsc_module *replica, const fsc_ctx *ctx, int row0, int rows, void *user,
+                    float *loss) {
+    const dp_work *w = user;
+    int T = w->t->opt.model.seq;
+    return fsc_gpt_train_micro(replica, ctx, w->t->x + (size_t)row0 * T,
+                               w->t->y + (size_t)row0 * T, rows, T, -1, w->norm, loss);
+}
+
 int trainer_step(trainer *t, step_result *r) {
     const train_options *o = &t->opt;
-    int B = o->batch, T = o->model.seq;
-    double t0 = fsc_now(), loss = 0;
-    double norm = (double)B * T * o->grad_accum; /* targets in the global batch (dp = 1) */
+    int B = o->batch, T = o->model.seq, K = o->grad_accum;
+    double t0 = fsc_now(), loss = 0, comm = 0;
+    /* targets in the global batch: every rank's micro-batches of this step */
+    double norm = (double)B * T * K * t->world;
     fsc_params_zero_grad(&t->params);
-    for (int k = 0; k < o->grad_accum; k++) {
-        int rc = fsc_tokens_batch(&t->tokens, t->step, k, 0, B, o->grad_accum, 1, T, t->x, t->y);
+    for (int k = 0; k < K; k++) {
+        int rc = fsc_tokens_batch(&t->tokens, t->step, k, t->rank, B, K, t->world, T, t->x, t->y);
         if (rc) return rc;
-        fsc_arena_reset(t->arena);
-        fsc_ctx ctx = {.arena = t->arena,
-                       .training = true,
-                       .seed = o->seed,
-                       .step = t->step,
-                       .sample0 = fsc_batch_first_sample(t->step, k, 0, B, o->grad_accum, 1)};
+        fsc_ctx ctx = {.arena = t->arena, .training = true, .seed = o->seed, .step = t->step,
+                       .sample0 = fsc_batch_first_sample(t->step, k, t->rank, B, K, t->world)};
         float part = 0;
-        rc = fsc_gpt_train_micro(t->model, &ctx, t->x, t->y, B, T, -1, norm, &part);
+        if (t->dp) {
+            dp_work w = {t, norm};
+            rc = fsc_dp_run(t->dp, &ctx, B, dp_micro, &w, &part);
+        } else {
+            fsc_arena_reset(t->arena);
+            fsc_module *m = t->ddp ? t->ddp : t->model;
+            if (t->ddp) fsc_ddp_set_no_sync(t->ddp, k < K - 1); /* reduce once, after the last */
+            rc = fsc_gpt_train_micro(m, &ctx, t->x, t->y, B, T, -1, norm, &part);
+            if (t->ddp && k == K - 1) comm = fsc_ddp_get_stats(t->ddp).last_wait_s;
+        }
         if (rc) return rc;
         loss += part;
+    }
+    if (t->ddp) { /* this rank's share -> the global-batch loss, for reporting */
+        float share = (float)loss;
+        int rc = fsc_group_allreduce(fsc_group_world(), &share, 1, FSC_DTYPE_F32, FSC_REDUCE_SUM);
+        if (rc) return rc;
+        loss = share;
     }
     float gnorm = 0;
     int rc =
@@ -299,7 +364,8 @@ int trainer_step(trainer *t, step_result *r) {
     fsc_optim_set_lr(t->optim, lr);
     if ((rc = fsc_optim_step(t->optim))) return rc;
     t->step++;
-    *r = (step_result){.loss = loss, .lr = lr, .grad_norm = gnorm, .seconds = fsc_now() - t0};
+    *r = (step_result){.loss = loss, .lr = lr, .grad_norm = gnorm, .seconds = fsc_now() - t0,
+                       .comm_wait_s = comm};
     return FSC_OK;
 }
 
@@ -318,6 +384,8 @@ int trainer_save(trainer *t, const char *path) {
 }
 
 void trainer_free(trainer *t) {
+    fsc_module_free(t->ddp); /* the wrapper only; it removes its hooks from the model */
+    fsc_dp_free(t->dp);
     fsc_optim_free(t->optim);
     fsc_optim_ranges_free(t->ranges);
     fsc_params_free(&t->params);
@@ -333,4 +401,14 @@ void print_mem_json(FILE *f, bool peak) {
     for (int tag = 0; tag < FSC_MEM_TAG_COUNT; tag++)
         fprintf(f, "%s\"%s\": %zu", tag ? ", " : "", fsc_mem_tag_name((fsc_mem_tag)tag),
                 peak ? fsc_mem_peak((fsc_mem_tag)tag) : fsc_mem_current((fsc_mem_tag)tag));
+}
+
+int gather_mem_peaks(const trainer *t, int64_t *out) {
+    int64_t mine[FSC_MEM_TAG_COUNT];
+    for (int tag = 0; tag < FSC_MEM_TAG_COUNT; tag++) mine[tag] = (int64_t)fsc_mem_peak((fsc_mem_tag)tag);
+    if (!t->ddp) {
+        memcpy(out, mine, sizeof mine);
+        return FSC_OK;
+    }
+    return fsc_group_allgather(fsc_group_world(), mine, out, FSC_MEM_TAG_COUNT, FSC_DTYPE_I64);
 }

@@ -5,11 +5,14 @@
 
 #include <stdio.h>
 
+#include "fsc/dist.h"
 #include "fsc/gpt.h"
 #include "fsc/io.h"
 #include "fsc/optim.h"
+#include "fsc/parallel.h"
 
 typedef struct train_options {
+    const char *strategy; /* single | dp | ddp */
     fsc_gpt_config model;
     const char *data;
     int batch, grad_accum;
@@ -20,6 +23,7 @@ typedef struct train_options {
     const char *optimizer; /* adamw | adam | sgd */
     uint64_t seed;
     int threads;
+    double bucket_mb;
     const char *init_from, *save_init, *save, *metrics;
     int log_every;
     bool quiet;
@@ -33,9 +37,15 @@ void train_options_default(train_options *o);
 int train_options_parse(train_options *o, int argc, char **argv, const char *prog,
                         const char *usage_extra);
 
+typedef enum { STRATEGY_SINGLE, STRATEGY_DP, STRATEGY_DDP } strategy_kind;
+
 typedef struct trainer {
     train_options opt;
+    strategy_kind strategy;
+    int rank, world; /* data-parallel rank and size (1 unless ddp) */
     fsc_module *model;
+    fsc_module *ddp; /* the DDP wrapper around model, or NULL */
+    fsc_dp *dp;      /* the thread workers, or NULL */
     fsc_params params;
     fsc_optim_range *ranges;
     int nranges;
@@ -49,6 +59,7 @@ typedef struct trainer {
 
 typedef struct step_result {
     double loss, lr, grad_norm, seconds;
+    double comm_wait_s; /* DDP: blocked on gradient reductions after backward */
 } step_result;
 
 /* Builds everything from the options; on error returns a status with the message set. */
@@ -61,5 +72,8 @@ int trainer_save(trainer *t, const char *path);
 
 /* Prints per-tag memory figures as a JSON object body ("params": N, ...). */
 void print_mem_json(FILE *f, bool peak);
+/* Peak bytes per tag of every data-parallel rank, gathered on all ranks:
+ * out[r * FSC_MEM_TAG_COUNT + tag]. out holds world * FSC_MEM_TAG_COUNT. */
+int gather_mem_peaks(const trainer *t, int64_t *out);
 
 #endif

@@ -38,9 +38,14 @@ typedef struct fsc_dist_options {
 } fsc_dist_options;
 
 /* Initialises MPI (MPI_Init_thread, FUNNELED) unless the program already did.
- * argc/argv may be NULL. Idempotent. */
+ * argc/argv may be NULL. Idempotent: a later call only applies `opt` (if not
+ * NULL), e.g. to change the timeout. opt->timeout_s > 0 wins over
+ * FSC_TIMEOUT_S. Only the thread that called init may call the runtime. */
 FSC_API int fsc_dist_init(int *argc, char ***argv, const fsc_dist_options *opt);
-/* Finalises MPI if fsc_dist_init initialised it. */
+/* Finalises MPI if fsc_dist_init initialised it. After a timeout the
+ * abandoned operations stay in flight (MPI may still write into their
+ * buffers): their groups are not freed and FSC_ERR_TIMEOUT is returned, so
+ * the program can exit non-zero. */
 FSC_API int fsc_dist_finalize(void);
 FSC_API int fsc_dist_rank(void);       /* world rank (0 without a launcher) */
 FSC_API int fsc_dist_size(void);       /* world size (1 without a launcher) */
@@ -56,7 +61,9 @@ FSC_API fsc_group *fsc_group_world(void);
  * Collective over `parent`. color < 0: this rank joins no group (*out = NULL). */
 FSC_API int fsc_group_split(fsc_group *parent, int color, int key, const char *name,
                             fsc_group **out);
-FSC_API void fsc_group_free(fsc_group *g); /* accepts NULL; not the world group */
+/* Accepts NULL; ignores the world group. Collective (MPI_Comm_free); free a
+ * group only once its requests have completed. */
+FSC_API void fsc_group_free(fsc_group *g);
 FSC_API int fsc_group_rank(const fsc_group *g);
 FSC_API int fsc_group_size(const fsc_group *g);
 FSC_API const char *fsc_group_name(const fsc_group *g);
@@ -66,7 +73,19 @@ FSC_API int fsc_group_world_rank(const fsc_group *g, int r);
 FSC_API int64_t fsc_group_seq(const fsc_group *g);
 
 /* ---- collectives ----------------------------------------------------------- */
-/* dtypes: FSC_DTYPE_F32, BF16, F16, I32, I64. Sums of BF16/F16 accumulate in F32. */
+/* dtypes: FSC_DTYPE_F32, BF16, F16, I32, I64 (U16 too, for data movement only).
+ * Sums of BF16/F16 accumulate in F32. AVG is SUM divided by the group size;
+ * for I32/I64 that is C's integer division (truncating toward zero).
+ *
+ * Every collective takes the group's next sequence number and first checks,
+ * with tiny control messages, that every rank joined the same collective
+ * (kind, dtype, op, count, root): a mismatch is FSC_ERR_DESYNC on every rank,
+ * naming each rank's collective. A collective not complete within the timeout
+ * (measured from its issue) is FSC_ERR_TIMEOUT naming the operation, the group
+ * and the ranks that never joined. Either failure leaves the group unusable
+ * (later calls on it fail at once). Arguments wrong on this rank alone
+ * (NULL buffer, bad root, ...) fail before any communication and take no
+ * sequence number. */
 typedef enum { FSC_REDUCE_SUM = 0, FSC_REDUCE_AVG, FSC_REDUCE_MAX } fsc_reduce_op;
 
 typedef struct fsc_request fsc_request;
@@ -94,6 +113,8 @@ FSC_API int fsc_group_reduce_scatterv(fsc_group *g, const void *in, void *out,
 FSC_API int fsc_group_alltoall(fsc_group *g, const void *in, void *out, int64_t count,
                                fsc_dtype dt);
 FSC_API int fsc_group_barrier(fsc_group *g);
+/* Point-to-point, tags in [0, 16384). Not sequence-numbered; with the full
+ * check (FSC_DESYNC_CHECK=1) sender and receiver also compare count and dtype. */
 FSC_API int fsc_group_send(fsc_group *g, const void *buf, int64_t count, fsc_dtype dt, int dst,
                            int tag);
 FSC_API int fsc_group_recv(fsc_group *g, void *buf, int64_t count, fsc_dtype dt, int src,
@@ -114,7 +135,8 @@ FSC_API int fsc_group_ireduce_scatter(fsc_group *g, const void *in, void *out, i
 FSC_API int fsc_request_test(fsc_request **req, bool *done);
 /* Blocks (polling, under the watchdog) until complete; frees the request. */
 FSC_API int fsc_request_wait(fsc_request **req);
-/* Drives every outstanding request of the group a little (call between layers). */
+/* Drives every outstanding request of the group a little (call between layers).
+ * test and wait drive every outstanding request of every group. */
 FSC_API void fsc_group_progress(fsc_group *g);
 
 /* ---- statistics -------------------------------------------------------------- */

@@ -2,7 +2,7 @@
 """fsc-train end to end: it learns, it refuses bad input clearly, and (when
 PyTorch is present) its models and losses agree with PyTorch.
 
-usage: train_e2e.py FSC_TRAIN {learns|accum|bad-input|torch}
+usage: train_e2e.py FSC_TRAIN {learns|accum|strategies|bad-input|torch}
 Exit 0 = pass, 1 = fail, 77 = skipped (no PyTorch).
 """
 import json
@@ -70,6 +70,48 @@ def accumulation():
           + " ".join(f"{r['loss']:.5f}" for r in ref))
 
 
+def mpiexec(n, *args, expect_ok=True):
+    launcher = os.environ.get("FSC_MPIEXEC", "mpiexec")
+    cmd = [launcher, "-n", str(n), "--oversubscribe", FSC_TRAIN, *map(str, args)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if expect_ok and p.returncode != 0:
+        sys.exit(f"FAIL: {' '.join(cmd)} exited {p.returncode}:\n{p.stderr}")
+    return p
+
+
+def strategies():
+    """single (batch 8) = dp 2 threads (batch 8) = ddp 2 ranks (batch 4 each) = ddp 4 ranks
+    (batch 2 each, 2 micro-batches... here 1): same data order, same losses."""
+    common = ["--layers", "2", "--d-model", "64", "--heads", "4", "--seq", "32", "--steps", "6",
+              "--dropout", "0.1", "--quiet"]
+    out = {}
+    m = os.path.join(TMP, "single.jsonl")
+    run(*common, "--batch", "8", "--metrics", m)
+    out["single"] = metrics(m)
+    m = os.path.join(TMP, "dp.jsonl")
+    run(*common, "--batch", "8", "--strategy", "dp", "--threads", "2", "--metrics", m)
+    out["dp x2"] = metrics(m)
+    m = os.path.join(TMP, "ddp2.jsonl")
+    mpiexec(2, *common, "--batch", "4", "--strategy", "ddp", "--metrics", m)
+    out["ddp x2"] = metrics(m)
+    m = os.path.join(TMP, "ddp4.jsonl")
+    mpiexec(4, *common, "--batch", "1", "--grad-accum", "2", "--strategy", "ddp", "--metrics", m,
+            "--bucket-mb", "0.05")
+    out["ddp x4, accum 2, small buckets"] = metrics(m)
+    ref = out["single"]
+    for name, rows in out.items():
+        assert len(rows) == len(ref), name
+        for a, r in zip(rows, ref):
+            if abs(a["loss"] - r["loss"]) > 1e-5 * abs(r["loss"]):
+                sys.exit(f"FAIL: {name} step {a['step']}: loss {a['loss']} vs single {r['loss']}")
+        print(f"{name:32s} losses " + " ".join(f"{r['loss']:.5f}" for r in rows))
+    # bad input under a launcher
+    p = mpiexec(2, *common, "--strategy", "single", expect_ok=False)
+    if p.returncode == 0 or "use --strategy ddp" not in p.stderr:
+        sys.exit(f"FAIL: --strategy single under 2 ranks: {p.returncode} {p.stderr}")
+    print("ok  --strategy single under mpiexec -n 2 is refused")
+
+
 def bad_input():
     garbage = os.path.join(TMP, "garbage.safetensors")
     with open(garbage, "wb") as f:
@@ -86,6 +128,10 @@ def bad_input():
         (["--init-from", garbage], garbage),
         (["--init-from", other], "has shape"),
         (["--optimizer", "lion"], "--optimizer \"lion\""),
+        (["--strategy", "zero"], "--strategy \"zero\""),
+        (["--strategy", "ddp", "--bucket-mb", "0"], "--bucket-mb 0 must be positive"),
+        (["--strategy", "ddp", "--bucket-mb", "-5"], "--bucket-mb -5 must be positive"),
+        (["--strategy", "dp", "--threads", "16", "--batch", "4"], "cannot be split"),
         (["--schedule", "step"], "--schedule \"step\""),
         (["--lr", "-1"], "lr"),
         (["--vocab", "100"], "raise --vocab"),
@@ -158,5 +204,6 @@ def torch_cross_check():
         sys.exit(f"FAIL: the saved model gives different losses in PyTorch ({rel:.2e})")
 
 
-{"learns": learns, "accum": accumulation, "bad-input": bad_input, "torch": torch_cross_check}[sys.argv[2]]()
+{"learns": learns, "accum": accumulation, "strategies": strategies, "bad-input": bad_input,
+ "torch": torch_cross_check}[sys.argv[2]]()
 print("PASS")

@@ -1,0 +1,66 @@
+/* The data-plane backend of a process group: a table of function pointers
+ * (DESIGN.md decision 7; ggml-backend's shape). MPI fills it today; a NCCL
+ * backend would fill the same table tomorrow.
+ *
+ * The one idea: every entry *starts* an operation and hands back an opaque
+ * in-flight handle that `test` drives and reports finished. The front end
+ * (collectives.c) then owns every wait: it polls under the watchdog, so no
+ * backend call can block forever. A backend with only blocking primitives
+ * may run an operation to completion inside its start entry.
+ *
+ * The front end has already validated arguments, run the desync check and
+ * staged half-precision reductions into F32, so reduction entries only see
+ * F32, I32 or I64 with FSC_REDUCE_SUM or FSC_REDUCE_MAX; data-movement
+ * entries see any dtype (only its size matters). Counts are int64: a backend
+ * splits messages itself when its transport counts in int. `seq` is the
+ * collective's sequence number on the group, for tagging point-to-point
+ * traffic of concurrent operations apart. Optional entries may be NULL (the
+ * front end then answers FSC_ERR_UNSUPPORTED).
+ */
+#ifndef FSC_DIST_BACKEND_H
+#define FSC_DIST_BACKEND_H
+
+#include "fsc/dist.h"
+
+typedef struct fsc_bop fsc_bop; /* an in-flight operation, defined by each backend */
+
+typedef struct fsc_backend_ops {
+    const char *name;
+    /* Context lifetime. world: a context spanning every process. split:
+     * collective over `parent`, same color/key rules as fsc_group_split;
+     * color < 0 gives *out = NULL. */
+    int (*world)(void **out);
+    int (*split)(void *parent, int color, int key, void **out);
+    void (*free)(void *ctx);
+
+    int (*allreduce)(void *ctx, void *buf, int64_t count, fsc_dtype dt, fsc_reduce_op op,
+                     int64_t seq, fsc_bop **out);
+    int (*reduce)(void *ctx, void *buf, int64_t count, fsc_dtype dt, fsc_reduce_op op, int root,
+                  int64_t seq, fsc_bop **out);
+    int (*broadcast)(void *ctx, void *buf, int64_t count, fsc_dtype dt, int root, int64_t seq,
+                     fsc_bop **out);
+    /* counts/displs: one entry per rank, in elements; in may equal out + displs[rank]. */
+    int (*allgatherv)(void *ctx, const void *in, void *out, const int64_t *counts,
+                      const int64_t *displs, fsc_dtype dt, int64_t seq, fsc_bop **out_op);
+    /* in may be out's own chunk only through allreduce; here in and out are distinct. */
+    int (*reduce_scatterv)(void *ctx, const void *in, void *out, const int64_t *counts,
+                           const int64_t *displs, fsc_dtype dt, fsc_reduce_op op, int64_t seq,
+                           fsc_bop **out_op);
+    int (*alltoall)(void *ctx, const void *in, void *out, int64_t count, fsc_dtype dt, int64_t seq,
+                    fsc_bop **out_op);
+    int (*barrier)(void *ctx, int64_t seq, fsc_bop **out);
+    int (*send)(void *ctx, const void *buf, int64_t count, fsc_dtype dt, int dst, int tag,
+                fsc_bop **out);
+    int (*recv)(void *ctx, void *buf, int64_t count, fsc_dtype dt, int src, int tag, fsc_bop **out);
+
+    /* Drives `op` as far as it can go without blocking; *done once finished. */
+    int (*test)(fsc_bop *op, bool *done);
+    /* Frees a finished operation. Never called on an unfinished one: those are
+     * abandoned after a timeout (their buffers may still be written). */
+    void (*release)(fsc_bop *op);
+} fsc_backend_ops;
+
+/* The MPI backend (backend_mpi.c). */
+extern const fsc_backend_ops fsc_backend_mpi;
+
+#endif

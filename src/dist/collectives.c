@@ -1,0 +1,431 @@
+/* The public collectives: argument checks, then a request (blocking forms
+ * wait on it at once), plus the start and finish of each data phase.
+ *
+ * The one idea: the front end turns every call into something the backend
+ * understands without thinking about dtypes: BF16/F16 reductions are staged
+ * into F32 comm buffers (summed in F32, converted back once), AVG is a SUM
+ * followed by a division (integer division, truncating, for I32/I64), and
+ * even allgather / reduce-scatter are the uneven ones with equal counts.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "dist_internal.h"
+
+static bool is_half(fsc_dtype dt) {
+    return dt == FSC_DTYPE_BF16 || dt == FSC_DTYPE_F16;
+}
+
+static int check_common(fsc_group *g, int64_t count, const char *fn) {
+    int rc = fsc_dist_require_init(fn);
+    if (rc) return rc;
+    if (!g) return fsc_error(FSC_ERR_INVALID, "%s: group is NULL", fn);
+    if (count < 0)
+        return fsc_error(FSC_ERR_INVALID, "%s: count %lld is negative", fn, (long long)count);
+    return FSC_OK;
+}
+
+static int check_dtype(fsc_dtype dt, bool reduction, const char *fn) {
+    if ((unsigned)dt >= FSC_DTYPE_COUNT)
+        return fsc_error(FSC_ERR_DTYPE, "%s: unknown dtype %d", fn, (int)dt);
+    if (reduction && dt == FSC_DTYPE_U16)
+        return fsc_error(FSC_ERR_DTYPE,
+                         "%s: dtype U16 cannot be reduced (F32, BF16, F16, I32 or "
+                         "I64)",
+                         fn);
+    return FSC_OK;
+}
+
+static int check_op(fsc_reduce_op op, const char *fn) {
+    if ((unsigned)op > FSC_REDUCE_MAX)
+        return fsc_error(FSC_ERR_INVALID, "%s: unknown reduce op %d (sum, avg or max)", fn,
+                         (int)op);
+    return FSC_OK;
+}
+
+static int check_rank(const fsc_group *g, int r, const char *what, const char *fn) {
+    if (r < 0 || r >= g->size)
+        return fsc_error(FSC_ERR_INVALID, "%s: %s %d is outside group %s of %d ranks", fn, what, r,
+                         g->name, g->size);
+    return FSC_OK;
+}
+
+static int check_buf(const void *p, int64_t count, const char *what, const char *fn) {
+    if (!p && count > 0) return fsc_error(FSC_ERR_INVALID, "%s: %s is NULL", fn, what);
+    return FSC_OK;
+}
+
+/* counts/displs: every entry >= 0; returns the total and the extent. */
+static int check_layout(const fsc_group *g, const int64_t *counts, const int64_t *displs,
+                        int64_t *total, int64_t *extent, const char *fn) {
+    if (!counts || !displs) return fsc_error(FSC_ERR_INVALID, "%s: counts or displs is NULL", fn);
+    *total = *extent = 0;
+    for (int r = 0; r < g->size; r++) {
+        if (counts[r] < 0 || displs[r] < 0)
+            return fsc_error(FSC_ERR_INVALID,
+                             "%s: counts[%d] = %lld, displs[%d] = %lld (must be >= 0)", fn, r,
+                             (long long)counts[r], r, (long long)displs[r]);
+        *total += counts[r];
+        if (counts[r] && displs[r] + counts[r] > *extent) *extent = displs[r] + counts[r];
+    }
+    return FSC_OK;
+}
+
+/* Blocking forms run the request at once; non-blocking ones hand it out. */
+static int submit(fsc_group *g, const fsc_coll_args *a, fsc_request **req, const char *fn) {
+    int rc;
+    if (req) {
+        *req = NULL;
+        rc = fsc_request_issue(g, a, req);
+    } else {
+        rc = fsc_request_run(g, a);
+    }
+    return rc ? fsc_error_context(rc, "%s: ", fn) : FSC_OK;
+}
+
+/* ---- allreduce / reduce / broadcast --------------------------------------------------- */
+
+static int allreduce(fsc_group *g, void *buf, int64_t count, fsc_dtype dt, fsc_reduce_op op,
+                     fsc_request **req, const char *fn) {
+    int rc = check_common(g, count, fn);
+    if (!rc) rc = check_dtype(dt, true, fn);
+    if (!rc) rc = check_op(op, fn);
+    if (!rc) rc = check_buf(buf, count, "buf", fn);
+    if (rc) return rc;
+    fsc_coll_args a = {.kind = FSC_COLL_ALLREDUCE, .buf = buf, .count = count, .dt = dt, .op = op};
+    return submit(g, &a, req, fn);
+}
+
+int fsc_group_allreduce(fsc_group *g, void *buf, int64_t count, fsc_dtype dt, fsc_reduce_op op) {
+    return allreduce(g, buf, count, dt, op, NULL, "fsc_group_allreduce");
+}
+
+int fsc_group_iallreduce(fsc_group *g, void *buf, int64_t count, fsc_dtype dt, fsc_reduce_op op,
+                         fsc_request **req) {
+    if (!req) return fsc_error(FSC_ERR_INVALID, "fsc_group_iallreduce: req is NULL");
+    return allreduce(g, buf, count, dt, op, req, "fsc_group_iallreduce");
+}
+
+int fsc_group_reduce(fsc_group *g, void *buf, int64_t count, fsc_dtype dt, fsc_reduce_op op,
+                     int root) {
+    const char *fn = "fsc_group_reduce";
+    int rc = check_common(g, count, fn);
+    if (!rc) rc = check_dtype(dt, true, fn);
+    if (!rc) rc = check_op(op, fn);
+    if (!rc) rc = check_rank(g, root, "root", fn);
+    if (!rc) rc = check_buf(buf, count, "buf", fn);
+    if (rc) return rc;
+    fsc_coll_args a = {
+        .kind = FSC_COLL_REDUCE, .buf = buf, .count = count, .dt = dt, .op = op, .root = root};
+    return submit(g, &a, NULL, fn);
+}
+
+static int broadcast(fsc_group *g, void *buf, int64_t count, fsc_dtype dt, int root,
+                     fsc_request **req, const char *fn) {
+    int rc = check_common(g, count, fn);
+    if (!rc) rc = check_dtype(dt, false, fn);
+    if (!rc) rc = check_rank(g, root, "root", fn);
+    if (!rc) rc = check_buf(buf, count, "buf", fn);
+    if (rc) return rc;
+    fsc_coll_args a = {
+        .kind = FSC_COLL_BROADCAST, .buf = buf, .count = count, .dt = dt, .root = root};
+    return submit(g, &a, req, fn);
+}
+
+int fsc_group_broadcast(fsc_group *g, void *buf, int64_t count, fsc_dtype dt, int root) {
+    return broadcast(g, buf, count, dt, root, NULL, "fsc_group_broadcast");
+}
+
+int fsc_group_ibroadcast(fsc_group *g, void *buf, int64_t count, fsc_dtype dt, int root,
+                         fsc_request **req) {
+    if (!req) return fsc_error(FSC_ERR_INVALID, "fsc_group_ibroadcast: req is NULL");
+    return broadcast(g, buf, count, dt, root, req, "fsc_group_ibroadcast");
+}
+
+/* ---- allgather / reduce-scatter (even and uneven) -------------------------------------- */
+
+static int allgatherv(fsc_group *g, const void *in, void *out, const int64_t *counts,
+                      const int64_t *displs, fsc_dtype dt, fsc_request **req, const char *fn) {
+    int rc = check_common(g, 0, fn);
+    if (!rc) rc = check_dtype(dt, false, fn);
+    int64_t total = 0, extent = 0;
+    if (!rc) rc = check_layout(g, counts, displs, &total, &extent, fn);
+    if (!rc) rc = check_buf(in, counts[g->rank], "in", fn);
+    if (!rc) rc = check_buf(out, extent, "out", fn);
+    if (rc) return rc;
+    fsc_coll_args a = {.kind = FSC_COLL_ALLGATHER,
+                       .in = in,
+                       .out = out,
+                       .count = total,
+                       .counts = (int64_t *)counts,
+                       .displs = (int64_t *)displs,
+                       .dt = dt};
+    return submit(g, &a, req, fn);
+}
+
+/* Equal chunks: counts all `count`, chunk r at r*count. */
+static int even_layout(const fsc_group *g, int64_t count, int64_t **layout, const char *fn) {
+    *layout = NULL;
+    if (!g) return FSC_OK; /* reported by the checks that follow */
+    if (count < 0)
+        return fsc_error(FSC_ERR_INVALID, "%s: count %lld is negative", fn, (long long)count);
+    *layout = malloc(2 * (size_t)g->size * sizeof(int64_t));
+    if (!*layout) return fsc_error(FSC_ERR_NOMEM, "%s: out of memory", fn);
+    for (int r = 0; r < g->size; r++) {
+        (*layout)[r] = count;
+        (*layout)[g->size + r] = (int64_t)r * count;
+    }
+    return FSC_OK;
+}
+
+int fsc_group_allgatherv(fsc_group *g, const void *in, void *out, const int64_t *counts,
+                         const int64_t *displs, fsc_dtype dt) {
+    return allgatherv(g, in, out, counts, displs, dt, NULL, "fsc_group_allgatherv");
+}
+
+static int allgather(fsc_group *g, const void *in, void *out, int64_t count, fsc_dtype dt,
+                     fsc_request **req, const char *fn) {
+    int rc = fsc_dist_require_init(fn);
+    if (rc) return rc;
+    if (!g) return fsc_error(FSC_ERR_INVALID, "%s: group is NULL", fn);
+    int64_t *layout;
+    rc = even_layout(g, count, &layout, fn);
+    if (rc) return rc;
+    rc = allgatherv(g, in, out, layout, layout + g->size, dt, req, fn);
+    free(layout);
+    return rc;
+}
+
+int fsc_group_allgather(fsc_group *g, const void *in, void *out, int64_t count, fsc_dtype dt) {
+    return allgather(g, in, out, count, dt, NULL, "fsc_group_allgather");
+}
+
+int fsc_group_iallgather(fsc_group *g, const void *in, void *out, int64_t count, fsc_dtype dt,
+                         fsc_request **req) {
+    if (!req) return fsc_error(FSC_ERR_INVALID, "fsc_group_iallgather: req is NULL");
+    return allgather(g, in, out, count, dt, req, "fsc_group_iallgather");
+}
+
+static int reduce_scatterv(fsc_group *g, const void *in, void *out, const int64_t *counts,
+                           const int64_t *displs, fsc_dtype dt, fsc_reduce_op op, fsc_request **req,
+                           const char *fn) {
+    int rc = check_common(g, 0, fn);
+    if (!rc) rc = check_dtype(dt, true, fn);
+    if (!rc) rc = check_op(op, fn);
+    int64_t total = 0, extent = 0;
+    if (!rc) rc = check_layout(g, counts, displs, &total, &extent, fn);
+    if (!rc) rc = check_buf(in, extent, "in", fn);
+    if (!rc) rc = check_buf(out, counts[g->rank], "out", fn);
+    if (rc) return rc;
+    fsc_coll_args a = {.kind = FSC_COLL_REDUCE_SCATTER,
+                       .in = in,
+                       .out = out,
+                       .count = total,
+                       .counts = (int64_t *)counts,
+                       .displs = (int64_t *)displs,
+                       .dt = dt,
+                       .op = op};
+    return submit(g, &a, req, fn);
+}
+
+int fsc_group_reduce_scatterv(fsc_group *g, const void *in, void *out, const int64_t *counts,
+                              const int64_t *displs, fsc_dtype dt, fsc_reduce_op op) {
+    return reduce_scatterv(g, in, out, counts, displs, dt, op, NULL, "fsc_group_reduce_scatterv");
+}
+
+static int reduce_scatter(fsc_group *g, const void *in, void *out, int64_t count, fsc_dtype dt,
+                          fsc_reduce_op op, fsc_request **req, const char *fn) {
+    int rc = fsc_dist_require_init(fn);
+    if (rc) return rc;
+    if (!g) return fsc_error(FSC_ERR_INVALID, "%s: group is NULL", fn);
+    int64_t *layout;
+    rc = even_layout(g, count, &layout, fn);
+    if (rc) return rc;
+    rc = reduce_scatterv(g, in, out, layout, layout + g->size, dt, op, req, fn);
+    free(layout);
+    return rc;
+}
+
+int fsc_group_reduce_scatter(fsc_group *g, const void *in, void *out, int64_t count, fsc_dtype dt,
+                             fsc_reduce_op op) {
+    return reduce_scatter(g, in, out, count, dt, op, NULL, "fsc_group_reduce_scatter");
+}
+
+int fsc_group_ireduce_scatter(fsc_group *g, const void *in, void *out, int64_t count, fsc_dtype dt,
+                              fsc_reduce_op op, fsc_request **req) {
+    if (!req) return fsc_error(FSC_ERR_INVALID, "fsc_group_ireduce_scatter: req is NULL");
+    return reduce_scatter(g, in, out, count, dt, op, req, "fsc_group_ireduce_scatter");
+}
+
+/* ---- alltoall / barrier / send / recv ---------------------------------------------------- */
+
+int fsc_group_alltoall(fsc_group *g, const void *in, void *out, int64_t count, fsc_dtype dt) {
+    const char *fn = "fsc_group_alltoall";
+    int rc = check_common(g, count, fn);
+    if (!rc) rc = check_dtype(dt, false, fn);
+    if (!rc) rc = check_buf(in, count, "in", fn);
+    if (!rc) rc = check_buf(out, count, "out", fn);
+    if (rc) return rc;
+    fsc_coll_args a = {.kind = FSC_COLL_ALLTOALL, .in = in, .out = out, .count = count, .dt = dt};
+    return submit(g, &a, NULL, fn);
+}
+
+int fsc_group_barrier(fsc_group *g) {
+    int rc = check_common(g, 0, "fsc_group_barrier");
+    if (rc) return rc;
+    fsc_coll_args a = {.kind = FSC_COLL_BARRIER};
+    return submit(g, &a, NULL, "fsc_group_barrier");
+}
+
+static int p2p(fsc_group *g, int kind, void *buf, int64_t count, fsc_dtype dt, int peer, int tag,
+               const char *fn) {
+    int rc = check_common(g, count, fn);
+    if (!rc) rc = check_dtype(dt, false, fn);
+    if (!rc) rc = check_rank(g, peer, kind == FSC_COLL_SEND ? "dst" : "src", fn);
+    if (!rc) rc = check_buf(buf, count, "buf", fn);
+    if (rc) return rc;
+    if (tag < 0 || tag >= FSC_CTRL_P2P_BASE)
+        return fsc_error(FSC_ERR_INVALID, "%s: tag %d is outside [0, %d)", fn, tag,
+                         FSC_CTRL_P2P_BASE);
+    fsc_coll_args a = {
+        .kind = kind, .buf = buf, .count = count, .dt = dt, .root = peer, .tag = tag};
+    return submit(g, &a, NULL, fn);
+}
+
+int fsc_group_send(fsc_group *g, const void *buf, int64_t count, fsc_dtype dt, int dst, int tag) {
+    return p2p(g, FSC_COLL_SEND, (void *)buf, count, dt, dst, tag, "fsc_group_send");
+}
+
+int fsc_group_recv(fsc_group *g, void *buf, int64_t count, fsc_dtype dt, int src, int tag) {
+    return p2p(g, FSC_COLL_RECV, buf, count, dt, src, tag, "fsc_group_recv");
+}
+
+/* ---- data phase --------------------------------------------------------------------------- */
+
+static fsc_reduce_op wire_op(fsc_reduce_op op) {
+    return op == FSC_REDUCE_MAX ? FSC_REDUCE_MAX : FSC_REDUCE_SUM;
+}
+
+static int unsupported(const fsc_group *g, int kind) {
+    return fsc_error(FSC_ERR_UNSUPPORTED, "the %s backend of group %s has no %s", g->be->name,
+                     g->name, fsc_coll_kind_name(kind));
+}
+
+static int start_split(fsc_request *r) {
+    fsc_group *g = r->g;
+    fsc_coll_args *a = &r->a;
+    fsc_group **out = a->out;
+    MPI_Comm ctrl;
+    int rc = MPI_Comm_split(g->ctrl, a->root < 0 ? MPI_UNDEFINED : a->root, a->tag, &ctrl);
+    if (rc != MPI_SUCCESS) return fsc_dist_mpi_error(rc, "MPI_Comm_split");
+    void *ctx = NULL;
+    rc = g->be->split(g->be_ctx, a->root, a->tag, &ctx);
+    if (rc) {
+        if (ctrl != MPI_COMM_NULL) MPI_Comm_free(&ctrl);
+        return rc;
+    }
+    if (ctrl == MPI_COMM_NULL) return FSC_OK;
+    rc = fsc_group_create(a->in, ctrl, ctx, out);
+    if (rc) {
+        g->be->free(ctx);
+        MPI_Comm_free(&ctrl);
+    }
+    return rc;
+}
+
+int fsc_coll_start(fsc_request *r) {
+    fsc_group *g = r->g;
+    const fsc_backend_ops *be = g->be;
+    fsc_coll_args *a = &r->a;
+    int me = g->rank;
+    bool half = is_half(a->dt);
+    fsc_dtype wdt = half ? FSC_DTYPE_F32 : a->dt;
+    switch (a->kind) {
+    case FSC_KIND_SPLIT:
+        return start_split(r);
+    case FSC_COLL_ALLREDUCE:
+    case FSC_COLL_REDUCE: {
+        void *buf = a->buf;
+        if (half) {
+            if (!(r->stage_in = fsc_dist_buf_get((size_t)a->count * sizeof(float))))
+                return FSC_ERR_NOMEM;
+            fsc_dist_to_f32(r->stage_in, a->buf, a->count, a->dt);
+            buf = r->stage_in;
+        }
+        if (a->kind == FSC_COLL_ALLREDUCE)
+            return be->allreduce ? be->allreduce(g->be_ctx, buf, a->count, wdt, wire_op(a->op),
+                                                 r->seq, &r->bop)
+                                 : unsupported(g, a->kind);
+        return be->reduce ? be->reduce(g->be_ctx, buf, a->count, wdt, wire_op(a->op), a->root,
+                                       r->seq, &r->bop)
+                          : unsupported(g, a->kind);
+    }
+    case FSC_COLL_BROADCAST:
+        return be->broadcast
+                   ? be->broadcast(g->be_ctx, a->buf, a->count, a->dt, a->root, r->seq, &r->bop)
+                   : unsupported(g, a->kind);
+    case FSC_COLL_ALLGATHER:
+        return be->allgatherv ? be->allgatherv(g->be_ctx, a->in, a->out, a->counts, a->displs,
+                                               a->dt, r->seq, &r->bop)
+                              : unsupported(g, a->kind);
+    case FSC_COLL_REDUCE_SCATTER: {
+        if (!be->reduce_scatterv) return unsupported(g, a->kind);
+        if (!half)
+            return be->reduce_scatterv(g->be_ctx, a->in, a->out, a->counts, a->displs, a->dt,
+                                       wire_op(a->op), r->seq, &r->bop);
+        int64_t extent = 0;
+        for (int q = 0; q < g->size; q++)
+            if (a->counts[q] && a->displs[q] + a->counts[q] > extent)
+                extent = a->displs[q] + a->counts[q];
+        r->stage_in = fsc_dist_buf_get((size_t)extent * sizeof(float));
+        r->stage_out = fsc_dist_buf_get((size_t)a->counts[me] * sizeof(float));
+        if (!r->stage_in || !r->stage_out) return FSC_ERR_NOMEM;
+        for (int q = 0; q < g->size; q++)
+            fsc_dist_to_f32((float *)r->stage_in + a->displs[q],
+                            (const uint16_t *)a->in + a->displs[q], a->counts[q], a->dt);
+        return be->reduce_scatterv(g->be_ctx, r->stage_in, r->stage_out, a->counts, a->displs,
+                                   FSC_DTYPE_F32, wire_op(a->op), r->seq, &r->bop);
+    }
+    case FSC_COLL_ALLTOALL:
+        return be->alltoall
+                   ? be->alltoall(g->be_ctx, a->in, a->out, a->count, a->dt, r->seq, &r->bop)
+                   : unsupported(g, a->kind);
+    case FSC_COLL_BARRIER:
+        return be->barrier ? be->barrier(g->be_ctx, r->seq, &r->bop) : unsupported(g, a->kind);
+    case FSC_COLL_SEND:
+        return be->send ? be->send(g->be_ctx, a->buf, a->count, a->dt, a->root, a->tag, &r->bop)
+                        : unsupported(g, a->kind);
+    case FSC_COLL_RECV:
+        return be->recv ? be->recv(g->be_ctx, a->buf, a->count, a->dt, a->root, a->tag, &r->bop)
+                        : unsupported(g, a->kind);
+    default:
+        return fsc_error(FSC_ERR_INTERNAL, "unknown collective kind %d", a->kind);
+    }
+}
+
+int fsc_coll_finish(fsc_request *r) {
+    fsc_group *g = r->g;
+    fsc_coll_args *a = &r->a;
+    int64_t by = a->op == FSC_REDUCE_AVG ? g->size : 1;
+    bool half = is_half(a->dt);
+    fsc_dtype wdt = half ? FSC_DTYPE_F32 : a->dt;
+    if (a->kind == FSC_COLL_ALLREDUCE || (a->kind == FSC_COLL_REDUCE && g->rank == a->root)) {
+        void *res = half ? r->stage_in : a->buf;
+        fsc_dist_divide(res, a->count, wdt, by);
+        if (half) fsc_dist_from_f32(a->buf, r->stage_in, a->count, a->dt);
+    } else if (a->kind == FSC_COLL_REDUCE_SCATTER) {
+        int64_t n = a->counts[g->rank];
+        void *res = half ? r->stage_out : a->out;
+        fsc_dist_divide(res, n, wdt, by);
+        if (half) fsc_dist_from_f32(a->out, r->stage_out, n, a->dt);
+    }
+    return FSC_OK;
+}
+
+void fsc_coll_release(fsc_request *r) {
+    if (r->bop) r->g->be->release(r->bop);
+    r->bop = NULL;
+    fsc_dist_buf_put(r->stage_in);
+    fsc_dist_buf_put(r->stage_out);
+    r->stage_in = r->stage_out = NULL;
+}

@@ -1,0 +1,217 @@
+/* DDP: data parallelism over processes, with gradient buckets reduced during
+ * backward.
+ *
+ * Parameters sit in declaration (forward) order in one flat gradient buffer,
+ * so "buckets in reverse order of the forward pass" are contiguous ranges
+ * taken from the end of that buffer. A post-backward hook on every module that
+ * owns parameters marks them ready; a bucket whose parameters are all ready is
+ * reduced in place with a non-blocking all-reduce. Buckets are launched
+ * strictly in index order, so every rank issues the same collectives in the
+ * same order even if readiness differs; the hooks also drive MPI progress,
+ * which is what makes the overlap real. Parameters that backward never
+ * reached (unused, or tied ones the root computes last) are marked ready when
+ * the child's backward returns. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "fsc/parallel.h"
+
+typedef struct bucket {
+    int64_t begin, end; /* element range of the flat gradient buffer */
+    int pending;        /* parameters not yet ready in this synchronised backward */
+    fsc_request *req;
+} bucket;
+
+typedef struct owner_hook { /* user data of one module's post-backward hook */
+    struct ddp *ddp;
+    int n;
+    int *entries; /* indices into params->entries */
+} owner_hook;
+
+typedef struct ddp {
+    fsc_module base;
+    fsc_module *child;
+    fsc_params *params;
+    fsc_group *group;
+    fsc_ddp_options opt;
+    bucket *buckets;
+    int nbuckets, next_launch;
+    int *bucket_of; /* entry index -> bucket */
+    bool *ready;    /* per entry */
+    owner_hook *hooks;
+    int nhooks;
+    bool no_sync;
+    int status; /* first communication error of this backward */
+    fsc_ddp_stats stats;
+} ddp;
+
+static int launch_ready(ddp *d) {
+    while (!d->status && d->next_launch < d->nbuckets && d->buckets[d->next_launch].pending == 0) {
+        bucket *b = &d->buckets[d->next_launch++];
+        d->status = fsc_group_iallreduce(d->group, d->params->grad + b->begin, b->end - b->begin,
+                                         FSC_DTYPE_F32, d->opt.reduce_op, &b->req);
+        d->stats.allreduces++;
+    }
+    return d->status;
+}
+
+static void mark_ready(ddp *d, int entry) {
+    if (d->ready[entry]) return;
+    d->ready[entry] = true;
+    d->buckets[d->bucket_of[entry]].pending--;
+}
+
+static int on_post_backward(fsc_module *m, fsc_hook_kind kind, const fsc_tensor *t, void *user) {
+    (void)m, (void)kind, (void)t;
+    owner_hook *h = user;
+    ddp *d = h->ddp;
+    if (d->no_sync) return FSC_OK;
+    for (int i = 0; i < h->n; i++) mark_ready(d, h->entries[i]);
+    int rc = launch_ready(d);
+    fsc_group_progress(d->group); /* non-blocking collectives move only when polled */
+    return rc;
+}
+
+static void reset_readiness(ddp *d) {
+    memset(d->ready, 0, (size_t)d->params->count * sizeof *d->ready);
+    for (int b = 0; b < d->nbuckets; b++) d->buckets[b].pending = 0;
+    for (int e = 0; e < d->params->count; e++) d->buckets[d->bucket_of[e]].pending++;
+    d->next_launch = 0;
+    d->status = FSC_OK;
+}
+
+static int ddp_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, fsc_tensor *y,
+                       void **saved) {
+    return fsc_module_forward(((ddp *)m)->child, ctx, x, y, saved);
+}
+
+static int ddp_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fsc_tensor *dy,
+                        fsc_tensor *dx) {
+    ddp *d = (ddp *)m;
+    if (!d->no_sync) reset_readiness(d);
+    int rc = fsc_module_backward(d->child, ctx, saved, dy, dx);
+    if (d->no_sync) return rc;
+    if (!rc) {
+        for (int e = 0; e < d->params->count; e++) mark_ready(d, e);
+        rc = launch_ready(d);
+    }
+    /* Wait for every launched bucket, even after an error, so no request is left behind. */
+    double t0 = fsc_now();
+    for (int b = 0; b < d->next_launch; b++) {
+        int w = d->buckets[b].req ? fsc_request_wait(&d->buckets[b].req) : FSC_OK;
+        if (!rc) rc = w;
+    }
+    d->stats.last_wait_s = fsc_now() - t0;
+    d->stats.wait_s += d->stats.last_wait_s;
+    return rc;
+}
+
+static void remove_hooks(ddp *d, fsc_module *m) {
+    for (int i = 0; i < d->nhooks; i++)
+        fsc_module_remove_hook(m, FSC_HOOK_POST_BACKWARD, on_post_backward, &d->hooks[i]);
+    for (int c = 0; c < m->nchildren; c++) remove_hooks(d, m->children[c]);
+}
+
+/* Frees the wrapper only (not the child): the child's hooks go with it. */
+static void ddp_free(fsc_module *m) {
+    ddp *d = (ddp *)m;
+    if (d->child && d->hooks) remove_hooks(d, d->child);
+    for (int i = 0; i < d->nhooks; i++) free(d->hooks[i].entries);
+    free(d->hooks);
+    free(d->buckets);
+    free(d->bucket_of);
+    free(d->ready);
+    free(d);
+}
+
+static const fsc_module_ops ddp_ops = {"DDP", ddp_forward, ddp_backward, ddp_free};
+
+/* Buckets from the end of the flat buffer: a bucket closes once it holds at
+ * least bucket_bytes (a parameter is never split across buckets). */
+static int make_buckets(ddp *d) {
+    fsc_params *ps = d->params;
+    size_t limit = d->opt.bucket_bytes / sizeof(float);
+    d->buckets = calloc((size_t)ps->count, sizeof *d->buckets);
+    d->bucket_of = calloc((size_t)ps->count, sizeof *d->bucket_of);
+    d->ready = calloc((size_t)ps->count, sizeof *d->ready);
+    if (!d->buckets || !d->bucket_of || !d->ready)
+        return fsc_error(FSC_ERR_NOMEM, "DDP: out of memory");
+    int64_t end = ps->numel, next = ps->numel; /* bucket end; start of parameter e + 1 */
+    size_t in_bucket = 0;
+    for (int e = ps->count - 1; e >= 0; e--) {
+        d->bucket_of[e] = d->nbuckets;
+        in_bucket += (size_t)(next - ps->entries[e].offset);
+        next = ps->entries[e].offset;
+        bool close = in_bucket >= limit || e == 0;
+        if (close) {
+            d->buckets[d->nbuckets++] = (bucket){.begin = ps->entries[e].offset, .end = end};
+            end = ps->entries[e].offset;
+            in_bucket = 0;
+        }
+    }
+    d->stats.buckets = d->nbuckets;
+    return FSC_OK;
+}
+
+/* One post-backward hook per module that owns parameters. */
+static int add_hooks(ddp *d, fsc_module *m) {
+    if (m->nparams) {
+        owner_hook *h = &d->hooks[d->nhooks++];
+        h->ddp = d;
+        h->entries = malloc((size_t)m->nparams * sizeof *h->entries);
+        if (!h->entries) return fsc_error(FSC_ERR_NOMEM, "DDP: out of memory");
+        for (int i = 0; i < m->nparams; i++)
+            for (int e = 0; e < d->params->count; e++)
+                if (d->params->entries[e].param == &m->params[i]) h->entries[h->n++] = e;
+        int rc = fsc_module_add_hook(m, FSC_HOOK_POST_BACKWARD, on_post_backward, h);
+        if (rc) return rc;
+    }
+    for (int c = 0; c < m->nchildren; c++) {
+        int rc = add_hooks(d, m->children[c]);
+        if (rc) return rc;
+    }
+    return FSC_OK;
+}
+
+static int count_owners(const fsc_module *m) {
+    int n = m->nparams > 0;
+    for (int c = 0; c < m->nchildren; c++) n += count_owners(m->children[c]);
+    return n;
+}
+
+fsc_module *fsc_ddp_wrap(fsc_module *child, fsc_params *params, fsc_group *g,
+                         const fsc_ddp_options *opt) {
+    fsc_ddp_options o = opt ? *opt : (fsc_ddp_options){0};
+    if (!child || !params || !params->grad || !g) {
+        fsc_error(FSC_ERR_INVALID, "DDP: needs a model, its bound parameters with gradients, "
+                                   "and a group");
+        return NULL;
+    }
+    if (o.bucket_bytes == 0) o.bucket_bytes = (size_t)25 << 20;
+    if (o.reduce_op != FSC_REDUCE_SUM && o.reduce_op != FSC_REDUCE_AVG) {
+        fsc_error(FSC_ERR_INVALID, "DDP: reduce_op must be SUM or AVG");
+        return NULL;
+    }
+    ddp *d = calloc(1, sizeof *d);
+    if (!d) {
+        fsc_error(FSC_ERR_NOMEM, "DDP: out of memory");
+        return NULL;
+    }
+    fsc_module_init(&d->base, &ddp_ops, "ddp");
+    d->child = child, d->params = params, d->group = g, d->opt = o;
+    d->hooks = calloc((size_t)count_owners(child) + 1, sizeof *d->hooks);
+    int rc = d->hooks ? make_buckets(d) : fsc_error(FSC_ERR_NOMEM, "DDP: out of memory");
+    if (!rc) rc = add_hooks(d, child);
+    /* Every rank starts from rank 0's weights. */
+    if (!rc && !o.no_broadcast)
+        rc = fsc_group_broadcast(g, params->data, params->numel, FSC_DTYPE_F32, 0);
+    if (rc) {
+        ddp_free(&d->base);
+        return NULL;
+    }
+    return &d->base;
+}
+
+void fsc_ddp_set_no_sync(fsc_module *m, bool no_sync) { ((ddp *)m)->no_sync = no_sync; }
+
+fsc_ddp_stats fsc_ddp_get_stats(const fsc_module *m) { return ((const ddp *)m)->stats; }
