@@ -58,6 +58,7 @@ static int measure(const bench_config *c, const char *strategy, int steps, int w
     o.lr = 3e-4, o.weight_decay = 0.1, o.beta1 = 0.9, o.beta2 = 0.95, o.clip = 0;
     o.schedule = "constant";
     o.skip_grad_norm = true; /* as the PyTorch peer: no clipping, no norm */
+    o.local_in_world = true;  /* the baseline runs on rank 0 alone */
     fsc_mem_reset_peaks();
     trainer t;
     int rc = trainer_init(&t, &o);

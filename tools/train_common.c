@@ -239,7 +239,7 @@ static int parse_strategy(trainer *t) {
     else if (!strcmp(s, "ddp")) t->strategy = STRATEGY_DDP;
     else return fsc_error(FSC_ERR_INVALID, "--strategy \"%s\": expected single, dp or ddp", s);
     int world = fsc_dist_size();
-    if (t->strategy != STRATEGY_DDP && world > 1)
+    if (t->strategy != STRATEGY_DDP && world > 1 && !t->opt.local_in_world)
         return fsc_error(FSC_ERR_INVALID, "--strategy %s runs in one process but %d were launched; "
                                           "use --strategy ddp under mpirun",
                          s, world);

@@ -28,6 +28,7 @@ typedef struct train_options {
     int log_every;
     bool quiet;
     bool skip_grad_norm; /* without clipping, do not compute |g| (benchmarks) */
+    bool local_in_world; /* single/dp on one rank of a larger world (bench baselines) */
 } train_options;
 
 /* Defaults of fsc-train: a small GPT on the built-in corpus. */
