@@ -65,6 +65,19 @@ static void summary(const trainer *t, double first_loss, double last_loss, doubl
     }
 }
 
+/* Fault injection for the watchdog tests: FSC_FAULT="sleep@R:S" makes rank R
+ * stop participating (sleep) before step S, "exit@R:S" makes it exit(3). */
+static void inject_fault(int rank, int64_t step) {
+    const char *f = getenv("FSC_FAULT");
+    char kind[8];
+    int r;
+    long long s;
+    if (!f || sscanf(f, "%7[a-z]@%d:%lld", kind, &r, &s) != 3 || r != rank || s != step) return;
+    fprintf(stderr, "fsc-train: FSC_FAULT: rank %d %s before step %lld\n", rank, kind, s);
+    if (!strcmp(kind, "exit")) exit(3);
+    if (!strcmp(kind, "sleep")) sleep(3600);
+}
+
 /* Ends the process after a failure. Under a launcher the other ranks may be
  * blocked in a collective: MPI_Finalize would hang, so exit without it and let
  * the launcher end the job (every rank exits non-zero). */
@@ -112,6 +125,7 @@ int main(int argc, char **argv) {
     double tokens_per_step = (double)o.batch * o.grad_accum * o.model.seq * t.world;
     for (int64_t s = 0; s < o.steps; s++) {
         step_result r;
+        inject_fault(rank, s + 1);
         if ((rc = trainer_step(&t, &r))) {
             fprintf(stderr, "\nfsc-train%s: %s\n", world > 1 ? " (a rank)" : "", fsc_last_error());
             break;

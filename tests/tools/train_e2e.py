@@ -2,7 +2,7 @@
 """fsc-train end to end: it learns, it refuses bad input clearly, and (when
 PyTorch is present) its models and losses agree with PyTorch.
 
-usage: train_e2e.py FSC_TRAIN {learns|accum|strategies|bad-input|torch}
+usage: train_e2e.py FSC_TRAIN {learns|accum|strategies|watchdog|bad-input|torch}
 Exit 0 = pass, 1 = fail, 77 = skipped (no PyTorch).
 """
 import json
@@ -112,6 +112,29 @@ def strategies():
     print("ok  --strategy single under mpiexec -n 2 is refused")
 
 
+def watchdog():
+    """A rank that stops participating (sleeps) or exits mid-run: the job ends
+    non-zero within the short timeout, naming the missing rank; nothing hangs."""
+    import time
+    common = ["--layers", "1", "--d-model", "32", "--heads", "2", "--seq", "16", "--batch", "2",
+              "--steps", "5", "--strategy", "ddp", "--quiet"]
+    for fault in ("sleep@1:3", "exit@1:3"):
+        env = dict(os.environ, FSC_TIMEOUT_S="3", FSC_FAULT=fault)
+        launcher = os.environ.get("FSC_MPIEXEC", "mpiexec")
+        t0 = time.time()
+        p = subprocess.run([launcher, "-n", "2", "--oversubscribe", FSC_TRAIN, *common],
+                           capture_output=True, text=True, timeout=120, env=env)
+        took = time.time() - t0
+        if p.returncode == 0:
+            sys.exit(f"FAIL: {fault}: the job exited 0:\n{p.stderr}")
+        if took > 60:
+            sys.exit(f"FAIL: {fault}: the job took {took:.0f} s to fail")
+        if fault.startswith("sleep") and not ("never joined" in p.stderr and "rank 1" in p.stderr):
+            sys.exit(f"FAIL: {fault}: no watchdog message naming rank 1:\n{p.stderr}")
+        line = next((l for l in p.stderr.splitlines() if "never joined" in l), "(launcher ended the job)")
+        print(f"ok  FSC_FAULT={fault}: exit {p.returncode} after {took:.1f} s: {line.strip()[:150]}")
+
+
 def bad_input():
     garbage = os.path.join(TMP, "garbage.safetensors")
     with open(garbage, "wb") as f:
@@ -204,6 +227,7 @@ def torch_cross_check():
         sys.exit(f"FAIL: the saved model gives different losses in PyTorch ({rel:.2e})")
 
 
-{"learns": learns, "accum": accumulation, "strategies": strategies, "bad-input": bad_input,
+{"learns": learns, "accum": accumulation, "strategies": strategies, "watchdog": watchdog,
+ "bad-input": bad_input,
  "torch": torch_cross_check}[sys.argv[2]]()
 print("PASS")
