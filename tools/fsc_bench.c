@@ -71,7 +71,7 @@ static int measure(const bench_config *c, const char *strategy, int steps, int w
         trainer_free(&t);
         return rc;
     }
-    int cores = threads; /* per process */
+    int cores = t.dp ? 1 : threads; /* BLAS threads the peak measurement uses */
     double peak = fsc_sgemm_peak_gflops(1024, 5) / cores;
     double *ms = calloc((size_t)steps, sizeof *ms), elapsed = 0, comm = 0;
     for (int s = 0; s < warmup + steps && !rc; s++) {
