@@ -7,7 +7,8 @@ packages=(
   build-essential cmake pkg-config
   libopenblas-dev        # CBLAS; fsc selects the AVX-512 kernels itself
   libopenmpi-dev openmpi-bin
-  libcjson-dev           # safetensors headers
+  libcjson-dev           # safetensors headers, checkpoint manifests
+  zlib1g-dev             # checkpoint checksums (CRC-32)
   libcmocka-dev          # unit tests
   libomp-dev
   python3 python3-numpy

@@ -3,7 +3,7 @@
 #ifndef FSC_TEST_TMPDIR_H
 #define FSC_TEST_TMPDIR_H
 
-#include <dirent.h>
+#include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,13 +26,14 @@ static int setup(void **state) {
     return mkdtemp(dir) ? 0 : -1;
 }
 
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
+    (void)st, (void)flag, (void)ftw;
+    return remove(path);
+}
+
 static int teardown(void **state) {
     (void)state;
-    DIR *d = opendir(dir);
-    for (struct dirent *e; d && (e = readdir(d));)
-        if (e->d_name[0] != '.') unlink(tmp(e->d_name));
-    if (d) closedir(d);
-    rmdir(dir);
+    nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS); /* rm -r */
     return 0;
 }
 
