@@ -1,0 +1,126 @@
+/* fsc zero: ZeRO stage 1 — optimizer-state sharding (OSS, like FairScale's
+ * fairscale.optim.OSS) — and optimizer state dicts by global parameter name
+ * that load at any world size. (ZeRO-2, ShardedDDP, builds on the partition.)
+ *
+ * Both work on a partition of the flat parameter buffer (fsc_params) among
+ * the ranks of a group. Two policies:
+ *  - GREEDY: FairScale's: whole tensors, each to the rank with the smallest
+ *    running size (largest tensors first). One huge tensor can unbalance it.
+ *  - EVEN: the flat buffer cut into `world` equal contiguous shards (padded to
+ *    a multiple of world * align); a tensor may be split between ranks.
+ */
+#ifndef FSC_ZERO_H
+#define FSC_ZERO_H
+
+#include "fsc/dist.h"
+#include "fsc/nn.h"
+#include "fsc/optim.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- partition -------------------------------------------------------------- */
+typedef enum { FSC_PARTITION_GREEDY = 0, FSC_PARTITION_EVEN } fsc_partition_policy;
+
+/* Elements [begin, begin + count) of parameter entry `entry` (index into
+ * fsc_params.entries), i.e. flat elements entries[entry].offset + begin ... */
+typedef struct fsc_shard_range {
+    int entry;
+    int64_t begin, count;
+} fsc_shard_range;
+
+typedef struct fsc_partition {
+    int world;
+    fsc_partition_policy policy;
+    int *nranges;             /* per rank */
+    fsc_shard_range **ranges; /* per rank, in flat-buffer order */
+    int64_t *elems;           /* per rank: parameter elements owned (no padding) */
+    /* EVEN only: rank r owns flat elements [r * shard, (r + 1) * shard) of a
+     * buffer padded to padded_numel = world * shard (>= fsc_params.numel). */
+    int64_t shard, padded_numel;
+} fsc_partition;
+
+/* align: EVEN shards are multiples of this many elements (0: 16). Returns
+ * FSC_ERR_INVALID for world < 1, an unknown policy or align < 0. GREEDY ties
+ * (equal sizes: entry order; equal running totals: the lowest rank) make the
+ * partition a deterministic function of its arguments, so every rank computes
+ * the same one without communicating. Every parameter element is owned by
+ * exactly one rank; the alignment padding between tensors by none. EVEN's
+ * shard = ceil(ps->numel / world) rounded up to align; a rank may own nothing. */
+FSC_API int fsc_partition_new(const fsc_params *ps, int world, fsc_partition_policy policy,
+                              int64_t align, fsc_partition **out);
+FSC_API void fsc_partition_free(fsc_partition *p); /* accepts NULL */
+/* The owner of flat element i of the parameter buffer (-1 for padding between
+ * parameters under GREEDY, and for i outside [0, ps->numel)). */
+FSC_API int fsc_partition_owner(const fsc_partition *p, const fsc_params *ps, int64_t flat);
+/* Optimizer ranges for rank r's part: views into ps->data / ps->grad (which
+ * must be bound) with the entry's name and decay flag, one per fsc_shard_range
+ * in the same order. Free with fsc_optim_ranges_free. */
+FSC_API int fsc_partition_ranges(const fsc_partition *p, const fsc_params *ps, int rank,
+                                 fsc_optim_range **out, int *n);
+
+/* ---- OSS (ZeRO-1) ------------------------------------------------------------- */
+typedef struct fsc_oss fsc_oss;
+
+typedef struct fsc_oss_options {
+    fsc_partition_policy policy;
+    /* dtype in which updated parameters are shared after the step: F32 (default,
+     * exact), BF16 or F16 (half the traffic; FairScale's broadcast_fp16).
+     * Half precision rounds the updated parameters on every rank, the owner
+     * included, so the replicas stay bit-identical (FairScale leaves the
+     * owner's copy unrounded); the optimizer state stays fp32. */
+    fsc_dtype share_dtype;
+} fsc_oss_options;
+
+/* An optimizer (cfg) over this rank's part of ps, for group g (opt NULL: the
+ * defaults, GREEDY and F32). Gradients must be complete (all-reduced, e.g. by
+ * DDP) on every rank before a step. State: exactly K * 4 * (owned elements)
+ * bytes of FSC_MEM_OPTIM; GREEDY with non-contiguous owners or a half
+ * share_dtype also keeps one FSC_MEM_COMM buffer (the largest share, or EVEN:
+ * ps->numel halves). Not collective. NULL (error set) on bad arguments. */
+FSC_API fsc_oss *fsc_oss_new(const fsc_optim_config *cfg, fsc_params *ps, fsc_group *g,
+                             const fsc_oss_options *opt);
+FSC_API void fsc_oss_free(fsc_oss *o); /* accepts NULL */
+/* Updates the owned part, then every owner shares its updated parameters so
+ * every rank holds the full, identical parameters: GREEDY one broadcast per
+ * rank that owns something, EVEN one allgather. Collective over g. */
+FSC_API int fsc_oss_step(fsc_oss *o);
+FSC_API int fsc_oss_set_lr(fsc_oss *o, double lr); /* reaches every shard */
+/* Global gradient-norm clipping over all shards: the local norm of the owned
+ * part, one collective (an allgather of each rank's figure, combined in rank
+ * order in double), the same result as unsharded clipping (inf_norm: the max
+ * norm). *total (may be NULL) receives the pre-clip norm, identical on every
+ * rank. Only the OWNED gradients are scaled: the others are not read by the
+ * step. Collective over g. */
+FSC_API int fsc_oss_clip_grad_norm(fsc_oss *o, float max_norm, bool inf_norm, float *total);
+FSC_API size_t fsc_oss_state_bytes(const fsc_oss *o); /* this rank's optimizer state */
+FSC_API const fsc_partition *fsc_oss_partition(const fsc_oss *o);
+FSC_API fsc_optim *fsc_oss_local(fsc_oss *o); /* the optimizer over the owned ranges */
+
+/* ---- optimizer state by global name ------------------------------------------ */
+/* Streams the full optimizer state to `root`, which writes it to a safetensors
+ * file at path (atomically) tensor by tensor: "optim.exp_avg.<param name>",
+ * "optim.exp_avg_sq.<param name>" (Adam/AdamW) or "optim.momentum.<name>"
+ * (SGD with momentum; plain SGD writes metadata only), F32 in the parameter's
+ * shape, with the step count and hyper-parameters in the metadata (format,
+ * kind, state, step, lr, weight_decay, decay_all, beta1/beta2/eps or
+ * momentum/dampening/nesterov, world, policy; all strings). The root never
+ * holds more than one tensor's state at a time (one FSC_MEM_COMM buffer of
+ * the largest tensor). path is needed on the root only. Collective over g:
+ * every rank returns the root's failure too. */
+FSC_API int fsc_oss_save_state(fsc_oss *o, const char *path, int root);
+/* Every rank reads the parts it owns from a file written at any world size
+ * (and under either policy), and sets the step count; lr and the other
+ * hyper-parameters stay as configured. Refuses files of another optimizer
+ * kind (or SGD with momentum on one side only) or of another model (missing
+ * tensor, shape mismatch, a tensor naming no parameter), naming them.
+ * Collective over g: the slices are staged (FSC_MEM_WORK, K * 4 * owned
+ * bytes) and committed only when every rank has read its part, so a refused
+ * or unreadable file changes nothing on any rank. */
+FSC_API int fsc_oss_load_state(fsc_oss *o, const char *path);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

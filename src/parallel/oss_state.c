@@ -1,0 +1,306 @@
+/* OSS optimizer state by global parameter name: a safetensors file that any
+ * world size and either partition policy can write and read.
+ *
+ * Saving streams tensor by tensor: for each parameter, in entry order, and
+ * each state kind, the owners of its pieces send them to the root (whose own
+ * pieces are copied), which assembles the tensor in one reused buffer and
+ * writes it. Every rank walks the same sequence, so the root's receives match
+ * the owners' sends one for one, and the root never holds more than one
+ * tensor's state. Loading is validate, stage, agree, commit: every rank checks
+ * the whole file against its model and optimizer, reads its slices into a
+ * staging buffer, and only if every rank succeeded copies them into the state,
+ * so a refused file changes nothing anywhere. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fsc/io.h"
+#include "oss_internal.h"
+
+#define STATE_TAG 7 /* point-to-point tag of state pieces */
+
+static const char *kind_name(fsc_optim_kind k) {
+    return k == FSC_OPTIM_SGD ? "SGD" : k == FSC_OPTIM_ADAM ? "Adam" : "AdamW";
+}
+
+/* Name of state `which` for optimizer cfg: "momentum", "exp_avg", "exp_avg_sq". */
+static const char *state_name(const fsc_optim_config *c, int which) {
+    if (c->kind == FSC_OPTIM_SGD) return "momentum";
+    return which == 0 ? "exp_avg" : "exp_avg_sq";
+}
+
+/* "momentum", "exp_avg,exp_avg_sq" or "" (SGD without momentum). */
+static const char *state_list(const fsc_oss *o) {
+    return o->K == 0 ? "" : o->K == 1 ? "momentum" : "exp_avg,exp_avg_sq";
+}
+
+static int tensor_name(char *dst, size_t size, const fsc_oss *o, int which, const char *param) {
+    int n = snprintf(dst, size, "optim.%s.%s", state_name(&o->cfg, which), param);
+    if (n < 0 || (size_t)n >= size)
+        return fsc_error(FSC_ERR_INVALID, "optim state name for '%s' is too long", param);
+    return FSC_OK;
+}
+
+/* Makes every rank return the worst status; peers of a failed rank say so. */
+static int agree(fsc_oss *o, int rc, const char *what, const char *path) {
+    int worst = -rc; /* statuses are <= 0: the max of their negations is 0 iff all succeeded */
+    int crc = fsc_group_allreduce(o->g, &worst, 1, FSC_DTYPE_I32, FSC_REDUCE_MAX);
+    if (rc) return rc;
+    if (crc) return fsc_error_context(crc, "%s %s: ", what, path);
+    if (worst) return fsc_error(-worst, "%s %s (see its error)", what, path);
+    return FSC_OK;
+}
+
+/* ---- save ---------------------------------------------------------------------- */
+static int declare_all(fsc_oss *o, fsc_st_writer *w) {
+    char name[FSC_NAME_MAX * 3], v[64];
+    int rc = FSC_OK;
+    for (int i = 0; i < o->ps->count && !rc; i++) {
+        const fsc_param *p = o->ps->entries[i].param;
+        for (int k = 0; k < o->K && !rc; k++) {
+            rc = tensor_name(name, sizeof name, o, k, o->ps->entries[i].name);
+            if (!rc) rc = fsc_st_writer_declare(w, name, FSC_DTYPE_F32, p->ndim, p->shape);
+        }
+    }
+    const fsc_optim_config c = fsc_optim_get_config(o->local);
+#define META(key, fmt, val)                                                                        \
+    do {                                                                                           \
+        if (!rc) {                                                                                 \
+            snprintf(v, sizeof v, fmt, val);                                                       \
+            rc = fsc_st_writer_set_metadata(w, key, v);                                            \
+        }                                                                                          \
+    } while (0)
+    META("format", "%s", "fsc-optim-state");
+    META("kind", "%s", kind_name(c.kind));
+    META("state", "%s", state_list(o));
+    META("step", "%lld", (long long)fsc_optim_get_step(o->local));
+    META("lr", "%.17g", c.lr);
+    META("weight_decay", "%.17g", c.weight_decay);
+    META("decay_all", "%s", c.decay_all ? "true" : "false");
+    if (c.kind == FSC_OPTIM_SGD) {
+        META("momentum", "%.17g", c.momentum);
+        META("dampening", "%.17g", c.dampening);
+        META("nesterov", "%s", c.nesterov ? "true" : "false");
+    } else {
+        META("beta1", "%.17g", c.beta1);
+        META("beta2", "%.17g", c.beta2);
+        META("eps", "%.17g", c.eps);
+    }
+    META("world", "%d", o->world);
+    META("policy", "%s", o->part->policy == FSC_PARTITION_EVEN ? "even" : "greedy");
+#undef META
+    return rc;
+}
+
+/* State `which` of rank r's pieces of entry e, from its range cursor *at on:
+ * r sends them to root; the root receives them (or, its own, copies them)
+ * into buf at their place in the tensor. Leaves *at past the entry's ranges. */
+static int move_pieces(fsc_oss *o, int r, int *at, int e, int which, int root, float *buf) {
+    const fsc_partition *p = o->part;
+    int k = *at, rc = FSC_OK;
+    for (; k < p->nranges[r] && p->ranges[r][k].entry == e && !rc; k++) {
+        const fsc_shard_range *s = &p->ranges[r][k];
+        if (r == o->rank) {
+            float *st;
+            rc = fsc_optim_state(o->local, k, which, &st);
+            if (rc) break;
+            if (r == root)
+                memcpy(buf + s->begin, st, (size_t)s->count * sizeof(float));
+            else
+                rc = fsc_group_send(o->g, st, s->count, FSC_DTYPE_F32, root, STATE_TAG);
+        } else {
+            rc = fsc_group_recv(o->g, buf + s->begin, s->count, FSC_DTYPE_F32, r, STATE_TAG);
+        }
+    }
+    *at = k;
+    return rc;
+}
+
+int fsc_oss_save_state(fsc_oss *o, const char *path, int root) {
+    if (!o) return fsc_error(FSC_ERR_INVALID, "oss save_state: o must not be NULL");
+    if (root < 0 || root >= o->world)
+        return fsc_error(FSC_ERR_INVALID, "oss save_state: root %d not in [0, %d)", root, o->world);
+    const bool is_root = o->rank == root;
+    if (is_root && !path)
+        return fsc_error(FSC_ERR_INVALID, "oss save_state: path must not be NULL on the root");
+    const char *where = path ? path : "(root's path)";
+    int wrc = FSC_OK, crc = FSC_OK; /* the file's status (root) and the transfers' */
+    fsc_st_writer *w = NULL;
+    float *buf = NULL;
+    /* per rank: the range cursor, and where the current entry's ranges start */
+    int *cursor = calloc(2 * (size_t)o->world, sizeof *cursor), *start = cursor + o->world;
+    if (!cursor) crc = fsc_error(FSC_ERR_NOMEM, "oss save_state: out of memory");
+    if (is_root && !crc) {
+        int64_t most = 0;
+        for (int i = 0; i < o->ps->count; i++)
+            if (o->ps->entries[i].param->numel > most) most = o->ps->entries[i].param->numel;
+        if (o->K > 0 && most > 0 && !(buf = fsc_mem_alloc(FSC_MEM_COMM, (size_t)most * 4)))
+            crc = fsc_error_context(FSC_ERR_NOMEM, "oss save_state: one-tensor buffer: ");
+        if (!crc && !(w = fsc_st_writer_open(path, &wrc))) wrc = wrc ? wrc : FSC_ERR_IO;
+        if (w) wrc = declare_all(o, w);
+    }
+    if (crc || wrc) fsc_error_context(crc ? crc : wrc, "oss save_state (rank %d): ", o->rank);
+    /* Nobody sends unless every rank (the root above all) is ready. */
+    int rc =
+        agree(o, crc ? crc : wrc, "oss save_state: another rank could not start saving", where);
+    /* A write failure from here on does not stop the transfers: the owners'
+     * sends must be matched, so the root keeps receiving and only skips writing. */
+    if (rc) crc = rc;
+    for (int e = 0; e < o->ps->count && !crc; e++) {
+        const int64_t numel = o->ps->entries[e].param->numel;
+        memcpy(start, cursor, (size_t)o->world * sizeof *start);
+        for (int k = 0; k < o->K && !crc; k++) {
+            for (int r = 0; r < o->world && !crc; r++) {
+                if (!is_root && r != o->rank) continue;
+                cursor[r] = start[r];
+                crc = move_pieces(o, r, &cursor[r], e, k, root, buf);
+            }
+            if (is_root && !crc && !wrc && numel > 0) {
+                char name[FSC_NAME_MAX * 3];
+                wrc = tensor_name(name, sizeof name, o, k, o->ps->entries[e].name);
+                if (!wrc) wrc = fsc_st_writer_write(w, name, buf, (size_t)numel * sizeof(float));
+            }
+        }
+    }
+    if (w) {
+        if (wrc || crc)
+            fsc_st_writer_abort(w);
+        else
+            wrc = fsc_st_writer_close(w);
+    }
+    fsc_mem_free(buf);
+    free(cursor);
+    if (rc) return rc; /* already agreed on */
+    rc = crc ? crc : wrc;
+    if (rc) fsc_error_context(rc, "oss save_state %s (rank %d): ", where, o->rank);
+    return agree(o, rc, "oss save_state: another rank failed saving", where);
+}
+
+/* ---- load ---------------------------------------------------------------------- */
+static bool is_expected(const fsc_oss *o, const char *name) {
+    if (strncmp(name, "optim.", 6) != 0) return false;
+    for (int k = 0; k < o->K; k++) {
+        const char *s = state_name(&o->cfg, k);
+        size_t n = strlen(s);
+        if (strncmp(name + 6, s, n) == 0 && name[6 + n] == '.' &&
+            fsc_params_find(o->ps, name + 7 + n))
+            return true;
+    }
+    return false;
+}
+
+static void shape_str(char *dst, size_t size, int ndim, const int64_t *shape) {
+    size_t at = (size_t)snprintf(dst, size, "(");
+    for (int d = 0; d < ndim && at < size; d++)
+        at += (size_t)snprintf(dst + at, size - at, d ? ", %lld" : "%lld", (long long)shape[d]);
+    if (at < size) snprintf(dst + at, size - at, ")");
+}
+
+/* Checks kind, state kinds, step, and every tensor's presence, dtype and shape. */
+static int validate(fsc_oss *o, fsc_st_file *f, const char *path, int64_t *step) {
+    const char *kind = fsc_st_metadata(f, "kind"), *state = fsc_st_metadata(f, "state"),
+               *st = fsc_st_metadata(f, "step");
+    const char *want = kind_name(o->cfg.kind);
+    if (!kind || !state || !st)
+        return fsc_error(FSC_ERR_FORMAT,
+                         "%s: not an optimizer state file (metadata 'kind', 'state' and 'step' "
+                         "required)",
+                         path);
+    if (strcmp(kind, want) != 0)
+        return fsc_error(FSC_ERR_INVALID, "%s: holds %s state, but this optimizer is %s", path,
+                         kind, want);
+    if (strcmp(state, state_list(o)) != 0)
+        return fsc_error(FSC_ERR_INVALID,
+                         "%s: holds state [%s], but this %s optimizer keeps [%s] (momentum on "
+                         "one side only?)",
+                         path, state, want, state_list(o));
+    char *end;
+    long long s = strtoll(st, &end, 10);
+    if (end == st || *end || s < 0)
+        return fsc_error(FSC_ERR_FORMAT, "%s: step '%s' is not a count >= 0", path, st);
+    *step = s;
+    char name[FSC_NAME_MAX * 3], a[96], b[96];
+    for (int i = 0; i < o->ps->count; i++) {
+        const fsc_param *p = o->ps->entries[i].param;
+        for (int k = 0; k < o->K; k++) {
+            int rc = tensor_name(name, sizeof name, o, k, o->ps->entries[i].name);
+            if (rc) return rc;
+            const fsc_st_entry *e = fsc_st_find(f, name);
+            if (!e)
+                return fsc_error(FSC_ERR_NOT_FOUND,
+                                 "%s: no tensor %s (a state file of another model?)", path, name);
+            if (e->dtype != FSC_DTYPE_F32)
+                return fsc_error(FSC_ERR_DTYPE, "%s: tensor %s is %s, expected F32", path, name,
+                                 fsc_dtype_name(e->dtype));
+            bool same = e->ndim == p->ndim;
+            for (int d = 0; same && d < p->ndim; d++) same = e->shape[d] == p->shape[d];
+            if (!same) {
+                shape_str(a, sizeof a, e->ndim, e->shape);
+                shape_str(b, sizeof b, p->ndim, p->shape);
+                return fsc_error(FSC_ERR_SHAPE, "%s: tensor %s has shape %s, parameter %s has %s",
+                                 path, name, a, o->ps->entries[i].name, b);
+            }
+        }
+    }
+    for (int i = 0; i < fsc_st_count(f); i++) {
+        const char *n = fsc_st_entry_at(f, i)->name;
+        if (!is_expected(o, n))
+            return fsc_error(FSC_ERR_INVALID,
+                             "%s: tensor %s names no state of this model's parameters (a state "
+                             "file of another model?)",
+                             path, n);
+    }
+    return FSC_OK;
+}
+
+/* Reads this rank's slices of every state kind into stage (K x owned floats,
+ * state-major, ranges in order). */
+static int read_slices(fsc_oss *o, fsc_st_file *f, float *stage) {
+    char name[FSC_NAME_MAX * 3];
+    int64_t at = 0;
+    for (int k = 0; k < o->K; k++)
+        for (int i = 0; i < o->nranges; i++) {
+            const fsc_shard_range *s = &o->part->ranges[o->rank][i];
+            int rc = tensor_name(name, sizeof name, o, k, o->ps->entries[s->entry].name);
+            if (!rc)
+                rc = fsc_st_read_bytes(f, fsc_st_find(f, name), (uint64_t)s->begin * 4, stage + at,
+                                       (size_t)s->count * 4);
+            if (rc) return rc;
+            at += s->count;
+        }
+    return FSC_OK;
+}
+
+int fsc_oss_load_state(fsc_oss *o, const char *path) {
+    if (!o || !path)
+        return fsc_error(FSC_ERR_INVALID, "oss load_state: o and path must not be NULL");
+    const int64_t owned = o->part->elems[o->rank];
+    int64_t step = 0;
+    float *stage = NULL;
+    int rc = FSC_OK;
+    fsc_st_file *f = fsc_st_open(path, &rc);
+    if (!f && !rc) rc = FSC_ERR_IO;
+    if (!rc) rc = validate(o, f, path, &step);
+    if (!rc && o->K > 0 && owned > 0 &&
+        !(stage = fsc_mem_alloc(FSC_MEM_WORK, (size_t)o->K * (size_t)owned * sizeof(float))))
+        rc = fsc_error_context(FSC_ERR_NOMEM, "%s: staging %lld state floats: ", path,
+                               (long long)(o->K * owned));
+    if (!rc && stage) rc = read_slices(o, f, stage);
+    fsc_st_close(f);
+    if (rc) fsc_error_context(rc, "oss load_state (rank %d): ", o->rank);
+    rc = agree(o, rc, "oss load_state: another rank refused", path);
+    if (!rc) { /* commit: nothing above touched the optimizer */
+        int64_t at = 0;
+        for (int k = 0; k < o->K && !rc; k++)
+            for (int i = 0; i < o->nranges && !rc; i++) {
+                float *st;
+                rc = fsc_optim_state(o->local, i, k, &st);
+                int64_t n = fsc_optim_get_range(o->local, i)->n;
+                if (!rc && st) memcpy(st, stage + at, (size_t)n * sizeof(float));
+                at += n;
+            }
+        if (!rc) rc = fsc_optim_set_step(o->local, step);
+    }
+    fsc_mem_free(stage);
+    return rc;
+}
