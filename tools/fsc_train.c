@@ -123,7 +123,10 @@ int main(int argc, char **argv) {
     double first_loss = NAN, last_loss = NAN, comm = 0, t0 = fsc_now();
     int64_t steps = 0;
     double tokens_per_step = (double)o.batch * o.grad_accum * o.model.seq * t.world;
-    for (int64_t s = 0; s < o.steps; s++) {
+    if (t.step && !o.quiet)
+        fprintf(stderr, "fsc-train: resumed at step %" PRId64 " from %s\n", t.step, o.resume);
+    int64_t first_step = t.step;
+    for (int64_t s = t.step; s < o.steps; s++) {
         step_result r;
         inject_fault(rank, s + 1);
         if ((rc = trainer_step(&t, &r))) {
@@ -132,7 +135,12 @@ int main(int argc, char **argv) {
         }
         steps++;
         comm += r.comm_wait_s;
-        if (s == 0) first_loss = r.loss;
+        if (o.save_every && t.step % o.save_every == 0 && (rc = trainer_checkpoint(&t))) {
+            fprintf(stderr, "\nfsc-train: checkpoint at step %" PRId64 ": %s\n", t.step,
+                    fsc_last_error());
+            break;
+        }
+        if (s == first_step) first_loss = r.loss;
         last_loss = r.loss;
         double tok_s = tokens_per_step / r.seconds;
         if (metrics) write_metrics(metrics, s + 1, &r, tok_s);

@@ -3,7 +3,9 @@
  * One step = grad_accum micro-batches taken in the documented data order
  * (fsc_tokens_batch), each adding its share of the global-batch mean loss to
  * the gradients, then optional clipping, the scheduled lr, and the update. */
+#include <cjson/cJSON.h>
 #include <errno.h>
+#include <float.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdlib.h>
@@ -34,6 +36,8 @@ void train_options_default(train_options *o) {
     o->seed = 1337;
     o->threads = 1;
     o->bucket_mb = 25;
+    o->partition = "even";
+    o->share_dtype = "f32";
     o->log_every = 10;
 }
 
@@ -50,7 +54,8 @@ typedef struct {
     { name, kind, offsetof(train_options, field), help }
 static const flag flags[] = {
     F("strategy", ARG_STR, strategy,
-      "single | dp (threads in one process) | ddp (one process per rank, under mpirun)"),
+      "single | dp (threads in one process) | ddp (one process per rank, under mpirun) | "
+      "oss (ddp + optimizer state sharded over the ranks: ZeRO-1)"),
     F("layers", ARG_INT, model.layers, "transformer blocks (L)"),
     F("d-model", ARG_INT, model.d_model, "model width (C)"),
     F("heads", ARG_INT, model.heads, "attention heads (must divide --d-model)"),
@@ -76,6 +81,11 @@ static const flag flags[] = {
     F("seed", ARG_U64, seed, "seed for initial weights and dropout"),
     F("threads", ARG_INT, threads, "BLAS and OpenMP threads; with --strategy dp, worker threads"),
     F("bucket-mb", ARG_DOUBLE, bucket_mb, "DDP gradient bucket size in MB"),
+    F("partition", ARG_STR, partition, "oss: even (flat, balanced) | greedy (whole tensors)"),
+    F("share-dtype", ARG_STR, share_dtype, "oss: dtype updated parameters travel in: f32|bf16|f16"),
+    F("save-every", ARG_I64, save_every, "write a checkpoint every N steps (needs --checkpoint-dir)"),
+    F("checkpoint-dir", ARG_STR, checkpoint_dir, "directory of checkpoints (step-N/, latest)"),
+    F("resume", ARG_STR, resume, "resume from this checkpoint directory's latest checkpoint"),
     F("init-from", ARG_STR, init_from, "start from these weights (safetensors)"),
     F("save-init", ARG_STR, save_init, "save the weights before step 1"),
     F("save", ARG_STR, save, "save the weights at the end"),
@@ -183,6 +193,9 @@ static int check_options(const train_options *o) {
     if (!(o->bucket_mb > 0))
         return fsc_error(FSC_ERR_INVALID, "--bucket-mb %g must be positive", o->bucket_mb);
     if (o->clip < 0) return fsc_error(FSC_ERR_INVALID, "--clip %g must be >= 0", o->clip);
+    if (o->save_every < 0) return fsc_error(FSC_ERR_INVALID, "--save-every must be >= 0");
+    if (o->save_every > 0 && !o->checkpoint_dir)
+        return fsc_error(FSC_ERR_INVALID, "--save-every needs --checkpoint-dir");
     int rc2 = check_writable("--save", o->save);
     if (!rc2) rc2 = check_writable("--save-init", o->save_init);
     if (!rc2) rc2 = check_writable("--metrics", o->metrics);
@@ -206,10 +219,20 @@ static int make_optimizer(trainer *t) {
     else
         return fsc_error(FSC_ERR_INVALID, "--optimizer \"%s\": expected adamw, adam or sgd",
                          o->optimizer);
-    int rc = fsc_optim_ranges_from_params(&t->params, &t->ranges, &t->nranges);
-    if (rc) return rc;
-    t->optim = fsc_optim_new(&cfg, t->ranges, t->nranges);
-    if (!t->optim) return fsc_error_context(FSC_ERR_INVALID, "optimizer: ");
+    fsc_oss_options oo = {.policy = FSC_PARTITION_EVEN, .share_dtype = FSC_DTYPE_F32};
+    if (!strcmp(o->partition, "greedy")) oo.policy = FSC_PARTITION_GREEDY;
+    else if (strcmp(o->partition, "even"))
+        return fsc_error(FSC_ERR_INVALID, "--partition \"%s\": expected even or greedy",
+                         o->partition);
+    if (!strcmp(o->share_dtype, "bf16")) oo.share_dtype = FSC_DTYPE_BF16;
+    else if (!strcmp(o->share_dtype, "f16")) oo.share_dtype = FSC_DTYPE_F16;
+    else if (strcmp(o->share_dtype, "f32"))
+        return fsc_error(FSC_ERR_INVALID, "--share-dtype \"%s\": expected f32, bf16 or f16",
+                         o->share_dtype);
+    fsc_group *g = t->strategy == STRATEGY_OSS ? fsc_group_world() : fsc_group_self();
+    t->oss = fsc_oss_new(&cfg, &t->params, g, &oo);
+    if (!t->oss) return fsc_error_context(FSC_ERR_INVALID, "optimizer: ");
+    int rc;
 
     fsc_lr_schedule_config *s = &t->sched;
     *s = (fsc_lr_schedule_config){.max_lr = (float)o->lr,
@@ -237,14 +260,17 @@ static int parse_strategy(trainer *t) {
     if (!strcmp(s, "single")) t->strategy = STRATEGY_SINGLE;
     else if (!strcmp(s, "dp")) t->strategy = STRATEGY_DP;
     else if (!strcmp(s, "ddp")) t->strategy = STRATEGY_DDP;
-    else return fsc_error(FSC_ERR_INVALID, "--strategy \"%s\": expected single, dp or ddp", s);
+    else if (!strcmp(s, "oss")) t->strategy = STRATEGY_OSS;
+    else
+        return fsc_error(FSC_ERR_INVALID, "--strategy \"%s\": expected single, dp, ddp or oss", s);
+    bool ranks = t->strategy == STRATEGY_DDP || t->strategy == STRATEGY_OSS;
     int world = fsc_dist_size();
-    if (t->strategy != STRATEGY_DDP && world > 1 && !t->opt.local_in_world)
+    if (!ranks && world > 1 && !t->opt.local_in_world)
         return fsc_error(FSC_ERR_INVALID, "--strategy %s runs in one process but %d were launched; "
                                           "use --strategy ddp under mpirun",
                          s, world);
-    t->rank = t->strategy == STRATEGY_DDP ? fsc_dist_rank() : 0;
-    t->world = t->strategy == STRATEGY_DDP ? world : 1;
+    t->rank = ranks ? fsc_dist_rank() : 0;
+    t->world = ranks ? world : 1;
     if (t->strategy == STRATEGY_DP && t->opt.batch < t->opt.threads)
         return fsc_error(FSC_ERR_INVALID, "--batch %d cannot be split across --threads %d",
                          t->opt.batch, t->opt.threads);
@@ -252,6 +278,45 @@ static int parse_strategy(trainer *t) {
 }
 
 static fsc_module *make_replica(void *user) { return fsc_gpt_new(user); }
+
+static void model_json(const fsc_gpt_config *m, char *buf, size_t n) {
+    snprintf(buf, n,
+             "{\"vocab_size\": %d, \"n_positions\": %d, \"n_layer\": %d, \"n_embd\": %d, "
+             "\"n_head\": %d}",
+             m->vocab, m->seq, m->layers, m->d_model, m->heads);
+}
+
+/* Weights, optimizer state and position from --resume. The data order and
+ * the dropout masks are functions of (seed, step), so the step is the whole
+ * data position; the seed must match. Any world size and strategy. */
+static int resume(trainer *t) {
+    fsc_ckpt *c;
+    int rc = fsc_ckpt_open(t->opt.resume, &c);
+    if (rc) return rc;
+    char want[256], seed[32];
+    model_json(&t->opt.model, want, sizeof want);
+    snprintf(seed, sizeof seed, "%" PRIu64, t->opt.seed);
+    const char *model = fsc_ckpt_get(c, "model"), *ckseed = fsc_ckpt_get(c, "seed");
+    cJSON *a = cJSON_Parse(want), *b = model ? cJSON_Parse(model) : NULL;
+    bool same = a && b && cJSON_Compare(a, b, true);
+    cJSON_Delete(a), cJSON_Delete(b);
+    if (!same)
+        rc = fsc_error(FSC_ERR_INVALID, "the checkpoint is of another model (%s); the flags "
+                                        "describe %s",
+                       model ? model : "none", want);
+    else if (!ckseed || strcmp(ckseed, seed))
+        rc = fsc_error(FSC_ERR_INVALID, "the checkpoint was trained with --seed %s, not %s",
+                       ckseed ? ckseed : "?", seed);
+    const char *weights = fsc_ckpt_path(c, "model.safetensors");
+    const char *optim = fsc_ckpt_path(c, "optim.safetensors");
+    if (!rc && (!weights || !optim))
+        rc = fsc_error(FSC_ERR_FORMAT, "the checkpoint lacks model.safetensors or optim.safetensors");
+    if (!rc) rc = fsc_weights_load(weights, &t->params, NULL);
+    if (!rc) rc = fsc_oss_load_state(t->oss, fsc_ckpt_path(c, "optim.safetensors"));
+    if (!rc) t->step = fsc_ckpt_step(c);
+    fsc_ckpt_close(c);
+    return rc;
+}
 
 int trainer_init(trainer *t, const train_options *o) {
     memset(t, 0, sizeof *t);
@@ -284,7 +349,7 @@ int trainer_init(trainer *t, const train_options *o) {
         if (unused)
             fsc_log(FSC_LOG_INFO, "--init-from: %d tensors in the file were not used", unused);
     }
-    if (t->strategy == STRATEGY_DDP) {
+    if (t->strategy == STRATEGY_DDP || t->strategy == STRATEGY_OSS) {
         fsc_ddp_options d = {.bucket_bytes = (size_t)(o->bucket_mb * 1e6)};
         t->ddp = fsc_ddp_wrap(t->model, &t->params, fsc_group_world(), &d);
         if (!t->ddp) return fsc_error_context(FSC_ERR_INVALID, "DDP: ");
@@ -293,6 +358,7 @@ int trainer_init(trainer *t, const train_options *o) {
             return rc;
     }
     if ((rc = make_optimizer(t))) return rc;
+    if (o->resume && (rc = resume(t))) return fsc_error_context(rc, "--resume %s: ", o->resume);
     t->arena = fsc_arena_new(FSC_MEM_ACTIV, 1 << 20);
     size_t n = (size_t)o->batch * o->model.seq;
     t->x = malloc(n * sizeof *t->x);
@@ -349,11 +415,11 @@ int trainer_step(trainer *t, step_result *r) {
         if (rc) return rc;
         loss = share;
     }
+    /* the global gradient norm (over every shard under oss); clip when asked */
     float gnorm = 0;
-    int rc =
-        o->clip > 0 ? fsc_clip_grad_norm(t->ranges, t->nranges, (float)o->clip, &gnorm) : FSC_OK;
-    if (o->clip <= 0 && !o->skip_grad_norm)
-        gnorm = (float)sqrt(fsc_grad_norm_sq(t->ranges, t->nranges));
+    int rc = FSC_OK;
+    if (o->clip > 0 || !o->skip_grad_norm)
+        rc = fsc_oss_clip_grad_norm(t->oss, o->clip > 0 ? (float)o->clip : FLT_MAX, false, &gnorm);
     if (rc == FSC_ERR_NUMERIC || !isfinite(loss))
         return fsc_error(FSC_ERR_NUMERIC,
                          "step %" PRId64 ": loss %g, gradient norm %g: training "
@@ -361,8 +427,8 @@ int trainer_step(trainer *t, step_result *r) {
                          t->step + 1, loss, (double)gnorm);
     if (rc) return rc;
     double lr = fsc_lr_schedule(&t->sched, t->step);
-    fsc_optim_set_lr(t->optim, lr);
-    if ((rc = fsc_optim_step(t->optim))) return rc;
+    fsc_oss_set_lr(t->oss, lr);
+    if ((rc = fsc_oss_step(t->oss))) return rc;
     t->step++;
     *r = (step_result){.loss = loss, .lr = lr, .grad_norm = gnorm, .seconds = fsc_now() - t0,
                        .comm_wait_s = comm};
@@ -371,11 +437,7 @@ int trainer_step(trainer *t, step_result *r) {
 
 int trainer_save(trainer *t, const char *path) {
     char cfg[256];
-    const fsc_gpt_config *m = &t->opt.model;
-    snprintf(cfg, sizeof cfg,
-             "{\"vocab_size\": %d, \"n_positions\": %d, \"n_layer\": %d, \"n_embd\": %d, "
-             "\"n_head\": %d}",
-             m->vocab, m->seq, m->layers, m->d_model, m->heads);
+    model_json(&t->opt.model, cfg, sizeof cfg);
     char step[32];
     snprintf(step, sizeof step, "%" PRId64, t->step);
     const char *keys[] = {"format", "fsc.gpt_config", "fsc.step"};
@@ -386,8 +448,7 @@ int trainer_save(trainer *t, const char *path) {
 void trainer_free(trainer *t) {
     fsc_module_free(t->ddp); /* the wrapper only; it removes its hooks from the model */
     fsc_dp_free(t->dp);
-    fsc_optim_free(t->optim);
-    fsc_optim_ranges_free(t->ranges);
+    fsc_oss_free(t->oss);
     fsc_params_free(&t->params);
     fsc_module_free(t->model);
     fsc_tokens_free(&t->tokens);
@@ -411,4 +472,43 @@ int gather_mem_peaks(const trainer *t, int64_t *out) {
         return FSC_OK;
     }
     return fsc_group_allgather(fsc_group_world(), mine, out, FSC_MEM_TAG_COUNT, FSC_DTYPE_I64);
+}
+
+/* Rank 0 writes the weights and the checkpoint directory; the optimizer state
+ * streams to rank 0 from its owners (every rank under oss, rank 0's own copy
+ * otherwise). Every rank learns rank 0's outcome. */
+int trainer_checkpoint(trainer *t) {
+    fsc_group *world = fsc_group_world();
+    bool sharded = t->strategy == STRATEGY_OSS;
+    fsc_ckpt_writer *w = NULL;
+    int rc = t->rank == 0 ? fsc_ckpt_begin(t->opt.checkpoint_dir, t->step, &w) : FSC_OK;
+    int32_t status = rc;
+    if (t->world > 1 && fsc_group_broadcast(world, &status, 1, FSC_DTYPE_I32, 0)) return FSC_ERR_MPI;
+    if (status) return t->rank == 0 ? rc : fsc_error(status, "rank 0 could not start a checkpoint");
+    char optim_path[4096] = "";
+    if (t->rank == 0) {
+        rc = trainer_save(t, fsc_ckpt_member(w, "model.safetensors"));
+        snprintf(optim_path, sizeof optim_path, "%s", fsc_ckpt_member(w, "optim.safetensors"));
+    }
+    if (sharded || t->rank == 0) {
+        int orc = fsc_oss_save_state(t->oss, optim_path, 0);
+        if (!rc) rc = orc;
+    }
+    if (t->rank == 0) {
+        char model[256], v[4200];
+        model_json(&t->opt.model, model, sizeof model);
+        if (!rc) rc = fsc_ckpt_set(w, "model", model);
+        snprintf(v, sizeof v, "%" PRIu64, t->opt.seed);
+        if (!rc) rc = fsc_ckpt_set(w, "seed", v);
+        snprintf(v, sizeof v, "{\"strategy\": \"%s\", \"ranks\": %d, \"batch\": %d, "
+                              "\"grad_accum\": %d}",
+                 t->opt.strategy, t->world, t->opt.batch, t->opt.grad_accum);
+        if (!rc) rc = fsc_ckpt_set(w, "saved_by", v);
+        if (!rc) rc = fsc_ckpt_commit(w);
+        else fsc_ckpt_abort(w);
+    }
+    status = rc;
+    if (t->world > 1 && fsc_group_broadcast(world, &status, 1, FSC_DTYPE_I32, 0)) return FSC_ERR_MPI;
+    if (status && t->rank != 0) return fsc_error(status, "rank 0 could not write the checkpoint");
+    return rc;
 }

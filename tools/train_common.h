@@ -5,14 +5,16 @@
 
 #include <stdio.h>
 
+#include "fsc/checkpoint.h"
 #include "fsc/dist.h"
 #include "fsc/gpt.h"
 #include "fsc/io.h"
 #include "fsc/optim.h"
 #include "fsc/parallel.h"
+#include "fsc/zero.h"
 
 typedef struct train_options {
-    const char *strategy; /* single | dp | ddp */
+    const char *strategy; /* single | dp | ddp | oss */
     fsc_gpt_config model;
     const char *data;
     int batch, grad_accum;
@@ -24,6 +26,10 @@ typedef struct train_options {
     uint64_t seed;
     int threads;
     double bucket_mb;
+    const char *partition;   /* oss: even | greedy */
+    const char *share_dtype; /* oss: f32 | bf16 | f16 */
+    int64_t save_every;      /* checkpoint every N steps (0: never) */
+    const char *checkpoint_dir, *resume;
     const char *init_from, *save_init, *save, *metrics;
     int log_every;
     bool quiet;
@@ -38,19 +44,20 @@ void train_options_default(train_options *o);
 int train_options_parse(train_options *o, int argc, char **argv, const char *prog,
                         const char *usage_extra);
 
-typedef enum { STRATEGY_SINGLE, STRATEGY_DP, STRATEGY_DDP } strategy_kind;
+typedef enum { STRATEGY_SINGLE, STRATEGY_DP, STRATEGY_DDP, STRATEGY_OSS } strategy_kind;
 
 typedef struct trainer {
     train_options opt;
     strategy_kind strategy;
     int rank, world; /* data-parallel rank and size (1 unless ddp) */
     fsc_module *model;
-    fsc_module *ddp; /* the DDP wrapper around model, or NULL */
+    fsc_module *ddp; /* the DDP wrapper around model (ddp and oss), or NULL */
     fsc_dp *dp;      /* the thread workers, or NULL */
     fsc_params params;
-    fsc_optim_range *ranges;
-    int nranges;
-    fsc_optim *optim;
+    /* The optimizer, always an OSS: over the world for --strategy oss, over this
+     * process alone otherwise, so optimizer state is saved and loaded by
+     * global name the same way under every strategy and world size. */
+    fsc_oss *oss;
     fsc_lr_schedule_config sched;
     fsc_tokens tokens;
     fsc_arena *arena;
@@ -70,6 +77,8 @@ int trainer_step(trainer *t, step_result *r);
 void trainer_free(trainer *t);
 /* Saves weights with the model configuration in the metadata. */
 int trainer_save(trainer *t, const char *path);
+/* Writes checkpoint t->step into --checkpoint-dir (collective). */
+int trainer_checkpoint(trainer *t);
 
 /* Prints per-tag memory figures as a JSON object body ("params": N, ...). */
 void print_mem_json(FILE *f, bool peak);

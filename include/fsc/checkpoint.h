@@ -40,9 +40,10 @@ typedef struct fsc_ckpt fsc_ckpt;
 FSC_API int fsc_ckpt_open(const char *dir, fsc_ckpt **out);
 FSC_API void fsc_ckpt_close(fsc_ckpt *c); /* accepts NULL */
 FSC_API int64_t fsc_ckpt_step(const fsc_ckpt *c);
-/* Path of member `name`, or NULL if the checkpoint has no such member. */
+/* Path of member `name` (valid until fsc_ckpt_close), or NULL if there is no such member. */
 FSC_API const char *fsc_ckpt_path(const fsc_ckpt *c, const char *name);
-/* Metadata value as JSON text (the caller parses it), or NULL if absent. */
+/* Metadata value as JSON text (the caller parses it), or NULL if absent; the
+ * text stays valid until fsc_ckpt_close. */
 FSC_API const char *fsc_ckpt_get(const fsc_ckpt *c, const char *key);
 
 #ifdef __cplusplus

@@ -57,6 +57,9 @@ typedef struct fsc_group fsc_group;
 
 /* The world group (owned by the runtime; do not free). NULL before init. */
 FSC_API fsc_group *fsc_group_world(void);
+/* The group of this process alone (owned by the runtime): what a sharded
+ * component uses when it should not shard. NULL before init. */
+FSC_API fsc_group *fsc_group_self(void);
 /* Ranks with the same color form a group, ordered by key (then world rank).
  * Collective over `parent`. color < 0: this rank joins no group (*out = NULL). */
 FSC_API int fsc_group_split(fsc_group *parent, int color, int key, const char *name,

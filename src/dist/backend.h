@@ -26,10 +26,12 @@ typedef struct fsc_bop fsc_bop; /* an in-flight operation, defined by each backe
 
 typedef struct fsc_backend_ops {
     const char *name;
-    /* Context lifetime. world: a context spanning every process. split:
-     * collective over `parent`, same color/key rules as fsc_group_split;
-     * color < 0 gives *out = NULL. */
+    /* Context lifetime. world: a context spanning every process; self: this
+     * process alone (no communication to create it). split: collective over
+     * `parent`, same color/key rules as fsc_group_split; color < 0 gives
+     * *out = NULL. */
     int (*world)(void **out);
+    int (*self)(void **out);
     int (*split)(void *parent, int color, int key, void **out);
     void (*free)(void *ctx);
 

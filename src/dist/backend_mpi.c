@@ -114,6 +114,13 @@ static int mpi_world(void **out) {
     return ctx_from(data, (mpi_ctx **)out);
 }
 
+static int mpi_self(void **out) {
+    MPI_Comm data;
+    int rc = MPI_Comm_dup(MPI_COMM_SELF, &data);
+    if (rc != MPI_SUCCESS) return fsc_dist_mpi_error(rc, "MPI_Comm_dup(self)");
+    return ctx_from(data, (mpi_ctx **)out);
+}
+
 static int mpi_split(void *parent, int color, int key, void **out) {
     *out = NULL;
     MPI_Comm data;
@@ -289,6 +296,7 @@ static void mpi_release(fsc_bop *b) {
 const fsc_backend_ops fsc_backend_mpi = {
     .name = "mpi",
     .world = mpi_world,
+    .self = mpi_self,
     .split = mpi_split,
     .free = mpi_free,
     .allreduce = mpi_allreduce,

@@ -35,6 +35,7 @@ typedef struct fsc_dist_runtime {
     int64_t max_msg;        /* largest message in elements (INT_MAX; lowered by tests) */
     int64_t ring_min_bytes; /* allreduces this large use the ring (benchmarks move it) */
     fsc_group *world;
+    fsc_group *self; /* this process alone */
     fsc_request *pending_head, *pending_tail; /* every outstanding request, issue order */
 } fsc_dist_runtime;
 

@@ -80,6 +80,18 @@ int fsc_dist_init(int *argc, char ***argv, const fsc_dist_options *opt) {
         MPI_Comm_free(&ctrl);
         return fsc_error_context(rc, "fsc_dist_init: ");
     }
+    /* the group of this process alone: no communication to create or use */
+    MPI_Comm self_ctrl;
+    ctx = NULL;
+    rc = MPI_Comm_dup(MPI_COMM_SELF, &self_ctrl);
+    if (rc != MPI_SUCCESS) return fsc_dist_mpi_error(rc, "MPI_Comm_dup(self)");
+    rc = fsc_backend_mpi.self(&ctx);
+    if (rc == FSC_OK) rc = fsc_group_create("self", self_ctrl, ctx, &fsc_dist_rt.self);
+    if (rc != FSC_OK) {
+        if (ctx) fsc_backend_mpi.free(ctx);
+        MPI_Comm_free(&self_ctrl);
+        return fsc_error_context(rc, "fsc_dist_init: ");
+    }
     fsc_dist_rt.initialized = true;
     return FSC_OK;
 }
@@ -95,9 +107,11 @@ int fsc_dist_finalize(void) {
                                         "exit with a non-zero status");
     } else {
         fsc_group_destroy(fsc_dist_rt.world);
+        fsc_group_destroy(fsc_dist_rt.self);
     }
     fsc_dist_buf_trim(); /* cached buffers only; any still lent out stay put */
     fsc_dist_rt.world = NULL;
+    fsc_dist_rt.self = NULL;
     fsc_dist_rt.initialized = false;
     if (fsc_dist_rt.we_initialized_mpi) {
         int mrc = MPI_Finalize();
@@ -122,4 +136,8 @@ int fsc_dist_local_size(void) {
 
 fsc_group *fsc_group_world(void) {
     return fsc_dist_rt.world;
+}
+
+fsc_group *fsc_group_self(void) {
+    return fsc_dist_rt.self;
 }

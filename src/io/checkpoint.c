@@ -26,10 +26,11 @@ struct fsc_ckpt_writer {
 };
 
 struct fsc_ckpt {
-    char path[DIR_LEN + 512], member[PATH_LEN];
+    char path[DIR_LEN + 512];
     int64_t step;
     cJSON *state;
-    char *value; /* last fsc_ckpt_get result */
+    char **values; /* fsc_ckpt_get results, alive until close */
+    int nvalues;
 };
 
 static int fsync_path(const char *path, bool dir) {
@@ -269,25 +270,36 @@ int fsc_ckpt_open(const char *dir, fsc_ckpt **out) {
 void fsc_ckpt_close(fsc_ckpt *c) {
     if (!c) return;
     cJSON_Delete(c->state);
-    free(c->value);
+    for (int i = 0; i < c->nvalues; i++) free(c->values[i]);
+    free(c->values);
     free(c);
 }
 
 int64_t fsc_ckpt_step(const fsc_ckpt *c) { return c->step; }
 
+/* Keeps text alive until close; returns it (NULL if out of memory). */
+static const char *retain(fsc_ckpt *c, char *text) {
+    char **grown = text ? realloc(c->values, sizeof *grown * (size_t)(c->nvalues + 1)) : NULL;
+    if (!grown) {
+        free(text);
+        return NULL;
+    }
+    c->values = grown;
+    c->values[c->nvalues++] = text;
+    return text;
+}
+
 const char *fsc_ckpt_path(const fsc_ckpt *c, const char *name) {
     const cJSON *files = cJSON_GetObjectItemCaseSensitive(c->state, "files");
     if (strcmp(name, "state.json") && !cJSON_GetObjectItemCaseSensitive(files, name)) return NULL;
-    snprintf(((fsc_ckpt *)c)->member, sizeof c->member, "%s/%s", c->path, name);
-    return c->member;
+    char buf[PATH_LEN];
+    snprintf(buf, sizeof buf, "%s/%s", c->path, name);
+    return retain((fsc_ckpt *)c, strdup(buf));
 }
 
 const char *fsc_ckpt_get(const fsc_ckpt *c, const char *key) {
     const cJSON *meta = cJSON_GetObjectItemCaseSensitive(c->state, "meta");
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(meta, key);
     if (!v) return NULL;
-    fsc_ckpt *m = (fsc_ckpt *)c;
-    free(m->value);
-    m->value = cJSON_PrintUnformatted(v);
-    return m->value;
+    return retain((fsc_ckpt *)c, cJSON_PrintUnformatted(v));
 }

@@ -2,7 +2,7 @@
 """fsc-train end to end: it learns, it refuses bad input clearly, and (when
 PyTorch is present) its models and losses agree with PyTorch.
 
-usage: train_e2e.py FSC_TRAIN {learns|accum|strategies|watchdog|bad-input|torch}
+usage: train_e2e.py FSC_TRAIN {learns|accum|strategies|watchdog|resume|bad-input|torch}
 Exit 0 = pass, 1 = fail, 77 = skipped (no PyTorch).
 """
 import json
@@ -135,6 +135,50 @@ def watchdog():
         print(f"ok  FSC_FAULT={fault}: exit {p.returncode} after {took:.1f} s: {line.strip()[:150]}")
 
 
+def resume():
+    """Save with 2 ranks (oss) at step 5, resume with 1, 3 and 4 ranks (and under
+    ddp) to step 10: the losses of an uninterrupted run. Torn, altered and
+    other-model checkpoints are refused and the previous checkpoint survives."""
+    common = ["--layers", "2", "--d-model", "64", "--heads", "4", "--seq", "32", "--quiet",
+              "--dropout", "0.1"]
+    ck = os.path.join(TMP, "ck")
+    full = os.path.join(TMP, "full.jsonl")
+    mpiexec(2, *common, "--strategy", "oss", "--batch", "6", "--steps", "10", "--metrics", full)
+    mpiexec(2, *common, "--strategy", "oss", "--batch", "6", "--steps", "5", "--save-every", "5",
+            "--checkpoint-dir", ck)
+    ref = [r["loss"] for r in metrics(full)][5:]
+    print(f"uninterrupted, 2 ranks (oss)     steps 6-10: " + " ".join(f"{v:.5f}" for v in ref))
+    for n, strategy in ((1, "oss"), (3, "oss"), (4, "oss"), (2, "ddp")):
+        m = os.path.join(TMP, f"resume{n}{strategy}.jsonl")
+        mpiexec(n, *common, "--strategy", strategy, "--batch", str(12 // n), "--steps", "10",
+                "--resume", ck, "--metrics", m)
+        got = [r["loss"] for r in metrics(m)]
+        assert [r["step"] for r in metrics(m)] == list(range(6, 11))
+        rel = max(abs(a - b) / abs(b) for a, b in zip(got, ref))
+        print(f"resumed with {n} rank(s) ({strategy})     steps 6-10: "
+              + " ".join(f"{v:.5f}" for v in got) + f"  (max rel {rel:.1e})")
+        if rel > 1e-5:
+            sys.exit(f"FAIL: resuming with {n} ranks ({strategy}) changed the losses by {rel:.2e}")
+    # damage: a torn optimizer file, then a model mismatch; the checkpoint itself is untouched
+    step_dir = os.path.join(ck, "step-000005")
+    optim = os.path.join(step_dir, "optim.safetensors")
+    good = open(optim, "rb").read()
+    with open(optim, "wb") as f:
+        f.write(good[: len(good) // 2])
+    p = run(*common, "--steps", "10", "--resume", ck, expect_ok=False)
+    if p.returncode == 0 or "optim.safetensors has" not in p.stderr:
+        sys.exit(f"FAIL: torn checkpoint accepted or unclear:\n{p.stderr}")
+    print("ok  torn checkpoint ->", p.stderr.strip().splitlines()[-1][:140])
+    with open(optim, "wb") as f:
+        f.write(good)
+    p = run("--layers", "3", "--d-model", "64", "--heads", "4", "--seq", "32", "--quiet",
+            "--steps", "10", "--resume", ck, expect_ok=False)
+    if p.returncode == 0 or "another model" not in p.stderr:
+        sys.exit(f"FAIL: other-model checkpoint accepted or unclear:\n{p.stderr}")
+    print("ok  other model ->", p.stderr.strip().splitlines()[-1][:140])
+    run(*common, "--steps", "6", "--resume", ck)  # still loadable after both refusals
+
+
 def bad_input():
     garbage = os.path.join(TMP, "garbage.safetensors")
     with open(garbage, "wb") as f:
@@ -152,6 +196,9 @@ def bad_input():
         (["--init-from", other], "has shape"),
         (["--optimizer", "lion"], "--optimizer \"lion\""),
         (["--strategy", "zero"], "--strategy \"zero\""),
+        (["--save-every", "5"], "--save-every needs --checkpoint-dir"),
+        (["--resume", "/nonexistent/ck"], "no checkpoint here"),
+        (["--strategy", "oss", "--partition", "round-robin"], "--partition \"round-robin\""),
         (["--strategy", "ddp", "--bucket-mb", "0"], "--bucket-mb 0 must be positive"),
         (["--strategy", "ddp", "--bucket-mb", "-5"], "--bucket-mb -5 must be positive"),
         (["--strategy", "dp", "--threads", "16", "--batch", "4"], "cannot be split"),
@@ -228,6 +275,7 @@ def torch_cross_check():
 
 
 {"learns": learns, "accum": accumulation, "strategies": strategies, "watchdog": watchdog,
+ "resume": resume,
  "bad-input": bad_input,
  "torch": torch_cross_check}[sys.argv[2]]()
 print("PASS")
