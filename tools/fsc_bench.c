@@ -75,7 +75,7 @@ static int measure(const bench_config *c, const char *strategy, int steps, int w
     double peak = fsc_sgemm_peak_gflops(1024, 5) / cores;
     double *ms = calloc((size_t)steps, sizeof *ms), elapsed = 0, comm = 0;
     for (int s = 0; s < warmup + steps && !rc; s++) {
-        if (s == warmup && t.ddp) rc = fsc_group_barrier(fsc_group_world());
+        if (s == warmup && t.world > 1) rc = fsc_group_barrier(fsc_group_world());
         step_result r;
         if (!rc) rc = trainer_step(&t, &r);
         if (rc) break;
@@ -104,7 +104,8 @@ static void print_result(const bench_config *c, const char *strategy, int ranks,
                          int steps, const bench_result *r, const bench_result *single) {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
-    int workers = !strcmp(strategy, "ddp") ? ranks : !strcmp(strategy, "dp") ? threads : 1;
+    bool multi_rank = !strcmp(strategy, "ddp") || !strcmp(strategy, "oss");
+    int workers = multi_rank ? ranks : !strcmp(strategy, "dp") ? threads : 1;
     printf("{\"config\": \"%s\", \"strategy\": \"%s\", \"ranks\": %d, \"threads\": %d, "
            "\"layers\": %d, \"d_model\": %d, \"heads\": %d, \"seq\": %d, \"vocab\": %d, "
            "\"batch_per_worker\": %d, \"params\": %" PRId64 ", \"steps\": %d, "
@@ -117,7 +118,7 @@ static void print_result(const bench_config *c, const char *strategy, int ranks,
     if (single)
         printf("\"single_tokens_per_s\": %.1f, \"scaling_efficiency\": %.3f, ", single->tok_s,
                r->tok_s / (workers * single->tok_s));
-    if (!strcmp(strategy, "ddp")) printf("\"comm_wait_share\": %.4f, ", r->comm_share);
+    if (multi_rank) printf("\"comm_wait_share\": %.4f, ", r->comm_share);
     printf("\"first_loss\": %.4f, \"last_loss\": %.4f, \"peak_rss_mib\": %.1f, \"peak_mem\": {",
            r->first, r->last, (double)ru.ru_maxrss / 1024.0);
     for (int tag = 0; tag < FSC_MEM_TAG_COUNT; tag++)
@@ -137,7 +138,7 @@ static int run(const bench_config *c, const char *strategy, int steps, int warmu
     if (!strcmp(strategy, "dp")) wide.batch = c->batch * threads;
     int rc = FSC_OK;
     if (scaled && rank == 0) rc = measure(c, "single", steps, warmup, 1, &single);
-    if (!strcmp(strategy, "ddp")) {
+    if (!strcmp(strategy, "ddp") || !strcmp(strategy, "oss")) {
         int all = fsc_group_barrier(fsc_group_world()); /* the others wait for the baseline */
         if (!rc) rc = all;
     }
@@ -156,7 +157,7 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help")) {
-            printf("usage: fsc-bench [--config small|medium|all] [--strategy single|dp|ddp] "
+            printf("usage: fsc-bench [--config small|medium|all] [--strategy single|dp|ddp|oss] "
                    "[--steps N] [--warmup N] [--threads N]\n"
                    "  dp and ddp scale weakly: each thread (dp, --threads) or rank (ddp, under "
                    "mpirun)\n  takes the reference batch; the single-process baseline is "
@@ -182,8 +183,9 @@ int main(int argc, char **argv) {
         fprintf(stderr, "fsc-bench: --steps must be >= 1, --warmup >= 0, --threads >= 1\n");
         return 2;
     }
-    if (strcmp(strategy, "single") && strcmp(strategy, "dp") && strcmp(strategy, "ddp")) {
-        fprintf(stderr, "fsc-bench: --strategy %s: expected single, dp or ddp\n", strategy);
+    if (strcmp(strategy, "single") && strcmp(strategy, "dp") && strcmp(strategy, "ddp") &&
+        strcmp(strategy, "oss")) {
+        fprintf(stderr, "fsc-bench: --strategy %s: expected single, dp, ddp or oss\n", strategy);
         return 2;
     }
     bool any = false;

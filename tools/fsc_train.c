@@ -63,6 +63,17 @@ static void summary(const trainer *t, double first_loss, double last_loss, doubl
         fprintf(stderr, "\n");
         (void)total;
     }
+    /* ZeRO's analytical model-state bytes per rank beside the allocator's figures:
+     * params 4P, grads 4P, optimizer K*P/N (N = ranks sharing the state). */
+    fsc_optim_config cfg = fsc_optim_get_config(fsc_oss_local(t->oss));
+    double P = (double)fsc_gpt_num_params(&o->model), K = 4.0 * fsc_optim_state_count(&cfg);
+    int N = t->strategy == STRATEGY_OSS ? t->world : 1;
+    fprintf(stderr, "model state analytical per rank (%s): params %.1f MiB, grads %.1f MiB, "
+                    "optimizer %.1f MiB (K=%g bytes/param over %d rank%s); measured optimizer "
+                    "state rank 0: %.1f MiB\n",
+            N > 1 ? "ZeRO-1" : "unsharded", 4 * P / 1048576.0, 4 * P / 1048576.0,
+            K * P / N / 1048576.0, K, N, N > 1 ? "s" : "",
+            (double)fsc_oss_state_bytes(t->oss) / 1048576.0);
 }
 
 /* Fault injection for the watchdog tests: FSC_FAULT="sleep@R:S" makes rank R
