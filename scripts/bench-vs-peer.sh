@@ -2,8 +2,9 @@
 # fsc-bench beside PyTorch (../shared/peer/bench_peer.py), alternating the two
 # programs ROUNDS times per config so that both see the same machine; prints
 # each JSON line and the ratio of the medians. Usage:
-#   bash scripts/bench-vs-peer.sh [small|medium|all] [ROUNDS] [single|ddp] [RANKS]
-# ddp runs fsc under mpiexec and the peer's torch DDP (gloo) with RANKS ranks.
+#   bash scripts/bench-vs-peer.sh [small|medium|all] [ROUNDS] [single|ddp|oss] [RANKS]
+# ddp / oss run fsc under mpiexec against the peer's torch DDP / ZeroRedundancyOptimizer+DDP
+# (gloo), RANKS ranks each.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 which=${1:-all}
@@ -23,8 +24,8 @@ for c in "${configs[@]}"; do
   esac
   fsc=(); torch=(); share=()
   for r in $(seq "$rounds"); do
-    if [ "$strategy" = ddp ]; then
-      line=$(mpiexec -n "$ranks" build/tools/fsc-bench --strategy ddp --config "$c" --steps "$steps")
+    if [ "$strategy" != single ]; then
+      line=$(mpiexec -n "$ranks" build/tools/fsc-bench --strategy "$strategy" --config "$c" --steps "$steps")
     else
       line=$(build/tools/fsc-bench --config "$c" --steps "$steps")
     fi
@@ -33,6 +34,7 @@ for c in "${configs[@]}"; do
     share+=("$(echo "$line" | python3 -c 'import json,sys; print(json.load(sys.stdin)["share_of_peak"])')")
     peer_args=(--strategy single)
     [ "$strategy" = ddp ] && peer_args=(--strategy ddp --world "$ranks")
+    [ "$strategy" = oss ] && peer_args=(--strategy zero1_torch --world "$ranks")
     line=$(/usr/bin/python3 "$peer" "${peer_args[@]}" "${args[@]}" --steps "$steps" --warmup-steps 3 2>/dev/null | tail -1)
     echo "torch $line" | cut -c1-400
     torch+=("$(echo "$line" | python3 -c 'import json,sys; print(json.load(sys.stdin)["tokens_per_sec"])')")
