@@ -127,6 +127,8 @@ FSC_API int fsc_group_recv(fsc_group *g, void *buf, int64_t count, fsc_dtype dt,
  * valid and untouched until the request completes. */
 FSC_API int fsc_group_iallreduce(fsc_group *g, void *buf, int64_t count, fsc_dtype dt,
                                  fsc_reduce_op op, fsc_request **req);
+FSC_API int fsc_group_ireduce(fsc_group *g, void *buf, int64_t count, fsc_dtype dt,
+                              fsc_reduce_op op, int root, fsc_request **req);
 FSC_API int fsc_group_ibroadcast(fsc_group *g, void *buf, int64_t count, fsc_dtype dt, int root,
                                  fsc_request **req);
 FSC_API int fsc_group_iallgather(fsc_group *g, const void *in, void *out, int64_t count,

@@ -106,9 +106,8 @@ int fsc_group_iallreduce(fsc_group *g, void *buf, int64_t count, fsc_dtype dt, f
     return allreduce(g, buf, count, dt, op, req, "fsc_group_iallreduce");
 }
 
-int fsc_group_reduce(fsc_group *g, void *buf, int64_t count, fsc_dtype dt, fsc_reduce_op op,
-                     int root) {
-    const char *fn = "fsc_group_reduce";
+static int reduce(fsc_group *g, void *buf, int64_t count, fsc_dtype dt, fsc_reduce_op op, int root,
+                  fsc_request **req, const char *fn) {
     int rc = check_common(g, count, fn);
     if (!rc) rc = check_dtype(dt, true, fn);
     if (!rc) rc = check_op(op, fn);
@@ -117,7 +116,18 @@ int fsc_group_reduce(fsc_group *g, void *buf, int64_t count, fsc_dtype dt, fsc_r
     if (rc) return rc;
     fsc_coll_args a = {
         .kind = FSC_COLL_REDUCE, .buf = buf, .count = count, .dt = dt, .op = op, .root = root};
-    return submit(g, &a, NULL, fn);
+    return submit(g, &a, req, fn);
+}
+
+int fsc_group_reduce(fsc_group *g, void *buf, int64_t count, fsc_dtype dt, fsc_reduce_op op,
+                     int root) {
+    return reduce(g, buf, count, dt, op, root, NULL, "fsc_group_reduce");
+}
+
+int fsc_group_ireduce(fsc_group *g, void *buf, int64_t count, fsc_dtype dt, fsc_reduce_op op,
+                      int root, fsc_request **req) {
+    if (!req) return fsc_error(FSC_ERR_INVALID, "fsc_group_ireduce: req is NULL");
+    return reduce(g, buf, count, dt, op, root, req, "fsc_group_ireduce");
 }
 
 static int broadcast(fsc_group *g, void *buf, int64_t count, fsc_dtype dt, int root,
