@@ -47,6 +47,28 @@ static void test_mem_tags(void **state) {
     assert_non_null(strstr(fsc_last_error(), "too large"));
 }
 
+static void test_mem_discard_recommit(void **state) {
+    (void)state;
+    for (size_t size = 1000; size <= ((size_t)8 << 20); size *= 8192) { /* calloc'd and mapped */
+        size_t before = fsc_mem_current(FSC_MEM_GRADS);
+        float *p = fsc_mem_alloc(FSC_MEM_GRADS, size);
+        for (size_t i = 0; i < size / 4; i++) p[i] = 1.f;
+        size_t off = size / 4, len = size / 2; /* not page aligned at either end */
+        off -= off % 4 + 12, len -= len % 4;
+        assert_int_equal(fsc_mem_discard(p, off, len), FSC_OK);
+        assert_int_equal(fsc_mem_current(FSC_MEM_GRADS), before + size - len);
+        for (size_t i = 0; i < size / 4; i++) /* the range reads as zero, the rest is intact */
+            assert_true(p[i] == ((i * 4 >= off && i * 4 < off + len) ? 0.f : 1.f));
+        assert_int_equal(fsc_mem_recommit(p, off, len), FSC_OK);
+        assert_int_equal(fsc_mem_current(FSC_MEM_GRADS), before + size);
+        assert_int_equal(fsc_mem_recommit(p, off, len), FSC_ERR_INVALID); /* nothing left */
+        assert_int_equal(fsc_mem_discard(p, size, 8), FSC_ERR_INVALID);   /* outside */
+        assert_int_equal(fsc_mem_discard(p, 0, 64), FSC_OK);
+        fsc_mem_free(p); /* a discarded range is not subtracted twice */
+        assert_int_equal(fsc_mem_current(FSC_MEM_GRADS), before);
+    }
+}
+
 static void test_arena_reuses_memory(void **state) {
     (void)state;
     fsc_arena *a = fsc_arena_new(FSC_MEM_ACTIV, 1024);
@@ -124,6 +146,7 @@ int main(void) {
         cmocka_unit_test(test_error_message),
         cmocka_unit_test(test_half_conversions),
         cmocka_unit_test(test_mem_tags),
+        cmocka_unit_test(test_mem_discard_recommit),
         cmocka_unit_test(test_arena_reuses_memory),
         cmocka_unit_test(test_arena_mark_release),
         cmocka_unit_test(test_tensor_views),

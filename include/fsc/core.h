@@ -109,6 +109,12 @@ typedef enum {
 /* 64-byte aligned, zero-filled. Returns NULL and sets the error on failure. */
 FSC_API void *fsc_mem_alloc(fsc_mem_tag tag, size_t bytes);
 FSC_API void fsc_mem_free(void *p); /* accepts NULL */
+/* Gives back the memory of bytes [offset, offset+bytes) of block p, which then
+ * reads as zero, and stops counting them; for sharded buffers whose parts are
+ * dead between uses (ZeRO-2 gradients). fsc_mem_recommit counts a discarded
+ * range again before it is written. The caller pairs the two per range. */
+FSC_API int fsc_mem_discard(void *p, size_t offset, size_t bytes);
+FSC_API int fsc_mem_recommit(void *p, size_t offset, size_t bytes);
 FSC_API size_t fsc_mem_current(fsc_mem_tag tag);
 FSC_API size_t fsc_mem_peak(fsc_mem_tag tag);
 FSC_API size_t fsc_mem_current_total(void);

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "fsc/core.h"
 
@@ -22,6 +23,7 @@ typedef struct {
     void *base;    /* what calloc or mmap returned */
     size_t mapped; /* mmap length, or 0 for calloc */
     size_t bytes;
+    _Atomic size_t discarded; /* bytes given back by fsc_mem_discard, not counted */
     int tag;
     uint32_t magic;
 } header;
@@ -72,6 +74,7 @@ void *fsc_mem_alloc(fsc_mem_tag tag, size_t bytes) {
     h->base = base;
     h->mapped = mapped;
     h->bytes = bytes;
+    atomic_store(&h->discarded, 0);
     h->tag = tag;
     h->magic = MAGIC;
     raise_peak(&peak[tag], atomic_fetch_add(&current[tag], bytes) + bytes);
@@ -87,12 +90,60 @@ void fsc_mem_free(void *p) {
         return;
     }
     h->magic = 0;
-    atomic_fetch_sub(&current[h->tag], h->bytes);
-    atomic_fetch_sub(&total_current, h->bytes);
+    size_t counted = h->bytes - atomic_load(&h->discarded);
+    atomic_fetch_sub(&current[h->tag], counted);
+    atomic_fetch_sub(&total_current, counted);
     if (h->mapped)
         munmap(h->base, h->mapped);
     else
         free(h->base);
+}
+
+static header *block_of(void *p, size_t offset, size_t bytes, const char *fn) {
+    header *h = p ? (header *)p - 1 : NULL;
+    if (!h || h->magic != MAGIC) {
+        fsc_error(FSC_ERR_INVALID, "%s: %p was not allocated by fsc_mem_alloc", fn, p);
+        return NULL;
+    }
+    if (offset > h->bytes || bytes > h->bytes - offset) {
+        fsc_error(FSC_ERR_INVALID, "%s: range [%zu, %zu) outside the block's %zu bytes", fn, offset,
+                  offset + bytes, h->bytes);
+        return NULL;
+    }
+    return h;
+}
+
+int fsc_mem_discard(void *p, size_t offset, size_t bytes) {
+    header *h = block_of(p, offset, bytes, "fsc_mem_discard");
+    if (!h) return FSC_ERR_INVALID;
+    char *lo = (char *)p + offset, *hi = lo + bytes;
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    char *plo = (char *)(((uintptr_t)lo + page - 1) & ~(uintptr_t)(page - 1));
+    char *phi = (char *)((uintptr_t)hi & ~(uintptr_t)(page - 1));
+    /* whole pages of a mapped block go back to the system (and read as zero);
+     * the ragged ends, and calloc'd blocks, are zeroed in place */
+    if (h->mapped && phi > plo && madvise(plo, (size_t)(phi - plo), MADV_DONTNEED) == 0) {
+        memset(lo, 0, (size_t)(plo - lo));
+        memset(phi, 0, (size_t)(hi - phi));
+    } else {
+        memset(lo, 0, bytes);
+    }
+    atomic_fetch_add(&h->discarded, bytes);
+    atomic_fetch_sub(&current[h->tag], bytes);
+    atomic_fetch_sub(&total_current, bytes);
+    return FSC_OK;
+}
+
+int fsc_mem_recommit(void *p, size_t offset, size_t bytes) {
+    header *h = block_of(p, offset, bytes, "fsc_mem_recommit");
+    if (!h) return FSC_ERR_INVALID;
+    if (bytes > atomic_load(&h->discarded))
+        return fsc_error(FSC_ERR_INVALID, "fsc_mem_recommit: %zu bytes, only %zu were discarded",
+                         bytes, atomic_load(&h->discarded));
+    atomic_fetch_sub(&h->discarded, bytes);
+    raise_peak(&peak[h->tag], atomic_fetch_add(&current[h->tag], bytes) + bytes);
+    raise_peak(&total_peak, atomic_fetch_add(&total_current, bytes) + bytes);
+    return FSC_OK;
 }
 
 size_t fsc_mem_current(fsc_mem_tag t) {
