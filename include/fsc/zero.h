@@ -1,6 +1,7 @@
-/* fsc zero: ZeRO stage 1 — optimizer-state sharding (OSS, like FairScale's
- * fairscale.optim.OSS) — and optimizer state dicts by global parameter name
- * that load at any world size. (ZeRO-2, ShardedDDP, builds on the partition.)
+/* fsc zero: ZeRO stages 1 and 2 — optimizer-state sharding (OSS, like
+ * FairScale's fairscale.optim.OSS) and gradient sharding (ShardedDDP, like
+ * fairscale.nn.ShardedDataParallel) — and optimizer state dicts by global
+ * parameter name that load at any world size.
  *
  * Both work on a partition of the flat parameter buffer (fsc_params) among
  * the ranks of a group. Two policies:
@@ -97,6 +98,7 @@ FSC_API int fsc_oss_clip_grad_norm(fsc_oss *o, float max_norm, bool inf_norm, fl
 FSC_API size_t fsc_oss_state_bytes(const fsc_oss *o); /* this rank's optimizer state */
 FSC_API const fsc_partition *fsc_oss_partition(const fsc_oss *o);
 FSC_API fsc_optim *fsc_oss_local(fsc_oss *o); /* the optimizer over the owned ranges */
+FSC_API fsc_group *fsc_oss_group(const fsc_oss *o);
 
 /* ---- optimizer state by global name ------------------------------------------ */
 /* Streams the full optimizer state to `root`, which writes it to a safetensors
@@ -119,6 +121,39 @@ FSC_API int fsc_oss_save_state(fsc_oss *o, const char *path, int root);
  * bytes) and committed only when every rank has read its part, so a refused
  * or unreadable file changes nothing on any rank. */
 FSC_API int fsc_oss_load_state(fsc_oss *o, const char *path);
+
+/* ---- ShardedDDP (ZeRO-2) ---------------------------------------------------- */
+typedef struct fsc_sdp_options {
+    size_t bucket_bytes; /* gradient bucket size (0: 25 MB) */
+    bool no_broadcast;   /* skip broadcasting rank 0's parameters at wrap time */
+} fsc_sdp_options;
+
+typedef struct fsc_sdp_stats {
+    int64_t buckets;       /* buckets per synchronised backward */
+    int64_t max_bucket_bytes; /* the largest (a parameter never straddles two) */
+    int64_t reduces;       /* reduce collectives issued so far */
+    double wait_s;         /* blocked on reductions after backward */
+    double last_wait_s;    /* ... in the last synchronised backward */
+} fsc_sdp_stats;
+
+/* Wraps child (parameters and gradients bound in `params`) for ZeRO-2 with the
+ * OSS optimizer `oss`, whose partition decides who owns what. During backward
+ * each gradient bucket (contiguous ranges of the flat gradient buffer, taken
+ * from its end) is reduced to the rank(s) owning it as soon as it is
+ * complete, overlapped with the rest of backward; afterwards the other ranks
+ * give that memory back (fsc_mem_discard), so a rank holds gradient memory
+ * for what it owns plus the buckets being computed or in flight. After a
+ * synchronised backward the owned gradients are complete: call
+ * fsc_oss_step. Frees only the wrapper. */
+FSC_API fsc_module *fsc_sdp_wrap(fsc_module *child, fsc_params *params, fsc_oss *oss,
+                                 const fsc_sdp_options *opt);
+/* While on, gradients accumulate in full locally (FairScale's no_sync: full
+ * gradient memory, no communication); the next synchronised backward reduces
+ * the sum. */
+FSC_API void fsc_sdp_set_no_sync(fsc_module *sdp, bool no_sync);
+/* Zeroes the gradients this rank holds (the rest is already zero). */
+FSC_API void fsc_sdp_zero_grad(fsc_module *sdp);
+FSC_API fsc_sdp_stats fsc_sdp_get_stats(const fsc_module *sdp);
 
 #ifdef __cplusplus
 }
