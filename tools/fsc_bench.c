@@ -104,7 +104,7 @@ static void print_result(const bench_config *c, const char *strategy, int ranks,
                          int steps, const bench_result *r, const bench_result *single) {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
-    bool multi_rank = !strcmp(strategy, "ddp") || !strcmp(strategy, "oss");
+    bool multi_rank = !strcmp(strategy, "ddp") || !strcmp(strategy, "oss") || !strcmp(strategy, "sdp");
     int workers = multi_rank ? ranks : !strcmp(strategy, "dp") ? threads : 1;
     printf("{\"config\": \"%s\", \"strategy\": \"%s\", \"ranks\": %d, \"threads\": %d, "
            "\"layers\": %d, \"d_model\": %d, \"heads\": %d, \"seq\": %d, \"vocab\": %d, "
@@ -138,7 +138,7 @@ static int run(const bench_config *c, const char *strategy, int steps, int warmu
     if (!strcmp(strategy, "dp")) wide.batch = c->batch * threads;
     int rc = FSC_OK;
     if (scaled && rank == 0) rc = measure(c, "single", steps, warmup, 1, &single);
-    if (!strcmp(strategy, "ddp") || !strcmp(strategy, "oss")) {
+    if (!strcmp(strategy, "ddp") || !strcmp(strategy, "oss") || !strcmp(strategy, "sdp")) {
         int all = fsc_group_barrier(fsc_group_world()); /* the others wait for the baseline */
         if (!rc) rc = all;
     }
@@ -157,7 +157,7 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help")) {
-            printf("usage: fsc-bench [--config small|medium|all] [--strategy single|dp|ddp|oss] "
+            printf("usage: fsc-bench [--config small|medium|all] [--strategy single|dp|ddp|oss|sdp] "
                    "[--steps N] [--warmup N] [--threads N]\n"
                    "  dp and ddp scale weakly: each thread (dp, --threads) or rank (ddp, under "
                    "mpirun)\n  takes the reference batch; the single-process baseline is "
@@ -184,8 +184,9 @@ int main(int argc, char **argv) {
         return 2;
     }
     if (strcmp(strategy, "single") && strcmp(strategy, "dp") && strcmp(strategy, "ddp") &&
-        strcmp(strategy, "oss")) {
-        fprintf(stderr, "fsc-bench: --strategy %s: expected single, dp, ddp or oss\n", strategy);
+        strcmp(strategy, "oss") && strcmp(strategy, "sdp")) {
+        fprintf(stderr, "fsc-bench: --strategy %s: expected single, dp, ddp, oss or sdp\n",
+                strategy);
         return 2;
     }
     bool any = false;

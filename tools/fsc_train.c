@@ -47,9 +47,9 @@ static void summary(const trainer *t, double first_loss, double last_loss, doubl
             "peak\n",
             tok_s, gflops, peak_gflops > 0 ? 100 * gflops / (peak_gflops * cores) : 0, cores,
             peak_gflops);
-    if (t->ddp)
-        fprintf(stderr, "DDP        %.1f%% of step time waiting on gradient all-reduce (rank 0)\n",
-                seconds > 0 ? 100 * comm_s / seconds : 0);
+    if (t->ddp || t->sdp)
+        fprintf(stderr, "%s %.1f%% of step time waiting on gradient reduction (rank 0)\n",
+                t->sdp ? "ShardedDDP" : "DDP       ", seconds > 0 ? 100 * comm_s / seconds : 0);
     for (int r = 0; r < t->world; r++) {
         fprintf(stderr, "peak memory%s", t->world > 1 ? "" : "");
         if (t->world > 1) fprintf(stderr, " rank %d:", r);
@@ -67,13 +67,14 @@ static void summary(const trainer *t, double first_loss, double last_loss, doubl
      * params 4P, grads 4P, optimizer K*P/N (N = ranks sharing the state). */
     fsc_optim_config cfg = fsc_optim_get_config(fsc_oss_local(t->oss));
     double P = (double)fsc_gpt_num_params(&o->model), K = 4.0 * fsc_optim_state_count(&cfg);
-    int N = t->strategy == STRATEGY_OSS ? t->world : 1;
-    fprintf(stderr, "model state analytical per rank (%s): params %.1f MiB, grads %.1f MiB, "
+    int N = t->strategy >= STRATEGY_OSS ? t->world : 1;
+    int Ng = t->strategy == STRATEGY_SDP ? t->world : 1;
+    fprintf(stderr, "model state analytical per rank (%s): params %.1f MiB, grads %.1f MiB%s, "
                     "optimizer %.1f MiB (K=%g bytes/param over %d rank%s); measured optimizer "
                     "state rank 0: %.1f MiB\n",
-            N > 1 ? "ZeRO-1" : "unsharded", 4 * P / 1048576.0, 4 * P / 1048576.0,
-            K * P / N / 1048576.0, K, N, N > 1 ? "s" : "",
-            (double)fsc_oss_state_bytes(t->oss) / 1048576.0);
+            Ng > 1 ? "ZeRO-2" : N > 1 ? "ZeRO-1" : "unsharded", 4 * P / 1048576.0,
+            4 * P / Ng / 1048576.0, Ng > 1 ? " + buckets in use" : "", K * P / N / 1048576.0, K,
+            N, N > 1 ? "s" : "", (double)fsc_oss_state_bytes(t->oss) / 1048576.0);
 }
 
 /* Fault injection for the watchdog tests: FSC_FAULT="sleep@R:S" makes rank R

@@ -55,7 +55,8 @@ typedef struct {
 static const flag flags[] = {
     F("strategy", ARG_STR, strategy,
       "single | dp (threads in one process) | ddp (one process per rank, under mpirun) | "
-      "oss (ddp + optimizer state sharded over the ranks: ZeRO-1)"),
+      "oss (ddp + optimizer state sharded over the ranks: ZeRO-1) | "
+      "sdp (ShardedDDP: gradients sharded too: ZeRO-2)"),
     F("layers", ARG_INT, model.layers, "transformer blocks (L)"),
     F("d-model", ARG_INT, model.d_model, "model width (C)"),
     F("heads", ARG_INT, model.heads, "attention heads (must divide --d-model)"),
@@ -229,7 +230,8 @@ static int make_optimizer(trainer *t) {
     else if (strcmp(o->share_dtype, "f32"))
         return fsc_error(FSC_ERR_INVALID, "--share-dtype \"%s\": expected f32, bf16 or f16",
                          o->share_dtype);
-    fsc_group *g = t->strategy == STRATEGY_OSS ? fsc_group_world() : fsc_group_self();
+    bool sharded = t->strategy == STRATEGY_OSS || t->strategy == STRATEGY_SDP;
+    fsc_group *g = sharded ? fsc_group_world() : fsc_group_self();
     t->oss = fsc_oss_new(&cfg, &t->params, g, &oo);
     if (!t->oss) return fsc_error_context(FSC_ERR_INVALID, "optimizer: ");
     int rc;
@@ -261,9 +263,11 @@ static int parse_strategy(trainer *t) {
     else if (!strcmp(s, "dp")) t->strategy = STRATEGY_DP;
     else if (!strcmp(s, "ddp")) t->strategy = STRATEGY_DDP;
     else if (!strcmp(s, "oss")) t->strategy = STRATEGY_OSS;
+    else if (!strcmp(s, "sdp")) t->strategy = STRATEGY_SDP;
     else
-        return fsc_error(FSC_ERR_INVALID, "--strategy \"%s\": expected single, dp, ddp or oss", s);
-    bool ranks = t->strategy == STRATEGY_DDP || t->strategy == STRATEGY_OSS;
+        return fsc_error(FSC_ERR_INVALID,
+                         "--strategy \"%s\": expected single, dp, ddp, oss or sdp", s);
+    bool ranks = t->strategy >= STRATEGY_DDP;
     int world = fsc_dist_size();
     if (!ranks && world > 1 && !t->opt.local_in_world)
         return fsc_error(FSC_ERR_INVALID, "--strategy %s runs in one process but %d were launched; "
@@ -358,6 +362,11 @@ int trainer_init(trainer *t, const train_options *o) {
             return rc;
     }
     if ((rc = make_optimizer(t))) return rc;
+    if (t->strategy == STRATEGY_SDP) {
+        fsc_sdp_options so = {.bucket_bytes = (size_t)(o->bucket_mb * 1e6)};
+        t->sdp = fsc_sdp_wrap(t->model, &t->params, t->oss, &so);
+        if (!t->sdp) return fsc_error_context(FSC_ERR_INVALID, "ShardedDDP: ");
+    }
     if (o->resume && (rc = resume(t))) return fsc_error_context(rc, "--resume %s: ", o->resume);
     t->arena = fsc_arena_new(FSC_MEM_ACTIV, 1 << 20);
     size_t n = (size_t)o->batch * o->model.seq;
@@ -389,7 +398,10 @@ int trainer_step(trainer *t, step_result *r) {
     double t0 = fsc_now(), loss = 0, comm = 0;
     /* targets in the global batch: every rank's micro-batches of this step */
     double norm = (double)B * T * K * t->world;
-    fsc_params_zero_grad(&t->params);
+    if (t->sdp)
+        fsc_sdp_zero_grad(t->sdp); /* touching all gradients would bring them all back */
+    else
+        fsc_params_zero_grad(&t->params);
     for (int k = 0; k < K; k++) {
         int rc = fsc_tokens_batch(&t->tokens, t->step, k, t->rank, B, K, t->world, T, t->x, t->y);
         if (rc) return rc;
@@ -401,15 +413,17 @@ int trainer_step(trainer *t, step_result *r) {
             rc = fsc_dp_run(t->dp, &ctx, B, dp_micro, &w, &part);
         } else {
             fsc_arena_reset(t->arena);
-            fsc_module *m = t->ddp ? t->ddp : t->model;
+            fsc_module *m = t->ddp ? t->ddp : t->sdp ? t->sdp : t->model;
             if (t->ddp) fsc_ddp_set_no_sync(t->ddp, k < K - 1); /* reduce once, after the last */
+            if (t->sdp) fsc_sdp_set_no_sync(t->sdp, k < K - 1);
             rc = fsc_gpt_train_micro(m, &ctx, t->x, t->y, B, T, -1, norm, &part);
             if (t->ddp && k == K - 1) comm = fsc_ddp_get_stats(t->ddp).last_wait_s;
+            if (t->sdp && k == K - 1) comm = fsc_sdp_get_stats(t->sdp).last_wait_s;
         }
         if (rc) return rc;
         loss += part;
     }
-    if (t->ddp) { /* this rank's share -> the global-batch loss, for reporting */
+    if (t->world > 1) { /* this rank's share -> the global-batch loss, for reporting */
         float share = (float)loss;
         int rc = fsc_group_allreduce(fsc_group_world(), &share, 1, FSC_DTYPE_F32, FSC_REDUCE_SUM);
         if (rc) return rc;
@@ -447,6 +461,7 @@ int trainer_save(trainer *t, const char *path) {
 
 void trainer_free(trainer *t) {
     fsc_module_free(t->ddp); /* the wrapper only; it removes its hooks from the model */
+    fsc_module_free(t->sdp);
     fsc_dp_free(t->dp);
     fsc_oss_free(t->oss);
     fsc_params_free(&t->params);
@@ -467,7 +482,7 @@ void print_mem_json(FILE *f, bool peak) {
 int gather_mem_peaks(const trainer *t, int64_t *out) {
     int64_t mine[FSC_MEM_TAG_COUNT];
     for (int tag = 0; tag < FSC_MEM_TAG_COUNT; tag++) mine[tag] = (int64_t)fsc_mem_peak((fsc_mem_tag)tag);
-    if (!t->ddp) {
+    if (t->world == 1) {
         memcpy(out, mine, sizeof mine);
         return FSC_OK;
     }
@@ -479,7 +494,7 @@ int gather_mem_peaks(const trainer *t, int64_t *out) {
  * otherwise). Every rank learns rank 0's outcome. */
 int trainer_checkpoint(trainer *t) {
     fsc_group *world = fsc_group_world();
-    bool sharded = t->strategy == STRATEGY_OSS;
+    bool sharded = t->strategy == STRATEGY_OSS || t->strategy == STRATEGY_SDP;
     fsc_ckpt_writer *w = NULL;
     int rc = t->rank == 0 ? fsc_ckpt_begin(t->opt.checkpoint_dir, t->step, &w) : FSC_OK;
     int32_t status = rc;

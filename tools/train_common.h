@@ -14,7 +14,7 @@
 #include "fsc/zero.h"
 
 typedef struct train_options {
-    const char *strategy; /* single | dp | ddp | oss */
+    const char *strategy; /* single | dp | ddp | oss | sdp */
     fsc_gpt_config model;
     const char *data;
     int batch, grad_accum;
@@ -44,7 +44,7 @@ void train_options_default(train_options *o);
 int train_options_parse(train_options *o, int argc, char **argv, const char *prog,
                         const char *usage_extra);
 
-typedef enum { STRATEGY_SINGLE, STRATEGY_DP, STRATEGY_DDP, STRATEGY_OSS } strategy_kind;
+typedef enum { STRATEGY_SINGLE, STRATEGY_DP, STRATEGY_DDP, STRATEGY_OSS, STRATEGY_SDP } strategy_kind;
 
 typedef struct trainer {
     train_options opt;
@@ -52,6 +52,7 @@ typedef struct trainer {
     int rank, world; /* data-parallel rank and size (1 unless ddp) */
     fsc_module *model;
     fsc_module *ddp; /* the DDP wrapper around model (ddp and oss), or NULL */
+    fsc_module *sdp; /* the ShardedDDP wrapper (sdp), or NULL */
     fsc_dp *dp;      /* the thread workers, or NULL */
     fsc_params params;
     /* The optimizer, always an OSS: over the world for --strategy oss, over this

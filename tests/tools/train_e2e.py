@@ -98,6 +98,13 @@ def strategies():
     mpiexec(4, *common, "--batch", "1", "--grad-accum", "2", "--strategy", "ddp", "--metrics", m,
             "--bucket-mb", "0.05")
     out["ddp x4, accum 2, small buckets"] = metrics(m)
+    m = os.path.join(TMP, "oss2.jsonl")
+    mpiexec(2, *common, "--batch", "4", "--strategy", "oss", "--partition", "greedy", "--metrics", m)
+    out["oss x2 (greedy)"] = metrics(m)
+    m = os.path.join(TMP, "sdp4.jsonl")
+    mpiexec(4, *common, "--batch", "1", "--grad-accum", "2", "--strategy", "sdp", "--metrics", m,
+            "--bucket-mb", "0.02")
+    out["sdp x4, accum 2, small buckets"] = metrics(m)
     ref = out["single"]
     for name, rows in out.items():
         assert len(rows) == len(ref), name
@@ -148,7 +155,7 @@ def resume():
             "--checkpoint-dir", ck)
     ref = [r["loss"] for r in metrics(full)][5:]
     print(f"uninterrupted, 2 ranks (oss)     steps 6-10: " + " ".join(f"{v:.5f}" for v in ref))
-    for n, strategy in ((1, "oss"), (3, "oss"), (4, "oss"), (2, "ddp")):
+    for n, strategy in ((1, "oss"), (3, "oss"), (4, "sdp"), (2, "ddp")):
         m = os.path.join(TMP, f"resume{n}{strategy}.jsonl")
         mpiexec(n, *common, "--strategy", strategy, "--batch", str(12 // n), "--steps", "10",
                 "--resume", ck, "--metrics", m)
