@@ -199,10 +199,21 @@ static int mpi_allreduce(void *ctx, void *buf, int64_t count, fsc_dtype dt, fsc_
     return rc;
 }
 
+/* Large reduces run as a ring reduce-scatter in which only the root's chunk
+ * is non-empty: with 2 ranks that is one message to the root, against a
+ * polled MPI_Ireduce that moves a fraction of the bandwidth (ZeRO-2's
+ * gradient buckets are this case). */
 static int mpi_reduce(void *ctx, void *buf, int64_t count, fsc_dtype dt, fsc_reduce_op op, int root,
                       int64_t seq, fsc_bop **out) {
-    (void)seq;
-    return pieces(ctx, COLL_REDUCE, buf, count, dt, op, root, out);
+    mpi_ctx *c = ctx;
+    if ((int64_t)((size_t)count * fsc_dtype_size(dt)) < fsc_dist_rt.ring_min_bytes || c->size == 1)
+        return pieces(c, COLL_REDUCE, buf, count, dt, op, root, out);
+    int64_t *counts = calloc(2 * (size_t)c->size, sizeof *counts); /* displs all 0 */
+    if (!counts) return fsc_error(FSC_ERR_NOMEM, "out of memory starting a reduce");
+    counts[root] = count;
+    int rc = fsc_ring_start(c, buf, buf, counts, counts + c->size, dt, op, RING_RS, false, seq, out);
+    free(counts);
+    return rc;
 }
 
 static int mpi_broadcast(void *ctx, void *buf, int64_t count, fsc_dtype dt, int root, int64_t seq,
