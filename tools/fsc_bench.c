@@ -42,7 +42,8 @@ static int random_tokens(int vocab, int64_t n, uint64_t seed, fsc_tokens *out) {
 
 typedef struct {
     double tok_s, ms_median, gflops, peak, first, last, comm_share;
-    int64_t mem[FSC_MEM_TAG_COUNT]; /* this rank's peaks */
+    int64_t mem[FSC_MEM_TAG_COUNT];    /* this rank's peaks over the whole run */
+    int64_t steady[FSC_MEM_TAG_COUNT]; /* ... over the timed steps only */
 } bench_result;
 
 /* Trains `steps` timed steps after `warmup` ones under `strategy`. */
@@ -75,7 +76,12 @@ static int measure(const bench_config *c, const char *strategy, int steps, int w
     double peak = fsc_sgemm_peak_gflops(1024, 5) / cores;
     double *ms = calloc((size_t)steps, sizeof *ms), elapsed = 0, comm = 0;
     for (int s = 0; s < warmup + steps && !rc; s++) {
-        if (s == warmup && t.world > 1) rc = fsc_group_barrier(fsc_group_world());
+        if (s == warmup) { /* whole-run peaks so far; then the steady state alone */
+            for (int tag = 0; tag < FSC_MEM_TAG_COUNT; tag++)
+                out->mem[tag] = (int64_t)fsc_mem_peak((fsc_mem_tag)tag);
+            fsc_mem_reset_peaks();
+            if (t.world > 1) rc = fsc_group_barrier(fsc_group_world());
+        }
         step_result r;
         if (!rc) rc = trainer_step(&t, &r);
         if (rc) break;
@@ -92,8 +98,10 @@ static int measure(const bench_config *c, const char *strategy, int steps, int w
         out->gflops = out->tok_s * fsc_gpt_flops_per_token(&o.model, o.model.seq) / 1e9;
         out->peak = peak2 > peak ? peak2 : peak;
         out->comm_share = comm / elapsed;
-        for (int tag = 0; tag < FSC_MEM_TAG_COUNT; tag++)
-            out->mem[tag] = (int64_t)fsc_mem_peak((fsc_mem_tag)tag);
+        for (int tag = 0; tag < FSC_MEM_TAG_COUNT; tag++) {
+            out->steady[tag] = (int64_t)fsc_mem_peak((fsc_mem_tag)tag);
+            if (out->steady[tag] > out->mem[tag]) out->mem[tag] = out->steady[tag];
+        }
     }
     free(ms);
     trainer_free(&t);
@@ -123,6 +131,10 @@ static void print_result(const bench_config *c, const char *strategy, int ranks,
            r->first, r->last, (double)ru.ru_maxrss / 1024.0);
     for (int tag = 0; tag < FSC_MEM_TAG_COUNT; tag++)
         printf("%s\"%s\": %" PRId64, tag ? ", " : "", fsc_mem_tag_name((fsc_mem_tag)tag), r->mem[tag]);
+    printf("}, \"steady_peak_mem\": {");
+    for (int tag = 0; tag < FSC_MEM_TAG_COUNT; tag++)
+        printf("%s\"%s\": %" PRId64, tag ? ", " : "", fsc_mem_tag_name((fsc_mem_tag)tag),
+               r->steady[tag]);
     printf("}, \"blas\": \"%s\"}\n", fsc_blas_corename());
     fflush(stdout);
 }
