@@ -33,7 +33,7 @@ for c in "${configs[@]}"; do
     fsc+=("$(echo "$line" | python3 -c 'import json,sys; print(json.load(sys.stdin)["tokens_per_s"])')")
     share+=("$(echo "$line" | python3 -c 'import json,sys; print(json.load(sys.stdin)["share_of_peak"])')")
     peer_args=(--strategy single)
-    [ "$strategy" = ddp ] && peer_args=(--strategy ddp --world "$ranks")
+    [ "$strategy" = ddp ] || [ "$strategy" = sdp ] && peer_args=(--strategy ddp --world "$ranks")
     [ "$strategy" = oss ] && peer_args=(--strategy zero1_torch --world "$ranks")
     line=$(/usr/bin/python3 "$peer" "${peer_args[@]}" "${args[@]}" --steps "$steps" --warmup-steps 3 2>/dev/null | tail -1)
     echo "torch $line" | cut -c1-400
