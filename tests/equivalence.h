@@ -14,8 +14,8 @@
 #include "fsc/io.h"
 #include "fsc/optim.h"
 
-static const fsc_gpt_config EQ_MODEL = {.vocab = 64, .seq = 16, .layers = 2, .d_model = 32,
-                                        .heads = 4, .dropout = 0.1f};
+static const fsc_gpt_config EQ_MODEL = {
+    .vocab = 64, .seq = 16, .layers = 2, .d_model = 32, .heads = 4, .dropout = 0.1f};
 enum { EQ_GLOBAL_BATCH = 8, EQ_STEPS = 5 };
 /* After 5 AdamW steps at lr 1e-2, parallel runs sum gradients in another
  * order than one process. EQ_ATOL/EQ_RTOL hold for every parameter except the
@@ -30,12 +30,12 @@ enum { EQ_GLOBAL_BATCH = 8, EQ_STEPS = 5 };
 #define EQ_MAX_NUMEL (1 << 18)
 static bool eq_is_noise[EQ_MAX_NUMEL]; /* by flat element index; set by eq_reference */
 
-static const fsc_optim_config EQ_ADAMW = {.kind = FSC_OPTIM_ADAMW, .lr = 1e-2, .beta1 = 0.9,
-                                          .beta2 = 0.95, .weight_decay = 0.1};
+static const fsc_optim_config EQ_ADAMW = {
+    .kind = FSC_OPTIM_ADAMW, .lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .weight_decay = 0.1};
 
 /* SGD with momentum (one state float per element), for the sharded optimizers. */
-static const fsc_optim_config EQ_SGD_MOMENTUM = {.kind = FSC_OPTIM_SGD, .lr = 5e-2, .momentum = 0.9,
-                                                 .weight_decay = 0.01};
+static const fsc_optim_config EQ_SGD_MOMENTUM = {
+    .kind = FSC_OPTIM_SGD, .lr = 5e-2, .momentum = 0.9, .weight_decay = 0.01};
 
 /* Variations of the reference run; zero fields mean EQ_MODEL, EQ_ADAMW, no
  * clipping and fp32 parameters. */
@@ -62,7 +62,8 @@ static float *eq_reference_ex(const eq_options *o, int64_t *numel) {
     int nr;
     fsc_tokens tk;
     eq_tokens(&tk);
-    if (!m || fsc_params_bind(m, 5, true, &ps) || fsc_optim_ranges_from_params(&ps, &r, &nr)) abort();
+    if (!m || fsc_params_bind(m, 5, true, &ps) || fsc_optim_ranges_from_params(&ps, &r, &nr))
+        abort();
     if (ps.numel > EQ_MAX_NUMEL) abort();
     fsc_optim *opt = fsc_optim_new(o->optim ? o->optim : &EQ_ADAMW, r, nr);
     fsc_arena *arena = fsc_arena_new(FSC_MEM_ACTIV, 1 << 20);
@@ -72,7 +73,10 @@ static float *eq_reference_ex(const eq_options *o, int64_t *numel) {
         fsc_params_zero_grad(&ps);
         fsc_arena_reset(arena);
         fsc_tokens_batch(&tk, s, 0, 0, B, 1, 1, T, x, y);
-        fsc_ctx ctx = {.arena = arena, .training = true, .seed = 5, .step = s,
+        fsc_ctx ctx = {.arena = arena,
+                       .training = true,
+                       .seed = 5,
+                       .step = s,
                        .sample0 = fsc_batch_first_sample(s, 0, 0, B, 1, 1)};
         float loss;
         if (fsc_gpt_train_micro(m, &ctx, x, y, B, T, -1, (double)B * T, &loss)) abort();
@@ -124,7 +128,8 @@ static int64_t eq_compare(const char *what, const float *a, const float *b, int6
     }
     double max_clean = 0;
     for (int64_t i = 0; i < n; i++)
-        if (!eq_is_noise[i] && fabs((double)a[i] - b[i]) > max_clean) max_clean = fabs((double)a[i] - b[i]);
+        if (!eq_is_noise[i] && fabs((double)a[i] - b[i]) > max_clean)
+            max_clean = fabs((double)a[i] - b[i]);
     fprintf(stderr, "%s: max |diff| %.2e (%.2e outside the key-bias slices) over %lld elements%s\n",
             what, max_d, max_clean, (long long)n, bad ? " -- MISMATCH" : "");
     if (bad)

@@ -24,8 +24,8 @@ static float *run_ddp(size_t bucket_bytes, int accum, fsc_ddp_stats *stats) {
     eq_tokens(&tk);
     /* a different seed on other ranks: the wrap-time broadcast must fix it */
     assert_int_equal(fsc_params_bind(m, rank == 0 ? 5 : 99, true, &ps), FSC_OK);
-    fsc_module *ddp = fsc_ddp_wrap(m, &ps, fsc_group_world(),
-                                   &(fsc_ddp_options){.bucket_bytes = bucket_bytes});
+    fsc_module *ddp =
+        fsc_ddp_wrap(m, &ps, fsc_group_world(), &(fsc_ddp_options){.bucket_bytes = bucket_bytes});
     assert_non_null(ddp);
     assert_int_equal(fsc_optim_ranges_from_params(&ps, &r, &nr), FSC_OK);
     fsc_optim *opt = fsc_optim_new(&EQ_ADAMW, r, nr);
@@ -37,13 +37,16 @@ static float *run_ddp(size_t bucket_bytes, int accum, fsc_ddp_stats *stats) {
         for (int k = 0; k < accum; k++) {
             fsc_arena_reset(arena);
             fsc_tokens_batch(&tk, s, k, rank, B, accum, world, T, x, y);
-            fsc_ctx ctx = {.arena = arena, .training = true, .seed = 5, .step = s,
+            fsc_ctx ctx = {.arena = arena,
+                           .training = true,
+                           .seed = 5,
+                           .step = s,
                            .sample0 = fsc_batch_first_sample(s, k, rank, B, accum, world)};
             fsc_ddp_set_no_sync(ddp, k < accum - 1);
             float loss;
-            assert_int_equal(fsc_gpt_train_micro(ddp, &ctx, x, y, B, T, -1,
-                                                 (double)EQ_GLOBAL_BATCH * T, &loss),
-                             FSC_OK);
+            assert_int_equal(
+                fsc_gpt_train_micro(ddp, &ctx, x, y, B, T, -1, (double)EQ_GLOBAL_BATCH * T, &loss),
+                FSC_OK);
         }
         fsc_optim_step(opt);
     }
@@ -124,8 +127,8 @@ static void test_unused_parameters(void **state) {
     fsc_module_add_child(&p->base, fsc_linear_new("unused", 4, 4, true, FSC_WEIGHT_OUT_IN, 0.5f));
     fsc_params ps;
     assert_int_equal(fsc_params_bind(&p->base, 1, true, &ps), FSC_OK);
-    fsc_module *ddp = fsc_ddp_wrap(&p->base, &ps, fsc_group_world(),
-                                   &(fsc_ddp_options){.bucket_bytes = 64});
+    fsc_module *ddp =
+        fsc_ddp_wrap(&p->base, &ps, fsc_group_world(), &(fsc_ddp_options){.bucket_bytes = 64});
     assert_non_null(ddp);
     fsc_arena *arena = fsc_arena_new(FSC_MEM_ACTIV, 1 << 16);
     fsc_ctx ctx = {.arena = arena, .training = true};

@@ -33,27 +33,32 @@ static float *run_sdp(const sdp_cfg *c, sdp_out *out) {
     fsc_tokens tk;
     eq_tokens(&tk);
     assert_int_equal(fsc_params_bind(m, rank == 0 ? 5 : 77, true, &ps), FSC_OK);
-    fsc_oss *oss = fsc_oss_new(c->optim, &ps, fsc_group_world(),
-                               &(fsc_oss_options){.policy = c->policy});
+    fsc_oss *oss =
+        fsc_oss_new(c->optim, &ps, fsc_group_world(), &(fsc_oss_options){.policy = c->policy});
     assert_non_null(oss);
-    fsc_module *sdp = fsc_sdp_wrap(m, &ps, oss, &(fsc_sdp_options){.bucket_bytes = c->bucket_bytes});
+    fsc_module *sdp =
+        fsc_sdp_wrap(m, &ps, oss, &(fsc_sdp_options){.bucket_bytes = c->bucket_bytes});
     assert_non_null(sdp);
     fsc_arena *arena = fsc_arena_new(FSC_MEM_ACTIV, 1 << 20);
     int B = EQ_GLOBAL_BATCH / (world * c->accum), T = EQ_MODEL.seq;
     int32_t x[EQ_GLOBAL_BATCH * 16], y[EQ_GLOBAL_BATCH * 16];
     for (int s = 0; s < EQ_STEPS; s++) {
-        if (s == 1) fsc_mem_reset_peaks(); /* the first backward learns which buckets the root writes */
+        if (s == 1)
+            fsc_mem_reset_peaks(); /* the first backward learns which buckets the root writes */
         fsc_sdp_zero_grad(sdp);
         for (int k = 0; k < c->accum; k++) {
             fsc_arena_reset(arena);
             fsc_tokens_batch(&tk, s, k, rank, B, c->accum, world, T, x, y);
-            fsc_ctx ctx = {.arena = arena, .training = true, .seed = 5, .step = s,
+            fsc_ctx ctx = {.arena = arena,
+                           .training = true,
+                           .seed = 5,
+                           .step = s,
                            .sample0 = fsc_batch_first_sample(s, k, rank, B, c->accum, world)};
             fsc_sdp_set_no_sync(sdp, k < c->accum - 1);
             float loss;
-            assert_int_equal(fsc_gpt_train_micro(sdp, &ctx, x, y, B, T, -1,
-                                                 (double)EQ_GLOBAL_BATCH * T, &loss),
-                             FSC_OK);
+            assert_int_equal(
+                fsc_gpt_train_micro(sdp, &ctx, x, y, B, T, -1, (double)EQ_GLOBAL_BATCH * T, &loss),
+                FSC_OK);
         }
         if (c->max_norm > 0) {
             float norm;
@@ -122,8 +127,9 @@ static void test_gradient_memory(void **state) {
     float *got = run_sdp(&(sdp_cfg){&EQ_ADAMW, FSC_PARTITION_EVEN, 1, 0, 8192}, &o);
     free(got);
     size_t bound = o.owned_bytes + 3 * o.bucket_bytes;
-    fprintf(stderr, "rank %d/%d: gradient peak %zu bytes; owns %zu; %lld buckets, the largest "
-                    "%zu; bound owned + 3 buckets = %zu; full gradients %zu\n",
+    fprintf(stderr,
+            "rank %d/%d: gradient peak %zu bytes; owns %zu; %lld buckets, the largest "
+            "%zu; bound owned + 3 buckets = %zu; full gradients %zu\n",
             rank, world, o.grad_peak, o.owned_bytes, (long long)o.buckets, o.bucket_bytes, bound,
             (size_t)28032 * 4);
     assert_true(o.grad_peak <= bound);

@@ -11,7 +11,9 @@
 #include "fsc/checkpoint.h"
 #include "tmpdir.h"
 
-static void write_text(const char *path, const char *text) { write_raw(path, text, strlen(text)); }
+static void write_text(const char *path, const char *text) {
+    write_raw(path, text, strlen(text));
+}
 
 static void save(int64_t step, const char *payload) {
     fsc_ckpt_writer *w;

@@ -9,7 +9,9 @@
 #include "equivalence.h"
 #include "fsc/parallel.h"
 
-static fsc_module *replica(void *user) { return fsc_gpt_new(user); }
+static fsc_module *replica(void *user) {
+    return fsc_gpt_new(user);
+}
 
 typedef struct {
     const int32_t *x, *y;
@@ -19,7 +21,8 @@ typedef struct {
 static int work(fsc_module *m, const fsc_ctx *ctx, int row0, int rows, void *user, float *loss) {
     const batch *b = user;
     int T = EQ_MODEL.seq;
-    return fsc_gpt_train_micro(m, ctx, b->x + row0 * T, b->y + row0 * T, rows, T, -1, b->norm, loss);
+    return fsc_gpt_train_micro(m, ctx, b->x + row0 * T, b->y + row0 * T, rows, T, -1, b->norm,
+                               loss);
 }
 
 static void run_dp(int threads) {
@@ -42,7 +45,9 @@ static void run_dp(int threads) {
     for (int s = 0; s < EQ_STEPS; s++) {
         fsc_params_zero_grad(&ps);
         fsc_tokens_batch(&tk, s, 0, 0, B, 1, 1, T, x, y);
-        fsc_ctx ctx = {.training = true, .seed = 5, .step = s,
+        fsc_ctx ctx = {.training = true,
+                       .seed = 5,
+                       .step = s,
                        .sample0 = fsc_batch_first_sample(s, 0, 0, B, 1, 1)};
         batch b = {x, y, (double)B * T};
         float loss;

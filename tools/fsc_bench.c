@@ -47,8 +47,8 @@ typedef struct {
 } bench_result;
 
 /* Trains `steps` timed steps after `warmup` ones under `strategy`. */
-static int measure(const bench_config *c, const char *strategy, int steps, int warmup,
-                   int threads, bench_result *out) {
+static int measure(const bench_config *c, const char *strategy, int steps, int warmup, int threads,
+                   bench_result *out) {
     train_options o;
     train_options_default(&o);
     o.strategy = strategy;
@@ -59,14 +59,14 @@ static int measure(const bench_config *c, const char *strategy, int steps, int w
     o.lr = 3e-4, o.weight_decay = 0.1, o.beta1 = 0.9, o.beta2 = 0.95, o.clip = 0;
     o.schedule = "constant";
     o.skip_grad_norm = true; /* as the PyTorch peer: no clipping, no norm */
-    o.local_in_world = true;  /* the baseline runs on rank 0 alone */
+    o.local_in_world = true; /* the baseline runs on rank 0 alone */
     fsc_mem_reset_peaks();
     trainer t;
     int rc = trainer_init(&t, &o);
     if (!rc) { /* random tokens, as the peer; enough for every rank's batches */
         fsc_tokens_free(&t.tokens);
-        rc = random_tokens(o.model.vocab,
-                           (int64_t)o.steps * o.batch * o.model.seq * t.world + 1, 1234, &t.tokens);
+        rc = random_tokens(o.model.vocab, (int64_t)o.steps * o.batch * o.model.seq * t.world + 1,
+                           1234, &t.tokens);
     }
     if (rc) {
         trainer_free(&t);
@@ -87,7 +87,8 @@ static int measure(const bench_config *c, const char *strategy, int steps, int w
         if (rc) break;
         if (s == 0) out->first = r.loss;
         out->last = r.loss;
-        if (s >= warmup) ms[s - warmup] = 1e3 * r.seconds, elapsed += r.seconds, comm += r.comm_wait_s;
+        if (s >= warmup)
+            ms[s - warmup] = 1e3 * r.seconds, elapsed += r.seconds, comm += r.comm_wait_s;
     }
     double peak2 = fsc_sgemm_peak_gflops(1024, 5) / cores; /* the machine drifts: keep the best */
     if (!rc) {
@@ -112,7 +113,8 @@ static void print_result(const bench_config *c, const char *strategy, int ranks,
                          int steps, const bench_result *r, const bench_result *single) {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
-    bool multi_rank = !strcmp(strategy, "ddp") || !strcmp(strategy, "oss") || !strcmp(strategy, "sdp");
+    bool multi_rank =
+        !strcmp(strategy, "ddp") || !strcmp(strategy, "oss") || !strcmp(strategy, "sdp");
     int workers = multi_rank ? ranks : !strcmp(strategy, "dp") ? threads : 1;
     printf("{\"config\": \"%s\", \"strategy\": \"%s\", \"ranks\": %d, \"threads\": %d, "
            "\"layers\": %d, \"d_model\": %d, \"heads\": %d, \"seq\": %d, \"vocab\": %d, "
@@ -120,9 +122,8 @@ static void print_result(const bench_config *c, const char *strategy, int ranks,
            "\"tokens_per_s\": %.1f, \"ms_per_step_median\": %.2f, \"model_gflops\": %.1f, "
            "\"sgemm_peak_gflops\": %.1f, \"share_of_peak\": %.3f, ",
            c->name, strategy, ranks, threads, c->model.layers, c->model.d_model, c->model.heads,
-           c->model.seq, c->model.vocab, c->batch,
-           fsc_gpt_num_params(&c->model), steps, r->tok_s, r->ms_median, r->gflops, r->peak,
-           r->gflops / (r->peak * workers));
+           c->model.seq, c->model.vocab, c->batch, fsc_gpt_num_params(&c->model), steps, r->tok_s,
+           r->ms_median, r->gflops, r->peak, r->gflops / (r->peak * workers));
     if (single)
         printf("\"single_tokens_per_s\": %.1f, \"scaling_efficiency\": %.3f, ", single->tok_s,
                r->tok_s / (workers * single->tok_s));
@@ -130,7 +131,8 @@ static void print_result(const bench_config *c, const char *strategy, int ranks,
     printf("\"first_loss\": %.4f, \"last_loss\": %.4f, \"peak_rss_mib\": %.1f, \"peak_mem\": {",
            r->first, r->last, (double)ru.ru_maxrss / 1024.0);
     for (int tag = 0; tag < FSC_MEM_TAG_COUNT; tag++)
-        printf("%s\"%s\": %" PRId64, tag ? ", " : "", fsc_mem_tag_name((fsc_mem_tag)tag), r->mem[tag]);
+        printf("%s\"%s\": %" PRId64, tag ? ", " : "", fsc_mem_tag_name((fsc_mem_tag)tag),
+               r->mem[tag]);
     printf("}, \"steady_peak_mem\": {");
     for (int tag = 0; tag < FSC_MEM_TAG_COUNT; tag++)
         printf("%s\"%s\": %" PRId64, tag ? ", " : "", fsc_mem_tag_name((fsc_mem_tag)tag),
@@ -154,8 +156,10 @@ static int run(const bench_config *c, const char *strategy, int steps, int warmu
         int all = fsc_group_barrier(fsc_group_world()); /* the others wait for the baseline */
         if (!rc) rc = all;
     }
-    if (!rc) rc = measure(&wide, strategy, steps, warmup, !strcmp(strategy, "dp") ? threads : 1, &r);
-    if (!rc && rank == 0) print_result(c, strategy, world, threads, steps, &r, scaled ? &single : NULL);
+    if (!rc)
+        rc = measure(&wide, strategy, steps, warmup, !strcmp(strategy, "dp") ? threads : 1, &r);
+    if (!rc && rank == 0)
+        print_result(c, strategy, world, threads, steps, &r, scaled ? &single : NULL);
     return rc;
 }
 
@@ -169,22 +173,28 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help")) {
-            printf("usage: fsc-bench [--config small|medium|all] [--strategy single|dp|ddp|oss|sdp] "
-                   "[--steps N] [--warmup N] [--threads N]\n"
-                   "  dp and ddp scale weakly: each thread (dp, --threads) or rank (ddp, under "
-                   "mpirun)\n  takes the reference batch; the single-process baseline is "
-                   "measured in the same run.\n");
+            printf(
+                "usage: fsc-bench [--config small|medium|all] [--strategy single|dp|ddp|oss|sdp] "
+                "[--steps N] [--warmup N] [--threads N]\n"
+                "  dp and ddp scale weakly: each thread (dp, --threads) or rank (ddp, under "
+                "mpirun)\n  takes the reference batch; the single-process baseline is "
+                "measured in the same run.\n");
             return 0;
         }
         if (!v) {
             fprintf(stderr, "fsc-bench: %s needs a value\n", a);
             return 2;
         }
-        if (!strcmp(a, "--config")) which = v;
-        else if (!strcmp(a, "--strategy")) strategy = v;
-        else if (!strcmp(a, "--steps")) steps = atoi(v);
-        else if (!strcmp(a, "--warmup")) warmup = atoi(v);
-        else if (!strcmp(a, "--threads")) threads = atoi(v);
+        if (!strcmp(a, "--config"))
+            which = v;
+        else if (!strcmp(a, "--strategy"))
+            strategy = v;
+        else if (!strcmp(a, "--steps"))
+            steps = atoi(v);
+        else if (!strcmp(a, "--warmup"))
+            warmup = atoi(v);
+        else if (!strcmp(a, "--threads"))
+            threads = atoi(v);
         else {
             fprintf(stderr, "fsc-bench: unknown flag %s\n", a);
             return 2;

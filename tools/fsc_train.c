@@ -69,12 +69,16 @@ static void summary(const trainer *t, double first_loss, double last_loss, doubl
     double P = (double)fsc_gpt_num_params(&o->model), K = 4.0 * fsc_optim_state_count(&cfg);
     int N = t->strategy >= STRATEGY_OSS ? t->world : 1;
     int Ng = t->strategy == STRATEGY_SDP ? t->world : 1;
-    fprintf(stderr, "model state analytical per rank (%s): params %.1f MiB, grads %.1f MiB%s, "
-                    "optimizer %.1f MiB (K=%g bytes/param over %d rank%s); measured optimizer "
-                    "state rank 0: %.1f MiB\n",
-            Ng > 1 ? "ZeRO-2" : N > 1 ? "ZeRO-1" : "unsharded", 4 * P / 1048576.0,
-            4 * P / Ng / 1048576.0, Ng > 1 ? " + buckets in use" : "", K * P / N / 1048576.0, K,
-            N, N > 1 ? "s" : "", (double)fsc_oss_state_bytes(t->oss) / 1048576.0);
+    fprintf(stderr,
+            "model state analytical per rank (%s): params %.1f MiB, grads %.1f MiB%s, "
+            "optimizer %.1f MiB (K=%g bytes/param over %d rank%s); measured optimizer "
+            "state rank 0: %.1f MiB\n",
+            Ng > 1  ? "ZeRO-2"
+            : N > 1 ? "ZeRO-1"
+                    : "unsharded",
+            4 * P / 1048576.0, 4 * P / Ng / 1048576.0, Ng > 1 ? " + buckets in use" : "",
+            K * P / N / 1048576.0, K, N, N > 1 ? "s" : "",
+            (double)fsc_oss_state_bytes(t->oss) / 1048576.0);
 }
 
 /* Fault injection for the watchdog tests: FSC_FAULT="sleep@R:S" makes rank R

@@ -84,7 +84,8 @@ static const flag flags[] = {
     F("bucket-mb", ARG_DOUBLE, bucket_mb, "DDP gradient bucket size in MB"),
     F("partition", ARG_STR, partition, "oss: even (flat, balanced) | greedy (whole tensors)"),
     F("share-dtype", ARG_STR, share_dtype, "oss: dtype updated parameters travel in: f32|bf16|f16"),
-    F("save-every", ARG_I64, save_every, "write a checkpoint every N steps (needs --checkpoint-dir)"),
+    F("save-every", ARG_I64, save_every,
+      "write a checkpoint every N steps (needs --checkpoint-dir)"),
     F("checkpoint-dir", ARG_STR, checkpoint_dir, "directory of checkpoints (step-N/, latest)"),
     F("resume", ARG_STR, resume, "resume from this checkpoint directory's latest checkpoint"),
     F("init-from", ARG_STR, init_from, "start from these weights (safetensors)"),
@@ -221,12 +222,15 @@ static int make_optimizer(trainer *t) {
         return fsc_error(FSC_ERR_INVALID, "--optimizer \"%s\": expected adamw, adam or sgd",
                          o->optimizer);
     fsc_oss_options oo = {.policy = FSC_PARTITION_EVEN, .share_dtype = FSC_DTYPE_F32};
-    if (!strcmp(o->partition, "greedy")) oo.policy = FSC_PARTITION_GREEDY;
+    if (!strcmp(o->partition, "greedy"))
+        oo.policy = FSC_PARTITION_GREEDY;
     else if (strcmp(o->partition, "even"))
         return fsc_error(FSC_ERR_INVALID, "--partition \"%s\": expected even or greedy",
                          o->partition);
-    if (!strcmp(o->share_dtype, "bf16")) oo.share_dtype = FSC_DTYPE_BF16;
-    else if (!strcmp(o->share_dtype, "f16")) oo.share_dtype = FSC_DTYPE_F16;
+    if (!strcmp(o->share_dtype, "bf16"))
+        oo.share_dtype = FSC_DTYPE_BF16;
+    else if (!strcmp(o->share_dtype, "f16"))
+        oo.share_dtype = FSC_DTYPE_F16;
     else if (strcmp(o->share_dtype, "f32"))
         return fsc_error(FSC_ERR_INVALID, "--share-dtype \"%s\": expected f32, bf16 or f16",
                          o->share_dtype);
@@ -259,19 +263,25 @@ static int make_optimizer(trainer *t) {
 
 static int parse_strategy(trainer *t) {
     const char *s = t->opt.strategy;
-    if (!strcmp(s, "single")) t->strategy = STRATEGY_SINGLE;
-    else if (!strcmp(s, "dp")) t->strategy = STRATEGY_DP;
-    else if (!strcmp(s, "ddp")) t->strategy = STRATEGY_DDP;
-    else if (!strcmp(s, "oss")) t->strategy = STRATEGY_OSS;
-    else if (!strcmp(s, "sdp")) t->strategy = STRATEGY_SDP;
+    if (!strcmp(s, "single"))
+        t->strategy = STRATEGY_SINGLE;
+    else if (!strcmp(s, "dp"))
+        t->strategy = STRATEGY_DP;
+    else if (!strcmp(s, "ddp"))
+        t->strategy = STRATEGY_DDP;
+    else if (!strcmp(s, "oss"))
+        t->strategy = STRATEGY_OSS;
+    else if (!strcmp(s, "sdp"))
+        t->strategy = STRATEGY_SDP;
     else
-        return fsc_error(FSC_ERR_INVALID,
-                         "--strategy \"%s\": expected single, dp, ddp, oss or sdp", s);
+        return fsc_error(FSC_ERR_INVALID, "--strategy \"%s\": expected single, dp, ddp, oss or sdp",
+                         s);
     bool ranks = t->strategy >= STRATEGY_DDP;
     int world = fsc_dist_size();
     if (!ranks && world > 1 && !t->opt.local_in_world)
-        return fsc_error(FSC_ERR_INVALID, "--strategy %s runs in one process but %d were launched; "
-                                          "use --strategy ddp under mpirun",
+        return fsc_error(FSC_ERR_INVALID,
+                         "--strategy %s runs in one process but %d were launched; "
+                         "use --strategy ddp under mpirun",
                          s, world);
     t->rank = ranks ? fsc_dist_rank() : 0;
     t->world = ranks ? world : 1;
@@ -281,7 +291,9 @@ static int parse_strategy(trainer *t) {
     return FSC_OK;
 }
 
-static fsc_module *make_replica(void *user) { return fsc_gpt_new(user); }
+static fsc_module *make_replica(void *user) {
+    return fsc_gpt_new(user);
+}
 
 static void model_json(const fsc_gpt_config *m, char *buf, size_t n) {
     snprintf(buf, n,
@@ -305,8 +317,9 @@ static int resume(trainer *t) {
     bool same = a && b && cJSON_Compare(a, b, true);
     cJSON_Delete(a), cJSON_Delete(b);
     if (!same)
-        rc = fsc_error(FSC_ERR_INVALID, "the checkpoint is of another model (%s); the flags "
-                                        "describe %s",
+        rc = fsc_error(FSC_ERR_INVALID,
+                       "the checkpoint is of another model (%s); the flags "
+                       "describe %s",
                        model ? model : "none", want);
     else if (!ckseed || strcmp(ckseed, seed))
         rc = fsc_error(FSC_ERR_INVALID, "the checkpoint was trained with --seed %s, not %s",
@@ -314,7 +327,8 @@ static int resume(trainer *t) {
     const char *weights = fsc_ckpt_path(c, "model.safetensors");
     const char *optim = fsc_ckpt_path(c, "optim.safetensors");
     if (!rc && (!weights || !optim))
-        rc = fsc_error(FSC_ERR_FORMAT, "the checkpoint lacks model.safetensors or optim.safetensors");
+        rc = fsc_error(FSC_ERR_FORMAT,
+                       "the checkpoint lacks model.safetensors or optim.safetensors");
     if (!rc) rc = fsc_weights_load(weights, &t->params, NULL);
     if (!rc) rc = fsc_oss_load_state(t->oss, fsc_ckpt_path(c, "optim.safetensors"));
     if (!rc) t->step = fsc_ckpt_step(c);
@@ -388,8 +402,8 @@ static int dp_micro(fsc_module *replica, const fsc_ctx *ctx, int row0, int rows,
                     float *loss) {
     const dp_work *w = user;
     int T = w->t->opt.model.seq;
-    return fsc_gpt_train_micro(replica, ctx, w->t->x + (size_t)row0 * T,
-                               w->t->y + (size_t)row0 * T, rows, T, -1, w->norm, loss);
+    return fsc_gpt_train_micro(replica, ctx, w->t->x + (size_t)row0 * T, w->t->y + (size_t)row0 * T,
+                               rows, T, -1, w->norm, loss);
 }
 
 int trainer_step(trainer *t, step_result *r) {
@@ -405,7 +419,10 @@ int trainer_step(trainer *t, step_result *r) {
     for (int k = 0; k < K; k++) {
         int rc = fsc_tokens_batch(&t->tokens, t->step, k, t->rank, B, K, t->world, T, t->x, t->y);
         if (rc) return rc;
-        fsc_ctx ctx = {.arena = t->arena, .training = true, .seed = o->seed, .step = t->step,
+        fsc_ctx ctx = {.arena = t->arena,
+                       .training = true,
+                       .seed = o->seed,
+                       .step = t->step,
                        .sample0 = fsc_batch_first_sample(t->step, k, t->rank, B, K, t->world)};
         float part = 0;
         if (t->dp) {
@@ -444,8 +461,8 @@ int trainer_step(trainer *t, step_result *r) {
     fsc_oss_set_lr(t->oss, lr);
     if ((rc = fsc_oss_step(t->oss))) return rc;
     t->step++;
-    *r = (step_result){.loss = loss, .lr = lr, .grad_norm = gnorm, .seconds = fsc_now() - t0,
-                       .comm_wait_s = comm};
+    *r = (step_result){
+        .loss = loss, .lr = lr, .grad_norm = gnorm, .seconds = fsc_now() - t0, .comm_wait_s = comm};
     return FSC_OK;
 }
 
@@ -481,7 +498,8 @@ void print_mem_json(FILE *f, bool peak) {
 
 int gather_mem_peaks(const trainer *t, int64_t *out) {
     int64_t mine[FSC_MEM_TAG_COUNT];
-    for (int tag = 0; tag < FSC_MEM_TAG_COUNT; tag++) mine[tag] = (int64_t)fsc_mem_peak((fsc_mem_tag)tag);
+    for (int tag = 0; tag < FSC_MEM_TAG_COUNT; tag++)
+        mine[tag] = (int64_t)fsc_mem_peak((fsc_mem_tag)tag);
     if (t->world == 1) {
         memcpy(out, mine, sizeof mine);
         return FSC_OK;
@@ -498,7 +516,8 @@ int trainer_checkpoint(trainer *t) {
     fsc_ckpt_writer *w = NULL;
     int rc = t->rank == 0 ? fsc_ckpt_begin(t->opt.checkpoint_dir, t->step, &w) : FSC_OK;
     int32_t status = rc;
-    if (t->world > 1 && fsc_group_broadcast(world, &status, 1, FSC_DTYPE_I32, 0)) return FSC_ERR_MPI;
+    if (t->world > 1 && fsc_group_broadcast(world, &status, 1, FSC_DTYPE_I32, 0))
+        return FSC_ERR_MPI;
     if (status) return t->rank == 0 ? rc : fsc_error(status, "rank 0 could not start a checkpoint");
     char optim_path[4096] = "";
     if (t->rank == 0) {
@@ -515,15 +534,19 @@ int trainer_checkpoint(trainer *t) {
         if (!rc) rc = fsc_ckpt_set(w, "model", model);
         snprintf(v, sizeof v, "%" PRIu64, t->opt.seed);
         if (!rc) rc = fsc_ckpt_set(w, "seed", v);
-        snprintf(v, sizeof v, "{\"strategy\": \"%s\", \"ranks\": %d, \"batch\": %d, "
-                              "\"grad_accum\": %d}",
+        snprintf(v, sizeof v,
+                 "{\"strategy\": \"%s\", \"ranks\": %d, \"batch\": %d, "
+                 "\"grad_accum\": %d}",
                  t->opt.strategy, t->world, t->opt.batch, t->opt.grad_accum);
         if (!rc) rc = fsc_ckpt_set(w, "saved_by", v);
-        if (!rc) rc = fsc_ckpt_commit(w);
-        else fsc_ckpt_abort(w);
+        if (!rc)
+            rc = fsc_ckpt_commit(w);
+        else
+            fsc_ckpt_abort(w);
     }
     status = rc;
-    if (t->world > 1 && fsc_group_broadcast(world, &status, 1, FSC_DTYPE_I32, 0)) return FSC_ERR_MPI;
+    if (t->world > 1 && fsc_group_broadcast(world, &status, 1, FSC_DTYPE_I32, 0))
+        return FSC_ERR_MPI;
     if (status && t->rank != 0) return fsc_error(status, "rank 0 could not write the checkpoint");
     return rc;
 }

@@ -44,7 +44,13 @@ void train_options_default(train_options *o);
 int train_options_parse(train_options *o, int argc, char **argv, const char *prog,
                         const char *usage_extra);
 
-typedef enum { STRATEGY_SINGLE, STRATEGY_DP, STRATEGY_DDP, STRATEGY_OSS, STRATEGY_SDP } strategy_kind;
+typedef enum {
+    STRATEGY_SINGLE,
+    STRATEGY_DP,
+    STRATEGY_DDP,
+    STRATEGY_OSS,
+    STRATEGY_SDP
+} strategy_kind;
 
 typedef struct trainer {
     train_options opt;

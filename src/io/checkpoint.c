@@ -113,7 +113,8 @@ const char *fsc_ckpt_member(fsc_ckpt_writer *w, const char *name) {
 
 int fsc_ckpt_set(fsc_ckpt_writer *w, const char *key, const char *json_value) {
     cJSON *v = cJSON_Parse(json_value);
-    if (!v) return fsc_error(FSC_ERR_INVALID, "checkpoint metadata %s: not JSON: %s", key, json_value);
+    if (!v)
+        return fsc_error(FSC_ERR_INVALID, "checkpoint metadata %s: not JSON: %s", key, json_value);
     cJSON_DeleteItemFromObjectCaseSensitive(w->meta, key);
     cJSON_AddItemToObject(w->meta, key, v);
     return FSC_OK;
@@ -168,7 +169,8 @@ int fsc_ckpt_commit(fsc_ckpt_writer *w) {
     if (!rc) {
         struct stat st;
         if (stat(w->final, &st) == 0)
-            rc = fsc_error(FSC_ERR_IO, "checkpoint %s already exists; not overwriting it", w->final);
+            rc =
+                fsc_error(FSC_ERR_IO, "checkpoint %s already exists; not overwriting it", w->final);
         else if (rename(w->tmp, w->final) != 0)
             rc = fsc_error(FSC_ERR_IO, "cannot rename %s to %s: %s", w->tmp, w->final,
                            strerror(errno));
@@ -221,12 +223,14 @@ static int verify(fsc_ckpt *c) {
         int rc = file_crc(fsc_ckpt_path(c, f->string), &got, &n);
         if (rc) return fsc_error_context(FSC_ERR_FORMAT, "checkpoint %s is incomplete: ", c->path);
         if (n != (int64_t)size->valuedouble)
-            return fsc_error(FSC_ERR_FORMAT, "checkpoint %s: %s has %" PRId64 " bytes, %" PRId64
-                                             " were written (torn checkpoint)",
+            return fsc_error(FSC_ERR_FORMAT,
+                             "checkpoint %s: %s has %" PRId64 " bytes, %" PRId64
+                             " were written (torn checkpoint)",
                              c->path, f->string, n, (int64_t)size->valuedouble);
         if (got != (uint32_t)crc->valuedouble)
-            return fsc_error(FSC_ERR_FORMAT, "checkpoint %s: %s fails its checksum (CRC-32 %08x, "
-                                             "expected %08x)",
+            return fsc_error(FSC_ERR_FORMAT,
+                             "checkpoint %s: %s fails its checksum (CRC-32 %08x, "
+                             "expected %08x)",
                              c->path, f->string, got, (uint32_t)crc->valuedouble);
     }
     return FSC_OK;
@@ -275,7 +279,9 @@ void fsc_ckpt_close(fsc_ckpt *c) {
     free(c);
 }
 
-int64_t fsc_ckpt_step(const fsc_ckpt *c) { return c->step; }
+int64_t fsc_ckpt_step(const fsc_ckpt *c) {
+    return c->step;
+}
 
 /* Keeps text alive until close; returns it (NULL if out of memory). */
 static const char *retain(fsc_ckpt *c, char *text) {

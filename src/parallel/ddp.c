@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "buckets.h"
 #include "fsc/parallel.h"
 
 typedef struct bucket {
@@ -126,29 +127,23 @@ static void ddp_free(fsc_module *m) {
 
 static const fsc_module_ops ddp_ops = {"DDP", ddp_forward, ddp_backward, ddp_free};
 
-/* Buckets from the end of the flat buffer: a bucket closes once it holds at
- * least bucket_bytes (a parameter is never split across buckets). */
 static int make_buckets(ddp *d) {
     fsc_params *ps = d->params;
-    size_t limit = d->opt.bucket_bytes / sizeof(float);
-    d->buckets = calloc((size_t)ps->count, sizeof *d->buckets);
-    d->bucket_of = calloc((size_t)ps->count, sizeof *d->bucket_of);
+    bucket_plan plan;
+    int rc = bucket_plan_make(ps, d->opt.bucket_bytes, &plan);
+    if (rc) return rc;
+    d->buckets = calloc((size_t)plan.n, sizeof *d->buckets);
     d->ready = calloc((size_t)ps->count, sizeof *d->ready);
-    if (!d->buckets || !d->bucket_of || !d->ready)
+    if (!d->buckets || !d->ready) {
+        bucket_plan_free(&plan);
         return fsc_error(FSC_ERR_NOMEM, "DDP: out of memory");
-    int64_t end = ps->numel, next = ps->numel; /* bucket end; start of parameter e + 1 */
-    size_t in_bucket = 0;
-    for (int e = ps->count - 1; e >= 0; e--) {
-        d->bucket_of[e] = d->nbuckets;
-        in_bucket += (size_t)(next - ps->entries[e].offset);
-        next = ps->entries[e].offset;
-        bool close = in_bucket >= limit || e == 0;
-        if (close) {
-            d->buckets[d->nbuckets++] = (bucket){.begin = ps->entries[e].offset, .end = end};
-            end = ps->entries[e].offset;
-            in_bucket = 0;
-        }
     }
+    for (int b = 0; b < plan.n; b++)
+        d->buckets[b] = (bucket){.begin = plan.begin[b], .end = plan.end[b]};
+    d->nbuckets = plan.n;
+    d->bucket_of = plan.bucket_of; /* kept; the rest of the plan is copied */
+    plan.bucket_of = NULL;
+    bucket_plan_free(&plan);
     d->stats.buckets = d->nbuckets;
     return FSC_OK;
 }
@@ -158,12 +153,8 @@ static int add_hooks(ddp *d, fsc_module *m) {
     if (m->nparams) {
         owner_hook *h = &d->hooks[d->nhooks++];
         h->ddp = d;
-        h->entries = malloc((size_t)m->nparams * sizeof *h->entries);
-        if (!h->entries) return fsc_error(FSC_ERR_NOMEM, "DDP: out of memory");
-        for (int i = 0; i < m->nparams; i++)
-            for (int e = 0; e < d->params->count; e++)
-                if (d->params->entries[e].param == &m->params[i]) h->entries[h->n++] = e;
-        int rc = fsc_module_add_hook(m, FSC_HOOK_POST_BACKWARD, on_post_backward, h);
+        int rc = module_entries(d->params, m, &h->entries, &h->n);
+        if (!rc) rc = fsc_module_add_hook(m, FSC_HOOK_POST_BACKWARD, on_post_backward, h);
         if (rc) return rc;
     }
     for (int c = 0; c < m->nchildren; c++) {
@@ -171,12 +162,6 @@ static int add_hooks(ddp *d, fsc_module *m) {
         if (rc) return rc;
     }
     return FSC_OK;
-}
-
-static int count_owners(const fsc_module *m) {
-    int n = m->nparams > 0;
-    for (int c = 0; c < m->nchildren; c++) n += count_owners(m->children[c]);
-    return n;
 }
 
 fsc_module *fsc_ddp_wrap(fsc_module *child, fsc_params *params, fsc_group *g,
@@ -199,7 +184,7 @@ fsc_module *fsc_ddp_wrap(fsc_module *child, fsc_params *params, fsc_group *g,
     }
     fsc_module_init(&d->base, &ddp_ops, "ddp");
     d->child = child, d->params = params, d->group = g, d->opt = o;
-    d->hooks = calloc((size_t)count_owners(child) + 1, sizeof *d->hooks);
+    d->hooks = calloc((size_t)count_param_modules(child) + 1, sizeof *d->hooks);
     int rc = d->hooks ? make_buckets(d) : fsc_error(FSC_ERR_NOMEM, "DDP: out of memory");
     if (!rc) rc = add_hooks(d, child);
     /* Every rank starts from rank 0's weights. */
@@ -212,6 +197,10 @@ fsc_module *fsc_ddp_wrap(fsc_module *child, fsc_params *params, fsc_group *g,
     return &d->base;
 }
 
-void fsc_ddp_set_no_sync(fsc_module *m, bool no_sync) { ((ddp *)m)->no_sync = no_sync; }
+void fsc_ddp_set_no_sync(fsc_module *m, bool no_sync) {
+    ((ddp *)m)->no_sync = no_sync;
+}
 
-fsc_ddp_stats fsc_ddp_get_stats(const fsc_module *m) { return ((const ddp *)m)->stats; }
+fsc_ddp_stats fsc_ddp_get_stats(const fsc_module *m) {
+    return ((const ddp *)m)->stats;
+}

@@ -32,13 +32,15 @@ struct fsc_dp {
 
 static int same_layout(const fsc_params *a, const fsc_params *b) {
     if (a->count != b->count || a->numel != b->numel)
-        return fsc_error(FSC_ERR_INVALID, "DP: the replica has %d parameters (%lld elements), the "
-                                          "model %d (%lld)",
+        return fsc_error(FSC_ERR_INVALID,
+                         "DP: the replica has %d parameters (%lld elements), the "
+                         "model %d (%lld)",
                          b->count, (long long)b->numel, a->count, (long long)a->numel);
     for (int i = 0; i < a->count; i++)
-        if (strcmp(a->entries[i].name, b->entries[i].name) || a->entries[i].offset != b->entries[i].offset)
-            return fsc_error(FSC_ERR_INVALID, "DP: replica parameter %d is %s, the model's is %s", i,
-                             b->entries[i].name, a->entries[i].name);
+        if (strcmp(a->entries[i].name, b->entries[i].name) ||
+            a->entries[i].offset != b->entries[i].offset)
+            return fsc_error(FSC_ERR_INVALID, "DP: replica parameter %d is %s, the model's is %s",
+                             i, b->entries[i].name, a->entries[i].name);
     return FSC_OK;
 }
 
@@ -47,7 +49,8 @@ int fsc_dp_new(fsc_replica_fn make, void *make_user, fsc_params *params, int thr
     *out = NULL;
     if (threads < 1) return fsc_error(FSC_ERR_INVALID, "DP: threads %d must be >= 1", threads);
     if (!params || !params->grad)
-        return fsc_error(FSC_ERR_INVALID, "DP: the model's parameters must be bound with gradients");
+        return fsc_error(FSC_ERR_INVALID,
+                         "DP: the model's parameters must be bound with gradients");
     fsc_dp *dp = calloc(1, sizeof *dp);
     if (!dp || !(dp->w = calloc((size_t)threads, sizeof *dp->w))) {
         free(dp);
@@ -88,7 +91,9 @@ void fsc_dp_free(fsc_dp *dp) {
     free(dp);
 }
 
-int fsc_dp_threads(const fsc_dp *dp) { return dp->n; }
+int fsc_dp_threads(const fsc_dp *dp) {
+    return dp->n;
+}
 
 int fsc_dp_run(fsc_dp *dp, const fsc_ctx *ctx, int rows, fsc_dp_work_fn fn, void *user,
                float *loss) {

@@ -243,7 +243,9 @@ const fsc_partition *fsc_oss_partition(const fsc_oss *o) {
     return o ? o->part : NULL;
 }
 
-fsc_group *fsc_oss_group(const fsc_oss *o) { return o->g; }
+fsc_group *fsc_oss_group(const fsc_oss *o) {
+    return o->g;
+}
 
 fsc_optim *fsc_oss_local(fsc_oss *o) {
     return o ? o->local : NULL;

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "buckets.h"
 #include "fsc/zero.h"
 
 typedef struct segment {
@@ -24,8 +25,8 @@ typedef struct bucket {
     int64_t begin, end;
     segment *segs;
     int nsegs;
-    int pending;        /* parameters not yet ready in this backward */
-    bool live;          /* non-owned segments counted (recommitted) */
+    int pending; /* parameters not yet ready in this backward */
+    bool live;   /* non-owned segments counted (recommitted) */
     bool launched;
     fsc_request **reqs; /* one per segment while in flight */
 } bucket;
@@ -74,8 +75,7 @@ static int set_live(sdp *s, bucket *b, bool live) {
 /* ---- reductions ------------------------------------------------------------------ */
 
 static int launch_ready(sdp *s) {
-    while (!s->status && s->next_launch < s->nbuckets &&
-           s->buckets[s->next_launch].pending == 0) {
+    while (!s->status && s->next_launch < s->nbuckets && s->buckets[s->next_launch].pending == 0) {
         bucket *b = &s->buckets[s->next_launch++];
         for (int i = 0; !s->status && i < b->nsegs; i++) {
             segment *sg = &b->segs[i];
@@ -247,7 +247,8 @@ static int add_segment(bucket *b, int64_t at, int64_t count, int owner) {
 static int add_range(sdp *s, bucket *b, int k, int64_t lo, int64_t hi) {
     const fsc_partition *p = fsc_oss_partition(s->oss);
     if (p->policy != FSC_PARTITION_EVEN)
-        return add_segment(b, lo, hi - lo, fsc_partition_owner(p, s->params, s->params->entries[k].offset));
+        return add_segment(b, lo, hi - lo,
+                           fsc_partition_owner(p, s->params, s->params->entries[k].offset));
     while (lo < hi) {
         int owner = (int)(lo / p->shard);
         int64_t stop = (int64_t)(owner + 1) * p->shard;
@@ -261,49 +262,42 @@ static int add_range(sdp *s, bucket *b, int k, int64_t lo, int64_t hi) {
 
 static int make_buckets(sdp *s) {
     fsc_params *ps = s->params;
-    size_t limit = s->opt.bucket_bytes / sizeof(float);
-    s->buckets = calloc((size_t)ps->count, sizeof *s->buckets);
-    s->bucket_of = calloc((size_t)ps->count, sizeof *s->bucket_of);
+    bucket_plan plan;
+    int rc = bucket_plan_make(ps, s->opt.bucket_bytes, &plan);
+    if (rc) return rc;
+    s->buckets = calloc((size_t)plan.n, sizeof *s->buckets);
     s->ready = calloc((size_t)ps->count, sizeof *s->ready);
     s->hooked = calloc((size_t)ps->count, sizeof *s->hooked);
     s->hooked_last = calloc((size_t)ps->count, sizeof *s->hooked_last);
-    if (!s->buckets || !s->bucket_of || !s->ready || !s->hooked || !s->hooked_last)
-        return fsc_error(FSC_ERR_NOMEM, "ShardedDDP: out of memory");
-    int64_t end = ps->numel, next = ps->numel;
-    size_t in_bucket = 0;
-    for (int e = ps->count - 1; e >= 0; e--) {
-        s->bucket_of[e] = s->nbuckets;
-        in_bucket += (size_t)(next - ps->entries[e].offset);
-        next = ps->entries[e].offset;
-        if (in_bucket < limit && e > 0) continue;
-        bucket *b = &s->buckets[s->nbuckets++];
-        b->begin = ps->entries[e].offset, b->end = end, b->live = true;
-        for (int k = e; k < ps->count && ps->entries[k].offset < end; k++) {
+    s->bucket_of = plan.bucket_of; /* kept; the rest of the plan is copied */
+    plan.bucket_of = NULL;
+    s->nbuckets = plan.n;
+    s->stats.buckets = plan.n;
+    s->stats.max_bucket_bytes = plan.max_bytes;
+    if (!s->buckets || !s->ready || !s->hooked || !s->hooked_last)
+        rc = fsc_error(FSC_ERR_NOMEM, "ShardedDDP: out of memory");
+    /* segments by owner over every entry (and the padding after it) of each bucket */
+    for (int b = 0; !rc && b < plan.n; b++) {
+        bucket *bk = &s->buckets[b];
+        bk->begin = plan.begin[b], bk->end = plan.end[b], bk->live = true;
+        for (int k = 0; !rc && k < ps->count; k++) {
+            if (ps->entries[k].offset < bk->begin || ps->entries[k].offset >= bk->end) continue;
             int64_t hi = k + 1 < ps->count ? ps->entries[k + 1].offset : ps->numel;
-            int rc = add_range(s, b, k, ps->entries[k].offset, hi);
-            if (rc) return rc;
+            rc = add_range(s, bk, k, ps->entries[k].offset, hi);
         }
-        b->reqs = calloc((size_t)b->nsegs, sizeof *b->reqs);
-        if (!b->reqs) return fsc_error(FSC_ERR_NOMEM, "ShardedDDP: out of memory");
-        int64_t bytes = (b->end - b->begin) * (int64_t)sizeof(float);
-        if (bytes > s->stats.max_bucket_bytes) s->stats.max_bucket_bytes = bytes;
-        end = ps->entries[e].offset;
-        in_bucket = 0;
+        bk->reqs = rc ? NULL : calloc((size_t)bk->nsegs, sizeof *bk->reqs);
+        if (!rc && !bk->reqs) rc = fsc_error(FSC_ERR_NOMEM, "ShardedDDP: out of memory");
     }
-    s->stats.buckets = s->nbuckets;
-    return FSC_OK;
+    bucket_plan_free(&plan);
+    return rc;
 }
 
 static int add_hooks(sdp *s, fsc_module *m) {
     if (m->nparams) {
         owner_hook *h = &s->hooks[s->nhooks++];
         h->sdp = s;
-        h->entries = malloc((size_t)m->nparams * sizeof *h->entries);
-        if (!h->entries) return fsc_error(FSC_ERR_NOMEM, "ShardedDDP: out of memory");
-        for (int i = 0; i < m->nparams; i++)
-            for (int e = 0; e < s->params->count; e++)
-                if (s->params->entries[e].param == &m->params[i]) h->entries[h->n++] = e;
-        int rc = fsc_module_add_hook(m, FSC_HOOK_PRE_BACKWARD, on_pre_backward, h);
+        int rc = module_entries(s->params, m, &h->entries, &h->n);
+        if (!rc) rc = fsc_module_add_hook(m, FSC_HOOK_PRE_BACKWARD, on_pre_backward, h);
         if (!rc) rc = fsc_module_add_hook(m, FSC_HOOK_POST_BACKWARD, on_post_backward, h);
         if (rc) return rc;
     }
@@ -312,12 +306,6 @@ static int add_hooks(sdp *s, fsc_module *m) {
         if (rc) return rc;
     }
     return FSC_OK;
-}
-
-static int count_owners(const fsc_module *m) {
-    int n = m->nparams > 0;
-    for (int c = 0; c < m->nchildren; c++) n += count_owners(m->children[c]);
-    return n;
 }
 
 fsc_module *fsc_sdp_wrap(fsc_module *child, fsc_params *params, fsc_oss *oss,
@@ -337,7 +325,7 @@ fsc_module *fsc_sdp_wrap(fsc_module *child, fsc_params *params, fsc_oss *oss,
     s->rank = fsc_group_rank(s->g);
     s->opt = opt ? *opt : (fsc_sdp_options){0};
     if (!s->opt.bucket_bytes) s->opt.bucket_bytes = (size_t)25 << 20;
-    s->hooks = calloc((size_t)count_owners(child) + 1, sizeof *s->hooks);
+    s->hooks = calloc((size_t)count_param_modules(child) + 1, sizeof *s->hooks);
     int rc = s->hooks ? make_buckets(s) : fsc_error(FSC_ERR_NOMEM, "ShardedDDP: out of memory");
     if (!rc) rc = add_hooks(s, child);
     if (!rc && !s->opt.no_broadcast)
@@ -351,7 +339,9 @@ fsc_module *fsc_sdp_wrap(fsc_module *child, fsc_params *params, fsc_oss *oss,
     return &s->base;
 }
 
-void fsc_sdp_set_no_sync(fsc_module *m, bool no_sync) { ((sdp *)m)->no_sync = no_sync; }
+void fsc_sdp_set_no_sync(fsc_module *m, bool no_sync) {
+    ((sdp *)m)->no_sync = no_sync;
+}
 
 void fsc_sdp_zero_grad(fsc_module *m) {
     sdp *s = (sdp *)m;
@@ -364,4 +354,6 @@ void fsc_sdp_zero_grad(fsc_module *m) {
     }
 }
 
-fsc_sdp_stats fsc_sdp_get_stats(const fsc_module *m) { return ((const sdp *)m)->stats; }
+fsc_sdp_stats fsc_sdp_get_stats(const fsc_module *m) {
+    return ((const sdp *)m)->stats;
+}

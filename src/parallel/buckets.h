@@ -1,0 +1,27 @@
+/* Shared by DDP and ShardedDDP (internal): gradient buckets over the flat
+ * gradient buffer in reverse forward order, and the parameters each module
+ * owns directly (what its backward hooks mark ready). */
+#ifndef FSC_PARALLEL_BUCKETS_H
+#define FSC_PARALLEL_BUCKETS_H
+
+#include "fsc/nn.h"
+
+/* Bucket k covers flat elements [begin[k], end[k]); bucket 0 ends at the end of
+ * the buffer. A bucket closes once it holds at least bucket_bytes; a
+ * parameter never straddles two. bucket_of[e] is entry e's bucket. */
+typedef struct bucket_plan {
+    int n;
+    int64_t *begin, *end;
+    int *bucket_of;
+    int64_t max_bytes;
+} bucket_plan;
+
+int bucket_plan_make(const fsc_params *ps, size_t bucket_bytes, bucket_plan *out);
+void bucket_plan_free(bucket_plan *p);
+
+/* Indices (into ps->entries) of the parameters module m declares itself. */
+int module_entries(const fsc_params *ps, const fsc_module *m, int **entries, int *n);
+/* Modules in the tree under m (m included) that declare parameters. */
+int count_param_modules(const fsc_module *m);
+
+#endif
