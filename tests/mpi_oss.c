@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "equivalence.h"
+#include "mpi_test.h"
 #include "fsc/parallel.h"
 #include "fsc/zero.h"
 
@@ -594,9 +595,5 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tiny_model_and_bad_arguments),
         cmocka_unit_test(test_state_dict),
     };
-    int failed = cmocka_run_group_tests(tests, setup, teardown);
-    int any = failed;
-    fsc_group_allreduce(fsc_group_world(), &any, 1, FSC_DTYPE_I32, FSC_REDUCE_MAX);
-    fsc_dist_finalize();
-    return any ? 1 : 0;
+    return mpi_test_finish(cmocka_run_group_tests(tests, setup, teardown));
 }

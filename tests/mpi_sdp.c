@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "equivalence.h"
+#include "mpi_test.h"
 #include "fsc/zero.h"
 
 static int rank, world;
@@ -145,9 +146,5 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_adamw_clipping_one_bucket),
         cmocka_unit_test(test_gradient_memory),
     };
-    int failed = cmocka_run_group_tests(tests, NULL, NULL);
-    int any = failed;
-    fsc_group_allreduce(fsc_group_world(), &any, 1, FSC_DTYPE_I32, FSC_REDUCE_MAX);
-    fsc_dist_finalize();
-    return any ? 1 : 0;
+    return mpi_test_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }
