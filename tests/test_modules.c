@@ -15,8 +15,9 @@ typedef struct {
     int n;
 } hook_log;
 
-static int record(fsc_module *m, fsc_hook_kind kind, const fsc_tensor *t, void *user) {
-    (void)t;
+static int record(fsc_module *m, fsc_hook_kind kind, const fsc_ctx *ctx, const fsc_tensor *t,
+                  void *user) {
+    (void)ctx, (void)t;
     static const char *names[] = {"pre_fwd", "post_fwd", "pre_bwd", "post_bwd"};
     hook_log *l = user;
     snprintf(l->log[l->n++], sizeof l->log[0], "%s:%s", names[kind], m->name);

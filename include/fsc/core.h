@@ -103,6 +103,7 @@ typedef enum {
     FSC_MEM_ACTIV,
     FSC_MEM_COMM,
     FSC_MEM_WORK,
+    FSC_MEM_GATHERED, /* FSDP: full parameters and gradients of units while they compute */
     FSC_MEM_TAG_COUNT
 } fsc_mem_tag;
 
@@ -121,6 +122,12 @@ FSC_API size_t fsc_mem_current_total(void);
 /* Peak of the sum over tags (not the sum of per-tag peaks). */
 FSC_API size_t fsc_mem_peak_total(void);
 FSC_API void fsc_mem_reset_peaks(void);
+/* A budget for the sum over tags (0: none, the default; FSC_MEM_LIMIT_MB in
+ * the environment sets it at start-up): an allocation that would take the
+ * total past it fails with FSC_ERR_NOMEM naming the budget, as a machine with
+ * that much memory would. For showing what fits where. */
+FSC_API void fsc_mem_set_limit(size_t bytes);
+FSC_API size_t fsc_mem_get_limit(void);
 FSC_API const char *fsc_mem_tag_name(fsc_mem_tag tag); /* "params", "grads", ... */
 
 /* ---- arena ---------------------------------------------------------------- */

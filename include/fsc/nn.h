@@ -33,6 +33,11 @@ typedef struct fsc_ctx {
     uint64_t seed;    /* run seed (dropout keys) */
     int64_t step;     /* optimizer step, 0-based (dropout keys) */
     int64_t sample0;  /* global index of batch row 0 (dropout keys) */
+    /* This forward re-runs one already done, inside backward (activation
+     * checkpointing): wrappers must not count it as a new forward (FSDP does
+     * not reshard after it). Results are identical: randomness is keyed by
+     * (seed, step, sample), never by call order. */
+    bool recompute;
 } fsc_ctx;
 
 typedef struct fsc_module fsc_module;
@@ -79,9 +84,11 @@ typedef enum {
     FSC_HOOK_KIND_COUNT
 } fsc_hook_kind;
 
-/* A hook sees the module and the tensor crossing it (x before forward, y after,
- * dy before backward, dx after; dx may be NULL). A non-zero return aborts the call. */
-typedef int (*fsc_hook_fn)(fsc_module *m, fsc_hook_kind kind, const fsc_tensor *t, void *user);
+/* A hook sees the module, the step's context (training, recompute, step) and
+ * the tensor crossing it (x before forward, y after, dy before backward, dx
+ * after; dx may be NULL). A non-zero return aborts the call. */
+typedef int (*fsc_hook_fn)(fsc_module *m, fsc_hook_kind kind, const fsc_ctx *ctx,
+                           const fsc_tensor *t, void *user);
 
 #define FSC_MAX_HOOKS 4
 

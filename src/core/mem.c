@@ -32,6 +32,41 @@ typedef struct {
 
 static _Atomic size_t current[FSC_MEM_TAG_COUNT], peak[FSC_MEM_TAG_COUNT];
 static _Atomic size_t total_current, total_peak;
+static _Atomic size_t limit;   /* 0: none */
+static _Atomic int limit_read; /* FSC_MEM_LIMIT_MB consulted */
+
+/* The budget, reading FSC_MEM_LIMIT_MB the first time (unless set already). */
+static size_t budget(void) {
+    if (!atomic_exchange(&limit_read, 1)) {
+        const char *env = getenv("FSC_MEM_LIMIT_MB");
+        char *end;
+        double mb = env ? strtod(env, &end) : 0;
+        if (env && end != env && mb > 0 && !atomic_load(&limit))
+            atomic_store(&limit, (size_t)(mb * 1048576.0));
+    }
+    return atomic_load(&limit);
+}
+
+void fsc_mem_set_limit(size_t bytes) {
+    atomic_store(&limit_read, 1);
+    atomic_store(&limit, bytes);
+}
+
+size_t fsc_mem_get_limit(void) {
+    return budget();
+}
+
+/* Checks that `bytes` more stay within the budget (a racy check: good enough
+ * for a budget, which is a demonstration device, not a security boundary). */
+static bool within_budget(size_t bytes, const char *what) {
+    size_t cap = budget(), now = atomic_load(&total_current);
+    if (!cap || now + bytes <= cap) return true;
+    fsc_error(FSC_ERR_NOMEM,
+              "memory budget exceeded: %zu more bytes for %s on top of %zu would pass the "
+              "budget of %zu bytes (%.1f MiB; FSC_MEM_LIMIT_MB)",
+              bytes, what, now, cap, (double)cap / 1048576.0);
+    return false;
+}
 
 static void raise_peak(_Atomic size_t *pk, size_t now) {
     size_t old = atomic_load(pk);
@@ -48,6 +83,7 @@ void *fsc_mem_alloc(fsc_mem_tag tag, size_t bytes) {
         fsc_error(FSC_ERR_NOMEM, "fsc_mem_alloc: %zu bytes is too large", bytes);
         return NULL;
     }
+    if (!within_budget(bytes, fsc_mem_tag_name(tag))) return NULL;
     char *base, *user;
     size_t mapped = 0;
     if (bytes >= HUGE_MIN) {
@@ -140,6 +176,7 @@ int fsc_mem_recommit(void *p, size_t offset, size_t bytes) {
     if (bytes > atomic_load(&h->discarded))
         return fsc_error(FSC_ERR_INVALID, "fsc_mem_recommit: %zu bytes, only %zu were discarded",
                          bytes, atomic_load(&h->discarded));
+    if (!within_budget(bytes, fsc_mem_tag_name(h->tag))) return FSC_ERR_NOMEM;
     atomic_fetch_sub(&h->discarded, bytes);
     raise_peak(&peak[h->tag], atomic_fetch_add(&current[h->tag], bytes) + bytes);
     raise_peak(&total_peak, atomic_fetch_add(&total_current, bytes) + bytes);
@@ -165,7 +202,7 @@ void fsc_mem_reset_peaks(void) {
 }
 
 const char *fsc_mem_tag_name(fsc_mem_tag t) {
-    static const char *names[FSC_MEM_TAG_COUNT] = {"params", "grads", "optim",
-                                                   "activ",  "comm",  "work"};
+    static const char *names[FSC_MEM_TAG_COUNT] = {"params", "grads", "optim",   "activ",
+                                                   "comm",   "work",  "gathered"};
     return (unsigned)t < FSC_MEM_TAG_COUNT ? names[t] : "?";
 }

@@ -77,9 +77,9 @@ void fsc_module_remove_hook(fsc_module *m, fsc_hook_kind kind, fsc_hook_fn fn, v
     m->nhooks[kind] = k;
 }
 
-static int run_hooks(fsc_module *m, fsc_hook_kind kind, const fsc_tensor *t) {
+static int run_hooks(fsc_module *m, fsc_hook_kind kind, const fsc_ctx *ctx, const fsc_tensor *t) {
     for (int i = 0; i < m->nhooks[kind]; i++) {
-        int rc = m->hooks[kind][i].fn(m, kind, t, m->hooks[kind][i].user);
+        int rc = m->hooks[kind][i].fn(m, kind, ctx, t, m->hooks[kind][i].user);
         if (rc) return rc;
     }
     return FSC_OK;
@@ -90,9 +90,9 @@ int fsc_module_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, f
     void *dummy = NULL;
     if (!saved) saved = &dummy;
     *saved = NULL;
-    int rc = run_hooks(m, FSC_HOOK_PRE_FORWARD, x);
+    int rc = run_hooks(m, FSC_HOOK_PRE_FORWARD, ctx, x);
     if (!rc) rc = m->ops->forward(m, ctx, x, y, saved);
-    if (!rc) rc = run_hooks(m, FSC_HOOK_POST_FORWARD, y);
+    if (!rc) rc = run_hooks(m, FSC_HOOK_POST_FORWARD, ctx, y);
     return rc;
 }
 
@@ -101,9 +101,9 @@ int fsc_module_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fs
     if (!m->ops->backward)
         return fsc_error(FSC_ERR_UNSUPPORTED, "module %s (%s) has no backward", m->name,
                          m->ops->kind);
-    int rc = run_hooks(m, FSC_HOOK_PRE_BACKWARD, dy);
+    int rc = run_hooks(m, FSC_HOOK_PRE_BACKWARD, ctx, dy);
     if (!rc) rc = m->ops->backward(m, ctx, saved, dy, dx);
-    if (!rc) rc = run_hooks(m, FSC_HOOK_POST_BACKWARD, dx);
+    if (!rc) rc = run_hooks(m, FSC_HOOK_POST_BACKWARD, ctx, dx);
     return rc;
 }
 

@@ -62,8 +62,9 @@ static void mark_ready(ddp *d, int entry) {
     d->buckets[d->bucket_of[entry]].pending--;
 }
 
-static int on_post_backward(fsc_module *m, fsc_hook_kind kind, const fsc_tensor *t, void *user) {
-    (void)m, (void)kind, (void)t;
+static int on_post_backward(fsc_module *m, fsc_hook_kind kind, const fsc_ctx *ctx,
+                            const fsc_tensor *t, void *user) {
+    (void)m, (void)kind, (void)ctx, (void)t;
     owner_hook *h = user;
     ddp *d = h->ddp;
     if (d->no_sync) return FSC_OK;

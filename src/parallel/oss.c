@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "oss_internal.h"
+#include "sharded_internal.h"
 
 void fsc_oss_free(fsc_oss *o) {
     if (!o) return;
@@ -207,31 +208,30 @@ int fsc_oss_set_lr(fsc_oss *o, double lr) {
 /* ---- clipping ---------------------------------------------------------------- */
 int fsc_oss_clip_grad_norm(fsc_oss *o, float max_norm, bool inf_norm, float *total) {
     if (!o) return fsc_error(FSC_ERR_INVALID, "oss clip: o must not be NULL");
-    if (!(max_norm >= 0.0f))
-        return fsc_error(FSC_ERR_INVALID, "oss clip: max_norm %g must be >= 0", (double)max_norm);
-    /* Every rank's local figure travels as the bits of a double (allgather
-     * moves bits; the dist layer reduces no F64), then each rank combines
-     * them in rank order: the same total everywhere, summed in double. */
-    double local = inf_norm ? (double)fsc_grad_max_abs(o->ranges, o->nranges)
-                            : fsc_grad_norm_sq(o->ranges, o->nranges);
-    int64_t bits, *all = malloc((size_t)o->world * sizeof *all);
-    if (!all) return fsc_error(FSC_ERR_NOMEM, "oss clip: out of memory");
-    memcpy(&bits, &local, sizeof bits);
-    int rc = fsc_group_allgather(o->g, &bits, all, 1, FSC_DTYPE_I64);
-    double acc = 0.0;
-    for (int r = 0; r < o->world && !rc; r++) {
-        double v;
-        memcpy(&v, &all[r], sizeof v);
-        if (inf_norm)
-            acc = (isnan(v) || isnan(acc)) ? NAN : v > acc ? v : acc;
-        else
-            acc += v;
-    }
-    free(all);
-    if (rc) return fsc_error_context(rc, "oss clip: ");
-    const float norm = inf_norm ? (float)acc : (float)sqrt(acc);
-    if (total) *total = norm;
-    return fsc_clip_grads_scale(o->ranges, o->nranges, max_norm, norm);
+    return sharded_clip_grad_norm(o->g, o->ranges, o->nranges, max_norm, inf_norm, total,
+                                  "oss clip");
+}
+
+/* ---- optimizer state by name --------------------------------------------------- */
+static optim_shards state_view(fsc_oss *o, const char *who) {
+    return (optim_shards){.ps = o->ps,
+                          .part = o->part,
+                          .local = o->local,
+                          .g = o->g,
+                          .policy = o->part->policy == FSC_PARTITION_EVEN ? "even" : "greedy",
+                          .who = who};
+}
+
+int fsc_oss_save_state(fsc_oss *o, const char *path, int root) {
+    if (!o) return fsc_error(FSC_ERR_INVALID, "oss save_state: o must not be NULL");
+    optim_shards v = state_view(o, "oss save_state");
+    return optim_shards_save(&v, path, root);
+}
+
+int fsc_oss_load_state(fsc_oss *o, const char *path) {
+    if (!o) return fsc_error(FSC_ERR_INVALID, "oss load_state: o must not be NULL");
+    optim_shards v = state_view(o, "oss load_state");
+    return optim_shards_load(&v, path);
 }
 
 /* ---- accessors ----------------------------------------------------------------- */

@@ -130,8 +130,9 @@ static int make_room(sdp *s) {
     return FSC_OK;
 }
 
-static int on_pre_backward(fsc_module *m, fsc_hook_kind kind, const fsc_tensor *t, void *user) {
-    (void)m, (void)kind, (void)t;
+static int on_pre_backward(fsc_module *m, fsc_hook_kind kind, const fsc_ctx *ctx,
+                           const fsc_tensor *t, void *user) {
+    (void)m, (void)kind, (void)ctx, (void)t;
     owner_hook *h = user;
     sdp *s = h->sdp;
     for (int i = 0; i < h->n; i++) {
@@ -144,8 +145,9 @@ static int on_pre_backward(fsc_module *m, fsc_hook_kind kind, const fsc_tensor *
     return FSC_OK;
 }
 
-static int on_post_backward(fsc_module *m, fsc_hook_kind kind, const fsc_tensor *t, void *user) {
-    (void)m, (void)kind, (void)t;
+static int on_post_backward(fsc_module *m, fsc_hook_kind kind, const fsc_ctx *ctx,
+                            const fsc_tensor *t, void *user) {
+    (void)m, (void)kind, (void)ctx, (void)t;
     owner_hook *h = user;
     sdp *s = h->sdp;
     if (s->no_sync) return FSC_OK;

@@ -44,7 +44,7 @@ def learns():
     assert len(rows) == 120 and rows[-1]["step"] == 120
     assert all(k in rows[0] for k in ("step", "loss", "lr", "grad_norm", "tokens_per_s", "mem"))
     mem = rows[0]["mem"]
-    assert set(mem) == {"params", "grads", "optim", "activ", "comm", "work"}, mem
+    assert set(mem) == {"params", "grads", "optim", "activ", "comm", "work", "gathered"}, mem
     assert mem["params"] > 0 and mem["optim"] > 0 and mem["activ"] > 0, mem
     if not last < first - 2.0:
         sys.exit(f"FAIL: loss did not fall enough: {first:.3f} -> {last:.3f}")

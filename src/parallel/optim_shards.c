@@ -1,5 +1,6 @@
-/* OSS optimizer state by global parameter name: a safetensors file that any
- * world size and either partition policy can write and read.
+/* Sharded optimizer state by global parameter name (OSS and FSDP): a
+ * safetensors file that any world size, partition policy or strategy can
+ * write and read.
  *
  * Saving streams tensor by tensor: for each parameter, in entry order, and
  * each state kind, the owners of its pieces send them to the root (whose own
@@ -15,9 +16,17 @@
 #include <string.h>
 
 #include "fsc/io.h"
-#include "oss_internal.h"
+#include "sharded_internal.h"
 
 #define STATE_TAG 7 /* point-to-point tag of state pieces */
+
+/* The fields derived from the group and the optimizer. */
+static void fill_in(optim_shards *o) {
+    o->rank = fsc_group_rank(o->g), o->world = fsc_group_size(o->g);
+    o->cfg = fsc_optim_get_config(o->local);
+    o->K = fsc_optim_state_count(&o->cfg);
+    o->nranges = o->part->nranges[o->rank];
+}
 
 static const char *kind_name(fsc_optim_kind k) {
     return k == FSC_OPTIM_SGD ? "SGD" : k == FSC_OPTIM_ADAM ? "Adam" : "AdamW";
@@ -30,11 +39,12 @@ static const char *state_name(const fsc_optim_config *c, int which) {
 }
 
 /* "momentum", "exp_avg,exp_avg_sq" or "" (SGD without momentum). */
-static const char *state_list(const fsc_oss *o) {
+static const char *state_list(const optim_shards *o) {
     return o->K == 0 ? "" : o->K == 1 ? "momentum" : "exp_avg,exp_avg_sq";
 }
 
-static int tensor_name(char *dst, size_t size, const fsc_oss *o, int which, const char *param) {
+static int tensor_name(char *dst, size_t size, const optim_shards *o, int which,
+                       const char *param) {
     int n = snprintf(dst, size, "optim.%s.%s", state_name(&o->cfg, which), param);
     if (n < 0 || (size_t)n >= size)
         return fsc_error(FSC_ERR_INVALID, "optim state name for '%s' is too long", param);
@@ -42,17 +52,17 @@ static int tensor_name(char *dst, size_t size, const fsc_oss *o, int which, cons
 }
 
 /* Makes every rank return the worst status; peers of a failed rank say so. */
-static int agree(fsc_oss *o, int rc, const char *what, const char *path) {
+static int agree(optim_shards *o, int rc, const char *what, const char *path) {
     int worst = -rc; /* statuses are <= 0: the max of their negations is 0 iff all succeeded */
     int crc = fsc_group_allreduce(o->g, &worst, 1, FSC_DTYPE_I32, FSC_REDUCE_MAX);
     if (rc) return rc;
-    if (crc) return fsc_error_context(crc, "%s %s: ", what, path);
-    if (worst) return fsc_error(-worst, "%s %s (see its error)", what, path);
+    if (crc) return fsc_error_context(crc, "%s: %s %s: ", o->who, what, path);
+    if (worst) return fsc_error(-worst, "%s: %s %s (see its error)", o->who, what, path);
     return FSC_OK;
 }
 
 /* ---- save ---------------------------------------------------------------------- */
-static int declare_all(fsc_oss *o, fsc_st_writer *w) {
+static int declare_all(optim_shards *o, fsc_st_writer *w) {
     char name[FSC_NAME_MAX * 3], v[64];
     int rc = FSC_OK;
     for (int i = 0; i < o->ps->count && !rc; i++) {
@@ -87,7 +97,7 @@ static int declare_all(fsc_oss *o, fsc_st_writer *w) {
         META("eps", "%.17g", c.eps);
     }
     META("world", "%d", o->world);
-    META("policy", "%s", o->part->policy == FSC_PARTITION_EVEN ? "even" : "greedy");
+    META("policy", "%s", o->policy);
 #undef META
     return rc;
 }
@@ -95,7 +105,7 @@ static int declare_all(fsc_oss *o, fsc_st_writer *w) {
 /* State `which` of rank r's pieces of entry e, from its range cursor *at on:
  * r sends them to root; the root receives them (or, its own, copies them)
  * into buf at their place in the tensor. Leaves *at past the entry's ranges. */
-static int move_pieces(fsc_oss *o, int r, int *at, int e, int which, int root, float *buf) {
+static int move_pieces(optim_shards *o, int r, int *at, int e, int which, int root, float *buf) {
     const fsc_partition *p = o->part;
     int k = *at, rc = FSC_OK;
     for (; k < p->nranges[r] && p->ranges[r][k].entry == e && !rc; k++) {
@@ -116,33 +126,33 @@ static int move_pieces(fsc_oss *o, int r, int *at, int e, int which, int root, f
     return rc;
 }
 
-int fsc_oss_save_state(fsc_oss *o, const char *path, int root) {
-    if (!o) return fsc_error(FSC_ERR_INVALID, "oss save_state: o must not be NULL");
+int optim_shards_save(optim_shards *o, const char *path, int root) {
+    if (!o) return fsc_error(FSC_ERR_INVALID, "optimizer state: o must not be NULL");
+    fill_in(o);
     if (root < 0 || root >= o->world)
-        return fsc_error(FSC_ERR_INVALID, "oss save_state: root %d not in [0, %d)", root, o->world);
+        return fsc_error(FSC_ERR_INVALID, "%s: root %d not in [0, %d)", o->who, root, o->world);
     const bool is_root = o->rank == root;
     if (is_root && !path)
-        return fsc_error(FSC_ERR_INVALID, "oss save_state: path must not be NULL on the root");
+        return fsc_error(FSC_ERR_INVALID, "%s: path must not be NULL on the root", o->who);
     const char *where = path ? path : "(root's path)";
     int wrc = FSC_OK, crc = FSC_OK; /* the file's status (root) and the transfers' */
     fsc_st_writer *w = NULL;
     float *buf = NULL;
     /* per rank: the range cursor, and where the current entry's ranges start */
     int *cursor = calloc(2 * (size_t)o->world, sizeof *cursor), *start = cursor + o->world;
-    if (!cursor) crc = fsc_error(FSC_ERR_NOMEM, "oss save_state: out of memory");
+    if (!cursor) crc = fsc_error(FSC_ERR_NOMEM, "%s: out of memory", o->who);
     if (is_root && !crc) {
         int64_t most = 0;
         for (int i = 0; i < o->ps->count; i++)
             if (o->ps->entries[i].param->numel > most) most = o->ps->entries[i].param->numel;
         if (o->K > 0 && most > 0 && !(buf = fsc_mem_alloc(FSC_MEM_COMM, (size_t)most * 4)))
-            crc = fsc_error_context(FSC_ERR_NOMEM, "oss save_state: one-tensor buffer: ");
+            crc = fsc_error_context(FSC_ERR_NOMEM, "%s: one-tensor buffer: ", o->who);
         if (!crc && !(w = fsc_st_writer_open(path, &wrc))) wrc = wrc ? wrc : FSC_ERR_IO;
         if (w) wrc = declare_all(o, w);
     }
-    if (crc || wrc) fsc_error_context(crc ? crc : wrc, "oss save_state (rank %d): ", o->rank);
+    if (crc || wrc) fsc_error_context(crc ? crc : wrc, "%s (rank %d): ", o->who, o->rank);
     /* Nobody sends unless every rank (the root above all) is ready. */
-    int rc =
-        agree(o, crc ? crc : wrc, "oss save_state: another rank could not start saving", where);
+    int rc = agree(o, crc ? crc : wrc, "another rank could not start saving", where);
     /* A write failure from here on does not stop the transfers: the owners'
      * sends must be matched, so the root keeps receiving and only skips writing. */
     if (rc) crc = rc;
@@ -172,12 +182,12 @@ int fsc_oss_save_state(fsc_oss *o, const char *path, int root) {
     free(cursor);
     if (rc) return rc; /* already agreed on */
     rc = crc ? crc : wrc;
-    if (rc) fsc_error_context(rc, "oss save_state %s (rank %d): ", where, o->rank);
-    return agree(o, rc, "oss save_state: another rank failed saving", where);
+    if (rc) fsc_error_context(rc, "%s %s (rank %d): ", o->who, where, o->rank);
+    return agree(o, rc, "another rank failed saving", where);
 }
 
 /* ---- load ---------------------------------------------------------------------- */
-static bool is_expected(const fsc_oss *o, const char *name) {
+static bool is_expected(const optim_shards *o, const char *name) {
     if (strncmp(name, "optim.", 6) != 0) return false;
     for (int k = 0; k < o->K; k++) {
         const char *s = state_name(&o->cfg, k);
@@ -197,7 +207,7 @@ static void shape_str(char *dst, size_t size, int ndim, const int64_t *shape) {
 }
 
 /* Checks kind, state kinds, step, and every tensor's presence, dtype and shape. */
-static int validate(fsc_oss *o, fsc_st_file *f, const char *path, int64_t *step) {
+static int validate(optim_shards *o, fsc_st_file *f, const char *path, int64_t *step) {
     const char *kind = fsc_st_metadata(f, "kind"), *state = fsc_st_metadata(f, "state"),
                *st = fsc_st_metadata(f, "step");
     const char *want = kind_name(o->cfg.kind);
@@ -255,7 +265,7 @@ static int validate(fsc_oss *o, fsc_st_file *f, const char *path, int64_t *step)
 
 /* Reads this rank's slices of every state kind into stage (K x owned floats,
  * state-major, ranges in order). */
-static int read_slices(fsc_oss *o, fsc_st_file *f, float *stage) {
+static int read_slices(optim_shards *o, fsc_st_file *f, float *stage) {
     char name[FSC_NAME_MAX * 3];
     int64_t at = 0;
     for (int k = 0; k < o->K; k++)
@@ -271,9 +281,10 @@ static int read_slices(fsc_oss *o, fsc_st_file *f, float *stage) {
     return FSC_OK;
 }
 
-int fsc_oss_load_state(fsc_oss *o, const char *path) {
+int optim_shards_load(optim_shards *o, const char *path) {
     if (!o || !path)
-        return fsc_error(FSC_ERR_INVALID, "oss load_state: o and path must not be NULL");
+        return fsc_error(FSC_ERR_INVALID, "optimizer state: o and path must not be NULL");
+    fill_in(o);
     const int64_t owned = o->part->elems[o->rank];
     int64_t step = 0;
     float *stage = NULL;
@@ -287,8 +298,8 @@ int fsc_oss_load_state(fsc_oss *o, const char *path) {
                                (long long)(o->K * owned));
     if (!rc && stage) rc = read_slices(o, f, stage);
     fsc_st_close(f);
-    if (rc) fsc_error_context(rc, "oss load_state (rank %d): ", o->rank);
-    rc = agree(o, rc, "oss load_state: another rank refused", path);
+    if (rc) fsc_error_context(rc, "%s (rank %d): ", o->who, o->rank);
+    rc = agree(o, rc, "another rank refused", path);
     if (!rc) { /* commit: nothing above touched the optimizer */
         int64_t at = 0;
         for (int k = 0; k < o->K && !rc; k++)

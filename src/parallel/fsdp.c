@@ -1,0 +1,700 @@
+/* FSDP (ZeRO-3): units, their shards, and the hooks that gather full
+ * parameters just before a unit computes and reduce-scatter its gradients
+ * just after.
+ *
+ * Everything happens in hooks on the model's own modules (fsc/fsdp.h says
+ * why in place): pre-forward gathers (finishing a prefetch if one was
+ * started) and starts the next unit's gather; post-forward frees; pre-backward
+ * gathers again, starts the gather of the unit that backward reaches next and
+ * binds a zeroed full gradient; post-backward launches the reduce-scatter and
+ * frees. The root's post-backward closes the step: every reduction is waited
+ * for and only shards remain. Progress hooks on every module keep
+ * non-blocking collectives moving while layers compute (MPI does not move
+ * them by itself). Every rank reaches the same hooks in the same order, so
+ * the collectives match without any extra agreement. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fsdp_internal.h"
+
+#define ALIGN 16 /* floats: every parameter and shard starts on 64 bytes */
+
+static int64_t align_up(int64_t n) {
+    return (n + ALIGN - 1) / ALIGN * ALIGN;
+}
+
+static fsc_param *member(const fsc_fsdp *f, const fsdp_unit *u, int i) {
+    return f->ps.entries[u->entries[i]].param;
+}
+
+/* ---- element-wise helpers ----------------------------------------------------------- */
+
+/* dst[i] (+)= src[i] widened from dt (F32, BF16 or F16). */
+static void widen(float *dst, const void *src, int64_t n, fsc_dtype dt, bool add) {
+    if (dt == FSC_DTYPE_F32) {
+        const float *s = src;
+        if (add)
+            for (int64_t i = 0; i < n; i++) dst[i] += s[i];
+        else
+            memcpy(dst, s, (size_t)n * sizeof(float));
+        return;
+    }
+    const uint16_t *h = src;
+    if (dt == FSC_DTYPE_BF16) { /* bf16 is the top half of an f32: a shift, vectorised */
+        for (int64_t i = 0; i < n; i++) {
+            uint32_t bits = (uint32_t)h[i] << 16;
+            float v;
+            memcpy(&v, &bits, sizeof v);
+            dst[i] = add ? dst[i] + v : v;
+        }
+        return;
+    }
+    for (int64_t i = 0; i < n; i++)
+        dst[i] = add ? dst[i] + fsc_f16_to_f32(h[i]) : fsc_f16_to_f32(h[i]);
+}
+
+static void narrow(void *dst, const float *src, int64_t n, fsc_dtype dt) {
+    fsc_tensor s = fsc_tensor_1d((void *)src, FSC_DTYPE_F32, n), d = fsc_tensor_1d(dst, dt, n);
+    fsc_tensor_convert(&s, &d);
+}
+
+/* ---- views ---------------------------------------------------------------------------- */
+
+static void bind_params(fsc_fsdp *f, fsdp_unit *u, float *full) {
+    for (int i = 0; i < u->n; i++) member(f, u, i)->data = full ? full + u->offset[i] : NULL;
+}
+
+static void bind_grads(fsc_fsdp *f, fsdp_unit *u, float *full) {
+    for (int i = 0; i < u->n; i++) member(f, u, i)->grad = full ? full + u->offset[i] : NULL;
+}
+
+/* ---- gathering ------------------------------------------------------------------------- */
+
+static int gather_start(fsc_fsdp *f, fsdp_unit *u, bool exact) {
+    if (u->full || !u->padded) return FSC_OK; /* there, in flight, or nothing to gather */
+    const fsc_dtype dt = exact ? FSC_DTYPE_F32 : f->opt.compute_dtype;
+    u->full = fsc_mem_alloc(FSC_MEM_GATHERED, (size_t)u->padded * sizeof(float));
+    if (!u->full) return fsc_error_context(FSC_ERR_NOMEM, "FSDP unit '%s': ", u->name);
+    int rc;
+    if (dt == FSC_DTYPE_F32) {
+        rc = fsc_group_iallgather(f->g, u->shard_data, u->full, u->shard, FSC_DTYPE_F32,
+                                  &u->gather_req);
+    } else {
+        u->send_half = fsc_mem_alloc(FSC_MEM_COMM, (size_t)u->shard * 2);
+        u->recv_half = fsc_mem_alloc(FSC_MEM_GATHERED, (size_t)u->padded * 2);
+        if (!u->send_half || !u->recv_half)
+            return fsc_error_context(FSC_ERR_NOMEM, "FSDP unit '%s': ", u->name);
+        narrow(u->send_half, u->shard_data, u->shard, dt);
+        rc = fsc_group_iallgather(f->g, u->send_half, u->recv_half, u->shard, dt, &u->gather_req);
+    }
+    f->stats.allgathers++;
+    return rc ? fsc_error_context(rc, "FSDP gather of unit '%s': ", u->name) : FSC_OK;
+}
+
+/* Waits for the unit's gather (if in flight), widens a half-precision one and
+ * binds the model's views to the full parameters. */
+static int gather_finish(fsc_fsdp *f, fsdp_unit *u) {
+    if (u->gather_req) {
+        double t0 = fsc_now();
+        int rc = fsc_request_wait(&u->gather_req);
+        f->stats.wait_s += fsc_now() - t0;
+        if (rc) return fsc_error_context(rc, "FSDP gather of unit '%s': ", u->name);
+    }
+    if (u->recv_half) {
+        widen(u->full, u->recv_half, u->padded, f->opt.compute_dtype, false);
+        fsc_mem_free(u->recv_half);
+        fsc_mem_free(u->send_half);
+        u->recv_half = u->send_half = NULL;
+    }
+    bind_params(f, u, u->full);
+    return FSC_OK;
+}
+
+int fsdp_gather(fsc_fsdp *f, fsdp_unit *u, bool exact) {
+    int rc = gather_start(f, u, exact);
+    return rc ? rc : gather_finish(f, u);
+}
+
+void fsdp_release(fsdp_unit *u) {
+    /* a buffer MPI may still write into is never freed: after a failed wait
+     * (timeout) it is left to the process's end */
+    if (u->gather_req && fsc_request_wait(&u->gather_req)) return;
+    bind_params(u->f, u, NULL);
+    fsc_mem_free(u->full);
+    fsc_mem_free(u->recv_half);
+    fsc_mem_free(u->send_half);
+    u->full = NULL, u->recv_half = u->send_half = NULL;
+}
+
+/* The unit after (step +1) or before (-1) u in the recorded forward order, if
+ * it should be prefetched: known order, not the root, not already there. */
+static fsdp_unit *neighbour(fsc_fsdp *f, const fsdp_unit *u, int step) {
+    if (f->opt.no_prefetch || !f->order_known || u->fwd_pos < 0) return NULL;
+    int pos = u->fwd_pos + step;
+    if (pos < 0 || pos >= f->norder) return NULL;
+    fsdp_unit *v = &f->units[f->order[pos]];
+    return v->index == 0 || v->full ? NULL : v;
+}
+
+/* ---- reducing --------------------------------------------------------------------------- */
+
+static int rs_start(fsc_fsdp *f, fsdp_unit *u) {
+    if (!u->padded) return FSC_OK;
+    const fsc_dtype dt = f->opt.reduce_dtype;
+    void *in = u->full_grad;
+    if (dt != FSC_DTYPE_F32) { /* round, and give the fp32 buffer back at once */
+        if (!(u->rs_in = fsc_mem_alloc(FSC_MEM_COMM, (size_t)u->padded * 2)))
+            return fsc_error_context(FSC_ERR_NOMEM, "FSDP unit '%s': ", u->name);
+        narrow(u->rs_in, u->full_grad, u->padded, dt);
+        bind_grads(f, u, NULL);
+        fsc_mem_free(u->full_grad);
+        u->full_grad = NULL;
+        in = u->rs_in;
+    }
+    /* straight into the shard when it is zero (the first micro-step) and fp32 */
+    void *out = u->shard_grad;
+    if (!(u->grad_zero && dt == FSC_DTYPE_F32) &&
+        !(out = u->rs_out = fsc_mem_alloc(FSC_MEM_COMM, (size_t)u->shard * fsc_dtype_size(dt))))
+        return fsc_error_context(FSC_ERR_NOMEM, "FSDP unit '%s': ", u->name);
+    u->grad_zero = false;
+    u->rs_pending = true;
+    f->stats.reduce_scatters++;
+    int rc = fsc_group_ireduce_scatter(f->g, in, out, u->shard, dt, FSC_REDUCE_SUM, &u->rs_req);
+    return rc ? fsc_error_context(rc, "FSDP reduce-scatter of unit '%s': ", u->name) : FSC_OK;
+}
+
+/* Completes u's reduce-scatter (waiting, or only if already done): adds the
+ * result into the gradient shard and frees the full gradient. */
+static int rs_finish(fsc_fsdp *f, fsdp_unit *u, bool wait) {
+    if (!u->rs_pending) return FSC_OK;
+    if (u->rs_req) {
+        int rc;
+        if (wait) {
+            double t0 = fsc_now();
+            rc = fsc_request_wait(&u->rs_req);
+            f->stats.wait_s += fsc_now() - t0;
+        } else {
+            bool done = false;
+            rc = fsc_request_test(&u->rs_req, &done);
+            if (!rc && !done) return FSC_OK;
+        }
+        if (rc) return fsc_error_context(rc, "FSDP reduce-scatter of unit '%s': ", u->name);
+    }
+    if (u->rs_out) widen(u->shard_grad, u->rs_out, u->shard, f->opt.reduce_dtype, true);
+    fsc_mem_free(u->rs_out);
+    fsc_mem_free(u->rs_in);
+    u->rs_out = u->rs_in = NULL;
+    bind_grads(f, u, NULL);
+    fsc_mem_free(u->full_grad);
+    u->full_grad = NULL;
+    u->rs_pending = false;
+    return FSC_OK;
+}
+
+/* Before another full gradient comes into use, every reduction but the
+ * newest completes: the root's gradient, the one computing and one in flight
+ * are all a rank holds beyond its shards. */
+static int make_room(fsc_fsdp *f, const fsdp_unit *newest) {
+    for (int i = 0; i < f->nunits; i++) {
+        fsdp_unit *u = &f->units[i];
+        if (u != newest && u->rs_pending) {
+            int rc = rs_finish(f, u, true);
+            if (rc) return rc;
+        }
+    }
+    return FSC_OK;
+}
+
+static int end_of_backward(fsc_fsdp *f) {
+    int rc = FSC_OK;
+    for (int i = 0; i < f->nunits; i++) {
+        int w = rs_finish(f, &f->units[i], true);
+        if (!rc) rc = w;
+    }
+    for (int i = 0; i < f->nunits; i++) fsdp_release(&f->units[i]); /* the root, stray prefetches */
+    return rc;
+}
+
+/* ---- hooks -------------------------------------------------------------------------------- */
+
+static int on_pre_forward(fsc_module *m, fsc_hook_kind kind, const fsc_ctx *ctx,
+                          const fsc_tensor *t, void *user) {
+    (void)m, (void)kind, (void)t;
+    fsdp_unit *u = user;
+    fsc_fsdp *f = u->f;
+    if (f->summoned)
+        return fsc_error(FSC_ERR_INVALID, "FSDP: forward while full parameters are summoned "
+                                          "(call fsc_fsdp_release_full_params first)");
+    if (!ctx->recompute && !f->order_known && u->fwd_pos < 0) {
+        u->fwd_pos = f->norder;
+        f->order[f->norder++] = u->index;
+    }
+    int rc = fsdp_gather(f, u, false);
+    fsdp_unit *next = ctx->recompute ? NULL : neighbour(f, u, +1);
+    if (!rc && next) rc = gather_start(f, next, false);
+    return rc;
+}
+
+static int on_post_forward(fsc_module *m, fsc_hook_kind kind, const fsc_ctx *ctx,
+                           const fsc_tensor *t, void *user) {
+    (void)m, (void)kind, (void)t;
+    fsdp_unit *u = user;
+    fsc_fsdp *f = u->f;
+    if (ctx->recompute) return FSC_OK; /* backward comes next: keep them */
+    if (u->index == 0) f->order_known = true;
+    /* eval: no backward follows, so every unit (the root too) frees now */
+    if (!ctx->training || (u->index != 0 && !f->opt.keep_after_forward)) fsdp_release(u);
+    fsc_group_progress(f->g);
+    return FSC_OK;
+}
+
+static int on_pre_backward(fsc_module *m, fsc_hook_kind kind, const fsc_ctx *ctx,
+                           const fsc_tensor *t, void *user) {
+    (void)m, (void)kind, (void)ctx, (void)t;
+    fsdp_unit *u = user;
+    fsc_fsdp *f = u->f;
+    int rc = fsdp_gather(f, u, false);
+    fsdp_unit *next = neighbour(f, u, -1);
+    if (!rc && next) rc = gather_start(f, next, false);
+    if (rc || u->full_grad || !u->padded) { /* kept by no_sync: accumulate into it */
+        if (!rc) bind_grads(f, u, u->full_grad);
+        return rc;
+    }
+    if ((rc = make_room(f, f->newest_rs))) return rc;
+    u->full_grad = fsc_mem_alloc(FSC_MEM_GATHERED, (size_t)u->padded * sizeof(float));
+    if (!u->full_grad) return fsc_error_context(FSC_ERR_NOMEM, "FSDP unit '%s': ", u->name);
+    bind_grads(f, u, u->full_grad);
+    return FSC_OK;
+}
+
+static int on_post_backward(fsc_module *m, fsc_hook_kind kind, const fsc_ctx *ctx,
+                            const fsc_tensor *t, void *user) {
+    (void)m, (void)kind, (void)ctx, (void)t;
+    fsdp_unit *u = user;
+    fsc_fsdp *f = u->f;
+    int rc = FSC_OK;
+    if (!f->no_sync) {
+        rc = rs_start(f, u);
+        f->newest_rs = u;
+    }
+    if (u->index != 0) fsdp_release(u);
+    fsc_group_progress(f->g);
+    for (int i = 0; !rc && i < f->nunits; i++)
+        if (&f->units[i] != u) rc = rs_finish(f, &f->units[i], false);
+    if (u->index == 0) {
+        int end = end_of_backward(f);
+        f->newest_rs = NULL;
+        if (!rc) rc = end;
+    }
+    return rc;
+}
+
+static int on_progress(fsc_module *m, fsc_hook_kind kind, const fsc_ctx *ctx, const fsc_tensor *t,
+                       void *user) {
+    (void)m, (void)kind, (void)ctx, (void)t;
+    fsc_group_progress(((fsc_fsdp *)user)->g);
+    return FSC_OK;
+}
+
+static const fsc_hook_fn unit_hooks[FSC_HOOK_KIND_COUNT] = {on_pre_forward, on_post_forward,
+                                                            on_pre_backward, on_post_backward};
+
+/* ---- construction ------------------------------------------------------------------------- */
+
+static int unit_index(fsc_module *const *units, int n, const fsc_module *m) {
+    for (int i = 0; i < n; i++)
+        if (units[i] == m) return i + 1;
+    return 0;
+}
+
+/* Walks the tree in fsc_params_collect's order, giving each entry the unit
+ * of the innermost unit module around it and each unit its module path. */
+static int assign(fsc_fsdp *f, fsc_module *m, const char *path, int cur, fsc_module *const *units,
+                  int n, int *entry, int *seen) {
+    int k = m == f->root ? 0 : unit_index(units, n, m);
+    if (k || m == f->root) {
+        cur = k;
+        f->units[k].m = m;
+        snprintf(f->units[k].name, sizeof f->units[k].name, "%s", path);
+        seen[k]++;
+    }
+    for (int i = 0; i < m->nparams; i++) f->unit_of[(*entry)++] = cur;
+    for (int c = 0; c < m->nchildren; c++) {
+        char sub[FSC_NAME_MAX * 2];
+        int w = path[0] ? snprintf(sub, sizeof sub, "%s.%s", path, m->children[c]->name)
+                        : snprintf(sub, sizeof sub, "%s", m->children[c]->name);
+        if (w < 0 || (size_t)w >= sizeof sub)
+            return fsc_error(FSC_ERR_INVALID, "FSDP: module path %s.%s is too long", path,
+                             m->children[c]->name);
+        int rc = assign(f, m->children[c], sub, cur, units, n, entry, seen);
+        if (rc) return rc;
+    }
+    return FSC_OK;
+}
+
+/* Initial values of this rank's shard of u, drawn exactly as the full
+ * tensors would be (keyed by name and element index). */
+static void init_shard(fsc_fsdp *f, fsdp_unit *u, uint64_t seed) {
+    const int64_t lo = (int64_t)f->rank * u->shard, hi = lo + u->shard;
+    for (int i = 0; i < u->n; i++) {
+        const fsc_param *p = member(f, u, i);
+        int64_t a = u->offset[i] > lo ? u->offset[i] : lo;
+        int64_t b = u->offset[i] + p->numel < hi ? u->offset[i] + p->numel : hi;
+        if (b <= a) continue;
+        float *dst = u->shard_data + (a - lo);
+        switch (p->init) {
+        case FSC_INIT_ZEROS:
+            memset(dst, 0, (size_t)(b - a) * sizeof(float));
+            break;
+        case FSC_INIT_ONES:
+            for (int64_t j = 0; j < b - a; j++) dst[j] = 1.f;
+            break;
+        case FSC_INIT_NORMAL:
+            fsc_rng_normal_fill(dst, b - a, a - u->offset[i],
+                                fsc_rng_key(seed, f->ps.entries[u->entries[i]].name), 0.f,
+                                p->init_std);
+            break;
+        }
+    }
+}
+
+/* Rank r's piece of entry e: [*begin, *begin + *count) of the parameter. */
+static bool piece(const fsc_fsdp *f, int e, int r, int64_t *begin, int64_t *count) {
+    const fsdp_unit *u = &f->units[f->unit_of[e]];
+    int i = 0;
+    while (u->entries[i] != e) i++;
+    const int64_t lo = (int64_t)r * u->shard, hi = lo + u->shard, off = u->offset[i];
+    const int64_t numel = f->ps.entries[e].param->numel;
+    int64_t a = off > lo ? off : lo, b = off + numel < hi ? off + numel : hi;
+    if (b <= a) return false;
+    *begin = a - off, *count = b - a;
+    return true;
+}
+
+/* The optimizer's ranges (this rank's pieces, entry order) and every rank's
+ * pieces as a partition (lists of ranges, as GREEDY's), for state by name. */
+static int plan_ranges(fsc_fsdp *f) {
+    fsc_partition *p = calloc(1, sizeof *p);
+    f->part = p;
+    f->ranges = calloc((size_t)f->ps.count + 1, sizeof *f->ranges);
+    if (!p || !f->ranges) return fsc_error(FSC_ERR_NOMEM, "FSDP: out of memory");
+    p->world = f->world, p->policy = FSC_PARTITION_GREEDY;
+    p->nranges = calloc((size_t)f->world, sizeof *p->nranges);
+    p->ranges = calloc((size_t)f->world, sizeof *p->ranges);
+    p->elems = calloc((size_t)f->world, sizeof *p->elems);
+    if (!p->nranges || !p->ranges || !p->elems)
+        return fsc_error(FSC_ERR_NOMEM, "FSDP: out of memory");
+    for (int r = 0; r < f->world; r++) {
+        if (!(p->ranges[r] = calloc((size_t)f->ps.count + 1, sizeof *p->ranges[r])))
+            return fsc_error(FSC_ERR_NOMEM, "FSDP: out of memory");
+        for (int e = 0; e < f->ps.count; e++) {
+            int64_t begin, count;
+            if (!piece(f, e, r, &begin, &count)) continue;
+            p->ranges[r][p->nranges[r]++] =
+                (fsc_shard_range){.entry = e, .begin = begin, .count = count};
+            p->elems[r] += count;
+            if (r != f->rank) continue;
+            const fsdp_unit *u = &f->units[f->unit_of[e]];
+            int i = 0;
+            while (u->entries[i] != e) i++;
+            int64_t at = u->offset[i] + begin - (int64_t)f->rank * u->shard;
+            const fsc_param *prm = f->ps.entries[e].param;
+            f->ranges[f->nranges++] = (fsc_optim_range){.param = u->shard_data + at,
+                                                        .grad = u->shard_grad + at,
+                                                        .n = count,
+                                                        .decay = prm->weight_decay,
+                                                        .name = f->ps.entries[e].name};
+        }
+    }
+    return FSC_OK;
+}
+
+static int lay_out_units(fsc_fsdp *f) {
+    int *fill = calloc((size_t)f->nunits, sizeof *fill);
+    if (!fill) return fsc_error(FSC_ERR_NOMEM, "FSDP: out of memory");
+    for (int e = 0; e < f->ps.count; e++) f->units[f->unit_of[e]].n++;
+    int rc = FSC_OK;
+    for (int k = 0; k < f->nunits && !rc; k++) {
+        fsdp_unit *u = &f->units[k];
+        u->f = f, u->index = k, u->fwd_pos = -1, u->grad_zero = true;
+        u->entries = calloc((size_t)u->n + 1, sizeof *u->entries);
+        u->offset = calloc((size_t)u->n + 1, sizeof *u->offset);
+        if (!u->entries || !u->offset) rc = fsc_error(FSC_ERR_NOMEM, "FSDP: out of memory");
+        if (!rc && k > 0 && u->n == 0)
+            rc = fsc_error(FSC_ERR_INVALID,
+                           "FSDP: unit '%s' has no parameters of its own (units under it "
+                           "claim them all)",
+                           u->name);
+    }
+    for (int e = 0; e < f->ps.count && !rc; e++) {
+        fsdp_unit *u = &f->units[f->unit_of[e]];
+        u->entries[fill[u->index]] = e;
+        u->offset[fill[u->index]++] = u->numel;
+        u->numel += align_up(f->ps.entries[e].param->numel);
+    }
+    free(fill);
+    for (int k = 0; k < f->nunits && !rc; k++) {
+        fsdp_unit *u = &f->units[k];
+        u->shard = align_up((u->numel + f->world - 1) / f->world);
+        u->padded = u->shard * f->world;
+        f->shard_total += u->shard;
+        if (u->padded > f->stats.largest_unit) f->stats.largest_unit = u->padded;
+    }
+    return rc;
+}
+
+static int add_progress_hooks(fsc_fsdp *f, fsc_module *m) {
+    f->hooked[f->nhooked++] = m;
+    int rc = fsc_module_add_hook(m, FSC_HOOK_POST_FORWARD, on_progress, f);
+    if (!rc) rc = fsc_module_add_hook(m, FSC_HOOK_POST_BACKWARD, on_progress, f);
+    for (int c = 0; !rc && c < m->nchildren; c++) rc = add_progress_hooks(f, m->children[c]);
+    return rc;
+}
+
+static int count_modules(const fsc_module *m) {
+    int n = 1;
+    for (int c = 0; c < m->nchildren; c++) n += count_modules(m->children[c]);
+    return n;
+}
+
+static int check_options(const fsc_fsdp_options *o) {
+    const fsc_dtype ok[] = {FSC_DTYPE_F32, FSC_DTYPE_BF16, FSC_DTYPE_F16};
+    bool c = false, r = false;
+    for (int i = 0; i < 3; i++) c |= o->compute_dtype == ok[i], r |= o->reduce_dtype == ok[i];
+    if (!c)
+        return fsc_error(FSC_ERR_INVALID, "FSDP: compute dtype %s: expected F32, BF16 or F16",
+                         fsc_dtype_name(o->compute_dtype));
+    if (!r)
+        return fsc_error(FSC_ERR_INVALID, "FSDP: reduce dtype %s: expected F32, BF16 or F16",
+                         fsc_dtype_name(o->reduce_dtype));
+    return FSC_OK;
+}
+
+static int setup(fsc_fsdp *f, uint64_t seed, fsc_module *const *units, int n,
+                 const fsc_optim_config *cfg) {
+    int rc = fsc_params_collect(f->root, &f->ps);
+    if (rc) return rc;
+    for (int e = 0; e < f->ps.count; e++)
+        if (f->ps.entries[e].param->data)
+            return fsc_error(FSC_ERR_INVALID,
+                             "FSDP: parameter %s is bound already; FSDP allocates the shards "
+                             "itself (do not call fsc_params_bind on a model to shard)",
+                             f->ps.entries[e].name);
+    f->nunits = n + 1;
+    f->units = calloc((size_t)f->nunits, sizeof *f->units);
+    f->unit_of = calloc((size_t)f->ps.count + 1, sizeof *f->unit_of);
+    f->order = calloc((size_t)f->nunits, sizeof *f->order);
+    int *seen = calloc((size_t)f->nunits, sizeof *seen), entry = 0;
+    if (!f->units || !f->unit_of || !f->order || !seen) {
+        free(seen);
+        return fsc_error(FSC_ERR_NOMEM, "FSDP: out of memory");
+    }
+    rc = assign(f, f->root, "", 0, units, n, &entry, seen);
+    for (int k = 1; !rc && k < f->nunits; k++)
+        if (seen[k] != 1)
+            rc = fsc_error(FSC_ERR_INVALID,
+                           "FSDP: unit %d (module '%s') is not a submodule of the root", k - 1,
+                           units[k - 1]->name);
+    free(seen);
+    if (!rc) rc = lay_out_units(f);
+    if (rc) return rc;
+    f->data = fsc_mem_alloc(FSC_MEM_PARAMS, (size_t)f->shard_total * sizeof(float));
+    f->grad = fsc_mem_alloc(FSC_MEM_GRADS, (size_t)f->shard_total * sizeof(float));
+    if (f->shard_total && (!f->data || !f->grad))
+        return fsc_error_context(FSC_ERR_NOMEM,
+                                 "FSDP: shards of %lld elements: ", (long long)f->shard_total);
+    int64_t at = 0;
+    for (int k = 0; k < f->nunits; k++) {
+        fsdp_unit *u = &f->units[k];
+        u->shard_data = f->data + at, u->shard_grad = f->grad + at;
+        at += u->shard;
+        init_shard(f, u, seed);
+        bind_params(f, u, NULL);
+        bind_grads(f, u, NULL);
+    }
+    if ((rc = plan_ranges(f))) return rc;
+    int64_t owned = 0;
+    for (int i = 0; i < f->nranges; i++) owned += f->ranges[i].n;
+    f->stats.units = f->nunits;
+    f->stats.shard_elems = f->shard_total;
+    f->stats.padding_elems = f->shard_total - owned;
+    if (!(f->optim = fsc_optim_new(cfg, f->ranges, f->nranges))) return FSC_ERR_INVALID;
+    f->hooked = calloc((size_t)count_modules(f->root), sizeof *f->hooked);
+    if (!f->hooked) return fsc_error(FSC_ERR_NOMEM, "FSDP: out of memory");
+    for (int k = 0; k < f->nunits && !rc; k++)
+        for (int kind = 0; kind < FSC_HOOK_KIND_COUNT && !rc; kind++)
+            rc = fsc_module_add_hook(f->units[k].m, (fsc_hook_kind)kind, unit_hooks[kind],
+                                     &f->units[k]);
+    return rc ? rc : add_progress_hooks(f, f->root);
+}
+
+fsc_fsdp *fsc_fsdp_new(fsc_module *root, fsc_group *g, uint64_t seed, fsc_module *const *units,
+                       int n, const fsc_optim_config *cfg, const fsc_fsdp_options *opt) {
+    if (!root || !g || !cfg || n < 0 || (n > 0 && !units)) {
+        fsc_error(FSC_ERR_INVALID, "FSDP: needs a model, a group, an optimizer configuration "
+                                   "and n >= 0 units");
+        return NULL;
+    }
+    for (int i = 0; i < n; i++) {
+        const char *bad = !units[i]          ? "is NULL"
+                          : units[i] == root ? "is the root (always a unit)"
+                                             : NULL;
+        for (int j = 0; !bad && j < i; j++)
+            if (units[j] == units[i]) bad = "is listed twice";
+        if (bad) {
+            fsc_error(FSC_ERR_INVALID, "FSDP: unit %d %s", i, bad);
+            return NULL;
+        }
+    }
+    fsc_fsdp *f = calloc(1, sizeof *f);
+    if (!f) {
+        fsc_error(FSC_ERR_NOMEM, "FSDP: out of memory");
+        return NULL;
+    }
+    f->root = root, f->g = g;
+    f->rank = fsc_group_rank(g), f->world = fsc_group_size(g);
+    f->opt = opt ? *opt : (fsc_fsdp_options){0};
+    int rc = check_options(&f->opt);
+    if (!rc) rc = setup(f, seed, units, n, cfg);
+    if (rc) {
+        fsc_fsdp_free(f);
+        return NULL;
+    }
+    return f;
+}
+
+void fsc_fsdp_free(fsc_fsdp *f) {
+    if (!f) return;
+    for (int k = 0; f->units && k < f->nunits; k++) {
+        fsdp_unit *u = &f->units[k];
+        if (u->m)
+            for (int kind = 0; kind < FSC_HOOK_KIND_COUNT; kind++)
+                fsc_module_remove_hook(u->m, (fsc_hook_kind)kind, unit_hooks[kind], u);
+        if (!u->rs_req || !fsc_request_wait(&u->rs_req)) { /* never free what MPI may write */
+            fsc_mem_free(u->rs_in);
+            fsc_mem_free(u->rs_out);
+            fsc_mem_free(u->full_grad);
+        }
+        if (u->entries) fsdp_release(u);
+        if (u->entries) bind_grads(f, u, NULL);
+        free(u->entries);
+        free(u->offset);
+    }
+    for (int i = 0; i < f->nhooked; i++) {
+        fsc_module_remove_hook(f->hooked[i], FSC_HOOK_POST_FORWARD, on_progress, f);
+        fsc_module_remove_hook(f->hooked[i], FSC_HOOK_POST_BACKWARD, on_progress, f);
+    }
+    fsc_optim_free(f->optim);
+    fsc_partition_free(f->part);
+    free(f->ranges);
+    fsc_mem_free(f->data);
+    fsc_mem_free(f->grad);
+    free(f->hooked);
+    free(f->order);
+    free(f->units);
+    free(f->unit_of);
+    free(f->ps.entries);
+    free(f);
+}
+
+/* ---- training ------------------------------------------------------------------------------- */
+
+void fsc_fsdp_set_no_sync(fsc_fsdp *f, bool no_sync) {
+    f->no_sync = no_sync;
+}
+
+int fsc_fsdp_clip_grad_norm(fsc_fsdp *f, float max_norm, bool inf_norm, float *total) {
+    if (!f) return fsc_error(FSC_ERR_INVALID, "FSDP clip: f must not be NULL");
+    return sharded_clip_grad_norm(f->g, f->ranges, f->nranges, max_norm, inf_norm, total,
+                                  "FSDP clip");
+}
+
+fsc_optim *fsc_fsdp_optim(fsc_fsdp *f) {
+    return f ? f->optim : NULL;
+}
+
+int fsc_fsdp_step(fsc_fsdp *f) {
+    if (!f) return fsc_error(FSC_ERR_INVALID, "FSDP step: f must not be NULL");
+    if (f->no_sync)
+        return fsc_error(FSC_ERR_INVALID, "FSDP step under no_sync: the gradient shards are "
+                                          "not reduced yet (turn no_sync off for the last "
+                                          "micro-batch)");
+    return fsc_optim_step(f->optim);
+}
+
+void fsc_fsdp_zero_grad(fsc_fsdp *f) {
+    if (f->grad) memset(f->grad, 0, (size_t)f->shard_total * sizeof(float));
+    for (int k = 0; k < f->nunits; k++) {
+        fsdp_unit *u = &f->units[k];
+        u->grad_zero = true;
+        if (u->full_grad && !u->rs_pending) { /* kept by no_sync */
+            bind_grads(f, u, NULL);
+            fsc_mem_free(u->full_grad);
+            u->full_grad = NULL;
+        }
+    }
+}
+
+const fsc_optim_range *fsc_fsdp_ranges(const fsc_fsdp *f, int *n) {
+    *n = f->nranges;
+    return f->ranges;
+}
+
+fsc_fsdp_stats fsc_fsdp_get_stats(const fsc_fsdp *f) {
+    return f->stats;
+}
+
+int fsc_fsdp_unit_info(const fsc_fsdp *f, int unit, const char **name, int64_t *numel) {
+    if (!f || unit < 0 || unit >= f->nunits)
+        return fsc_error(FSC_ERR_INVALID, "FSDP: unit %d out of range", unit);
+    if (name) *name = f->units[unit].name;
+    if (numel) *numel = f->units[unit].padded;
+    return FSC_OK;
+}
+
+/* ---- auto-wrap --------------------------------------------------------------------------------
+ */
+
+typedef struct wrap_list {
+    fsc_module **m;
+    int n, cap;
+} wrap_list;
+
+/* Parameters under m that no unit below claimed; m itself becomes a unit
+ * (and claims them) when they reach min. */
+static int64_t wrap_visit(fsc_module *m, bool is_root, int64_t min, wrap_list *l, int *rc) {
+    int64_t unclaimed = 0;
+    for (int i = 0; i < m->nparams; i++) unclaimed += m->params[i].numel;
+    for (int c = 0; c < m->nchildren && !*rc; c++)
+        unclaimed += wrap_visit(m->children[c], false, min, l, rc);
+    if (*rc || is_root || unclaimed < min) return unclaimed;
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 16;
+        void *p = realloc(l->m, (size_t)cap * sizeof *l->m);
+        if (!p) {
+            *rc = fsc_error(FSC_ERR_NOMEM, "FSDP auto-wrap: out of memory");
+            return 0;
+        }
+        l->m = p, l->cap = cap;
+    }
+    l->m[l->n++] = m;
+    return 0;
+}
+
+int fsc_fsdp_auto_wrap(fsc_module *root, int64_t min_num_params, fsc_module ***units, int *n) {
+    if (!root || !units || !n)
+        return fsc_error(FSC_ERR_INVALID, "FSDP auto-wrap: root, units and n must not be NULL");
+    if (min_num_params < 1)
+        return fsc_error(FSC_ERR_INVALID, "FSDP auto-wrap: min_num_params %lld must be >= 1",
+                         (long long)min_num_params);
+    wrap_list l = {0};
+    int rc = FSC_OK;
+    wrap_visit(root, true, min_num_params, &l, &rc);
+    if (rc) {
+        free(l.m);
+        return rc;
+    }
+    *units = l.m, *n = l.n;
+    return FSC_OK;
+}

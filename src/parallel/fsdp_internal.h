@@ -1,0 +1,65 @@
+/* The FSDP object, shared by fsdp.c (units, hooks, gathering and reducing)
+ * and fsdp_state.c (full parameters between steps, state dicts). Not a
+ * public header. */
+#ifndef FSC_FSDP_INTERNAL_H
+#define FSC_FSDP_INTERNAL_H
+
+#include "fsc/fsdp.h"
+#include "fsc/zero.h"
+#include "sharded_internal.h"
+
+typedef struct fsdp_unit {
+    struct fsc_fsdp *f;
+    int index; /* 0: the root */
+    fsc_module *m;
+    char name[FSC_NAME_MAX * 2];    /* module path, "" for the root */
+    int n;                          /* member parameters, in entry order */
+    int *entries;                   /* indices into f->ps.entries */
+    int64_t *offset;                /* each member's offset in the unit's flat buffer */
+    int64_t numel, shard, padded;   /* flat elements used; per rank; world * shard */
+    float *shard_data, *shard_grad; /* this rank's shard: views into f->data, f->grad */
+    bool grad_zero;                 /* the gradient shard is known to be all zero */
+    int fwd_pos;                    /* position in the recorded forward order, -1: none */
+    /* gathered state (FSC_MEM_GATHERED unless noted) */
+    float *full;             /* full parameters, bound to the model's views once complete */
+    void *recv_half;         /* compute-dtype gather buffer while in flight */
+    void *send_half;         /* this rank's shard in the compute dtype (FSC_MEM_COMM) */
+    fsc_request *gather_req; /* a gather in flight into full / recv_half */
+    float *full_grad;        /* full gradients while backward computes them */
+    void *rs_in;             /* reduce-dtype copy of full_grad (FSC_MEM_COMM) */
+    void *rs_out;            /* the reduced shard before it is added (FSC_MEM_COMM) */
+    fsc_request *rs_req;     /* a reduce-scatter in flight */
+    bool rs_pending;         /* launched, not yet added into the gradient shard */
+} fsdp_unit;
+
+struct fsc_fsdp {
+    fsc_module *root;
+    fsc_group *g;
+    int rank, world;
+    fsc_fsdp_options opt;
+    fsc_params ps; /* every parameter of the model, listed (no storage) */
+    int *unit_of;  /* per entry */
+    fsdp_unit *units;
+    int nunits;
+    float *data, *grad; /* all shards, FSC_MEM_PARAMS / FSC_MEM_GRADS */
+    int64_t shard_total;
+    fsc_optim_range *ranges; /* this rank's shards by parameter, entry order */
+    int nranges;
+    fsc_optim *optim;
+    fsc_partition *part; /* every rank's pieces by entry: optimizer state I/O */
+    int *order;          /* units in the order the first forward ran them */
+    int norder;
+    bool order_known, no_sync, summoned;
+    fsdp_unit *newest_rs; /* the unit whose reduce-scatter launched last */
+    fsc_module **hooked;  /* modules carrying progress hooks */
+    int nhooked;
+    fsc_fsdp_stats stats;
+};
+
+/* Gathering, shared with the state-dict code: start (non-blocking) and
+ * finish (wait, widen, bind the views) a unit's full parameters, in fp32 when
+ * exact (summon, save) or in the compute dtype; and free them again. */
+int fsdp_gather(fsc_fsdp *f, fsdp_unit *u, bool exact);
+void fsdp_release(fsdp_unit *u);
+
+#endif

@@ -1,0 +1,280 @@
+/* FSDP between steps: full parameters on demand (summon), and state dicts —
+ * full (streamed unit by unit), sharded (a rank's flat shards with their
+ * layout), and optimizer state by global name. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fsc/flat_shards.h"
+#include "fsc/io.h"
+#include "fsdp_internal.h"
+
+/* Makes every rank return the worst status; peers of a failed rank say so. */
+static int agree(fsc_fsdp *f, int rc, const char *what, const char *path) {
+    int worst = -rc; /* statuses are <= 0: the max of their negations is 0 iff all succeeded */
+    int crc = fsc_group_allreduce(f->g, &worst, 1, FSC_DTYPE_I32, FSC_REDUCE_MAX);
+    if (rc) return rc;
+    if (crc) return fsc_error_context(crc, "%s %s: ", what, path);
+    if (worst) return fsc_error(-worst, "%s %s (see its error)", what, path);
+    return FSC_OK;
+}
+
+static bool busy(const fsc_fsdp *f) {
+    for (int k = 0; k < f->nunits; k++)
+        if (f->units[k].full || f->units[k].rs_pending) return true;
+    return false;
+}
+
+/* ---- summon ---------------------------------------------------------------------------------- */
+
+int fsc_fsdp_summon_full_params(fsc_fsdp *f) {
+    if (!f) return fsc_error(FSC_ERR_INVALID, "FSDP summon: f must not be NULL");
+    if (f->summoned) return fsc_error(FSC_ERR_INVALID, "FSDP summon: already summoned");
+    if (busy(f))
+        return fsc_error(FSC_ERR_INVALID, "FSDP summon: a step is in progress (call it "
+                                          "between steps)");
+    for (int k = 0; k < f->nunits; k++) {
+        int rc = fsdp_gather(f, &f->units[k], true);
+        if (rc) {
+            for (int j = 0; j <= k; j++) fsdp_release(&f->units[j]);
+            return rc;
+        }
+    }
+    f->summoned = true;
+    return FSC_OK;
+}
+
+int fsc_fsdp_release_full_params(fsc_fsdp *f, bool writeback) {
+    if (!f || !f->summoned) return fsc_error(FSC_ERR_INVALID, "FSDP release: nothing summoned");
+    for (int k = 0; k < f->nunits; k++) {
+        fsdp_unit *u = &f->units[k];
+        if (writeback && u->full)
+            memcpy(u->shard_data, u->full + (int64_t)f->rank * u->shard,
+                   (size_t)u->shard * sizeof(float));
+        fsdp_release(u);
+    }
+    f->summoned = false;
+    return FSC_OK;
+}
+
+/* ---- full state dict --------------------------------------------------------------------------
+ */
+
+int fsc_fsdp_save_full(fsc_fsdp *f, const char *path, int root, int n_meta, const char *const *keys,
+                       const char *const *values) {
+    if (!f) return fsc_error(FSC_ERR_INVALID, "FSDP save_full: f must not be NULL");
+    if (root < 0 || root >= f->world)
+        return fsc_error(FSC_ERR_INVALID, "FSDP save_full: root %d not in [0, %d)", root, f->world);
+    const bool is_root = f->rank == root;
+    if (is_root && !path)
+        return fsc_error(FSC_ERR_INVALID, "FSDP save_full: path must not be NULL on the root");
+    const char *where = path ? path : "(root's path)";
+    if (busy(f) || f->summoned)
+        return fsc_error(FSC_ERR_INVALID, "FSDP save_full %s: call it between steps", where);
+    int wrc = FSC_OK;
+    fsc_st_writer *w = NULL;
+    if (is_root) { /* the very sequence fsc_weights_save follows: same bytes */
+        w = fsc_st_writer_open(path, &wrc);
+        if (!w && !wrc) wrc = FSC_ERR_IO;
+        for (int i = 0; w && !wrc && i < n_meta; i++)
+            wrc = fsc_st_writer_set_metadata(w, keys[i], values[i]);
+        for (int e = 0; w && !wrc && e < f->ps.count; e++) {
+            const fsc_param *p = f->ps.entries[e].param;
+            wrc = fsc_st_writer_declare(w, f->ps.entries[e].name, FSC_DTYPE_F32, p->ndim, p->shape);
+        }
+    }
+    int rc = agree(f, wrc, "FSDP save_full: the root could not start", where);
+    if (rc) {
+        if (w) fsc_st_writer_abort(w);
+        return rc;
+    }
+    /* Entries in model order, each unit gathered when first needed and freed
+     * when the next entry belongs to another: one unit at a time. A write
+     * failure on the root does not stop the gathers (peers are in them). */
+    int crc = FSC_OK;
+    fsdp_unit *cur = NULL;
+    for (int e = 0; e < f->ps.count && !crc; e++) {
+        fsdp_unit *u = &f->units[f->unit_of[e]];
+        if (u != cur) {
+            if (cur) fsdp_release(cur);
+            cur = u;
+            crc = fsdp_gather(f, u, true);
+        }
+        if (is_root && !crc && !wrc) {
+            fsc_tensor t = fsc_param_tensor(f->ps.entries[e].param);
+            wrc = fsc_st_writer_write_tensor(w, f->ps.entries[e].name, &t);
+        }
+    }
+    if (cur) fsdp_release(cur);
+    if (w) {
+        if (wrc || crc)
+            fsc_st_writer_abort(w);
+        else
+            wrc = fsc_st_writer_close(w);
+    }
+    rc = crc ? crc : wrc;
+    if (rc) fsc_error_context(rc, "FSDP save_full %s (rank %d): ", where, f->rank);
+    return agree(f, rc, "FSDP save_full: another rank failed saving", where);
+}
+
+/* The file's entry for a parameter, with or without HF's "transformer." prefix. */
+static const fsc_st_entry *find_entry(const fsc_st_file *file, const char *name) {
+    const fsc_st_entry *e = fsc_st_find(file, name);
+    if (e) return e;
+    char prefixed[FSC_NAME_MAX * 2 + 16];
+    snprintf(prefixed, sizeof prefixed, "transformer.%s", name);
+    return fsc_st_find(file, prefixed);
+}
+
+/* Checks presence and shape of every parameter (as fsc_weights_load does). */
+static int check_full(fsc_fsdp *f, fsc_st_file *file, const char *path) {
+    for (int e = 0; e < f->ps.count; e++) {
+        const fsc_param *p = f->ps.entries[e].param;
+        const fsc_st_entry *t = find_entry(file, f->ps.entries[e].name);
+        if (!t)
+            return fsc_error(FSC_ERR_NOT_FOUND,
+                             "%s: no tensor %s (is this a checkpoint of the same model?)", path,
+                             f->ps.entries[e].name);
+        bool same = t->ndim == p->ndim;
+        for (int d = 0; same && d < p->ndim; d++) same = t->shape[d] == p->shape[d];
+        if (!same)
+            return fsc_error(FSC_ERR_SHAPE, "%s: tensor %s has another shape than the model's %s",
+                             path, t->name, f->ps.entries[e].name);
+    }
+    return FSC_OK;
+}
+
+/* Reads this rank's pieces into stage (laid out as the shards). F32 tensors
+ * are read piece by piece; others whole (converted), one at a time. */
+static int read_pieces(fsc_fsdp *f, fsc_st_file *file, float *stage) {
+    int64_t biggest = 0;
+    for (int e = 0; e < f->ps.count; e++)
+        if (f->ps.entries[e].param->numel > biggest) biggest = f->ps.entries[e].param->numel;
+    float *whole = NULL;
+    int rc = FSC_OK;
+    for (int i = 0; i < f->nranges && !rc; i++) {
+        const fsc_shard_range *s = &f->part->ranges[f->rank][i];
+        const fsc_param_entry *pe = &f->ps.entries[s->entry];
+        const fsc_st_entry *t = find_entry(file, pe->name);
+        float *dst = stage + (f->ranges[i].param - f->data);
+        if (t->dtype == FSC_DTYPE_F32) {
+            rc = fsc_st_read_bytes(file, t, (uint64_t)s->begin * 4, dst, (size_t)s->count * 4);
+            continue;
+        }
+        if (!whole && !(whole = fsc_mem_alloc(FSC_MEM_WORK, (size_t)biggest * sizeof(float))))
+            return FSC_ERR_NOMEM;
+        fsc_tensor full = fsc_param_tensor(pe->param);
+        full.data = whole;
+        rc = fsc_st_read(file, t->name, &full);
+        if (!rc) memcpy(dst, whole + s->begin, (size_t)s->count * sizeof(float));
+    }
+    fsc_mem_free(whole);
+    return rc;
+}
+
+int fsc_fsdp_load_full(fsc_fsdp *f, const char *path) {
+    if (!f || !path)
+        return fsc_error(FSC_ERR_INVALID, "FSDP load_full: f and path must not be NULL");
+    if (busy(f) || f->summoned)
+        return fsc_error(FSC_ERR_INVALID, "FSDP load_full %s: call it between steps", path);
+    int rc = FSC_OK;
+    float *stage = NULL;
+    fsc_st_file *file = fsc_st_open(path, &rc);
+    if (!file && !rc) rc = FSC_ERR_IO;
+    if (!rc) rc = check_full(f, file, path);
+    if (!rc && f->shard_total &&
+        !(stage = fsc_mem_alloc(FSC_MEM_WORK, (size_t)f->shard_total * sizeof(float))))
+        rc = fsc_error_context(FSC_ERR_NOMEM, "%s: staging the shards: ", path);
+    if (!rc && stage) rc = read_pieces(f, file, stage);
+    fsc_st_close(file);
+    if (rc) fsc_error_context(rc, "FSDP load_full (rank %d): ", f->rank);
+    rc = agree(f, rc, "FSDP load_full: another rank refused", path);
+    if (!rc && stage) /* padding and gaps stay zero: the stage is zero-filled */
+        memcpy(f->data, stage, (size_t)f->shard_total * sizeof(float));
+    fsc_mem_free(stage);
+    return rc;
+}
+
+/* ---- sharded state dict ------------------------------------------------------------------------
+ */
+
+static int make_layout(const fsc_fsdp *f, fsc_flat_layout *L) {
+    memset(L, 0, sizeof *L);
+    L->world = f->world;
+    L->nunits = f->nunits;
+    L->nparams = f->ps.count;
+    L->units = calloc((size_t)f->nunits, sizeof *L->units);
+    L->params = calloc((size_t)f->ps.count + 1, sizeof *L->params);
+    if (!L->units || !L->params) {
+        free(L->units), free(L->params);
+        return fsc_error(FSC_ERR_NOMEM, "FSDP: out of memory");
+    }
+    for (int k = 0; k < f->nunits; k++) {
+        const fsdp_unit *u = &f->units[k];
+        snprintf(L->units[k].name, sizeof L->units[k].name, "%s", u->name);
+        L->units[k].numel = u->numel;
+        L->units[k].shard = u->shard;
+        for (int i = 0; i < u->n; i++) {
+            const fsc_param_entry *pe = &f->ps.entries[u->entries[i]];
+            fsc_flat_param *fp = &L->params[u->entries[i]];
+            snprintf(fp->name, sizeof fp->name, "%s", pe->name);
+            fp->ndim = pe->param->ndim;
+            memcpy(fp->shape, pe->param->shape, sizeof fp->shape);
+            fp->unit = k;
+            fp->offset = u->offset[i];
+        }
+    }
+    return FSC_OK;
+}
+
+int fsc_fsdp_save_sharded(fsc_fsdp *f, const char *path, int n_meta, const char *const *keys,
+                          const char *const *values) {
+    if (!f || !path)
+        return fsc_error(FSC_ERR_INVALID, "FSDP save_sharded: f and path must not be NULL");
+    fsc_flat_layout L;
+    int rc = make_layout(f, &L);
+    if (rc) return rc;
+    const float **shards = calloc((size_t)f->nunits, sizeof *shards);
+    if (!shards) rc = fsc_error(FSC_ERR_NOMEM, "FSDP: out of memory");
+    for (int k = 0; !rc && k < f->nunits; k++) shards[k] = f->units[k].shard_data;
+    if (!rc) rc = fsc_flat_shard_save(path, &L, f->rank, shards, n_meta, keys, values);
+    free(shards);
+    free(L.units), free(L.params);
+    return rc;
+}
+
+int fsc_fsdp_load_sharded(fsc_fsdp *f, const char *path) {
+    if (!f || !path)
+        return fsc_error(FSC_ERR_INVALID, "FSDP load_sharded: f and path must not be NULL");
+    if (busy(f) || f->summoned)
+        return fsc_error(FSC_ERR_INVALID, "FSDP load_sharded %s: call it between steps", path);
+    fsc_flat_layout L;
+    int rc = make_layout(f, &L);
+    if (rc) return rc;
+    float **shards = calloc((size_t)f->nunits, sizeof *shards);
+    if (!shards) rc = fsc_error(FSC_ERR_NOMEM, "FSDP: out of memory");
+    for (int k = 0; !rc && k < f->nunits; k++) shards[k] = f->units[k].shard_data;
+    if (!rc) rc = fsc_flat_shard_load(path, &L, f->rank, shards);
+    free(shards);
+    free(L.units), free(L.params);
+    return rc;
+}
+
+/* ---- optimizer state by name ---------------------------------------------------------------- */
+
+static optim_shards view(fsc_fsdp *f, const char *who) {
+    return (optim_shards){
+        .ps = &f->ps, .part = f->part, .local = f->optim, .g = f->g, .policy = "fsdp", .who = who};
+}
+
+int fsc_fsdp_save_optim_state(fsc_fsdp *f, const char *path, int root) {
+    if (!f) return fsc_error(FSC_ERR_INVALID, "FSDP save_optim_state: f must not be NULL");
+    optim_shards v = view(f, "FSDP save_optim_state");
+    return optim_shards_save(&v, path, root);
+}
+
+int fsc_fsdp_load_optim_state(fsc_fsdp *f, const char *path) {
+    if (!f) return fsc_error(FSC_ERR_INVALID, "FSDP load_optim_state: f must not be NULL");
+    optim_shards v = view(f, "FSDP load_optim_state");
+    return optim_shards_load(&v, path);
+}

@@ -1,0 +1,35 @@
+/* What the sharded strategies (OSS, FSDP) share (internal): clipping over
+ * shards, and optimizer state by global parameter name. */
+#ifndef FSC_SHARDED_INTERNAL_H
+#define FSC_SHARDED_INTERNAL_H
+
+#include "fsc/zero.h"
+
+/* Global gradient-norm clipping of ranges sharded over g: each rank's local
+ * figure, one collective, the same total everywhere (see fsc_oss_clip_grad_norm).
+ * who prefixes error messages. */
+int sharded_clip_grad_norm(fsc_group *g, const fsc_optim_range *r, int n, float max_norm,
+                           bool inf_norm, float *total, const char *who);
+
+/* Optimizer state of ranges sharded over g, by global parameter name (the
+ * file format of fsc_oss_save_state). part lists every rank's pieces by
+ * entry of ps, in entry order; rank r's list matches its local optimizer's
+ * ranges one for one. Save streams to root, which writes; load reads each
+ * rank's pieces, validated and staged, and commits only if every rank could.
+ * Both collective over g. */
+typedef struct optim_shards {
+    fsc_params *ps;
+    const fsc_partition *part;
+    fsc_optim *local;
+    fsc_group *g;
+    const char *policy; /* written to the metadata: "even", "greedy", "fsdp" */
+    const char *who;    /* prefixes error messages */
+    /* filled in by the calls */
+    int rank, world, K, nranges;
+    fsc_optim_config cfg;
+} optim_shards;
+
+int optim_shards_save(optim_shards *o, const char *path, int root);
+int optim_shards_load(optim_shards *o, const char *path);
+
+#endif
