@@ -21,8 +21,12 @@ static const char *USAGE =
 static void write_metrics(FILE *f, int64_t step, const step_result *r, double tok_s) {
     fprintf(f,
             "{\"step\": %" PRId64 ", \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.6g, "
-            "\"tokens_per_s\": %.1f, \"step_ms\": %.2f, \"mem\": {",
+            "\"tokens_per_s\": %.1f, \"step_ms\": %.2f, ",
             step, r->loss, r->lr, r->grad_norm, tok_s, 1e3 * r->seconds);
+    if (r->loss_scale > 0)
+        fprintf(f, "\"loss_scale\": %.9g, \"skipped\": %s, ", r->loss_scale,
+                r->skipped ? "true" : "false");
+    fprintf(f, "\"mem\": {");
     print_mem_json(f, false);
     fprintf(f, "}}\n");
     fflush(f);
@@ -64,31 +68,53 @@ static void summary(const trainer *t, double first_loss, double last_loss, doubl
         (void)total;
     }
     /* ZeRO's analytical model-state bytes per rank beside the allocator's figures:
-     * params 4P, grads 4P, optimizer K*P/N (N = ranks sharing the state). */
-    fsc_optim_config cfg = fsc_optim_get_config(fsc_oss_local(t->oss));
+     * params 4P (4P/N under ZeRO-3), grads 4P (4P/N from ZeRO-2), optimizer K*P/N
+     * (N = ranks sharing the state). */
+    fsc_optim_config cfg = fsc_optim_get_config(trainer_optim(t));
     double P = (double)fsc_gpt_num_params(&o->model), K = 4.0 * fsc_optim_state_count(&cfg);
     int N = t->strategy >= STRATEGY_OSS ? t->world : 1;
-    int Ng = t->strategy == STRATEGY_SDP ? t->world : 1;
+    int Ng = t->strategy >= STRATEGY_SDP ? t->world : 1;
+    int Np = t->strategy == STRATEGY_FSDP ? t->world : 1;
     fprintf(stderr,
-            "model state analytical per rank (%s): params %.1f MiB, grads %.1f MiB%s, "
+            "model state analytical per rank (%s): params %.1f MiB%s, grads %.1f MiB%s, "
             "optimizer %.1f MiB (K=%g bytes/param over %d rank%s); measured optimizer "
             "state rank 0: %.1f MiB\n",
-            Ng > 1  ? "ZeRO-2"
-            : N > 1 ? "ZeRO-1"
-                    : "unsharded",
-            4 * P / 1048576.0, 4 * P / Ng / 1048576.0, Ng > 1 ? " + buckets in use" : "",
+            Np > 1   ? "ZeRO-3"
+            : Ng > 1 ? "ZeRO-2"
+            : N > 1  ? "ZeRO-1"
+                     : "unsharded",
+            4 * P / Np / 1048576.0, Np > 1 ? " + gathered units" : "", 4 * P / Ng / 1048576.0,
+            Np > 1   ? " + gathered units"
+            : Ng > 1 ? " + buckets in use"
+                     : "",
             K * P / N / 1048576.0, K, N, N > 1 ? "s" : "",
-            (double)fsc_oss_state_bytes(t->oss) / 1048576.0);
+            (double)fsc_optim_state_bytes(trainer_optim(t)) / 1048576.0);
+    if (t->fsdp) {
+        fsc_fsdp_stats st = fsc_fsdp_get_stats(t->fsdp);
+        fprintf(stderr,
+                "FSDP       %d units, %lld all-gathers and %lld reduce-scatters in all, "
+                "%.1f%% of step time waiting on them (rank 0)\n",
+                st.units, (long long)st.allgathers, (long long)st.reduce_scatters,
+                seconds > 0 ? 100 * comm_s / seconds : 0);
+    }
+    if (t->scaler) {
+        fsc_grad_scaler_state st = fsc_grad_scaler_get_state(t->scaler);
+        fprintf(stderr, "fp16       loss scale %g, %lld step%s skipped (inf/NaN gradients)\n",
+                st.scale, (long long)st.skipped_steps, st.skipped_steps == 1 ? "" : "s");
+    }
 }
 
-/* Fault injection for the watchdog tests: FSC_FAULT="sleep@R:S" makes rank R
- * stop participating (sleep) before step S, "exit@R:S" makes it exit(3). */
+/* Fault injection for the tests: FSC_FAULT="sleep@R:S" makes rank R stop
+ * participating (sleep) before step S, "exit@R:S" makes it exit(3), and
+ * "inf@R:S" puts an inf into one of rank R's gradients in step S (fp16 loss
+ * scaling must then skip that step on every rank). */
 static void inject_fault(int rank, int64_t step) {
     const char *f = getenv("FSC_FAULT");
     char kind[8];
     int r;
     long long s;
     if (!f || sscanf(f, "%7[a-z]@%d:%lld", kind, &r, &s) != 3 || r != rank || s != step) return;
+    if (!strcmp(kind, "inf")) return; /* armed at start-up, see main */
     fprintf(stderr, "fsc-train: FSC_FAULT: rank %d %s before step %lld\n", rank, kind, s);
     if (!strcmp(kind, "exit")) exit(3);
     if (!strcmp(kind, "sleep")) sleep(3600);
@@ -122,12 +148,17 @@ int main(int argc, char **argv) {
         if (rank == 0) fprintf(stderr, "fsc-train: %s\n", fsc_last_error());
         return fail(NULL, world, 2);
     }
-    if (rank != 0) o.quiet = true, o.metrics = NULL, o.save = o.save_init = NULL;
+    if (rank != 0) o.quiet = true, o.metrics = NULL; /* rank 0 writes --save, --save-init */
     trainer t;
     if ((rc = trainer_init(&t, &o))) {
         if (rank == 0 || t.world > 1) fprintf(stderr, "fsc-train: %s\n", fsc_last_error());
         return fail(&t, world, 1);
     }
+    const char *fault = getenv("FSC_FAULT");
+    int fault_rank;
+    long long fault_step;
+    if (fault && sscanf(fault, "inf@%d:%lld", &fault_rank, &fault_step) == 2 && fault_rank == rank)
+        t.poison_step = fault_step;
     FILE *metrics = NULL;
     if (o.metrics && !(metrics = fopen(o.metrics, "w"))) {
         fprintf(stderr, "fsc-train: --metrics %s: cannot open for writing\n", o.metrics);

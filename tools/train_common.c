@@ -12,6 +12,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "fsc/checkpoint_wrapper.h"
+#include "fsc/sharded_grad_scaler.h"
 #include "fsc/weights.h"
 #include "train_common.h"
 
@@ -38,6 +40,8 @@ void train_options_default(train_options *o) {
     o->bucket_mb = 25;
     o->partition = "even";
     o->share_dtype = "f32";
+    o->reshard_after_forward = 1;
+    o->mixed_precision = "fp32";
     o->log_every = 10;
 }
 
@@ -56,7 +60,8 @@ static const flag flags[] = {
     F("strategy", ARG_STR, strategy,
       "single | dp (threads in one process) | ddp (one process per rank, under mpirun) | "
       "oss (ddp + optimizer state sharded over the ranks: ZeRO-1) | "
-      "sdp (ShardedDDP: gradients sharded too: ZeRO-2)"),
+      "sdp (ShardedDDP: gradients sharded too: ZeRO-2) | "
+      "fsdp (parameters sharded too, gathered per unit: ZeRO-3)"),
     F("layers", ARG_INT, model.layers, "transformer blocks (L)"),
     F("d-model", ARG_INT, model.d_model, "model width (C)"),
     F("heads", ARG_INT, model.heads, "attention heads (must divide --d-model)"),
@@ -84,6 +89,18 @@ static const flag flags[] = {
     F("bucket-mb", ARG_DOUBLE, bucket_mb, "DDP gradient bucket size in MB"),
     F("partition", ARG_STR, partition, "oss: even (flat, balanced) | greedy (whole tensors)"),
     F("share-dtype", ARG_STR, share_dtype, "oss: dtype updated parameters travel in: f32|bf16|f16"),
+    F("min-params", ARG_I64, min_params,
+      "fsdp: auto-wrap every module reaching N parameters (0: one unit per block)"),
+    F("reshard-after-forward", ARG_INT, reshard_after_forward,
+      "fsdp: 1 frees a unit's parameters after forward (gathers again in backward), 0 keeps them"),
+    F("mixed-precision", ARG_STR, mixed_precision,
+      "fsdp: fp32 | bf16 | fp16 (parameters gathered and rounded; fp16 adds loss scaling)"),
+    F("reduce-dtype", ARG_STR, reduce_dtype,
+      "fsdp: f32 | bf16 | f16 gradient reduce-scatter (default: the compute dtype)"),
+    F("accum-no-sync", ARG_FLAG, accum_no_sync,
+      "fsdp: with --grad-accum, keep full gradients and reduce once (more memory, less traffic)"),
+    F("checkpoint-activations", ARG_FLAG, checkpoint_activations,
+      "recompute each block's activations in backward (less memory, ~1/3 more compute)"),
     F("save-every", ARG_I64, save_every,
       "write a checkpoint every N steps (needs --checkpoint-dir)"),
     F("checkpoint-dir", ARG_STR, checkpoint_dir, "directory of checkpoints (step-N/, latest)"),
@@ -168,7 +185,7 @@ int train_options_parse(train_options *o, int argc, char **argv, const char *pro
 
 /* Fails early, before any training, if `path` could not be written later. */
 static int check_writable(const char *flag, const char *path) {
-    if (!path) return FSC_OK;
+    if (!path || fsc_dist_rank() != 0) return FSC_OK; /* rank 0 writes */
     char dir[4096];
     snprintf(dir, sizeof dir, "%s", path);
     char *slash = strrchr(dir, '/');
@@ -198,14 +215,25 @@ static int check_options(const train_options *o) {
     if (o->save_every < 0) return fsc_error(FSC_ERR_INVALID, "--save-every must be >= 0");
     if (o->save_every > 0 && !o->checkpoint_dir)
         return fsc_error(FSC_ERR_INVALID, "--save-every needs --checkpoint-dir");
+    if (o->reshard_after_forward != 0 && o->reshard_after_forward != 1)
+        return fsc_error(FSC_ERR_INVALID, "--reshard-after-forward %d: expected 0 or 1",
+                         o->reshard_after_forward);
+    bool fsdp = !strcmp(o->strategy, "fsdp");
+    if (!fsdp && (strcmp(o->mixed_precision, "fp32") || o->reduce_dtype || o->min_params ||
+                  o->accum_no_sync || !o->reshard_after_forward))
+        return fsc_error(FSC_ERR_INVALID,
+                         "--mixed-precision, --reduce-dtype, --min-params, --accum-no-sync and "
+                         "--reshard-after-forward apply to --strategy fsdp only");
+    if (o->min_params < 0)
+        return fsc_error(FSC_ERR_INVALID, "--min-params %lld must be >= 0",
+                         (long long)o->min_params);
     int rc2 = check_writable("--save", o->save);
     if (!rc2) rc2 = check_writable("--save-init", o->save_init);
     if (!rc2) rc2 = check_writable("--metrics", o->metrics);
     return rc2;
 }
 
-static int make_optimizer(trainer *t) {
-    const train_options *o = &t->opt;
+static int optim_config(const train_options *o, fsc_optim_config *out) {
     fsc_optim_config cfg = {.lr = o->lr,
                             .weight_decay = o->weight_decay,
                             .beta1 = o->beta1,
@@ -221,6 +249,60 @@ static int make_optimizer(trainer *t) {
     else
         return fsc_error(FSC_ERR_INVALID, "--optimizer \"%s\": expected adamw, adam or sgd",
                          o->optimizer);
+    *out = cfg;
+    return FSC_OK;
+}
+
+static int parse_dtype(const char *flag, const char *v, bool fp_names, fsc_dtype *out) {
+    const char *half = fp_names ? "fp16" : "f16", *full = fp_names ? "fp32" : "f32";
+    if (!strcmp(v, "bf16"))
+        *out = FSC_DTYPE_BF16;
+    else if (!strcmp(v, half))
+        *out = FSC_DTYPE_F16;
+    else if (!strcmp(v, full))
+        *out = FSC_DTYPE_F32;
+    else
+        return fsc_error(FSC_ERR_INVALID, "%s \"%s\": expected %s, bf16 or %s", flag, v, full,
+                         half);
+    return FSC_OK;
+}
+
+/* The blocks of the GPT ("h.0", "h.1", ...): FSDP's default units and what
+ * --checkpoint-activations recomputes. */
+static fsc_module **gpt_blocks(fsc_module *gpt, int *n) {
+    fsc_module **b = calloc((size_t)gpt->nchildren, sizeof *b);
+    *n = 0;
+    for (int c = 0; b && c < gpt->nchildren; c++)
+        if (!strncmp(gpt->children[c]->name, "h.", 2)) b[(*n)++] = gpt->children[c];
+    return b;
+}
+
+/* FSDP over the world: units, shards initialised from the seed, the
+ * optimizer over them, fp16 loss scaling. */
+static int make_fsdp(trainer *t, const fsc_optim_config *cfg) {
+    const train_options *o = &t->opt;
+    fsc_fsdp_options fo = {.keep_after_forward = !o->reshard_after_forward};
+    int rc = parse_dtype("--mixed-precision", o->mixed_precision, true, &fo.compute_dtype);
+    fo.reduce_dtype = fo.compute_dtype;
+    if (!rc && o->reduce_dtype)
+        rc = parse_dtype("--reduce-dtype", o->reduce_dtype, false, &fo.reduce_dtype);
+    if (rc) return rc;
+    fsc_module **units = NULL;
+    int n = 0;
+    if (o->min_params > 0)
+        rc = fsc_fsdp_auto_wrap(t->model, o->min_params, &units, &n);
+    else if (!(units = gpt_blocks(t->model, &n)))
+        rc = fsc_error(FSC_ERR_NOMEM, "out of memory");
+    if (!rc && !(t->fsdp = fsc_fsdp_new(t->model, fsc_group_world(), o->seed, units, n, cfg, &fo)))
+        rc = fsc_error_context(FSC_ERR_INVALID, "FSDP: ");
+    free(units);
+    if (!rc && fo.compute_dtype == FSC_DTYPE_F16 && !(t->scaler = fsc_grad_scaler_new(NULL)))
+        rc = fsc_error_context(FSC_ERR_INVALID, "grad scaler: ");
+    return rc;
+}
+
+static int make_oss(trainer *t, const fsc_optim_config *cfg) {
+    const train_options *o = &t->opt;
     fsc_oss_options oo = {.policy = FSC_PARTITION_EVEN, .share_dtype = FSC_DTYPE_F32};
     if (!strcmp(o->partition, "greedy"))
         oo.policy = FSC_PARTITION_GREEDY;
@@ -236,10 +318,13 @@ static int make_optimizer(trainer *t) {
                          o->share_dtype);
     bool sharded = t->strategy == STRATEGY_OSS || t->strategy == STRATEGY_SDP;
     fsc_group *g = sharded ? fsc_group_world() : fsc_group_self();
-    t->oss = fsc_oss_new(&cfg, &t->params, g, &oo);
+    t->oss = fsc_oss_new(cfg, &t->params, g, &oo);
     if (!t->oss) return fsc_error_context(FSC_ERR_INVALID, "optimizer: ");
-    int rc;
+    return FSC_OK;
+}
 
+static int make_schedule(trainer *t) {
+    const train_options *o = &t->opt;
     fsc_lr_schedule_config *s = &t->sched;
     *s = (fsc_lr_schedule_config){.max_lr = (float)o->lr,
                                   .warmup_steps = o->warmup,
@@ -257,8 +342,21 @@ static int make_optimizer(trainer *t) {
                          o->schedule);
     if (s->kind == FSC_LR_WARMUP_COSINE && s->total_steps < s->warmup_steps)
         s->total_steps = s->warmup_steps;
-    rc = fsc_lr_schedule_check(s);
+    int rc = fsc_lr_schedule_check(s);
     return rc ? fsc_error_context(rc, "schedule: ") : FSC_OK;
+}
+
+static int make_optimizer(trainer *t) {
+    const train_options *o = &t->opt;
+    fsc_optim_config cfg;
+    int rc = optim_config(o, &cfg);
+    if (rc) return rc;
+    if (t->strategy == STRATEGY_FSDP) {
+        if ((rc = make_fsdp(t, &cfg))) return rc;
+    } else if ((rc = make_oss(t, &cfg))) {
+        return rc;
+    }
+    return make_schedule(t);
 }
 
 static int parse_strategy(trainer *t) {
@@ -273,9 +371,11 @@ static int parse_strategy(trainer *t) {
         t->strategy = STRATEGY_OSS;
     else if (!strcmp(s, "sdp"))
         t->strategy = STRATEGY_SDP;
+    else if (!strcmp(s, "fsdp"))
+        t->strategy = STRATEGY_FSDP;
     else
-        return fsc_error(FSC_ERR_INVALID, "--strategy \"%s\": expected single, dp, ddp, oss or sdp",
-                         s);
+        return fsc_error(FSC_ERR_INVALID,
+                         "--strategy \"%s\": expected single, dp, ddp, oss, sdp or fsdp", s);
     bool ranks = t->strategy >= STRATEGY_DDP;
     int world = fsc_dist_size();
     if (!ranks && world > 1 && !t->opt.local_in_world)
@@ -291,6 +391,15 @@ static int parse_strategy(trainer *t) {
     return FSC_OK;
 }
 
+static int checkpoint_blocks(fsc_module *gpt) {
+    int n, rc = FSC_OK;
+    fsc_module **blocks = gpt_blocks(gpt, &n);
+    if (!blocks) return fsc_error(FSC_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < n && !rc; i++) rc = fsc_checkpoint_wrap(blocks[i]);
+    free(blocks);
+    return rc ? fsc_error_context(rc, "--checkpoint-activations: ") : FSC_OK;
+}
+
 static fsc_module *make_replica(void *user) {
     return fsc_gpt_new(user);
 }
@@ -300,6 +409,21 @@ static void model_json(const fsc_gpt_config *m, char *buf, size_t n) {
              "{\"vocab_size\": %d, \"n_positions\": %d, \"n_layer\": %d, \"n_embd\": %d, "
              "\"n_head\": %d}",
              m->vocab, m->seq, m->layers, m->d_model, m->heads);
+}
+
+static int load_weights(trainer *t, const char *path) {
+    return t->fsdp ? fsc_fsdp_load_full(t->fsdp, path) : fsc_weights_load(path, &t->params, NULL);
+}
+
+/* The loss scale travels in the checkpoint as "scale tracker skipped". */
+static int load_scaler(trainer *t, const char *v) {
+    fsc_grad_scaler_state st;
+    long long tracker, skipped;
+    if (!v || sscanf(v, "%lg %lld %lld", &st.scale, &tracker, &skipped) != 3)
+        return fsc_error(FSC_ERR_FORMAT, "the checkpoint has no valid grad_scaler entry (\"%s\")",
+                         v ? v : "none");
+    st.growth_tracker = tracker, st.skipped_steps = skipped;
+    return fsc_grad_scaler_set_state(t->scaler, &st);
 }
 
 /* Weights, optimizer state and position from --resume. The data order and
@@ -329,8 +453,13 @@ static int resume(trainer *t) {
     if (!rc && (!weights || !optim))
         rc = fsc_error(FSC_ERR_FORMAT,
                        "the checkpoint lacks model.safetensors or optim.safetensors");
-    if (!rc) rc = fsc_weights_load(weights, &t->params, NULL);
-    if (!rc) rc = fsc_oss_load_state(t->oss, fsc_ckpt_path(c, "optim.safetensors"));
+    if (!rc) rc = load_weights(t, weights);
+    if (!rc)
+        rc =
+            t->fsdp ? fsc_fsdp_load_optim_state(t->fsdp, optim) : fsc_oss_load_state(t->oss, optim);
+    /* a run without fp16 loss scaling may continue one that had it, and back */
+    if (!rc && t->scaler && fsc_ckpt_get(c, "grad_scaler"))
+        rc = load_scaler(t, fsc_ckpt_get(c, "grad_scaler"));
     if (!rc) t->step = fsc_ckpt_step(c);
     fsc_ckpt_close(c);
     return rc;
@@ -359,8 +488,15 @@ int trainer_init(trainer *t, const train_options *o) {
 
     t->model = fsc_gpt_new(&o->model);
     if (!t->model) return FSC_ERR_INVALID;
-    if ((rc = fsc_params_bind(t->model, o->seed, true, &t->params))) return rc;
-    if (o->init_from) {
+    if (o->checkpoint_activations && (rc = checkpoint_blocks(t->model))) return rc;
+    if (t->strategy == STRATEGY_FSDP) { /* shards only: the parameters are never bound whole */
+        if ((rc = make_optimizer(t))) return rc;
+        if (o->init_from && (rc = fsc_fsdp_load_full(t->fsdp, o->init_from)))
+            return fsc_error_context(rc, "--init-from: ");
+    } else if ((rc = fsc_params_bind(t->model, o->seed, true, &t->params))) {
+        return rc;
+    }
+    if (!t->fsdp && o->init_from) {
         int unused = 0;
         if ((rc = fsc_weights_load(o->init_from, &t->params, &unused)))
             return fsc_error_context(rc, "--init-from: ");
@@ -375,7 +511,7 @@ int trainer_init(trainer *t, const train_options *o) {
         if ((rc = fsc_dp_new(make_replica, &t->opt.model, &t->params, o->threads, &t->dp)))
             return rc;
     }
-    if ((rc = make_optimizer(t))) return rc;
+    if (!t->fsdp && (rc = make_optimizer(t))) return rc;
     if (t->strategy == STRATEGY_SDP) {
         fsc_sdp_options so = {.bucket_bytes = (size_t)(o->bucket_mb * 1e6)};
         t->sdp = fsc_sdp_wrap(t->model, &t->params, t->oss, &so);
@@ -387,7 +523,7 @@ int trainer_init(trainer *t, const train_options *o) {
     t->x = malloc(n * sizeof *t->x);
     t->y = malloc(n * sizeof *t->y);
     if (!t->arena || !t->x || !t->y) return fsc_error(FSC_ERR_NOMEM, "out of memory");
-    if (o->save_init && t->rank == 0 && (rc = trainer_save(t, o->save_init)))
+    if (o->save_init && (rc = trainer_save(t, o->save_init)))
         return fsc_error_context(rc, "--save-init: ");
     return FSC_OK;
 }
@@ -412,7 +548,13 @@ int trainer_step(trainer *t, step_result *r) {
     double t0 = fsc_now(), loss = 0, comm = 0;
     /* targets in the global batch: every rank's micro-batches of this step */
     double norm = (double)B * T * K * t->world;
-    if (t->sdp)
+    /* fp16: the loss (and so every gradient) is multiplied by the scale,
+     * simply by dividing the normaliser */
+    const double scale = t->scaler ? fsc_grad_scaler_get_scale(t->scaler) : 1.0;
+    const double fsdp_wait0 = t->fsdp ? fsc_fsdp_get_stats(t->fsdp).wait_s : 0;
+    if (t->fsdp)
+        fsc_fsdp_zero_grad(t->fsdp);
+    else if (t->sdp)
         fsc_sdp_zero_grad(t->sdp); /* touching all gradients would bring them all back */
     else
         fsc_params_zero_grad(&t->params);
@@ -433,9 +575,12 @@ int trainer_step(trainer *t, step_result *r) {
             fsc_module *m = t->ddp ? t->ddp : t->sdp ? t->sdp : t->model;
             if (t->ddp) fsc_ddp_set_no_sync(t->ddp, k < K - 1); /* reduce once, after the last */
             if (t->sdp) fsc_sdp_set_no_sync(t->sdp, k < K - 1);
-            rc = fsc_gpt_train_micro(m, &ctx, t->x, t->y, B, T, -1, norm, &part);
+            if (t->fsdp) fsc_fsdp_set_no_sync(t->fsdp, o->accum_no_sync && k < K - 1);
+            rc = fsc_gpt_train_micro(m, &ctx, t->x, t->y, B, T, -1, norm / scale, &part);
+            part = (float)(part / scale);
             if (t->ddp && k == K - 1) comm = fsc_ddp_get_stats(t->ddp).last_wait_s;
             if (t->sdp && k == K - 1) comm = fsc_sdp_get_stats(t->sdp).last_wait_s;
+            if (t->fsdp) comm = fsc_fsdp_get_stats(t->fsdp).wait_s - fsdp_wait0;
         }
         if (rc) return rc;
         loss += part;
@@ -446,11 +591,36 @@ int trainer_step(trainer *t, step_result *r) {
         if (rc) return rc;
         loss = share;
     }
-    /* the global gradient norm (over every shard under oss); clip when asked */
+    int rc = FSC_OK, nr = 0;
+    const fsc_optim_range *ranges = t->fsdp ? fsc_fsdp_ranges(t->fsdp, &nr) : NULL;
+    if (t->poison_step == t->step + 1) { /* tests: an overflow on this rank alone */
+        float *g = t->fsdp ? (nr ? ranges[0].grad : NULL) : t->params.grad;
+        if (g) g[0] = INFINITY;
+    }
+    bool skip = false;
+    if (t->scaler) { /* unscale this rank's shards; every rank learns of any inf */
+        rc = fsc_sharded_grad_scaler_unscale(t->scaler, fsc_group_world(), ranges, nr, &skip);
+        if (!rc) rc = fsc_grad_scaler_update(t->scaler, skip);
+        if (rc) return rc;
+    }
+    if (skip) { /* every rank skips this update together */
+        t->step++;
+        *r = (step_result){.loss = loss,
+                           .lr = fsc_optim_get_lr(trainer_optim(t)),
+                           .grad_norm = INFINITY,
+                           .seconds = fsc_now() - t0,
+                           .comm_wait_s = comm,
+                           .skipped = true,
+                           .loss_scale = scale};
+        return FSC_OK;
+    }
+    /* the global gradient norm (over every shard when sharded); clip when asked */
     float gnorm = 0;
-    int rc = FSC_OK;
-    if (o->clip > 0 || !o->skip_grad_norm)
-        rc = fsc_oss_clip_grad_norm(t->oss, o->clip > 0 ? (float)o->clip : FLT_MAX, false, &gnorm);
+    if (o->clip > 0 || !o->skip_grad_norm) {
+        float max = o->clip > 0 ? (float)o->clip : FLT_MAX;
+        rc = t->fsdp ? fsc_fsdp_clip_grad_norm(t->fsdp, max, false, &gnorm)
+                     : fsc_oss_clip_grad_norm(t->oss, max, false, &gnorm);
+    }
     if (rc == FSC_ERR_NUMERIC || !isfinite(loss))
         return fsc_error(FSC_ERR_NUMERIC,
                          "step %" PRId64 ": loss %g, gradient norm %g: training "
@@ -458,11 +628,21 @@ int trainer_step(trainer *t, step_result *r) {
                          t->step + 1, loss, (double)gnorm);
     if (rc) return rc;
     double lr = fsc_lr_schedule(&t->sched, t->step);
-    fsc_oss_set_lr(t->oss, lr);
-    if ((rc = fsc_oss_step(t->oss))) return rc;
+    if (t->fsdp) {
+        rc = fsc_optim_set_lr(fsc_fsdp_optim(t->fsdp), lr);
+        if (!rc) rc = fsc_fsdp_step(t->fsdp);
+    } else {
+        rc = fsc_oss_set_lr(t->oss, lr);
+        if (!rc) rc = fsc_oss_step(t->oss);
+    }
+    if (rc) return rc;
     t->step++;
-    *r = (step_result){
-        .loss = loss, .lr = lr, .grad_norm = gnorm, .seconds = fsc_now() - t0, .comm_wait_s = comm};
+    *r = (step_result){.loss = loss,
+                       .lr = lr,
+                       .grad_norm = gnorm,
+                       .seconds = fsc_now() - t0,
+                       .comm_wait_s = comm,
+                       .loss_scale = scale};
     return FSC_OK;
 }
 
@@ -473,13 +653,20 @@ int trainer_save(trainer *t, const char *path) {
     snprintf(step, sizeof step, "%" PRId64, t->step);
     const char *keys[] = {"format", "fsc.gpt_config", "fsc.step"};
     const char *values[] = {"pt", cfg, step};
-    return fsc_weights_save(path, &t->params, 3, keys, values);
+    if (t->fsdp) return fsc_fsdp_save_full(t->fsdp, t->rank == 0 ? path : NULL, 0, 3, keys, values);
+    return t->rank == 0 ? fsc_weights_save(path, &t->params, 3, keys, values) : FSC_OK;
+}
+
+fsc_optim *trainer_optim(const trainer *t) {
+    return t->fsdp ? fsc_fsdp_optim(t->fsdp) : fsc_oss_local(t->oss);
 }
 
 void trainer_free(trainer *t) {
     fsc_module_free(t->ddp); /* the wrapper only; it removes its hooks from the model */
     fsc_module_free(t->sdp);
     fsc_dp_free(t->dp);
+    fsc_fsdp_free(t->fsdp); /* removes its hooks; the model is freed below */
+    fsc_grad_scaler_free(t->scaler);
     fsc_oss_free(t->oss);
     fsc_params_free(&t->params);
     fsc_module_free(t->model);
@@ -520,11 +707,14 @@ int trainer_checkpoint(trainer *t) {
         return FSC_ERR_MPI;
     if (status) return t->rank == 0 ? rc : fsc_error(status, "rank 0 could not start a checkpoint");
     char optim_path[4096] = "";
-    if (t->rank == 0) {
-        rc = trainer_save(t, fsc_ckpt_member(w, "model.safetensors"));
+    if (t->rank == 0)
         snprintf(optim_path, sizeof optim_path, "%s", fsc_ckpt_member(w, "optim.safetensors"));
-    }
-    if (sharded || t->rank == 0) {
+    if (t->fsdp || t->rank == 0) /* collective under fsdp */
+        rc = trainer_save(t, t->rank == 0 ? fsc_ckpt_member(w, "model.safetensors") : NULL);
+    if (t->fsdp) {
+        int orc = fsc_fsdp_save_optim_state(t->fsdp, optim_path, 0);
+        if (!rc) rc = orc;
+    } else if (sharded || t->rank == 0) {
         int orc = fsc_oss_save_state(t->oss, optim_path, 0);
         if (!rc) rc = orc;
     }
@@ -539,6 +729,12 @@ int trainer_checkpoint(trainer *t) {
                  "\"grad_accum\": %d}",
                  t->opt.strategy, t->world, t->opt.batch, t->opt.grad_accum);
         if (!rc) rc = fsc_ckpt_set(w, "saved_by", v);
+        if (!rc && t->scaler) {
+            fsc_grad_scaler_state st = fsc_grad_scaler_get_state(t->scaler);
+            snprintf(v, sizeof v, "%.17g %lld %lld", st.scale, (long long)st.growth_tracker,
+                     (long long)st.skipped_steps);
+            rc = fsc_ckpt_set(w, "grad_scaler", v);
+        }
         if (!rc)
             rc = fsc_ckpt_commit(w);
         else

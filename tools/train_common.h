@@ -7,6 +7,8 @@
 
 #include "fsc/checkpoint.h"
 #include "fsc/dist.h"
+#include "fsc/fsdp.h"
+#include "fsc/grad_scaler.h"
 #include "fsc/gpt.h"
 #include "fsc/io.h"
 #include "fsc/optim.h"
@@ -14,7 +16,7 @@
 #include "fsc/zero.h"
 
 typedef struct train_options {
-    const char *strategy; /* single | dp | ddp | oss | sdp */
+    const char *strategy; /* single | dp | ddp | oss | sdp | fsdp */
     fsc_gpt_config model;
     const char *data;
     int batch, grad_accum;
@@ -26,9 +28,15 @@ typedef struct train_options {
     uint64_t seed;
     int threads;
     double bucket_mb;
-    const char *partition;   /* oss: even | greedy */
-    const char *share_dtype; /* oss: f32 | bf16 | f16 */
-    int64_t save_every;      /* checkpoint every N steps (0: never) */
+    const char *partition;       /* oss: even | greedy */
+    const char *share_dtype;     /* oss: f32 | bf16 | f16 */
+    int64_t min_params;          /* fsdp: auto-wrap threshold (0: one unit per block) */
+    int reshard_after_forward;   /* fsdp: 1 (default) or 0 */
+    const char *mixed_precision; /* fsdp: fp32 | bf16 | fp16 */
+    const char *reduce_dtype;    /* fsdp: f32 | bf16 | f16 (default: the compute dtype) */
+    bool accum_no_sync;          /* fsdp: accumulate full gradients, reduce once */
+    bool checkpoint_activations; /* recompute every block in backward */
+    int64_t save_every;          /* checkpoint every N steps (0: never) */
     const char *checkpoint_dir, *resume;
     const char *init_from, *save_init, *save, *metrics;
     int log_every;
@@ -49,7 +57,8 @@ typedef enum {
     STRATEGY_DP,
     STRATEGY_DDP,
     STRATEGY_OSS,
-    STRATEGY_SDP
+    STRATEGY_SDP,
+    STRATEGY_FSDP
 } strategy_kind;
 
 typedef struct trainer {
@@ -57,13 +66,17 @@ typedef struct trainer {
     strategy_kind strategy;
     int rank, world; /* data-parallel rank and size (1 unless ddp) */
     fsc_module *model;
-    fsc_module *ddp; /* the DDP wrapper around model (ddp and oss), or NULL */
-    fsc_module *sdp; /* the ShardedDDP wrapper (sdp), or NULL */
-    fsc_dp *dp;      /* the thread workers, or NULL */
+    fsc_module *ddp;         /* the DDP wrapper around model (ddp and oss), or NULL */
+    fsc_module *sdp;         /* the ShardedDDP wrapper (sdp), or NULL */
+    fsc_dp *dp;              /* the thread workers, or NULL */
+    fsc_fsdp *fsdp;          /* fsdp: the sharded model and its optimizer (params unbound) */
+    fsc_grad_scaler *scaler; /* fp16: dynamic loss scaling, or NULL */
+    int64_t poison_step;     /* tests: this rank's gradient gets an inf at this step (1-based) */
     fsc_params params;
     /* The optimizer, always an OSS: over the world for --strategy oss, over this
      * process alone otherwise, so optimizer state is saved and loaded by
-     * global name the same way under every strategy and world size. */
+     * global name the same way under every strategy and world size. NULL
+     * under fsdp, whose optimizer runs over its shards (same file format). */
     fsc_oss *oss;
     fsc_lr_schedule_config sched;
     fsc_tokens tokens;
@@ -75,6 +88,8 @@ typedef struct trainer {
 typedef struct step_result {
     double loss, lr, grad_norm, seconds;
     double comm_wait_s; /* DDP: blocked on gradient reductions after backward */
+    bool skipped;       /* fp16: an inf/NaN gradient, the update skipped on every rank */
+    double loss_scale;  /* fp16: the scale used in this step */
 } step_result;
 
 /* Builds everything from the options; on error returns a status with the message set. */
@@ -82,8 +97,12 @@ int trainer_init(trainer *t, const train_options *o);
 /* Trains step t->step with all its micro-batches, then the optimizer update. */
 int trainer_step(trainer *t, step_result *r);
 void trainer_free(trainer *t);
-/* Saves weights with the model configuration in the metadata. */
+/* Saves weights with the model configuration in the metadata; rank 0 writes
+ * (path may be NULL elsewhere). Collective under fsdp (units are gathered one
+ * at a time), rank 0 alone otherwise. */
 int trainer_save(trainer *t, const char *path);
+/* The optimizer over this rank's part (OSS's local one, or FSDP's). */
+fsc_optim *trainer_optim(const trainer *t);
 /* Writes checkpoint t->step into --checkpoint-dir (collective). */
 int trainer_checkpoint(trainer *t);
 

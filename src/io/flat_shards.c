@@ -32,13 +32,17 @@ static int terminated(const char *s, size_t cap) {
     return memchr(s, '\0', cap) != NULL;
 }
 
-/* Element count of a shape, or -1 if a dim is negative or the count exceeds MAX_ELEMS. */
+/* Element count of a shape, or -1 if a dim is negative or above MAX_ELEMS, or
+ * the count (with no zero dim) is above MAX_ELEMS. */
 static int64_t shape_numel(int ndim, const int64_t *shape) {
-    int64_t n = 1;
-    for (int d = 0; d < ndim; d++)
-        if (shape[d] < 0) return -1;
+    int zero = 0;
     for (int d = 0; d < ndim; d++) {
-        if (shape[d] == 0) return 0;
+        if (shape[d] < 0 || shape[d] > MAX_ELEMS) return -1;
+        zero |= shape[d] == 0;
+    }
+    if (zero) return 0;
+    int64_t n = 1;
+    for (int d = 0; d < ndim; d++) {
         if (n > MAX_ELEMS / shape[d]) return -1;
         n *= shape[d];
     }
@@ -190,20 +194,29 @@ void fsc_flat_layout_free(fsc_flat_layout *L) {
 
 /* ---- the layout as JSON ------------------------------------------------------------ */
 
+/* An integer as exact decimal text: cJSON prints numbers with 15 significant
+ * digits when that round-trips within an epsilon, which loses 2^53. */
+static cJSON *json_int(int64_t v) {
+    char buf[24];
+    snprintf(buf, sizeof buf, "%lld", (long long)v);
+    return cJSON_CreateRaw(buf);
+}
+
+static int add_int(cJSON *obj, const char *key, int64_t v) {
+    cJSON *n = json_int(v);
+    if (n && cJSON_AddItemToObject(obj, key, n)) return 1;
+    cJSON_Delete(n);
+    return 0;
+}
+
 /* {"version":1,"world":W,"units":[{"name","numel","shard"}..],
  *  "params":[{"name","shape","unit","offset"}..]}; NULL when out of memory. */
 static char *layout_json(const fsc_flat_layout *L) {
-    cJSON *root = cJSON_CreateObject(), *units = cJSON_CreateArray(), *params = cJSON_CreateArray();
-    int ok = root && units && params;
-    if (ok) {
-        ok = cJSON_AddNumberToObject(root, "version", LAYOUT_VERSION) &&
-             cJSON_AddNumberToObject(root, "world", L->world);
-        cJSON_AddItemToObject(root, "units", units);
-        cJSON_AddItemToObject(root, "params", params);
-    } else {
-        cJSON_Delete(units);
-        cJSON_Delete(params);
-    }
+    cJSON *root = cJSON_CreateObject();
+    cJSON *units = NULL, *params = NULL;
+    int ok = root && add_int(root, "version", LAYOUT_VERSION) && add_int(root, "world", L->world) &&
+             (units = cJSON_AddArrayToObject(root, "units")) &&
+             (params = cJSON_AddArrayToObject(root, "params"));
     for (int u = 0; ok && u < L->nunits; u++) {
         cJSON *o = cJSON_CreateObject();
         ok = o && cJSON_AddItemToArray(units, o);
@@ -212,8 +225,7 @@ static char *layout_json(const fsc_flat_layout *L) {
             break;
         }
         ok = cJSON_AddStringToObject(o, "name", L->units[u].name) &&
-             cJSON_AddNumberToObject(o, "numel", (double)L->units[u].numel) &&
-             cJSON_AddNumberToObject(o, "shard", (double)L->units[u].shard);
+             add_int(o, "numel", L->units[u].numel) && add_int(o, "shard", L->units[u].shard);
     }
     for (int i = 0; ok && i < L->nparams; i++) {
         const fsc_flat_param *p = &L->params[i];
@@ -223,15 +235,15 @@ static char *layout_json(const fsc_flat_layout *L) {
             cJSON_Delete(o);
             break;
         }
-        cJSON *shape = cJSON_AddArrayToObject(o, "shape");
-        ok = cJSON_AddStringToObject(o, "name", p->name) && shape;
+        cJSON *shape = NULL;
+        ok = cJSON_AddStringToObject(o, "name", p->name) &&
+             (shape = cJSON_AddArrayToObject(o, "shape"));
         for (int d = 0; ok && d < p->ndim; d++) {
-            cJSON *n = cJSON_CreateNumber((double)p->shape[d]);
+            cJSON *n = json_int(p->shape[d]);
             ok = n && cJSON_AddItemToArray(shape, n);
             if (!ok) cJSON_Delete(n);
         }
-        ok = ok && cJSON_AddNumberToObject(o, "unit", p->unit) &&
-             cJSON_AddNumberToObject(o, "offset", (double)p->offset);
+        ok = ok && add_int(o, "unit", p->unit) && add_int(o, "offset", p->offset);
     }
     char *s = ok ? cJSON_PrintUnformatted(root) : NULL;
     cJSON_Delete(root);
