@@ -19,10 +19,12 @@ static const char *USAGE =
     "(G = batch * grad-accum * ranks); sequence i is tokens [i*T, i*T+T] (wrapping).";
 
 static void write_metrics(FILE *f, int64_t step, const step_result *r, double tok_s) {
-    fprintf(f,
-            "{\"step\": %" PRId64 ", \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.6g, "
-            "\"tokens_per_s\": %.1f, \"step_ms\": %.2f, ",
-            step, r->loss, r->lr, r->grad_norm, tok_s, 1e3 * r->seconds);
+    fprintf(f, "{\"step\": %" PRId64 ", \"loss\": %.6f, \"lr\": %.6g, ", step, r->loss, r->lr);
+    if (isfinite(r->grad_norm)) /* JSON has no inf: a skipped fp16 step has none */
+        fprintf(f, "\"grad_norm\": %.6g, ", r->grad_norm);
+    else
+        fprintf(f, "\"grad_norm\": null, ");
+    fprintf(f, "\"tokens_per_s\": %.1f, \"step_ms\": %.2f, ", tok_s, 1e3 * r->seconds);
     if (r->loss_scale > 0)
         fprintf(f, "\"loss_scale\": %.9g, \"skipped\": %s, ", r->loss_scale,
                 r->skipped ? "true" : "false");
@@ -206,6 +208,11 @@ int main(int argc, char **argv) {
     if (rc) return fail(&t, world, 1);
     if (o.save && trainer_save(&t, o.save)) {
         fprintf(stderr, "fsc-train: --save %s: %s\n", o.save, fsc_last_error());
+        return fail(&t, world, 1);
+    }
+    if (o.save_sharded && trainer_save_sharded(&t, o.save_sharded)) {
+        fprintf(stderr, "fsc-train: --save-sharded %s (rank %d): %s\n", o.save_sharded, rank,
+                fsc_last_error());
         return fail(&t, world, 1);
     }
     int64_t *mem = calloc((size_t)t.world * FSC_MEM_TAG_COUNT, sizeof *mem);

@@ -10,6 +10,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "fsc/checkpoint_wrapper.h"
@@ -105,6 +106,8 @@ static const flag flags[] = {
       "write a checkpoint every N steps (needs --checkpoint-dir)"),
     F("checkpoint-dir", ARG_STR, checkpoint_dir, "directory of checkpoints (step-N/, latest)"),
     F("resume", ARG_STR, resume, "resume from this checkpoint directory's latest checkpoint"),
+    F("save-sharded", ARG_STR, save_sharded,
+      "fsdp: at the end, each rank writes its shard file into this directory"),
     F("init-from", ARG_STR, init_from, "start from these weights (safetensors)"),
     F("save-init", ARG_STR, save_init, "save the weights before step 1"),
     F("save", ARG_STR, save, "save the weights at the end"),
@@ -224,6 +227,8 @@ static int check_options(const train_options *o) {
         return fsc_error(FSC_ERR_INVALID,
                          "--mixed-precision, --reduce-dtype, --min-params, --accum-no-sync and "
                          "--reshard-after-forward apply to --strategy fsdp only");
+    if (o->save_sharded && !fsdp)
+        return fsc_error(FSC_ERR_INVALID, "--save-sharded applies to --strategy fsdp only");
     if (o->min_params < 0)
         return fsc_error(FSC_ERR_INVALID, "--min-params %lld must be >= 0",
                          (long long)o->min_params);
@@ -611,7 +616,7 @@ int trainer_step(trainer *t, step_result *r) {
                            .seconds = fsc_now() - t0,
                            .comm_wait_s = comm,
                            .skipped = true,
-                           .loss_scale = scale};
+                           .loss_scale = t->scaler ? scale : 0};
         return FSC_OK;
     }
     /* the global gradient norm (over every shard when sharded); clip when asked */
@@ -642,17 +647,41 @@ int trainer_step(trainer *t, step_result *r) {
                        .grad_norm = gnorm,
                        .seconds = fsc_now() - t0,
                        .comm_wait_s = comm,
-                       .loss_scale = scale};
+                       .loss_scale = t->scaler ? scale : 0};
     return FSC_OK;
 }
 
-int trainer_save(trainer *t, const char *path) {
-    char cfg[256];
-    model_json(&t->opt.model, cfg, sizeof cfg);
-    char step[32];
-    snprintf(step, sizeof step, "%" PRId64, t->step);
+/* The metadata every weights file carries. */
+typedef struct {
+    char cfg[256], step[32];
+    const char *keys[3], *values[3];
+} weights_meta;
+
+static void make_meta(const trainer *t, weights_meta *m) {
+    model_json(&t->opt.model, m->cfg, sizeof m->cfg);
+    snprintf(m->step, sizeof m->step, "%" PRId64, t->step);
     const char *keys[] = {"format", "fsc.gpt_config", "fsc.step"};
-    const char *values[] = {"pt", cfg, step};
+    const char *values[] = {"pt", m->cfg, m->step};
+    memcpy(m->keys, keys, sizeof keys);
+    memcpy(m->values, values, sizeof values);
+}
+
+int trainer_save_sharded(trainer *t, const char *dir) {
+    if (!t->fsdp) return fsc_error(FSC_ERR_INVALID, "--save-sharded needs --strategy fsdp");
+    if (mkdir(dir, 0777) && errno != EEXIST)
+        return fsc_error(FSC_ERR_IO, "--save-sharded %s: cannot create it (%s)", dir,
+                         strerror(errno));
+    char path[4096];
+    snprintf(path, sizeof path, "%s/shard-%05d-of-%05d.safetensors", dir, t->rank, t->world);
+    weights_meta m;
+    make_meta(t, &m);
+    return fsc_fsdp_save_sharded(t->fsdp, path, 3, m.keys, m.values);
+}
+
+int trainer_save(trainer *t, const char *path) {
+    weights_meta m;
+    make_meta(t, &m);
+    const char *const *keys = m.keys, *const *values = m.values;
     if (t->fsdp) return fsc_fsdp_save_full(t->fsdp, t->rank == 0 ? path : NULL, 0, 3, keys, values);
     return t->rank == 0 ? fsc_weights_save(path, &t->params, 3, keys, values) : FSC_OK;
 }

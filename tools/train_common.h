@@ -39,6 +39,7 @@ typedef struct train_options {
     int64_t save_every;          /* checkpoint every N steps (0: never) */
     const char *checkpoint_dir, *resume;
     const char *init_from, *save_init, *save, *metrics;
+    const char *save_sharded; /* fsdp: directory for each rank's shard file at the end */
     int log_every;
     bool quiet;
     bool skip_grad_norm; /* without clipping, do not compute |g| (benchmarks) */
@@ -101,6 +102,10 @@ void trainer_free(trainer *t);
  * (path may be NULL elsewhere). Collective under fsdp (units are gathered one
  * at a time), rank 0 alone otherwise. */
 int trainer_save(trainer *t, const char *path);
+/* fsdp: each rank writes DIR/shard-RRRRR-of-NNNNN.safetensors (its flat shards
+ * and their layout, the same metadata as trainer_save); fsc-consolidate
+ * rebuilds trainer_save's file from them. */
+int trainer_save_sharded(trainer *t, const char *dir);
 /* The optimizer over this rank's part (OSS's local one, or FSDP's). */
 fsc_optim *trainer_optim(const trainer *t);
 /* Writes checkpoint t->step into --checkpoint-dir (collective). */

@@ -71,7 +71,9 @@ typedef struct fsc_fsdp_options {
 /* Modules to make units of, FairScale's default auto-wrap policy: walking the
  * tree depth first, children before parents, a submodule (never the root)
  * becomes a unit when the parameters under it that no unit below it claimed
- * number at least min_num_params. *units is malloc'ed (free it); *n may be 0. */
+ * number at least min_num_params; modules whose parameters their parent uses
+ * directly (fsc_module.params_used_by_parent: GPT's tied wte, wpe) never are.
+ * *units is malloc'ed (free it); *n may be 0. */
 FSC_API int fsc_fsdp_auto_wrap(fsc_module *root, int64_t min_num_params, fsc_module ***units,
                                int *n);
 

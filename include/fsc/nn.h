@@ -104,6 +104,11 @@ struct fsc_module {
         void *user;
     } hooks[FSC_HOOK_KIND_COUNT][FSC_MAX_HOOKS];
     int nhooks[FSC_HOOK_KIND_COUNT];
+    /* The parent uses this module's parameters itself, outside the module's
+     * forward (GPT's wte serves as the tied LM head, wpe is read by the
+     * fused encoder): they must stay with the parent, so a wrapper must not
+     * make this module a unit of its own (FSDP refuses it, auto-wrap skips it). */
+    bool params_used_by_parent;
 };
 
 /* ---- the contract -------------------------------------------------------- */

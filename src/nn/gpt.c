@@ -130,6 +130,7 @@ fsc_module *fsc_gpt_new(const fsc_gpt_config *cfg) {
                           fsc_dropout_new("drop", cfg->dropout, 0)};
     for (int i = 0; i < 3; i++) {
         *slots[i] = made[i];
+        if (made[i] && i < 2) made[i]->params_used_by_parent = true; /* wte, wpe */
         if (!rc)
             rc = made[i] ? fsc_module_add_child(&g->base, made[i]) : FSC_ERR_INVALID;
         else

@@ -537,9 +537,14 @@ fsc_fsdp *fsc_fsdp_new(fsc_module *root, fsc_group *g, uint64_t seed, fsc_module
         return NULL;
     }
     for (int i = 0; i < n; i++) {
-        const char *bad = !units[i]          ? "is NULL"
-                          : units[i] == root ? "is the root (always a unit)"
-                                             : NULL;
+        const char *bad = NULL;
+        if (!units[i])
+            bad = "is NULL";
+        else if (units[i] == root)
+            bad = "is the root (always a unit)";
+        else if (units[i]->params_used_by_parent) /* GPT's tied wte, wpe */
+            bad = "is a module whose parameters its parent uses directly: they stay in the "
+                  "parent's unit";
         for (int j = 0; !bad && j < i; j++)
             if (units[j] == units[i]) bad = "is listed twice";
         if (bad) {
@@ -668,7 +673,7 @@ static int64_t wrap_visit(fsc_module *m, bool is_root, int64_t min, wrap_list *l
     for (int i = 0; i < m->nparams; i++) unclaimed += m->params[i].numel;
     for (int c = 0; c < m->nchildren && !*rc; c++)
         unclaimed += wrap_visit(m->children[c], false, min, l, rc);
-    if (*rc || is_root || unclaimed < min) return unclaimed;
+    if (*rc || is_root || unclaimed < min || m->params_used_by_parent) return unclaimed;
     if (l->n == l->cap) {
         int cap = l->cap ? 2 * l->cap : 16;
         void *p = realloc(l->m, (size_t)cap * sizeof *l->m);
