@@ -3,7 +3,8 @@
  * and without resharding after forward, both accumulation modes, clipping;
  * issues exactly 2N-1 (or N) all-gathers and N reduce-scatters per step; and
  * keeps params + grads + optimizer state at the shard's size, with gathered
- * buffers of at most the root and two other units at once (allocator). */
+ * buffers of at most the root and two other units at once (allocator; the
+ * released ones are kept for the next step, within the same bound). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -224,7 +225,7 @@ static void test_collective_counts(void **state) {
 
 /* Params, grads and optimizer state are the shard's, exactly; gathered
  * buffers stay within the root and two more units (parameters and
- * gradients), and are all given back after the step. */
+ * gradients), in use or cached for the next step. */
 static void test_memory_is_the_shard(void **state) {
     (void)state;
     size_t p0 = fsc_mem_current(FSC_MEM_PARAMS), g0 = fsc_mem_current(FSC_MEM_GRADS),
@@ -240,7 +241,7 @@ static void test_memory_is_the_shard(void **state) {
     assert_int_equal(o.grads - g0, o.shard_bytes);
     assert_int_equal(o.optim - o0, o.optim_expected);
     assert_true(o.gathered_peak <= o.gathered_bound);
-    assert_int_equal(o.gathered_after, 0);
+    assert_true(o.gathered_after <= o.gathered_peak); /* released buffers kept for reuse */
     /* the shard is the model's 1/world share plus padding below one 16-float
      * alignment per unit and parameter */
     fsc_params whole;

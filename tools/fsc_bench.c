@@ -40,6 +40,10 @@ static int random_tokens(int vocab, int64_t n, uint64_t seed, fsc_tokens *out) {
     return rc;
 }
 
+/* fsdp: --mixed-precision; every strategy: --checkpoint-activations. */
+static const char *mixed_precision = "fp32";
+static bool checkpoint_activations;
+
 typedef struct {
     double tok_s, ms_median, gflops, peak, first, last, comm_share;
     int64_t mem[FSC_MEM_TAG_COUNT];    /* this rank's peaks over the whole run */
@@ -60,6 +64,8 @@ static int measure(const bench_config *c, const char *strategy, int steps, int w
     o.schedule = "constant";
     o.skip_grad_norm = true; /* as the PyTorch peer: no clipping, no norm */
     o.local_in_world = true; /* the baseline runs on rank 0 alone */
+    if (!strcmp(strategy, "fsdp")) o.mixed_precision = mixed_precision;
+    o.checkpoint_activations = checkpoint_activations;
     fsc_mem_reset_peaks();
     trainer t;
     int rc = trainer_init(&t, &o);
@@ -113,8 +119,8 @@ static void print_result(const bench_config *c, const char *strategy, int ranks,
                          int steps, const bench_result *r, const bench_result *single) {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
-    bool multi_rank =
-        !strcmp(strategy, "ddp") || !strcmp(strategy, "oss") || !strcmp(strategy, "sdp");
+    bool multi_rank = !strcmp(strategy, "ddp") || !strcmp(strategy, "oss") ||
+                      !strcmp(strategy, "sdp") || !strcmp(strategy, "fsdp");
     int workers = multi_rank ? ranks : !strcmp(strategy, "dp") ? threads : 1;
     printf("{\"config\": \"%s\", \"strategy\": \"%s\", \"ranks\": %d, \"threads\": %d, "
            "\"layers\": %d, \"d_model\": %d, \"heads\": %d, \"seq\": %d, \"vocab\": %d, "
@@ -152,7 +158,8 @@ static int run(const bench_config *c, const char *strategy, int steps, int warmu
     if (!strcmp(strategy, "dp")) wide.batch = c->batch * threads;
     int rc = FSC_OK;
     if (scaled && rank == 0) rc = measure(c, "single", steps, warmup, 1, &single);
-    if (!strcmp(strategy, "ddp") || !strcmp(strategy, "oss") || !strcmp(strategy, "sdp")) {
+    if (!strcmp(strategy, "ddp") || !strcmp(strategy, "oss") || !strcmp(strategy, "sdp") ||
+        !strcmp(strategy, "fsdp")) {
         int all = fsc_group_barrier(fsc_group_world()); /* the others wait for the baseline */
         if (!rc) rc = all;
     }
@@ -173,13 +180,18 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help")) {
-            printf(
-                "usage: fsc-bench [--config small|medium|all] [--strategy single|dp|ddp|oss|sdp] "
-                "[--steps N] [--warmup N] [--threads N]\n"
-                "  dp and ddp scale weakly: each thread (dp, --threads) or rank (ddp, under "
-                "mpirun)\n  takes the reference batch; the single-process baseline is "
-                "measured in the same run.\n");
+            printf("usage: fsc-bench [--config small|medium|all] "
+                   "[--strategy single|dp|ddp|oss|sdp|fsdp]\n"
+                   "                 [--steps N] [--warmup N] [--threads N] "
+                   "[--mixed-precision fp32|bf16|fp16] [--checkpoint-activations]\n"
+                   "  dp and ddp scale weakly: each thread (dp, --threads) or rank (ddp, under "
+                   "mpirun)\n  takes the reference batch; the single-process baseline is "
+                   "measured in the same run.\n");
             return 0;
+        }
+        if (!strcmp(a, "--checkpoint-activations")) { /* a flag: no value */
+            checkpoint_activations = true;
+            continue;
         }
         if (!v) {
             fprintf(stderr, "fsc-bench: %s needs a value\n", a);
@@ -195,6 +207,8 @@ int main(int argc, char **argv) {
             warmup = atoi(v);
         else if (!strcmp(a, "--threads"))
             threads = atoi(v);
+        else if (!strcmp(a, "--mixed-precision"))
+            mixed_precision = v;
         else {
             fprintf(stderr, "fsc-bench: unknown flag %s\n", a);
             return 2;
@@ -206,8 +220,8 @@ int main(int argc, char **argv) {
         return 2;
     }
     if (strcmp(strategy, "single") && strcmp(strategy, "dp") && strcmp(strategy, "ddp") &&
-        strcmp(strategy, "oss") && strcmp(strategy, "sdp")) {
-        fprintf(stderr, "fsc-bench: --strategy %s: expected single, dp, ddp, oss or sdp\n",
+        strcmp(strategy, "oss") && strcmp(strategy, "sdp") && strcmp(strategy, "fsdp")) {
+        fprintf(stderr, "fsc-bench: --strategy %s: expected single, dp, ddp, oss, sdp or fsdp\n",
                 strategy);
         return 2;
     }

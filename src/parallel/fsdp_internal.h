@@ -8,6 +8,10 @@
 #include "fsc/zero.h"
 #include "sharded_internal.h"
 
+/* Released full-size buffers kept for reuse: the root's parameters and
+ * gradients, two more units' of each, and room to spare. */
+#define FSDP_CACHE 8
+
 typedef struct fsdp_unit {
     struct fsc_fsdp *f;
     int index; /* 0: the root */
@@ -21,15 +25,16 @@ typedef struct fsdp_unit {
     bool grad_zero;                 /* the gradient shard is known to be all zero */
     int fwd_pos;                    /* position in the recorded forward order, -1: none */
     /* gathered state (FSC_MEM_GATHERED unless noted) */
-    float *full;             /* full parameters, bound to the model's views once complete */
-    void *recv_half;         /* compute-dtype gather buffer while in flight */
-    void *send_half;         /* this rank's shard in the compute dtype (FSC_MEM_COMM) */
-    fsc_request *gather_req; /* a gather in flight into full / recv_half */
-    float *full_grad;        /* full gradients while backward computes them */
-    void *rs_in;             /* reduce-dtype copy of full_grad (FSC_MEM_COMM) */
-    void *rs_out;            /* the reduced shard before it is added (FSC_MEM_COMM) */
-    fsc_request *rs_req;     /* a reduce-scatter in flight */
-    bool rs_pending;         /* launched, not yet added into the gradient shard */
+    float *full;                /* full parameters, bound to the model's views once complete */
+    int64_t full_cap, grad_cap; /* floats in full and full_grad (cached ones may be larger) */
+    void *recv_half;            /* compute-dtype gather buffer while in flight */
+    void *send_half;            /* this rank's shard in the compute dtype (FSC_MEM_COMM) */
+    fsc_request *gather_req;    /* a gather in flight into full / recv_half */
+    float *full_grad;           /* full gradients while backward computes them */
+    void *rs_in;                /* reduce-dtype copy of full_grad (FSC_MEM_COMM) */
+    void *rs_out;               /* the reduced shard before it is added (FSC_MEM_COMM) */
+    fsc_request *rs_req;        /* a reduce-scatter in flight */
+    bool rs_pending;            /* launched, not yet added into the gradient shard */
 } fsdp_unit;
 
 struct fsc_fsdp {
@@ -50,8 +55,10 @@ struct fsc_fsdp {
     int *order;          /* units in the order the first forward ran them */
     int norder;
     bool order_known, no_sync, summoned;
-    fsdp_unit *newest_rs; /* the unit whose reduce-scatter launched last */
-    fsc_module **hooked;  /* modules carrying progress hooks */
+    fsdp_unit *newest_rs;     /* the unit whose reduce-scatter launched last */
+    float *cache[FSDP_CACHE]; /* released full-size buffers, ready for reuse */
+    int64_t cache_n[FSDP_CACHE];
+    fsc_module **hooked; /* modules carrying progress hooks */
     int nhooked;
     fsc_fsdp_stats stats;
 };
