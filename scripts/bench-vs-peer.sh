@@ -2,8 +2,8 @@
 # fsc-bench beside PyTorch (../shared/peer/bench_peer.py), alternating the two
 # programs ROUNDS times per config so that both see the same machine; prints
 # each JSON line and the ratio of the medians. Usage:
-#   bash scripts/bench-vs-peer.sh [small|medium|all] [ROUNDS] [single|ddp|oss] [RANKS]
-# ddp / oss run fsc under mpiexec against the peer's torch DDP / ZeroRedundancyOptimizer+DDP
+#   bash scripts/bench-vs-peer.sh [small|medium|all] [ROUNDS] [single|ddp|oss|sdp|fsdp] [RANKS]
+# ddp, sdp and fsdp run fsc under mpiexec against the peer's torch DDP, oss against ZeroRedundancyOptimizer+DDP
 # (gloo), RANKS ranks each.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,7 +33,7 @@ for c in "${configs[@]}"; do
     fsc+=("$(echo "$line" | python3 -c 'import json,sys; print(json.load(sys.stdin)["tokens_per_s"])')")
     share+=("$(echo "$line" | python3 -c 'import json,sys; print(json.load(sys.stdin)["share_of_peak"])')")
     peer_args=(--strategy single)
-    [ "$strategy" = ddp ] || [ "$strategy" = sdp ] && peer_args=(--strategy ddp --world "$ranks")
+    case $strategy in ddp|sdp|fsdp) peer_args=(--strategy ddp --world "$ranks") ;; esac
     [ "$strategy" = oss ] && peer_args=(--strategy zero1_torch --world "$ranks")
     line=$(/usr/bin/python3 "$peer" "${peer_args[@]}" "${args[@]}" --steps "$steps" --warmup-steps 3 2>/dev/null | tail -1)
     echo "torch $line" | cut -c1-400

@@ -307,6 +307,21 @@ def fsdp():
         m = os.path.join(TMP, f"fsdp{i}.jsonl")
         mpiexec(n, *common, "--strategy", "fsdp", *extra, "--metrics", m)
         compare(f"fsdp {n} ranks {' '.join(extra)}", [r["loss"] for r in metrics(m)], ref, 1e-5)
+    # a model that does not fit a 100 MiB budget per process under DDP (params,
+    # grads and AdamW state alone are 16 x 7.2M bytes) trains under FSDP on 4 ranks
+    big = ["--layers", "4", "--d-model", "384", "--heads", "6", "--seq", "32", "--batch", "1",
+           "--steps", "2", "--quiet"]
+    os.environ["FSC_MEM_LIMIT_MB"] = "100"
+    p = mpiexec(4, *big, "--strategy", "ddp", expect_ok=False)
+    if p.returncode == 0 or "memory budget exceeded" not in p.stderr:
+        sys.exit(f"FAIL: DDP fitted a 100 MiB budget, or failed unclearly:\n{p.stderr}")
+    print("ok  DDP, 4 ranks, 100 MiB per process ->", p.stderr.strip().splitlines()[0][:150])
+    m = os.path.join(TMP, "capped.jsonl")
+    mpiexec(4, *big, "--strategy", "fsdp", "--metrics", m)
+    del os.environ["FSC_MEM_LIMIT_MB"]
+    mem = metrics(m)[-1]["mem"]
+    print(f"ok  FSDP, 4 ranks, 100 MiB per process: trains; rank 0 holds "
+          f"{sum(mem.values()) / 2**20:.1f} MiB after step 2 ({mem})")
     # checkpoint at step 3 with 2 ranks, resume with 1 and 3 ranks (fsdp) and 2 (ddp)
     ck = os.path.join(TMP, "ck")
     mpiexec(2, *common, "--strategy", "fsdp", "--batch", "6", "--save-every", "3",
