@@ -8,6 +8,7 @@
 #ifndef FSC_WEIGHTS_H
 #define FSC_WEIGHTS_H
 
+#include "fsc/io.h"
 #include "fsc/nn.h"
 
 #ifdef __cplusplus
@@ -23,6 +24,9 @@ FSC_API int fsc_weights_save(const char *path, const fsc_params *ps, int n_meta,
  * carry Hugging Face's "transformer." prefix. Tensors the model does not have
  * are ignored, except that their count is returned in *n_unused (may be NULL). */
 FSC_API int fsc_weights_load(const char *path, fsc_params *ps, int *n_unused);
+/* The file's tensor for parameter `name`, with or without Hugging Face's
+ * "transformer." prefix; NULL if neither is there. */
+FSC_API const fsc_st_entry *fsc_weights_find(const fsc_st_file *f, const char *name);
 
 #ifdef __cplusplus
 }

@@ -30,8 +30,7 @@ int fsc_weights_save(const char *path, const fsc_params *ps, int n_meta, const c
     return fsc_st_writer_close(w);
 }
 
-/* The file's entry for a parameter, with or without HF's "transformer." prefix. */
-static const fsc_st_entry *find_entry(const fsc_st_file *f, const char *name) {
+const fsc_st_entry *fsc_weights_find(const fsc_st_file *f, const char *name) {
     const fsc_st_entry *e = fsc_st_find(f, name);
     if (e) return e;
     char prefixed[FSC_NAME_MAX * 2 + 16];
@@ -45,7 +44,7 @@ int fsc_weights_load(const char *path, fsc_params *ps, int *n_unused) {
     if (!f) return status;
     for (int i = 0; !status && i < ps->count; i++) {
         const fsc_param *p = ps->entries[i].param;
-        const fsc_st_entry *e = find_entry(f, ps->entries[i].name);
+        const fsc_st_entry *e = fsc_weights_find(f, ps->entries[i].name);
         if (!e) {
             status = fsc_error(FSC_ERR_NOT_FOUND,
                                "%s: no tensor %s (is this a checkpoint of "
@@ -71,7 +70,7 @@ int fsc_weights_load(const char *path, fsc_params *ps, int *n_unused) {
     }
     for (int i = 0; !status && i < ps->count; i++) {
         fsc_tensor t = fsc_param_tensor(ps->entries[i].param);
-        status = fsc_st_read(f, find_entry(f, ps->entries[i].name)->name, &t);
+        status = fsc_st_read(f, fsc_weights_find(f, ps->entries[i].name)->name, &t);
     }
     if (!status && n_unused) {
         int used = ps->count;

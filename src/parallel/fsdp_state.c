@@ -7,6 +7,7 @@
 
 #include "fsc/flat_shards.h"
 #include "fsc/io.h"
+#include "fsc/weights.h"
 #include "fsdp_internal.h"
 
 /* Makes every rank return the worst status; peers of a failed rank say so. */
@@ -117,20 +118,11 @@ int fsc_fsdp_save_full(fsc_fsdp *f, const char *path, int root, int n_meta, cons
     return agree(f, rc, "FSDP save_full: another rank failed saving", where);
 }
 
-/* The file's entry for a parameter, with or without HF's "transformer." prefix. */
-static const fsc_st_entry *find_entry(const fsc_st_file *file, const char *name) {
-    const fsc_st_entry *e = fsc_st_find(file, name);
-    if (e) return e;
-    char prefixed[FSC_NAME_MAX * 2 + 16];
-    snprintf(prefixed, sizeof prefixed, "transformer.%s", name);
-    return fsc_st_find(file, prefixed);
-}
-
 /* Checks presence and shape of every parameter (as fsc_weights_load does). */
 static int check_full(fsc_fsdp *f, fsc_st_file *file, const char *path) {
     for (int e = 0; e < f->ps.count; e++) {
         const fsc_param *p = f->ps.entries[e].param;
-        const fsc_st_entry *t = find_entry(file, f->ps.entries[e].name);
+        const fsc_st_entry *t = fsc_weights_find(file, f->ps.entries[e].name);
         if (!t)
             return fsc_error(FSC_ERR_NOT_FOUND,
                              "%s: no tensor %s (is this a checkpoint of the same model?)", path,
@@ -155,7 +147,7 @@ static int read_pieces(fsc_fsdp *f, fsc_st_file *file, float *stage) {
     for (int i = 0; i < f->nranges && !rc; i++) {
         const fsc_shard_range *s = &f->part->ranges[f->rank][i];
         const fsc_param_entry *pe = &f->ps.entries[s->entry];
-        const fsc_st_entry *t = find_entry(file, pe->name);
+        const fsc_st_entry *t = fsc_weights_find(file, pe->name);
         float *dst = stage + (f->ranges[i].param - f->data);
         if (t->dtype == FSC_DTYPE_F32) {
             rc = fsc_st_read_bytes(file, t, (uint64_t)s->begin * 4, dst, (size_t)s->count * 4);
