@@ -13,11 +13,12 @@
 
 #include "equivalence.h"
 #include "mpi_test.h"
+#include "fsc/checkpoint_wrapper.h"
 #include "fsc/fsdp.h"
 
 static int rank, world;
 
-typedef enum { UNITS_BLOCKS = 0, UNITS_NONE, UNITS_NESTED } unit_plan;
+typedef enum { UNITS_BLOCKS = 0, UNITS_NONE, UNITS_NESTED, UNITS_MLPS } unit_plan;
 
 typedef struct {
     unit_plan plan;
@@ -26,6 +27,7 @@ typedef struct {
     int accum;
     bool no_sync; /* accumulate under no_sync (else reduce-scatter every micro-step) */
     float max_norm;
+    bool checkpoint_blocks; /* activation checkpointing on every block */
 } fsdp_cfg;
 
 typedef struct {
@@ -35,8 +37,8 @@ typedef struct {
         gathered_after;
 } fsdp_out;
 
-/* Units: every block (auto-wrap at a block's size), none, or every block
- * and, inside it, its MLP. */
+/* Units: every block (auto-wrap at a block's size), none, every block and,
+ * inside it, its MLP, or the MLPs alone. */
 static fsc_module **pick_units(fsc_module *m, unit_plan plan, int *n) {
     const int64_t C = EQ_MODEL.d_model, block = 12 * C * C + 13 * C;
     fsc_module **units = NULL;
@@ -44,7 +46,7 @@ static fsc_module **pick_units(fsc_module *m, unit_plan plan, int *n) {
     if (plan == UNITS_NONE) return NULL;
     assert_int_equal(fsc_fsdp_auto_wrap(m, block, &units, n), FSC_OK);
     assert_int_equal(*n, EQ_MODEL.layers); /* exactly the blocks reach a block's size */
-    if (plan == UNITS_NESTED) {
+    if (plan == UNITS_NESTED || plan == UNITS_MLPS) {
         units = realloc(units, sizeof *units * (size_t)(2 * *n));
         for (int l = 0; l < EQ_MODEL.layers; l++) {
             fsc_module *blk = units[l], *mlp = NULL;
@@ -55,6 +57,8 @@ static fsc_module **pick_units(fsc_module *m, unit_plan plan, int *n) {
         }
         *n *= 2;
     }
+    if (plan == UNITS_MLPS) memmove(units, units + *n / 2, sizeof *units * (size_t)(*n / 2));
+    if (plan == UNITS_MLPS) *n /= 2;
     return units;
 }
 
@@ -79,6 +83,9 @@ static float *run_fsdp(const fsdp_cfg *c, fsdp_out *out) {
     int nunits;
     fsc_module **units = pick_units(m, c->plan, &nunits);
     const fsc_optim_config *optim = c->optim ? c->optim : &EQ_ADAMW;
+    for (int l = 0; c->checkpoint_blocks && l < m->nchildren; l++)
+        if (!strncmp(m->children[l]->name, "h.", 2))
+            assert_int_equal(fsc_checkpoint_wrap(m->children[l]), FSC_OK);
     fsc_fsdp *f = fsc_fsdp_new(m, fsc_group_world(), 5, units, nunits, optim, &c->opt);
     assert_non_null(f);
     free(units);
@@ -174,6 +181,16 @@ static void test_root_only_matches(void **state) {
 static void test_nested_matches(void **state) {
     (void)state;
     expect_equal("fsdp nested", &(fsdp_cfg){.plan = UNITS_NESTED}, NULL);
+}
+
+/* Checkpointing inside units (a checkpointed block is a unit) and around them
+ * (a checkpointed block holds an MLP unit, gathered again for the recompute). */
+static void test_activation_checkpointing_matches(void **state) {
+    (void)state;
+    expect_equal("fsdp checkpointed units",
+                 &(fsdp_cfg){.plan = UNITS_BLOCKS, .checkpoint_blocks = true}, NULL);
+    expect_equal("fsdp units inside checkpointed blocks",
+                 &(fsdp_cfg){.plan = UNITS_MLPS, .checkpoint_blocks = true}, NULL);
 }
 
 static void test_keep_after_forward_matches(void **state) {
@@ -322,6 +339,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_root_only_matches),
         cmocka_unit_test(test_nested_matches),
         cmocka_unit_test(test_keep_after_forward_matches),
+        cmocka_unit_test(test_activation_checkpointing_matches),
         cmocka_unit_test(test_no_prefetch_matches),
         cmocka_unit_test(test_accumulation_both_ways),
         cmocka_unit_test(test_sgd_momentum_with_clipping),
