@@ -4,7 +4,10 @@
  * Prints per size: milliseconds and algorithm bandwidth (buffer bytes / time).
  * "fsc ring" / "fsc mpi" is fsc_group_allreduce forced onto the ring or onto
  * MPI_Iallreduce (fsc_dist_rt.ring_min_bytes), both including the watchdog's
- * control exchange; "raw" rows call MPI directly.
+ * control exchange; "raw" rows call MPI directly. "bf16" rows reduce the
+ * same number of elements as the F32 rows above them, in BF16 (half the
+ * bytes on the wire; their MB and GB/s count BF16 bytes, so the same speed
+ * in elements per second shows as half the GB/s).
  */
 #include <mpi.h>
 #include <stdio.h>
@@ -57,6 +60,8 @@ int main(int argc, char **argv) {
              MPI_Allreduce(MPI_IN_PLACE, a, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
         TIME("reduce_scatter fsc ring", B,
              fsc_group_reduce_scatter(w, a, b, n / P, FSC_DTYPE_F32, FSC_REDUCE_SUM));
+        TIME("reduce_scatter fsc ring bf16", B / 2,
+             fsc_group_reduce_scatter(w, a, b, n / P, FSC_DTYPE_BF16, FSC_REDUCE_SUM));
         TIME("reduce_scatter raw MPI_R_S_block", B,
              MPI_Reduce_scatter_block(a, b, (int)(n / P), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
         TIME("allgather fsc ring", B, fsc_group_allgather(w, b, a, n / P, FSC_DTYPE_F32));

@@ -31,10 +31,10 @@ enum {
 
 /* ---- initialisation --------------------------------------------------------- */
 typedef struct fsc_dist_options {
-    double timeout_s;    /* watchdog: a collective not done after this fails (0: 300 s,
-                            or FSC_TIMEOUT_S from the environment) */
-    bool full_check;     /* exchange every collective's full signature before it runs
-                            (also on with FSC_DESYNC_CHECK=1); off: a cheap hash check */
+    double timeout_s; /* watchdog: a collective not done after this fails (0: 300 s,
+                         or FSC_TIMEOUT_S from the environment) */
+    bool full_check;  /* exchange every collective's full signature before it runs
+                         (also on with FSC_DESYNC_CHECK=1); off: a cheap hash check */
 } fsc_dist_options;
 
 /* Initialises MPI (MPI_Init_thread, FUNNELED) unless the program already did.
@@ -77,8 +77,13 @@ FSC_API int64_t fsc_group_seq(const fsc_group *g);
 
 /* ---- collectives ----------------------------------------------------------- */
 /* dtypes: FSC_DTYPE_F32, BF16, F16, I32, I64 (U16 too, for data movement only).
- * Sums of BF16/F16 accumulate in F32. AVG is SUM divided by the group size;
- * for I32/I64 that is C's integer division (truncating toward zero).
+ * BF16/F16 reductions travel as halves (half the bytes of F32) and are summed
+ * like NCCL sums them: each hop widens both operands to F32, adds, and
+ * rounds once to the half type, so a sum over P ranks is rounded P - 1 times
+ * (|error| <= (P-1) * u * sum |x_i|, u = 2^-8 for BF16, 2^-11 for F16). An
+ * allreduce's result is bit-identical on every rank. AVG is SUM divided by
+ * the group size (halves: in F32, rounded once more); for I32/I64 that is
+ * C's integer division (truncating toward zero).
  *
  * Every collective takes the group's next sequence number and first checks,
  * with tiny control messages, that every rank joined the same collective
@@ -96,8 +101,8 @@ typedef struct fsc_request fsc_request;
 /* Blocking forms. Buffers hold `count` elements of dt; in-place where noted. */
 FSC_API int fsc_group_allreduce(fsc_group *g, void *buf, int64_t count, fsc_dtype dt,
                                 fsc_reduce_op op); /* in place */
-FSC_API int fsc_group_reduce(fsc_group *g, void *buf, int64_t count, fsc_dtype dt,
-                             fsc_reduce_op op, int root); /* in place; result on root */
+FSC_API int fsc_group_reduce(fsc_group *g, void *buf, int64_t count, fsc_dtype dt, fsc_reduce_op op,
+                             int root); /* in place; result on root */
 FSC_API int fsc_group_broadcast(fsc_group *g, void *buf, int64_t count, fsc_dtype dt, int root);
 /* out holds size * count elements; rank r's `in` lands at out + r*count. */
 FSC_API int fsc_group_allgather(fsc_group *g, const void *in, void *out, int64_t count,
@@ -120,8 +125,7 @@ FSC_API int fsc_group_barrier(fsc_group *g);
  * check (FSC_DESYNC_CHECK=1) sender and receiver also compare count and dtype. */
 FSC_API int fsc_group_send(fsc_group *g, const void *buf, int64_t count, fsc_dtype dt, int dst,
                            int tag);
-FSC_API int fsc_group_recv(fsc_group *g, void *buf, int64_t count, fsc_dtype dt, int src,
-                           int tag);
+FSC_API int fsc_group_recv(fsc_group *g, void *buf, int64_t count, fsc_dtype dt, int src, int tag);
 
 /* Non-blocking forms: same arguments, a request out. The buffers must stay
  * valid and untouched until the request completes. */
@@ -146,9 +150,12 @@ FSC_API void fsc_group_progress(fsc_group *g);
 
 /* ---- statistics -------------------------------------------------------------- */
 typedef struct fsc_group_stats {
-    int64_t count[16];   /* collectives issued, by fsc_coll_kind */
-    int64_t bytes;       /* payload bytes issued by this rank */
-    double wait_s;       /* seconds spent blocked in wait / blocking collectives */
+    int64_t count[16]; /* collectives issued, by fsc_coll_kind */
+    int64_t bytes;     /* payload bytes this rank handed to the data plane, in the
+                          dtype they travel as (count x element size; a BF16
+                          reduction counts 2 bytes per element, half of F32's),
+                          counted when each collective's data phase starts */
+    double wait_s;     /* seconds spent blocked in wait / blocking collectives */
 } fsc_group_stats;
 
 typedef enum {

@@ -124,27 +124,50 @@ FSC_API int fsc_oss_load_state(fsc_oss *o, const char *path);
 
 /* ---- ShardedDDP (ZeRO-2) ---------------------------------------------------- */
 typedef struct fsc_sdp_options {
-    size_t bucket_bytes; /* gradient bucket size (0: 25 MB) */
-    bool no_broadcast;   /* skip broadcasting rank 0's parameters at wrap time */
+    /* The other ranks' gradient memory a rank may hold at once (0: 25 MB).
+     * Buckets hold at most half of it (a parameter larger than that alone),
+     * so one can reduce while the next fills. */
+    size_t bucket_bytes;
+    bool no_broadcast; /* skip broadcasting rank 0's parameters at wrap time */
+    /* dtype of the reduction: F32 (default, exact sums of the F32 gradients),
+     * BF16 or F16 (half the traffic: each launched bucket is rounded into a
+     * FSC_MEM_COMM staging buffer, reduced in that dtype, as fsc_group_reduce
+     * sums halves, and the owner's result widened back into its F32
+     * gradient). Costs two staging buffers, each the largest bucket's
+     * elements in the half dtype: together the largest bucket's F32 bytes,
+     * at most bucket_bytes / 2 unless one parameter (or the root-written
+     * ones, see below) is larger. Anything else is FSC_ERR_INVALID. */
+    fsc_dtype reduce_dtype;
 } fsc_sdp_options;
 
 typedef struct fsc_sdp_stats {
-    int64_t buckets;       /* buckets per synchronised backward */
-    int64_t max_bucket_bytes; /* the largest (a parameter never straddles two) */
-    int64_t reduces;       /* reduce collectives issued so far */
-    double wait_s;         /* blocked on reductions after backward */
-    double last_wait_s;    /* ... in the last synchronised backward */
+    int64_t buckets;          /* buckets per synchronised backward */
+    int64_t max_bucket_bytes; /* the largest, in F32 bytes (a parameter never straddles two) */
+    int64_t reduces;          /* reduce collectives issued so far */
+    double wait_s;            /* blocked on reductions after backward */
+    double last_wait_s;       /* ... in the last synchronised backward */
 } fsc_sdp_stats;
 
 /* Wraps child (parameters and gradients bound in `params`) for ZeRO-2 with the
  * OSS optimizer `oss`, whose partition decides who owns what. During backward
- * each gradient bucket (contiguous ranges of the flat gradient buffer, taken
- * from its end) is reduced to the rank(s) owning it as soon as it is
- * complete, overlapped with the rest of backward; afterwards the other ranks
- * give that memory back (fsc_mem_discard), so a rank holds gradient memory
- * for what it owns plus the buckets being computed or in flight. After a
- * synchronised backward the owned gradients are complete: call
- * fsc_oss_step. Frees only the wrapper. */
+ * each gradient bucket (whole parameters, taken from the end of the flat
+ * buffer) is reduced to the rank(s) owning it as soon as it is complete,
+ * overlapped with the rest of backward; the other ranks then give that memory
+ * back (fsc_mem_discard). Between backwards a rank holds only what it owns.
+ *
+ * Memory (FSC_MEM_GRADS, by the allocator's figures): during a synchronised
+ * backward a rank holds its share plus at most bucket_bytes of other ranks'
+ * gradients: a module's pre-backward hook commits the memory it is about to
+ * write, first waiting for the oldest reductions in flight if the budget
+ * would be overrun. Two exceptions: a parameter larger than bucket_bytes / 2
+ * fills a bucket alone, so up to two adjacent buckets (one being computed,
+ * one in flight) may exceed the budget (by at most the largest parameter if
+ * only one is that large); and gradients the root writes outside any hooked
+ * module (GPT's tied wte and wpe) are live for the whole backward, on top of
+ * the budget. Those are learnt by the first synchronised backward, which
+ * holds every gradient. Accumulating under no_sync holds every gradient too.
+ * After a synchronised backward the owned gradients are complete: call
+ * fsc_oss_step. Frees only the wrapper. NULL (error set) on bad arguments. */
 FSC_API fsc_module *fsc_sdp_wrap(fsc_module *child, fsc_params *params, fsc_oss *oss,
                                  const fsc_sdp_options *opt);
 /* While on, gradients accumulate in full locally (FairScale's no_sync: full

@@ -8,10 +8,14 @@
  * backend call can block forever. A backend with only blocking primitives
  * may run an operation to completion inside its start entry.
  *
- * The front end has already validated arguments, run the desync check and
- * staged half-precision reductions into F32, so reduction entries only see
- * F32, I32 or I64 with FSC_REDUCE_SUM or FSC_REDUCE_MAX; data-movement
- * entries see any dtype (only its size matters). Counts are int64: a backend
+ * The front end has already validated arguments and run the desync check,
+ * and turned AVG into SUM, so reduction entries see F32, BF16, F16, I32 or
+ * I64 with FSC_REDUCE_SUM or FSC_REDUCE_MAX; data-movement entries see any
+ * dtype (only its size matters). BF16/F16 must travel as halves (that is
+ * the point of a half-precision reduction: half the bytes of F32); each hop
+ * widens to F32, adds and rounds once to the half type, as NCCL does, and an
+ * allreduce leaves bit-identical results on every rank (fsc_dist_accumulate
+ * does the arithmetic). Counts are int64: a backend
  * splits messages itself when its transport counts in int. `seq` is the
  * collective's sequence number on the group, for tagging point-to-point
  * traffic of concurrent operations apart. Optional entries may be NULL (the

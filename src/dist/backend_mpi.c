@@ -5,8 +5,10 @@
  * allreduces and every reduce-scatter / allgather run as rings of
  * point-to-point steps (ring.c); small allreduces, reduce, broadcast and
  * barrier use MPI's own non-blocking collectives; alltoall and send/recv are
- * point-to-point. Messages larger than INT_MAX elements are cut into pieces,
- * since MPI counts are int. Only standard MPI-3 calls (Open MPI and MPICH).
+ * point-to-point. BF16/F16 reductions always take the rings: MPI has no
+ * half-precision sum, and the ring's fixed order is what makes an
+ * allreduce's result bit-identical on every rank. Messages larger than INT_MAX elements are cut
+ * into pieces, since MPI counts are int. Only standard MPI-3 calls (Open MPI and MPICH).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -22,8 +24,19 @@ MPI_Datatype fsc_mpi_dtype(fsc_dtype dt) {
     case FSC_DTYPE_I64:
         return MPI_INT64_T;
     default:
-        return MPI_UINT16_T; /* BF16/F16/U16: moved, never reduced by MPI */
+        return MPI_UINT16_T; /* BF16/F16/U16: moved by MPI, summed by ring.c */
     }
+}
+
+static bool is_half(fsc_dtype dt) {
+    return dt == FSC_DTYPE_BF16 || dt == FSC_DTYPE_F16;
+}
+
+/* MPI's own reductions: for F32 and integers, when the buffer is small. */
+static bool use_mpi_reduction(const mpi_ctx *c, int64_t count, fsc_dtype dt) {
+    if (is_half(dt)) return false;
+    return (int64_t)((size_t)count * fsc_dtype_size(dt)) < fsc_dist_rt.ring_min_bytes ||
+           c->size == 1;
 }
 
 static MPI_Op mpi_op(fsc_reduce_op op) {
@@ -65,6 +78,7 @@ int fsc_mpi_post_send(fsc_bop *b, MPI_Comm comm, const void *buf, int64_t n, fsc
                        &b->reqs[b->nreq]);
         if (rc != MPI_SUCCESS) return fsc_dist_mpi_error(rc, "MPI_Isend");
         b->nreq++;
+        fsc_dist_rt.sent_bytes += (int64_t)k * (int64_t)esz;
     }
     return FSC_OK;
 }
@@ -189,7 +203,7 @@ static int even_split(int P, int64_t count, int64_t **counts) {
 static int mpi_allreduce(void *ctx, void *buf, int64_t count, fsc_dtype dt, fsc_reduce_op op,
                          int64_t seq, fsc_bop **out) {
     mpi_ctx *c = ctx;
-    if ((int64_t)((size_t)count * fsc_dtype_size(dt)) < fsc_dist_rt.ring_min_bytes || c->size == 1)
+    if (use_mpi_reduction(c, count, dt))
         return pieces(c, COLL_ALLREDUCE, buf, count, dt, op, 0, out);
     int64_t *counts;
     int rc = even_split(c->size, count, &counts);
@@ -206,12 +220,13 @@ static int mpi_allreduce(void *ctx, void *buf, int64_t count, fsc_dtype dt, fsc_
 static int mpi_reduce(void *ctx, void *buf, int64_t count, fsc_dtype dt, fsc_reduce_op op, int root,
                       int64_t seq, fsc_bop **out) {
     mpi_ctx *c = ctx;
-    if ((int64_t)((size_t)count * fsc_dtype_size(dt)) < fsc_dist_rt.ring_min_bytes || c->size == 1)
+    if (use_mpi_reduction(c, count, dt))
         return pieces(c, COLL_REDUCE, buf, count, dt, op, root, out);
     int64_t *counts = calloc(2 * (size_t)c->size, sizeof *counts); /* displs all 0 */
     if (!counts) return fsc_error(FSC_ERR_NOMEM, "out of memory starting a reduce");
     counts[root] = count;
-    int rc = fsc_ring_start(c, buf, buf, counts, counts + c->size, dt, op, RING_RS, false, seq, out);
+    int rc =
+        fsc_ring_start(c, buf, buf, counts, counts + c->size, dt, op, RING_RS, false, seq, out);
     free(counts);
     return rc;
 }

@@ -2,19 +2,17 @@
  * wait on it at once), plus the start and finish of each data phase.
  *
  * The one idea: the front end turns every call into something the backend
- * understands without thinking about dtypes: BF16/F16 reductions are staged
- * into F32 comm buffers (summed in F32, converted back once), AVG is a SUM
- * followed by a division (integer division, truncating, for I32/I64), and
- * even allgather / reduce-scatter are the uneven ones with equal counts.
+ * understands with the fewest kinds: AVG is a SUM followed by a division
+ * (integer division, truncating, for I32/I64; for BF16/F16 in F32, rounded
+ * once), and even allgather / reduce-scatter are the uneven ones with equal
+ * counts. BF16/F16 reductions go to the backend as they are: they travel as
+ * halves (half the bytes of F32) and every hop adds in F32 and rounds once
+ * (elementwise.c).
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "dist_internal.h"
-
-static bool is_half(fsc_dtype dt) {
-    return dt == FSC_DTYPE_BF16 || dt == FSC_DTYPE_F16;
-}
 
 static int check_common(fsc_group *g, int64_t count, const char *fn) {
     int rc = fsc_dist_require_init(fn);
@@ -343,99 +341,74 @@ static int start_split(fsc_request *r) {
     return rc;
 }
 
+/* Statistics: payload bytes handed to the data plane, in the dtype they
+ * travel as (what the backend is given, not what the caller holds). */
+static void count_bytes(fsc_group *g, int64_t count, fsc_dtype dt) {
+    g->stats.bytes += count * (int64_t)fsc_dtype_size(dt);
+}
+
 int fsc_coll_start(fsc_request *r) {
     fsc_group *g = r->g;
     const fsc_backend_ops *be = g->be;
     fsc_coll_args *a = &r->a;
-    int me = g->rank;
-    bool half = is_half(a->dt);
-    fsc_dtype wdt = half ? FSC_DTYPE_F32 : a->dt;
     switch (a->kind) {
     case FSC_KIND_SPLIT:
         return start_split(r);
     case FSC_COLL_ALLREDUCE:
-    case FSC_COLL_REDUCE: {
-        void *buf = a->buf;
-        if (half) {
-            if (!(r->stage_in = fsc_dist_buf_get((size_t)a->count * sizeof(float))))
-                return FSC_ERR_NOMEM;
-            fsc_dist_to_f32(r->stage_in, a->buf, a->count, a->dt);
-            buf = r->stage_in;
-        }
-        if (a->kind == FSC_COLL_ALLREDUCE)
-            return be->allreduce ? be->allreduce(g->be_ctx, buf, a->count, wdt, wire_op(a->op),
-                                                 r->seq, &r->bop)
-                                 : unsupported(g, a->kind);
-        return be->reduce ? be->reduce(g->be_ctx, buf, a->count, wdt, wire_op(a->op), a->root,
-                                       r->seq, &r->bop)
-                          : unsupported(g, a->kind);
-    }
+        if (!be->allreduce) return unsupported(g, a->kind);
+        count_bytes(g, a->count, a->dt);
+        return be->allreduce(g->be_ctx, a->buf, a->count, a->dt, wire_op(a->op), r->seq, &r->bop);
+    case FSC_COLL_REDUCE:
+        if (!be->reduce) return unsupported(g, a->kind);
+        count_bytes(g, a->count, a->dt);
+        return be->reduce(g->be_ctx, a->buf, a->count, a->dt, wire_op(a->op), a->root, r->seq,
+                          &r->bop);
     case FSC_COLL_BROADCAST:
-        return be->broadcast
-                   ? be->broadcast(g->be_ctx, a->buf, a->count, a->dt, a->root, r->seq, &r->bop)
-                   : unsupported(g, a->kind);
+        if (!be->broadcast) return unsupported(g, a->kind);
+        count_bytes(g, a->count, a->dt);
+        return be->broadcast(g->be_ctx, a->buf, a->count, a->dt, a->root, r->seq, &r->bop);
     case FSC_COLL_ALLGATHER:
-        return be->allgatherv ? be->allgatherv(g->be_ctx, a->in, a->out, a->counts, a->displs,
-                                               a->dt, r->seq, &r->bop)
-                              : unsupported(g, a->kind);
-    case FSC_COLL_REDUCE_SCATTER: {
+        if (!be->allgatherv) return unsupported(g, a->kind);
+        count_bytes(g, a->count, a->dt);
+        return be->allgatherv(g->be_ctx, a->in, a->out, a->counts, a->displs, a->dt, r->seq,
+                              &r->bop);
+    case FSC_COLL_REDUCE_SCATTER:
         if (!be->reduce_scatterv) return unsupported(g, a->kind);
-        if (!half)
-            return be->reduce_scatterv(g->be_ctx, a->in, a->out, a->counts, a->displs, a->dt,
-                                       wire_op(a->op), r->seq, &r->bop);
-        int64_t extent = 0;
-        for (int q = 0; q < g->size; q++)
-            if (a->counts[q] && a->displs[q] + a->counts[q] > extent)
-                extent = a->displs[q] + a->counts[q];
-        r->stage_in = fsc_dist_buf_get((size_t)extent * sizeof(float));
-        r->stage_out = fsc_dist_buf_get((size_t)a->counts[me] * sizeof(float));
-        if (!r->stage_in || !r->stage_out) return FSC_ERR_NOMEM;
-        for (int q = 0; q < g->size; q++)
-            fsc_dist_to_f32((float *)r->stage_in + a->displs[q],
-                            (const uint16_t *)a->in + a->displs[q], a->counts[q], a->dt);
-        return be->reduce_scatterv(g->be_ctx, r->stage_in, r->stage_out, a->counts, a->displs,
-                                   FSC_DTYPE_F32, wire_op(a->op), r->seq, &r->bop);
-    }
+        count_bytes(g, a->count, a->dt);
+        return be->reduce_scatterv(g->be_ctx, a->in, a->out, a->counts, a->displs, a->dt,
+                                   wire_op(a->op), r->seq, &r->bop);
     case FSC_COLL_ALLTOALL:
-        return be->alltoall
-                   ? be->alltoall(g->be_ctx, a->in, a->out, a->count, a->dt, r->seq, &r->bop)
-                   : unsupported(g, a->kind);
+        if (!be->alltoall) return unsupported(g, a->kind);
+        count_bytes(g, a->count * g->size, a->dt);
+        return be->alltoall(g->be_ctx, a->in, a->out, a->count, a->dt, r->seq, &r->bop);
     case FSC_COLL_BARRIER:
         return be->barrier ? be->barrier(g->be_ctx, r->seq, &r->bop) : unsupported(g, a->kind);
     case FSC_COLL_SEND:
-        return be->send ? be->send(g->be_ctx, a->buf, a->count, a->dt, a->root, a->tag, &r->bop)
-                        : unsupported(g, a->kind);
+        if (!be->send) return unsupported(g, a->kind);
+        count_bytes(g, a->count, a->dt);
+        return be->send(g->be_ctx, a->buf, a->count, a->dt, a->root, a->tag, &r->bop);
     case FSC_COLL_RECV:
-        return be->recv ? be->recv(g->be_ctx, a->buf, a->count, a->dt, a->root, a->tag, &r->bop)
-                        : unsupported(g, a->kind);
+        if (!be->recv) return unsupported(g, a->kind);
+        count_bytes(g, a->count, a->dt);
+        return be->recv(g->be_ctx, a->buf, a->count, a->dt, a->root, a->tag, &r->bop);
     default:
         return fsc_error(FSC_ERR_INTERNAL, "unknown collective kind %d", a->kind);
     }
 }
 
+/* AVG's division, on the result only (the root's, for reduce). */
 int fsc_coll_finish(fsc_request *r) {
     fsc_group *g = r->g;
     fsc_coll_args *a = &r->a;
-    int64_t by = a->op == FSC_REDUCE_AVG ? g->size : 1;
-    bool half = is_half(a->dt);
-    fsc_dtype wdt = half ? FSC_DTYPE_F32 : a->dt;
-    if (a->kind == FSC_COLL_ALLREDUCE || (a->kind == FSC_COLL_REDUCE && g->rank == a->root)) {
-        void *res = half ? r->stage_in : a->buf;
-        fsc_dist_divide(res, a->count, wdt, by);
-        if (half) fsc_dist_from_f32(a->buf, r->stage_in, a->count, a->dt);
-    } else if (a->kind == FSC_COLL_REDUCE_SCATTER) {
-        int64_t n = a->counts[g->rank];
-        void *res = half ? r->stage_out : a->out;
-        fsc_dist_divide(res, n, wdt, by);
-        if (half) fsc_dist_from_f32(a->out, r->stage_out, n, a->dt);
-    }
+    if (a->op != FSC_REDUCE_AVG) return FSC_OK;
+    if (a->kind == FSC_COLL_ALLREDUCE || (a->kind == FSC_COLL_REDUCE && g->rank == a->root))
+        fsc_dist_divide(a->buf, a->count, a->dt, g->size);
+    else if (a->kind == FSC_COLL_REDUCE_SCATTER)
+        fsc_dist_divide(a->out, a->counts[g->rank], a->dt, g->size);
     return FSC_OK;
 }
 
 void fsc_coll_release(fsc_request *r) {
     if (r->bop) r->g->be->release(r->bop);
     r->bop = NULL;
-    fsc_dist_buf_put(r->stage_in);
-    fsc_dist_buf_put(r->stage_out);
-    r->stage_in = r->stage_out = NULL;
 }

@@ -34,8 +34,10 @@ typedef struct fsc_dist_runtime {
     bool full_check;
     int64_t max_msg;        /* largest message in elements (INT_MAX; lowered by tests) */
     int64_t ring_min_bytes; /* allreduces this large use the ring (benchmarks move it) */
+    int64_t sent_bytes;     /* bytes posted in point-to-point sends (rings, alltoall, send):
+                               what really went on the wire, for tests */
     fsc_group *world;
-    fsc_group *self; /* this process alone */
+    fsc_group *self;                          /* this process alone */
     fsc_request *pending_head, *pending_tail; /* every outstanding request, issue order */
 } fsc_dist_runtime;
 
@@ -90,8 +92,7 @@ struct fsc_request {
     int npeers;
     /* data phase */
     fsc_bop *bop;
-    void *stage_in, *stage_out; /* F32 conversion buffers (FSC_MEM_COMM) */
-    fsc_request *prev, *next;   /* in fsc_dist_rt's pending list */
+    fsc_request *prev, *next; /* in fsc_dist_rt's pending list */
 };
 
 /* init.c */
@@ -121,17 +122,21 @@ int fsc_coll_start(fsc_request *r);
 int fsc_coll_finish(fsc_request *r);
 void fsc_coll_release(fsc_request *r);
 
-/* pool.c: a few cached FSC_MEM_COMM buffers, so large collectives do not
- * fault fresh pages in on every call */
+/* pool.c: a few cached FSC_MEM_COMM buffers (ring scratch), so large
+ * collectives do not fault fresh pages in on every call */
 void *fsc_dist_buf_get(size_t bytes);
 void fsc_dist_buf_put(void *p);
 void fsc_dist_buf_trim(void);
 
-/* elementwise.c: local math for staging and ring reductions */
+/* elementwise.c: local math of the reductions. BF16/F16 (dt of to/from_f32:
+ * one of the two) convert bit for bit as core's fsc_*_to_* do, inlined. */
 void fsc_dist_to_f32(float *dst, const void *src, int64_t n, fsc_dtype dt);
 void fsc_dist_from_f32(void *dst, const float *src, int64_t n, fsc_dtype dt);
+/* dst = a op b (SUM or MAX); dst may alias either. BF16/F16 sums add in F32
+ * and round once. */
 void fsc_dist_accumulate(void *dst, const void *a, const void *b, int64_t n, fsc_dtype dt,
-                         fsc_reduce_op op); /* dst = a op b; dst may alias either */
+                         fsc_reduce_op op);
+/* buf /= by (BF16/F16 in F32, rounded once; integers truncating). */
 void fsc_dist_divide(void *buf, int64_t n, fsc_dtype dt, int64_t by);
 
 #endif

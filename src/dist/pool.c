@@ -1,5 +1,5 @@
-/* A small cache of communication buffers (tag FSC_MEM_COMM): ring scratch
- * space and F32 staging of half-precision reductions.
+/* A small cache of communication buffers (tag FSC_MEM_COMM): the rings'
+ * scratch chunks.
  *
  * The one idea: a 100 MB collective should not map and fault in 100 MB of
  * fresh pages every call; the few buffers recently used are kept (and stay

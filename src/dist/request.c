@@ -50,14 +50,6 @@ static void fail(fsc_request *r, int status) {
     r->errmsg = strdup(fsc_last_error());
 }
 
-/* a->count is the total element count of the collective (v variants too) */
-static size_t payload_bytes(const fsc_group *g, const fsc_coll_args *a) {
-    size_t esz = fsc_dtype_size(a->dt);
-    if (a->kind == FSC_COLL_ALLTOALL) return (size_t)a->count * (size_t)g->size * esz;
-    if (a->kind == FSC_COLL_BARRIER || a->kind == FSC_KIND_SPLIT) return 0;
-    return (size_t)a->count * esz;
-}
-
 int fsc_request_issue(fsc_group *g, const fsc_coll_args *a, fsc_request **out) {
     *out = NULL;
     if (g->broken)
@@ -82,8 +74,7 @@ int fsc_request_issue(fsc_group *g, const fsc_coll_args *a, fsc_request **out) {
     r->seq = p2p ? -1 : g->seq++;
     r->checked = p2p ? fsc_dist_rt.full_check && a->root != g->rank : g->size > 1;
     r->t_start = fsc_now();
-    if (a->kind < FSC_COLL_KIND_COUNT) g->stats.count[a->kind]++;
-    g->stats.bytes += (int64_t)payload_bytes(g, a);
+    if (a->kind < FSC_COLL_KIND_COUNT) g->stats.count[a->kind]++; /* bytes: when data starts */
     fsc_wd_signature(r);
     int rc = fsc_wd_begin(r);
     if (rc) {

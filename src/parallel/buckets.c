@@ -1,5 +1,7 @@
 /* Gradient buckets in reverse forward order, and per-module parameter lists:
- * the bookkeeping DDP and ShardedDDP share. */
+ * the bookkeeping DDP and ShardedDDP share. DDP's buckets close once they
+ * reach the size (fewest collectives); ShardedDDP's never exceed it, since
+ * its bucket size is a bound on live gradient memory. */
 #include <stdlib.h>
 
 #include "buckets.h"
@@ -27,6 +29,43 @@ int bucket_plan_make(const fsc_params *ps, size_t bucket_bytes, bucket_plan *out
         out->n++;
         end = ps->entries[e].offset;
         in_bucket = 0;
+    }
+    return FSC_OK;
+}
+
+int bucket_plan_capped(const fsc_params *ps, size_t cap_bytes, const bool *skip, bucket_plan *out) {
+    *out = (bucket_plan){0};
+    out->begin = calloc((size_t)ps->count + 1, sizeof *out->begin);
+    out->end = calloc((size_t)ps->count + 1, sizeof *out->end);
+    out->bucket_of = calloc((size_t)ps->count + 1, sizeof *out->bucket_of);
+    if (!out->begin || !out->end || !out->bucket_of) {
+        bucket_plan_free(out);
+        return fsc_error(FSC_ERR_NOMEM, "out of memory planning gradient buckets");
+    }
+    int64_t cap = (int64_t)(cap_bytes / sizeof(float)), in_bucket = 0;
+    bool open = false;
+    for (int e = ps->count - 1; e >= 0; e--) {
+        out->bucket_of[e] = -1;
+        if (skip && skip[e]) continue;
+        int64_t lo = ps->entries[e].offset,
+                hi = e + 1 < ps->count ? ps->entries[e + 1].offset : ps->numel;
+        if (open && in_bucket + (hi - lo) > cap) { /* close the open bucket */
+            int64_t bytes = in_bucket * (int64_t)sizeof(float);
+            if (bytes > out->max_bytes) out->max_bytes = bytes;
+            out->n++;
+            in_bucket = 0;
+            open = false;
+        }
+        if (!open) out->end[out->n] = hi;
+        open = true;
+        out->begin[out->n] = lo;
+        out->bucket_of[e] = out->n;
+        in_bucket += hi - lo;
+    }
+    if (open) {
+        int64_t bytes = in_bucket * (int64_t)sizeof(float);
+        if (bytes > out->max_bytes) out->max_bytes = bytes;
+        out->n++;
     }
     return FSC_OK;
 }

@@ -17,6 +17,12 @@ typedef struct bucket_plan {
 } bucket_plan;
 
 int bucket_plan_make(const fsc_params *ps, size_t bucket_bytes, bucket_plan *out);
+/* ShardedDDP's plan: buckets of AT MOST cap_bytes (an entry larger than that
+ * alone), counting each entry with the padding after it, over the entries
+ * with skip[e] false (skip NULL: all); skipped entries get bucket_of -1.
+ * Entries are taken from the end of the buffer, so begin/end (the span of a
+ * bucket's entries) may enclose skipped ones. */
+int bucket_plan_capped(const fsc_params *ps, size_t cap_bytes, const bool *skip, bucket_plan *out);
 void bucket_plan_free(bucket_plan *p);
 
 /* Indices (into ps->entries) of the parameters module m declares itself. */
