@@ -87,7 +87,8 @@ static const flag flags[] = {
     F("clip", ARG_DOUBLE, clip, "global grad-norm clip (0 = off)"),
     F("seed", ARG_U64, seed, "seed for initial weights and dropout"),
     F("threads", ARG_INT, threads, "BLAS and OpenMP threads; with --strategy dp, worker threads"),
-    F("bucket-mb", ARG_DOUBLE, bucket_mb, "DDP gradient bucket size in MB"),
+    F("bucket-mb", ARG_DOUBLE, bucket_mb,
+      "DDP gradient bucket size in MB; sdp: the other ranks' gradient memory held at once"),
     F("partition", ARG_STR, partition, "oss: even (flat, balanced) | greedy (whole tensors)"),
     F("share-dtype", ARG_STR, share_dtype, "oss: dtype updated parameters travel in: f32|bf16|f16"),
     F("min-params", ARG_I64, min_params,
@@ -97,7 +98,7 @@ static const flag flags[] = {
     F("mixed-precision", ARG_STR, mixed_precision,
       "fsdp: fp32 | bf16 | fp16 (parameters gathered and rounded; fp16 adds loss scaling)"),
     F("reduce-dtype", ARG_STR, reduce_dtype,
-      "fsdp: f32 | bf16 | f16 gradient reduce-scatter (default: the compute dtype)"),
+      "fsdp, sdp: f32 | bf16 | f16 gradient reduction (fsdp default: the compute dtype)"),
     F("accum-no-sync", ARG_FLAG, accum_no_sync,
       "fsdp: with --grad-accum, keep full gradients and reduce once (more memory, less traffic)"),
     F("checkpoint-activations", ARG_FLAG, checkpoint_activations,
@@ -222,11 +223,12 @@ static int check_options(const train_options *o) {
         return fsc_error(FSC_ERR_INVALID, "--reshard-after-forward %d: expected 0 or 1",
                          o->reshard_after_forward);
     bool fsdp = !strcmp(o->strategy, "fsdp");
-    if (!fsdp && (strcmp(o->mixed_precision, "fp32") || o->reduce_dtype || o->min_params ||
-                  o->accum_no_sync || !o->reshard_after_forward))
-        return fsc_error(FSC_ERR_INVALID,
-                         "--mixed-precision, --reduce-dtype, --min-params, --accum-no-sync and "
-                         "--reshard-after-forward apply to --strategy fsdp only");
+    if (o->reduce_dtype && !fsdp && strcmp(o->strategy, "sdp"))
+        return fsc_error(FSC_ERR_INVALID, "--reduce-dtype applies to --strategy fsdp and sdp only");
+    if (!fsdp && (strcmp(o->mixed_precision, "fp32") || o->min_params || o->accum_no_sync ||
+                  !o->reshard_after_forward))
+        return fsc_error(FSC_ERR_INVALID, "--mixed-precision, --min-params, --accum-no-sync and "
+                                          "--reshard-after-forward apply to --strategy fsdp only");
     if (o->save_sharded && !fsdp)
         return fsc_error(FSC_ERR_INVALID, "--save-sharded applies to --strategy fsdp only");
     if (o->min_params < 0)
@@ -519,6 +521,9 @@ int trainer_init(trainer *t, const train_options *o) {
     if (!t->fsdp && (rc = make_optimizer(t))) return rc;
     if (t->strategy == STRATEGY_SDP) {
         fsc_sdp_options so = {.bucket_bytes = (size_t)(o->bucket_mb * 1e6)};
+        if (o->reduce_dtype &&
+            (rc = parse_dtype("--reduce-dtype", o->reduce_dtype, false, &so.reduce_dtype)))
+            return rc;
         t->sdp = fsc_sdp_wrap(t->model, &t->params, t->oss, &so);
         if (!t->sdp) return fsc_error_context(FSC_ERR_INVALID, "ShardedDDP: ");
     }
