@@ -154,6 +154,7 @@ static void test_unused_parameters(void **state) {
 int main(int argc, char **argv) {
     if (fsc_dist_init(&argc, &argv, NULL)) return 1;
     rank = fsc_dist_rank(), world = fsc_dist_size();
+    eq_fault_from_env();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_one_bucket),
         cmocka_unit_test(test_many_buckets),

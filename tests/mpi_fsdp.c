@@ -334,6 +334,7 @@ static void test_bad_configurations_refused(void **state) {
 int main(int argc, char **argv) {
     if (fsc_dist_init(&argc, &argv, NULL)) return 1;
     rank = fsc_dist_rank(), world = fsc_dist_size();
+    eq_fault_from_env();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_blocks_match_one_process),
         cmocka_unit_test(test_root_only_matches),

@@ -584,6 +584,7 @@ static void test_state_dict(void **state) {
 int main(int argc, char **argv) {
     if (fsc_dist_init(&argc, &argv, NULL)) return 1;
     rank = fsc_dist_rank(), world = fsc_dist_size();
+    eq_fault_from_env();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_adamw),
         cmocka_unit_test(test_sgd_momentum_accumulation),

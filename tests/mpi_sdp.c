@@ -341,29 +341,45 @@ static void mlp_step(fsc_module *m, fsc_arena *arena, int step, int row0, int B)
     assert_int_equal(fsc_module_backward(m, &ctx, saved, &dy, NULL), FSC_OK);
 }
 
-static float *mlp_reference(bool big, int64_t *numel) {
+/* One process, all MLP_ROWS rows per step as `micro` micro-batches
+ * accumulated (in reverse order when `reverse`); fills *ps (caller frees). */
+static float *mlp_run_reference(bool big, int micro, bool reverse, fsc_params *ps) {
     fsc_module *m = mlp_new(big);
-    fsc_params ps;
     fsc_optim_range *r;
     int nr;
-    assert_int_equal(fsc_params_bind(m, 5, true, &ps), FSC_OK);
-    assert_int_equal(fsc_optim_ranges_from_params(&ps, &r, &nr), FSC_OK);
+    assert_int_equal(fsc_params_bind(m, 5, true, ps), FSC_OK);
+    assert_int_equal(fsc_optim_ranges_from_params(ps, &r, &nr), FSC_OK);
     fsc_optim *opt = fsc_optim_new(&EQ_ADAMW, r, nr);
     fsc_arena *arena = fsc_arena_new(FSC_MEM_ACTIV, 1 << 20);
+    int B = MLP_ROWS / micro;
     for (int s = 0; s < EQ_STEPS; s++) {
-        fsc_params_zero_grad(&ps);
-        mlp_step(m, arena, s, 0, MLP_ROWS);
+        fsc_params_zero_grad(ps);
+        for (int j = 0; j < micro; j++) mlp_step(m, arena, s, (reverse ? micro - 1 - j : j) * B, B);
         assert_int_equal(fsc_optim_step(opt), FSC_OK);
     }
-    float *out = malloc(sizeof(float) * (size_t)ps.numel);
-    memcpy(out, ps.data, sizeof(float) * (size_t)ps.numel);
-    *numel = ps.numel;
+    float *out = malloc(sizeof(float) * (size_t)ps->numel);
+    memcpy(out, ps->data, sizeof(float) * (size_t)ps->numel);
     fsc_arena_free(arena);
     fsc_optim_free(opt);
     fsc_optim_ranges_free(r);
-    fsc_params_free(&ps);
     fsc_module_free(m);
     return out;
+}
+
+/* The reference and its noise floor, as eq_reference_ex does for the GPT. */
+static float *mlp_reference(bool big, int64_t *numel) {
+    fsc_params ps;
+    float *ref = mlp_run_reference(big, 1, false, &ps);
+    fsc_params_free(&ps);
+    float *alt[2];
+    alt[0] = mlp_run_reference(big, 2, false, &ps);
+    fsc_params_free(&ps);
+    alt[1] = mlp_run_reference(big, 4, true, &ps);
+    eq_set_noise(&ps, ref, alt, 2);
+    *numel = ps.numel;
+    fsc_params_free(&ps);
+    free(alt[0]), free(alt[1]);
+    return ref;
 }
 
 static float *run_mlp(bool big, fsc_partition_policy policy, size_t budget, sdp_out *out) {
@@ -398,7 +414,6 @@ static float *run_mlp(bool big, fsc_partition_policy policy, size_t budget, sdp_
 static void mlp_case(bool big, size_t budget) {
     int64_t n;
     float *ref = mlp_reference(big, &n);
-    memset(eq_is_noise, 0, sizeof eq_is_noise); /* no structurally-zero gradients here */
     for (int p = 0; p < 2; p++) {
         sdp_out o;
         float *got = run_mlp(big, (fsc_partition_policy)p, budget, &o);
@@ -438,6 +453,7 @@ static void test_dominant_tensor(void **state) {
 int main(int argc, char **argv) {
     if (fsc_dist_init(&argc, &argv, NULL)) return 1;
     rank = fsc_dist_rank(), world = fsc_dist_size();
+    eq_fault_from_env();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_adamw),
         cmocka_unit_test(test_sgd_momentum_accumulation),

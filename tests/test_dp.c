@@ -93,6 +93,7 @@ static void test_dp_bad_input(void **state) {
 }
 
 int main(void) {
+    eq_fault_from_env();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dp_2_threads),
         cmocka_unit_test(test_dp_3_threads),

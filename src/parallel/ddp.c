@@ -15,6 +15,8 @@
 #include <string.h>
 
 #include "buckets.h"
+#include "core/fault.h"
+#include "fsc/kernels.h"
 #include "fsc/parallel.h"
 
 typedef struct bucket {
@@ -49,6 +51,9 @@ typedef struct ddp {
 static int launch_ready(ddp *d) {
     while (!d->status && d->next_launch < d->nbuckets && d->buckets[d->next_launch].pending == 0) {
         bucket *b = &d->buckets[d->next_launch++];
+        if (b == d->buckets && fsc_fault_is(FSC_FAULT_DROP_GRAD) &&
+            fsc_group_rank(d->group) == fsc_group_size(d->group) - 1)
+            memset(d->params->grad + b->begin, 0, sizeof(float) * (size_t)(b->end - b->begin));
         d->status = fsc_group_iallreduce(d->group, d->params->grad + b->begin, b->end - b->begin,
                                          FSC_DTYPE_F32, d->opt.reduce_op, &b->req);
         d->stats.allreduces++;
@@ -103,6 +108,9 @@ static int ddp_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fs
         int w = d->buckets[b].req ? fsc_request_wait(&d->buckets[b].req) : FSC_OK;
         if (!rc) rc = w;
     }
+    if (!rc && fsc_fault_fires(FSC_FAULT_REDUCE_TWICE))
+        fsc_scale(d->params->grad + d->buckets->begin, 2.f,
+                  (d->buckets->end - d->buckets->begin) / 2);
     d->stats.last_wait_s = fsc_now() - t0;
     d->stats.wait_s += d->stats.last_wait_s;
     return rc;

@@ -12,6 +12,8 @@
 #include <omp.h>
 #endif
 
+#include "core/fault.h"
+#include "fsc/kernels.h"
 #include "fsc/parallel.h"
 
 typedef struct worker {
@@ -118,7 +120,10 @@ int fsc_dp_run(fsc_dp *dp, const fsc_ctx *ctx, int rows, fsc_dp_work_fn fn, void
     for (int i = 0; i < dp->n; i++) {
         worker *w = &dp->w[i];
         if (w->status) return fsc_error(w->status, "DP worker %d: %s", i, w->error);
-        fsc_add_inplace(dp->params->grad, w->grad, n);
+        if (!(i == dp->n - 1 && fsc_fault_is(FSC_FAULT_DROP_GRAD)))
+            fsc_add_inplace(dp->params->grad, w->grad, n);
+        if (i == 0 && fsc_fault_fires(FSC_FAULT_REDUCE_TWICE))
+            fsc_add_inplace(dp->params->grad, w->grad, n);
         memset(w->grad, 0, (size_t)n * sizeof(float));
         total += w->loss;
     }

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/fault.h"
 #include "fsdp_internal.h"
 
 #define ALIGN 16 /* floats: every parameter and shard starts on 64 bytes */
@@ -138,6 +139,10 @@ static int gather_finish(fsc_fsdp *f, fsdp_unit *u) {
         fsc_mem_free(u->send_half);
         u->recv_half = u->send_half = NULL;
     }
+    if (fsc_fault_is(FSC_FAULT_SHARD_OFFSET) && f->world > 1) {
+        float *last = u->full + (f->world - 1) * u->shard;
+        memmove(last + 1, last, sizeof(float) * (size_t)(u->shard - 1));
+    }
     bind_params(f, u, u->full);
     return FSC_OK;
 }
@@ -174,6 +179,8 @@ static int rs_start(fsc_fsdp *f, fsdp_unit *u) {
     if (!u->padded) return FSC_OK;
     const fsc_dtype dt = f->opt.reduce_dtype;
     void *in = u->full_grad;
+    if (u->index == 0 && fsc_fault_is(FSC_FAULT_DROP_GRAD) && f->rank == f->world - 1)
+        memset(in, 0, sizeof(float) * (size_t)u->padded);
     if (dt != FSC_DTYPE_F32) { /* round, and give the fp32 buffer back at once */
         if (!(u->rs_in = fsc_mem_alloc(FSC_MEM_COMM, (size_t)u->padded * 2)))
             return fsc_error_context(FSC_ERR_NOMEM, "FSDP unit '%s': ", u->name);
@@ -213,6 +220,9 @@ static int rs_finish(fsc_fsdp *f, fsdp_unit *u, bool wait) {
         if (rc) return fsc_error_context(rc, "FSDP reduce-scatter of unit '%s': ", u->name);
     }
     if (u->rs_out) widen(u->shard_grad, u->rs_out, u->shard, f->opt.reduce_dtype, true);
+    if (u->index == 0 &&
+        fsc_fault_fires(FSC_FAULT_REDUCE_TWICE)) /* the shard, accumulated or not */
+        for (int64_t i = 0; i < u->shard / 2; i++) u->shard_grad[i] *= 2;
     fsc_mem_free(u->rs_out);
     fsc_mem_free(u->rs_in);
     u->rs_out = u->rs_in = NULL;

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/fault.h"
 #include "oss_internal.h"
 #include "sharded_internal.h"
 
@@ -143,13 +144,24 @@ static int share_even(fsc_oss *o) {
     const fsc_dtype dt = o->opt.share_dtype;
     float *data = o->ps->data;
     const int64_t me = o->displs[o->rank], n = o->counts[o->rank];
-    if (dt == FSC_DTYPE_F32)
-        return fsc_group_allgatherv(o->g, data + me, data, o->counts, o->displs, FSC_DTYPE_F32);
-    const size_t esz = fsc_dtype_size(dt);
-    char *buf = o->comm;
-    int rc = f32_to_share(data + me, buf + (size_t)me * esz, n, dt);
-    if (!rc) rc = fsc_group_allgatherv(o->g, buf + (size_t)me * esz, buf, o->counts, o->displs, dt);
-    if (!rc) rc = share_to_f32(buf, data, o->ps->numel, dt);
+    const int64_t *displs = o->displs;
+    int64_t *shifted = NULL; /* test-only fault: every shard but the first lands one early */
+    if (fsc_fault_is(FSC_FAULT_SHARD_OFFSET) && (shifted = malloc(sizeof(int64_t) * o->world))) {
+        for (int r = 0; r < o->world; r++) shifted[r] = o->displs[r] - (o->displs[r] > 0);
+        displs = shifted;
+    }
+    int rc;
+    if (dt == FSC_DTYPE_F32) {
+        rc = fsc_group_allgatherv(o->g, data + me, data, o->counts, displs, FSC_DTYPE_F32);
+    } else {
+        const size_t esz = fsc_dtype_size(dt);
+        char *buf = o->comm;
+        rc = f32_to_share(data + me, buf + (size_t)me * esz, n, dt);
+        if (!rc)
+            rc = fsc_group_allgatherv(o->g, buf + (size_t)me * esz, buf, o->counts, displs, dt);
+        if (!rc) rc = share_to_f32(buf, data, o->ps->numel, dt);
+    }
+    free(shifted);
     return rc;
 }
 
@@ -164,6 +176,10 @@ static int pack(fsc_oss *o, int r, bool into_buf) {
     for (int k = 0; k < p->nranges[r]; k++) {
         const fsc_shard_range *s = &p->ranges[r][k];
         float *x = o->ps->data + o->ps->entries[s->entry].offset + s->begin;
+        /* test-only fault: peers unpack the owner's first range one element early */
+        if (!into_buf && k == 0 && r != o->rank && fsc_fault_is(FSC_FAULT_SHARD_OFFSET) &&
+            x > o->ps->data)
+            x--;
         int rc = into_buf ? f32_to_share(x, buf + (size_t)at * esz, s->count, dt)
                           : share_to_f32(buf + (size_t)at * esz, x, s->count, dt);
         if (rc) return rc;
@@ -179,8 +195,10 @@ static int share_greedy(fsc_oss *o) {
         if (n == 0) continue; /* every rank knows r owns nothing */
         int rc;
         if (dt == FSC_DTYPE_F32 && o->contiguous[r]) {
-            rc = fsc_group_broadcast(o->g, o->ps->data + o->lo[r], o->hi[r] - o->lo[r],
-                                     FSC_DTYPE_F32, r);
+            /* test-only fault: peers place every shard but the first one early */
+            int64_t lo =
+                o->lo[r] - (fsc_fault_is(FSC_FAULT_SHARD_OFFSET) && r != o->rank && o->lo[r] > 0);
+            rc = fsc_group_broadcast(o->g, o->ps->data + lo, o->hi[r] - o->lo[r], FSC_DTYPE_F32, r);
         } else {
             rc = r == o->rank ? pack(o, r, true) : FSC_OK;
             if (!rc) rc = fsc_group_broadcast(o->g, o->comm, n, dt, r);

@@ -26,6 +26,8 @@
 #include <string.h>
 
 #include "buckets.h"
+#include "core/fault.h"
+#include "fsc/kernels.h"
 #include "fsc/zero.h"
 
 typedef struct segment {
@@ -154,6 +156,9 @@ static int take_slot(sdp *s, bucket *b) {
 static int launch(sdp *s, bucket *b) {
     float *grad = s->params->grad;
     uint16_t *stage = NULL;
+    if (b == s->buckets && fsc_fault_is(FSC_FAULT_DROP_GRAD) && s->rank == fsc_group_size(s->g) - 1)
+        for (int i = 0; i < b->nsegs; i++)
+            memset(grad + b->segs[i].begin, 0, sizeof(float) * (size_t)b->segs[i].count);
     if (s->half) {
         int rc = take_slot(s, b);
         if (rc) return rc;
@@ -206,6 +211,7 @@ static int settle(sdp *s, bucket *b, bool wait) {
     }
     if (!all) return FSC_OK;
     b->launched = false;
+    const bool twice = b == s->buckets && fsc_fault_fires(FSC_FAULT_REDUCE_TWICE);
     if (b->slot >= 0) {
         const uint16_t *stage = s->slot[b->slot];
         for (int i = 0; i < b->nsegs; i++) {
@@ -215,11 +221,14 @@ static int settle(sdp *s, bucket *b, bool wait) {
             fsc_tensor f = fsc_tensor_1d(s->params->grad + sg->begin, FSC_DTYPE_F32, sg->count);
             int rc = fsc_tensor_convert(&h, &f);
             if (rc) return rc;
+            if (twice && i == 0) fsc_scale(f.data, 2.f, sg->count / 2);
         }
         s->slot_bucket[b->slot] = -1;
         b->slot = -1;
         return FSC_OK;
     }
+    if (twice && b->segs[0].owner == s->rank)
+        fsc_scale(s->params->grad + b->segs[0].begin, 2.f, b->segs[0].count / 2);
     for (int i = 0; i < b->nentries; i++) {
         int rc = set_live(s, b->entries[i], false);
         if (rc) return rc;

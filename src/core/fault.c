@@ -1,0 +1,25 @@
+/* Test-only fault switches (see fault.h): one process-wide setting. */
+#include <string.h>
+
+#include "core/fault.h"
+
+fsc_fault fsc_fault_active = FSC_FAULT_NONE;
+
+bool fsc_fault_fires(fsc_fault f) {
+    static unsigned calls;
+    return fsc_fault_is(f) && calls++ % 2 == 0;
+}
+
+bool fsc_fault_set(const char *name) {
+    static const struct {
+        const char *name;
+        fsc_fault fault;
+    } names[] = {{"drop-grad", FSC_FAULT_DROP_GRAD},
+                 {"reduce-twice", FSC_FAULT_REDUCE_TWICE},
+                 {"shard-offset", FSC_FAULT_SHARD_OFFSET}};
+    fsc_fault_active = FSC_FAULT_NONE;
+    if (!name || !*name) return true;
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (strcmp(name, names[i].name) == 0) return fsc_fault_active = names[i].fault, true;
+    return false;
+}
