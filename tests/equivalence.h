@@ -67,8 +67,11 @@ static void eq_tokens(fsc_tokens *tk) {
 }
 
 /* One process, the whole global batch per step, as `micro` micro-batches
- * accumulated (in reverse order when `reverse`): the final parameters. */
-static float *eq_run_reference(const eq_options *o, int micro, bool reverse, fsc_params *ps) {
+ * accumulated (in reverse order when `reverse`): the final parameters. *ps
+ * and *module (whose parameters ps's entries point at) are the caller's to
+ * free. */
+static float *eq_run_reference(const eq_options *o, int micro, bool reverse, fsc_params *ps,
+                               fsc_module **module) {
     const fsc_gpt_config *model = o->model ? o->model : &EQ_MODEL;
     fsc_module *m = fsc_gpt_new(model);
     fsc_optim_range *r;
@@ -89,6 +92,7 @@ static float *eq_run_reference(const eq_options *o, int micro, bool reverse, fsc
             fsc_tokens_batch(&tk, s, k, 0, B, micro, 1, T, x, y);
             fsc_ctx ctx = {.arena = arena,
                            .training = true,
+                           .keyed = true,
                            .seed = 5,
                            .step = s,
                            .sample0 = fsc_batch_first_sample(s, k, 0, B, micro, 1)};
@@ -111,7 +115,7 @@ static float *eq_run_reference(const eq_options *o, int micro, bool reverse, fsc
     fsc_optim_free(opt);
     fsc_optim_ranges_free(r);
     fsc_tokens_free(&tk);
-    fsc_module_free(m);
+    *module = m;
     return out;
 }
 
@@ -139,15 +143,16 @@ static float *eq_reference_ex(const eq_options *o, int64_t *numel) {
     const fsc_fault fault = fsc_fault_active; /* the reference never runs with a fault */
     fsc_fault_active = FSC_FAULT_NONE;
     fsc_params ps;
-    float *ref = eq_run_reference(o, 1, false, &ps);
-    fsc_params_free(&ps);
+    fsc_module *m;
     float *alt[2];
-    alt[0] = eq_run_reference(o, 2, false, &ps);
-    fsc_params_free(&ps);
-    alt[1] = eq_run_reference(o, 4, true, &ps);
+    alt[0] = eq_run_reference(o, 2, false, &ps, &m);
+    fsc_params_free(&ps), fsc_module_free(m);
+    alt[1] = eq_run_reference(o, 4, true, &ps, &m);
+    fsc_params_free(&ps), fsc_module_free(m);
+    float *ref = eq_run_reference(o, 1, false, &ps, &m);
     eq_set_noise(&ps, ref, alt, 2);
     *numel = ps.numel;
-    fsc_params_free(&ps);
+    fsc_params_free(&ps), fsc_module_free(m);
     free(alt[0]), free(alt[1]);
     fsc_fault_active = fault;
     return ref;

@@ -40,6 +40,7 @@ static float *run_ddp(size_t bucket_bytes, int accum, fsc_ddp_stats *stats) {
             fsc_tokens_batch(&tk, s, k, rank, B, accum, world, T, x, y);
             fsc_ctx ctx = {.arena = arena,
                            .training = true,
+                           .keyed = true,
                            .seed = 5,
                            .step = s,
                            .sample0 = fsc_batch_first_sample(s, k, rank, B, accum, world)};

@@ -235,6 +235,7 @@ static float *train(fsc_grad_scaler *gs, int64_t *numel) {
         fsc_tokens_batch(&tk, s, 0, rank, B, 1, world, T, x, y);
         fsc_ctx ctx = {.arena = arena,
                        .training = true,
+                       .keyed = true,
                        .seed = 5,
                        .step = s,
                        .sample0 = fsc_batch_first_sample(s, 0, rank, B, 1, world)};

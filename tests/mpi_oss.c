@@ -96,6 +96,7 @@ static void run_oss(const run_cfg *c, run_out *out) {
             fsc_tokens_batch(&tk, s, k, rank, B, accum, world, T, x, y);
             fsc_ctx ctx = {.arena = arena,
                            .training = true,
+                           .keyed = true,
                            .seed = 5,
                            .step = s,
                            .sample0 = fsc_batch_first_sample(s, k, rank, B, accum, world)};

@@ -112,6 +112,7 @@ static float *run_sdp(const sdp_cfg *c, sdp_out *out) {
             fsc_tokens_batch(&tk, s, k, rank, B, c->accum, world, T, x, y);
             fsc_ctx ctx = {.arena = arena,
                            .training = true,
+                           .keyed = true,
                            .seed = 5,
                            .step = s,
                            .sample0 = fsc_batch_first_sample(s, k, rank, B, c->accum, world)};
@@ -326,7 +327,8 @@ static void mlp_step(fsc_module *m, fsc_arena *arena, int step, int row0, int B)
     for (int r = 0; r < B; r++)
         for (int j = 0; j < MLP_IN; j++)
             x[r * MLP_IN + j] = (float)(((row0 + r) * 13 + j * 7 + step * 3) % 17 - 8) / 8.f;
-    fsc_ctx ctx = {.arena = arena, .training = true, .seed = 5, .step = step, .sample0 = row0};
+    fsc_ctx ctx = {
+        .arena = arena, .training = true, .seed = 5, .step = step, .sample0 = row0, .keyed = true};
     fsc_tensor xt = fsc_tensor_2d(x, FSC_DTYPE_F32, B, MLP_IN), y;
     void *saved;
     assert_int_equal(fsc_module_forward(m, &ctx, &xt, &y, &saved), FSC_OK);
@@ -343,7 +345,8 @@ static void mlp_step(fsc_module *m, fsc_arena *arena, int step, int row0, int B)
 
 /* One process, all MLP_ROWS rows per step as `micro` micro-batches
  * accumulated (in reverse order when `reverse`); fills *ps (caller frees). */
-static float *mlp_run_reference(bool big, int micro, bool reverse, fsc_params *ps) {
+static float *mlp_run_reference(bool big, int micro, bool reverse, fsc_params *ps,
+                                fsc_module **model) {
     fsc_module *m = mlp_new(big);
     fsc_optim_range *r;
     int nr;
@@ -362,22 +365,23 @@ static float *mlp_run_reference(bool big, int micro, bool reverse, fsc_params *p
     fsc_arena_free(arena);
     fsc_optim_free(opt);
     fsc_optim_ranges_free(r);
-    fsc_module_free(m);
+    *model = m;
     return out;
 }
 
 /* The reference and its noise floor, as eq_reference_ex does for the GPT. */
 static float *mlp_reference(bool big, int64_t *numel) {
     fsc_params ps;
-    float *ref = mlp_run_reference(big, 1, false, &ps);
-    fsc_params_free(&ps);
+    fsc_module *m;
     float *alt[2];
-    alt[0] = mlp_run_reference(big, 2, false, &ps);
-    fsc_params_free(&ps);
-    alt[1] = mlp_run_reference(big, 4, true, &ps);
+    alt[0] = mlp_run_reference(big, 2, false, &ps, &m);
+    fsc_params_free(&ps), fsc_module_free(m);
+    alt[1] = mlp_run_reference(big, 4, true, &ps, &m);
+    fsc_params_free(&ps), fsc_module_free(m);
+    float *ref = mlp_run_reference(big, 1, false, &ps, &m);
     eq_set_noise(&ps, ref, alt, 2);
     *numel = ps.numel;
-    fsc_params_free(&ps);
+    fsc_params_free(&ps), fsc_module_free(m);
     free(alt[0]), free(alt[1]);
     return ref;
 }

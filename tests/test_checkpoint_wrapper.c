@@ -67,8 +67,12 @@ static void run_gpt(const fsc_gpt_config *cfg, int B, unsigned block_mask, unsig
         y[i] = (int32_t)(r.v[1] % (uint32_t)cfg->vocab);
     }
     fsc_arena *arena = fsc_arena_new(FSC_MEM_ACTIV, 1 << 20);
-    fsc_ctx ctx = {
-        .arena = arena, .training = train, .seed = SEED, .step = STEP, .sample0 = SAMPLE0};
+    fsc_ctx ctx = {.arena = arena,
+                   .training = train,
+                   .seed = SEED,
+                   .step = STEP,
+                   .sample0 = SAMPLE0,
+                   .keyed = true};
     if (train)
         assert_int_equal(fsc_gpt_train_micro(g, &ctx, x, y, B, T, -1, n, &out->loss), FSC_OK);
     else
@@ -141,7 +145,8 @@ static void test_block_keeps_only_output(void **state) {
         }
         fsc_params_zero_grad(&ps);
         fsc_arena *arena = fsc_arena_new(FSC_MEM_ACTIV, 4096);
-        fsc_ctx ctx = {.arena = arena, .training = true, .seed = 1, .step = 2, .sample0 = 4};
+        fsc_ctx ctx = {
+            .arena = arena, .training = true, .seed = 1, .step = 2, .sample0 = 4, .keyed = true};
         fsc_tensor x = fsc_tensor_arena(arena, FSC_DTYPE_F32, 3, (int64_t[]){B, T, C}), y, dx;
         fill(x.data, B * T * C, "x");
         size_t before = fsc_arena_used(arena);
@@ -217,7 +222,7 @@ static void test_activation_memory_drops(void **state) {
     fsc_params ps;
     assert_int_equal(fsc_params_bind(blk, 7, true, &ps), FSC_OK);
     fsc_arena *arena = fsc_arena_new(FSC_MEM_ACTIV, 1 << 20);
-    fsc_ctx ctx = {.arena = arena, .training = true, .seed = SEED, .step = STEP};
+    fsc_ctx ctx = {.arena = arena, .training = true, .seed = SEED, .step = STEP, .keyed = true};
     float *xd = malloc((size_t)B * T * C * sizeof(float));
     fill(xd, (int64_t)B * T * C, "x");
     fsc_tensor x = fsc_tensor_3d(xd, FSC_DTYPE_F32, B, T, C), y;

@@ -46,6 +46,7 @@ static void run_dp(int threads) {
         fsc_params_zero_grad(&ps);
         fsc_tokens_batch(&tk, s, 0, 0, B, 1, 1, T, x, y);
         fsc_ctx ctx = {.training = true,
+                       .keyed = true,
                        .seed = 5,
                        .step = s,
                        .sample0 = fsc_batch_first_sample(s, 0, 0, B, 1, 1)};

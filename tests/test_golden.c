@@ -179,7 +179,8 @@ static void check_layer(const char *layer, fsc_module *m, double atol, double rt
     bool has_dx = fsc_st_find(f, "dx") != NULL;
 
     fsc_arena *arena = fsc_arena_new(FSC_MEM_ACTIV, 1 << 20);
-    fsc_ctx ctx = {.arena = arena, .training = true, .seed = 1, .step = 0, .sample0 = 0};
+    fsc_ctx ctx = {
+        .arena = arena, .training = true, .seed = 1, .step = 0, .sample0 = 0, .keyed = true};
     fsc_tensor y, dx;
     void *saved = NULL;
     int rc = fsc_module_forward(m, &ctx, &x, &y, &saved);

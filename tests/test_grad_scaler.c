@@ -373,7 +373,7 @@ static void test_header_example(void **state) {
     enum { B = 4, T = 16 };
     int32_t x[B * T], y[B * T];
     fsc_tokens_batch(&tk, 0, 0, 0, B, 1, 1, T, x, y);
-    const fsc_ctx ctx = {.arena = arena, .training = true, .seed = 5};
+    const fsc_ctx ctx = {.arena = arena, .training = true, .seed = 5, .keyed = true};
     const double global_targets = B * T;
     float loss, plain_loss;
     float *plain = malloc(sizeof(float) * (size_t)ps.numel);

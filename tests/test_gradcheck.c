@@ -30,7 +30,8 @@ static void check(fsc_module *m, fsc_tensor *x, int64_t y_numel, bool check_inpu
             for (int64_t j = 0; j < p->numel; j++) p->data[j] += 1.f;
     }
     fsc_arena *arena = fsc_arena_new(FSC_MEM_ACTIV, 1 << 20);
-    fsc_ctx ctx = {.arena = arena, .training = true, .seed = 3, .step = 5, .sample0 = 10};
+    fsc_ctx ctx = {
+        .arena = arena, .training = true, .seed = 3, .step = 5, .sample0 = 10, .keyed = true};
     float *w = malloc((size_t)y_numel * sizeof(float));
     fill(w, y_numel, 99, 1.f);
     int bad = gradcheck_module(m, &ps, &ctx, x, w, y_numel, check_input, &OPTS);

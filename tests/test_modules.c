@@ -61,7 +61,8 @@ static void test_dropout_mask_is_keyed_by_sample(void **state) {
     float xd[B * D];
     for (int i = 0; i < B * D; i++) xd[i] = 1.f;
     fsc_tensor x = fsc_tensor_2d(xd, FSC_DTYPE_F32, B, D), whole, half;
-    fsc_ctx ctx = {.arena = arena, .training = true, .seed = 9, .step = 2, .sample0 = 100};
+    fsc_ctx ctx = {
+        .arena = arena, .training = true, .seed = 9, .step = 2, .sample0 = 100, .keyed = true};
     assert_int_equal(fsc_module_forward(d, &ctx, &x, &whole, NULL), FSC_OK);
     /* rows 2..3 alone, numbered 102..103, drop exactly what they dropped in the whole batch */
     fsc_tensor x2 = fsc_tensor_2d(xd + 2 * D, FSC_DTYPE_F32, 2, D);

@@ -3,7 +3,9 @@
  * The same training loop as fsc-train (AdamW, fp32) on uniformly random
  * tokens, as ../shared/peer/bench_peer.py does for PyTorch: warm-up steps,
  * then timed steps; tokens/s over the timed steps, ms/step median, model
- * GFLOP/s, and its share of the sgemm peak measured in this same process. */
+ * GFLOP/s, and its share of the sgemm peak measured in this same process.
+ * `--blas-info` prints the BLAS kernels fsc would run here, as one JSON line,
+ * so that scripts give a peer the same kernels. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +13,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include "fsc/version.h"
 #include "train_common.h"
 
 typedef struct {
@@ -64,7 +67,7 @@ static int measure(const bench_config *c, const char *strategy, int steps, int w
     o.schedule = "constant";
     o.skip_grad_norm = true; /* as the PyTorch peer: no clipping, no norm */
     o.local_in_world = true; /* the baseline runs on rank 0 alone */
-    if (!strcmp(strategy, "fsdp")) o.mixed_precision = mixed_precision;
+    if (fsc_strategy_takes(strategy, "compute_dtype")) o.mixed_precision = mixed_precision;
     o.checkpoint_activations = checkpoint_activations;
     fsc_mem_reset_peaks();
     trainer t;
@@ -78,7 +81,8 @@ static int measure(const bench_config *c, const char *strategy, int steps, int w
         trainer_free(&t);
         return rc;
     }
-    int cores = t.dp ? 1 : threads; /* BLAS threads the peak measurement uses */
+    /* BLAS threads the peak measurement uses */
+    int cores = fsc_strategy_takes(strategy, "threads") ? 1 : threads;
     double peak = fsc_sgemm_peak_gflops(1024, 5) / cores;
     double *ms = calloc((size_t)steps, sizeof *ms), elapsed = 0, comm = 0;
     for (int s = 0; s < warmup + steps && !rc; s++) {
@@ -88,7 +92,7 @@ static int measure(const bench_config *c, const char *strategy, int steps, int w
             fsc_mem_reset_peaks();
             if (t.world > 1) rc = fsc_group_barrier(fsc_group_world());
         }
-        step_result r;
+        fsc_step_result r;
         if (!rc) rc = trainer_step(&t, &r);
         if (rc) break;
         if (s == 0) out->first = r.loss;
@@ -119,9 +123,10 @@ static void print_result(const bench_config *c, const char *strategy, int ranks,
                          int steps, const bench_result *r, const bench_result *single) {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
-    bool multi_rank = !strcmp(strategy, "ddp") || !strcmp(strategy, "oss") ||
-                      !strcmp(strategy, "sdp") || !strcmp(strategy, "fsdp");
-    int workers = multi_rank ? ranks : !strcmp(strategy, "dp") ? threads : 1;
+    fsc_strategy_info info;
+    fsc_strategy_info_get(strategy, &info);
+    bool multi_rank = info.spans_ranks;
+    int workers = multi_rank ? ranks : fsc_strategy_takes(strategy, "threads") ? threads : 1;
     printf("{\"config\": \"%s\", \"strategy\": \"%s\", \"ranks\": %d, \"threads\": %d, "
            "\"layers\": %d, \"d_model\": %d, \"heads\": %d, \"seq\": %d, \"vocab\": %d, "
            "\"batch_per_worker\": %d, \"params\": %" PRId64 ", \"steps\": %d, "
@@ -153,24 +158,72 @@ static int run(const bench_config *c, const char *strategy, int steps, int warmu
     int rank = fsc_dist_rank(), world = fsc_dist_size();
     bench_result single = {0}, r = {0};
     bool scaled = strcmp(strategy, "single") != 0;
+    const bool on_threads = fsc_strategy_takes(strategy, "threads");
+    fsc_strategy_info info;
+    fsc_strategy_info_get(strategy, &info);
     /* weak scaling: every worker (thread or rank) takes the reference batch */
     bench_config wide = *c;
-    if (!strcmp(strategy, "dp")) wide.batch = c->batch * threads;
+    if (on_threads) wide.batch = c->batch * threads;
     int rc = FSC_OK;
     if (scaled && rank == 0) rc = measure(c, "single", steps, warmup, 1, &single);
-    if (!strcmp(strategy, "ddp") || !strcmp(strategy, "oss") || !strcmp(strategy, "sdp") ||
-        !strcmp(strategy, "fsdp")) {
+    if (info.spans_ranks) {
         int all = fsc_group_barrier(fsc_group_world()); /* the others wait for the baseline */
         if (!rc) rc = all;
     }
-    if (!rc)
-        rc = measure(&wide, strategy, steps, warmup, !strcmp(strategy, "dp") ? threads : 1, &r);
+    if (!rc) rc = measure(&wide, strategy, steps, warmup, on_threads ? threads : 1, &r);
     if (!rc && rank == 0)
         print_result(c, strategy, world, threads, steps, &r, scaled ? &single : NULL);
     return rc;
 }
 
+/* s as a JSON string (null for NULL): the environment's value may hold anything. */
+static void print_json_string(const char *s) {
+    if (!s) {
+        printf("null");
+        return;
+    }
+    putchar('"');
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            printf("\\%c", c);
+        else if (c < 0x20)
+            printf("\\u%04x", c);
+        else
+            putchar(c);
+    }
+    putchar('"');
+}
+
+/* --blas-info: loads OpenBLAS as training would (no MPI) and says which kernels
+ * it runs, the environment's OPENBLAS_CORETYPE as given, and fsc's hint if any. */
+static int blas_info(void) {
+    const char *user = getenv("OPENBLAS_CORETYPE"); /* before fsc may set it */
+    const char *hint = fsc_blas_hint();
+    if (fsc_blas_init(0)) {
+        fprintf(stderr, "fsc-bench: %s\n", fsc_last_error());
+        return 1;
+    }
+    printf("{\"blas\": ");
+    print_json_string(fsc_blas_describe());
+    printf(", \"corename\": ");
+    print_json_string(fsc_blas_corename());
+    printf(", \"openblas_coretype\": ");
+    print_json_string(user);
+    printf(", \"hint\": ");
+    print_json_string(hint);
+    printf("}\n");
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--version")) {
+            printf("fsc-bench %s\n", fsc_version());
+            return 0;
+        }
+    for (int i = 1; i < argc; i++) /* before MPI: a question about this machine alone */
+        if (!strcmp(argv[i], "--blas-info")) return blas_info();
     if (fsc_dist_init(&argc, &argv, NULL)) {
         fprintf(stderr, "fsc-bench: %s\n", fsc_last_error());
         return 1;
@@ -183,7 +236,9 @@ int main(int argc, char **argv) {
             printf("usage: fsc-bench [--config small|medium|all] "
                    "[--strategy single|dp|ddp|oss|sdp|fsdp]\n"
                    "                 [--steps N] [--warmup N] [--threads N] "
-                   "[--mixed-precision fp32|bf16|fp16] [--checkpoint-activations]\n"
+                   "[--mixed-precision fp32|bf16|fp16] [--checkpoint-activations] [--version]\n"
+                   "       fsc-bench --blas-info   (the BLAS kernels fsc runs here, one JSON "
+                   "line)\n"
                    "  dp and ddp scale weakly: each thread (dp, --threads) or rank (ddp, under "
                    "mpirun)\n  takes the reference batch; the single-process baseline is "
                    "measured in the same run.\n");
@@ -219,12 +274,14 @@ int main(int argc, char **argv) {
         fprintf(stderr, "fsc-bench: --steps must be >= 1, --warmup >= 0, --threads >= 1\n");
         return 2;
     }
-    if (strcmp(strategy, "single") && strcmp(strategy, "dp") && strcmp(strategy, "ddp") &&
-        strcmp(strategy, "oss") && strcmp(strategy, "sdp") && strcmp(strategy, "fsdp")) {
-        fprintf(stderr, "fsc-bench: --strategy %s: expected single, dp, ddp, oss, sdp or fsdp\n",
-                strategy);
+    fsc_strategy_info info;
+    if (fsc_strategy_info_get(strategy, &info)) {
+        fprintf(stderr, "fsc-bench: --strategy: %s\n", fsc_last_error());
         return 2;
     }
+    /* stderr: stdout stays one JSON line per config */
+    if (fsc_dist_rank() == 0 && fsc_blas_hint())
+        fprintf(stderr, "fsc-bench: %s\n", fsc_blas_hint());
     bool any = false;
     for (size_t k = 0; k < sizeof CONFIGS / sizeof *CONFIGS; k++) {
         if (strcmp(which, "all") && strcmp(which, CONFIGS[k].name)) continue;

@@ -15,6 +15,7 @@
 
 #include "fsc/flat_shards.h"
 #include "fsc/io.h"
+#include "fsc/version.h"
 
 static void usage(FILE *to) {
     fprintf(to, "usage: fsc-consolidate OUT.safetensors SHARD.safetensors...\n"
@@ -22,7 +23,8 @@ static void usage(FILE *to) {
                 "Rebuilds the full state dict (every parameter F32 under its name, in model\n"
                 "order, with the saved metadata) from the shard files of one FSDP save, one\n"
                 "per rank, in any order. --dir takes every *.safetensors in DIR that carries\n"
-                "a \"" FSC_FLAT_LAYOUT_KEY "\" entry. Exit status: 0 done, 1 error, 2 usage.\n");
+                "a \"" FSC_FLAT_LAYOUT_KEY "\" entry. Exit status: 0 done, 1 error, 2 usage.\n"
+                "--version prints the version and exits.\n");
 }
 
 static int ends_with(const char *s, const char *suffix) {
@@ -95,6 +97,9 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             usage(stdout);
+            return 0;
+        } else if (!strcmp(argv[i], "--version")) {
+            printf("fsc-consolidate %s\n", fsc_version());
             return 0;
         }
     int by_dir = argc == 4 && !strcmp(argv[2], "--dir");

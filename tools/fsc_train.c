@@ -11,14 +11,16 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "fsc/version.h"
 #include "train_common.h"
 
 static const char *USAGE =
     "Trains a GPT-2 style model: in one process (--strategy single), over threads (dp), or\n"
     "over MPI ranks (ddp, under mpirun). Data order: step s uses sequences s*G .. s*G+G-1\n"
-    "(G = batch * grad-accum * ranks); sequence i is tokens [i*T, i*T+T] (wrapping).";
+    "(G = batch * grad-accum * ranks); sequence i is tokens [i*T, i*T+T] (wrapping).\n"
+    "--version prints the version and exits.";
 
-static void write_metrics(FILE *f, int64_t step, const step_result *r, double tok_s) {
+static void write_metrics(FILE *f, int64_t step, const fsc_step_result *r, double tok_s) {
     fprintf(f, "{\"step\": %" PRId64 ", \"loss\": %.6f, \"lr\": %.6g, ", step, r->loss, r->lr);
     if (isfinite(r->grad_norm)) /* JSON has no inf: a skipped fp16 step has none */
         fprintf(f, "\"grad_norm\": %.6g, ", r->grad_norm);
@@ -37,12 +39,13 @@ static void write_metrics(FILE *f, int64_t step, const step_result *r, double to
 static void summary(const trainer *t, double first_loss, double last_loss, double seconds,
                     int64_t steps, double peak_gflops, double comm_s, const int64_t *mem) {
     const train_options *o = &t->opt;
+    const bool threads = fsc_strategy_takes(o->strategy, "threads");
     double tokens = (double)steps * o->batch * o->grad_accum * o->model.seq * t->world;
     double tok_s = seconds > 0 ? tokens / seconds : 0;
     double gflops = tok_s * fsc_gpt_flops_per_token(&o->model, o->model.seq) / 1e9;
-    int cores = t->strategy == STRATEGY_DP ? o->threads : t->world * o->threads;
+    int cores = threads ? o->threads : t->world * o->threads;
     fprintf(stderr, "\n== fsc-train summary (--strategy %s, %d rank%s%s) ==\n", o->strategy,
-            t->world, t->world > 1 ? "s" : "", t->dp ? ", DP threads" : "");
+            t->world, t->world > 1 ? "s" : "", threads ? ", threads" : "");
     fprintf(stderr, "model      GPT L%d C%d H%d T%d V%d, %.2fM parameters\n", o->model.layers,
             o->model.d_model, o->model.heads, o->model.seq, o->model.vocab,
             (double)fsc_gpt_num_params(&o->model) / 1e6);
@@ -53,56 +56,45 @@ static void summary(const trainer *t, double first_loss, double last_loss, doubl
             "peak\n",
             tok_s, gflops, peak_gflops > 0 ? 100 * gflops / (peak_gflops * cores) : 0, cores,
             peak_gflops);
-    if (t->ddp || t->sdp)
-        fprintf(stderr, "%s %.1f%% of step time waiting on gradient reduction (rank 0)\n",
-                t->sdp ? "ShardedDDP" : "DDP       ", seconds > 0 ? 100 * comm_s / seconds : 0);
-    for (int r = 0; r < t->world; r++) {
-        fprintf(stderr, "peak memory%s", t->world > 1 ? "" : "");
-        if (t->world > 1) fprintf(stderr, " rank %d:", r);
-        int64_t total = 0;
-        for (int tag = 0; tag < FSC_MEM_TAG_COUNT; tag++) {
-            int64_t b = mem[r * FSC_MEM_TAG_COUNT + tag];
-            total += b;
-            fprintf(stderr, " %s %.1f MiB%s", fsc_mem_tag_name((fsc_mem_tag)tag),
-                    (double)b / 1048576.0, tag + 1 < FSC_MEM_TAG_COUNT ? "," : "");
-        }
+    fsc_strategy_stats st = fsc_strategy_get_stats(t->s);
+    if (st.reductions || st.gathers) {
+        fprintf(stderr,
+                "comm       %.1f%% of step time waiting on communication (rank 0): %lld "
+                "gradient reductions",
+                seconds > 0 ? 100 * comm_s / seconds : 0, (long long)st.reductions);
+        if (st.units)
+            fprintf(stderr, ", %lld all-gathers over %d units", (long long)st.gathers, st.units);
         fprintf(stderr, "\n");
-        (void)total;
     }
-    /* ZeRO's analytical model-state bytes per rank beside the allocator's figures:
-     * params 4P (4P/N under ZeRO-3), grads 4P (4P/N from ZeRO-2), optimizer K*P/N
-     * (N = ranks sharing the state). */
-    fsc_optim_config cfg = fsc_optim_get_config(trainer_optim(t));
-    double P = (double)fsc_gpt_num_params(&o->model), K = 4.0 * fsc_optim_state_count(&cfg);
-    int N = t->strategy >= STRATEGY_OSS ? t->world : 1;
-    int Ng = t->strategy >= STRATEGY_SDP ? t->world : 1;
-    int Np = t->strategy == STRATEGY_FSDP ? t->world : 1;
+    for (int r = 0; r < t->world; r++) {
+        fprintf(stderr, "peak memory");
+        if (t->world > 1) fprintf(stderr, " rank %d:", r);
+        for (int tag = 0; tag < FSC_MEM_TAG_COUNT; tag++)
+            fprintf(stderr, " %s %.1f MiB%s", fsc_mem_tag_name((fsc_mem_tag)tag),
+                    (double)mem[r * FSC_MEM_TAG_COUNT + tag] / 1048576.0,
+                    tag + 1 < FSC_MEM_TAG_COUNT ? "," : "");
+        fprintf(stderr, "\n");
+    }
+    /* ZeRO's analytical model-state bytes per rank beside the allocator's */
+    fsc_strategy_memory m = fsc_strategy_memory_plan(t->s);
+    static const char *const stage[] = {"unsharded", "ZeRO-1", "ZeRO-2", "ZeRO-3"};
+    fsc_optim_config cfg = fsc_optim_get_config(fsc_strategy_optim(t->s));
     fprintf(stderr,
             "model state analytical per rank (%s): params %.1f MiB%s, grads %.1f MiB%s, "
-            "optimizer %.1f MiB (K=%g bytes/param over %d rank%s); measured optimizer "
+            "optimizer %.1f MiB (K=%d bytes/param over %d rank%s); measured optimizer "
             "state rank 0: %.1f MiB\n",
-            Np > 1   ? "ZeRO-3"
-            : Ng > 1 ? "ZeRO-2"
-            : N > 1  ? "ZeRO-1"
-                     : "unsharded",
-            4 * P / Np / 1048576.0, Np > 1 ? " + gathered units" : "", 4 * P / Ng / 1048576.0,
-            Np > 1   ? " + gathered units"
-            : Ng > 1 ? " + buckets in use"
-                     : "",
-            K * P / N / 1048576.0, K, N, N > 1 ? "s" : "",
-            (double)fsc_optim_state_bytes(trainer_optim(t)) / 1048576.0);
-    if (t->fsdp) {
-        fsc_fsdp_stats st = fsc_fsdp_get_stats(t->fsdp);
-        fprintf(stderr,
-                "FSDP       %d units, %lld all-gathers and %lld reduce-scatters in all, "
-                "%.1f%% of step time waiting on them (rank 0)\n",
-                st.units, (long long)st.allgathers, (long long)st.reduce_scatters,
-                seconds > 0 ? 100 * comm_s / seconds : 0);
-    }
-    if (t->scaler) {
-        fsc_grad_scaler_state st = fsc_grad_scaler_get_state(t->scaler);
+            stage[m.zero_stage], m.params_bytes / 1048576.0,
+            m.params_shards > 1 ? " + gathered units" : "", m.grads_bytes / 1048576.0,
+            m.params_shards > 1  ? " + gathered units"
+            : m.grads_shards > 1 ? " + buckets in use"
+                                 : "",
+            m.optim_bytes / 1048576.0, 4 * fsc_optim_state_count(&cfg), m.optim_shards,
+            m.optim_shards > 1 ? "s" : "", (double)m.optim_measured / 1048576.0);
+    fsc_grad_scaler *sc = fsc_trainer_grad_scaler(t->tr);
+    if (sc) {
+        fsc_grad_scaler_state gs = fsc_grad_scaler_get_state(sc);
         fprintf(stderr, "fp16       loss scale %g, %lld step%s skipped (inf/NaN gradients)\n",
-                st.scale, (long long)st.skipped_steps, st.skipped_steps == 1 ? "" : "s");
+                gs.scale, (long long)gs.skipped_steps, gs.skipped_steps == 1 ? "" : "s");
     }
 }
 
@@ -136,6 +128,11 @@ static int fail(trainer *t, int world, int code) {
 }
 
 int main(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--version")) {
+            printf("fsc-train %s\n", fsc_version());
+            return 0;
+        }
     int rc = fsc_dist_init(&argc, &argv, NULL);
     if (rc) {
         fprintf(stderr, "fsc-train: %s\n", fsc_last_error());
@@ -167,16 +164,18 @@ int main(int argc, char **argv) {
         return fail(&t, world, 1);
     }
     if (!o.quiet) fprintf(stderr, "fsc-train: %s\n", fsc_blas_describe());
-    double peak = rank == 0 ? fsc_sgemm_peak_gflops(1024, 3) / (t.dp ? 1 : o.threads) : 0;
+    if (!o.quiet && fsc_blas_hint()) fprintf(stderr, "fsc-train: %s\n", fsc_blas_hint());
+    const bool threads = fsc_strategy_takes(o.strategy, "threads");
+    double peak = rank == 0 ? fsc_sgemm_peak_gflops(1024, 3) / (threads ? 1 : o.threads) : 0;
     bool tty = isatty(STDERR_FILENO);
     double first_loss = NAN, last_loss = NAN, comm = 0, t0 = fsc_now();
     int64_t steps = 0;
     double tokens_per_step = (double)o.batch * o.grad_accum * o.model.seq * t.world;
-    if (t.step && !o.quiet)
-        fprintf(stderr, "fsc-train: resumed at step %" PRId64 " from %s\n", t.step, o.resume);
-    int64_t first_step = t.step;
-    for (int64_t s = t.step; s < o.steps; s++) {
-        step_result r;
+    const int64_t first_step = trainer_next_step(&t);
+    if (first_step && !o.quiet)
+        fprintf(stderr, "fsc-train: resumed at step %" PRId64 " from %s\n", first_step, o.resume);
+    for (int64_t s = first_step; s < o.steps; s++) {
+        fsc_step_result r;
         inject_fault(rank, s + 1);
         if ((rc = trainer_step(&t, &r))) {
             fprintf(stderr, "\nfsc-train%s: %s\n", world > 1 ? " (a rank)" : "", fsc_last_error());
@@ -184,8 +183,8 @@ int main(int argc, char **argv) {
         }
         steps++;
         comm += r.comm_wait_s;
-        if (o.save_every && t.step % o.save_every == 0 && (rc = trainer_checkpoint(&t))) {
-            fprintf(stderr, "\nfsc-train: checkpoint at step %" PRId64 ": %s\n", t.step,
+        if (o.save_every && (s + 1) % o.save_every == 0 && (rc = trainer_checkpoint(&t))) {
+            fprintf(stderr, "\nfsc-train: checkpoint at step %" PRId64 ": %s\n", s + 1,
                     fsc_last_error());
             break;
         }

@@ -1,11 +1,8 @@
-/* The training loop behind fsc-train and fsc-bench.
- *
- * One step = grad_accum micro-batches taken in the documented data order
- * (fsc_tokens_batch), each adding its share of the global-batch mean loss to
- * the gradients, then optional clipping, the scheduled lr, and the update. */
+/* The flags of fsc-train and fsc-bench, and a GPT on token data trained by
+ * the library's trainer: the tools' side of training is flags, files and
+ * printing, and knows no strategy by name (the library's table does). */
 #include <cjson/cJSON.h>
 #include <errno.h>
-#include <float.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdlib.h>
@@ -14,7 +11,6 @@
 #include <unistd.h>
 
 #include "fsc/checkpoint_wrapper.h"
-#include "fsc/sharded_grad_scaler.h"
 #include "fsc/weights.h"
 #include "train_common.h"
 
@@ -58,11 +54,7 @@ typedef struct {
 #define F(name, kind, field, help)                                                                 \
     { name, kind, offsetof(train_options, field), help }
 static const flag flags[] = {
-    F("strategy", ARG_STR, strategy,
-      "single | dp (threads in one process) | ddp (one process per rank, under mpirun) | "
-      "oss (ddp + optimizer state sharded over the ranks: ZeRO-1) | "
-      "sdp (ShardedDDP: gradients sharded too: ZeRO-2) | "
-      "fsdp (parameters sharded too, gathered per unit: ZeRO-3)"),
+    F("strategy", ARG_STR, strategy, "how to spread training (the list follows)"),
     F("layers", ARG_INT, model.layers, "transformer blocks (L)"),
     F("d-model", ARG_INT, model.d_model, "model width (C)"),
     F("heads", ARG_INT, model.heads, "attention heads (must divide --d-model)"),
@@ -122,6 +114,12 @@ static void usage(const char *prog, const char *extra) {
     printf("usage: %s [flags]\n%s\n", prog, extra ? extra : "");
     for (size_t i = 0; i < sizeof flags / sizeof *flags; i++)
         printf("  --%-14s %s\n", flags[i].name, flags[i].help);
+    printf("strategies (--strategy):\n");
+    for (const char *const *n = fsc_strategy_names(); *n; n++) {
+        fsc_strategy_info info;
+        fsc_strategy_info_get(*n, &info);
+        printf("  %-16s %s\n", *n, info.summary);
+    }
 }
 
 static int parse_value(const flag *f, const char *v, void *dst) {
@@ -183,6 +181,7 @@ int train_options_parse(train_options *o, int argc, char **argv, const char *pro
         }
         int rc = parse_value(f, v ? v : "", (char *)o + f->offset);
         if (rc) return rc;
+        o->given |= 1ull << (f - flags);
     }
     return FSC_OK;
 }
@@ -205,6 +204,18 @@ static int check_writable(const char *flag, const char *path) {
     return FSC_OK;
 }
 
+static bool given(const train_options *o, const char *name) {
+    for (size_t i = 0; i < sizeof flags / sizeof *flags; i++)
+        if (!strcmp(flags[i].name, name)) return (o->given >> i) & 1;
+    return false;
+}
+
+/* A flag reaches the strategy when the user gave it (the strategy refuses
+ * what it does not take) or when the strategy takes it (the default). */
+static bool applies(const train_options *o, const char *flag, const char *option) {
+    return given(o, flag) || fsc_strategy_takes(o->strategy, option);
+}
+
 static int check_options(const train_options *o) {
     int rc = fsc_gpt_config_check(&o->model);
     if (rc) return fsc_error_context(rc, "bad model: ");
@@ -215,25 +226,24 @@ static int check_options(const train_options *o) {
     if (o->threads < 1) return fsc_error(FSC_ERR_INVALID, "--threads must be >= 1");
     if (!(o->bucket_mb > 0))
         return fsc_error(FSC_ERR_INVALID, "--bucket-mb %g must be positive", o->bucket_mb);
-    if (o->clip < 0) return fsc_error(FSC_ERR_INVALID, "--clip %g must be >= 0", o->clip);
+    if (!(o->clip >= 0)) return fsc_error(FSC_ERR_INVALID, "--clip %g must be >= 0", o->clip);
     if (o->save_every < 0) return fsc_error(FSC_ERR_INVALID, "--save-every must be >= 0");
     if (o->save_every > 0 && !o->checkpoint_dir)
         return fsc_error(FSC_ERR_INVALID, "--save-every needs --checkpoint-dir");
     if (o->reshard_after_forward != 0 && o->reshard_after_forward != 1)
         return fsc_error(FSC_ERR_INVALID, "--reshard-after-forward %d: expected 0 or 1",
                          o->reshard_after_forward);
-    bool fsdp = !strcmp(o->strategy, "fsdp");
-    if (o->reduce_dtype && !fsdp && strcmp(o->strategy, "sdp"))
-        return fsc_error(FSC_ERR_INVALID, "--reduce-dtype applies to --strategy fsdp and sdp only");
-    if (!fsdp && (strcmp(o->mixed_precision, "fp32") || o->min_params || o->accum_no_sync ||
-                  !o->reshard_after_forward))
-        return fsc_error(FSC_ERR_INVALID, "--mixed-precision, --min-params, --accum-no-sync and "
-                                          "--reshard-after-forward apply to --strategy fsdp only");
-    if (o->save_sharded && !fsdp)
-        return fsc_error(FSC_ERR_INVALID, "--save-sharded applies to --strategy fsdp only");
     if (o->min_params < 0)
         return fsc_error(FSC_ERR_INVALID, "--min-params %lld must be >= 0",
                          (long long)o->min_params);
+    fsc_strategy_info info;
+    if (fsc_strategy_info_get(o->strategy, &info))
+        return fsc_error_context(FSC_ERR_INVALID, "--strategy \"%s\": ", o->strategy);
+    if (!info.spans_ranks && fsc_dist_size() > 1 && !o->local_in_world)
+        return fsc_error(FSC_ERR_INVALID,
+                         "--strategy %s runs in one process but %d were launched; "
+                         "use --strategy ddp under mpirun",
+                         o->strategy, fsc_dist_size());
     int rc2 = check_writable("--save", o->save);
     if (!rc2) rc2 = check_writable("--save-init", o->save_init);
     if (!rc2) rc2 = check_writable("--metrics", o->metrics);
@@ -274,65 +284,7 @@ static int parse_dtype(const char *flag, const char *v, bool fp_names, fsc_dtype
     return FSC_OK;
 }
 
-/* The blocks of the GPT ("h.0", "h.1", ...): FSDP's default units and what
- * --checkpoint-activations recomputes. */
-static fsc_module **gpt_blocks(fsc_module *gpt, int *n) {
-    fsc_module **b = calloc((size_t)gpt->nchildren, sizeof *b);
-    *n = 0;
-    for (int c = 0; b && c < gpt->nchildren; c++)
-        if (!strncmp(gpt->children[c]->name, "h.", 2)) b[(*n)++] = gpt->children[c];
-    return b;
-}
-
-/* FSDP over the world: units, shards initialised from the seed, the
- * optimizer over them, fp16 loss scaling. */
-static int make_fsdp(trainer *t, const fsc_optim_config *cfg) {
-    const train_options *o = &t->opt;
-    fsc_fsdp_options fo = {.keep_after_forward = !o->reshard_after_forward};
-    int rc = parse_dtype("--mixed-precision", o->mixed_precision, true, &fo.compute_dtype);
-    fo.reduce_dtype = fo.compute_dtype;
-    if (!rc && o->reduce_dtype)
-        rc = parse_dtype("--reduce-dtype", o->reduce_dtype, false, &fo.reduce_dtype);
-    if (rc) return rc;
-    fsc_module **units = NULL;
-    int n = 0;
-    if (o->min_params > 0)
-        rc = fsc_fsdp_auto_wrap(t->model, o->min_params, &units, &n);
-    else if (!(units = gpt_blocks(t->model, &n)))
-        rc = fsc_error(FSC_ERR_NOMEM, "out of memory");
-    if (!rc && !(t->fsdp = fsc_fsdp_new(t->model, fsc_group_world(), o->seed, units, n, cfg, &fo)))
-        rc = fsc_error_context(FSC_ERR_INVALID, "FSDP: ");
-    free(units);
-    if (!rc && fo.compute_dtype == FSC_DTYPE_F16 && !(t->scaler = fsc_grad_scaler_new(NULL)))
-        rc = fsc_error_context(FSC_ERR_INVALID, "grad scaler: ");
-    return rc;
-}
-
-static int make_oss(trainer *t, const fsc_optim_config *cfg) {
-    const train_options *o = &t->opt;
-    fsc_oss_options oo = {.policy = FSC_PARTITION_EVEN, .share_dtype = FSC_DTYPE_F32};
-    if (!strcmp(o->partition, "greedy"))
-        oo.policy = FSC_PARTITION_GREEDY;
-    else if (strcmp(o->partition, "even"))
-        return fsc_error(FSC_ERR_INVALID, "--partition \"%s\": expected even or greedy",
-                         o->partition);
-    if (!strcmp(o->share_dtype, "bf16"))
-        oo.share_dtype = FSC_DTYPE_BF16;
-    else if (!strcmp(o->share_dtype, "f16"))
-        oo.share_dtype = FSC_DTYPE_F16;
-    else if (strcmp(o->share_dtype, "f32"))
-        return fsc_error(FSC_ERR_INVALID, "--share-dtype \"%s\": expected f32, bf16 or f16",
-                         o->share_dtype);
-    bool sharded = t->strategy == STRATEGY_OSS || t->strategy == STRATEGY_SDP;
-    fsc_group *g = sharded ? fsc_group_world() : fsc_group_self();
-    t->oss = fsc_oss_new(cfg, &t->params, g, &oo);
-    if (!t->oss) return fsc_error_context(FSC_ERR_INVALID, "optimizer: ");
-    return FSC_OK;
-}
-
-static int make_schedule(trainer *t) {
-    const train_options *o = &t->opt;
-    fsc_lr_schedule_config *s = &t->sched;
+static int schedule_config(const train_options *o, fsc_lr_schedule_config *s) {
     *s = (fsc_lr_schedule_config){.max_lr = (float)o->lr,
                                   .warmup_steps = o->warmup,
                                   .total_steps = o->steps,
@@ -353,49 +305,14 @@ static int make_schedule(trainer *t) {
     return rc ? fsc_error_context(rc, "schedule: ") : FSC_OK;
 }
 
-static int make_optimizer(trainer *t) {
-    const train_options *o = &t->opt;
-    fsc_optim_config cfg;
-    int rc = optim_config(o, &cfg);
-    if (rc) return rc;
-    if (t->strategy == STRATEGY_FSDP) {
-        if ((rc = make_fsdp(t, &cfg))) return rc;
-    } else if ((rc = make_oss(t, &cfg))) {
-        return rc;
-    }
-    return make_schedule(t);
-}
-
-static int parse_strategy(trainer *t) {
-    const char *s = t->opt.strategy;
-    if (!strcmp(s, "single"))
-        t->strategy = STRATEGY_SINGLE;
-    else if (!strcmp(s, "dp"))
-        t->strategy = STRATEGY_DP;
-    else if (!strcmp(s, "ddp"))
-        t->strategy = STRATEGY_DDP;
-    else if (!strcmp(s, "oss"))
-        t->strategy = STRATEGY_OSS;
-    else if (!strcmp(s, "sdp"))
-        t->strategy = STRATEGY_SDP;
-    else if (!strcmp(s, "fsdp"))
-        t->strategy = STRATEGY_FSDP;
-    else
-        return fsc_error(FSC_ERR_INVALID,
-                         "--strategy \"%s\": expected single, dp, ddp, oss, sdp or fsdp", s);
-    bool ranks = t->strategy >= STRATEGY_DDP;
-    int world = fsc_dist_size();
-    if (!ranks && world > 1 && !t->opt.local_in_world)
-        return fsc_error(FSC_ERR_INVALID,
-                         "--strategy %s runs in one process but %d were launched; "
-                         "use --strategy ddp under mpirun",
-                         s, world);
-    t->rank = ranks ? fsc_dist_rank() : 0;
-    t->world = ranks ? world : 1;
-    if (t->strategy == STRATEGY_DP && t->opt.batch < t->opt.threads)
-        return fsc_error(FSC_ERR_INVALID, "--batch %d cannot be split across --threads %d",
-                         t->opt.batch, t->opt.threads);
-    return FSC_OK;
+/* The blocks of the GPT ("h.0", "h.1", ...): the default units of a
+ * strategy that takes units, and what --checkpoint-activations recomputes. */
+static fsc_module **gpt_blocks(fsc_module *gpt, int *n) {
+    fsc_module **b = calloc((size_t)gpt->nchildren, sizeof *b);
+    *n = 0;
+    for (int c = 0; b && c < gpt->nchildren; c++)
+        if (!strncmp(gpt->children[c]->name, "h.", 2)) b[(*n)++] = gpt->children[c];
+    return b;
 }
 
 static int checkpoint_blocks(fsc_module *gpt) {
@@ -411,6 +328,77 @@ static fsc_module *make_replica(void *user) {
     return fsc_gpt_new(user);
 }
 
+/* The strategy's options from the flags; *units (malloc'ed, or NULL) holds
+ * the GPT's blocks when they are the units. */
+static int strategy_options(trainer *t, fsc_strategy_options *so, fsc_module ***units) {
+    const train_options *o = &t->opt;
+    *so = (fsc_strategy_options){.name = o->strategy, .seed = o->seed};
+    *units = NULL;
+    int rc = FSC_OK;
+    if (applies(o, "bucket-mb", "bucket_bytes")) so->bucket_bytes = (size_t)(o->bucket_mb * 1e6);
+    if (applies(o, "partition", "partition")) {
+        if (!strcmp(o->partition, "greedy"))
+            so->partition = FSC_PARTITION_GREEDY;
+        else if (!strcmp(o->partition, "even"))
+            so->partition = FSC_PARTITION_EVEN;
+        else
+            return fsc_error(FSC_ERR_INVALID, "--partition \"%s\": expected even or greedy",
+                             o->partition);
+    }
+    if (applies(o, "share-dtype", "share_dtype"))
+        rc = parse_dtype("--share-dtype", o->share_dtype, false, &so->share_dtype);
+    if (!rc && applies(o, "mixed-precision", "compute_dtype"))
+        rc = parse_dtype("--mixed-precision", o->mixed_precision, true, &so->compute_dtype);
+    if (!rc && o->reduce_dtype) {
+        fsc_dtype dt = FSC_DTYPE_F32;
+        rc = parse_dtype("--reduce-dtype", o->reduce_dtype, false, &dt);
+        if (rc) return rc;
+        if (dt == FSC_DTYPE_F32)
+            so->fp32_reduce_scatter = true;
+        else
+            so->reduce_dtype = dt;
+    }
+    if (rc) return rc;
+    so->min_params = o->min_params;
+    so->keep_after_forward = !o->reshard_after_forward;
+    so->accum_no_sync = o->accum_no_sync;
+    if (fsc_strategy_takes(o->strategy, "units") && o->min_params == 0) {
+        if (!(*units = gpt_blocks(t->model, &so->nunits)))
+            return fsc_error(FSC_ERR_NOMEM, "out of memory");
+        so->units = *units;
+    }
+    if (fsc_strategy_takes(o->strategy, "threads")) {
+        so->threads = o->threads;
+        so->make_replica = make_replica;
+        so->replica_user = &t->opt.model;
+    }
+    return FSC_OK;
+}
+
+static int load_batch(const fsc_micro_batch *mb, void *user) {
+    trainer *t = user;
+    return fsc_tokens_batch(&t->tokens, mb->step, mb->micro, mb->rank, mb->batch, mb->micros,
+                            mb->world, t->opt.model.seq, t->x, t->y);
+}
+
+static int gpt_loss(fsc_module *m, const fsc_ctx *ctx, const fsc_micro_batch *mb, void *user,
+                    float *loss) {
+    const trainer *t = user;
+    const int T = t->opt.model.seq;
+    return fsc_gpt_train_micro(m, ctx, t->x + (size_t)mb->row0 * T, t->y + (size_t)mb->row0 * T,
+                               mb->rows, T, -1, mb->norm, loss);
+}
+
+/* Tests (FSC_FAULT=inf@R:S): an overflow in this rank's gradients alone. */
+static int poison(fsc_trainer *tr, void *user) {
+    const trainer *t = user;
+    if (t->poison_step != fsc_trainer_get_step(tr) + 1) return FSC_OK;
+    int n;
+    const fsc_optim_range *r = fsc_strategy_grad_ranges(fsc_trainer_strategy(tr), &n);
+    if (n && r[0].n) r[0].grad[0] = INFINITY;
+    return FSC_OK;
+}
+
 static void model_json(const fsc_gpt_config *m, char *buf, size_t n) {
     snprintf(buf, n,
              "{\"vocab_size\": %d, \"n_positions\": %d, \"n_layer\": %d, \"n_embd\": %d, "
@@ -418,68 +406,46 @@ static void model_json(const fsc_gpt_config *m, char *buf, size_t n) {
              m->vocab, m->seq, m->layers, m->d_model, m->heads);
 }
 
-static int load_weights(trainer *t, const char *path) {
-    return t->fsdp ? fsc_fsdp_load_full(t->fsdp, path) : fsc_weights_load(path, &t->params, NULL);
-}
-
-/* The loss scale travels in the checkpoint as "scale tracker skipped". */
-static int load_scaler(trainer *t, const char *v) {
-    fsc_grad_scaler_state st;
-    long long tracker, skipped;
-    if (!v || sscanf(v, "%lg %lld %lld", &st.scale, &tracker, &skipped) != 3)
-        return fsc_error(FSC_ERR_FORMAT, "the checkpoint has no valid grad_scaler entry (\"%s\")",
-                         v ? v : "none");
-    st.growth_tracker = tracker, st.skipped_steps = skipped;
-    return fsc_grad_scaler_set_state(t->scaler, &st);
-}
-
-/* Weights, optimizer state and position from --resume. The data order and
- * the dropout masks are functions of (seed, step), so the step is the whole
- * data position; the seed must match. Any world size and strategy. */
-static int resume(trainer *t) {
-    fsc_ckpt *c;
-    int rc = fsc_ckpt_open(t->opt.resume, &c);
+static int make_trainer(trainer *t) {
+    const train_options *o = &t->opt;
+    fsc_trainer_config cfg = {.batch = o->batch,
+                              .grad_accum = o->grad_accum,
+                              .targets_per_sample = o->model.seq,
+                              .clip = (float)o->clip,
+                              .skip_grad_norm = o->skip_grad_norm,
+                              .load = load_batch,
+                              .loss = gpt_loss,
+                              .after_backward = poison,
+                              .user = t};
+    fsc_module **units = NULL;
+    int rc = optim_config(o, &cfg.optim);
+    if (!rc) rc = schedule_config(o, &cfg.schedule);
+    if (!rc) rc = strategy_options(t, &cfg.strategy, &units);
+    if (!rc && !(t->tr = fsc_trainer_new(t->model, &cfg)))
+        rc = fsc_error_context(FSC_ERR_INVALID, "--strategy %s: ", o->strategy);
+    free(units);
     if (rc) return rc;
-    char want[256], seed[32];
-    model_json(&t->opt.model, want, sizeof want);
-    snprintf(seed, sizeof seed, "%" PRIu64, t->opt.seed);
-    const char *model = fsc_ckpt_get(c, "model"), *ckseed = fsc_ckpt_get(c, "seed");
-    cJSON *a = cJSON_Parse(want), *b = model ? cJSON_Parse(model) : NULL;
-    bool same = a && b && cJSON_Compare(a, b, true);
-    cJSON_Delete(a), cJSON_Delete(b);
-    if (!same)
-        rc = fsc_error(FSC_ERR_INVALID,
-                       "the checkpoint is of another model (%s); the flags "
-                       "describe %s",
-                       model ? model : "none", want);
-    else if (!ckseed || strcmp(ckseed, seed))
-        rc = fsc_error(FSC_ERR_INVALID, "the checkpoint was trained with --seed %s, not %s",
-                       ckseed ? ckseed : "?", seed);
-    const char *weights = fsc_ckpt_path(c, "model.safetensors");
-    const char *optim = fsc_ckpt_path(c, "optim.safetensors");
-    if (!rc && (!weights || !optim))
-        rc = fsc_error(FSC_ERR_FORMAT,
-                       "the checkpoint lacks model.safetensors or optim.safetensors");
-    if (!rc) rc = load_weights(t, weights);
-    if (!rc)
-        rc =
-            t->fsdp ? fsc_fsdp_load_optim_state(t->fsdp, optim) : fsc_oss_load_state(t->oss, optim);
-    /* a run without fp16 loss scaling may continue one that had it, and back */
-    if (!rc && t->scaler && fsc_ckpt_get(c, "grad_scaler"))
-        rc = load_scaler(t, fsc_ckpt_get(c, "grad_scaler"));
-    if (!rc) t->step = fsc_ckpt_step(c);
-    fsc_ckpt_close(c);
-    return rc;
+    t->s = fsc_trainer_strategy(t->tr);
+    t->rank = fsc_strategy_rank(t->s);
+    t->world = fsc_strategy_world(t->s);
+    return FSC_OK;
+}
+
+static int resume(trainer *t) {
+    char model[256];
+    model_json(&t->opt.model, model, sizeof model);
+    const char *keys[] = {"model"}, *values[] = {model};
+    return fsc_trainer_resume(t->tr, t->opt.resume, 1, keys, values);
 }
 
 int trainer_init(trainer *t, const train_options *o) {
     memset(t, 0, sizeof *t);
     t->opt = *o;
     int rc = check_options(o);
-    if (!rc) rc = parse_strategy(t);
     if (rc) return rc;
-    /* DP workers each run one BLAS thread; elsewhere --threads is the BLAS/OpenMP count. */
-    int inner = t->strategy == STRATEGY_DP ? 1 : o->threads;
+    /* a strategy of threads runs one BLAS thread per worker; elsewhere
+     * --threads is the BLAS/OpenMP count */
+    int inner = fsc_strategy_takes(o->strategy, "threads") ? 1 : o->threads;
     fsc_set_num_threads(inner);
     if ((rc = fsc_blas_init(inner))) return rc;
 
@@ -493,167 +459,31 @@ int trainer_init(trainer *t, const train_options *o) {
         return fsc_error(FSC_ERR_INVALID, "--data %s has %" PRId64 " tokens, fewer than --seq + 1",
                          o->data, t->tokens.count);
 
-    t->model = fsc_gpt_new(&o->model);
-    if (!t->model) return FSC_ERR_INVALID;
+    if (!(t->model = fsc_gpt_new(&o->model))) return FSC_ERR_INVALID;
     if (o->checkpoint_activations && (rc = checkpoint_blocks(t->model))) return rc;
-    if (t->strategy == STRATEGY_FSDP) { /* shards only: the parameters are never bound whole */
-        if ((rc = make_optimizer(t))) return rc;
-        if (o->init_from && (rc = fsc_fsdp_load_full(t->fsdp, o->init_from)))
-            return fsc_error_context(rc, "--init-from: ");
-    } else if ((rc = fsc_params_bind(t->model, o->seed, true, &t->params))) {
-        return rc;
-    }
-    if (!t->fsdp && o->init_from) {
+    if ((rc = make_trainer(t))) return rc;
+    if (o->init_from) {
         int unused = 0;
-        if ((rc = fsc_weights_load(o->init_from, &t->params, &unused)))
+        if ((rc = fsc_strategy_load_weights(t->s, o->init_from, &unused)))
             return fsc_error_context(rc, "--init-from: ");
         if (unused)
             fsc_log(FSC_LOG_INFO, "--init-from: %d tensors in the file were not used", unused);
     }
-    if (t->strategy == STRATEGY_DDP || t->strategy == STRATEGY_OSS) {
-        fsc_ddp_options d = {.bucket_bytes = (size_t)(o->bucket_mb * 1e6)};
-        t->ddp = fsc_ddp_wrap(t->model, &t->params, fsc_group_world(), &d);
-        if (!t->ddp) return fsc_error_context(FSC_ERR_INVALID, "DDP: ");
-    } else if (t->strategy == STRATEGY_DP) {
-        if ((rc = fsc_dp_new(make_replica, &t->opt.model, &t->params, o->threads, &t->dp)))
-            return rc;
-    }
-    if (!t->fsdp && (rc = make_optimizer(t))) return rc;
-    if (t->strategy == STRATEGY_SDP) {
-        fsc_sdp_options so = {.bucket_bytes = (size_t)(o->bucket_mb * 1e6)};
-        if (o->reduce_dtype &&
-            (rc = parse_dtype("--reduce-dtype", o->reduce_dtype, false, &so.reduce_dtype)))
-            return rc;
-        t->sdp = fsc_sdp_wrap(t->model, &t->params, t->oss, &so);
-        if (!t->sdp) return fsc_error_context(FSC_ERR_INVALID, "ShardedDDP: ");
-    }
     if (o->resume && (rc = resume(t))) return fsc_error_context(rc, "--resume %s: ", o->resume);
-    t->arena = fsc_arena_new(FSC_MEM_ACTIV, 1 << 20);
     size_t n = (size_t)o->batch * o->model.seq;
     t->x = malloc(n * sizeof *t->x);
     t->y = malloc(n * sizeof *t->y);
-    if (!t->arena || !t->x || !t->y) return fsc_error(FSC_ERR_NOMEM, "out of memory");
+    if (!t->x || !t->y) return fsc_error(FSC_ERR_NOMEM, "out of memory");
     if (o->save_init && (rc = trainer_save(t, o->save_init)))
         return fsc_error_context(rc, "--save-init: ");
     return FSC_OK;
 }
 
-typedef struct {
-    const trainer *t;
-    double norm;
-} dp_work;
-
-/* A DP worker's rows of the current micro-batch. */
-static int dp_micro(fsc_module *replica, const fsc_ctx *ctx, int row0, int rows, void *user,
-                    float *loss) {
-    const dp_work *w = user;
-    int T = w->t->opt.model.seq;
-    return fsc_gpt_train_micro(replica, ctx, w->t->x + (size_t)row0 * T, w->t->y + (size_t)row0 * T,
-                               rows, T, -1, w->norm, loss);
+int trainer_step(trainer *t, fsc_step_result *r) {
+    return fsc_trainer_step(t->tr, r);
 }
-
-int trainer_step(trainer *t, step_result *r) {
-    const train_options *o = &t->opt;
-    int B = o->batch, T = o->model.seq, K = o->grad_accum;
-    double t0 = fsc_now(), loss = 0, comm = 0;
-    /* targets in the global batch: every rank's micro-batches of this step */
-    double norm = (double)B * T * K * t->world;
-    /* fp16: the loss (and so every gradient) is multiplied by the scale,
-     * simply by dividing the normaliser */
-    const double scale = t->scaler ? fsc_grad_scaler_get_scale(t->scaler) : 1.0;
-    const double fsdp_wait0 = t->fsdp ? fsc_fsdp_get_stats(t->fsdp).wait_s : 0;
-    if (t->fsdp)
-        fsc_fsdp_zero_grad(t->fsdp);
-    else if (t->sdp)
-        fsc_sdp_zero_grad(t->sdp); /* touching all gradients would bring them all back */
-    else
-        fsc_params_zero_grad(&t->params);
-    for (int k = 0; k < K; k++) {
-        int rc = fsc_tokens_batch(&t->tokens, t->step, k, t->rank, B, K, t->world, T, t->x, t->y);
-        if (rc) return rc;
-        fsc_ctx ctx = {.arena = t->arena,
-                       .training = true,
-                       .seed = o->seed,
-                       .step = t->step,
-                       .sample0 = fsc_batch_first_sample(t->step, k, t->rank, B, K, t->world)};
-        float part = 0;
-        if (t->dp) {
-            dp_work w = {t, norm};
-            rc = fsc_dp_run(t->dp, &ctx, B, dp_micro, &w, &part);
-        } else {
-            fsc_arena_reset(t->arena);
-            fsc_module *m = t->ddp ? t->ddp : t->sdp ? t->sdp : t->model;
-            if (t->ddp) fsc_ddp_set_no_sync(t->ddp, k < K - 1); /* reduce once, after the last */
-            if (t->sdp) fsc_sdp_set_no_sync(t->sdp, k < K - 1);
-            if (t->fsdp) fsc_fsdp_set_no_sync(t->fsdp, o->accum_no_sync && k < K - 1);
-            rc = fsc_gpt_train_micro(m, &ctx, t->x, t->y, B, T, -1, norm / scale, &part);
-            part = (float)(part / scale);
-            if (t->ddp && k == K - 1) comm = fsc_ddp_get_stats(t->ddp).last_wait_s;
-            if (t->sdp && k == K - 1) comm = fsc_sdp_get_stats(t->sdp).last_wait_s;
-            if (t->fsdp) comm = fsc_fsdp_get_stats(t->fsdp).wait_s - fsdp_wait0;
-        }
-        if (rc) return rc;
-        loss += part;
-    }
-    if (t->world > 1) { /* this rank's share -> the global-batch loss, for reporting */
-        float share = (float)loss;
-        int rc = fsc_group_allreduce(fsc_group_world(), &share, 1, FSC_DTYPE_F32, FSC_REDUCE_SUM);
-        if (rc) return rc;
-        loss = share;
-    }
-    int rc = FSC_OK, nr = 0;
-    const fsc_optim_range *ranges = t->fsdp ? fsc_fsdp_ranges(t->fsdp, &nr) : NULL;
-    if (t->poison_step == t->step + 1) { /* tests: an overflow on this rank alone */
-        float *g = t->fsdp ? (nr ? ranges[0].grad : NULL) : t->params.grad;
-        if (g) g[0] = INFINITY;
-    }
-    bool skip = false;
-    if (t->scaler) { /* unscale this rank's shards; every rank learns of any inf */
-        rc = fsc_sharded_grad_scaler_unscale(t->scaler, fsc_group_world(), ranges, nr, &skip);
-        if (!rc) rc = fsc_grad_scaler_update(t->scaler, skip);
-        if (rc) return rc;
-    }
-    if (skip) { /* every rank skips this update together */
-        t->step++;
-        *r = (step_result){.loss = loss,
-                           .lr = fsc_optim_get_lr(trainer_optim(t)),
-                           .grad_norm = INFINITY,
-                           .seconds = fsc_now() - t0,
-                           .comm_wait_s = comm,
-                           .skipped = true,
-                           .loss_scale = t->scaler ? scale : 0};
-        return FSC_OK;
-    }
-    /* the global gradient norm (over every shard when sharded); clip when asked */
-    float gnorm = 0;
-    if (o->clip > 0 || !o->skip_grad_norm) {
-        float max = o->clip > 0 ? (float)o->clip : FLT_MAX;
-        rc = t->fsdp ? fsc_fsdp_clip_grad_norm(t->fsdp, max, false, &gnorm)
-                     : fsc_oss_clip_grad_norm(t->oss, max, false, &gnorm);
-    }
-    if (rc == FSC_ERR_NUMERIC || !isfinite(loss))
-        return fsc_error(FSC_ERR_NUMERIC,
-                         "step %" PRId64 ": loss %g, gradient norm %g: training "
-                         "diverged (lower --lr or use --clip)",
-                         t->step + 1, loss, (double)gnorm);
-    if (rc) return rc;
-    double lr = fsc_lr_schedule(&t->sched, t->step);
-    if (t->fsdp) {
-        rc = fsc_optim_set_lr(fsc_fsdp_optim(t->fsdp), lr);
-        if (!rc) rc = fsc_fsdp_step(t->fsdp);
-    } else {
-        rc = fsc_oss_set_lr(t->oss, lr);
-        if (!rc) rc = fsc_oss_step(t->oss);
-    }
-    if (rc) return rc;
-    t->step++;
-    *r = (step_result){.loss = loss,
-                       .lr = lr,
-                       .grad_norm = gnorm,
-                       .seconds = fsc_now() - t0,
-                       .comm_wait_s = comm,
-                       .loss_scale = t->scaler ? scale : 0};
-    return FSC_OK;
+int64_t trainer_next_step(const trainer *t) {
+    return t->tr ? fsc_trainer_get_step(t->tr) : 0;
 }
 
 /* The metadata every weights file carries. */
@@ -664,7 +494,7 @@ typedef struct {
 
 static void make_meta(const trainer *t, weights_meta *m) {
     model_json(&t->opt.model, m->cfg, sizeof m->cfg);
-    snprintf(m->step, sizeof m->step, "%" PRId64, t->step);
+    snprintf(m->step, sizeof m->step, "%" PRId64, trainer_next_step(t));
     const char *keys[] = {"format", "fsc.gpt_config", "fsc.step"};
     const char *values[] = {"pt", m->cfg, m->step};
     memcpy(m->keys, keys, sizeof keys);
@@ -672,7 +502,6 @@ static void make_meta(const trainer *t, weights_meta *m) {
 }
 
 int trainer_save_sharded(trainer *t, const char *dir) {
-    if (!t->fsdp) return fsc_error(FSC_ERR_INVALID, "--save-sharded needs --strategy fsdp");
     if (mkdir(dir, 0777) && errno != EEXIST)
         return fsc_error(FSC_ERR_IO, "--save-sharded %s: cannot create it (%s)", dir,
                          strerror(errno));
@@ -680,32 +509,26 @@ int trainer_save_sharded(trainer *t, const char *dir) {
     snprintf(path, sizeof path, "%s/shard-%05d-of-%05d.safetensors", dir, t->rank, t->world);
     weights_meta m;
     make_meta(t, &m);
-    return fsc_fsdp_save_sharded(t->fsdp, path, 3, m.keys, m.values);
+    return fsc_strategy_save_sharded(t->s, path, 3, m.keys, m.values);
 }
 
 int trainer_save(trainer *t, const char *path) {
     weights_meta m;
     make_meta(t, &m);
-    const char *const *keys = m.keys, *const *values = m.values;
-    if (t->fsdp) return fsc_fsdp_save_full(t->fsdp, t->rank == 0 ? path : NULL, 0, 3, keys, values);
-    return t->rank == 0 ? fsc_weights_save(path, &t->params, 3, keys, values) : FSC_OK;
+    return fsc_trainer_save_weights(t->tr, t->rank == 0 ? path : NULL, 3, m.keys, m.values);
 }
 
-fsc_optim *trainer_optim(const trainer *t) {
-    return t->fsdp ? fsc_fsdp_optim(t->fsdp) : fsc_oss_local(t->oss);
+int trainer_checkpoint(trainer *t) {
+    char model[256];
+    model_json(&t->opt.model, model, sizeof model);
+    const char *keys[] = {"model"}, *values[] = {model};
+    return fsc_trainer_save_checkpoint(t->tr, t->opt.checkpoint_dir, 1, keys, values);
 }
 
 void trainer_free(trainer *t) {
-    fsc_module_free(t->ddp); /* the wrapper only; it removes its hooks from the model */
-    fsc_module_free(t->sdp);
-    fsc_dp_free(t->dp);
-    fsc_fsdp_free(t->fsdp); /* removes its hooks; the model is freed below */
-    fsc_grad_scaler_free(t->scaler);
-    fsc_oss_free(t->oss);
-    fsc_params_free(&t->params);
+    fsc_trainer_free(t->tr); /* the strategy removes its wrappers and hooks */
     fsc_module_free(t->model);
     fsc_tokens_free(&t->tokens);
-    fsc_arena_free(t->arena);
     free(t->x);
     free(t->y);
     memset(t, 0, sizeof *t);
@@ -725,58 +548,6 @@ int gather_mem_peaks(const trainer *t, int64_t *out) {
         memcpy(out, mine, sizeof mine);
         return FSC_OK;
     }
-    return fsc_group_allgather(fsc_group_world(), mine, out, FSC_MEM_TAG_COUNT, FSC_DTYPE_I64);
-}
-
-/* Rank 0 writes the weights and the checkpoint directory; the optimizer state
- * streams to rank 0 from its owners (every rank under oss, rank 0's own copy
- * otherwise). Every rank learns rank 0's outcome. */
-int trainer_checkpoint(trainer *t) {
-    fsc_group *world = fsc_group_world();
-    bool sharded = t->strategy == STRATEGY_OSS || t->strategy == STRATEGY_SDP;
-    fsc_ckpt_writer *w = NULL;
-    int rc = t->rank == 0 ? fsc_ckpt_begin(t->opt.checkpoint_dir, t->step, &w) : FSC_OK;
-    int32_t status = rc;
-    if (t->world > 1 && fsc_group_broadcast(world, &status, 1, FSC_DTYPE_I32, 0))
-        return FSC_ERR_MPI;
-    if (status) return t->rank == 0 ? rc : fsc_error(status, "rank 0 could not start a checkpoint");
-    char optim_path[4096] = "";
-    if (t->rank == 0)
-        snprintf(optim_path, sizeof optim_path, "%s", fsc_ckpt_member(w, "optim.safetensors"));
-    if (t->fsdp || t->rank == 0) /* collective under fsdp */
-        rc = trainer_save(t, t->rank == 0 ? fsc_ckpt_member(w, "model.safetensors") : NULL);
-    if (t->fsdp) {
-        int orc = fsc_fsdp_save_optim_state(t->fsdp, optim_path, 0);
-        if (!rc) rc = orc;
-    } else if (sharded || t->rank == 0) {
-        int orc = fsc_oss_save_state(t->oss, optim_path, 0);
-        if (!rc) rc = orc;
-    }
-    if (t->rank == 0) {
-        char model[256], v[4200];
-        model_json(&t->opt.model, model, sizeof model);
-        if (!rc) rc = fsc_ckpt_set(w, "model", model);
-        snprintf(v, sizeof v, "%" PRIu64, t->opt.seed);
-        if (!rc) rc = fsc_ckpt_set(w, "seed", v);
-        snprintf(v, sizeof v,
-                 "{\"strategy\": \"%s\", \"ranks\": %d, \"batch\": %d, "
-                 "\"grad_accum\": %d}",
-                 t->opt.strategy, t->world, t->opt.batch, t->opt.grad_accum);
-        if (!rc) rc = fsc_ckpt_set(w, "saved_by", v);
-        if (!rc && t->scaler) {
-            fsc_grad_scaler_state st = fsc_grad_scaler_get_state(t->scaler);
-            snprintf(v, sizeof v, "%.17g %lld %lld", st.scale, (long long)st.growth_tracker,
-                     (long long)st.skipped_steps);
-            rc = fsc_ckpt_set(w, "grad_scaler", v);
-        }
-        if (!rc)
-            rc = fsc_ckpt_commit(w);
-        else
-            fsc_ckpt_abort(w);
-    }
-    status = rc;
-    if (t->world > 1 && fsc_group_broadcast(world, &status, 1, FSC_DTYPE_I32, 0))
-        return FSC_ERR_MPI;
-    if (status && t->rank != 0) return fsc_error(status, "rank 0 could not write the checkpoint");
-    return rc;
+    return fsc_group_allgather(fsc_strategy_group(t->s), mine, out, FSC_MEM_TAG_COUNT,
+                               FSC_DTYPE_I64);
 }

@@ -33,9 +33,13 @@ enum {
     FSC_ERR_INTERNAL = -10,   /* a broken invariant: a bug in fsc */
 };
 
-/* Short fixed description of a status code ("invalid argument"). */
+/* Short fixed description of a status code ("invalid argument"); static
+ * storage, never NULL. Codes it does not list (the dist codes of fsc/dist.h
+ * among them) give "unknown error". */
 FSC_API const char *fsc_strerror(int status);
-/* The specific message of the last failure on this thread ("" if none). */
+/* The specific message of the last failure on this thread ("" if none). The
+ * buffer is this thread's and is overwritten by its next failure: copy it to
+ * keep it. Messages are truncated to 1023 characters. */
 FSC_API const char *fsc_last_error(void);
 /* Records a message for this thread and returns `status`, so callers can write
  * `return fsc_error(FSC_ERR_INVALID, "--heads %d must divide --d-model %d", h, c);` */
@@ -51,6 +55,7 @@ FSC_API int fsc_error_context(int status, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)))
 #endif
     ;
+/* Empties this thread's message (fsc_last_error() then returns ""). */
 FSC_API void fsc_clear_error(void);
 
 /* ---- logging ------------------------------------------------------------- */
@@ -64,7 +69,10 @@ typedef enum {
 
 /* Default level is INFO, or the FSC_LOG_LEVEL environment variable (debug|info|warn|error|off). */
 FSC_API void fsc_log_set_level(fsc_log_level level);
+/* The current level (FSC_LOG_LEVEL is read on first use; unknown values mean INFO). */
 FSC_API fsc_log_level fsc_log_get_level(void);
+/* Prints "fsc <level>: <message>" to stderr when level is at or above the
+ * current one; the message is truncated to 2047 characters. */
 FSC_API void fsc_log(fsc_log_level level, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 2, 3)))
@@ -82,16 +90,19 @@ typedef enum {
     FSC_DTYPE_COUNT
 } fsc_dtype;
 
+/* Bytes per element; 0 for a value outside fsc_dtype. */
 FSC_API size_t fsc_dtype_size(fsc_dtype dt);
-/* Name as safetensors spells it: "F32", "BF16", "F16", "I32", "I64", "U16". */
+/* Name as safetensors spells it: "F32", "BF16", "F16", "I32", "I64", "U16"
+ * (static storage; "?" for a value outside fsc_dtype). */
 FSC_API const char *fsc_dtype_name(fsc_dtype dt);
-/* Parses a safetensors dtype name; returns FSC_ERR_DTYPE for unknown names. */
+/* Parses a safetensors dtype name into *out; returns FSC_ERR_DTYPE for unknown
+ * names and NULL (then *out is untouched). out must not be NULL. */
 FSC_API int fsc_dtype_parse(const char *name, fsc_dtype *out);
 
-FSC_API float fsc_bf16_to_f32(uint16_t h);
-FSC_API uint16_t fsc_f32_to_bf16(float f); /* round to nearest even */
-FSC_API float fsc_f16_to_f32(uint16_t h);
-FSC_API uint16_t fsc_f32_to_f16(float f); /* round to nearest even */
+FSC_API float fsc_bf16_to_f32(uint16_t h); /* exact */
+FSC_API uint16_t fsc_f32_to_bf16(float f); /* round to nearest even; NaN stays NaN */
+FSC_API float fsc_f16_to_f32(uint16_t h);  /* exact, subnormals, inf and NaN included */
+FSC_API uint16_t fsc_f32_to_f16(float f);  /* round to nearest even; overflow gives inf */
 
 /* ---- tagged memory -------------------------------------------------------- */
 /* Every large allocation carries a tag; current and peak bytes are kept per tag
@@ -107,28 +118,38 @@ typedef enum {
     FSC_MEM_TAG_COUNT
 } fsc_mem_tag;
 
-/* 64-byte aligned, zero-filled. Returns NULL and sets the error on failure. */
+/* 64-byte aligned, zero-filled; the caller owns it and frees it with
+ * fsc_mem_free. Returns NULL and sets the error on failure: FSC_ERR_INVALID
+ * for a bad tag, FSC_ERR_NOMEM when out of memory or past the budget. */
 FSC_API void *fsc_mem_alloc(fsc_mem_tag tag, size_t bytes);
-FSC_API void fsc_mem_free(void *p); /* accepts NULL */
+/* Frees a block of fsc_mem_alloc and stops counting it. Accepts NULL; a
+ * pointer fsc_mem_alloc did not return is logged and ignored (best effort). */
+FSC_API void fsc_mem_free(void *p);
 /* Gives back the memory of bytes [offset, offset+bytes) of block p, which then
  * reads as zero, and stops counting them; for sharded buffers whose parts are
  * dead between uses (ZeRO-2 gradients). fsc_mem_recommit counts a discarded
- * range again before it is written. The caller pairs the two per range. */
+ * range again before it is written. The caller pairs the two per range.
+ * FSC_ERR_INVALID if p is not a block of fsc_mem_alloc or the range leaves it. */
 FSC_API int fsc_mem_discard(void *p, size_t offset, size_t bytes);
+/* Counts a discarded range again; FSC_ERR_INVALID as discard, or for more
+ * bytes than the block has discarded; FSC_ERR_NOMEM past the budget. */
 FSC_API int fsc_mem_recommit(void *p, size_t offset, size_t bytes);
-FSC_API size_t fsc_mem_current(fsc_mem_tag tag);
+FSC_API size_t fsc_mem_current(fsc_mem_tag tag); /* bytes counted now; 0 for a bad tag */
+/* Highest fsc_mem_current(tag) since start-up or fsc_mem_reset_peaks; 0 for a bad tag. */
 FSC_API size_t fsc_mem_peak(fsc_mem_tag tag);
-FSC_API size_t fsc_mem_current_total(void);
+FSC_API size_t fsc_mem_current_total(void); /* bytes counted now, all tags */
 /* Peak of the sum over tags (not the sum of per-tag peaks). */
 FSC_API size_t fsc_mem_peak_total(void);
+/* Sets every peak to the current figure, to measure one phase from here. */
 FSC_API void fsc_mem_reset_peaks(void);
 /* A budget for the sum over tags (0: none, the default; FSC_MEM_LIMIT_MB in
  * the environment sets it at start-up): an allocation that would take the
  * total past it fails with FSC_ERR_NOMEM naming the budget, as a machine with
  * that much memory would. For showing what fits where. */
 FSC_API void fsc_mem_set_limit(size_t bytes);
-FSC_API size_t fsc_mem_get_limit(void);
-FSC_API const char *fsc_mem_tag_name(fsc_mem_tag tag); /* "params", "grads", ... */
+FSC_API size_t fsc_mem_get_limit(void); /* the budget in bytes; 0: none */
+/* "params", "grads", ... (static storage; "?" for a bad tag). */
+FSC_API const char *fsc_mem_tag_name(fsc_mem_tag tag);
 
 /* ---- arena ---------------------------------------------------------------- */
 /* A bump allocator for one step's activations and saved state. Memory comes
@@ -136,9 +157,15 @@ FSC_API const char *fsc_mem_tag_name(fsc_mem_tag tag); /* "params", "grads", ...
  * steady-state training loop allocates nothing after its first step. */
 typedef struct fsc_arena fsc_arena;
 
+/* An empty arena whose blocks are block_bytes (0: 1 MiB), or one allocation's
+ * size if larger, charged to `tag`. NULL (error set) if out of memory. The
+ * arena owns everything allocated from it; the arena functions below take a
+ * non-NULL arena (only fsc_arena_free accepts NULL). */
 FSC_API fsc_arena *fsc_arena_new(fsc_mem_tag tag, size_t block_bytes);
-FSC_API void fsc_arena_free(fsc_arena *a); /* accepts NULL */
-/* 64-byte aligned, NOT zeroed. NULL (error set) only if memory is exhausted. */
+/* Frees the arena and every allocation made from it. Accepts NULL. */
+FSC_API void fsc_arena_free(fsc_arena *a);
+/* 64-byte aligned, NOT zeroed; valid until the next reset, release or free.
+ * NULL (error set) only if memory (or the budget) is exhausted. */
 FSC_API void *fsc_arena_alloc(fsc_arena *a, size_t bytes);
 /* Zero-filled variant. */
 FSC_API void *fsc_arena_calloc(fsc_arena *a, size_t bytes);
@@ -153,9 +180,12 @@ typedef struct {
     const void *block;
     size_t used;
 } fsc_arena_mark_t;
-FSC_API fsc_arena_mark_t fsc_arena_mark(const fsc_arena *a);
+FSC_API fsc_arena_mark_t fsc_arena_mark(const fsc_arena *a); /* the current position */
+/* Gives back everything allocated since m, a mark of this arena taken since
+ * its last reset (a stale or foreign mark is not detected). */
 FSC_API void fsc_arena_release(fsc_arena *a, fsc_arena_mark_t m);
-FSC_API size_t fsc_arena_used(const fsc_arena *a);
+FSC_API size_t fsc_arena_used(const fsc_arena *a); /* bytes in use now (64-byte rounded) */
+/* Most bytes in use at once over the arena's life (resets do not lower it). */
 FSC_API size_t fsc_arena_high_water(const fsc_arena *a);
 
 /* ---- tensors -------------------------------------------------------------- */
@@ -170,24 +200,34 @@ typedef struct fsc_tensor {
     int64_t shape[FSC_MAX_DIMS];
 } fsc_tensor;
 
+/* A view of data (borrowed, never copied or freed) with shape[0..ndim). No
+ * checks: ndim must be 0..FSC_MAX_DIMS and shape hold ndim sizes. */
 FSC_API fsc_tensor fsc_tensor_make(void *data, fsc_dtype dt, int ndim, const int64_t *shape);
 /* Convenience constructors for 1-4 dims. */
 FSC_API fsc_tensor fsc_tensor_1d(void *data, fsc_dtype dt, int64_t d0);
-FSC_API fsc_tensor fsc_tensor_2d(void *data, fsc_dtype dt, int64_t d0, int64_t d1);
+FSC_API fsc_tensor fsc_tensor_2d(void *data, fsc_dtype dt, int64_t d0, int64_t d1); /* (d0,d1) */
+/* (d0,d1,d2) */
 FSC_API fsc_tensor fsc_tensor_3d(void *data, fsc_dtype dt, int64_t d0, int64_t d1, int64_t d2);
+/* (d0,d1,d2,d3) */
 FSC_API fsc_tensor fsc_tensor_4d(void *data, fsc_dtype dt, int64_t d0, int64_t d1, int64_t d2,
                                  int64_t d3);
-FSC_API int64_t fsc_tensor_numel(const fsc_tensor *t);
-FSC_API size_t fsc_tensor_nbytes(const fsc_tensor *t);
-/* Same data, new shape with equal numel; FSC_ERR_SHAPE otherwise. */
+FSC_API int64_t fsc_tensor_numel(const fsc_tensor *t); /* product of the dims; 1 for ndim 0 */
+FSC_API size_t fsc_tensor_nbytes(const fsc_tensor *t); /* numel x the dtype's size */
+/* Same data, new shape with equal numel, into *out; FSC_ERR_SHAPE (*out
+ * untouched) for another numel or ndim outside 1..FSC_MAX_DIMS. */
 FSC_API int fsc_tensor_reshape(const fsc_tensor *t, int ndim, const int64_t *shape,
                                fsc_tensor *out);
-/* Rows [start, start+count) of dimension 0, as a view. */
+/* Rows [start, start+count) of dimension 0, as a view; FSC_ERR_SHAPE (*out
+ * untouched) if they are not inside t. */
 FSC_API int fsc_tensor_narrow0(const fsc_tensor *t, int64_t start, int64_t count, fsc_tensor *out);
-/* Allocates a tensor from an arena (not zeroed). data is NULL on failure. */
+/* Allocates a tensor from an arena (not zeroed; the arena owns the storage).
+ * data is NULL on failure. */
 FSC_API fsc_tensor fsc_tensor_arena(fsc_arena *a, fsc_dtype dt, int ndim, const int64_t *shape);
+/* Same ndim and dims (dtypes are not compared). */
 FSC_API bool fsc_tensor_same_shape(const fsc_tensor *a, const fsc_tensor *b);
-/* Converts between dtypes element-wise (f32 <-> bf16/f16). Shapes must match. */
+/* Copies src into dst's storage element-wise, converting f32 <-> bf16/f16 (the
+ * same dtype is a plain copy). FSC_ERR_SHAPE if the element counts differ,
+ * FSC_ERR_DTYPE for any other pair of dtypes; dst is untouched then. */
 FSC_API int fsc_tensor_convert(const fsc_tensor *src, fsc_tensor *dst);
 
 /* ---- Philox4x32-10 counter-based RNG -------------------------------------- */
@@ -199,8 +239,10 @@ typedef struct {
     uint32_t v[4];
 } fsc_philox_out;
 
+/* Philox4x32-10: 128 random bits, a pure function of key and the 128-bit counter. */
 FSC_API fsc_philox_out fsc_philox4x32(uint64_t key, uint64_t ctr_hi, uint64_t ctr_lo);
-/* A 64-bit key from a seed and a name (FNV-1a mixed with splitmix64). */
+/* A 64-bit key from a seed and a name (FNV-1a mixed with splitmix64); NULL
+ * names hash as "". */
 FSC_API uint64_t fsc_rng_key(uint64_t seed, const char *name);
 /* A 64-bit key from a seed and small integers (layer, stream id). */
 FSC_API uint64_t fsc_rng_key_ints(uint64_t seed, uint64_t a, uint64_t b);
@@ -212,9 +254,10 @@ FSC_API void fsc_rng_normal_fill(float *out, int64_t n, int64_t first, uint64_t 
                                  float std);
 
 /* ---- threads --------------------------------------------------------------- */
-/* Threads for fsc's own OpenMP loops (default 1; FSC_NUM_THREADS overrides). */
+/* Threads for fsc's own OpenMP loops (n < 1 means 1). Until this is called the
+ * count is FSC_NUM_THREADS from the environment, or 1. */
 FSC_API void fsc_set_num_threads(int n);
-FSC_API int fsc_get_num_threads(void);
+FSC_API int fsc_get_num_threads(void); /* the count in force (>= 1) */
 
 /* Monotonic wall time in seconds. */
 FSC_API double fsc_now(void);

@@ -40,7 +40,8 @@ typedef struct fsc_dist_options {
 /* Initialises MPI (MPI_Init_thread, FUNNELED) unless the program already did.
  * argc/argv may be NULL. Idempotent: a later call only applies `opt` (if not
  * NULL), e.g. to change the timeout. opt->timeout_s > 0 wins over
- * FSC_TIMEOUT_S. Only the thread that called init may call the runtime. */
+ * FSC_TIMEOUT_S. Only the thread that called init may call the runtime.
+ * FSC_ERR_MPI if MPI fails to start, FSC_ERR_INVALID after MPI_Finalize. */
 FSC_API int fsc_dist_init(int *argc, char ***argv, const fsc_dist_options *opt);
 /* Finalises MPI if fsc_dist_init initialised it. After a timeout the
  * abandoned operations stay in flight (MPI may still write into their
@@ -50,7 +51,7 @@ FSC_API int fsc_dist_finalize(void);
 FSC_API int fsc_dist_rank(void);       /* world rank (0 without a launcher) */
 FSC_API int fsc_dist_size(void);       /* world size (1 without a launcher) */
 FSC_API int fsc_dist_local_rank(void); /* rank among the processes of this node */
-FSC_API int fsc_dist_local_size(void);
+FSC_API int fsc_dist_local_size(void); /* processes on this node (1 before init) */
 
 /* ---- process groups ------------------------------------------------------ */
 typedef struct fsc_group fsc_group;
@@ -61,18 +62,22 @@ FSC_API fsc_group *fsc_group_world(void);
  * component uses when it should not shard. NULL before init. */
 FSC_API fsc_group *fsc_group_self(void);
 /* Ranks with the same color form a group, ordered by key (then world rank).
- * Collective over `parent`. color < 0: this rank joins no group (*out = NULL). */
+ * Collective over `parent`. color < 0: this rank joins no group (*out = NULL).
+ * The caller owns *out (fsc_group_free); name is copied (NULL: "group").
+ * FSC_ERR_INVALID for a NULL out or parent, or before fsc_dist_init. */
 FSC_API int fsc_group_split(fsc_group *parent, int color, int key, const char *name,
                             fsc_group **out);
 /* Accepts NULL; ignores the world group. Collective (MPI_Comm_free); free a
- * group only once its requests have completed. */
+ * group only once its requests have completed. Never pass fsc_group_self()
+ * (the runtime owns it and does not guard it here). */
 FSC_API void fsc_group_free(fsc_group *g);
-FSC_API int fsc_group_rank(const fsc_group *g);
-FSC_API int fsc_group_size(const fsc_group *g);
-FSC_API const char *fsc_group_name(const fsc_group *g);
-/* World rank of group rank r. */
+FSC_API int fsc_group_rank(const fsc_group *g);         /* this rank in g; -1 for NULL */
+FSC_API int fsc_group_size(const fsc_group *g);         /* ranks in g; 0 for NULL */
+FSC_API const char *fsc_group_name(const fsc_group *g); /* owned by g; "(null)" for NULL */
+/* World rank of group rank r; -1 for a NULL group or r outside it. */
 FSC_API int fsc_group_world_rank(const fsc_group *g, int r);
-/* Collectives issued on this group so far (the next one's sequence number). */
+/* Collectives issued on this group so far (the next one's sequence number);
+ * -1 for NULL. */
 FSC_API int64_t fsc_group_seq(const fsc_group *g);
 
 /* ---- collectives ----------------------------------------------------------- */
@@ -92,8 +97,11 @@ FSC_API int64_t fsc_group_seq(const fsc_group *g);
  * (measured from its issue) is FSC_ERR_TIMEOUT naming the operation, the group
  * and the ranks that never joined. Either failure leaves the group unusable
  * (later calls on it fail at once). Arguments wrong on this rank alone
- * (NULL buffer, bad root, ...) fail before any communication and take no
- * sequence number. */
+ * (NULL group or buffer, negative count, bad root or op, a call before
+ * fsc_dist_init) fail before any communication and take no sequence number:
+ * FSC_ERR_INVALID, or FSC_ERR_DTYPE for an unknown dtype or a reduction of
+ * U16. A buffer may be NULL only where its count is 0. Buffers are the
+ * caller's, borrowed for the call (or, non-blocking, until completion). */
 typedef enum { FSC_REDUCE_SUM = 0, FSC_REDUCE_AVG, FSC_REDUCE_MAX } fsc_reduce_op;
 
 typedef struct fsc_request fsc_request;
@@ -103,11 +111,13 @@ FSC_API int fsc_group_allreduce(fsc_group *g, void *buf, int64_t count, fsc_dtyp
                                 fsc_reduce_op op); /* in place */
 FSC_API int fsc_group_reduce(fsc_group *g, void *buf, int64_t count, fsc_dtype dt, fsc_reduce_op op,
                              int root); /* in place; result on root */
+/* Root's buf is copied into every other rank's buf. */
 FSC_API int fsc_group_broadcast(fsc_group *g, void *buf, int64_t count, fsc_dtype dt, int root);
 /* out holds size * count elements; rank r's `in` lands at out + r*count. */
 FSC_API int fsc_group_allgather(fsc_group *g, const void *in, void *out, int64_t count,
                                 fsc_dtype dt);
-/* Uneven: rank r contributes counts[r] elements, placed at displs[r] (elements). */
+/* Uneven: rank r contributes counts[r] elements, placed at displs[r] (elements).
+ * counts and displs hold one entry per rank, each >= 0, alike on every rank. */
 FSC_API int fsc_group_allgatherv(fsc_group *g, const void *in, void *out, const int64_t *counts,
                                  const int64_t *displs, fsc_dtype dt);
 /* in holds size * count elements; rank r receives the reduction of chunk r in out. */
@@ -120,32 +130,42 @@ FSC_API int fsc_group_reduce_scatterv(fsc_group *g, const void *in, void *out,
 /* in and out hold size * count elements: chunk r of in goes to rank r. */
 FSC_API int fsc_group_alltoall(fsc_group *g, const void *in, void *out, int64_t count,
                                fsc_dtype dt);
+/* Returns once every rank of g has entered it. */
 FSC_API int fsc_group_barrier(fsc_group *g);
 /* Point-to-point, tags in [0, 16384). Not sequence-numbered; with the full
  * check (FSC_DESYNC_CHECK=1) sender and receiver also compare count and dtype. */
 FSC_API int fsc_group_send(fsc_group *g, const void *buf, int64_t count, fsc_dtype dt, int dst,
                            int tag);
+/* Receives what group rank src sent to this rank with the same tag. */
 FSC_API int fsc_group_recv(fsc_group *g, void *buf, int64_t count, fsc_dtype dt, int src, int tag);
 
 /* Non-blocking forms: same arguments, a request out. The buffers must stay
- * valid and untouched until the request completes. */
+ * valid and untouched until the request completes. The caller owns *req
+ * until fsc_request_test reports it done or fsc_request_wait returns (either
+ * frees it). A NULL req is FSC_ERR_INVALID; on any failure *req is NULL. */
 FSC_API int fsc_group_iallreduce(fsc_group *g, void *buf, int64_t count, fsc_dtype dt,
                                  fsc_reduce_op op, fsc_request **req);
+/* As fsc_group_reduce: in place, the result on root. */
 FSC_API int fsc_group_ireduce(fsc_group *g, void *buf, int64_t count, fsc_dtype dt,
                               fsc_reduce_op op, int root, fsc_request **req);
+/* As fsc_group_broadcast. */
 FSC_API int fsc_group_ibroadcast(fsc_group *g, void *buf, int64_t count, fsc_dtype dt, int root,
                                  fsc_request **req);
+/* As fsc_group_allgather. */
 FSC_API int fsc_group_iallgather(fsc_group *g, const void *in, void *out, int64_t count,
                                  fsc_dtype dt, fsc_request **req);
+/* As fsc_group_reduce_scatter. */
 FSC_API int fsc_group_ireduce_scatter(fsc_group *g, const void *in, void *out, int64_t count,
                                       fsc_dtype dt, fsc_reduce_op op, fsc_request **req);
 /* *done = true once complete (then the request is freed and *req set to NULL).
- * Errors (desync, timeout) are returned here or by wait. */
+ * Errors (desync, timeout) are returned here or by wait. A NULL req or *req
+ * counts as complete (FSC_OK, *done = true); done may be NULL. */
 FSC_API int fsc_request_test(fsc_request **req, bool *done);
-/* Blocks (polling, under the watchdog) until complete; frees the request. */
+/* Blocks (polling, under the watchdog) until complete; frees the request and
+ * sets *req to NULL. A NULL req or *req returns FSC_OK at once. */
 FSC_API int fsc_request_wait(fsc_request **req);
 /* Drives every outstanding request of the group a little (call between layers).
- * test and wait drive every outstanding request of every group. */
+ * test and wait drive every outstanding request of every group. Accepts NULL. */
 FSC_API void fsc_group_progress(fsc_group *g);
 
 /* ---- statistics -------------------------------------------------------------- */
@@ -171,22 +191,27 @@ typedef enum {
     FSC_COLL_KIND_COUNT
 } fsc_coll_kind;
 
+/* g's figures since creation or the last reset (all zero for NULL). */
 FSC_API fsc_group_stats fsc_group_get_stats(const fsc_group *g);
-FSC_API void fsc_group_reset_stats(fsc_group *g);
+FSC_API void fsc_group_reset_stats(fsc_group *g); /* zeroes them; accepts NULL */
 
 /* ---- device mesh: dp x pp x tp, tp varying fastest ----------------------------- */
 /* World rank = (d * pp + p) * tp + t. */
 typedef struct fsc_mesh fsc_mesh;
 
-/* Refuses sizes that do not multiply to the world size, naming the numbers.
- * Collective over the world. */
+/* Refuses sizes that do not multiply to the world size, naming the numbers
+ * (FSC_ERR_INVALID, as for sizes < 1, a NULL out or a call before
+ * fsc_dist_init). Collective over the world. The caller owns *out. */
 FSC_API int fsc_mesh_new(int dp, int pp, int tp, fsc_mesh **out);
+/* Frees the mesh and its three groups (collective, as fsc_group_free). Accepts NULL. */
 FSC_API void fsc_mesh_free(fsc_mesh *m);
 typedef enum { FSC_MESH_DP = 0, FSC_MESH_PP, FSC_MESH_TP } fsc_mesh_dim;
-/* The group of ranks that differ from this rank only along `dim`. */
+/* The group of ranks that differ from this rank only along `dim` (owned by
+ * the mesh: do not free it). NULL for a NULL mesh or a bad dim. */
 FSC_API fsc_group *fsc_mesh_group(const fsc_mesh *m, fsc_mesh_dim dim);
-FSC_API int fsc_mesh_size(const fsc_mesh *m, fsc_mesh_dim dim);
-FSC_API int fsc_mesh_coord(const fsc_mesh *m, fsc_mesh_dim dim); /* this rank's index */
+FSC_API int fsc_mesh_size(const fsc_mesh *m, fsc_mesh_dim dim); /* 0 for NULL or a bad dim */
+/* This rank's index along dim; -1 for NULL or a bad dim. */
+FSC_API int fsc_mesh_coord(const fsc_mesh *m, fsc_mesh_dim dim);
 
 #ifdef __cplusplus
 }

@@ -16,10 +16,8 @@
 #include "fsc/optim.h"
 #include "fsc/parallel.h"
 #include "fsc/sharded_grad_scaler.h"
+#include "fsc/version.h"
 #include "fsc/weights.h"
 #include "fsc/zero.h"
-
-#define FSC_VERSION_MAJOR 0
-#define FSC_VERSION_MINOR 1
 
 #endif

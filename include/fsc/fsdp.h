@@ -43,7 +43,9 @@
  *
  * Limits: a unit must run its forward at most once per step (no weight
  * sharing across units); every rank must run the same units in the same
- * order (as with any collective).
+ * order (as with any collective); backward runs on the root (a unit's
+ * backward run on its own fails with FSC_ERR_INVALID: nothing would finish
+ * its reduce-scatter before the step).
  */
 #ifndef FSC_FSDP_H
 #define FSC_FSDP_H
@@ -83,7 +85,10 @@ FSC_API int fsc_fsdp_auto_wrap(fsc_module *root, int64_t min_num_params, fsc_mod
  * full model, so no rank ever holds the full model. The parameters of root
  * must not be bound already. The optimizer (cfg) runs over this rank's
  * shards. Collective over g only in the sense that every rank must call it
- * alike (it communicates nothing). NULL (error set) on bad arguments. */
+ * alike (it communicates nothing). NULL (error set) on bad arguments: NULL
+ * root, g or cfg, n < 0, a NULL, duplicate or root unit, a unit whose
+ * parameters its parent uses, bad options or config. root and g are
+ * borrowed and must outlive f; the units array is read during the call only. */
 FSC_API fsc_fsdp *fsc_fsdp_new(fsc_module *root, fsc_group *g, uint64_t seed,
                                fsc_module *const *units, int n, const fsc_optim_config *cfg,
                                const fsc_fsdp_options *opt);
@@ -96,25 +101,30 @@ FSC_API void fsc_fsdp_free(fsc_fsdp *f);
  * (FairScale's no_sync): full gradient memory for the model, one
  * reduce-scatter per unit at the next synchronised backward. Off (the
  * default), micro-steps of an accumulated batch each reduce-scatter into the
- * gradient shards: N reduce-scatters per micro-step, only shard memory kept. */
+ * gradient shards: N reduce-scatters per micro-step, only shard memory kept.
+ * f must not be NULL (nor for zero_grad, ranges and get_stats below). */
 FSC_API void fsc_fsdp_set_no_sync(fsc_fsdp *f, bool no_sync);
 /* Global gradient-norm clipping over all shards (one all-reduce), as
  * fsc_clip_grad_norm on the unsharded model; *total (may be NULL) gets the
  * pre-clip norm, identical on every rank. Collective. */
 FSC_API int fsc_fsdp_clip_grad_norm(fsc_fsdp *f, float max_norm, bool inf_norm, float *total);
+/* Owned by f (do not free); NULL for NULL. */
 FSC_API fsc_optim *fsc_fsdp_optim(fsc_fsdp *f); /* over this rank's shards */
-FSC_API int fsc_fsdp_step(fsc_fsdp *f);          /* the optimizer's step (local) */
-FSC_API void fsc_fsdp_zero_grad(fsc_fsdp *f);    /* zeroes the gradient shards */
+/* FSC_ERR_INVALID for NULL or while no_sync is on (the shards are not reduced yet). */
+FSC_API int fsc_fsdp_step(fsc_fsdp *f);       /* the optimizer's step (local) */
+FSC_API void fsc_fsdp_zero_grad(fsc_fsdp *f); /* zeroes the gradient shards */
 /* This rank's gradient shard ranges (as the optimizer sees them), e.g. for a
  * sharded grad scaler. Owned by f. */
 FSC_API const fsc_optim_range *fsc_fsdp_ranges(const fsc_fsdp *f, int *n);
 
 /* ---- full parameters between steps ----------------------------------------------- */
 /* Gathers every unit's full parameters (fp32) and binds the model's views to
- * them: FSC_MEM_GATHERED holds the whole model until release. Collective. */
+ * them: FSC_MEM_GATHERED holds the whole model until release. Collective.
+ * FSC_ERR_INVALID if already summoned or called during a step. */
 FSC_API int fsc_fsdp_summon_full_params(fsc_fsdp *f);
 /* Ends a summon; with writeback each rank copies its slice of the (possibly
- * changed) full parameters back into its shard, so changes persist. */
+ * changed) full parameters back into its shard, so changes persist.
+ * FSC_ERR_INVALID if nothing is summoned. */
 FSC_API int fsc_fsdp_release_full_params(fsc_fsdp *f, bool writeback);
 
 /* ---- state dicts ------------------------------------------------------------------- */
@@ -134,11 +144,14 @@ FSC_API int fsc_fsdp_load_full(fsc_fsdp *f, const char *path);
  * the full state dict from them offline. Not collective. */
 FSC_API int fsc_fsdp_save_sharded(fsc_fsdp *f, const char *path, int n_meta,
                                   const char *const *keys, const char *const *values);
-/* Loads this rank's shard file, written at the same world size and layout. */
+/* Loads this rank's shard file, written at the same world size and layout.
+ * Refused (FSC_ERR_INVALID) during a step or a summon, as fsc_fsdp_load_full. */
 FSC_API int fsc_fsdp_load_sharded(fsc_fsdp *f, const char *path);
 /* Optimizer state by global parameter name (the format of fsc_oss_save_state,
  * loadable at any world size, by OSS or FSDP). Collective. */
 FSC_API int fsc_fsdp_save_optim_state(fsc_fsdp *f, const char *path, int root);
+/* Reads such a file (as fsc_oss_load_state: any world size, staged, all or
+ * nothing on every rank). Collective. */
 FSC_API int fsc_fsdp_load_optim_state(fsc_fsdp *f, const char *path);
 
 /* ---- what it did ------------------------------------------------------------------- */
@@ -151,8 +164,10 @@ typedef struct fsc_fsdp_stats {
     int64_t largest_unit;  /* elements of the largest unit's padded flat buffer */
     double wait_s;         /* blocked waiting for gathers and reductions */
 } fsc_fsdp_stats;
+/* What f has done so far. */
 FSC_API fsc_fsdp_stats fsc_fsdp_get_stats(const fsc_fsdp *f);
-/* The unit's module path ("" for the root) and padded flat elements. */
+/* The unit's module path ("" for the root; owned by f) and padded flat
+ * elements; either out may be NULL. FSC_ERR_INVALID for a bad unit or NULL f. */
 FSC_API int fsc_fsdp_unit_info(const fsc_fsdp *f, int unit, const char **name, int64_t *numel);
 
 #ifdef __cplusplus

@@ -23,11 +23,14 @@ typedef struct fsc_gpt_config {
     float dropout; /* embedding and residual dropout (0 = off) */
 } fsc_gpt_config;
 
-/* Checks the configuration; the message names the offending field. */
+/* Checks the configuration: FSC_ERR_INVALID, the message naming the offending
+ * field (vocab < 2, heads not dividing d_model, dropout outside [0, 1), ...).
+ * cfg must not be NULL. */
 FSC_API int fsc_gpt_config_check(const fsc_gpt_config *cfg);
-/* x int32 (B,T) ids with T <= cfg->seq -> logits (B,T,V). NULL (error set) on bad config. */
+/* x int32 (B,T) ids with T <= cfg->seq -> logits (B,T,V). NULL (error set) on bad config.
+ * The caller owns the tree (fsc_module_free); cfg is copied. */
 FSC_API fsc_module *fsc_gpt_new(const fsc_gpt_config *cfg);
-/* Parameters, counting the tied head once. */
+/* Parameters, counting the tied head once (no checks: a valid cfg). */
 FSC_API int64_t fsc_gpt_num_params(const fsc_gpt_config *cfg);
 /* Model FLOPs per trained token (forward + backward), the nanoGPT/PaLM convention:
  * 6 * (params - position embeddings) + 12 * L * C * T. */
@@ -38,11 +41,15 @@ FSC_API double fsc_gpt_flops_per_token(const fsc_gpt_config *cfg, int T);
  * gradients. The loss is the mean over `norm` targets (the count of
  * non-ignored targets in the GLOBAL batch), so micro-batches and ranks add up
  * to one big batch; *loss receives this micro-batch's share. The arena in ctx
- * is used, not reset. */
+ * is used, not reset. x and y hold B*T ids (borrowed). FSC_ERR_INVALID for
+ * norm <= 0 or an id outside the vocabulary (naming its position),
+ * FSC_ERR_SHAPE for T outside 1..cfg->seq. */
 FSC_API int fsc_gpt_train_micro(fsc_module *gpt, const fsc_ctx *ctx, const int32_t *x,
                                 const int32_t *y, int B, int T, int ignore_index, double norm,
                                 float *loss);
-/* Forward only: mean loss over non-ignored targets of this batch. */
+/* Forward only (ctx->training is treated as false): mean loss over the
+ * non-ignored targets of this batch; FSC_ERR_INVALID if every target is
+ * ignored. Errors otherwise as fsc_gpt_train_micro. */
 FSC_API int fsc_gpt_eval_loss(fsc_module *gpt, const fsc_ctx *ctx, const int32_t *x,
                               const int32_t *y, int B, int T, int ignore_index, float *loss);
 

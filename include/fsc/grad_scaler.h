@@ -52,10 +52,10 @@ typedef struct fsc_grad_scaler fsc_grad_scaler;
 
 /* A scaler at cfg->init_scale (cfg NULL: all defaults). NULL (error set,
  * naming the field) when a factor, the interval or the initial scale is out
- * of range. */
+ * of range. The caller owns the scaler (fsc_grad_scaler_free); cfg is copied. */
 FSC_API fsc_grad_scaler *fsc_grad_scaler_new(const fsc_grad_scaler_config *cfg);
 FSC_API void fsc_grad_scaler_free(fsc_grad_scaler *s); /* accepts NULL */
-/* The resolved configuration (defaults filled in). */
+/* The resolved configuration (defaults filled in); all zero for a NULL scaler. */
 FSC_API fsc_grad_scaler_config fsc_grad_scaler_get_config(const fsc_grad_scaler *s);
 
 /* The current scale (a float32 value). NaN for a NULL scaler. */

@@ -13,8 +13,9 @@
  *
  * Writing a module: fill an fsc_module_ops with forward/backward (and free, if
  * the module allocated its own struct), call fsc_module_init() on your struct's
- * embedded fsc_module, declare parameters with fsc_module_add_param(). See
- * examples/custom_module.c.
+ * embedded fsc_module, declare parameters with fsc_module_add_param(), and
+ * open backward with fsc_module_check_dy() against what the forward saved.
+ * See examples/custom_module.c.
  */
 #ifndef FSC_NN_H
 #define FSC_NN_H
@@ -33,6 +34,14 @@ typedef struct fsc_ctx {
     uint64_t seed;    /* run seed (dropout keys) */
     int64_t step;     /* optimizer step, 0-based (dropout keys) */
     int64_t sample0;  /* global index of batch row 0 (dropout keys) */
+    /* The caller vouches that seed, step and sample0 name THIS micro-batch.
+     * Set it where you set step and sample0, once per micro-batch (the
+     * trainer does). A training forward through active dropout (p > 0)
+     * refuses a ctx without it (FSC_ERR_INVALID): a zero-initialised ctx
+     * would otherwise draw the same masks at every step, silently. step 0,
+     * sample0 0 stay valid keys for the first micro-batch, hence a flag and
+     * not a test of the values. */
+    bool keyed;
     /* This forward re-runs one already done, inside backward (activation
      * checkpointing): wrappers must not count it as a new forward (FSDP does
      * not reshard after it). Results are identical: randomness is keyed by
@@ -109,28 +118,71 @@ struct fsc_module {
      * fused encoder): they must stay with the parent, so a wrapper must not
      * make this module a unit of its own (FSDP refuses it, auto-wrap skips it). */
     bool params_used_by_parent;
+    /* The module that adopted this one (fsc_module_add_child), NULL for a
+     * root and for a child a wrapper holds without adopting (DDP, ShardedDDP).
+     * Only names modules in messages (fsc_module_path). */
+    fsc_module *parent;
 };
 
 /* ---- the contract -------------------------------------------------------- */
+/* Zeroes *m and sets its ops (borrowed: they must outlive m, typically a
+ * static table) and name (copied; NULL means "", longer names are cut to
+ * FSC_NAME_MAX - 1 characters). */
 FSC_API void fsc_module_init(fsc_module *m, const fsc_module_ops *ops, const char *name);
-/* Declares a parameter; returns its index in m->params, or a negative status. */
+/* Declares a parameter (name copied, shape[0..ndim) read); returns its index
+ * in m->params, or a negative status: FSC_ERR_INVALID for ndim outside
+ * 1..FSC_MAX_DIMS or a dim <= 0, FSC_ERR_NOMEM. Storage comes later, from
+ * fsc_params_bind or a wrapper. */
 FSC_API int fsc_module_add_param(fsc_module *m, const char *name, int ndim, const int64_t *shape,
                                  fsc_init_kind init, float init_std);
-/* Adopts child (the parent frees it). Its name becomes child->name. */
+/* Adopts child (the parent frees it). Its name becomes child->name.
+ * FSC_ERR_INVALID for a NULL child; on any failure the caller keeps child. */
 FSC_API int fsc_module_add_child(fsc_module *m, fsc_module *child);
+/* Appends a hook (user is borrowed, passed back to fn). FSC_ERR_INVALID for a
+ * bad kind, a NULL fn, or more than FSC_MAX_HOOKS hooks of one kind. */
 FSC_API int fsc_module_add_hook(fsc_module *m, fsc_hook_kind kind, fsc_hook_fn fn, void *user);
 /* Removes every hook (fn, user) of that kind; wrappers call it when freed. */
 FSC_API void fsc_module_remove_hook(fsc_module *m, fsc_hook_kind kind, fsc_hook_fn fn, void *user);
-/* Runs hooks and ops->forward / ops->backward. Containers call children through these. */
+/* Runs hooks and ops->forward / ops->backward. Containers call children through these.
+ * saved may be NULL (the record is then dropped). The first non-zero status of
+ * a hook or the op is returned and stops the call. Checked first, naming the
+ * module by its path: FSC_ERR_INVALID for a NULL module, ctx, ctx->arena, x
+ * or y, and (after the pre-forward hooks, which is where FSDP binds) for a
+ * parameter of the module, or of a child whose parameters it reads itself
+ * (params_used_by_parent), that is not bound: call fsc_params_bind first.
+ * Each call tests only its own module's views, so a whole forward costs one
+ * pointer test per parameter. */
 FSC_API int fsc_module_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x,
                                fsc_tensor *y, void **saved);
+/* saved is what this module's forward gave back; FSC_ERR_UNSUPPORTED for a
+ * module without backward. Checks as forward (dy for x; gradients must be
+ * bound too, after the pre-backward hooks). The built-in modules also
+ * refuse a dy that is not F32 in the shape of the output their forward
+ * produced, and a NULL saved (FSC_ERR_SHAPE / FSC_ERR_INVALID, see
+ * fsc_module_check_dy). */
 FSC_API int fsc_module_backward(fsc_module *m, const fsc_ctx *ctx, void *saved,
                                 const fsc_tensor *dy, fsc_tensor *dx);
-/* Frees the module, its children, recursively. Accepts NULL. */
+/* For a module's backward: FSC_OK when dy is an F32 tensor of exactly
+ * shape[0..ndim) (the output its forward produced, as the module's saved
+ * record tells), else FSC_ERR_SHAPE naming the module by its path with the
+ * expected and the given shape. FSC_ERR_INVALID for a NULL m or dy. Custom
+ * modules call it at the top of their backward, as the built-in ones do:
+ * a wrongly shaped dy is otherwise read out of bounds. */
+FSC_API int fsc_module_check_dy(const fsc_module *m, const fsc_tensor *dy, int ndim,
+                                const int64_t *shape);
+/* Writes m's dotted path ("h.0.attn.c_attn": names from the root down, the
+ * root's own name left out as in parameter names, unless m is the root) into
+ * buf (size bytes, cut to fit, always terminated when size > 0) and returns
+ * buf. Follows fsc_module.parent. m NULL writes "(null)". */
+FSC_API const char *fsc_module_path(const fsc_module *m, char *buf, size_t size);
+/* Frees the module, its children, recursively. Accepts NULL. Parameter
+ * storage is not touched (it belongs to fsc_params or a wrapper). A module
+ * without ops->free is released with free(m), so it must be a malloc'ed
+ * block that starts with its fsc_module. */
 FSC_API void fsc_module_free(fsc_module *m);
-/* Returns a parameter's view as a tensor. */
+/* Returns a parameter's view as an F32 tensor (data NULL while unbound). */
 FSC_API fsc_tensor fsc_param_tensor(const fsc_param *p);
-FSC_API fsc_tensor fsc_param_grad_tensor(const fsc_param *p);
+FSC_API fsc_tensor fsc_param_grad_tensor(const fsc_param *p); /* the same for its gradient */
 
 /* ---- flat parameter storage -------------------------------------------- */
 /* One entry per parameter of a module tree, in forward (declaration) order, with
@@ -150,38 +202,53 @@ typedef struct fsc_params {
 } fsc_params;
 
 /* Collects every parameter under root, allocates flat storage (and gradients if
- * with_grads), binds views, and initialises values from (seed, full name, element). */
+ * with_grads), binds views, and initialises values from (seed, full name, element).
+ * *out owns the storage (free with fsc_params_free, before or after the tree)
+ * and points into the tree's fsc_param records, so the tree must outlive any
+ * use of it. FSC_ERR_INVALID for duplicate or over-long names, FSC_ERR_NOMEM;
+ * on failure *out is zeroed. */
 FSC_API int fsc_params_bind(fsc_module *root, uint64_t seed, bool with_grads, fsc_params *out);
-/* Lists parameters without allocating (entries with offsets); for wrappers that
- * allocate storage themselves. */
+/* Lists parameters without allocating (entries with offsets; data and grad
+ * NULL); for wrappers that allocate storage themselves. Errors as
+ * fsc_params_bind; free the list with fsc_params_free. */
 FSC_API int fsc_params_collect(fsc_module *root, fsc_params *out);
-/* Re-points every view at external buffers laid out as `ps` describes (NULL keeps). */
+/* Re-points every view at external buffers laid out as `ps` describes (NULL keeps).
+ * The buffers stay the caller's; ps->data and ps->grad are not changed. */
 FSC_API void fsc_params_rebind(fsc_params *ps, float *data, float *grad);
-/* Re-runs initialisation of all values from (seed, name, element). */
+/* Re-runs initialisation of all values from (seed, name, element); the views
+ * must be bound. */
 FSC_API void fsc_params_init_values(fsc_params *ps, uint64_t seed);
-FSC_API void fsc_params_zero_grad(fsc_params *ps);
+FSC_API void fsc_params_zero_grad(fsc_params *ps); /* zeroes ps->grad; no-op if NULL */
+/* The entry with full dotted name `name` (owned by ps), or NULL. */
 FSC_API fsc_param_entry *fsc_params_find(fsc_params *ps, const char *name);
-FSC_API void fsc_params_free(fsc_params *ps); /* frees storage it allocated; accepts NULL */
+/* Frees the entries and fsc_mem_frees ps->data and ps->grad, then zeroes *ps;
+ * not the module tree. Accepts NULL. */
+FSC_API void fsc_params_free(fsc_params *ps);
 
 /* ---- built-in modules ------------------------------------------------------ */
-/* Each returns NULL (error set) on bad configuration. */
+/* Each returns NULL (error set) on bad configuration. The caller owns the
+ * module: free it with fsc_module_free, or hand it to a parent (containers,
+ * fsc_module_add_child), which then frees it. name is copied. */
 /* x (N..., in) -> y (N..., out). layout picks torch (out,in) or GPT-2 Conv1D (in,out). */
 FSC_API fsc_module *fsc_linear_new(const char *name, int in, int out, bool bias,
                                    fsc_weight_layout layout, float init_std);
 /* x int32 (B,T) token ids -> y (B,T,dim). */
 FSC_API fsc_module *fsc_embedding_new(const char *name, int num, int dim, float init_std);
+/* LayerNorm over the last dim (dim): weight 1, bias 0; eps <= 0 means 1e-5. */
 FSC_API fsc_module *fsc_layernorm_new(const char *name, int dim, float eps);
-FSC_API fsc_module *fsc_gelu_new(const char *name);
-FSC_API fsc_module *fsc_relu_new(const char *name);
+FSC_API fsc_module *fsc_gelu_new(const char *name); /* GELU (tanh approximation) */
+FSC_API fsc_module *fsc_relu_new(const char *name); /* ReLU */
 /* Dropout keyed by (seed, layer_id), (step, global sample index of the row, element).
- * x must have a leading batch dim; rows are numbered from ctx->sample0. */
+ * x must have a leading batch dim; rows are numbered from ctx->sample0. p in [0, 1).
+ * A training forward with p > 0 needs ctx->keyed (FSC_ERR_INVALID otherwise). */
 FSC_API fsc_module *fsc_dropout_new(const char *name, float p, uint32_t layer_id);
-/* Sequential: y = f_n(...f_1(x)). Takes ownership of the children given. */
+/* Sequential: y = f_n(...f_1(x)). Takes ownership of the children given, even
+ * on failure (they are freed then). */
 FSC_API fsc_module *fsc_sequential_new(const char *name, int n, fsc_module **children);
-/* Residual: y = x + f(x). */
+/* Residual: y = x + f(x). Takes ownership of inner, even on failure. */
 FSC_API fsc_module *fsc_residual_new(const char *name, fsc_module *inner);
 /* Causal self-attention with fused QKV, GPT-2 layout: children c_attn, c_proj (Conv1D).
- * x (B,T,C) -> (B,T,C). proj_std initialises c_proj. */
+ * x (B,T,C) -> (B,T,C). proj_std initialises c_proj. NH must divide C. */
 FSC_API fsc_module *fsc_attention_new(const char *name, int C, int NH, float dropout,
                                       uint32_t layer_id, float init_std, float proj_std);
 /* MLP: c_fc (C->4C), GELU, c_proj (4C->C), dropout. */
@@ -197,7 +264,9 @@ FSC_API fsc_module *fsc_block_new(const char *name, int C, int NH, float dropout
  * ranks add up to the gradient of one big batch. logits (..., V) f32 are
  * overwritten by d(loss)/d(logits); targets int32 with one id per row.
  * *loss_out receives sum(per-token loss) / norm. An out-of-range target (other
- * than ignore_index) is an error naming its position. */
+ * than ignore_index) is FSC_ERR_INVALID naming its position; FSC_ERR_SHAPE for
+ * logits that are not f32 or a target count other than the rows of logits;
+ * FSC_ERR_INVALID for norm <= 0. Takes N floats of scratch from arena. */
 FSC_API int fsc_cross_entropy(float *loss_out, fsc_tensor *logits, const fsc_tensor *targets,
                               int ignore_index, double norm, fsc_arena *arena);
 

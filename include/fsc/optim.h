@@ -51,9 +51,11 @@ typedef struct fsc_optim_range {
 /* One range per entry of ps, in entry order: param->data, param->grad, numel,
  * decay = param->weight_decay, name = the entry's full name (pointing into ps,
  * so ps must outlive *out). ps must have gradients bound. Free with
- * fsc_optim_ranges_free. */
+ * fsc_optim_ranges_free. FSC_ERR_INVALID for a NULL argument or an unbound
+ * parameter or gradient (naming it); *out is NULL and *n 0 on failure. */
 FSC_API int fsc_optim_ranges_from_params(const fsc_params *ps, fsc_optim_range **out, int *n);
-FSC_API void fsc_optim_ranges_free(fsc_optim_range *r); /* accepts NULL */
+/* Frees the array (not the buffers or names it points to). Accepts NULL. */
+FSC_API void fsc_optim_ranges_free(fsc_optim_range *r);
 
 /* ---- configuration ---------------------------------------------------------- */
 typedef enum {
@@ -82,7 +84,7 @@ typedef struct fsc_optim_config {
 
 /* Fills defaults into *out and validates: FSC_ERR_INVALID with a message naming
  * the field (lr < 0, beta outside [0,1), eps < 0, nesterov without momentum or
- * with dampening, ...). out may equal in. */
+ * with dampening, an unknown kind, a NULL in or out, ...). out may equal in. */
 FSC_API int fsc_optim_config_resolve(const fsc_optim_config *in, fsc_optim_config *out);
 
 /* K: state floats per element for cfg: 0 for SGD without momentum, 1 for SGD
@@ -97,34 +99,40 @@ typedef struct fsc_optim fsc_optim;
  * zero-initialised from the tagged allocator (FSC_MEM_OPTIM): exactly
  * K * 4 * (sum of range lengths) bytes, one allocation per state kind; nothing
  * else is charged to FSC_MEM_OPTIM. Returns NULL (error set) on a bad config
- * or range. */
+ * or range (n < 0, a negative length, a NULL param or grad with n > 0). The
+ * ranges are copied (names too); their buffers stay the caller's and must
+ * outlive the optimizer. */
 FSC_API fsc_optim *fsc_optim_new(const fsc_optim_config *cfg, const fsc_optim_range *ranges, int n);
-FSC_API void fsc_optim_free(fsc_optim *o); /* accepts NULL */
+/* Frees the state and the copied ranges (not the buffers). Accepts NULL. */
+FSC_API void fsc_optim_free(fsc_optim *o);
 
 /* One update of every range from its gradient, at the current lr. The step
  * count goes up by one first (the first step is step 1, as in torch). SGD's
  * momentum buffer is set to the gradient when the count before the step is 0,
- * so to resume, load the buffers and set the saved step. */
+ * so to resume, load the buffers and set the saved step. FSC_ERR_INVALID for NULL. */
 FSC_API int fsc_optim_step(fsc_optim *o);
-/* Zeroes the gradients of every range. */
+/* Zeroes the gradients of every range. Accepts NULL. */
 FSC_API void fsc_optim_zero_grad(fsc_optim *o);
 
-FSC_API int fsc_optim_set_lr(fsc_optim *o, double lr); /* lr >= 0 */
-FSC_API double fsc_optim_get_lr(const fsc_optim *o);
+/* Setters return FSC_ERR_INVALID for a NULL optimizer or an out-of-range value;
+ * getters return 0 (an all-zero config) for NULL. */
+FSC_API int fsc_optim_set_lr(fsc_optim *o, double lr);      /* lr finite and >= 0 */
+FSC_API double fsc_optim_get_lr(const fsc_optim *o);        /* the current lr */
 FSC_API int64_t fsc_optim_get_step(const fsc_optim *o);     /* steps taken (0 before the first) */
 FSC_API int fsc_optim_set_step(fsc_optim *o, int64_t step); /* step >= 0 */
 /* The resolved configuration (defaults filled in; lr is the current lr). */
 FSC_API fsc_optim_config fsc_optim_get_config(const fsc_optim *o);
 
-FSC_API int fsc_optim_num_ranges(const fsc_optim *o);
+FSC_API int fsc_optim_num_ranges(const fsc_optim *o); /* 0 for NULL */
 /* The optimizer's copy of range i (its name is owned by the optimizer; NULL
  * if none was given). NULL if i is out of bounds. */
 FSC_API const fsc_optim_range *fsc_optim_get_range(const fsc_optim *o, int i);
 /* State `which` of range i, range->n floats: which 0 is SGD's momentum buffer
  * or Adam's exp_avg, 1 is Adam's exp_avg_sq. FSC_ERR_INVALID when i or which
- * is out of bounds for this optimizer. Writable: load state through it. */
+ * is out of bounds for this optimizer (or o, data is NULL). Writable: load
+ * state through it. Owned by o; *data is NULL for an empty range. */
 FSC_API int fsc_optim_state(fsc_optim *o, int range_index, int which, float **data);
-/* Bytes of optimizer state held: K * 4 * elements. */
+/* Bytes of optimizer state held: K * 4 * elements (0 for NULL). */
 FSC_API size_t fsc_optim_state_bytes(const fsc_optim *o);
 
 /* ---- update kernels on one flat range ----------------------------------- */
@@ -184,17 +192,22 @@ FSC_API int fsc_lr_schedule_check(const fsc_lr_schedule_config *c);
  * if coef < 1 every gradient is multiplied by coef. *total_norm_out receives
  * the pre-clip norm (total_norm_out may be NULL). A non-finite norm leaves
  * the gradients untouched and returns FSC_ERR_NUMERIC (the norm is still
- * written). max_norm must be >= 0. */
+ * written). max_norm must be >= 0 and the ranges valid (n >= 0, a grad for
+ * every non-empty range): FSC_ERR_INVALID otherwise, nothing changed. */
 FSC_API int fsc_clip_grad_norm(const fsc_optim_range *r, int n, float max_norm,
                                float *total_norm_out);
+/* The same with the max norm: total = max |g|; a NaN gradient makes it NaN. */
 FSC_API int fsc_clip_grad_norm_inf(const fsc_optim_range *r, int n, float max_norm,
                                    float *total_norm_out);
 
 /* The split form for sharded gradients: each rank computes its local figure,
  * combines them (sum of norm_sq, then sqrt; max of max_abs) in one all-reduce,
  * and applies the scale with the global norm. */
-FSC_API double fsc_grad_norm_sq(const fsc_optim_range *r, int n); /* sum of g^2, in double */
+FSC_API double fsc_grad_norm_sq(const fsc_optim_range *r, int n); /* sum of g^2 (fsc_sumsq) */
 FSC_API float fsc_grad_max_abs(const fsc_optim_range *r, int n);  /* max |g|; NaN if any is NaN */
+/* Scales every gradient by max_norm / (total_norm + 1e-6) when that is < 1.
+ * FSC_ERR_NUMERIC (nothing scaled) for a non-finite total_norm, FSC_ERR_INVALID
+ * for max_norm < 0 or bad ranges. */
 FSC_API int fsc_clip_grads_scale(const fsc_optim_range *r, int n, float max_norm, float total_norm);
 
 #ifdef __cplusplus

@@ -1,4 +1,4 @@
-/* fsc parallel: training strategies (floor 6). This header: plain data
+/* fsc parallel: training strategies (floor 7). This header: plain data
  * parallelism — DDP over processes (like torch DistributedDataParallel) and DP
  * over threads in one process (like torch.nn.DataParallel).
  *
@@ -39,12 +39,21 @@ typedef struct fsc_ddp_stats {
  * forward pass) as soon as each is complete, overlapped with the rest of
  * backward, and returns when every bucket is reduced. The wrapper does not own
  * child or params; fsc_module_free on it frees only the wrapper. Hooks are
- * added to the child's modules. NULL (error set) on bad options. */
+ * added to the child's modules (the wrapper removes them when freed, so free
+ * it before child; params must outlive it). Collective over g unless
+ * no_broadcast: rank 0's parameters are broadcast. NULL (error set) on bad
+ * options, a NULL child, group or params, or params without gradients.
+ * Training goes through the wrapper: a backward run on the child itself
+ * (which would skip every all-reduce, silently) fails with FSC_ERR_INVALID at
+ * its first module that owns parameters, under no_sync too. Forward alone
+ * (evaluation) may call the child directly. */
 FSC_API fsc_module *fsc_ddp_wrap(fsc_module *child, fsc_params *params, fsc_group *g,
                                  const fsc_ddp_options *opt);
 /* While on, backward accumulates gradients locally with no communication
- * (gradient accumulation); the next backward with it off reduces the sum. */
+ * (gradient accumulation); the next backward with it off reduces the sum.
+ * ddp must be a module from fsc_ddp_wrap (not checked). */
 FSC_API void fsc_ddp_set_no_sync(fsc_module *ddp, bool no_sync);
+/* Counters of a module from fsc_ddp_wrap (not checked). */
 FSC_API fsc_ddp_stats fsc_ddp_get_stats(const fsc_module *ddp);
 
 /* ---- DP (threads) ---------------------------------------------------------- */
@@ -60,15 +69,22 @@ typedef int (*fsc_dp_work_fn)(fsc_module *replica, const fsc_ctx *ctx, int row0,
                               void *user, float *loss);
 
 /* `threads` workers, each with a replica whose parameters are views of
- * params->data and whose gradients go to a private buffer (FSC_MEM_GRADS). */
+ * params->data and whose gradients go to a private buffer (FSC_MEM_GRADS).
+ * make is called once per worker; dp owns the replicas. params is borrowed
+ * and must outlive dp. FSC_ERR_INVALID for threads < 1, params without
+ * gradients, or a replica that fails or differs in layout; *out NULL then. */
 FSC_API int fsc_dp_new(fsc_replica_fn make, void *make_user, fsc_params *params, int threads,
                        fsc_dp **out);
-FSC_API void fsc_dp_free(fsc_dp *dp); /* accepts NULL */
-FSC_API int fsc_dp_threads(const fsc_dp *dp);
+/* Frees the workers, their replicas and buffers (not params). Accepts NULL. */
+FSC_API void fsc_dp_free(fsc_dp *dp);
+FSC_API int fsc_dp_threads(const fsc_dp *dp); /* the worker count */
 /* Splits `rows` rows across the workers (contiguous, as even as possible),
  * runs fn on each in parallel, then adds every worker's gradients into
  * params->grad (+=) and returns the sum of their losses in *loss. ctx supplies
- * training, seed, step and sample0 (of row 0); its arena is not used. */
+ * training, seed, step, sample0 (of row 0) and keyed; its arena is not used.
+ * FSC_ERR_INVALID if rows < threads. A failing worker's status and message
+ * are returned (the lowest failing worker's); params->grad may then hold
+ * the gradients of the workers before it. */
 FSC_API int fsc_dp_run(fsc_dp *dp, const fsc_ctx *ctx, int rows, fsc_dp_work_fn fn, void *user,
                        float *loss);
 

@@ -2,9 +2,10 @@
  * shard of the gradients (OSS, ShardedDDP, FSDP), like FairScale's
  * fairscale.optim.grad_scaler.ShardedGradScaler.
  *
- * Floor 6 of the house. A rank that unscales only its own shard sees only its
- * own overflows; if the ranks then decided alone, one would skip the step
- * while the others took it and the replicas would drift apart for good. So
+ * Floor 7 of the house (src/parallel/). A rank that unscales only its own
+ * shard sees only its own overflows; if the ranks then decided alone, one
+ * would skip the step while the others took it and the replicas would drift
+ * apart for good. So
  * the found-inf flag is all-reduced (MAX) over the group: one tiny collective,
  * and every rank skips or steps together, and every rank's scale follows the
  * same trajectory.

@@ -15,7 +15,9 @@
 extern "C" {
 #endif
 
-/* Writes every parameter of ps as F32, with string metadata pairs (may be 0). */
+/* Writes every parameter of ps as F32 under its full name, with n_meta string
+ * metadata pairs keys[i], values[i] (n_meta may be 0). Errors as the
+ * safetensors writer's (fsc/io.h); an existing file survives any failure. */
 FSC_API int fsc_weights_save(const char *path, const fsc_params *ps, int n_meta,
                              const char *const *keys, const char *const *values);
 /* Reads every parameter of ps from path (F32, BF16 or F16 in the file; converted).
@@ -25,7 +27,7 @@ FSC_API int fsc_weights_save(const char *path, const fsc_params *ps, int n_meta,
  * are ignored, except that their count is returned in *n_unused (may be NULL). */
 FSC_API int fsc_weights_load(const char *path, fsc_params *ps, int *n_unused);
 /* The file's tensor for parameter `name`, with or without Hugging Face's
- * "transformer." prefix; NULL if neither is there. */
+ * "transformer." prefix (owned by f); NULL if neither is there, or f is NULL. */
 FSC_API const fsc_st_entry *fsc_weights_find(const fsc_st_file *f, const char *name);
 
 #ifdef __cplusplus

@@ -48,16 +48,21 @@ typedef struct fsc_partition {
  * partition a deterministic function of its arguments, so every rank computes
  * the same one without communicating. Every parameter element is owned by
  * exactly one rank; the alignment padding between tensors by none. EVEN's
- * shard = ceil(ps->numel / world) rounded up to align; a rank may own nothing. */
+ * shard = ceil(ps->numel / world) rounded up to align; a rank may own nothing.
+ * ps needs entries only (fsc_params_collect is enough). The caller owns *out
+ * (fsc_partition_free); FSC_ERR_INVALID also for a NULL ps or out. */
 FSC_API int fsc_partition_new(const fsc_params *ps, int world, fsc_partition_policy policy,
                               int64_t align, fsc_partition **out);
-FSC_API void fsc_partition_free(fsc_partition *p); /* accepts NULL */
+/* Frees the partition and its arrays. Accepts NULL. */
+FSC_API void fsc_partition_free(fsc_partition *p);
 /* The owner of flat element i of the parameter buffer (-1 for padding between
- * parameters under GREEDY, and for i outside [0, ps->numel)). */
+ * parameters under GREEDY, and for i outside [0, ps->numel) or NULL p, ps). */
 FSC_API int fsc_partition_owner(const fsc_partition *p, const fsc_params *ps, int64_t flat);
 /* Optimizer ranges for rank r's part: views into ps->data / ps->grad (which
  * must be bound) with the entry's name and decay flag, one per fsc_shard_range
- * in the same order. Free with fsc_optim_ranges_free. */
+ * in the same order. Free with fsc_optim_ranges_free. FSC_ERR_INVALID for a
+ * NULL argument, rank outside [0, world), unbound buffers, or a partition of
+ * another parameter list; *out NULL and *n 0 then. */
 FSC_API int fsc_partition_ranges(const fsc_partition *p, const fsc_params *ps, int rank,
                                  fsc_optim_range **out, int *n);
 
@@ -79,13 +84,17 @@ typedef struct fsc_oss_options {
  * DDP) on every rank before a step. State: exactly K * 4 * (owned elements)
  * bytes of FSC_MEM_OPTIM; GREEDY with non-contiguous owners or a half
  * share_dtype also keeps one FSC_MEM_COMM buffer (the largest share, or EVEN:
- * ps->numel halves). Not collective. NULL (error set) on bad arguments. */
+ * ps->numel halves). Not collective. NULL (error set) on bad arguments (NULL
+ * ps or g, buffers unbound, a bad config or share_dtype). ps and g are
+ * borrowed and must outlive the optimizer. */
 FSC_API fsc_oss *fsc_oss_new(const fsc_optim_config *cfg, fsc_params *ps, fsc_group *g,
                              const fsc_oss_options *opt);
-FSC_API void fsc_oss_free(fsc_oss *o); /* accepts NULL */
+/* Frees the local optimizer, partition and buffers (not ps or g). Accepts NULL. */
+FSC_API void fsc_oss_free(fsc_oss *o);
 /* Updates the owned part, then every owner shares its updated parameters so
  * every rank holds the full, identical parameters: GREEDY one broadcast per
- * rank that owns something, EVEN one allgather. Collective over g. */
+ * rank that owns something, EVEN one allgather. Collective over g.
+ * FSC_ERR_INVALID for NULL (as for every fsc_oss_* call returning int). */
 FSC_API int fsc_oss_step(fsc_oss *o);
 FSC_API int fsc_oss_set_lr(fsc_oss *o, double lr); /* reaches every shard */
 /* Global gradient-norm clipping over all shards: the local norm of the owned
@@ -96,8 +105,11 @@ FSC_API int fsc_oss_set_lr(fsc_oss *o, double lr); /* reaches every shard */
  * step. Collective over g. */
 FSC_API int fsc_oss_clip_grad_norm(fsc_oss *o, float max_norm, bool inf_norm, float *total);
 FSC_API size_t fsc_oss_state_bytes(const fsc_oss *o); /* this rank's optimizer state */
+/* Who owns what. This and the optimizer below are owned by o (do not free
+ * them); NULL for a NULL o. */
 FSC_API const fsc_partition *fsc_oss_partition(const fsc_oss *o);
 FSC_API fsc_optim *fsc_oss_local(fsc_oss *o); /* the optimizer over the owned ranges */
+/* The group given to fsc_oss_new; o must not be NULL. */
 FSC_API fsc_group *fsc_oss_group(const fsc_oss *o);
 
 /* ---- optimizer state by global name ------------------------------------------ */
@@ -167,16 +179,23 @@ typedef struct fsc_sdp_stats {
  * the budget. Those are learnt by the first synchronised backward, which
  * holds every gradient. Accumulating under no_sync holds every gradient too.
  * After a synchronised backward the owned gradients are complete: call
- * fsc_oss_step. Frees only the wrapper. NULL (error set) on bad arguments. */
+ * fsc_oss_step. Frees only the wrapper. NULL (error set) on bad arguments
+ * (NULL child, params or oss, params without gradients, bad options). child,
+ * params and oss are borrowed: free the wrapper first. Training goes through
+ * the wrapper: a backward run on the child itself (which would reduce
+ * nothing and write into given-back memory) fails with FSC_ERR_INVALID
+ * before its first module that owns parameters computes, under no_sync too.
+ * Forward alone (evaluation) may call the child directly. */
 FSC_API fsc_module *fsc_sdp_wrap(fsc_module *child, fsc_params *params, fsc_oss *oss,
                                  const fsc_sdp_options *opt);
 /* While on, gradients accumulate in full locally (FairScale's no_sync: full
  * gradient memory, no communication); the next synchronised backward reduces
- * the sum. */
+ * the sum. sdp must be a module from fsc_sdp_wrap (not checked), as for the
+ * two calls below. */
 FSC_API void fsc_sdp_set_no_sync(fsc_module *sdp, bool no_sync);
 /* Zeroes the gradients this rank holds (the rest is already zero). */
 FSC_API void fsc_sdp_zero_grad(fsc_module *sdp);
-FSC_API fsc_sdp_stats fsc_sdp_get_stats(const fsc_module *sdp);
+FSC_API fsc_sdp_stats fsc_sdp_get_stats(const fsc_module *sdp); /* counters so far */
 
 #ifdef __cplusplus
 }

@@ -3,8 +3,8 @@
  * programs turn one on (fsc_fault_set); the library's own code merely asks.
  * Each strategy applies the faults that have a meaning for it:
  *   DROP_GRAD     the last rank's share of one reduction is lost (DDP and
- *                 ShardedDDP: the first bucket; FSDP: the root unit; DP:
- *                 the last thread's gradients);
+ *                 ShardedDDP: the first bucket; FSDP: the last unit, the
+ *                 first to reduce; DP: the last thread's gradients);
  *   REDUCE_TWICE  one reduced gradient is counted twice, every other
  *                 backward (the first half of the places above: a constant
  *                 factor on all of a model's gradients would be invisible

@@ -5,14 +5,18 @@
  * a fifth of the speed. It reads OPENBLAS_CORETYPE only at load time, so fsc
  * does not link it: fsc_blas_init sets OPENBLAS_CORETYPE from the CPU's own
  * feature flags (unless the user set it) and then dlopens the library. If the
- * process already has OpenBLAS loaded, that copy is used and reported as is. */
+ * process already has OpenBLAS loaded, that copy is used and reported as is.
+ * A user's OPENBLAS_CORETYPE is obeyed, but when it names older kernels than
+ * the CPU supports, fsc_blas_hint says which faster ones to use. */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "fsc/core.h"
 #include "fsc/kernels.h"
+#include "kernels/blas_internal.h"
 
 /* CBLAS enums (cblas.h): row-major 101, no-trans 111, trans 112. */
 typedef void (*sgemm_fn)(int order, int ta, int tb, int M, int N, int K, float alpha,
@@ -27,6 +31,7 @@ static struct {
     corename_fn corename;
     set_threads_fn set_threads;
     char describe[256];
+    char hint[256];
     char chosen[32]; /* what fsc set OPENBLAS_CORETYPE to, or "" */
     int threads;
 } blas;
@@ -41,6 +46,53 @@ static const char *coretype_for_cpu(void) {
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "Haswell";
 #endif
     return NULL;
+}
+
+/* Kernel families by the widest vectors they use, with the per-core sgemm
+ * GFLOP/s each reached on one machine (fsc_sgemm_peak_gflops(1024), Debian's
+ * OpenBLAS 0.3.21, AMD EPYC with AVX-512): only the ratios matter, to tell the
+ * user roughly what an old choice costs. The SSE row is the best of Prescott,
+ * Core2, Penryn, Nehalem, Atom, Barcelona and Bobcat (43-52). */
+static const struct {
+    const char *isa;
+    int sgemm_gflops;
+} FAMILIES[] = {{"SSE", 47}, {"AVX", 112}, {"AVX2", 120}, {"AVX-512", 228}};
+
+/* OPENBLAS_CORETYPE names (OpenBLAS's own spelling), oldest first, each with
+ * its row in FAMILIES: a name is slower than another when its family is older.
+ * OpenBLAS falls back to its own detection for names it does not know; so do
+ * we (no hint). */
+static const struct {
+    const char *name;
+    int family;
+} CORETYPES[] = {
+    {"Katmai", 0},       {"Coppermine", 0},     {"Northwood", 0},  {"Prescott", 0},
+    {"Banias", 0},       {"Atom", 0},           {"Core2", 0},      {"Penryn", 0},
+    {"Dunnington", 0},   {"Nehalem", 0},        {"Athlon", 0},     {"Opteron", 0},
+    {"Opteron_SSE3", 0}, {"Barcelona", 0},      {"Nano", 0},       {"Bobcat", 0},
+    {"Sandybridge", 1},  {"Bulldozer", 1},      {"Piledriver", 1}, {"Steamroller", 1},
+    {"Haswell", 2},      {"Excavator", 2},      {"Zen", 2},        {"SkylakeX", 3},
+    {"Cooperlake", 3},   {"SapphireRapids", 3},
+};
+
+/* Index into CORETYPES, or -1 for a name OpenBLAS would not recognize. */
+static int coretype_index(const char *name) {
+    for (int i = 0; name && i < (int)(sizeof CORETYPES / sizeof *CORETYPES); i++)
+        if (!strcasecmp(name, CORETYPES[i].name)) return i;
+    return -1;
+}
+
+bool fsc_blas_coretype_hint(char *out, size_t size, const char *user, const char *best) {
+    int u = coretype_index(user), b = coretype_index(best);
+    if (size) out[0] = '\0';
+    if (u < 0 || b < 0 || CORETYPES[u].family >= CORETYPES[b].family) return false;
+    int fu = CORETYPES[u].family, fb = CORETYPES[b].family;
+    snprintf(out, size,
+             "OPENBLAS_CORETYPE=%s is set; this CPU supports %s kernels (%s rather than %s: "
+             "about %.1fx the sgemm speed): unset it or set OPENBLAS_CORETYPE=%s",
+             user, CORETYPES[b].name, FAMILIES[fb].isa, FAMILIES[fu].isa,
+             (double)FAMILIES[fb].sgemm_gflops / FAMILIES[fu].sgemm_gflops, CORETYPES[b].name);
+    return true;
 }
 
 static void *open_openblas(void) {
@@ -120,6 +172,13 @@ const char *fsc_blas_describe(void) {
              : getenv("OPENBLAS_CORETYPE") ? "OPENBLAS_CORETYPE set by the user"
                                            : "OpenBLAS's own CPU detection");
     return blas.describe;
+}
+
+const char *fsc_blas_hint(void) {
+    /* fsc's own choice is never slower than itself; only a user's value can be */
+    const char *user = blas.chosen[0] ? NULL : getenv("OPENBLAS_CORETYPE");
+    return fsc_blas_coretype_hint(blas.hint, sizeof blas.hint, user, coretype_for_cpu()) ? blas.hint
+                                                                                         : NULL;
 }
 
 void fsc_sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,

@@ -26,8 +26,10 @@ static int pw_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fsc
                        fsc_tensor *dx) {
     pointwise *p = (pointwise *)m;
     const fsc_tensor *x = saved;
-    if (!dx) return FSC_OK;
-    int rc = fsc_alloc_like(ctx->arena, x, x->shape[x->ndim - 1], dx);
+    int rc = fsc_check_saved(m, saved);
+    if (!rc) rc = fsc_check_dy_like(m, dy, x, x->shape[x->ndim - 1]);
+    if (rc || !dx) return rc;
+    rc = fsc_alloc_like(ctx->arena, x, x->shape[x->ndim - 1], dx);
     if (rc) return rc;
     p->bwd(dx->data, x->data, dy->data, fsc_tensor_numel(x));
     return FSC_OK;

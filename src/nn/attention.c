@@ -42,9 +42,12 @@ static int attn_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const f
                          fsc_tensor *dx) {
     attention *a = (attention *)m;
     attn_saved *s = saved;
+    int rc = fsc_check_saved(m, saved);
+    if (!rc) rc = fsc_check_dy_like(m, dy, &s->qkv, a->C);
+    if (rc) return rc;
     int B = (int)s->qkv.shape[0], T = (int)s->qkv.shape[1];
     fsc_tensor dp, dh, dqkv;
-    int rc = fsc_module_backward(a->drop, ctx, s->drop, dy, &dp);
+    rc = fsc_module_backward(a->drop, ctx, s->drop, dy, &dp);
     if (!rc) rc = fsc_module_backward(a->c_proj, ctx, s->c_proj, &dp, &dh);
     if (!rc) rc = fsc_alloc_like(ctx->arena, &s->qkv, 3 * a->C, &dqkv);
     if (rc) return rc;

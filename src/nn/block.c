@@ -32,10 +32,12 @@ static int block_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x,
 static int block_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fsc_tensor *dy,
                           fsc_tensor *dx) {
     block_saved *s = saved;
+    int rc = fsc_check_saved(m, saved);
+    if (rc) return rc;
     int64_t n = fsc_tensor_numel(dy);
     fsc_tensor dh, dr, da, dln;
-    /* y = r + mlp(ln_2(r)): dr = dy + ln_2'(mlp'(dy)) */
-    int rc = fsc_module_backward(m->children[MLP], ctx, s->mlp, dy, &dh);
+    /* y = r + mlp(ln_2(r)): dr = dy + ln_2'(mlp'(dy)); mlp's c_proj checks dy's shape */
+    rc = fsc_module_backward(m->children[MLP], ctx, s->mlp, dy, &dh);
     if (!rc) rc = fsc_module_backward(m->children[LN_2], ctx, s->ln_2, &dh, &dln);
     if (!rc) rc = fsc_alloc_like(ctx->arena, dy, dy->shape[dy->ndim - 1], &dr);
     if (rc) return rc;

@@ -24,12 +24,13 @@ static int seq_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, f
 static int seq_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fsc_tensor *dy,
                         fsc_tensor *dx) {
     void **child_saved = saved;
+    int rc = fsc_check_saved(m, saved);
+    if (rc) return rc;
     fsc_tensor cur = *dy;
     for (int i = m->nchildren - 1; i >= 0; i--) {
         fsc_tensor next;
         bool want = i > 0 || dx;
-        int rc =
-            fsc_module_backward(m->children[i], ctx, child_saved[i], &cur, want ? &next : NULL);
+        rc = fsc_module_backward(m->children[i], ctx, child_saved[i], &cur, want ? &next : NULL);
         if (rc) return rc;
         if (want) cur = next;
     }

@@ -1,7 +1,13 @@
 /* Dropout with masks keyed by meaning: (seed, layer, step) names the draw and
  * (global sample index, element) the element (DESIGN.md decision 5), so any
  * split of the batch over micro-batches, threads or ranks, and any
- * recomputation, drops the same elements. Nothing is saved for backward. */
+ * recomputation, drops the same elements. Nothing is saved for backward.
+ *
+ * The flip side of keying by meaning: a caller who never sets step and
+ * sample0 gets the same masks at every step, and nothing looks wrong. So a
+ * training forward refuses a ctx whose keyed flag the caller did not set;
+ * (0, 0) itself is the first micro-batch's legitimate key, so the values
+ * alone cannot tell. */
 #include "layers_internal.h"
 
 typedef struct {
@@ -25,6 +31,15 @@ static int dropout_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *
     if (!active(d, ctx)) {
         *y = *x;
         return FSC_OK;
+    }
+    if (!ctx->keyed) {
+        char path[FSC_NAME_MAX * 2];
+        return fsc_error(FSC_ERR_INVALID,
+                         "module '%s' (Dropout, p = %g): training forward with a ctx that is not "
+                         "keyed: masks are drawn from (seed, step, sample0), so left unset they "
+                         "repeat every step; set seed, step and sample0 for each micro-batch "
+                         "and ctx.keyed = true",
+                         fsc_module_path(m, path, sizeof path), (double)d->p);
     }
     int rc = fsc_alloc_like(ctx->arena, x, x->shape[x->ndim - 1], y);
     if (rc) return rc;

@@ -38,6 +38,9 @@ static int embedding_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, co
     embedding *e = (embedding *)m;
     const fsc_tensor *x = saved;
     if (dx) return fsc_error(FSC_ERR_INVALID, "Embedding %s: ids have no gradient", m->name);
+    int rc = fsc_check_saved(m, saved);
+    if (!rc) rc = fsc_module_check_dy(m, dy, 3, (int64_t[]){x->shape[0], x->shape[1], e->dim});
+    if (rc) return rc;
     fsc_encoder_backward(m->params[0].grad, NULL, dy->data, x->data, (int)x->shape[0],
                          (int)x->shape[1], e->dim);
     return FSC_OK;

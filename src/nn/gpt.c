@@ -64,14 +64,17 @@ static int gpt_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fs
     (void)dx; /* token ids have no gradient */
     gpt *g = (gpt *)m;
     gpt_saved *s = saved;
+    int rc = fsc_check_saved(m, saved);
+    if (rc) return rc;
     int B = (int)s->ids.shape[0], T = (int)s->ids.shape[1], C = g->cfg.d_model, V = g->cfg.vocab;
+    if ((rc = fsc_module_check_dy(m, dy, 3, (int64_t[]){B, T, V}))) return rc;
     fsc_param *wte = &g->wte->params[0];
     fsc_tensor dfinal = fsc_tensor_arena(ctx->arena, FSC_DTYPE_F32, 3, (int64_t[]){B, T, C});
     if (!dfinal.data) return FSC_ERR_NOMEM;
     fsc_matmul_backward(dfinal.data, wte->grad, NULL, dy->data, s->final.data, wte->data, B * T, C,
                         V, FSC_WEIGHT_OUT_IN);
     fsc_tensor cur;
-    int rc = fsc_module_backward(g->ln_f, ctx, s->ln_f, &dfinal, &cur);
+    rc = fsc_module_backward(g->ln_f, ctx, s->ln_f, &dfinal, &cur);
     /* A block's backward makes ~18 (B,T,C)-sized temporaries that die with it.
      * Each block's gradient goes into one of two (B,T,C) buffers and the rest
      * of the block's memory is given back, so every block reuses the same

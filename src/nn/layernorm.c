@@ -35,9 +35,12 @@ static int ln_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fsc
                        fsc_tensor *dx) {
     layernorm *l = (layernorm *)m;
     ln_saved *s = saved;
+    int rc = fsc_check_saved(m, saved);
+    if (!rc) rc = fsc_check_dy_like(m, dy, &s->x, l->dim);
+    if (rc) return rc;
     fsc_tensor tmp;
     if (!dx) dx = &tmp; /* the kernel computes dx alongside dweight; keep it simple */
-    int rc = fsc_alloc_like(ctx->arena, &s->x, l->dim, dx);
+    rc = fsc_alloc_like(ctx->arena, &s->x, l->dim, dx);
     if (rc) return rc;
     fsc_layernorm_backward(dx->data, m->params[0].grad, m->params[1].grad, dy->data, s->x.data,
                            m->params[0].data, s->mean, s->rstd, (int)fsc_rows(&s->x), l->dim);

@@ -42,6 +42,26 @@ static inline int64_t fsc_rows(const fsc_tensor *x) {
     return fsc_tensor_numel(x) / x->shape[x->ndim - 1];
 }
 
+/* For backward: the record its forward returned must be there. */
+static inline int fsc_check_saved(const fsc_module *m, const void *saved) {
+    if (saved) return FSC_OK;
+    char path[FSC_NAME_MAX * 2];
+    return fsc_error(FSC_ERR_INVALID,
+                     "module '%s' (%s): backward without the record its forward returned "
+                     "(saved is NULL)",
+                     fsc_module_path(m, path, sizeof path), m->ops->kind);
+}
+
+/* For backward: dy has the shape of x (the input the forward saved) with the
+ * last dim replaced by `last`, i.e. the output's shape. */
+static inline int fsc_check_dy_like(const fsc_module *m, const fsc_tensor *dy, const fsc_tensor *x,
+                                    int64_t last) {
+    int64_t shape[FSC_MAX_DIMS];
+    for (int i = 0; i < x->ndim; i++) shape[i] = x->shape[i];
+    shape[x->ndim - 1] = last;
+    return fsc_module_check_dy(m, dy, x->ndim, shape);
+}
+
 /* Checks x is an f32 tensor whose last dim is `last`. */
 static inline int fsc_check_last(const fsc_module *m, const fsc_tensor *x, int64_t last) {
     if (x->dtype != FSC_DTYPE_F32 || x->ndim < 1 || x->shape[x->ndim - 1] != last)

@@ -24,9 +24,12 @@ static int linear_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const
                            fsc_tensor *dx) {
     linear *l = (linear *)m;
     const fsc_tensor *x = saved;
+    int rc = fsc_check_saved(m, saved);
+    if (!rc) rc = fsc_check_dy_like(m, dy, x, l->out);
+    if (rc) return rc;
     float *dinp = NULL;
     if (dx) {
-        int rc = fsc_alloc_like(ctx->arena, x, l->in, dx);
+        rc = fsc_alloc_like(ctx->arena, x, l->in, dx);
         if (rc) return rc;
         dinp = dx->data;
     }

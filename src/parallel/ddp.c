@@ -10,7 +10,14 @@
  * same order even if readiness differs; the hooks also drive MPI progress,
  * which is what makes the overlap real. Parameters that backward never
  * reached (unused, or tied ones the root computes last) are marked ready when
- * the child's backward returns. */
+ * the child's backward returns.
+ *
+ * The hooks live on the child's modules, so they fire even when a caller runs
+ * the child's backward without the wrapper (the inner model, by mistake):
+ * then nothing would be reduced and the replicas would drift apart without a
+ * word. A hook that fires outside the wrapper's backward fails the call
+ * instead, with no_sync on or off: under no_sync the wrapper's backward is the
+ * place too, and the rule is simpler without an exception. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -44,7 +51,8 @@ typedef struct ddp {
     owner_hook *hooks;
     int nhooks;
     bool no_sync;
-    int status; /* first communication error of this backward */
+    bool in_backward; /* the wrapper's backward is running the child's */
+    int status;       /* first communication error of this backward */
     fsc_ddp_stats stats;
 } ddp;
 
@@ -72,6 +80,12 @@ static int on_post_backward(fsc_module *m, fsc_hook_kind kind, const fsc_ctx *ct
     (void)m, (void)kind, (void)ctx, (void)t;
     owner_hook *h = user;
     ddp *d = h->ddp;
+    if (!d->in_backward)
+        return fsc_error(FSC_ERR_INVALID,
+                         "DDP: the wrapped module's backward ran without the DDP wrapper (called "
+                         "the inner model directly?): its gradients were never all-reduced; run "
+                         "forward and backward on the module fsc_ddp_wrap returned (use "
+                         "fsc_ddp_set_no_sync to accumulate without communication)");
     if (d->no_sync) return FSC_OK;
     for (int i = 0; i < h->n; i++) mark_ready(d, h->entries[i]);
     int rc = launch_ready(d);
@@ -96,7 +110,9 @@ static int ddp_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fs
                         fsc_tensor *dx) {
     ddp *d = (ddp *)m;
     if (!d->no_sync) reset_readiness(d);
+    d->in_backward = true;
     int rc = fsc_module_backward(d->child, ctx, saved, dy, dx);
+    d->in_backward = false;
     if (d->no_sync) return rc;
     if (!rc) {
         for (int e = 0; e < d->params->count; e++) mark_ready(d, e);

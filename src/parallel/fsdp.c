@@ -11,7 +11,13 @@
  * for and only shards remain. Progress hooks on every module keep
  * non-blocking collectives moving while layers compute (MPI does not move
  * them by itself). Every rank reaches the same hooks in the same order, so
- * the collectives match without any extra agreement. */
+ * the collectives match without any extra agreement.
+ *
+ * Wrapping in place leaves no inner model to call by mistake: the caller
+ * trains the root itself. What remains is running backward on a submodule:
+ * one inside a unit finds its views unbound (fsc_module_backward says so),
+ * and a unit's own would reduce-scatter with nobody to finish it before the
+ * step, so its pre-backward hook refuses to run outside the root's backward. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -179,7 +185,7 @@ static int rs_start(fsc_fsdp *f, fsdp_unit *u) {
     if (!u->padded) return FSC_OK;
     const fsc_dtype dt = f->opt.reduce_dtype;
     void *in = u->full_grad;
-    if (u->index == 0 && fsc_fault_is(FSC_FAULT_DROP_GRAD) && f->rank == f->world - 1)
+    if (u->index == f->nunits - 1 && fsc_fault_is(FSC_FAULT_DROP_GRAD) && f->rank == f->world - 1)
         memset(in, 0, sizeof(float) * (size_t)u->padded);
     if (dt != FSC_DTYPE_F32) { /* round, and give the fp32 buffer back at once */
         if (!(u->rs_in = fsc_mem_alloc(FSC_MEM_COMM, (size_t)u->padded * 2)))
@@ -220,7 +226,7 @@ static int rs_finish(fsc_fsdp *f, fsdp_unit *u, bool wait) {
         if (rc) return fsc_error_context(rc, "FSDP reduce-scatter of unit '%s': ", u->name);
     }
     if (u->rs_out) widen(u->shard_grad, u->rs_out, u->shard, f->opt.reduce_dtype, true);
-    if (u->index == 0 &&
+    if (u->index == f->nunits - 1 &&
         fsc_fault_fires(FSC_FAULT_REDUCE_TWICE)) /* the shard, accumulated or not */
         for (int64_t i = 0; i < u->shard / 2; i++) u->shard_grad[i] *= 2;
     fsc_mem_free(u->rs_out);
@@ -267,6 +273,7 @@ static int on_pre_forward(fsc_module *m, fsc_hook_kind kind, const fsc_ctx *ctx,
     if (f->summoned)
         return fsc_error(FSC_ERR_INVALID, "FSDP: forward while full parameters are summoned "
                                           "(call fsc_fsdp_release_full_params first)");
+    if (u->index == 0 && !ctx->recompute) f->in_backward = false; /* after a failed one */
     if (!ctx->recompute && !f->order_known && u->fwd_pos < 0) {
         u->fwd_pos = f->norder;
         f->order[f->norder++] = u->index;
@@ -295,6 +302,14 @@ static int on_pre_backward(fsc_module *m, fsc_hook_kind kind, const fsc_ctx *ctx
     (void)m, (void)kind, (void)ctx, (void)t;
     fsdp_unit *u = user;
     fsc_fsdp *f = u->f;
+    if (u->index == 0)
+        f->in_backward = true;
+    else if (!f->in_backward)
+        return fsc_error(FSC_ERR_INVALID,
+                         "FSDP: unit '%s' ran backward outside the root's backward (called a "
+                         "submodule directly?): its reduce-scatter would never complete before "
+                         "the step; run forward and backward on the root given to fsc_fsdp_new",
+                         u->name);
     int rc = fsdp_gather(f, u, false);
     fsdp_unit *next = neighbour(f, u, -1);
     if (!rc && next) rc = gather_start(f, next, false);
@@ -326,6 +341,7 @@ static int on_post_backward(fsc_module *m, fsc_hook_kind kind, const fsc_ctx *ct
     if (u->index == 0) {
         int end = end_of_backward(f);
         f->newest_rs = NULL;
+        f->in_backward = false;
         if (!rc) rc = end;
     }
     return rc;

@@ -55,6 +55,7 @@ struct fsc_fsdp {
     int *order;          /* units in the order the first forward ran them */
     int norder;
     bool order_known, no_sync, summoned;
+    bool in_backward;         /* the root's backward is running (its unit hooks bracket it) */
     fsdp_unit *newest_rs;     /* the unit whose reduce-scatter launched last */
     float *cache[FSDP_CACHE]; /* released full-size buffers, ready for reuse */
     int64_t cache_n[FSDP_CACHE];

@@ -21,7 +21,13 @@
  * With a half-precision reduce_dtype a launched bucket is rounded into one of
  * two FSC_MEM_COMM staging slots, reduced in that dtype, and widened back
  * into the owner's F32 gradient; the non-owned F32 memory is given back at
- * launch, since the staged copy is what travels. */
+ * launch, since the staged copy is what travels.
+ *
+ * The hooks sit on the child's modules and fire even when a caller runs the
+ * child's backward without the wrapper: nothing would then be reduced, and
+ * the root-written gradients would land in given-back memory. A hook that
+ * fires outside the wrapper's backward fails the call, before the module
+ * writes anything. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -81,6 +87,7 @@ typedef struct sdp {
     size_t slot_bytes;
     int slot_bucket[2]; /* the bucket staged in each slot, -1: free */
     bool no_sync, synced_once;
+    bool in_backward; /* the wrapper's backward is running the child's */
     int status;
     fsc_sdp_stats stats;
 } sdp;
@@ -258,11 +265,21 @@ static int make_room(sdp *s, size_t need) {
     return rc;
 }
 
+static int bypassed(void) {
+    return fsc_error(FSC_ERR_INVALID,
+                     "ShardedDDP: the wrapped module's backward ran without the ShardedDDP "
+                     "wrapper (called the inner model directly?): its gradients were never "
+                     "reduced to their owners; run forward and backward on the module "
+                     "fsc_sdp_wrap returned (use fsc_sdp_set_no_sync to accumulate without "
+                     "communication)");
+}
+
 static int on_pre_backward(fsc_module *m, fsc_hook_kind kind, const fsc_ctx *ctx,
                            const fsc_tensor *t, void *user) {
     (void)m, (void)kind, (void)ctx, (void)t;
     owner_hook *h = user;
     sdp *s = h->sdp;
+    if (!s->in_backward) return bypassed();
     size_t need = 0;
     for (int i = 0; i < h->n; i++) {
         int e = h->entries[i];
@@ -279,6 +296,7 @@ static int on_post_backward(fsc_module *m, fsc_hook_kind kind, const fsc_ctx *ct
     (void)m, (void)kind, (void)ctx, (void)t;
     owner_hook *h = user;
     sdp *s = h->sdp;
+    if (!s->in_backward) return bypassed();
     if (s->no_sync) return FSC_OK;
     for (int i = 0; i < h->n; i++) mark_ready(s, h->entries[i]);
     int rc = launch_ready(s);
@@ -420,7 +438,9 @@ static int sdp_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fs
     for (int e = 0; !rc && e < ps->count; e++)
         if (all || s->root[e]) rc = set_live(s, e, true);
     if (rc) return rc;
+    s->in_backward = true;
     rc = fsc_module_backward(s->child, ctx, saved, dy, dx);
+    s->in_backward = false;
     if (s->no_sync) return rc;
     if (!rc) {
         for (int e = 0; e < ps->count; e++) mark_ready(s, e);

@@ -1,0 +1,194 @@
+/* Strategies: every way of spreading a training step over ranks behind one
+ * interface, as PyTorch's optimizer interface is the same with or without
+ * FairScale.
+ *
+ * A strategy takes a model whose parameters are not bound yet, binds or
+ * shards them, wraps the model as it needs (DDP, ShardedDDP, FSDP, threads)
+ * and owns the optimizer over what this rank updates. The loop is then the
+ * same for every strategy:
+ *
+ *     fsc_strategy *s = fsc_strategy_new(model, &adamw, &(fsc_strategy_options){.name = "fsdp"});
+ *     for each step:
+ *         fsc_strategy_zero_grad(s);
+ *         for k in 0..K-1: fsc_strategy_forward_backward(s, &ctx, k, K, rows, fn, user, &loss);
+ *         fsc_strategy_clip_grad_norm(s, 1.0f, &norm);
+ *         fsc_strategy_set_lr(s, lr);
+ *         fsc_strategy_step(s);
+ *
+ * Switching strategy changes `.name` (and that strategy's own options). The
+ * strategies are rows of one table (src/train/strategy.c); fsc_trainer
+ * (fsc/trainer.h) drives any of them with accumulation, loss scaling,
+ * clipping, schedules and checkpoints. */
+#ifndef FSC_STRATEGY_H
+#define FSC_STRATEGY_H
+
+#include "fsc/dist.h"
+#include "fsc/nn.h"
+#include "fsc/optim.h"
+#include "fsc/parallel.h"
+#include "fsc/zero.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct fsc_strategy fsc_strategy;
+
+/* Zero fields mean the documented default. */
+typedef struct fsc_strategy_options {
+    /* "single" (default), "dp" (threads), "ddp", "oss" (ZeRO-1), "sdp"
+     * (ShardedDDP, ZeRO-2) or "fsdp" (ZeRO-3); fsc_strategy_names lists them. */
+    const char *name;
+    /* The data-parallel group of ddp, oss, sdp and fsdp (NULL: the world);
+     * single and dp always run on this process alone. Borrowed. */
+    fsc_group *group;
+    uint64_t seed; /* initial weights by (seed, parameter name, element) */
+    /* ddp, oss: gradient bucket bytes (0: 25 MB); sdp: the other ranks'
+     * gradient memory held at once (0: 25 MB). */
+    size_t bucket_bytes;
+    fsc_partition_policy partition; /* oss, sdp: GREEDY (default) or EVEN */
+    fsc_dtype share_dtype;          /* oss, sdp: updated parameters travel as F32|BF16|F16 */
+    fsc_dtype compute_dtype;        /* fsdp: parameters gathered as F32 (default) | BF16 | F16 */
+    /* sdp, fsdp: gradient reduction dtype (F32 for sdp; fsdp: compute_dtype,
+     * unless fp32_reduce_scatter, FairScale's flag, asks for F32). */
+    fsc_dtype reduce_dtype;
+    bool fp32_reduce_scatter;
+    /* fsdp units: by hand (borrowed; submodules of the model), else every
+     * module reaching min_params parameters (auto-wrap), else each child of
+     * the model that holds parameters the model does not use directly. */
+    fsc_module *const *units;
+    int nunits;
+    int64_t min_params;
+    bool keep_after_forward; /* fsdp: keep gathered units until backward */
+    /* fsdp: accumulate full gradients over micro-steps and reduce once (more
+     * memory, less traffic) instead of reduce-scattering every micro-step. */
+    bool accum_no_sync;
+    /* dp: worker threads (0: 1), each with a replica made by make_replica
+     * (same parameter layout as the model). */
+    int threads;
+    fsc_replica_fn make_replica;
+    void *replica_user;
+} fsc_strategy_options;
+
+/* Communication of the strategy so far (on this rank). */
+typedef struct fsc_strategy_stats {
+    double wait_s;      /* blocked on gradient or parameter communication */
+    int64_t reductions; /* gradient collectives issued (all-reduce, reduce, reduce-scatter) */
+    int64_t gathers;    /* parameter all-gathers issued (fsdp) */
+    int units;          /* fsdp units, 0 otherwise */
+} fsc_strategy_stats;
+
+/* What model state a rank holds, by ZeRO's arithmetic: P parameters, K bytes
+ * of optimizer state per parameter, sharded over the degrees below. */
+typedef struct fsc_strategy_memory {
+    int zero_stage; /* 0: replicated, 1: optimizer, 2: + gradients, 3: + parameters */
+    int params_shards, grads_shards, optim_shards; /* ranks each is divided over */
+    double params_bytes, grads_bytes, optim_bytes; /* per rank, excluding buffers in use */
+    size_t optim_measured; /* this rank's optimizer state, by the allocator */
+} fsc_strategy_memory;
+
+/* The strategies' names in table order, NULL-terminated. Static storage. */
+FSC_API const char *const *fsc_strategy_names(void);
+
+/* What a strategy is, before making one. */
+typedef struct fsc_strategy_info {
+    const char *summary; /* one line; static storage */
+    bool spans_ranks;    /* runs over the group's ranks (false: this process alone) */
+    int zero_stage;      /* 0..3: what is sharded over the group */
+} fsc_strategy_info;
+/* FSC_OK and *out for a known name; FSC_ERR_INVALID (error lists the names)
+ * otherwise. */
+FSC_API int fsc_strategy_info_get(const char *name, fsc_strategy_info *out);
+/* Whether strategy `name` takes option `option` (a field name of
+ * fsc_strategy_options: "bucket_bytes", "partition", "threads", ...); false
+ * for unknown names. Tools set defaults only where they apply with it; a
+ * non-default option the strategy does not take is refused by
+ * fsc_strategy_new. */
+FSC_API bool fsc_strategy_takes(const char *name, const char *option);
+
+/* Sets up strategy opt->name for `model` (parameters not bound yet; the
+ * strategy binds or shards them, initialised from opt->seed) with an
+ * optimizer of config `optim` over what this rank updates. Borrows model and
+ * opt->group (both must outlive the strategy). Every rank of the group calls
+ * it alike. NULL (error set, naming the option) for an unknown name, a model
+ * already bound, options another strategy owns (e.g. min_params under ddp)
+ * or a failed set-up. */
+FSC_API fsc_strategy *fsc_strategy_new(fsc_module *model, const fsc_optim_config *optim,
+                                       const fsc_strategy_options *opt);
+/* Removes wrappers and hooks, frees parameters, gradients and optimizer
+ * state (not the model). Accepts NULL. */
+FSC_API void fsc_strategy_free(fsc_strategy *s);
+
+FSC_API const char *fsc_strategy_name(const fsc_strategy *s); /* "ddp", ...; static storage */
+/* This rank's index and the size of the data-parallel group (0 and 1 for
+ * single and dp). */
+FSC_API int fsc_strategy_rank(const fsc_strategy *s);
+FSC_API int fsc_strategy_world(const fsc_strategy *s); /* the group's size */
+/* The data-parallel group (the self group for single and dp). Owned by the
+ * caller or the runtime, never by s. */
+FSC_API fsc_group *fsc_strategy_group(const fsc_strategy *s);
+/* The module to run forward and backward on: the wrapper (ddp, oss, sdp) or
+ * the model itself (single, dp, fsdp: hooks). Owned by s or the caller; do
+ * not free. Calling the model directly under ddp/oss/sdp skips the
+ * gradient reduction (detected at the next step). */
+FSC_API fsc_module *fsc_strategy_module(fsc_strategy *s);
+/* The unsharded parameter list, or NULL under fsdp (no rank holds it). */
+FSC_API fsc_params *fsc_strategy_params(fsc_strategy *s);
+
+/* Zeroes the gradients this rank holds, before a step's first micro-batch. */
+FSC_API void fsc_strategy_zero_grad(fsc_strategy *s);
+/* Micro-step k of K (0 <= k < K): gradients of all but the last accumulate
+ * without communication where the strategy allows it (no_sync); runs fn once
+ * with fsc_strategy_module (or, under dp, over the threads, each with its own
+ * rows of `rows`, arena and replica) and returns in *loss the sum of what fn
+ * returned. ctx->arena is reset first (not used under dp). FSC_ERR_INVALID on
+ * bad arguments; fn's status otherwise. */
+FSC_API int fsc_strategy_forward_backward(fsc_strategy *s, const fsc_ctx *ctx, int k, int K,
+                                          int rows, fsc_dp_work_fn fn, void *user, float *loss);
+/* Global gradient-norm clipping over every rank's gradients, each parameter
+ * counted once (max_norm <= 0 or FLT_MAX: norm only); *total (may be NULL)
+ * gets the pre-clip 2-norm, identical on every rank. Collective over the
+ * group. FSC_ERR_NUMERIC (error set) when the norm is not finite. */
+FSC_API int fsc_strategy_clip_grad_norm(fsc_strategy *s, float max_norm, float *total);
+/* The gradient ranges this rank's optimizer steps on (e.g. for a sharded
+ * grad scaler). Owned by s; valid until fsc_strategy_free. */
+FSC_API const fsc_optim_range *fsc_strategy_grad_ranges(fsc_strategy *s, int *n);
+FSC_API int fsc_strategy_set_lr(fsc_strategy *s, double lr); /* lr >= 0, on every shard */
+FSC_API double fsc_strategy_get_lr(const fsc_strategy *s);   /* the optimizer's current lr */
+/* The optimizer update of this rank's part, then whatever sharing the
+ * strategy needs (oss, sdp: updated parameters to every rank). Collective
+ * under oss and sdp. */
+FSC_API int fsc_strategy_step(fsc_strategy *s);
+/* The optimizer over this rank's part (for its config and state). Owned by s. */
+FSC_API fsc_optim *fsc_strategy_optim(fsc_strategy *s);
+
+/* Weights by global name, the bytes fsc_weights_save writes for the
+ * unsharded model, written by `root` (path needed there only). Collective
+ * over the group; every rank returns root's failure. */
+FSC_API int fsc_strategy_save_weights(fsc_strategy *s, const char *path, int root, int n_meta,
+                                      const char *const *keys, const char *const *values);
+/* Loads weights by global name (any strategy or world size wrote them);
+ * validated before anything changes. *n_unused (may be NULL) gets the number
+ * of tensors in the file the model does not have. Collective under fsdp. */
+FSC_API int fsc_strategy_load_weights(fsc_strategy *s, const char *path, int *n_unused);
+/* Optimizer state by global name, written by `root`; loadable by any
+ * strategy at any world size. Collective over the group. */
+FSC_API int fsc_strategy_save_optim(fsc_strategy *s, const char *path, int root);
+/* Reads such a file (written by any strategy, at any world size) into this
+ * rank's part of the optimizer state. Collective over the group. */
+FSC_API int fsc_strategy_load_optim(fsc_strategy *s, const char *path);
+/* Each rank writes its own shards and their layout to `path` (sharded
+ * strategies only: fsdp; fsc-consolidate rebuilds the full state dict from
+ * the files). FSC_ERR_INVALID for a strategy without a sharded state dict. */
+FSC_API int fsc_strategy_save_sharded(fsc_strategy *s, const char *path, int n_meta,
+                                      const char *const *keys, const char *const *values);
+
+/* This rank's communication so far (all zero for a strategy with none). */
+FSC_API fsc_strategy_stats fsc_strategy_get_stats(const fsc_strategy *s);
+/* The model-state plan of this rank (K from the optimizer's config). */
+FSC_API fsc_strategy_memory fsc_strategy_memory_plan(const fsc_strategy *s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,133 @@
+/* The trainer: one call per optimizer step under any strategy, with a
+ * user-supplied model and loss.
+ *
+ * A step takes `grad_accum` micro-batches of `batch` samples on each
+ * data-parallel rank, in the order of the README's data-order contract
+ * (micro-step k of rank r holds global samples s*G + k*(batch*world) +
+ * r*batch + [0, batch), G = batch * grad_accum * world), so every strategy
+ * and world size sees the same global batch. The loss is one mean over the
+ * global batch: the trainer hands the loss function the normaliser. Then
+ * fp16 loss-scale checks (every rank skips together), global-norm clipping
+ * over every shard, the scheduled learning rate and the update.
+ *
+ *     fsc_trainer_config cfg = {
+ *         .strategy = {.name = argv[1]},          // "ddp", "oss", "sdp", "fsdp", ...
+ *         .optim = {.kind = FSC_OPTIM_ADAMW, .lr = 1e-3},
+ *         .batch = 16, .clip = 1.0f, .load = load, .loss = loss, .user = &data};
+ *     fsc_trainer *t = fsc_trainer_new(model, &cfg);
+ *     for (int s = 0; s < steps; s++) fsc_trainer_step(t, &r);
+ *
+ * Checkpoints (fsc_trainer_save_checkpoint / fsc_trainer_resume) hold
+ * weights and optimizer state by global name, so a run resumes under any
+ * strategy and world size with the losses of an uninterrupted one. */
+#ifndef FSC_TRAINER_H
+#define FSC_TRAINER_H
+
+#include "fsc/grad_scaler.h"
+#include "fsc/strategy.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct fsc_trainer fsc_trainer;
+
+/* What one call of the loss function computes. */
+typedef struct fsc_micro_batch {
+    int64_t step;      /* optimizer step, 0-based */
+    int micro, micros; /* micro-step k of K (grad_accum) */
+    int rank, world;   /* data-parallel rank and size */
+    int batch;         /* samples of this micro-batch on this rank */
+    int row0, rows;    /* the rows of it this call computes (dp: a thread's; else 0, batch) */
+    int64_t sample0;   /* global index of the micro-batch's row 0 (data order, dropout keys) */
+    /* Divide the summed per-target losses by this: the global batch's target
+     * count (batch * grad_accum * world * targets_per_sample) over the fp16
+     * loss scale. Gradients then add up to those of the global mean. */
+    double norm;
+} fsc_micro_batch;
+
+/* Fills the inputs of micro-batch mb (all its rows) into user's buffers;
+ * called once per micro-step, before the loss function. */
+typedef int (*fsc_trainer_load_fn)(const fsc_micro_batch *mb, void *user);
+/* Forward, loss and backward of rows [mb->row0, mb->row0 + mb->rows) on m
+ * (use m, not the model: it may be a wrapper or a thread's replica), with
+ * ctx (arena, training, seed, step and sample0 of row0 set). *loss gets
+ * this call's share of the global mean loss (sum / mb->norm). */
+typedef int (*fsc_trainer_loss_fn)(fsc_module *m, const fsc_ctx *ctx, const fsc_micro_batch *mb,
+                                   void *user, float *loss);
+/* Called after a step's last backward, before unscaling and clipping: look
+ * at or change this rank's gradients (fsc_strategy_grad_ranges). */
+typedef int (*fsc_trainer_hook_fn)(fsc_trainer *t, void *user);
+
+/* Zero fields mean the documented default. */
+typedef struct fsc_trainer_config {
+    fsc_strategy_options strategy;
+    fsc_optim_config optim;
+    /* max_lr 0: optim.lr at every step. total_steps bounds a cosine. */
+    fsc_lr_schedule_config schedule;
+    int batch;                 /* samples per micro-batch per rank (> 0) */
+    int grad_accum;            /* micro-batches per step (0: 1) */
+    double targets_per_sample; /* loss targets per sample, e.g. T for a GPT (0: 1) */
+    float clip;                /* global 2-norm clip (0: off) */
+    bool skip_grad_norm;       /* without clipping, do not compute the norm (saves a collective) */
+    /* fp16 (strategy.compute_dtype F16) always scales the loss dynamically;
+     * grad_scaler tunes it (NULL: PyTorch's defaults). Borrowed. */
+    const fsc_grad_scaler_config *grad_scaler;
+    fsc_trainer_load_fn load;           /* may be NULL */
+    fsc_trainer_loss_fn loss;           /* required */
+    fsc_trainer_hook_fn after_backward; /* may be NULL */
+    void *user;
+} fsc_trainer_config;
+
+typedef struct fsc_step_result {
+    double loss;        /* mean over the global batch */
+    double lr;          /* used by this step */
+    double grad_norm;   /* before clipping; 0 if not computed, inf if skipped */
+    double seconds;     /* wall time of the step on this rank */
+    double comm_wait_s; /* blocked on the strategy's communication during the step */
+    bool skipped; /* fp16: an inf/NaN gradient on some rank, the update skipped on every rank */
+    double loss_scale; /* fp16: the scale used in this step (0 without loss scaling) */
+} fsc_step_result;
+
+/* A trainer for `model` (parameters not bound; borrowed, must outlive the
+ * trainer) under cfg->strategy. Every rank of the group calls it alike.
+ * NULL (error set, naming the field) on a bad config or a failed set-up. */
+FSC_API fsc_trainer *fsc_trainer_new(fsc_module *model, const fsc_trainer_config *cfg);
+/* Frees the strategy, the scaler and the step's buffers (not the model).
+ * Accepts NULL. */
+FSC_API void fsc_trainer_free(fsc_trainer *t);
+
+/* Trains step fsc_trainer_get_step(t) with every micro-batch, then the
+ * update, and advances the step. Collective over the data-parallel group.
+ * FSC_ERR_NUMERIC (error set) when the loss or gradient norm is not finite
+ * outside fp16 loss scaling; any strategy or callback status otherwise. */
+FSC_API int fsc_trainer_step(fsc_trainer *t, fsc_step_result *r);
+
+FSC_API fsc_strategy *fsc_trainer_strategy(fsc_trainer *t); /* owned by t */
+FSC_API int64_t fsc_trainer_get_step(const fsc_trainer *t); /* the next step to run, 0-based */
+/* fp16 loss scaling's scaler, or NULL without it. Owned by t. */
+FSC_API fsc_grad_scaler *fsc_trainer_grad_scaler(fsc_trainer *t);
+/* The learning rate step s gets from the schedule. */
+FSC_API double fsc_trainer_lr(const fsc_trainer *t, int64_t s);
+
+/* Weights by global name, written by rank 0 of the group with the given
+ * metadata pairs. Collective; every rank returns rank 0's failure. */
+FSC_API int fsc_trainer_save_weights(fsc_trainer *t, const char *path, int n_meta,
+                                     const char *const *keys, const char *const *values);
+/* Writes checkpoint <dir>/step-<S>/ (S = fsc_trainer_get_step) atomically:
+ * weights and optimizer state by global name, the seed, who saved it, the
+ * fp16 loss scale, and the given state pairs (values are JSON). Collective;
+ * every rank returns rank 0's outcome. */
+FSC_API int fsc_trainer_save_checkpoint(fsc_trainer *t, const char *dir, int n_state,
+                                        const char *const *keys, const char *const *json_values);
+/* Continues from dir's latest checkpoint: each given state pair must equal
+ * the checkpoint's (compared as JSON; the message names the key and both
+ * values), the seed too; then weights, optimizer state, loss scale and the
+ * step are restored. Nothing changes on a refusal before loading. */
+FSC_API int fsc_trainer_resume(fsc_trainer *t, const char *dir, int n_expect,
+                               const char *const *keys, const char *const *json_values);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,273 @@
+/* The strategy table and the calls every strategy answers. A strategy is a
+ * row (strategy_ops); this file knows the rows only through the table, so a
+ * new strategy adds a row and touches no if-chain here or in the trainer. */
+#include <float.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "strategy_internal.h"
+
+static const strategy_ops *const TABLE[] = {
+    &fsc_strategy_single, &fsc_strategy_dp,  &fsc_strategy_ddp,
+    &fsc_strategy_oss,    &fsc_strategy_sdp, &fsc_strategy_fsdp,
+};
+enum { NROWS = sizeof TABLE / sizeof TABLE[0] };
+
+const char *const *fsc_strategy_names(void) {
+    static const char *names[NROWS + 1];
+    for (int i = 0; i < NROWS; i++) names[i] = TABLE[i]->name;
+    return names;
+}
+
+static const strategy_ops *find(const char *name) {
+    for (int i = 0; i < NROWS; i++)
+        if (!strcmp(TABLE[i]->name, name)) return TABLE[i];
+    return NULL;
+}
+
+/* "single, dp, ddp, ..." for messages. */
+static const char *name_list(void) {
+    static char buf[128];
+    if (!buf[0])
+        for (int i = 0; i < NROWS; i++)
+            strncat(buf, i ? (i + 1 < NROWS ? ", " : " or ") : "", sizeof buf - strlen(buf) - 1),
+                strncat(buf, TABLE[i]->name, sizeof buf - strlen(buf) - 1);
+    return buf;
+}
+
+/* Each option by name, the row bit that takes it, and whether o sets it to
+ * something other than its default. */
+typedef struct {
+    const char *name;
+    unsigned bit;
+    bool set;
+} option_use;
+
+static int option_uses(const fsc_strategy_options *o, option_use *out) {
+    const option_use uses[] = {
+        {"bucket_bytes", OPT_BUCKET, o && o->bucket_bytes != 0},
+        {"partition", OPT_PARTITION, o && o->partition != FSC_PARTITION_GREEDY},
+        {"share_dtype", OPT_PARTITION, o && o->share_dtype != FSC_DTYPE_F32},
+        {"reduce_dtype", OPT_REDUCE, o && o->reduce_dtype != FSC_DTYPE_F32},
+        {"fp32_reduce_scatter", OPT_REDUCE, o && o->fp32_reduce_scatter},
+        {"compute_dtype", OPT_FSDP, o && o->compute_dtype != FSC_DTYPE_F32},
+        {"units", OPT_FSDP, o && (o->units || o->nunits)},
+        {"min_params", OPT_FSDP, o && o->min_params != 0},
+        {"keep_after_forward", OPT_FSDP, o && o->keep_after_forward},
+        {"accum_no_sync", OPT_FSDP, o && o->accum_no_sync},
+        {"threads", OPT_THREADS, o && (o->threads > 1 || o->make_replica)},
+    };
+    memcpy(out, uses, sizeof uses);
+    return (int)(sizeof uses / sizeof uses[0]);
+}
+
+bool fsc_strategy_takes(const char *name, const char *option) {
+    const strategy_ops *ops = name && option ? find(name) : NULL;
+    option_use uses[16];
+    int n = option_uses(NULL, uses);
+    for (int i = 0; ops && i < n; i++)
+        if (!strcmp(uses[i].name, option)) return (ops->accepts & uses[i].bit) != 0;
+    return false;
+}
+
+int fsc_strategy_info_get(const char *name, fsc_strategy_info *out) {
+    const strategy_ops *ops = name ? find(name) : NULL;
+    if (!ops || !out)
+        return fsc_error(FSC_ERR_INVALID, "strategy \"%s\": expected %s", name ? name : "(null)",
+                         name_list());
+    *out = (fsc_strategy_info){
+        .summary = ops->summary, .spans_ranks = ops->spans_ranks, .zero_stage = ops->zero_stage};
+    return FSC_OK;
+}
+
+/* Refuses an option the row does not take, naming the rows that do. */
+static int check_options(const strategy_ops *ops, const fsc_strategy_options *o) {
+    option_use uses[16];
+    int n = option_uses(o, uses);
+    for (int i = 0; i < n; i++) {
+        if (!uses[i].set || (ops->accepts & uses[i].bit)) continue;
+        char rows[96] = "";
+        for (int r = 0; r < NROWS; r++)
+            if (TABLE[r]->accepts & uses[i].bit)
+                strncat(rows, rows[0] ? ", " : "", sizeof rows - strlen(rows) - 1),
+                    strncat(rows, TABLE[r]->name, sizeof rows - strlen(rows) - 1);
+        return fsc_error(FSC_ERR_INVALID, "option %s applies to %s only, not to %s", uses[i].name,
+                         rows, ops->name);
+    }
+    return FSC_OK;
+}
+
+int strategy_collect_ranges(fsc_strategy *s) {
+    int n = fsc_optim_num_ranges(s->optim);
+    s->ranges = calloc(n > 0 ? (size_t)n : 1, sizeof *s->ranges);
+    if (!s->ranges) return fsc_error(FSC_ERR_NOMEM, "strategy: out of memory");
+    for (int i = 0; i < n; i++) s->ranges[i] = *fsc_optim_get_range(s->optim, i);
+    s->nranges = n;
+    return FSC_OK;
+}
+
+fsc_strategy *fsc_strategy_new(fsc_module *model, const fsc_optim_config *optim,
+                               const fsc_strategy_options *opt) {
+    static const fsc_strategy_options defaults = {0};
+    if (!opt) opt = &defaults;
+    const char *name = opt->name ? opt->name : "single";
+    const strategy_ops *ops = find(name);
+    if (!ops) {
+        fsc_error(FSC_ERR_INVALID, "strategy \"%s\": expected %s", name, name_list());
+        return NULL;
+    }
+    if (!model || !optim) {
+        fsc_error(FSC_ERR_INVALID, "strategy %s: %s is NULL", name, model ? "optim" : "model");
+        return NULL;
+    }
+    if (check_options(ops, opt)) {
+        fsc_error_context(FSC_ERR_INVALID, "strategy %s: ", name);
+        return NULL;
+    }
+    fsc_strategy *s = calloc(1, sizeof *s);
+    if (!s) {
+        fsc_error(FSC_ERR_NOMEM, "strategy %s: out of memory", name);
+        return NULL;
+    }
+    s->ops = ops;
+    s->opt = *opt;
+    s->opt.name = ops->name;
+    s->model = s->module = model;
+    s->group = ops->spans_ranks ? (opt->group ? opt->group : fsc_group_world()) : fsc_group_self();
+    s->rank = fsc_group_rank(s->group);
+    s->world = fsc_group_size(s->group);
+    int rc = ops->setup(s, optim);
+    if (!rc) rc = strategy_collect_ranges(s);
+    if (rc) {
+        fsc_error_context(rc, "strategy %s: ", name);
+        fsc_strategy_free(s);
+        return NULL;
+    }
+    return s;
+}
+
+void fsc_strategy_free(fsc_strategy *s) {
+    if (!s) return;
+    s->ops->teardown(s);
+    free(s->ranges);
+    free(s);
+}
+
+const char *fsc_strategy_name(const fsc_strategy *s) {
+    return s->ops->name;
+}
+int fsc_strategy_rank(const fsc_strategy *s) {
+    return s->rank;
+}
+int fsc_strategy_world(const fsc_strategy *s) {
+    return s->world;
+}
+fsc_group *fsc_strategy_group(const fsc_strategy *s) {
+    return s->group;
+}
+fsc_module *fsc_strategy_module(fsc_strategy *s) {
+    return s->module;
+}
+fsc_params *fsc_strategy_params(fsc_strategy *s) {
+    return s->bound ? &s->params : NULL;
+}
+fsc_optim *fsc_strategy_optim(fsc_strategy *s) {
+    return s->optim;
+}
+
+const fsc_optim_range *fsc_strategy_grad_ranges(fsc_strategy *s, int *n) {
+    *n = s->nranges;
+    return s->ranges;
+}
+
+void fsc_strategy_zero_grad(fsc_strategy *s) {
+    if (s->ops->zero_grad)
+        s->ops->zero_grad(s);
+    else
+        fsc_params_zero_grad(&s->params);
+}
+
+int fsc_strategy_forward_backward(fsc_strategy *s, const fsc_ctx *ctx, int k, int K, int rows,
+                                  fsc_dp_work_fn fn, void *user, float *loss) {
+    if (!ctx || !fn || !loss || K < 1 || k < 0 || k >= K || rows < 1)
+        return fsc_error(FSC_ERR_INVALID,
+                         "strategy %s: forward_backward needs ctx, fn, loss, 0 <= k (%d) < K (%d) "
+                         "and rows (%d) >= 1",
+                         s->ops->name, k, K, rows);
+    if (s->ops->set_no_sync) s->ops->set_no_sync(s, k < K - 1);
+    *loss = 0;
+    if (s->ops->run) return s->ops->run(s, ctx, rows, fn, user, loss);
+    if (!ctx->arena)
+        return fsc_error(FSC_ERR_INVALID, "strategy %s: ctx->arena is NULL", s->ops->name);
+    fsc_arena_reset(ctx->arena);
+    return fn(s->module, ctx, 0, rows, user, loss);
+}
+
+int fsc_strategy_clip_grad_norm(fsc_strategy *s, float max_norm, float *total) {
+    return s->ops->clip(s, max_norm > 0 ? max_norm : FLT_MAX, total);
+}
+
+int fsc_strategy_set_lr(fsc_strategy *s, double lr) {
+    /* under oss every rank's shard optimizer must learn it: fsc_oss_set_lr */
+    return s->oss ? fsc_oss_set_lr(s->oss, lr) : fsc_optim_set_lr(s->optim, lr);
+}
+
+double fsc_strategy_get_lr(const fsc_strategy *s) {
+    return fsc_optim_get_lr(s->optim);
+}
+int fsc_strategy_step(fsc_strategy *s) {
+    return s->ops->step(s);
+}
+
+int fsc_strategy_save_weights(fsc_strategy *s, const char *path, int root, int n_meta,
+                              const char *const *keys, const char *const *values) {
+    return s->ops->save_weights(s, path, root, n_meta, keys, values);
+}
+
+int fsc_strategy_load_weights(fsc_strategy *s, const char *path, int *n_unused) {
+    return s->ops->load_weights(s, path, n_unused);
+}
+
+int fsc_strategy_save_optim(fsc_strategy *s, const char *path, int root) {
+    return s->ops->save_optim(s, path, root);
+}
+
+int fsc_strategy_load_optim(fsc_strategy *s, const char *path) {
+    return s->ops->load_optim(s, path);
+}
+
+int fsc_strategy_save_sharded(fsc_strategy *s, const char *path, int n_meta,
+                              const char *const *keys, const char *const *values) {
+    if (!s->ops->save_sharded)
+        return fsc_error(FSC_ERR_INVALID, "strategy %s has no sharded state dict (fsdp has)",
+                         s->ops->name);
+    return s->ops->save_sharded(s, path, n_meta, keys, values);
+}
+
+fsc_strategy_stats fsc_strategy_get_stats(const fsc_strategy *s) {
+    fsc_strategy_stats st = {0};
+    if (s->ops->stats) s->ops->stats(s, &st);
+    return st;
+}
+
+static double count_params(const fsc_module *m) {
+    double n = 0;
+    for (int i = 0; i < m->nparams; i++) n += (double)m->params[i].numel;
+    for (int c = 0; c < m->nchildren; c++) n += count_params(m->children[c]);
+    return n;
+}
+
+fsc_strategy_memory fsc_strategy_memory_plan(const fsc_strategy *s) {
+    const int stage = s->ops->zero_stage, N = s->world;
+    const fsc_optim_config cfg = fsc_optim_get_config(s->optim);
+    const double P = count_params(s->model);
+    fsc_strategy_memory m = {.zero_stage = stage,
+                             .params_shards = stage >= 3 ? N : 1,
+                             .grads_shards = stage >= 2 ? N : 1,
+                             .optim_shards = stage >= 1 ? N : 1};
+    m.params_bytes = 4 * P / m.params_shards;
+    m.grads_bytes = 4 * P / m.grads_shards;
+    m.optim_bytes = 4.0 * fsc_optim_state_count(&cfg) * P / m.optim_shards;
+    m.optim_measured = fsc_optim_state_bytes(s->optim);
+    return m;
+}

@@ -1,0 +1,71 @@
+/* The strategy table's row type and the state every strategy shares. A row
+ * fills the operations it needs; NULL entries take the shared behaviour of
+ * strategy.c (documented per entry). Only src/train/ sees this. */
+#ifndef FSC_TRAIN_STRATEGY_INTERNAL_H
+#define FSC_TRAIN_STRATEGY_INTERNAL_H
+
+#include "fsc/fsdp.h"
+#include "fsc/strategy.h"
+
+/* Options a row accepts beyond name, group and seed; any other non-zero
+ * option is refused, naming the rows that take it. */
+enum {
+    OPT_BUCKET = 1 << 0,    /* bucket_bytes */
+    OPT_PARTITION = 1 << 1, /* partition, share_dtype */
+    OPT_REDUCE = 1 << 2,    /* reduce_dtype, fp32_reduce_scatter */
+    OPT_FSDP = 1 << 3,    /* compute_dtype, units, min_params, keep_after_forward, accum_no_sync */
+    OPT_THREADS = 1 << 4, /* threads, make_replica, replica_user */
+};
+
+typedef struct strategy_ops {
+    const char *name, *summary;
+    bool spans_ranks; /* runs over the data-parallel group (false: this process alone) */
+    int zero_stage;   /* 0..3: what is sharded over the group (see fsc_strategy_memory) */
+    unsigned accepts; /* OPT_* */
+    int (*setup)(fsc_strategy *s, const fsc_optim_config *optim);
+    void (*teardown)(fsc_strategy *s);
+    void (*zero_grad)(fsc_strategy *s);                 /* NULL: zero the bound gradients */
+    void (*set_no_sync)(fsc_strategy *s, bool no_sync); /* NULL: nothing to defer */
+    /* NULL: fn once on fsc_strategy_module with ctx (arena reset). */
+    int (*run)(fsc_strategy *s, const fsc_ctx *ctx, int rows, fsc_dp_work_fn fn, void *user,
+               float *loss);
+    int (*clip)(fsc_strategy *s, float max_norm, float *total);
+    int (*step)(fsc_strategy *s);
+    int (*save_weights)(fsc_strategy *s, const char *path, int root, int n_meta,
+                        const char *const *keys, const char *const *values);
+    int (*load_weights)(fsc_strategy *s, const char *path, int *n_unused);
+    int (*save_optim)(fsc_strategy *s, const char *path, int root);
+    int (*load_optim)(fsc_strategy *s, const char *path);
+    int (*save_sharded)(fsc_strategy *s, const char *path, int n_meta, const char *const *keys,
+                        const char *const *values);                /* NULL: none */
+    void (*stats)(const fsc_strategy *s, fsc_strategy_stats *out); /* NULL: none */
+} strategy_ops;
+
+struct fsc_strategy {
+    const strategy_ops *ops;
+    fsc_strategy_options opt;
+    fsc_module *model;  /* borrowed */
+    fsc_module *module; /* what forward/backward run on: a wrapper or the model */
+    fsc_group *group;   /* data-parallel group (self for single, dp) */
+    int rank, world;
+    fsc_optim *optim;        /* this rank's optimizer (owned by oss or fsdp below) */
+    fsc_optim_range *ranges; /* the optimizer's ranges as one array */
+    int nranges;
+    /* replicated rows (single, dp, ddp, oss, sdp) */
+    fsc_params params;
+    bool bound;
+    fsc_oss *oss;        /* always an OSS: over the group for oss/sdp, self otherwise */
+    fsc_module *wrapper; /* ddp or sdp wrapper, or NULL */
+    fsc_dp *dp;
+    /* fsdp */
+    fsc_fsdp *fsdp;
+};
+
+/* The rows, defined beside their code. */
+extern const strategy_ops fsc_strategy_single, fsc_strategy_dp, fsc_strategy_ddp, fsc_strategy_oss,
+    fsc_strategy_sdp, fsc_strategy_fsdp;
+
+/* Copies the optimizer's ranges into s->ranges (after setup). */
+int strategy_collect_ranges(fsc_strategy *s);
+
+#endif

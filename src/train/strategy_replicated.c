@@ -1,0 +1,218 @@
+/* The rows whose ranks hold the whole model: single, dp (threads), ddp, oss
+ * (ZeRO-1) and sdp (ZeRO-2). Parameters are bound whole on every rank; the
+ * optimizer is always an OSS, over the data-parallel group when optimizer
+ * state is sharded (oss, sdp) and over this process otherwise, so optimizer
+ * state is saved and loaded by global name the same way under every row and
+ * world size. The rows differ only in the wrapper that reduces gradients. */
+#include <stdlib.h>
+
+#include "fsc/weights.h"
+#include "strategy_internal.h"
+
+enum { DEFAULT_BUCKET_BYTES = 25000000 };
+
+static size_t bucket_bytes(const fsc_strategy *s) {
+    return s->opt.bucket_bytes ? s->opt.bucket_bytes : DEFAULT_BUCKET_BYTES;
+}
+
+static int bind(fsc_strategy *s) {
+    int rc = fsc_params_bind(s->model, s->opt.seed, true, &s->params);
+    s->bound = !rc;
+    return rc;
+}
+
+/* The OSS optimizer, over the group when `sharded`, else over this process. */
+static int make_optim(fsc_strategy *s, const fsc_optim_config *optim, bool sharded) {
+    fsc_oss_options oo = {.policy = s->opt.partition, .share_dtype = s->opt.share_dtype};
+    s->oss = fsc_oss_new(optim, &s->params, sharded ? s->group : fsc_group_self(), &oo);
+    if (!s->oss) return fsc_error_context(FSC_ERR_INVALID, "optimizer: ");
+    s->optim = fsc_oss_local(s->oss);
+    return FSC_OK;
+}
+
+static int bind_and_optim(fsc_strategy *s, const fsc_optim_config *optim, bool sharded) {
+    int rc = bind(s);
+    return rc ? rc : make_optim(s, optim, sharded);
+}
+
+static int setup_single(fsc_strategy *s, const fsc_optim_config *optim) {
+    return bind_and_optim(s, optim, false);
+}
+
+static int setup_dp(fsc_strategy *s, const fsc_optim_config *optim) {
+    if (!s->opt.make_replica)
+        return fsc_error(FSC_ERR_INVALID,
+                         "dp needs make_replica (a module with the model's layout)");
+    int rc = bind_and_optim(s, optim, false);
+    if (!rc)
+        rc = fsc_dp_new(s->opt.make_replica, s->opt.replica_user, &s->params,
+                        s->opt.threads > 0 ? s->opt.threads : 1, &s->dp);
+    return rc;
+}
+
+/* DDP's wrap-time broadcast makes every replica rank 0's, before the
+ * optimizer sees them. */
+static int setup_ddp_like(fsc_strategy *s, const fsc_optim_config *optim, bool sharded) {
+    int rc = bind(s);
+    if (rc) return rc;
+    fsc_ddp_options d = {.bucket_bytes = bucket_bytes(s)};
+    if (!(s->wrapper = fsc_ddp_wrap(s->model, &s->params, s->group, &d)))
+        return fsc_error_context(FSC_ERR_INVALID, "DDP: ");
+    s->module = s->wrapper;
+    return make_optim(s, optim, sharded);
+}
+
+static int setup_ddp(fsc_strategy *s, const fsc_optim_config *optim) {
+    return setup_ddp_like(s, optim, false);
+}
+
+static int setup_oss(fsc_strategy *s, const fsc_optim_config *optim) {
+    return setup_ddp_like(s, optim, true);
+}
+
+static int setup_sdp(fsc_strategy *s, const fsc_optim_config *optim) {
+    int rc = bind_and_optim(s, optim, true);
+    if (rc) return rc;
+    fsc_sdp_options so = {.bucket_bytes = bucket_bytes(s), .reduce_dtype = s->opt.reduce_dtype};
+    if (!(s->wrapper = fsc_sdp_wrap(s->model, &s->params, s->oss, &so)))
+        return fsc_error_context(FSC_ERR_INVALID, "ShardedDDP: ");
+    s->module = s->wrapper;
+    return FSC_OK;
+}
+
+static void teardown(fsc_strategy *s) {
+    fsc_module_free(s->wrapper); /* the wrapper only; it removes its hooks */
+    fsc_dp_free(s->dp);
+    fsc_oss_free(s->oss);
+    if (s->bound) fsc_params_free(&s->params);
+}
+
+static void sdp_zero_grad(fsc_strategy *s) {
+    fsc_sdp_zero_grad(s->wrapper); /* touching every gradient would bring them all back */
+}
+
+static void ddp_no_sync(fsc_strategy *s, bool no_sync) {
+    fsc_ddp_set_no_sync(s->wrapper, no_sync);
+}
+static void sdp_no_sync(fsc_strategy *s, bool no_sync) {
+    fsc_sdp_set_no_sync(s->wrapper, no_sync);
+}
+
+static int dp_run(fsc_strategy *s, const fsc_ctx *ctx, int rows, fsc_dp_work_fn fn, void *user,
+                  float *loss) {
+    return fsc_dp_run(s->dp, ctx, rows, fn, user, loss);
+}
+
+static int clip(fsc_strategy *s, float max_norm, float *total) {
+    return fsc_oss_clip_grad_norm(s->oss, max_norm, false, total);
+}
+
+static int step(fsc_strategy *s) {
+    return fsc_oss_step(s->oss);
+}
+
+/* Every rank of the group learns root's outcome of a root-only write. */
+static int share_status(fsc_strategy *s, int rc, int root) {
+    if (s->world == 1) return rc;
+    int32_t status = rc;
+    if (fsc_group_broadcast(s->group, &status, 1, FSC_DTYPE_I32, root)) return FSC_ERR_MPI;
+    if (status && s->rank != root)
+        return fsc_error(status, "rank %d could not write the file", root);
+    return rc;
+}
+
+static int save_weights(fsc_strategy *s, const char *path, int root, int n_meta,
+                        const char *const *keys, const char *const *values) {
+    int rc = s->rank == root ? fsc_weights_save(path, &s->params, n_meta, keys, values) : FSC_OK;
+    return share_status(s, rc, root);
+}
+
+static int load_weights(fsc_strategy *s, const char *path, int *n_unused) {
+    return fsc_weights_load(path, &s->params, n_unused);
+}
+
+/* Unsharded state: root writes its own copy. */
+static int save_optim_local(fsc_strategy *s, const char *path, int root) {
+    int rc = s->rank == root ? fsc_oss_save_state(s->oss, path, 0) : FSC_OK;
+    return share_status(s, rc, root);
+}
+
+/* Sharded state streams to root from its owners (collective). */
+static int save_optim_sharded(fsc_strategy *s, const char *path, int root) {
+    return fsc_oss_save_state(s->oss, path, root);
+}
+
+static int load_optim(fsc_strategy *s, const char *path) {
+    return fsc_oss_load_state(s->oss, path);
+}
+
+static void ddp_stats(const fsc_strategy *s, fsc_strategy_stats *out) {
+    fsc_ddp_stats st = fsc_ddp_get_stats(s->wrapper);
+    out->wait_s = st.wait_s, out->reductions = st.allreduces;
+}
+
+static void sdp_stats(const fsc_strategy *s, fsc_strategy_stats *out) {
+    fsc_sdp_stats st = fsc_sdp_get_stats(s->wrapper);
+    out->wait_s = st.wait_s, out->reductions = st.reduces;
+}
+
+#define REPLICATED_OPS                                                                             \
+    .teardown = teardown, .clip = clip, .step = step, .save_weights = save_weights,                \
+    .load_weights = load_weights, .load_optim = load_optim
+
+const strategy_ops fsc_strategy_single = {
+    .name = "single",
+    .summary = "one process",
+    .setup = setup_single,
+    .save_optim = save_optim_local,
+    REPLICATED_OPS,
+};
+
+const strategy_ops fsc_strategy_dp = {
+    .name = "dp",
+    .summary = "threads of one process, each with a replica (split micro-batches)",
+    .accepts = OPT_THREADS,
+    .setup = setup_dp,
+    .run = dp_run,
+    .save_optim = save_optim_local,
+    REPLICATED_OPS,
+};
+
+const strategy_ops fsc_strategy_ddp = {
+    .name = "ddp",
+    .summary = "one process per rank, gradients all-reduced in buckets during backward",
+    .spans_ranks = true,
+    .accepts = OPT_BUCKET,
+    .setup = setup_ddp,
+    .set_no_sync = ddp_no_sync,
+    .save_optim = save_optim_local,
+    .stats = ddp_stats,
+    REPLICATED_OPS,
+};
+
+const strategy_ops fsc_strategy_oss = {
+    .name = "oss",
+    .summary = "ddp + optimizer state sharded over the ranks (ZeRO-1)",
+    .spans_ranks = true,
+    .zero_stage = 1,
+    .accepts = OPT_BUCKET | OPT_PARTITION,
+    .setup = setup_oss,
+    .set_no_sync = ddp_no_sync,
+    .save_optim = save_optim_sharded,
+    .stats = ddp_stats,
+    REPLICATED_OPS,
+};
+
+const strategy_ops fsc_strategy_sdp = {
+    .name = "sdp",
+    .summary = "ShardedDDP: gradients reduced to their owners, sharded too (ZeRO-2)",
+    .spans_ranks = true,
+    .zero_stage = 2,
+    .accepts = OPT_BUCKET | OPT_PARTITION | OPT_REDUCE,
+    .setup = setup_sdp,
+    .zero_grad = sdp_zero_grad,
+    .set_no_sync = sdp_no_sync,
+    .save_optim = save_optim_sharded,
+    .stats = sdp_stats,
+    REPLICATED_OPS,
+};

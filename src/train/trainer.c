@@ -1,0 +1,182 @@
+/* The trainer: micro-batches in the documented data order, fp16 loss
+ * scaling, global-norm clipping, the schedule and the update, for whichever
+ * strategy the config names. Nothing here knows a strategy by name. */
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fsc/io.h"
+#include "fsc/sharded_grad_scaler.h"
+#include "trainer_internal.h"
+
+static int check_config(const fsc_trainer_config *c) {
+    if (c->batch < 1) return fsc_error(FSC_ERR_INVALID, "trainer: batch %d must be >= 1", c->batch);
+    if (c->grad_accum < 0)
+        return fsc_error(FSC_ERR_INVALID, "trainer: grad_accum %d must be >= 0", c->grad_accum);
+    if (!(c->targets_per_sample >= 0))
+        return fsc_error(FSC_ERR_INVALID, "trainer: targets_per_sample %g must be >= 0",
+                         c->targets_per_sample);
+    if (!(c->clip >= 0))
+        return fsc_error(FSC_ERR_INVALID, "trainer: clip %g must be >= 0", c->clip);
+    if (!c->loss) return fsc_error(FSC_ERR_INVALID, "trainer: the loss function is NULL");
+    if (c->strategy.threads > c->batch && fsc_strategy_takes(c->strategy.name, "threads"))
+        return fsc_error(FSC_ERR_INVALID, "trainer: batch %d cannot be split across %d threads",
+                         c->batch, c->strategy.threads);
+    if (c->schedule.max_lr > 0) {
+        int rc = fsc_lr_schedule_check(&c->schedule);
+        if (rc) return fsc_error_context(rc, "trainer: schedule: ");
+    }
+    return FSC_OK;
+}
+
+fsc_trainer *fsc_trainer_new(fsc_module *model, const fsc_trainer_config *cfg) {
+    if (!cfg) {
+        fsc_error(FSC_ERR_INVALID, "trainer: config is NULL");
+        return NULL;
+    }
+    if (check_config(cfg)) return NULL;
+    fsc_trainer *t = calloc(1, sizeof *t);
+    if (!t) {
+        fsc_error(FSC_ERR_NOMEM, "trainer: out of memory");
+        return NULL;
+    }
+    t->cfg = *cfg;
+    if (!t->cfg.grad_accum) t->cfg.grad_accum = 1;
+    if (!(t->cfg.targets_per_sample > 0)) t->cfg.targets_per_sample = 1;
+    t->s = fsc_strategy_new(model, &cfg->optim, &cfg->strategy);
+    bool fp16 = cfg->strategy.compute_dtype == FSC_DTYPE_F16;
+    if (t->s && fp16 && !(t->scaler = fsc_grad_scaler_new(cfg->grad_scaler)))
+        fsc_error_context(FSC_ERR_INVALID, "trainer: grad scaler: ");
+    if (t->s && (!fp16 || t->scaler) && !(t->arena = fsc_arena_new(FSC_MEM_ACTIV, 1 << 20)))
+        fsc_error(FSC_ERR_NOMEM, "trainer: out of memory");
+    if (!t->arena) {
+        fsc_trainer_free(t);
+        return NULL;
+    }
+    return t;
+}
+
+void fsc_trainer_free(fsc_trainer *t) {
+    if (!t) return;
+    fsc_strategy_free(t->s);
+    fsc_grad_scaler_free(t->scaler);
+    fsc_arena_free(t->arena);
+    free(t);
+}
+
+fsc_strategy *fsc_trainer_strategy(fsc_trainer *t) {
+    return t->s;
+}
+int64_t fsc_trainer_get_step(const fsc_trainer *t) {
+    return t->step;
+}
+fsc_grad_scaler *fsc_trainer_grad_scaler(fsc_trainer *t) {
+    return t->scaler;
+}
+
+double fsc_trainer_lr(const fsc_trainer *t, int64_t s) {
+    return t->cfg.schedule.max_lr > 0 ? fsc_lr_schedule(&t->cfg.schedule, s) : t->cfg.optim.lr;
+}
+
+/* A dp thread (or the whole micro-batch) runs the user's loss on its rows. */
+typedef struct {
+    fsc_trainer *t;
+    fsc_micro_batch mb;
+} micro_call;
+
+static int run_rows(fsc_module *m, const fsc_ctx *ctx, int row0, int rows, void *user,
+                    float *loss) {
+    micro_call *c = user;
+    fsc_micro_batch mb = c->mb;
+    mb.row0 = row0, mb.rows = rows;
+    return c->t->cfg.loss(m, ctx, &mb, c->t->cfg.user, loss);
+}
+
+/* Every micro-batch of the step; *loss gets this rank's share. */
+static int micro_steps(fsc_trainer *t, double scale, double *loss) {
+    const fsc_trainer_config *c = &t->cfg;
+    const int B = c->batch, K = c->grad_accum;
+    const int rank = fsc_strategy_rank(t->s), world = fsc_strategy_world(t->s);
+    const double targets = (double)B * K * world * c->targets_per_sample;
+    for (int k = 0; k < K; k++) {
+        micro_call call = {.t = t,
+                           .mb = {.step = t->step,
+                                  .micro = k,
+                                  .micros = K,
+                                  .rank = rank,
+                                  .world = world,
+                                  .batch = B,
+                                  .rows = B,
+                                  .sample0 = fsc_batch_first_sample(t->step, k, rank, B, K, world),
+                                  .norm = targets / scale}};
+        int rc = c->load ? c->load(&call.mb, c->user) : FSC_OK;
+        if (rc) return rc;
+        fsc_ctx ctx = {.arena = t->arena,
+                       .training = true,
+                       .keyed = true,
+                       .seed = c->strategy.seed,
+                       .step = t->step,
+                       .sample0 = call.mb.sample0};
+        float part = 0;
+        rc = fsc_strategy_forward_backward(t->s, &ctx, k, K, B, run_rows, &call, &part);
+        if (rc) return rc;
+        *loss += part / scale;
+    }
+    return FSC_OK;
+}
+
+int fsc_trainer_step(fsc_trainer *t, fsc_step_result *r) {
+    if (!t || !r) return fsc_error(FSC_ERR_INVALID, "trainer: step needs a trainer and a result");
+    const fsc_trainer_config *c = &t->cfg;
+    const double t0 = fsc_now(), wait0 = fsc_strategy_get_stats(t->s).wait_s;
+    /* fp16: the loss (so every gradient) is multiplied by the scale, simply
+     * by dividing the normaliser */
+    const double scale = t->scaler ? fsc_grad_scaler_get_scale(t->scaler) : 1.0;
+    fsc_group *g = fsc_strategy_group(t->s);
+    double loss = 0;
+    fsc_strategy_zero_grad(t->s);
+    int rc = micro_steps(t, scale, &loss);
+    if (!rc && fsc_strategy_world(t->s) > 1) { /* this rank's share -> the global mean */
+        float share = (float)loss;
+        rc = fsc_group_allreduce(g, &share, 1, FSC_DTYPE_F32, FSC_REDUCE_SUM);
+        loss = share;
+    }
+    if (!rc && c->after_backward) rc = c->after_backward(t, c->user);
+    if (rc) return rc;
+    *r = (fsc_step_result){.loss = loss, .loss_scale = t->scaler ? scale : 0};
+    bool skip = false;
+    if (t->scaler) { /* unscale this rank's part; every rank learns of any inf */
+        int nr;
+        const fsc_optim_range *ranges = fsc_strategy_grad_ranges(t->s, &nr);
+        rc = fsc_sharded_grad_scaler_unscale(t->scaler, g, ranges, nr, &skip);
+        if (!rc) rc = fsc_grad_scaler_update(t->scaler, skip);
+        if (rc) return rc;
+    }
+    float gnorm = 0;
+    if (!skip && (c->clip > 0 || !c->skip_grad_norm))
+        rc = fsc_strategy_clip_grad_norm(t->s, c->clip > 0 ? c->clip : FLT_MAX, &gnorm);
+    if (!skip && (rc == FSC_ERR_NUMERIC || !isfinite(loss)))
+        return fsc_error(FSC_ERR_NUMERIC,
+                         "step %lld: loss %g, gradient norm %g: training diverged (lower the "
+                         "learning rate or clip the gradient norm)",
+                         (long long)t->step + 1, loss, (double)gnorm);
+    if (rc) return rc;
+    r->lr = skip ? fsc_strategy_get_lr(t->s) : fsc_trainer_lr(t, t->step);
+    if (!skip) {
+        rc = fsc_strategy_set_lr(t->s, r->lr);
+        if (!rc) rc = fsc_strategy_step(t->s);
+        if (rc) return rc;
+    }
+    t->step++;
+    r->skipped = skip;
+    r->grad_norm = skip ? INFINITY : gnorm;
+    r->seconds = fsc_now() - t0;
+    r->comm_wait_s = fsc_strategy_get_stats(t->s).wait_s - wait0;
+    return FSC_OK;
+}
+
+int fsc_trainer_save_weights(fsc_trainer *t, const char *path, int n_meta, const char *const *keys,
+                             const char *const *values) {
+    return fsc_strategy_save_weights(t->s, path, 0, n_meta, keys, values);
+}

@@ -1,0 +1,134 @@
+/* Checkpoints of a trainer: weights and optimizer state by global name (the
+ * strategy writes them, whatever its sharding), plus the seed, the fp16
+ * loss scale, who saved it and the caller's state. The data order and the
+ * dropout masks are functions of (seed, step), so the step is the whole
+ * data position: a run resumes under any strategy and world size. */
+#include <cjson/cJSON.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "fsc/checkpoint.h"
+#include "trainer_internal.h"
+
+/* Every rank learns rank 0's status. */
+static int agree(fsc_trainer *t, int rc, const char *what) {
+    if (fsc_strategy_world(t->s) == 1) return rc;
+    int32_t status = rc;
+    if (fsc_group_broadcast(fsc_strategy_group(t->s), &status, 1, FSC_DTYPE_I32, 0))
+        return FSC_ERR_MPI;
+    if (status && fsc_strategy_rank(t->s) != 0)
+        return fsc_error(status, "rank 0 could not %s", what);
+    return rc;
+}
+
+/* The state pairs every checkpoint carries, then the caller's. */
+static int set_state(fsc_trainer *t, fsc_ckpt_writer *w, int n, const char *const *keys,
+                     const char *const *values) {
+    char v[512];
+    snprintf(v, sizeof v, "%" PRIu64, t->cfg.strategy.seed);
+    int rc = fsc_ckpt_set(w, "seed", v);
+    snprintf(v, sizeof v,
+             "{\"strategy\": \"%s\", \"ranks\": %d, \"batch\": %d, \"grad_accum\": %d}",
+             fsc_strategy_name(t->s), fsc_strategy_world(t->s), t->cfg.batch, t->cfg.grad_accum);
+    if (!rc) rc = fsc_ckpt_set(w, "saved_by", v);
+    if (!rc && t->scaler) {
+        fsc_grad_scaler_state st = fsc_grad_scaler_get_state(t->scaler);
+        snprintf(v, sizeof v, "\"%.17g %lld %lld\"", st.scale, (long long)st.growth_tracker,
+                 (long long)st.skipped_steps);
+        rc = fsc_ckpt_set(w, "grad_scaler", v);
+    }
+    for (int i = 0; i < n && !rc; i++) rc = fsc_ckpt_set(w, keys[i], values[i]);
+    return rc;
+}
+
+int fsc_trainer_save_checkpoint(fsc_trainer *t, const char *dir, int n_state,
+                                const char *const *keys, const char *const *json_values) {
+    if (!t || !dir || n_state < 0 || (n_state > 0 && (!keys || !json_values)))
+        return fsc_error(FSC_ERR_INVALID, "trainer: save_checkpoint needs a trainer, a dir and "
+                                          "n_state >= 0 pairs");
+    enum { MAX_META = 16 };
+    if (n_state > MAX_META - 2)
+        return fsc_error(FSC_ERR_INVALID, "trainer: at most %d state pairs (%d given)",
+                         MAX_META - 2, n_state);
+    const bool root = fsc_strategy_rank(t->s) == 0;
+    fsc_ckpt_writer *w = NULL;
+    int rc = agree(t, root ? fsc_ckpt_begin(dir, t->step, &w) : FSC_OK, "start a checkpoint");
+    if (rc) return rc;
+    char weights[4096] = "", optim[4096] = "", step[32];
+    if (root) {
+        snprintf(weights, sizeof weights, "%s", fsc_ckpt_member(w, "model.safetensors"));
+        snprintf(optim, sizeof optim, "%s", fsc_ckpt_member(w, "optim.safetensors"));
+    }
+    /* the weights file says what it is on its own: the step and the state
+     * pairs as "fsc.<key>" metadata */
+    char names[MAX_META][80];
+    const char *mk[MAX_META] = {"format", "fsc.step"}, *mv[MAX_META] = {"pt", step};
+    snprintf(step, sizeof step, "%" PRId64, t->step);
+    for (int i = 0; i < n_state; i++) {
+        snprintf(names[i], sizeof names[i], "fsc.%s", keys[i]);
+        mk[2 + i] = names[i], mv[2 + i] = json_values[i];
+    }
+    rc = fsc_strategy_save_weights(t->s, weights, 0, 2 + n_state, mk, mv);
+    int orc = fsc_strategy_save_optim(t->s, optim, 0);
+    if (!rc) rc = orc;
+    if (root) {
+        if (!rc) rc = set_state(t, w, n_state, keys, json_values);
+        if (!rc)
+            rc = fsc_ckpt_commit(w);
+        else
+            fsc_ckpt_abort(w);
+    }
+    return agree(t, rc, "write the checkpoint");
+}
+
+/* The checkpoint's value of `key` equals `want` (as JSON). */
+static int expect_equal(const fsc_ckpt *c, const char *key, const char *want) {
+    const char *have = fsc_ckpt_get(c, key);
+    cJSON *a = cJSON_Parse(want), *b = have ? cJSON_Parse(have) : NULL;
+    bool same = a && b && cJSON_Compare(a, b, true);
+    cJSON_Delete(a), cJSON_Delete(b);
+    if (same) return FSC_OK;
+    return fsc_error(FSC_ERR_INVALID, "the checkpoint is of another %s (%s); this run's is %s", key,
+                     have ? have : "none", want);
+}
+
+/* The loss scale travels as "scale tracker skipped". */
+static int load_scaler(fsc_grad_scaler *s, const char *v) {
+    fsc_grad_scaler_state st;
+    long long tracker, skipped;
+    if (!v || sscanf(v, "\"%lg %lld %lld\"", &st.scale, &tracker, &skipped) != 3)
+        return fsc_error(FSC_ERR_FORMAT, "the checkpoint has no valid grad_scaler entry (%s)",
+                         v ? v : "none");
+    st.growth_tracker = tracker, st.skipped_steps = skipped;
+    return fsc_grad_scaler_set_state(s, &st);
+}
+
+int fsc_trainer_resume(fsc_trainer *t, const char *dir, int n_expect, const char *const *keys,
+                       const char *const *json_values) {
+    if (!t || !dir || (n_expect > 0 && (!keys || !json_values)))
+        return fsc_error(FSC_ERR_INVALID, "trainer: resume needs a trainer and a dir");
+    fsc_ckpt *c;
+    int rc = fsc_ckpt_open(dir, &c);
+    if (rc) return rc;
+    for (int i = 0; i < n_expect && !rc; i++) rc = expect_equal(c, keys[i], json_values[i]);
+    char seed[32];
+    snprintf(seed, sizeof seed, "%" PRIu64, t->cfg.strategy.seed);
+    const char *ckseed = fsc_ckpt_get(c, "seed");
+    if (!rc && (!ckseed || strcmp(ckseed, seed)))
+        rc = fsc_error(FSC_ERR_INVALID, "the checkpoint was trained with seed %s, not %s",
+                       ckseed ? ckseed : "?", seed);
+    const char *weights = fsc_ckpt_path(c, "model.safetensors");
+    const char *optim = fsc_ckpt_path(c, "optim.safetensors");
+    if (!rc && (!weights || !optim))
+        rc = fsc_error(FSC_ERR_FORMAT,
+                       "the checkpoint lacks model.safetensors or optim.safetensors");
+    if (!rc) rc = fsc_strategy_load_weights(t->s, weights, NULL);
+    if (!rc) rc = fsc_strategy_load_optim(t->s, optim);
+    /* a run without fp16 loss scaling may continue one that had it, and back */
+    if (!rc && t->scaler && fsc_ckpt_get(c, "grad_scaler"))
+        rc = load_scaler(t->scaler, fsc_ckpt_get(c, "grad_scaler"));
+    if (!rc) t->step = fsc_ckpt_step(c);
+    fsc_ckpt_close(c);
+    return rc;
+}
