@@ -320,6 +320,37 @@ static void test_alltoall_barrier_sendrecv(void **state) {
     }
 }
 
+/* ---- non-blocking point-to-point: a pipeline's traffic ------------------------------------ */
+
+/* Every rank posts its receives first (tags in the reverse order of the
+ * sends, so matching is by tag, not by order), then its sends, then waits:
+ * with blocking calls this pattern would deadlock. */
+static void test_isend_irecv(void **state) {
+    (void)state;
+    fsc_group *g = fsc_group_world();
+    int P = fsc_group_size(g), me = fsc_group_rank(g);
+    if (P == 1) skip();
+    enum { K = 3, N = 1000 };
+    int right = (me + 1) % P, left = (me + P - 1) % P;
+    static float out[K][N], in[K][N];
+    fsc_request *rreq[K], *sreq[K];
+    for (int k = K - 1; k >= 0; k--)
+        CHECK_RC(fsc_group_irecv(g, in[k], N, FSC_DTYPE_F32, left, 100 + k, &rreq[k]));
+    for (int k = 0; k < K; k++) {
+        for (int i = 0; i < N; i++) out[k][i] = (float)(me * 100000 + k * 1000 + i);
+        CHECK_RC(fsc_group_isend(g, out[k], N, FSC_DTYPE_F32, right, 100 + k, &sreq[k]));
+    }
+    for (int k = 0; k < K; k++) {
+        CHECK_RC(fsc_request_wait(&rreq[k]));
+        CHECK_RC(fsc_request_wait(&sreq[k]));
+        for (int i = 0; i < N; i++) assert_true(in[k][i] == (float)(left * 100000 + k * 1000 + i));
+    }
+    fsc_request *r = (fsc_request *)1;
+    assert_int_equal(fsc_group_isend(g, out[0], N, FSC_DTYPE_F32, P, 1, &r), FSC_ERR_INVALID);
+    assert_null(r);
+    assert_int_equal(fsc_group_irecv(g, in[0], N, FSC_DTYPE_F32, left, 1, NULL), FSC_ERR_INVALID);
+}
+
 /* ---- several non-blocking requests in flight ------------------------------------------ */
 
 static void test_many_in_flight(void **state) {
@@ -721,6 +752,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_reduce_broadcast),
         cmocka_unit_test(test_allgather_reduce_scatter),
         cmocka_unit_test(test_alltoall_barrier_sendrecv),
+        cmocka_unit_test(test_isend_irecv),
         cmocka_unit_test(test_many_in_flight),
         cmocka_unit_test(test_message_pieces),
         cmocka_unit_test(test_mesh),

@@ -157,6 +157,14 @@ FSC_API int fsc_group_iallgather(fsc_group *g, const void *in, void *out, int64_
 /* As fsc_group_reduce_scatter. */
 FSC_API int fsc_group_ireduce_scatter(fsc_group *g, const void *in, void *out, int64_t count,
                                       fsc_dtype dt, fsc_reduce_op op, fsc_request **req);
+/* As fsc_group_send / fsc_group_recv: a pipeline posts its receives early
+ * and its sends as soon as the data exists, and a rank that never answers
+ * ends the wait under the watchdog like any collective. */
+FSC_API int fsc_group_isend(fsc_group *g, const void *buf, int64_t count, fsc_dtype dt, int dst,
+                            int tag, fsc_request **req);
+/* Receives what group rank src sends with the same tag, into buf. */
+FSC_API int fsc_group_irecv(fsc_group *g, void *buf, int64_t count, fsc_dtype dt, int src, int tag,
+                            fsc_request **req);
 /* *done = true once complete (then the request is freed and *req set to NULL).
  * Errors (desync, timeout) are returned here or by wait. A NULL req or *req
  * counts as complete (FSC_OK, *done = true); done may be NULL. */

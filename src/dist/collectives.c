@@ -286,7 +286,8 @@ int fsc_group_barrier(fsc_group *g) {
 }
 
 static int p2p(fsc_group *g, int kind, void *buf, int64_t count, fsc_dtype dt, int peer, int tag,
-               const char *fn) {
+               fsc_request **req, const char *fn) {
+    if (req) *req = NULL; /* on any failure */
     int rc = check_common(g, count, fn);
     if (!rc) rc = check_dtype(dt, false, fn);
     if (!rc) rc = check_rank(g, peer, kind == FSC_COLL_SEND ? "dst" : "src", fn);
@@ -297,15 +298,27 @@ static int p2p(fsc_group *g, int kind, void *buf, int64_t count, fsc_dtype dt, i
                          FSC_CTRL_P2P_BASE);
     fsc_coll_args a = {
         .kind = kind, .buf = buf, .count = count, .dt = dt, .root = peer, .tag = tag};
-    return submit(g, &a, NULL, fn);
+    return submit(g, &a, req, fn);
 }
 
 int fsc_group_send(fsc_group *g, const void *buf, int64_t count, fsc_dtype dt, int dst, int tag) {
-    return p2p(g, FSC_COLL_SEND, (void *)buf, count, dt, dst, tag, "fsc_group_send");
+    return p2p(g, FSC_COLL_SEND, (void *)buf, count, dt, dst, tag, NULL, "fsc_group_send");
 }
 
 int fsc_group_recv(fsc_group *g, void *buf, int64_t count, fsc_dtype dt, int src, int tag) {
-    return p2p(g, FSC_COLL_RECV, buf, count, dt, src, tag, "fsc_group_recv");
+    return p2p(g, FSC_COLL_RECV, buf, count, dt, src, tag, NULL, "fsc_group_recv");
+}
+
+int fsc_group_isend(fsc_group *g, const void *buf, int64_t count, fsc_dtype dt, int dst, int tag,
+                    fsc_request **req) {
+    if (!req) return fsc_error(FSC_ERR_INVALID, "fsc_group_isend: req is NULL");
+    return p2p(g, FSC_COLL_SEND, (void *)buf, count, dt, dst, tag, req, "fsc_group_isend");
+}
+
+int fsc_group_irecv(fsc_group *g, void *buf, int64_t count, fsc_dtype dt, int src, int tag,
+                    fsc_request **req) {
+    if (!req) return fsc_error(FSC_ERR_INVALID, "fsc_group_irecv: req is NULL");
+    return p2p(g, FSC_COLL_RECV, buf, count, dt, src, tag, req, "fsc_group_irecv");
 }
 
 /* ---- data phase --------------------------------------------------------------------------- */
