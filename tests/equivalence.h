@@ -57,6 +57,7 @@ typedef struct eq_options {
     const fsc_optim_config *optim;
     float max_norm;     /* > 0: fsc_clip_grad_norm(max_norm) before every step */
     fsc_dtype round_to; /* BF16 / F16: parameters rounded to it after every step */
+    int global_batch;   /* sequences per step (0: EQ_GLOBAL_BATCH) */
 } eq_options;
 
 static void eq_tokens(fsc_tokens *tk) {
@@ -82,7 +83,7 @@ static float *eq_run_reference(const eq_options *o, int micro, bool reverse, fsc
     if (ps->numel > EQ_MAX_NUMEL) abort();
     fsc_optim *opt = fsc_optim_new(o->optim ? o->optim : &EQ_ADAMW, r, nr);
     fsc_arena *arena = fsc_arena_new(FSC_MEM_ACTIV, 1 << 20);
-    int G = EQ_GLOBAL_BATCH, B = G / micro, T = model->seq;
+    int G = o->global_batch ? o->global_batch : EQ_GLOBAL_BATCH, B = G / micro, T = model->seq;
     int32_t *x = malloc(sizeof(int32_t) * G * T), *y = malloc(sizeof(int32_t) * G * T);
     for (int s = 0; s < EQ_STEPS; s++) {
         fsc_params_zero_grad(ps);
@@ -145,9 +146,11 @@ static float *eq_reference_ex(const eq_options *o, int64_t *numel) {
     fsc_params ps;
     fsc_module *m;
     float *alt[2];
-    alt[0] = eq_run_reference(o, 2, false, &ps, &m);
+    /* 2 and 4 micro-batches where they divide the batch, else one sample each */
+    const int G = o->global_batch ? o->global_batch : EQ_GLOBAL_BATCH;
+    alt[0] = eq_run_reference(o, G % 2 ? G : 2, false, &ps, &m);
     fsc_params_free(&ps), fsc_module_free(m);
-    alt[1] = eq_run_reference(o, 4, true, &ps, &m);
+    alt[1] = eq_run_reference(o, G % 4 ? G : 4, true, &ps, &m);
     fsc_params_free(&ps), fsc_module_free(m);
     float *ref = eq_run_reference(o, 1, false, &ps, &m);
     eq_set_noise(&ps, ref, alt, 2);

@@ -150,7 +150,7 @@ int main(int argc, char **argv) {
     if (rank != 0) o.quiet = true, o.metrics = NULL; /* rank 0 writes --save, --save-init */
     trainer t;
     if ((rc = trainer_init(&t, &o))) {
-        if (rank == 0 || t.world > 1) fprintf(stderr, "fsc-train: %s\n", fsc_last_error());
+        if (rank == 0 || world > 1) fprintf(stderr, "fsc-train: %s\n", fsc_last_error());
         return fail(&t, world, 1);
     }
     const char *fault = getenv("FSC_FAULT");

@@ -15,6 +15,7 @@
 #include "fsc/nn.h"
 #include "fsc/optim.h"
 #include "fsc/parallel.h"
+#include "fsc/pipe_schedule.h"
 #include "fsc/sharded_grad_scaler.h"
 #include "fsc/version.h"
 #include "fsc/weights.h"

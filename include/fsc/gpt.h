@@ -30,6 +30,16 @@ FSC_API int fsc_gpt_config_check(const fsc_gpt_config *cfg);
 /* x int32 (B,T) ids with T <= cfg->seq -> logits (B,T,V). NULL (error set) on bad config.
  * The caller owns the tree (fsc_module_free); cfg is copied. */
 FSC_API fsc_module *fsc_gpt_new(const fsc_gpt_config *cfg);
+/* The GPT as a pipeline sees it: layer 0 the embedding (wte, wpe, dropout),
+ * layers 1..L the blocks, layer L+1 the head (ln_f, LM head tied to wte):
+ * L + 2 layers (no checks: a valid cfg). */
+FSC_API int fsc_gpt_num_layers(const fsc_gpt_config *cfg);
+/* Layers [first, end) as one module with the full model's parameter names
+ * and dropout keys: input int32 (B,T) ids when first == 0, else F32 (B,T,C)
+ * activations; output logits (B,T,V) when end == L + 2, else (B,T,C). A
+ * stage with the head but not the embedding has its own wte (the tied
+ * copy). NULL (error set) for a bad cfg or range. The caller owns it. */
+FSC_API fsc_module *fsc_gpt_stage_new(const fsc_gpt_config *cfg, int first, int end);
 /* Parameters, counting the tied head once (no checks: a valid cfg). */
 FSC_API int64_t fsc_gpt_num_params(const fsc_gpt_config *cfg);
 /* Model FLOPs per trained token (forward + backward), the nanoGPT/PaLM convention:

@@ -4,7 +4,8 @@
  * Each strategy applies the faults that have a meaning for it:
  *   DROP_GRAD     the last rank's share of one reduction is lost (DDP and
  *                 ShardedDDP: the first bucket; FSDP: the last unit, the
- *                 first to reduce; DP: the last thread's gradients);
+ *                 first to reduce; DP: the last thread's gradients; the
+ *                 pipeline: the sum of a shared parameter's copies);
  *   REDUCE_TWICE  one reduced gradient is counted twice, every other
  *                 backward (the first half of the places above: a constant
  *                 factor on all of a model's gradients would be invisible

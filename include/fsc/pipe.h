@@ -1,0 +1,129 @@
+/* fsc pipe: pipeline parallelism, one stage (or v interleaved chunks) per
+ * rank of a group, driven by a validated schedule (fsc/pipe_schedule.h).
+ *
+ * The model is a sequence of layers that a user-supplied function cuts into
+ * stage modules with the whole model's parameter names (fsc_gpt_stage_new
+ * for the GPT). Each rank builds and binds only its own stages, initialised
+ * by (seed, name, element) exactly as the whole model would be. One executor
+ * interprets the schedule: forwards, full backwards, and non-blocking sends
+ * and receives of activations and their gradients, each message checked
+ * against the planned shape (a mismatch is an error on both ranks naming
+ * the rank, stage, micro-batch and action). Parameters that several stages
+ * share by name (the GPT's wte: embedding and tied head) are kept equal:
+ * their gradients are summed over the ranks that hold them before the
+ * update, and counted once in the gradient norm.
+ *
+ *     fsc_pipe *p = fsc_pipe_new(group, schedule, &adamw, &opt);
+ *     fsc_pipe_zero_grad(p);
+ *     fsc_pipe_run(p, &ctx, &io, &loss);       // every micro-batch of the step
+ *     fsc_pipe_clip_grad_norm(p, 1.0f, &norm);
+ *     fsc_pipe_step(p);
+ */
+#ifndef FSC_PIPE_H
+#define FSC_PIPE_H
+
+#include "fsc/dist.h"
+#include "fsc/nn.h"
+#include "fsc/optim.h"
+#include "fsc/pipe_schedule.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct fsc_pipe fsc_pipe;
+
+/* Makes the module for layers [first, end) of the model, with the whole
+ * model's parameter names (the caller of fsc_pipe_new keeps user alive). */
+typedef fsc_module *(*fsc_pipe_stage_fn)(void *user, int first, int end);
+
+typedef struct fsc_pipe_options {
+    int layers; /* of the whole model (> 0) */
+    fsc_pipe_stage_fn make_stage;
+    void *stage_user;
+    /* Layers per stage: ranks x chunks entries, each >= 1, summing to
+     * `layers` (borrowed; copied). NULL: as even as possible, earlier
+     * stages taking the remainder. */
+    const int *balance;
+    /* The activation between two stages for one micro-batch (e.g. B, T, C):
+     * every message is checked against it. */
+    int act_ndim;
+    int64_t act_shape[FSC_MAX_DIMS];
+    uint64_t seed; /* initial weights by (seed, name, element) */
+} fsc_pipe_options;
+
+/* This rank's stages of opt's model over group g, run by `schedule`
+ * (borrowed, must outlive the pipe; its ranks must equal g's size, its
+ * backward not split), with an optimizer of config `optim` over this rank's
+ * parameters. Collective over g (names of shared parameters are exchanged).
+ * NULL (error set, naming the problem) for a schedule of another size, a
+ * balance that does not add up, a stage the model cannot make, a parameter
+ * name repeated on one rank, or fewer than 2 ranks. */
+FSC_API fsc_pipe *fsc_pipe_new(fsc_group *g, const fsc_pipe_schedule *schedule,
+                               const fsc_optim_config *optim, const fsc_pipe_options *opt);
+/* Frees stages, parameters, optimizer and buffers. Accepts NULL. */
+FSC_API void fsc_pipe_free(fsc_pipe *p);
+
+/* What one step needs from the caller, by micro-batch index. */
+typedef struct fsc_pipe_io {
+    /* The first stage's input of micro-batch `micro` (borrowed until the
+     * step ends). Called on the rank of stage 0 only. */
+    int (*input)(void *user, int micro, fsc_tensor *x);
+    /* The last stage's output y of micro-batch `micro`: *loss gets its share
+     * of the global mean loss, and dloss/dy is written into y (in place, as
+     * fsc_cross_entropy does). Called on the rank of the last stage only. */
+    int (*loss)(void *user, int micro, fsc_tensor *y, fsc_arena *arena, float *loss);
+    /* The global index of micro-batch `micro`'s first sample (dropout keys). */
+    int64_t (*sample0)(void *user, int micro);
+    void *user;
+} fsc_pipe_io;
+
+/* Zeroes this rank's gradients. */
+FSC_API void fsc_pipe_zero_grad(fsc_pipe *p);
+/* Runs every action of the schedule for this step: forwards and backwards
+ * of every micro-batch, gradients accumulated (+=), shared parameters'
+ * gradients summed. ctx supplies training, seed and step (arena and sample0
+ * are the pipe's and io's). *loss gets the step's loss (the sum of the last
+ * stage's shares), identical on every rank. Collective over the group. A
+ * peer that never sends ends under the watchdog, the message naming this
+ * rank's action. */
+FSC_API int fsc_pipe_run(fsc_pipe *p, const fsc_ctx *ctx, const fsc_pipe_io *io, float *loss);
+/* Global gradient-norm clipping over every stage, shared parameters counted
+ * once (max_norm <= 0: norm only); *total (may be NULL) gets the pre-clip
+ * norm. Collective. FSC_ERR_NUMERIC when the norm is not finite. */
+FSC_API int fsc_pipe_clip_grad_norm(fsc_pipe *p, float max_norm, float *total);
+FSC_API int fsc_pipe_set_lr(fsc_pipe *p, double lr); /* lr >= 0 */
+FSC_API int fsc_pipe_step(fsc_pipe *p);              /* this rank's update (local) */
+FSC_API fsc_optim *fsc_pipe_optim(fsc_pipe *p);      /* owned by p */
+/* The unsharded weights file of the whole model, written by rank root of
+ * the group (which holds the whole model while it writes; path needed
+ * there only) with the metadata pairs. Collective. */
+FSC_API int fsc_pipe_save_weights(fsc_pipe *p, const char *path, int root, int n_meta,
+                                  const char *const *keys, const char *const *values);
+/* Every rank reads its stages' tensors by name from a weights file of the
+ * whole model (any layout wrote it). Not collective. */
+FSC_API int fsc_pipe_load_weights(fsc_pipe *p, const char *path);
+
+/* How many stages (chunks) this rank runs: the schedule's chunks; 0 for NULL. */
+FSC_API int fsc_pipe_chunks(const fsc_pipe *p);
+/* The stage chunk c runs (c * ranks + this rank); -1 for a bad c. */
+FSC_API int fsc_pipe_chunk_stage(const fsc_pipe *p, int c);
+/* Chunk c's stage module (owned by p), or NULL for a bad c. */
+FSC_API fsc_module *fsc_pipe_chunk_module(fsc_pipe *p, int c);
+/* Chunk c's bound parameters (owned by p), or NULL for a bad c. */
+FSC_API fsc_params *fsc_pipe_chunk_params(fsc_pipe *p, int c);
+
+typedef struct fsc_pipe_run_stats {
+    double compute_s;  /* forwards and backwards */
+    double wait_s;     /* blocked on receives (and sends at the end) */
+    int peak_inflight; /* most (stage, micro-batch) activations held at once: the
+                        * validator's peak_inflight for this rank */
+    int64_t messages;  /* sent by this rank */
+} fsc_pipe_run_stats;
+/* Figures of the last fsc_pipe_run on this rank. */
+FSC_API fsc_pipe_run_stats fsc_pipe_get_stats(const fsc_pipe *p);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

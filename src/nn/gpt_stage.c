@@ -1,0 +1,190 @@
+/* A contiguous range of the GPT's layers as one module, for a pipeline
+ * stage: layer 0 is the embedding (wte, wpe, dropout), layers 1..L the
+ * blocks h.0..h.L-1, layer L+1 the head (ln_f and the LM head tied to wte).
+ * Children and parameters keep the full model's names, so a stage reads and
+ * writes its part of the one-process weights file, and its dropout masks
+ * (keyed by layer, step and global sample) are the full model's. A stage
+ * with the head but not the embedding holds its own copy of wte: the
+ * pipeline keeps the copies equal by summing their gradients. */
+#include <stdio.h>
+#include <string.h>
+
+#include "fsc/gpt.h"
+#include "fsc/kernels.h"
+#include "layers_internal.h"
+
+typedef struct {
+    fsc_module base;
+    fsc_gpt_config cfg;
+    int first, end; /* layers [first, end) */
+    bool embed, head;
+    fsc_module *wte, *wpe, *drop, *ln_f;
+    fsc_module **h; /* blocks first .. end-1 of the model, as they fall in the range */
+    int nh, h0;     /* count, and the model index of the first */
+} gpt_stage;
+
+typedef struct {
+    fsc_tensor in; /* ids (embedding stage) or the input activation */
+    void *drop, *ln_f;
+    void **h;
+    fsc_tensor final; /* ln_f output: the head's input */
+} stage_saved;
+
+static int stage_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, fsc_tensor *y,
+                         void **saved) {
+    gpt_stage *g = (gpt_stage *)m;
+    const int C = g->cfg.d_model, V = g->cfg.vocab;
+    int B, T;
+    if (g->embed) {
+        if (x->dtype != FSC_DTYPE_I32 || x->ndim != 2 || x->shape[1] < 1 ||
+            x->shape[1] > g->cfg.seq)
+            return fsc_error(FSC_ERR_SHAPE, "GPT stage %d-%d: expected int32 (B,T) ids, T <= %d",
+                             g->first, g->end - 1, g->cfg.seq);
+        B = (int)x->shape[0], T = (int)x->shape[1];
+        const int32_t *ids = x->data;
+        for (int64_t i = 0; i < (int64_t)B * T; i++)
+            if (ids[i] < 0 || ids[i] >= V)
+                return fsc_error(FSC_ERR_INVALID,
+                                 "GPT: token %d at position %lld outside vocab [0,%d)", ids[i],
+                                 (long long)i, V);
+    } else {
+        if (x->dtype != FSC_DTYPE_F32 || x->ndim != 3 || x->shape[2] != C)
+            return fsc_error(FSC_ERR_SHAPE, "GPT stage %d-%d: expected F32 (B,T,%d) activations",
+                             g->first, g->end - 1, C);
+        B = (int)x->shape[0], T = (int)x->shape[1];
+    }
+    stage_saved *s = fsc_arena_alloc(ctx->arena, sizeof *s);
+    if (!s) return FSC_ERR_NOMEM;
+    memset(s, 0, sizeof *s);
+    s->in = *x;
+    s->h = fsc_arena_alloc(ctx->arena, sizeof(void *) * (size_t)(g->nh ? g->nh : 1));
+    if (!s->h) return FSC_ERR_NOMEM;
+    fsc_tensor cur = *x;
+    int rc = FSC_OK;
+    if (g->embed) {
+        fsc_tensor e = fsc_tensor_arena(ctx->arena, FSC_DTYPE_F32, 3, (int64_t[]){B, T, C});
+        if (!e.data) return FSC_ERR_NOMEM;
+        fsc_encoder_forward(e.data, x->data, g->wte->params[0].data, g->wpe->params[0].data, B, T,
+                            C);
+        rc = fsc_module_forward(g->drop, ctx, &e, &cur, &s->drop);
+    }
+    for (int l = 0; !rc && l < g->nh; l++) {
+        fsc_tensor next;
+        rc = fsc_module_forward(g->h[l], ctx, &cur, &next, &s->h[l]);
+        cur = next;
+    }
+    if (rc) return rc;
+    if (g->head) {
+        if ((rc = fsc_module_forward(g->ln_f, ctx, &cur, &s->final, &s->ln_f))) return rc;
+        *y = fsc_tensor_arena(ctx->arena, FSC_DTYPE_F32, 3, (int64_t[]){B, T, V});
+        if (!y->data) return FSC_ERR_NOMEM;
+        fsc_matmul_forward(y->data, s->final.data, g->wte->params[0].data, NULL, B * T, C, V,
+                           FSC_WEIGHT_OUT_IN);
+    } else {
+        *y = cur;
+    }
+    *saved = s;
+    return FSC_OK;
+}
+
+static int stage_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fsc_tensor *dy,
+                          fsc_tensor *dx) {
+    gpt_stage *g = (gpt_stage *)m;
+    stage_saved *s = saved;
+    int rc = fsc_check_saved(m, saved);
+    if (rc) return rc;
+    const int B = (int)s->in.shape[0], T = (int)s->in.shape[1], C = g->cfg.d_model;
+    const int V = g->cfg.vocab;
+    if ((rc = fsc_module_check_dy(m, dy, 3, (int64_t[]){B, T, g->head ? V : C}))) return rc;
+    fsc_tensor cur = *dy;
+    if (g->head) {
+        fsc_param *wte = &g->wte->params[0];
+        fsc_tensor dfinal = fsc_tensor_arena(ctx->arena, FSC_DTYPE_F32, 3, (int64_t[]){B, T, C});
+        if (!dfinal.data) return FSC_ERR_NOMEM;
+        fsc_matmul_backward(dfinal.data, wte->grad, NULL, dy->data, s->final.data, wte->data, B * T,
+                            C, V, FSC_WEIGHT_OUT_IN);
+        if ((rc = fsc_module_backward(g->ln_f, ctx, s->ln_f, &dfinal, &cur))) return rc;
+    }
+    for (int l = g->nh - 1; !rc && l >= 0; l--) {
+        fsc_tensor next;
+        rc = fsc_module_backward(g->h[l], ctx, s->h[l], &cur, &next);
+        cur = next;
+    }
+    if (rc) return rc;
+    if (g->embed) {
+        fsc_tensor de;
+        if ((rc = fsc_module_backward(g->drop, ctx, s->drop, &cur, &de))) return rc;
+        fsc_encoder_backward(g->wte->params[0].grad, g->wpe->params[0].grad, de.data, s->in.data, B,
+                             T, C);
+    } else if (dx) {
+        *dx = cur;
+    }
+    return FSC_OK;
+}
+
+static void stage_free(fsc_module *m) {
+    gpt_stage *g = (gpt_stage *)m;
+    free(g->h);
+    free(g);
+}
+
+static const fsc_module_ops stage_ops = {"GPTStage", stage_forward, stage_backward, stage_free};
+
+int fsc_gpt_num_layers(const fsc_gpt_config *cfg) {
+    return cfg->layers + 2;
+}
+
+/* Adds a child made by the caller; frees it and fails if it is NULL or rc is set. */
+static int adopt(gpt_stage *g, fsc_module *child, fsc_module **slot, int rc) {
+    if (rc || !child) {
+        fsc_module_free(child);
+        return rc ? rc : FSC_ERR_INVALID;
+    }
+    *slot = child;
+    return fsc_module_add_child(&g->base, child);
+}
+
+fsc_module *fsc_gpt_stage_new(const fsc_gpt_config *cfg, int first, int end) {
+    if (fsc_gpt_config_check(cfg)) return NULL;
+    const int n = cfg->layers + 2;
+    if (first < 0 || end > n || first >= end) {
+        fsc_error(FSC_ERR_INVALID, "GPT stage: layers [%d, %d) outside [0, %d) or empty", first,
+                  end, n);
+        return NULL;
+    }
+    char name[32];
+    snprintf(name, sizeof name, "gpt[%d:%d]", first, end);
+    gpt_stage *g = fsc_module_alloc(sizeof *g, &stage_ops, name);
+    if (!g) return NULL;
+    g->cfg = *cfg;
+    g->first = first, g->end = end;
+    g->embed = first == 0, g->head = end == n;
+    g->h0 = first > 0 ? first - 1 : 0;
+    int hend = end - 1 < cfg->layers ? end - 1 : cfg->layers;
+    g->nh = hend - g->h0 > 0 ? hend - g->h0 : 0;
+    g->h = calloc((size_t)(g->nh ? g->nh : 1), sizeof *g->h);
+    int rc = g->h ? FSC_OK : fsc_error(FSC_ERR_NOMEM, "out of memory creating a GPT stage");
+    /* the full model's children, in its order, so names and init match it */
+    if (g->embed || g->head) {
+        rc = adopt(g, fsc_embedding_new("wte", cfg->vocab, cfg->d_model, 0.02f), &g->wte, rc);
+        if (!rc) g->wte->params_used_by_parent = true;
+    }
+    if (g->embed) {
+        rc = adopt(g, fsc_embedding_new("wpe", cfg->seq, cfg->d_model, 0.02f), &g->wpe, rc);
+        if (!rc) g->wpe->params_used_by_parent = true;
+        rc = adopt(g, fsc_dropout_new("drop", cfg->dropout, 0), &g->drop, rc);
+    }
+    for (int l = 0; l < g->nh; l++) {
+        snprintf(name, sizeof name, "h.%d", g->h0 + l);
+        rc = adopt(g,
+                   fsc_block_new(name, cfg->d_model, cfg->heads, cfg->dropout,
+                                 (uint32_t)(g->h0 + l), cfg->layers),
+                   &g->h[l], rc);
+    }
+    if (g->head) rc = adopt(g, fsc_layernorm_new("ln_f", cfg->d_model, 1e-5f), &g->ln_f, rc);
+    if (rc) {
+        fsc_module_free(&g->base);
+        return NULL;
+    }
+    return &g->base;
+}

@@ -1,0 +1,419 @@
+/* The pipeline executor: this rank's stages, and one loop that runs its
+ * action list from the schedule, in order, and makes no decision of its own.
+ * Every micro-batch's activations and saved state live in that micro-batch's
+ * arena, given back when its last backward on this rank is done, so the
+ * schedule alone decides how many are held at once. Sends are non-blocking
+ * (completed before their arena is reused); a receive is posted and waited
+ * for where the schedule places it, which the validator proved cannot
+ * deadlock. Each message carries a small header with its shape, so a stage
+ * that produces the wrong shape fails on both ends instead of hanging. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pipe_exec_internal.h"
+
+static int even_balance(fsc_pipe *p, int *out) {
+    const int S = p->stages, L = p->opt.layers;
+    if (L < S) return fsc_error(FSC_ERR_INVALID, "pipeline: %d layers cannot fill %d stages", L, S);
+    for (int s = 0; s < S; s++) out[s] = L / S + (s < L % S);
+    return FSC_OK;
+}
+
+static int check_balance(const fsc_pipe *p, const int *b) {
+    int sum = 0;
+    for (int s = 0; s < p->stages; s++) {
+        if (b[s] < 1)
+            return fsc_error(FSC_ERR_INVALID, "pipeline balance: stage %d has %d layers (>= 1)", s,
+                             b[s]);
+        sum += b[s];
+    }
+    if (sum != p->opt.layers)
+        return fsc_error(FSC_ERR_INVALID,
+                         "pipeline balance: the stages hold %d layers, the model has %d", sum,
+                         p->opt.layers);
+    return FSC_OK;
+}
+
+/* Stages, their modules and parameters on this rank. */
+static int make_chunks(fsc_pipe *p) {
+    const int S = p->stages;
+    int *b = malloc(sizeof(int) * (size_t)S);
+    p->first = calloc((size_t)S + 1, sizeof(int));
+    if (!b || !p->first) return free(b), fsc_error(FSC_ERR_NOMEM, "pipeline: out of memory");
+    int rc = p->opt.balance ? FSC_OK : even_balance(p, b);
+    if (p->opt.balance) memcpy(b, p->opt.balance, sizeof(int) * (size_t)S);
+    if (!rc) rc = check_balance(p, b);
+    for (int s = 0; !rc && s < S; s++) p->first[s + 1] = p->first[s] + b[s];
+    free(b);
+    if (rc) return rc;
+    p->nchunks = p->cfg.chunks;
+    p->chunk = calloc((size_t)p->nchunks, sizeof *p->chunk);
+    p->params = calloc((size_t)p->nchunks, sizeof *p->params);
+    if (!p->chunk || !p->params) return fsc_error(FSC_ERR_NOMEM, "pipeline: out of memory");
+    for (int c = 0; c < p->nchunks; c++) {
+        int s = c * p->cfg.ranks + p->rank;
+        p->chunk[c] = p->opt.make_stage(p->opt.stage_user, p->first[s], p->first[s + 1]);
+        if (!p->chunk[c])
+            return fsc_error_context(FSC_ERR_INVALID, "pipeline stage %d (layers %d..%d): ", s,
+                                     p->first[s], p->first[s + 1] - 1);
+        if ((rc = fsc_params_bind(p->chunk[c], p->opt.seed, true, &p->params[c])))
+            return fsc_error_context(rc, "pipeline stage %d: ", s);
+    }
+    return FSC_OK;
+}
+
+/* One optimizer over every chunk's parameters. */
+static int make_optim(fsc_pipe *p, const fsc_optim_config *cfg) {
+    for (int c = 0; c < p->nchunks; c++) {
+        fsc_optim_range *r;
+        int n;
+        int rc = fsc_optim_ranges_from_params(&p->params[c], &r, &n);
+        if (rc) return rc;
+        fsc_optim_range *all = realloc(p->ranges, sizeof *all * (size_t)(p->nranges + n));
+        if (!all) return fsc_optim_ranges_free(r), fsc_error(FSC_ERR_NOMEM, "out of memory");
+        memcpy(all + p->nranges, r, sizeof *r * (size_t)n);
+        p->ranges = all, p->nranges += n;
+        fsc_optim_ranges_free(r);
+    }
+    p->optim = fsc_optim_new(cfg, p->ranges, p->nranges);
+    return p->optim ? FSC_OK : fsc_error_context(FSC_ERR_INVALID, "pipeline optimizer: ");
+}
+
+fsc_pipe *fsc_pipe_new(fsc_group *g, const fsc_pipe_schedule *schedule,
+                       const fsc_optim_config *optim, const fsc_pipe_options *opt) {
+    if (!g || !schedule || !optim || !opt || !opt->make_stage || opt->layers < 1 ||
+        opt->act_ndim < 1 || opt->act_ndim > FSC_MAX_DIMS) {
+        fsc_error(FSC_ERR_INVALID, "pipeline: needs a group, a schedule, an optimizer config, "
+                                   "make_stage, layers >= 1 and the activation's shape");
+        return NULL;
+    }
+    fsc_pipe *p = calloc(1, sizeof *p);
+    if (!p) {
+        fsc_error(FSC_ERR_NOMEM, "pipeline: out of memory");
+        return NULL;
+    }
+    p->g = g, p->sched = schedule, p->opt = *opt, p->opt.balance = NULL;
+    p->rank = fsc_group_rank(g);
+    int rc = fsc_pipe_schedule_config(schedule, &p->cfg);
+    p->stages = p->cfg.ranks * p->cfg.chunks;
+    if (!rc && p->cfg.ranks != fsc_group_size(g))
+        rc = fsc_error(FSC_ERR_INVALID, "pipeline: the schedule is for %d ranks, the group has %d",
+                       p->cfg.ranks, fsc_group_size(g));
+    if (!rc && p->cfg.ranks < 2)
+        rc = fsc_error(FSC_ERR_INVALID, "pipeline: needs at least 2 ranks (one process trains the "
+                                        "whole model without one)");
+    if (!rc && p->cfg.split_backward)
+        rc = fsc_error(FSC_ERR_UNSUPPORTED,
+                       "pipeline: this schedule splits backward into B and W; the stages run "
+                       "backward whole (use gpipe, 1f1b or interleaved)");
+    if (!rc && 2 * p->stages * p->cfg.micros > 16384)
+        rc = fsc_error(FSC_ERR_INVALID,
+                       "pipeline: %d stages x %d micro-batches need more message "
+                       "tags than MPI guarantees",
+                       p->stages, p->cfg.micros);
+    p->act_numel = 1;
+    for (int d = 0; d < opt->act_ndim; d++) p->act_numel *= opt->act_shape[d];
+    if (!rc && opt->balance) {
+        int *b = malloc(sizeof(int) * (size_t)p->stages);
+        if (b) memcpy(b, opt->balance, sizeof(int) * (size_t)p->stages);
+        p->opt.balance = b;
+        if (!b) rc = fsc_error(FSC_ERR_NOMEM, "pipeline: out of memory");
+    }
+    if (!rc) rc = make_chunks(p);
+    if (!rc) rc = make_optim(p, optim);
+    if (!rc) rc = pipe_find_shared(p);
+    if (rc) {
+        fsc_pipe_free(p);
+        return NULL;
+    }
+    return p;
+}
+
+void fsc_pipe_free(fsc_pipe *p) {
+    if (!p) return;
+    pipe_free_shared(p);
+    fsc_optim_free(p->optim);
+    free(p->ranges);
+    for (int c = 0; p->params && c < p->nchunks; c++) fsc_params_free(&p->params[c]);
+    for (int c = 0; p->chunk && c < p->nchunks; c++) fsc_module_free(p->chunk[c]);
+    for (int i = 0; i < p->narena; i++) fsc_arena_free(p->arena[i]);
+    free(p->arena);
+    free(p->params);
+    free(p->chunk);
+    free(p->first);
+    free((void *)p->opt.balance);
+    free(p);
+}
+
+int fsc_pipe_chunks(const fsc_pipe *p) {
+    return p ? p->nchunks : 0;
+}
+
+int fsc_pipe_chunk_stage(const fsc_pipe *p, int c) {
+    return p && c >= 0 && c < p->nchunks ? c * p->cfg.ranks + p->rank : -1;
+}
+
+fsc_module *fsc_pipe_chunk_module(fsc_pipe *p, int c) {
+    return p && c >= 0 && c < p->nchunks ? p->chunk[c] : NULL;
+}
+
+fsc_params *fsc_pipe_chunk_params(fsc_pipe *p, int c) {
+    return p && c >= 0 && c < p->nchunks ? &p->params[c] : NULL;
+}
+
+fsc_pipe_run_stats fsc_pipe_get_stats(const fsc_pipe *p) {
+    return p->stats;
+}
+
+void fsc_pipe_zero_grad(fsc_pipe *p) {
+    for (int c = 0; c < p->nchunks; c++) fsc_params_zero_grad(&p->params[c]);
+}
+
+/* ---- the action loop ------------------------------------------------------------------- */
+
+/* Per (chunk, micro-batch): what forward kept for backward. */
+typedef struct {
+    void *saved;
+    fsc_tensor in, out, dy, dx;
+} slot;
+
+typedef struct {
+    fsc_pipe *p;
+    const fsc_ctx *base;
+    const fsc_pipe_io *io;
+    slot *slots;         /* nchunks x micros */
+    int *bdone;          /* per micro: backwards done on this rank */
+    fsc_request **sends; /* per action index: a send in flight */
+    int *send_micro;     /* per action index: its micro-batch */
+    int nacts, inflight;
+    double loss;
+} run_state;
+
+static slot *slot_of(run_state *r, int stage, int micro) {
+    return &r->slots[(stage / r->p->cfg.ranks) * r->p->cfg.micros + micro];
+}
+
+static void describe(fsc_pipe_action a, char *buf) {
+    if (fsc_pipe_action_format(a, buf, FSC_PIPE_ACTION_TEXT) < 0) snprintf(buf, 8, "?");
+}
+
+static void shape_text(const float *h, char *buf, size_t n) {
+    int nd = (int)h[2], at = snprintf(buf, n, "(");
+    for (int d = 0; d < nd && d < 4 && at < (int)n; d++)
+        at += snprintf(buf + at, n - (size_t)at, "%s%lld", d ? "," : "", (long long)h[3 + d]);
+    if (at < (int)n) snprintf(buf + at, n - (size_t)at, ")");
+}
+
+static void plan_header(const fsc_pipe *p, float *h) {
+    memset(h, 0, sizeof(float) * PIPE_HEADER);
+    h[0] = 7.f, h[2] = (float)p->opt.act_ndim;
+    for (int d = 0; d < p->opt.act_ndim && d < 4; d++) h[3 + d] = (float)p->opt.act_shape[d];
+}
+
+/* Posts the send of t (header + data) for action a. */
+static int post_send(run_state *r, int k, fsc_pipe_action a, const fsc_tensor *t) {
+    fsc_pipe *p = r->p;
+    float *buf =
+        fsc_arena_alloc(r->p->arena[a.micro], sizeof(float) * (size_t)(PIPE_HEADER + p->act_numel));
+    if (!buf) return FSC_ERR_NOMEM;
+    float plan[PIPE_HEADER];
+    plan_header(p, plan);
+    memset(buf, 0, sizeof(float) * PIPE_HEADER);
+    buf[0] = 7.f, buf[2] = (float)t->ndim;
+    bool same = t->ndim == p->opt.act_ndim && t->dtype == FSC_DTYPE_F32;
+    for (int d = 0; d < t->ndim && d < 4; d++) {
+        buf[3 + d] = (float)t->shape[d];
+        same = same && t->shape[d] == p->opt.act_shape[d];
+    }
+    buf[1] = same ? 0.f : 1.f;
+    if (same)
+        memcpy(buf + PIPE_HEADER, t->data, sizeof(float) * (size_t)p->act_numel);
+    else
+        memset(buf + PIPE_HEADER, 0, sizeof(float) * (size_t)p->act_numel);
+    int rc = fsc_group_isend(p->g, buf, PIPE_HEADER + p->act_numel, FSC_DTYPE_F32,
+                             fsc_pipe_action_peer(p->sched, a), fsc_pipe_action_tag(p->sched, a),
+                             &r->sends[k]);
+    r->send_micro[k] = a.micro;
+    p->stats.messages++;
+    if (rc) return rc;
+    if (!same) {
+        char what[FSC_PIPE_ACTION_TEXT], got[64], want[64];
+        describe(a, what);
+        shape_text(buf, got, sizeof got), shape_text(plan, want, sizeof want);
+        return fsc_error(FSC_ERR_SHAPE,
+                         "pipeline rank %d, action %s (stage %d, micro-batch %d): the tensor to "
+                         "send is %s, the plan says %s",
+                         p->rank, what, a.stage, a.micro, got, want);
+    }
+    return FSC_OK;
+}
+
+/* Receives the message of action a into a tensor of the planned shape. */
+static int receive(run_state *r, fsc_pipe_action a, fsc_tensor *out) {
+    fsc_pipe *p = r->p;
+    float *buf =
+        fsc_arena_alloc(p->arena[a.micro], sizeof(float) * (size_t)(PIPE_HEADER + p->act_numel));
+    if (!buf) return FSC_ERR_NOMEM;
+    char what[FSC_PIPE_ACTION_TEXT];
+    describe(a, what);
+    const int peer = fsc_pipe_action_peer(p->sched, a);
+    fsc_request *req;
+    double t0 = fsc_now();
+    int rc = fsc_group_irecv(p->g, buf, PIPE_HEADER + p->act_numel, FSC_DTYPE_F32, peer,
+                             fsc_pipe_action_tag(p->sched, a), &req);
+    if (!rc) rc = fsc_request_wait(&req);
+    p->stats.wait_s += fsc_now() - t0;
+    if (rc)
+        return fsc_error_context(rc,
+                                 "pipeline rank %d waiting at %s (stage %d, micro-batch %d) "
+                                 "for rank %d: ",
+                                 p->rank, what, a.stage, a.micro, peer);
+    float plan[PIPE_HEADER];
+    plan_header(p, plan);
+    if (buf[1] != 0.f || memcmp(buf + 2, plan + 2, sizeof(float) * 5)) {
+        char got[64], want[64];
+        shape_text(buf, got, sizeof got), shape_text(plan, want, sizeof want);
+        return fsc_error(FSC_ERR_SHAPE,
+                         "pipeline rank %d, action %s (stage %d, micro-batch %d): rank %d sent "
+                         "%s, the plan says %s",
+                         p->rank, what, a.stage, a.micro, peer, got, want);
+    }
+    *out = (fsc_tensor){.data = buf + PIPE_HEADER, .dtype = FSC_DTYPE_F32, .ndim = p->opt.act_ndim};
+    memcpy(out->shape, p->opt.act_shape, sizeof out->shape);
+    return FSC_OK;
+}
+
+static fsc_ctx micro_ctx(const run_state *r, int micro) {
+    fsc_ctx c = *r->base;
+    c.arena = r->p->arena[micro];
+    c.sample0 = r->io->sample0(r->io->user, micro);
+    c.keyed = true;
+    return c;
+}
+
+static int forward(run_state *r, fsc_pipe_action a) {
+    fsc_pipe *p = r->p;
+    slot *sl = slot_of(r, a.stage, a.micro);
+    fsc_ctx ctx = micro_ctx(r, a.micro);
+    int rc = a.stage == 0 ? r->io->input(r->io->user, a.micro, &sl->in) : FSC_OK;
+    if (rc) return rc;
+    /* held activations: (stage, micro-batch) pairs forwarded, not yet backward */
+    if (++r->inflight > p->stats.peak_inflight) p->stats.peak_inflight = r->inflight;
+    r->bdone[a.micro] = r->bdone[a.micro] ? r->bdone[a.micro] : -p->nchunks;
+    double t0 = fsc_now();
+    rc = fsc_module_forward(p->chunk[a.stage / p->cfg.ranks], &ctx, &sl->in, &sl->out, &sl->saved);
+    if (!rc && a.stage == p->stages - 1) {
+        float part = 0;
+        rc = r->io->loss(r->io->user, a.micro, &sl->out, ctx.arena, &part);
+        r->loss += part;
+        sl->dy = sl->out; /* the loss wrote dloss/dy in place */
+    }
+    p->stats.compute_s += fsc_now() - t0;
+    return rc;
+}
+
+/* Waits for the sends of micro-batch i, then gives its arena back. */
+static int release_micro(run_state *r, int micro) {
+    int rc = FSC_OK;
+    double t0 = fsc_now();
+    for (int k = 0; k < r->nacts; k++)
+        if (r->sends[k] && r->send_micro[k] == micro) {
+            int w = fsc_request_wait(&r->sends[k]);
+            if (!rc) rc = w;
+        }
+    r->p->stats.wait_s += fsc_now() - t0;
+    fsc_arena_reset(r->p->arena[micro]);
+    return rc;
+}
+
+static int backward(run_state *r, fsc_pipe_action a) {
+    fsc_pipe *p = r->p;
+    slot *sl = slot_of(r, a.stage, a.micro);
+    fsc_ctx ctx = micro_ctx(r, a.micro);
+    double t0 = fsc_now();
+    int rc = fsc_module_backward(p->chunk[a.stage / p->cfg.ranks], &ctx, sl->saved, &sl->dy,
+                                 a.stage == 0 ? NULL : &sl->dx);
+    p->stats.compute_s += fsc_now() - t0;
+    if (rc) return rc;
+    r->bdone[a.micro]++; /* from -nchunks: 0 once every chunk's backward is done */
+    r->inflight--;
+    return FSC_OK;
+}
+
+static int run_action(run_state *r, int k, fsc_pipe_action a) {
+    slot *sl = slot_of(r, a.stage, a.micro);
+    switch (a.op) {
+    case FSC_PIPE_RECV_F:
+        return receive(r, a, &sl->in);
+    case FSC_PIPE_RECV_B:
+        return receive(r, a, &sl->dy);
+    case FSC_PIPE_F:
+        return forward(r, a);
+    case FSC_PIPE_B:
+        return backward(r, a);
+    case FSC_PIPE_SEND_F:
+        return post_send(r, k, a, &sl->out);
+    case FSC_PIPE_SEND_B:
+        return post_send(r, k, a, &sl->dx);
+    default:
+        return fsc_error(FSC_ERR_UNSUPPORTED, "pipeline: action kind %d is not run here", a.op);
+    }
+}
+
+static int ensure_arenas(fsc_pipe *p) {
+    if (p->narena >= p->cfg.micros) return FSC_OK;
+    fsc_arena **a = realloc(p->arena, sizeof *a * (size_t)p->cfg.micros);
+    if (!a) return fsc_error(FSC_ERR_NOMEM, "pipeline: out of memory");
+    p->arena = a;
+    for (; p->narena < p->cfg.micros; p->narena++)
+        if (!(p->arena[p->narena] = fsc_arena_new(FSC_MEM_ACTIV, 1 << 20)))
+            return fsc_error(FSC_ERR_NOMEM, "pipeline: out of memory");
+    return FSC_OK;
+}
+
+int fsc_pipe_run(fsc_pipe *p, const fsc_ctx *ctx, const fsc_pipe_io *io, float *loss) {
+    if (!p || !ctx || !io || !io->sample0 || !loss || (p->rank == 0 && !io->input) ||
+        (fsc_pipe_stage_rank(p->sched, p->stages - 1) == p->rank && !io->loss))
+        return fsc_error(FSC_ERR_INVALID,
+                         "pipeline run: needs ctx, io (input on the first stage's rank, loss on "
+                         "the last's, sample0) and loss");
+    const fsc_pipe_action *acts;
+    int n, rc = fsc_pipe_schedule_actions(p->sched, p->rank, &acts, &n);
+    if (!rc) rc = ensure_arenas(p);
+    if (rc) return rc;
+    const int m = p->cfg.micros;
+    run_state r = {.p = p, .base = ctx, .io = io, .nacts = n};
+    r.slots = calloc((size_t)p->nchunks * (size_t)m, sizeof *r.slots);
+    r.bdone = calloc((size_t)m, sizeof *r.bdone);
+    r.sends = calloc((size_t)n + 1, sizeof *r.sends);
+    r.send_micro = calloc((size_t)n + 1, sizeof *r.send_micro);
+    if (!r.slots || !r.bdone || !r.sends || !r.send_micro)
+        rc = fsc_error(FSC_ERR_NOMEM, "pipeline: out of memory");
+    p->stats = (fsc_pipe_run_stats){0};
+    for (int i = 0; i < m; i++) fsc_arena_reset(p->arena[i]);
+    for (int k = 0; !rc && k < n; k++) {
+        const fsc_pipe_action a = acts[k];
+        rc = run_action(&r, k, a);
+        /* a micro-batch's arena is given back after its last backward here,
+         * and after the send of that backward's input gradient (next action) */
+        bool last = (a.op == FSC_PIPE_B || a.op == FSC_PIPE_SEND_B) && r.bdone[a.micro] == 0;
+        bool sends_next = k + 1 < n && acts[k + 1].op == FSC_PIPE_SEND_B &&
+                          acts[k + 1].micro == a.micro && acts[k + 1].stage == a.stage;
+        if (!rc && last && !sends_next) rc = release_micro(&r, a.micro);
+    }
+    /* every send completes, even after an error, so no buffer is left to MPI */
+    double t0 = fsc_now();
+    for (int k = 0; k < n; k++)
+        if (r.sends[k]) {
+            int w = fsc_request_wait(&r.sends[k]);
+            if (!rc) rc = w;
+        }
+    p->stats.wait_s += fsc_now() - t0;
+    if (!rc) rc = pipe_sum_shared(p);
+    float total = (float)r.loss;
+    if (!rc) rc = fsc_group_allreduce(p->g, &total, 1, FSC_DTYPE_F32, FSC_REDUCE_SUM);
+    *loss = total;
+    free(r.slots), free(r.bdone), free(r.sends), free(r.send_micro);
+    return rc;
+}

@@ -1,0 +1,49 @@
+/* The pipeline executor's state, shared by pipe.c (set-up and the action
+ * loop) and pipe_params.c (shared parameters, norm, update, weights files).
+ * Only src/parallel/ sees this. */
+#ifndef FSC_PIPE_EXEC_INTERNAL_H
+#define FSC_PIPE_EXEC_INTERNAL_H
+
+#include "fsc/pipe.h"
+
+enum { PIPE_HEADER = 8 }; /* floats in front of every message: its shape and status */
+
+/* A parameter that other ranks hold too (by name), and the group of the
+ * ranks that do. */
+typedef struct {
+    float *grad;
+    int64_t n;
+    bool counts; /* this rank counts it in the norm (the lowest rank holding it) */
+    fsc_group *g;
+} pipe_shared;
+
+struct fsc_pipe {
+    fsc_group *g; /* borrowed */
+    const fsc_pipe_schedule *sched;
+    fsc_pipe_config cfg;
+    fsc_pipe_options opt;
+    int rank, stages;
+    int *first; /* per stage: first layer (stages + 1 entries: end of the last) */
+    int nchunks;
+    fsc_module **chunk; /* this rank's stage modules, by chunk */
+    fsc_params *params; /* by chunk */
+    fsc_optim_range *ranges;
+    int nranges;
+    fsc_optim *optim;
+    pipe_shared *shared;
+    int nshared;
+    fsc_group **groups; /* distinct groups of shared parameters (owned) */
+    int ngroups;
+    int64_t act_numel;
+    fsc_arena **arena; /* per micro-batch of the step */
+    int narena;
+    fsc_pipe_run_stats stats;
+};
+
+/* pipe_params.c: finds parameters held by several ranks, makes their groups. */
+int pipe_find_shared(fsc_pipe *p);
+void pipe_free_shared(fsc_pipe *p);
+/* Sums the shared parameters' gradients over the ranks that hold them. */
+int pipe_sum_shared(fsc_pipe *p);
+
+#endif

@@ -1,0 +1,247 @@
+/* The pipeline's parameters across its ranks: which ones several ranks hold
+ * (found by name, so the GPT's tied wte needs no special case), summing
+ * their gradients over those ranks, the global gradient norm with each
+ * parameter counted once, the update, and the weights file of the whole
+ * model. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/fault.h"
+#include "fsc/weights.h"
+#include "pipe_exec_internal.h"
+
+enum { NAME_BYTES = FSC_NAME_MAX * 2 }; /* fsc_param_entry.name */
+
+/* Every rank's parameter names, gathered: names[r][k], counts per rank. */
+typedef struct {
+    char *all;     /* NAME_BYTES per name, rank by rank */
+    int *count;    /* per rank */
+    int64_t *disp; /* per rank: first name's index */
+} name_table;
+
+static int gather_names(fsc_pipe *p, name_table *t) {
+    const int P = p->cfg.ranks;
+    int mine = 0;
+    for (int c = 0; c < p->nchunks; c++) mine += p->params[c].count;
+    char *local = calloc((size_t)(mine ? mine : 1), NAME_BYTES);
+    t->count = calloc((size_t)P, sizeof *t->count);
+    t->disp = calloc((size_t)P + 1, sizeof *t->disp);
+    int64_t *counts = calloc((size_t)P, sizeof *counts),
+            *displs = calloc((size_t)P, sizeof *displs);
+    int rc = local && t->count && t->disp && counts && displs
+                 ? FSC_OK
+                 : fsc_error(FSC_ERR_NOMEM, "pipeline: out of memory");
+    int k = 0;
+    for (int c = 0; !rc && c < p->nchunks; c++)
+        for (int e = 0; e < p->params[c].count; e++, k++)
+            snprintf(local + (size_t)k * NAME_BYTES, NAME_BYTES, "%s",
+                     p->params[c].entries[e].name);
+    for (int i = 0; !rc && i < mine; i++) /* one rank never holds a name twice */
+        for (int j = 0; j < i; j++)
+            if (!strcmp(local + (size_t)i * NAME_BYTES, local + (size_t)j * NAME_BYTES))
+                rc = fsc_error(FSC_ERR_INVALID,
+                               "pipeline rank %d holds parameter '%s' in two stages; place "
+                               "stages that share a parameter on different ranks",
+                               p->rank, local + (size_t)i * NAME_BYTES);
+    if (!rc) rc = fsc_group_allgather(p->g, &mine, t->count, 1, FSC_DTYPE_I32);
+    int64_t total = 0;
+    for (int r = 0; !rc && r < P; r++) {
+        t->disp[r] = total;
+        counts[r] = (int64_t)t->count[r] * NAME_BYTES / 4, displs[r] = total * NAME_BYTES / 4;
+        total += t->count[r];
+    }
+    t->disp[P] = total;
+    if (!rc && !(t->all = calloc((size_t)(total ? total : 1), NAME_BYTES)))
+        rc = fsc_error(FSC_ERR_NOMEM, "pipeline: out of memory");
+    if (!rc) /* names travel as int32 words */
+        rc = fsc_group_allgatherv(p->g, local, t->all, counts, displs, FSC_DTYPE_I32);
+    free(local), free(counts), free(displs);
+    return rc;
+}
+
+/* Bit r set when rank r holds `name`. */
+static uint64_t holders(const fsc_pipe *p, const name_table *t, const char *name) {
+    uint64_t mask = 0;
+    for (int r = 0; r < p->cfg.ranks; r++)
+        for (int64_t i = t->disp[r]; i < t->disp[r + 1]; i++)
+            if (!strcmp(t->all + i * NAME_BYTES, name)) mask |= 1ull << r;
+    return mask;
+}
+
+static int cmp_u64(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+int pipe_find_shared(fsc_pipe *p) {
+    if (p->cfg.ranks > 64)
+        return fsc_error(FSC_ERR_UNSUPPORTED, "pipeline: more than 64 stages' ranks");
+    name_table t = {0};
+    int rc = gather_names(p, &t);
+    /* every rank sees every name: the same sorted list of holder sets */
+    int64_t total = t.disp ? t.disp[p->cfg.ranks] : 0;
+    uint64_t *masks = calloc((size_t)(total ? total : 1), sizeof *masks);
+    int nmasks = 0;
+    if (!rc && !masks) rc = fsc_error(FSC_ERR_NOMEM, "pipeline: out of memory");
+    for (int64_t i = 0; !rc && i < total; i++) {
+        uint64_t m = holders(p, &t, t.all + i * NAME_BYTES);
+        if (m & (m - 1)) masks[nmasks++] = m;
+    }
+    if (!rc) qsort(masks, (size_t)nmasks, sizeof *masks, cmp_u64);
+    int distinct = 0;
+    for (int i = 0; i < nmasks; i++)
+        if (!distinct || masks[i] != masks[distinct - 1]) masks[distinct++] = masks[i];
+    if (!rc && distinct && !(p->groups = calloc((size_t)distinct, sizeof *p->groups)))
+        rc = fsc_error(FSC_ERR_NOMEM, "pipeline: out of memory");
+    for (int i = 0; !rc && i < distinct; i++) { /* collective over g, once per holder set */
+        bool in = (masks[i] >> p->rank) & 1;
+        rc = fsc_group_split(p->g, in ? 0 : -1, p->rank, "pipe-shared", &p->groups[i]);
+        p->ngroups = i + 1;
+    }
+    int mine = 0;
+    for (int c = 0; c < p->nchunks; c++) mine += p->params[c].count;
+    if (!rc && mine && !(p->shared = calloc((size_t)mine, sizeof *p->shared)))
+        rc = fsc_error(FSC_ERR_NOMEM, "pipeline: out of memory");
+    for (int c = 0; !rc && c < p->nchunks; c++)
+        for (int e = 0; e < p->params[c].count; e++) {
+            const fsc_param_entry *en = &p->params[c].entries[e];
+            uint64_t m = holders(p, &t, en->name);
+            if (!(m & (m - 1))) continue;
+            int gi = 0;
+            while (masks[gi] != m) gi++;
+            p->shared[p->nshared++] = (pipe_shared){.grad = en->param->grad,
+                                                    .n = en->param->numel,
+                                                    .counts = (m & -m) == (1ull << p->rank),
+                                                    .g = p->groups[gi]};
+        }
+    free(masks), free(t.all), free(t.count), free(t.disp);
+    return rc;
+}
+
+void pipe_free_shared(fsc_pipe *p) {
+    for (int i = 0; i < p->ngroups; i++) fsc_group_free(p->groups[i]);
+    free(p->groups);
+    free(p->shared);
+    p->groups = NULL, p->shared = NULL, p->ngroups = p->nshared = 0;
+}
+
+int pipe_sum_shared(fsc_pipe *p) {
+    if (fsc_fault_is(FSC_FAULT_DROP_GRAD)) return FSC_OK; /* test-only: the copies drift apart */
+    for (int i = 0; i < p->nshared; i++) {
+        int rc = fsc_group_allreduce(p->shared[i].g, p->shared[i].grad, p->shared[i].n,
+                                     FSC_DTYPE_F32, FSC_REDUCE_SUM);
+        if (rc) return fsc_error_context(rc, "pipeline: summing a shared parameter's gradient: ");
+    }
+    return FSC_OK;
+}
+
+/* A copy this rank must not count: another rank counts it. */
+static bool counted_elsewhere(const fsc_pipe *p, const float *grad) {
+    for (int i = 0; i < p->nshared; i++)
+        if (p->shared[i].grad == grad) return !p->shared[i].counts;
+    return false;
+}
+
+int fsc_pipe_clip_grad_norm(fsc_pipe *p, float max_norm, float *total) {
+    double sq = 0;
+    for (int i = 0; i < p->nranges; i++)
+        if (!counted_elsewhere(p, p->ranges[i].grad)) sq += fsc_grad_norm_sq(&p->ranges[i], 1);
+    /* each rank's sum travels as the bits of a double (the dist layer
+     * reduces no F64) and is added in rank order: one total everywhere */
+    const int P = p->cfg.ranks;
+    int64_t bits, *all = malloc(sizeof *all * (size_t)P);
+    if (!all) return fsc_error(FSC_ERR_NOMEM, "pipeline: out of memory");
+    memcpy(&bits, &sq, sizeof bits);
+    int rc = fsc_group_allgather(p->g, &bits, all, 1, FSC_DTYPE_I64);
+    sq = 0;
+    for (int r = 0; !rc && r < P; r++) {
+        double v;
+        memcpy(&v, &all[r], sizeof v);
+        sq += v;
+    }
+    free(all);
+    if (rc) return rc;
+    float norm = (float)sqrt(sq);
+    if (total) *total = norm;
+    if (!isfinite(norm))
+        return fsc_error(FSC_ERR_NUMERIC, "pipeline: gradient norm %g is not finite", (double)norm);
+    return max_norm > 0 ? fsc_clip_grads_scale(p->ranges, p->nranges, max_norm, norm) : FSC_OK;
+}
+
+int fsc_pipe_set_lr(fsc_pipe *p, double lr) {
+    return fsc_optim_set_lr(p->optim, lr);
+}
+int fsc_pipe_step(fsc_pipe *p) {
+    return fsc_optim_step(p->optim);
+}
+fsc_optim *fsc_pipe_optim(fsc_pipe *p) {
+    return p->optim;
+}
+
+int fsc_pipe_load_weights(fsc_pipe *p, const char *path) {
+    for (int c = 0; c < p->nchunks; c++) {
+        int unused = 0, rc = fsc_weights_load(path, &p->params[c], &unused);
+        if (rc) return fsc_error_context(rc, "pipeline stage %d: ", fsc_pipe_chunk_stage(p, c));
+    }
+    return FSC_OK;
+}
+
+/* Root: receives rank r's parameters, in r's own order, into the whole
+ * model's by name (r's layout comes from making r's stages here unbound). */
+static int receive_rank(fsc_pipe *p, int r, fsc_params *whole) {
+    int rc = FSC_OK;
+    for (int c = 0; !rc && c < p->cfg.chunks; c++) {
+        int s = c * p->cfg.ranks + r;
+        fsc_module *m = p->opt.make_stage(p->opt.stage_user, p->first[s], p->first[s + 1]);
+        fsc_params ps;
+        rc = m ? fsc_params_collect(m, &ps) : FSC_ERR_INVALID;
+        for (int e = 0; !rc && e < ps.count; e++) {
+            fsc_param_entry *w = fsc_params_find(whole, ps.entries[e].name);
+            if (!w || w->param->numel != ps.entries[e].param->numel) {
+                rc = fsc_error(FSC_ERR_INVALID,
+                               "pipeline save: '%s' of stage %d is not the "
+                               "whole model's",
+                               ps.entries[e].name, s);
+                break;
+            }
+            rc = fsc_group_recv(p->g, w->param->data, w->param->numel, FSC_DTYPE_F32, r, 1);
+        }
+        if (m) fsc_params_free(&ps);
+        fsc_module_free(m);
+    }
+    return rc;
+}
+
+int fsc_pipe_save_weights(fsc_pipe *p, const char *path, int root, int n_meta,
+                          const char *const *keys, const char *const *values) {
+    int rc = FSC_OK;
+    if (p->rank != root) { /* stream every parameter to root, in this rank's order */
+        for (int c = 0; !rc && c < p->nchunks; c++)
+            for (int e = 0; !rc && e < p->params[c].count; e++) {
+                const fsc_param *q = p->params[c].entries[e].param;
+                rc = fsc_group_send(p->g, q->data, q->numel, FSC_DTYPE_F32, root, 1);
+            }
+    } else {
+        fsc_module *whole = p->opt.make_stage(p->opt.stage_user, 0, p->opt.layers);
+        fsc_params all;
+        rc = whole ? fsc_params_bind(whole, 0, false, &all) : FSC_ERR_INVALID;
+        for (int c = 0; !rc && c < p->nchunks; c++)
+            for (int e = 0; e < p->params[c].count; e++) {
+                const fsc_param_entry *en = &p->params[c].entries[e];
+                fsc_param_entry *w = fsc_params_find(&all, en->name);
+                if (w) memcpy(w->param->data, en->param->data, sizeof(float) * en->param->numel);
+            }
+        for (int r = 0; !rc && r < p->cfg.ranks; r++)
+            if (r != root) rc = receive_rank(p, r, &all);
+        if (!rc) rc = fsc_weights_save(path, &all, n_meta, keys, values);
+        if (whole) fsc_params_free(&all);
+        fsc_module_free(whole);
+    }
+    int32_t status = rc;
+    if (fsc_group_broadcast(p->g, &status, 1, FSC_DTYPE_I32, root)) return FSC_ERR_MPI;
+    if (status && p->rank != root)
+        return fsc_error(status, "pipeline: rank %d could not save", root);
+    return rc;
+}

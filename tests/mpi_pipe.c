@@ -1,0 +1,257 @@
+/* The pipeline (fsc/pipe.h) over 2, 3 and 4 ranks, the GPT cut into stages
+ * (embedding, blocks, head with the tied wte): GPipe, 1F1B and interleaved
+ * 1F1B at m = 1, p and 2p+1 micro-batches (interleaved: multiples of p), even
+ * and uneven balance (a one-layer stage, the head alone), dropout on, end
+ * with the parameters of one process on the same global batch within the
+ * noise floor of tests/equivalence.h. The activations held at once on each
+ * rank are the validator's prediction; a stage whose output is not the
+ * planned shape fails on both ends of the message; bad set-ups are refused. */
+#define _POSIX_C_SOURCE 200809L /* mkdtemp */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "equivalence.h"
+#include "fsc/pipe.h"
+#include "fsc/weights.h"
+#include "mpi_test.h"
+
+static int rank, world;
+static char dir[64];
+
+static fsc_module *make_stage(void *user, int first, int end) {
+    return fsc_gpt_stage_new(user, first, end);
+}
+
+typedef struct {
+    fsc_tokens tk;
+    int64_t step;
+    int B, m, T;
+    int32_t x[64 * 16], y[64 * 16];
+    double norm;
+    fsc_tensor ids, targets;
+} data;
+
+static int input(void *user, int micro, fsc_tensor *x) {
+    data *d = user;
+    int32_t *xs = d->x + (size_t)micro * d->B * d->T, *ys = d->y + (size_t)micro * d->B * d->T;
+    int rc = fsc_tokens_batch(&d->tk, d->step, micro, 0, d->B, d->m, 1, d->T, xs, ys);
+    *x = fsc_tensor_2d(xs, FSC_DTYPE_I32, d->B, d->T);
+    return rc;
+}
+
+static int loss(void *user, int micro, fsc_tensor *y, fsc_arena *arena, float *out) {
+    data *d = user;
+    int32_t *xs = d->x + (size_t)micro * d->B * d->T, *ys = d->y + (size_t)micro * d->B * d->T;
+    int rc = fsc_tokens_batch(&d->tk, d->step, micro, 0, d->B, d->m, 1, d->T, xs, ys);
+    fsc_tensor t = fsc_tensor_2d(ys, FSC_DTYPE_I32, d->B, d->T);
+    return rc ? rc : fsc_cross_entropy(out, y, &t, -1, d->norm, arena);
+}
+
+static int64_t sample0(void *user, int micro) {
+    data *d = user;
+    return fsc_batch_first_sample(d->step, micro, 0, d->B, d->m, 1);
+}
+
+typedef struct {
+    fsc_pipe_kind kind;
+    int chunks, m, B;
+    const int *balance;
+} pipe_cfg;
+
+/* Trains EQ_STEPS steps; returns the whole model's parameters as saved, and
+ * checks the activations held against the validator's figure. */
+static float *run_pipe(const pipe_cfg *c, int64_t *numel) {
+    fsc_pipe_schedule *sched;
+    assert_int_equal(fsc_pipe_schedule_make(c->kind, world, c->chunks, c->m, &sched), FSC_OK);
+    fsc_pipe_rank_stats *per = calloc((size_t)world, sizeof *per);
+    assert_int_equal(fsc_pipe_schedule_validate(sched, NULL, NULL, per), FSC_OK);
+    fsc_gpt_config cfg = EQ_MODEL;
+    fsc_pipe_options opt = {.layers = fsc_gpt_num_layers(&cfg),
+                            .make_stage = make_stage,
+                            .stage_user = &cfg,
+                            .balance = c->balance,
+                            .act_ndim = 3,
+                            .act_shape = {c->B, cfg.seq, cfg.d_model},
+                            .seed = 5};
+    fsc_pipe *p = fsc_pipe_new(fsc_group_world(), sched, &EQ_ADAMW, &opt);
+    if (!p) fail_msg("fsc_pipe_new: %s", fsc_last_error());
+    data *d = calloc(1, sizeof *d);
+    eq_tokens(&d->tk);
+    d->B = c->B, d->m = c->m, d->T = cfg.seq;
+    d->norm = (double)c->B * c->m * cfg.seq;
+    fsc_pipe_io io = {.input = input, .loss = loss, .sample0 = sample0, .user = d};
+    for (int s = 0; s < EQ_STEPS; s++) {
+        d->step = s;
+        fsc_ctx ctx = {.training = true, .seed = 5, .step = s};
+        float l;
+        fsc_pipe_zero_grad(p);
+        if (fsc_pipe_run(p, &ctx, &io, &l)) fail_msg("rank %d: %s", rank, fsc_last_error());
+        assert_int_equal(fsc_pipe_step(p), FSC_OK);
+    }
+    assert_int_equal(fsc_pipe_get_stats(p).peak_inflight, per[rank].peak_inflight);
+    char path[128];
+    snprintf(path, sizeof path, "%s/pipe.safetensors", dir);
+    assert_int_equal(fsc_pipe_save_weights(p, path, 0, 0, NULL, NULL), FSC_OK);
+    fsc_module *whole = fsc_gpt_new(&cfg);
+    fsc_params ps;
+    assert_int_equal(fsc_params_bind(whole, 99, false, &ps), FSC_OK);
+    assert_int_equal(fsc_weights_load(path, &ps, NULL), FSC_OK);
+    float *out = malloc(sizeof(float) * (size_t)ps.numel);
+    memcpy(out, ps.data, sizeof(float) * (size_t)ps.numel);
+    *numel = ps.numel;
+    fsc_params_free(&ps);
+    fsc_module_free(whole);
+    fsc_tokens_free(&d->tk);
+    free(d), free(per);
+    fsc_pipe_free(p);
+    fsc_pipe_schedule_free(sched);
+    fsc_group_barrier(fsc_group_world()); /* everyone read the file before the next run */
+    return out;
+}
+
+static void expect_one_process(const pipe_cfg *c) {
+    int64_t n, numel;
+    float *ref = eq_reference_ex(&(eq_options){.global_batch = c->B * c->m}, &n);
+    float *got = run_pipe(c, &numel);
+    assert_int_equal(n, numel);
+    char label[160];
+    snprintf(label, sizeof label, "pipeline %s, %d ranks x %d chunks, m %d, B %d%s, rank %d",
+             fsc_pipe_kind_name(c->kind), world, c->chunks ? c->chunks : 1, c->m, c->B,
+             c->balance ? ", uneven" : "", rank);
+    assert_int_equal(eq_compare(label, got, ref, n), 0);
+    free(ref), free(got);
+}
+
+static void test_gpipe_and_1f1b(void **state) {
+    (void)state;
+    if (world < 2) skip();
+    fsc_pipe_kind kinds[] = {FSC_PIPE_GPIPE, FSC_PIPE_1F1B};
+    int ms[] = {1, world, 2 * world + 1};
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < 3; i++)
+            expect_one_process(&(pipe_cfg){.kind = kinds[k], .m = ms[i], .B = 2});
+}
+
+static void test_interleaved(void **state) {
+    (void)state;
+    /* 4 layers: 2 ranks x 2 chunks, one layer each (the head alone on a stage) */
+    if (world != 2) skip();
+    for (int m = 2; m <= 4; m += 2)
+        expect_one_process(&(pipe_cfg){.kind = FSC_PIPE_INTERLEAVED, .chunks = 2, .m = m, .B = 2});
+}
+
+static void test_uneven_balance(void **state) {
+    (void)state;
+    static const int two_a[] = {1, 3}, two_b[] = {3, 1}, three[] = {2, 1, 1};
+    if (world == 2) {
+        expect_one_process(&(pipe_cfg){.kind = FSC_PIPE_1F1B, .m = 3, .B = 2, .balance = two_a});
+        expect_one_process(&(pipe_cfg){.kind = FSC_PIPE_GPIPE, .m = 2, .B = 2, .balance = two_b});
+    } else if (world == 3) {
+        expect_one_process(&(pipe_cfg){.kind = FSC_PIPE_1F1B, .m = 4, .B = 2, .balance = three});
+    } else {
+        skip();
+    }
+}
+
+/* A plan of the wrong activation shape: the sender and the receiver both
+ * fail at once (2 ranks: a third would wait for the second under the
+ * watchdog, which mpi_watchdog covers). */
+static void test_shape_mismatch(void **state) {
+    (void)state;
+    if (world != 2) skip();
+    fsc_pipe_schedule *sched;
+    assert_int_equal(fsc_pipe_schedule_make(FSC_PIPE_1F1B, 2, 1, 2, &sched), FSC_OK);
+    fsc_gpt_config cfg = EQ_MODEL;
+    fsc_pipe_options opt = {.layers = 4,
+                            .make_stage = make_stage,
+                            .stage_user = &cfg,
+                            .act_ndim = 3,
+                            .act_shape = {2, cfg.seq, cfg.d_model + 1},
+                            .seed = 5};
+    fsc_pipe *p = fsc_pipe_new(fsc_group_world(), sched, &EQ_ADAMW, &opt);
+    assert_non_null(p);
+    data *d = calloc(1, sizeof *d);
+    eq_tokens(&d->tk);
+    d->B = 2, d->m = 2, d->T = cfg.seq, d->norm = 2.0 * 2 * cfg.seq;
+    fsc_pipe_io io = {.input = input, .loss = loss, .sample0 = sample0, .user = d};
+    fsc_ctx ctx = {.training = true, .seed = 5};
+    float l;
+    assert_int_equal(fsc_pipe_run(p, &ctx, &io, &l), FSC_ERR_SHAPE);
+    const char *want = rank == 0 ? "the tensor to send is (2,16,32), the plan says (2,16,33)"
+                                 : "rank 0 sent (2,16,32), the plan says (2,16,33)";
+    if (!strstr(fsc_last_error(), want)) fail_msg("rank %d: %s", rank, fsc_last_error());
+    fsc_tokens_free(&d->tk);
+    free(d);
+    fsc_pipe_free(p);
+    fsc_pipe_schedule_free(sched);
+}
+
+static void test_bad_setups(void **state) {
+    (void)state;
+    fsc_gpt_config cfg = EQ_MODEL;
+    fsc_pipe_options opt = {.layers = 4,
+                            .make_stage = make_stage,
+                            .stage_user = &cfg,
+                            .act_ndim = 3,
+                            .act_shape = {2, cfg.seq, cfg.d_model},
+                            .seed = 5};
+    fsc_pipe_schedule *sched;
+    /* a schedule for another number of ranks */
+    assert_int_equal(fsc_pipe_schedule_make(FSC_PIPE_GPIPE, world + 1, 1, 2, &sched), FSC_OK);
+    assert_null(fsc_pipe_new(fsc_group_world(), sched, &EQ_ADAMW, &opt));
+    assert_non_null(strstr(fsc_last_error(), "the group has"));
+    fsc_pipe_schedule_free(sched);
+    if (world < 2) return;
+    /* balance that does not add up, and a split backward */
+    assert_int_equal(fsc_pipe_schedule_make(FSC_PIPE_GPIPE, world, 1, 2, &sched), FSC_OK);
+    int bad[4] = {6 - world, 1, 1, 1}; /* 5 layers in all: one more than the model */
+    opt.balance = bad;
+    assert_null(fsc_pipe_new(fsc_group_world(), sched, &EQ_ADAMW, &opt));
+    assert_non_null(strstr(fsc_last_error(), "the model has 4"));
+    fsc_pipe_schedule_free(sched);
+    opt.balance = NULL;
+    assert_int_equal(fsc_pipe_schedule_make(FSC_PIPE_ZB_H1, world, 1, 2, &sched), FSC_OK);
+    assert_null(fsc_pipe_new(fsc_group_world(), sched, &EQ_ADAMW, &opt));
+    assert_non_null(strstr(fsc_last_error(), "splits backward"));
+    fsc_pipe_schedule_free(sched);
+}
+
+static int setup_dir(void **state) {
+    (void)state;
+    int32_t buf[16] = {0};
+    if (rank == 0) {
+        strcpy(dir, "/tmp/fsc_pipe_XXXXXX");
+        if (!mkdtemp(dir)) return -1;
+        memcpy(buf, dir, sizeof dir);
+    }
+    if (fsc_group_broadcast(fsc_group_world(), buf, 16, FSC_DTYPE_I32, 0)) return -1;
+    memcpy(dir, buf, sizeof dir);
+    return 0;
+}
+
+static int teardown_dir(void **state) {
+    (void)state;
+    fsc_group_barrier(fsc_group_world());
+    if (rank == 0) {
+        char cmd[128];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+        if (system(cmd)) return -1;
+    }
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (fsc_dist_init(&argc, &argv, NULL)) return 1;
+    rank = fsc_dist_rank(), world = fsc_dist_size();
+    eq_fault_from_env();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_gpipe_and_1f1b), cmocka_unit_test(test_interleaved),
+        cmocka_unit_test(test_uneven_balance), cmocka_unit_test(test_shape_mismatch),
+        cmocka_unit_test(test_bad_setups),
+    };
+    return mpi_test_finish(cmocka_run_group_tests(tests, setup_dir, teardown_dir));
+}
