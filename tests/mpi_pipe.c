@@ -16,6 +16,7 @@
 
 #include "equivalence.h"
 #include "fsc/pipe.h"
+#include "fsc/trainer.h"
 #include "fsc/weights.h"
 #include "mpi_test.h"
 
@@ -220,6 +221,91 @@ static void test_bad_setups(void **state) {
     fsc_pipe_schedule_free(sched);
 }
 
+/* ---- through the trainer: ddp x pipeline on the world (dp = world / 2) ------------------ */
+
+typedef struct {
+    fsc_tokens tk;
+    int T;
+    int32_t x[64 * 16], y[64 * 16], ids[64 * 16];
+} tdata;
+
+static int t_load(const fsc_micro_batch *mb, void *user) {
+    tdata *d = user;
+    return fsc_tokens_batch(&d->tk, mb->step, mb->micro, mb->rank, mb->batch, mb->micros,
+                            mb->world, d->T, d->x, d->y);
+}
+
+static int t_input(const fsc_micro_batch *mb, void *user, fsc_tensor *x) {
+    tdata *d = user; /* stage 0 keeps every micro-batch's ids until its backward */
+    int32_t *ids = d->ids + (size_t)mb->micro * mb->batch * d->T;
+    memcpy(ids, d->x, sizeof *ids * (size_t)mb->batch * d->T);
+    *x = fsc_tensor_2d(ids, FSC_DTYPE_I32, mb->batch, d->T);
+    return FSC_OK;
+}
+
+static int t_loss(const fsc_micro_batch *mb, void *user, fsc_tensor *y, fsc_arena *arena,
+                  float *out) {
+    tdata *d = user;
+    fsc_tensor t = fsc_tensor_2d(d->y, FSC_DTYPE_I32, mb->batch, d->T);
+    return fsc_cross_entropy(out, y, &t, -1, mb->norm, arena);
+}
+
+static void test_trainer_ddp_pipeline(void **state) {
+    (void)state;
+    if (world % 2) skip();
+    fsc_gpt_config cfg = EQ_MODEL;
+    const int m = 2, dp = world / 2, B = EQ_GLOBAL_BATCH / (dp * m);
+    tdata *d = calloc(1, sizeof *d);
+    eq_tokens(&d->tk);
+    d->T = cfg.seq;
+    fsc_trainer_config tc = {.strategy = {.name = "ddp",
+                                          .seed = 5,
+                                          .pipe = {.stages = 2,
+                                                   .schedule = FSC_PIPE_1F1B,
+                                                   .layers = fsc_gpt_num_layers(&cfg),
+                                                   .make_stage = make_stage,
+                                                   .stage_user = &cfg,
+                                                   .act_ndim = 3,
+                                                   .act_shape = {B, cfg.seq, cfg.d_model}}},
+                             .optim = EQ_ADAMW,
+                             .batch = B,
+                             .grad_accum = m,
+                             .targets_per_sample = cfg.seq,
+                             .load = t_load,
+                             .pipe_input = t_input,
+                             .pipe_loss = t_loss,
+                             .user = d};
+    fsc_trainer *t = fsc_trainer_new(NULL, &tc);
+    if (!t) fail_msg("%s", fsc_last_error());
+    assert_int_equal(fsc_strategy_world(fsc_trainer_strategy(t)), dp);
+    for (int s = 0; s < EQ_STEPS; s++) {
+        fsc_step_result r;
+        if (fsc_trainer_step(t, &r)) fail_msg("rank %d: %s", rank, fsc_last_error());
+    }
+    char path[128];
+    snprintf(path, sizeof path, "%s/trainer-pipe.safetensors", dir);
+    assert_int_equal(fsc_trainer_save_weights(t, path, 0, NULL, NULL), FSC_OK);
+    /* a checkpoint is refused, saying why */
+    assert_int_equal(fsc_trainer_save_checkpoint(t, dir, 0, NULL, NULL), FSC_ERR_UNSUPPORTED);
+    fsc_trainer_free(t);
+    fsc_group_barrier(fsc_group_world());
+    fsc_module *whole = fsc_gpt_new(&cfg);
+    fsc_params ps;
+    assert_int_equal(fsc_params_bind(whole, 99, false, &ps), FSC_OK);
+    assert_int_equal(fsc_weights_load(path, &ps, NULL), FSC_OK);
+    int64_t n;
+    float *ref = eq_reference(&n);
+    char label[96];
+    snprintf(label, sizeof label, "trainer ddp %d x pp 2 (1f1b, m %d), rank %d", dp, m, rank);
+    assert_int_equal(eq_compare(label, ps.data, ref, n), 0);
+    free(ref);
+    fsc_params_free(&ps);
+    fsc_module_free(whole);
+    fsc_tokens_free(&d->tk);
+    free(d);
+    fsc_group_barrier(fsc_group_world());
+}
+
 static int setup_dir(void **state) {
     (void)state;
     int32_t buf[16] = {0};
@@ -251,7 +337,7 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gpipe_and_1f1b), cmocka_unit_test(test_interleaved),
         cmocka_unit_test(test_uneven_balance), cmocka_unit_test(test_shape_mismatch),
-        cmocka_unit_test(test_bad_setups),
+        cmocka_unit_test(test_bad_setups),      cmocka_unit_test(test_trainer_ddp_pipeline),
     };
     return mpi_test_finish(cmocka_run_group_tests(tests, setup_dir, teardown_dir));
 }

@@ -43,9 +43,12 @@ static int random_tokens(int vocab, int64_t n, uint64_t seed, fsc_tokens *out) {
     return rc;
 }
 
-/* fsdp: --mixed-precision; every strategy: --checkpoint-activations. */
+/* fsdp: --mixed-precision; every strategy: --checkpoint-activations; ddp:
+ * --pp stages, their --pipe-schedule and --chunks micro-batches. */
 static const char *mixed_precision = "fp32";
 static bool checkpoint_activations;
+static int pp = 1, chunks = 1, virtual_stages = 0;
+static const char *pipe_schedule = "1f1b", *balance = NULL;
 
 typedef struct {
     double tok_s, ms_median, gflops, peak, first, last, comm_share;
@@ -69,12 +72,17 @@ static int measure(const bench_config *c, const char *strategy, int steps, int w
     o.local_in_world = true; /* the baseline runs on rank 0 alone */
     if (fsc_strategy_takes(strategy, "compute_dtype")) o.mixed_precision = mixed_precision;
     o.checkpoint_activations = checkpoint_activations;
+    if (pp > 1 && strcmp(strategy, "single")) { /* the baseline stays one process */
+        o.pp = pp, o.grad_accum = chunks, o.pipe_schedule = pipe_schedule;
+        o.virtual_stages = virtual_stages, o.balance = balance;
+    }
     fsc_mem_reset_peaks();
     trainer t;
     int rc = trainer_init(&t, &o);
     if (!rc) { /* random tokens, as the peer; enough for every rank's batches */
         fsc_tokens_free(&t.tokens);
-        rc = random_tokens(o.model.vocab, (int64_t)o.steps * o.batch * o.model.seq * t.world + 1,
+        rc = random_tokens(o.model.vocab,
+                           (int64_t)o.steps * o.grad_accum * o.batch * o.model.seq * t.world + 1,
                            1234, &t.tokens);
     }
     if (rc) {
@@ -103,7 +111,7 @@ static int measure(const bench_config *c, const char *strategy, int steps, int w
     double peak2 = fsc_sgemm_peak_gflops(1024, 5) / cores; /* the machine drifts: keep the best */
     if (!rc) {
         qsort(ms, (size_t)steps, sizeof *ms, cmp_double);
-        double tokens = (double)steps * o.batch * o.model.seq * t.world;
+        double tokens = (double)steps * o.grad_accum * o.batch * o.model.seq * t.world;
         out->tok_s = tokens / elapsed;
         out->ms_median = ms[steps / 2];
         out->gflops = out->tok_s * fsc_gpt_flops_per_token(&o.model, o.model.seq) / 1e9;
@@ -139,6 +147,18 @@ static void print_result(const bench_config *c, const char *strategy, int ranks,
         printf("\"single_tokens_per_s\": %.1f, \"scaling_efficiency\": %.3f, ", single->tok_s,
                r->tok_s / (workers * single->tok_s));
     if (multi_rank) printf("\"comm_wait_share\": %.4f, ", r->comm_share);
+    if (pp > 1 && multi_rank && single) {
+        /* the pipeline's ideal: every rank busy but for the schedule's bubble */
+        fsc_pipe_kind kind;
+        fsc_pipe_kind_parse(pipe_schedule, &kind);
+        int v = kind == FSC_PIPE_INTERLEAVED ? (virtual_stages ? virtual_stages : 2) : 1;
+        double bubble = fsc_pipe_kind_bubble(kind, pp, v, chunks);
+        printf("\"pp\": %d, \"chunks\": %d, \"pipe_schedule\": \"%s\", \"virtual\": %d, "
+               "\"theoretical_bubble\": %.4f, \"measured_wait_share\": %.4f, "
+               "\"tokens_per_s_vs_ideal\": %.3f, ",
+               pp, chunks, fsc_pipe_kind_name(kind), v, bubble, r->comm_share,
+               r->tok_s / ((1 - bubble) * ranks * single->tok_s));
+    }
     printf("\"first_loss\": %.4f, \"last_loss\": %.4f, \"peak_rss_mib\": %.1f, \"peak_mem\": {",
            r->first, r->last, (double)ru.ru_maxrss / 1024.0);
     for (int tag = 0; tag < FSC_MEM_TAG_COUNT; tag++)
@@ -237,6 +257,8 @@ int main(int argc, char **argv) {
                    "[--strategy single|dp|ddp|oss|sdp|fsdp]\n"
                    "                 [--steps N] [--warmup N] [--threads N] "
                    "[--mixed-precision fp32|bf16|fp16] [--checkpoint-activations] [--version]\n"
+                   "                 [--pp P --chunks M --pipe-schedule gpipe|1f1b|interleaved "
+                   "[--virtual V] [--balance 3,7]]\n"
                    "       fsc-bench --blas-info   (the BLAS kernels fsc runs here, one JSON "
                    "line)\n"
                    "  dp and ddp scale weakly: each thread (dp, --threads) or rank (ddp, under "
@@ -264,14 +286,25 @@ int main(int argc, char **argv) {
             threads = atoi(v);
         else if (!strcmp(a, "--mixed-precision"))
             mixed_precision = v;
+        else if (!strcmp(a, "--pp"))
+            pp = atoi(v);
+        else if (!strcmp(a, "--chunks") || !strcmp(a, "--grad-accum"))
+            chunks = atoi(v);
+        else if (!strcmp(a, "--pipe-schedule"))
+            pipe_schedule = v;
+        else if (!strcmp(a, "--virtual"))
+            virtual_stages = atoi(v);
+        else if (!strcmp(a, "--balance"))
+            balance = v;
         else {
             fprintf(stderr, "fsc-bench: unknown flag %s\n", a);
             return 2;
         }
         i++;
     }
-    if (steps < 1 || warmup < 0 || threads < 1) {
-        fprintf(stderr, "fsc-bench: --steps must be >= 1, --warmup >= 0, --threads >= 1\n");
+    if (steps < 1 || warmup < 0 || threads < 1 || pp < 1 || chunks < 1) {
+        fprintf(stderr, "fsc-bench: --steps must be >= 1, --warmup >= 0, --threads, --pp and "
+                        "--chunks >= 1\n");
         return 2;
     }
     fsc_strategy_info info;

@@ -40,6 +40,8 @@ void train_options_default(train_options *o) {
     o->reshard_after_forward = 1;
     o->mixed_precision = "fp32";
     o->log_every = 10;
+    o->pp = 1;
+    o->pipe_schedule = "1f1b";
 }
 
 typedef enum { ARG_INT, ARG_I64, ARG_U64, ARG_DOUBLE, ARG_FLOAT, ARG_STR, ARG_FLAG } arg_kind;
@@ -95,6 +97,16 @@ static const flag flags[] = {
       "fsdp: with --grad-accum, keep full gradients and reduce once (more memory, less traffic)"),
     F("checkpoint-activations", ARG_FLAG, checkpoint_activations,
       "recompute each block's activations in backward (less memory, ~1/3 more compute)"),
+    F("pp", ARG_INT, pp,
+      "pipeline stages: ranks / pp data-parallel replicas of pp consecutive ranks (with ddp); "
+      "--grad-accum M is the pipeline's micro-batch count"),
+    F("pipe-schedule", ARG_STR, pipe_schedule, "with --pp: gpipe | 1f1b | interleaved | zb1"),
+    F("virtual", ARG_INT, virtual_stages, "with --pipe-schedule interleaved: stages per rank"),
+    F("balance", ARG_STR, balance,
+      "with --pp: layers per stage, e.g. 3,6 (the GPT has L + 2 layers: embedding, blocks, "
+      "head); default even"),
+    F("print-schedule", ARG_FLAG, print_schedule,
+      "with --pp: print the schedule's grid, one row per rank, and its bubble"),
     F("save-every", ARG_I64, save_every,
       "write a checkpoint every N steps (needs --checkpoint-dir)"),
     F("checkpoint-dir", ARG_STR, checkpoint_dir, "directory of checkpoints (step-N/, latest)"),
@@ -328,6 +340,70 @@ static fsc_module *make_replica(void *user) {
     return fsc_gpt_new(user);
 }
 
+static fsc_module *make_stage(void *user, int first, int end) {
+    return fsc_gpt_stage_new(user, first, end);
+}
+
+/* "3,6" -> {3, 6}: exactly n positive counts. */
+static int parse_balance(const char *text, int n, int **out) {
+    int *b = calloc((size_t)n, sizeof *b), k = 0;
+    if (!b) return fsc_error(FSC_ERR_NOMEM, "out of memory");
+    for (const char *p = text; *p && k <= n;) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 1 || v > 1 << 20 || (*end && *end != ',')) break;
+        if (k < n) b[k] = (int)v;
+        k++;
+        p = *end ? end + 1 : end;
+    }
+    if (k != n || b[n - 1] < 1) {
+        free(b);
+        return fsc_error(FSC_ERR_INVALID,
+                         "--balance \"%s\": expected %d positive layer counts separated by commas "
+                         "(one per stage)",
+                         text, n);
+    }
+    *out = b;
+    return FSC_OK;
+}
+
+/* --pp: the GPT's L + 2 layers over pp x virtual stages. */
+static int pipe_options(trainer *t, fsc_strategy_options *so) {
+    const train_options *o = &t->opt;
+    fsc_pipe_kind kind;
+    int rc = fsc_pipe_kind_parse(o->pipe_schedule, &kind);
+    if (rc) return fsc_error_context(rc, "--pipe-schedule: ");
+    const int chunks = kind == FSC_PIPE_INTERLEAVED ? (o->virtual_stages ? o->virtual_stages : 2)
+                                                    : 1;
+    if (o->balance && (rc = parse_balance(o->balance, o->pp * chunks, &t->balance))) return rc;
+    so->pipe.stages = o->pp;
+    so->pipe.schedule = kind;
+    so->pipe.chunks = chunks;
+    so->pipe.balance = t->balance;
+    so->pipe.layers = fsc_gpt_num_layers(&o->model);
+    so->pipe.make_stage = make_stage;
+    so->pipe.stage_user = &t->opt.model;
+    so->pipe.act_ndim = 3;
+    so->pipe.act_shape[0] = o->batch, so->pipe.act_shape[1] = o->model.seq;
+    so->pipe.act_shape[2] = o->model.d_model;
+    if (o->print_schedule && fsc_dist_rank() == 0) {
+        fsc_pipe_schedule *sched;
+        fsc_pipe_stats st;
+        if (!(rc = fsc_pipe_schedule_make(kind, o->pp, chunks, o->grad_accum, &sched))) {
+            fsc_pipe_schedule_print(sched, stderr);
+            if (!fsc_pipe_schedule_validate(sched, NULL, &st, NULL))
+                fprintf(stderr,
+                        "%s, %d ranks x %d chunk(s), %d micro-batches: bubble %.3f (theory "
+                        "%.3f), at most %d activations held on a rank, %d messages\n",
+                        fsc_pipe_kind_name(kind), o->pp, chunks, o->grad_accum, st.bubble,
+                        st.theoretical_bubble, st.peak_inflight, st.messages);
+            fsc_pipe_schedule_free(sched);
+        }
+        if (rc) return fsc_error_context(rc, "--pipe-schedule: ");
+    }
+    return FSC_OK;
+}
+
 /* The strategy's options from the flags; *units (malloc'ed, or NULL) holds
  * the GPT's blocks when they are the units. */
 static int strategy_options(trainer *t, fsc_strategy_options *so, fsc_module ***units) {
@@ -362,7 +438,7 @@ static int strategy_options(trainer *t, fsc_strategy_options *so, fsc_module ***
     so->min_params = o->min_params;
     so->keep_after_forward = !o->reshard_after_forward;
     so->accum_no_sync = o->accum_no_sync;
-    if (fsc_strategy_takes(o->strategy, "units") && o->min_params == 0) {
+    if (fsc_strategy_takes(o->strategy, "units") && o->min_params == 0 && t->model) {
         if (!(*units = gpt_blocks(t->model, &so->nunits)))
             return fsc_error(FSC_ERR_NOMEM, "out of memory");
         so->units = *units;
@@ -372,7 +448,7 @@ static int strategy_options(trainer *t, fsc_strategy_options *so, fsc_module ***
         so->make_replica = make_replica;
         so->replica_user = &t->opt.model;
     }
-    return FSC_OK;
+    return o->pp > 1 ? pipe_options(t, so) : FSC_OK;
 }
 
 static int load_batch(const fsc_micro_batch *mb, void *user) {
@@ -387,6 +463,23 @@ static int gpt_loss(fsc_module *m, const fsc_ctx *ctx, const fsc_micro_batch *mb
     const int T = t->opt.model.seq;
     return fsc_gpt_train_micro(m, ctx, t->x + (size_t)mb->row0 * T, t->y + (size_t)mb->row0 * T,
                                mb->rows, T, -1, mb->norm, loss);
+}
+
+/* Under --pp: stage 0 keeps each micro-batch's ids until its backward. */
+static int pipe_input(const fsc_micro_batch *mb, void *user, fsc_tensor *x) {
+    trainer *t = user;
+    const int T = t->opt.model.seq;
+    int32_t *ids = t->px + (size_t)mb->micro * mb->batch * T;
+    memcpy(ids, t->x, sizeof *ids * (size_t)mb->batch * T);
+    *x = fsc_tensor_2d(ids, FSC_DTYPE_I32, mb->batch, T);
+    return FSC_OK;
+}
+
+static int pipe_loss(const fsc_micro_batch *mb, void *user, fsc_tensor *y, fsc_arena *arena,
+                     float *loss) {
+    trainer *t = user;
+    fsc_tensor targets = fsc_tensor_2d(t->y, FSC_DTYPE_I32, mb->batch, t->opt.model.seq);
+    return fsc_cross_entropy(loss, y, &targets, -1, mb->norm, arena);
 }
 
 /* Tests (FSC_FAULT=inf@R:S): an overflow in this rank's gradients alone. */
@@ -415,6 +508,8 @@ static int make_trainer(trainer *t) {
                               .skip_grad_norm = o->skip_grad_norm,
                               .load = load_batch,
                               .loss = gpt_loss,
+                              .pipe_input = pipe_input,
+                              .pipe_loss = pipe_loss,
                               .after_backward = poison,
                               .user = t};
     fsc_module **units = NULL;
@@ -459,8 +554,13 @@ int trainer_init(trainer *t, const train_options *o) {
         return fsc_error(FSC_ERR_INVALID, "--data %s has %" PRId64 " tokens, fewer than --seq + 1",
                          o->data, t->tokens.count);
 
-    if (!(t->model = fsc_gpt_new(&o->model))) return FSC_ERR_INVALID;
-    if (o->checkpoint_activations && (rc = checkpoint_blocks(t->model))) return rc;
+    if (o->pp < 1) return fsc_error(FSC_ERR_INVALID, "--pp %d must be >= 1", o->pp);
+    if (o->pp > 1 && o->checkpoint_activations)
+        return fsc_error(FSC_ERR_UNSUPPORTED,
+                         "--checkpoint-activations does not run under --pp yet");
+    /* under --pp each rank builds only its stages */
+    if (o->pp == 1 && !(t->model = fsc_gpt_new(&o->model))) return FSC_ERR_INVALID;
+    if (t->model && o->checkpoint_activations && (rc = checkpoint_blocks(t->model))) return rc;
     if ((rc = make_trainer(t))) return rc;
     if (o->init_from) {
         int unused = 0;
@@ -473,7 +573,8 @@ int trainer_init(trainer *t, const train_options *o) {
     size_t n = (size_t)o->batch * o->model.seq;
     t->x = malloc(n * sizeof *t->x);
     t->y = malloc(n * sizeof *t->y);
-    if (!t->x || !t->y) return fsc_error(FSC_ERR_NOMEM, "out of memory");
+    t->px = o->pp > 1 ? malloc(n * (size_t)o->grad_accum * sizeof *t->px) : NULL;
+    if (!t->x || !t->y || (o->pp > 1 && !t->px)) return fsc_error(FSC_ERR_NOMEM, "out of memory");
     if (o->save_init && (rc = trainer_save(t, o->save_init)))
         return fsc_error_context(rc, "--save-init: ");
     return FSC_OK;
@@ -531,6 +632,8 @@ void trainer_free(trainer *t) {
     fsc_tokens_free(&t->tokens);
     free(t->x);
     free(t->y);
+    free(t->px);
+    free(t->balance);
     memset(t, 0, sizeof *t);
 }
 

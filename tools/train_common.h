@@ -32,6 +32,11 @@ typedef struct train_options {
     const char *reduce_dtype;    /* f32 | bf16 | f16 (default: the strategy's) */
     bool accum_no_sync;          /* accumulate full gradients, reduce once */
     bool checkpoint_activations; /* recompute every block in backward */
+    int pp;                      /* pipeline stages (1: none) */
+    const char *pipe_schedule;   /* gpipe | 1f1b | interleaved | zb1 */
+    int virtual_stages;          /* interleaved: stages per rank */
+    const char *balance;         /* layers per stage, "3,6" (NULL: even) */
+    bool print_schedule;         /* print the pipeline's schedule grid (rank 0) */
     int64_t save_every;          /* checkpoint every N steps (0: never) */
     const char *checkpoint_dir, *resume;
     const char *init_from, *save_init, *save, *metrics;
@@ -58,6 +63,8 @@ typedef struct trainer {
     int rank, world; /* data-parallel rank and size */
     fsc_tokens tokens;
     int32_t *x, *y;      /* this rank's current micro-batch */
+    int32_t *px;         /* pipeline: the step's ids, by micro-batch (stage 0 keeps them) */
+    int *balance;        /* parsed --balance, or NULL */
     int64_t poison_step; /* tests: this rank's gradient gets an inf at this step (1-based) */
 } trainer;
 

@@ -26,6 +26,7 @@
 #include "fsc/nn.h"
 #include "fsc/optim.h"
 #include "fsc/parallel.h"
+#include "fsc/pipe.h"
 #include "fsc/zero.h"
 
 #ifdef __cplusplus
@@ -68,6 +69,24 @@ typedef struct fsc_strategy_options {
     int threads;
     fsc_replica_fn make_replica;
     void *replica_user;
+    /* A pipeline dimension (pipe.stages > 1): the group's ranks form
+     * size / stages data-parallel replicas of `stages` consecutive ranks
+     * each, one pipeline per replica; the model is given as layers
+     * (make_stage; fsc_strategy_new's model is then NULL), and the step runs
+     * through fsc_strategy_run_pipeline. Composes with ddp (each stage's
+     * gradients all-reduced over its replicas); other strategies refuse it. */
+    struct {
+        int stages;
+        fsc_pipe_kind schedule; /* GPIPE (default), 1F1B, INTERLEAVED (chunks >= 2) */
+        int chunks;             /* stages per rank under INTERLEAVED (0: 2) */
+        int micros;             /* micro-batches per step (the trainer sets its grad_accum) */
+        const int *balance;     /* layers per stage (stages x chunks), NULL: even; borrowed */
+        int layers;             /* of the model */
+        fsc_pipe_stage_fn make_stage;
+        void *stage_user;
+        int act_ndim; /* the activation between stages, per micro-batch */
+        int64_t act_shape[FSC_MAX_DIMS];
+    } pipe;
 } fsc_strategy_options;
 
 /* Communication of the strategy so far (on this rank). */
@@ -95,6 +114,7 @@ typedef struct fsc_strategy_info {
     const char *summary; /* one line; static storage */
     bool spans_ranks;    /* runs over the group's ranks (false: this process alone) */
     int zero_stage;      /* 0..3: what is sharded over the group */
+    bool pipeline;       /* steps through fsc_strategy_run_pipeline */
 } fsc_strategy_info;
 /* FSC_OK and *out for a known name; FSC_ERR_INVALID (error lists the names)
  * otherwise. */
@@ -145,6 +165,12 @@ FSC_API void fsc_strategy_zero_grad(fsc_strategy *s);
  * bad arguments; fn's status otherwise. */
 FSC_API int fsc_strategy_forward_backward(fsc_strategy *s, const fsc_ctx *ctx, int k, int K,
                                           int rows, fsc_dp_work_fn fn, void *user, float *loss);
+/* A pipeline strategy's whole step (every micro-batch through the
+ * schedule, io giving stage 0's input and the last stage's loss), then the
+ * gradients all-reduced over the data-parallel replicas. *loss gets this
+ * replica's loss. FSC_ERR_INVALID for a strategy without a pipeline. */
+FSC_API int fsc_strategy_run_pipeline(fsc_strategy *s, const fsc_ctx *ctx, const fsc_pipe_io *io,
+                                      float *loss);
 /* Global gradient-norm clipping over every rank's gradients, each parameter
  * counted once (max_norm <= 0 or FLT_MAX: norm only); *total (may be NULL)
  * gets the pre-clip 2-norm, identical on every rank. Collective over the

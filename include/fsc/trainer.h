@@ -55,6 +55,14 @@ typedef int (*fsc_trainer_load_fn)(const fsc_micro_batch *mb, void *user);
  * this call's share of the global mean loss (sum / mb->norm). */
 typedef int (*fsc_trainer_loss_fn)(fsc_module *m, const fsc_ctx *ctx, const fsc_micro_batch *mb,
                                    void *user, float *loss);
+/* Under a pipeline (strategy.pipe.stages > 1) the model is cut into stages,
+ * so the loss function above cannot run it whole; these two take its place:
+ * the first stage's input of micro-batch mb (all its rows; borrowed until
+ * the step ends), and the last stage's loss of mb from the output y, with
+ * dloss/dy written into y (as fsc_cross_entropy does), sum / mb->norm. */
+typedef int (*fsc_trainer_input_fn)(const fsc_micro_batch *mb, void *user, fsc_tensor *x);
+typedef int (*fsc_trainer_head_loss_fn)(const fsc_micro_batch *mb, void *user, fsc_tensor *y,
+                                        fsc_arena *arena, float *loss);
 /* Called after a step's last backward, before unscaling and clipping: look
  * at or change this rank's gradients (fsc_strategy_grad_ranges). */
 typedef int (*fsc_trainer_hook_fn)(fsc_trainer *t, void *user);
@@ -74,7 +82,9 @@ typedef struct fsc_trainer_config {
      * grad_scaler tunes it (NULL: PyTorch's defaults). Borrowed. */
     const fsc_grad_scaler_config *grad_scaler;
     fsc_trainer_load_fn load;           /* may be NULL */
-    fsc_trainer_loss_fn loss;           /* required */
+    fsc_trainer_loss_fn loss;           /* required, except under a pipeline */
+    fsc_trainer_input_fn pipe_input;    /* required under a pipeline */
+    fsc_trainer_head_loss_fn pipe_loss; /* required under a pipeline */
     fsc_trainer_hook_fn after_backward; /* may be NULL */
     void *user;
 } fsc_trainer_config;
@@ -90,7 +100,8 @@ typedef struct fsc_step_result {
 } fsc_step_result;
 
 /* A trainer for `model` (parameters not bound; borrowed, must outlive the
- * trainer) under cfg->strategy. Every rank of the group calls it alike.
+ * trainer; NULL under a pipeline, whose stages cfg->strategy.pipe makes)
+ * under cfg->strategy. Every rank of the group calls it alike.
  * NULL (error set, naming the field) on a bad config or a failed set-up. */
 FSC_API fsc_trainer *fsc_trainer_new(fsc_module *model, const fsc_trainer_config *cfg);
 /* Frees the strategy, the scaler and the step's buffers (not the model).

@@ -1,8 +1,9 @@
 /* The pipeline executor: this rank's stages, and one loop that runs its
  * action list from the schedule, in order, and makes no decision of its own.
- * Every micro-batch's activations and saved state live in that micro-batch's
- * arena, given back when its last backward on this rank is done, so the
- * schedule alone decides how many are held at once. Sends are non-blocking
+ * Every micro-batch's activations and saved state live in an arena taken
+ * from a pool at its first action on this rank and given back (memory kept
+ * for the next) when its last backward here is done: the schedule alone
+ * decides how many are held at once, and the pool never grows past that. Sends are non-blocking
  * (completed before their arena is reused); a receive is posted and waited
  * for where the schedule places it, which the validator proved cannot
  * deadlock. Each message carries a small header with its shape, so a stage
@@ -188,7 +189,26 @@ typedef struct {
     int *send_micro;     /* per action index: its micro-batch */
     int nacts, inflight;
     double loss;
+    int *held;      /* per micro: its arena in p->arena, or -1 */
+    int *free_list; /* arenas of the pool not in use */
+    int nfree;
 } run_state;
+
+/* Micro-batch i's arena, taken from the pool (or a new one) at first use. */
+static fsc_arena *arena_of(run_state *r, int micro) {
+    fsc_pipe *p = r->p;
+    if (r->held[micro] >= 0) return p->arena[r->held[micro]];
+    if (r->nfree) {
+        r->held[micro] = r->free_list[--r->nfree];
+    } else {
+        fsc_arena **grown = realloc(p->arena, sizeof *grown * (size_t)(p->narena + 1));
+        if (!grown) return NULL;
+        p->arena = grown;
+        if (!(p->arena[p->narena] = fsc_arena_new(FSC_MEM_ACTIV, 1 << 20))) return NULL;
+        r->held[micro] = p->narena++;
+    }
+    return p->arena[r->held[micro]];
+}
 
 static slot *slot_of(run_state *r, int stage, int micro) {
     return &r->slots[(stage / r->p->cfg.ranks) * r->p->cfg.micros + micro];
@@ -214,9 +234,10 @@ static void plan_header(const fsc_pipe *p, float *h) {
 /* Posts the send of t (header + data) for action a. */
 static int post_send(run_state *r, int k, fsc_pipe_action a, const fsc_tensor *t) {
     fsc_pipe *p = r->p;
+    fsc_arena *ar = arena_of(r, a.micro);
     float *buf =
-        fsc_arena_alloc(r->p->arena[a.micro], sizeof(float) * (size_t)(PIPE_HEADER + p->act_numel));
-    if (!buf) return FSC_ERR_NOMEM;
+        ar ? fsc_arena_alloc(ar, sizeof(float) * (size_t)(PIPE_HEADER + p->act_numel)) : NULL;
+    if (!buf) return fsc_error(FSC_ERR_NOMEM, "pipeline: out of memory for a message");
     float plan[PIPE_HEADER];
     plan_header(p, plan);
     memset(buf, 0, sizeof(float) * PIPE_HEADER);
@@ -252,9 +273,10 @@ static int post_send(run_state *r, int k, fsc_pipe_action a, const fsc_tensor *t
 /* Receives the message of action a into a tensor of the planned shape. */
 static int receive(run_state *r, fsc_pipe_action a, fsc_tensor *out) {
     fsc_pipe *p = r->p;
+    fsc_arena *ar = arena_of(r, a.micro);
     float *buf =
-        fsc_arena_alloc(p->arena[a.micro], sizeof(float) * (size_t)(PIPE_HEADER + p->act_numel));
-    if (!buf) return FSC_ERR_NOMEM;
+        ar ? fsc_arena_alloc(ar, sizeof(float) * (size_t)(PIPE_HEADER + p->act_numel)) : NULL;
+    if (!buf) return fsc_error(FSC_ERR_NOMEM, "pipeline: out of memory for a message");
     char what[FSC_PIPE_ACTION_TEXT];
     describe(a, what);
     const int peer = fsc_pipe_action_peer(p->sched, a);
@@ -284,9 +306,9 @@ static int receive(run_state *r, fsc_pipe_action a, fsc_tensor *out) {
     return FSC_OK;
 }
 
-static fsc_ctx micro_ctx(const run_state *r, int micro) {
+static fsc_ctx micro_ctx(run_state *r, int micro) {
     fsc_ctx c = *r->base;
-    c.arena = r->p->arena[micro];
+    c.arena = arena_of(r, micro);
     c.sample0 = r->io->sample0(r->io->user, micro);
     c.keyed = true;
     return c;
@@ -323,7 +345,10 @@ static int release_micro(run_state *r, int micro) {
             if (!rc) rc = w;
         }
     r->p->stats.wait_s += fsc_now() - t0;
-    fsc_arena_reset(r->p->arena[micro]);
+    fsc_arena *a = r->p->arena[r->held[micro]]; /* back to the pool, its memory kept */
+    fsc_arena_reset(a);
+    r->free_list[r->nfree++] = r->held[micro];
+    r->held[micro] = -1;
     return rc;
 }
 
@@ -361,17 +386,6 @@ static int run_action(run_state *r, int k, fsc_pipe_action a) {
     }
 }
 
-static int ensure_arenas(fsc_pipe *p) {
-    if (p->narena >= p->cfg.micros) return FSC_OK;
-    fsc_arena **a = realloc(p->arena, sizeof *a * (size_t)p->cfg.micros);
-    if (!a) return fsc_error(FSC_ERR_NOMEM, "pipeline: out of memory");
-    p->arena = a;
-    for (; p->narena < p->cfg.micros; p->narena++)
-        if (!(p->arena[p->narena] = fsc_arena_new(FSC_MEM_ACTIV, 1 << 20)))
-            return fsc_error(FSC_ERR_NOMEM, "pipeline: out of memory");
-    return FSC_OK;
-}
-
 int fsc_pipe_run(fsc_pipe *p, const fsc_ctx *ctx, const fsc_pipe_io *io, float *loss) {
     if (!p || !ctx || !io || !io->sample0 || !loss || (p->rank == 0 && !io->input) ||
         (fsc_pipe_stage_rank(p->sched, p->stages - 1) == p->rank && !io->loss))
@@ -380,7 +394,6 @@ int fsc_pipe_run(fsc_pipe *p, const fsc_ctx *ctx, const fsc_pipe_io *io, float *
                          "the last's, sample0) and loss");
     const fsc_pipe_action *acts;
     int n, rc = fsc_pipe_schedule_actions(p->sched, p->rank, &acts, &n);
-    if (!rc) rc = ensure_arenas(p);
     if (rc) return rc;
     const int m = p->cfg.micros;
     run_state r = {.p = p, .base = ctx, .io = io, .nacts = n};
@@ -388,10 +401,13 @@ int fsc_pipe_run(fsc_pipe *p, const fsc_ctx *ctx, const fsc_pipe_io *io, float *
     r.bdone = calloc((size_t)m, sizeof *r.bdone);
     r.sends = calloc((size_t)n + 1, sizeof *r.sends);
     r.send_micro = calloc((size_t)n + 1, sizeof *r.send_micro);
-    if (!r.slots || !r.bdone || !r.sends || !r.send_micro)
+    r.held = malloc(sizeof *r.held * (size_t)m);
+    r.free_list = malloc(sizeof *r.free_list * (size_t)(p->narena + m));
+    for (int i = 0; r.held && i < m; i++) r.held[i] = -1;
+    for (int i = 0; r.free_list && i < p->narena; i++) r.free_list[r.nfree++] = i;
+    if (!r.slots || !r.bdone || !r.sends || !r.send_micro || !r.held || !r.free_list)
         rc = fsc_error(FSC_ERR_NOMEM, "pipeline: out of memory");
     p->stats = (fsc_pipe_run_stats){0};
-    for (int i = 0; i < m; i++) fsc_arena_reset(p->arena[i]);
     for (int k = 0; !rc && k < n; k++) {
         const fsc_pipe_action a = acts[k];
         rc = run_action(&r, k, a);
@@ -414,6 +430,9 @@ int fsc_pipe_run(fsc_pipe *p, const fsc_ctx *ctx, const fsc_pipe_io *io, float *
     float total = (float)r.loss;
     if (!rc) rc = fsc_group_allreduce(p->g, &total, 1, FSC_DTYPE_F32, FSC_REDUCE_SUM);
     *loss = total;
-    free(r.slots), free(r.bdone), free(r.sends), free(r.send_micro);
+    for (int i = 0; r.held && i < m; i++) /* after an error: every arena back */
+        if (r.held[i] >= 0) fsc_arena_reset(p->arena[r.held[i]]);
+    free(r.slots), free(r.bdone), free(r.sends), free(r.send_micro), free(r.held),
+        free(r.free_list);
     return rc;
 }

@@ -75,8 +75,10 @@ int fsc_strategy_info_get(const char *name, fsc_strategy_info *out) {
     if (!ops || !out)
         return fsc_error(FSC_ERR_INVALID, "strategy \"%s\": expected %s", name ? name : "(null)",
                          name_list());
-    *out = (fsc_strategy_info){
-        .summary = ops->summary, .spans_ranks = ops->spans_ranks, .zero_stage = ops->zero_stage};
+    *out = (fsc_strategy_info){.summary = ops->summary,
+                               .spans_ranks = ops->spans_ranks,
+                               .zero_stage = ops->zero_stage,
+                               .pipeline = ops->pipeline};
     return FSC_OK;
 }
 
@@ -116,12 +118,25 @@ fsc_strategy *fsc_strategy_new(fsc_module *model, const fsc_optim_config *optim,
         fsc_error(FSC_ERR_INVALID, "strategy \"%s\": expected %s", name, name_list());
         return NULL;
     }
-    if (!model || !optim) {
-        fsc_error(FSC_ERR_INVALID, "strategy %s: %s is NULL", name, model ? "optim" : "model");
-        return NULL;
-    }
     if (check_options(ops, opt)) {
         fsc_error_context(FSC_ERR_INVALID, "strategy %s: ", name);
+        return NULL;
+    }
+    const bool piped = opt->pipe.stages > 1;
+    if (piped && !ops->composes_with_pipe) {
+        fsc_error(FSC_ERR_INVALID, "strategy %s: does not run with a pipeline yet (ddp does)", name);
+        return NULL;
+    }
+    if (!piped && opt->pipe.make_stage) {
+        fsc_error(FSC_ERR_INVALID, "strategy %s: pipeline options need pipe.stages >= 2", name);
+        return NULL;
+    }
+    if (piped) ops = &fsc_strategy_pipe;
+    if (!optim || (!model) != piped) {
+        fsc_error(FSC_ERR_INVALID, "strategy %s: %s", name,
+                  !optim  ? "optim is NULL"
+                  : piped ? "a pipeline builds its stages itself: pass a NULL model"
+                          : "model is NULL");
         return NULL;
     }
     fsc_strategy *s = calloc(1, sizeof *s);
@@ -136,7 +151,7 @@ fsc_strategy *fsc_strategy_new(fsc_module *model, const fsc_optim_config *optim,
     s->group = ops->spans_ranks ? (opt->group ? opt->group : fsc_group_world()) : fsc_group_self();
     s->rank = fsc_group_rank(s->group);
     s->world = fsc_group_size(s->group);
-    int rc = ops->setup(s, optim);
+    int rc = ops->setup(s, optim); /* a pipeline narrows group, rank, world to its replicas */
     if (!rc) rc = strategy_collect_ranges(s);
     if (rc) {
         fsc_error_context(rc, "strategy %s: ", name);
@@ -203,6 +218,13 @@ int fsc_strategy_forward_backward(fsc_strategy *s, const fsc_ctx *ctx, int k, in
     return fn(s->module, ctx, 0, rows, user, loss);
 }
 
+int fsc_strategy_run_pipeline(fsc_strategy *s, const fsc_ctx *ctx, const fsc_pipe_io *io,
+                              float *loss) {
+    if (!s->ops->run_pipeline)
+        return fsc_error(FSC_ERR_INVALID, "strategy %s has no pipeline", s->ops->name);
+    return s->ops->run_pipeline(s, ctx, io, loss);
+}
+
 int fsc_strategy_clip_grad_norm(fsc_strategy *s, float max_norm, float *total) {
     return s->ops->clip(s, max_norm > 0 ? max_norm : FLT_MAX, total);
 }
@@ -260,7 +282,8 @@ static double count_params(const fsc_module *m) {
 fsc_strategy_memory fsc_strategy_memory_plan(const fsc_strategy *s) {
     const int stage = s->ops->zero_stage, N = s->world;
     const fsc_optim_config cfg = fsc_optim_get_config(s->optim);
-    const double P = count_params(s->model);
+    double P = s->model ? count_params(s->model) : 0;
+    for (int i = 0; !s->model && i < s->nranges; i++) P += (double)s->ranges[i].n; /* stages */
     fsc_strategy_memory m = {.zero_stage = stage,
                              .params_shards = stage >= 3 ? N : 1,
                              .grads_shards = stage >= 2 ? N : 1,

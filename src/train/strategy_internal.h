@@ -20,6 +20,10 @@ enum {
 typedef struct strategy_ops {
     const char *name, *summary;
     bool spans_ranks; /* runs over the data-parallel group (false: this process alone) */
+    bool pipeline;    /* the model comes as layers; steps through run_pipeline */
+    /* With pipe.stages > 1 the pipeline row runs instead, this row's
+     * behaviour between the replicas (ddp: an all-reduce of the gradients). */
+    bool composes_with_pipe;
     int zero_stage;   /* 0..3: what is sharded over the group (see fsc_strategy_memory) */
     unsigned accepts; /* OPT_* */
     int (*setup)(fsc_strategy *s, const fsc_optim_config *optim);
@@ -39,6 +43,7 @@ typedef struct strategy_ops {
     int (*save_sharded)(fsc_strategy *s, const char *path, int n_meta, const char *const *keys,
                         const char *const *values);                /* NULL: none */
     void (*stats)(const fsc_strategy *s, fsc_strategy_stats *out); /* NULL: none */
+    int (*run_pipeline)(fsc_strategy *s, const fsc_ctx *ctx, const fsc_pipe_io *io, float *loss);
 } strategy_ops;
 
 struct fsc_strategy {
@@ -59,11 +64,19 @@ struct fsc_strategy {
     fsc_dp *dp;
     /* fsdp */
     fsc_fsdp *fsdp;
+    /* pipeline: the stages' group (ranks of one replica) and the schedule;
+     * `group` is then the data-parallel group (one rank per replica) */
+    fsc_pipe *pipe;
+    fsc_pipe_schedule *sched;
+    fsc_group *pp_group, *dp_group;
+    double pipe_wait_s;
 };
 
 /* The rows, defined beside their code. */
 extern const strategy_ops fsc_strategy_single, fsc_strategy_dp, fsc_strategy_ddp, fsc_strategy_oss,
     fsc_strategy_sdp, fsc_strategy_fsdp;
+/* Not in the table: what a row that composes with a pipeline becomes. */
+extern const strategy_ops fsc_strategy_pipe;
 
 /* Copies the optimizer's ranges into s->ranges (after setup). */
 int strategy_collect_ranges(fsc_strategy *s);

@@ -182,6 +182,7 @@ const strategy_ops fsc_strategy_ddp = {
     .name = "ddp",
     .summary = "one process per rank, gradients all-reduced in buckets during backward",
     .spans_ranks = true,
+    .composes_with_pipe = true,
     .accepts = OPT_BUCKET,
     .setup = setup_ddp,
     .set_no_sync = ddp_no_sync,

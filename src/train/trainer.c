@@ -19,7 +19,10 @@ static int check_config(const fsc_trainer_config *c) {
                          c->targets_per_sample);
     if (!(c->clip >= 0))
         return fsc_error(FSC_ERR_INVALID, "trainer: clip %g must be >= 0", c->clip);
-    if (!c->loss) return fsc_error(FSC_ERR_INVALID, "trainer: the loss function is NULL");
+    const bool piped = c->strategy.pipe.stages > 1;
+    if (!piped && !c->loss) return fsc_error(FSC_ERR_INVALID, "trainer: the loss function is NULL");
+    if (piped && (!c->pipe_input || !c->pipe_loss))
+        return fsc_error(FSC_ERR_INVALID, "trainer: a pipeline needs pipe_input and pipe_loss");
     if (c->strategy.threads > c->batch && fsc_strategy_takes(c->strategy.name, "threads"))
         return fsc_error(FSC_ERR_INVALID, "trainer: batch %d cannot be split across %d threads",
                          c->batch, c->strategy.threads);
@@ -44,7 +47,9 @@ fsc_trainer *fsc_trainer_new(fsc_module *model, const fsc_trainer_config *cfg) {
     t->cfg = *cfg;
     if (!t->cfg.grad_accum) t->cfg.grad_accum = 1;
     if (!(t->cfg.targets_per_sample > 0)) t->cfg.targets_per_sample = 1;
-    t->s = fsc_strategy_new(model, &cfg->optim, &cfg->strategy);
+    fsc_strategy_options so = cfg->strategy;
+    if (so.pipe.stages > 1 && !so.pipe.micros) so.pipe.micros = t->cfg.grad_accum;
+    t->s = fsc_strategy_new(model, &cfg->optim, &so);
     bool fp16 = cfg->strategy.compute_dtype == FSC_DTYPE_F16;
     if (t->s && fp16 && !(t->scaler = fsc_grad_scaler_new(cfg->grad_scaler)))
         fsc_error_context(FSC_ERR_INVALID, "trainer: grad scaler: ");
@@ -93,6 +98,60 @@ static int run_rows(fsc_module *m, const fsc_ctx *ctx, int row0, int rows, void 
     return c->t->cfg.loss(m, ctx, &mb, c->t->cfg.user, loss);
 }
 
+/* Under a pipeline: micro-batch k of this step, as the trainer's callbacks
+ * see it (rows: all of it). */
+typedef struct {
+    fsc_trainer *t;
+    double norm;
+} pipe_call;
+
+static fsc_micro_batch pipe_micro(const pipe_call *c, int k) {
+    const fsc_trainer *t = c->t;
+    const int B = t->cfg.batch, K = t->cfg.grad_accum;
+    const int rank = fsc_strategy_rank(t->s), world = fsc_strategy_world(t->s);
+    return (fsc_micro_batch){.step = t->step,
+                             .micro = k,
+                             .micros = K,
+                             .rank = rank,
+                             .world = world,
+                             .batch = B,
+                             .rows = B,
+                             .sample0 = fsc_batch_first_sample(t->step, k, rank, B, K, world),
+                             .norm = c->norm};
+}
+
+static int pipe_input(void *user, int k, fsc_tensor *x) {
+    pipe_call *c = user;
+    fsc_micro_batch mb = pipe_micro(c, k);
+    int rc = c->t->cfg.load ? c->t->cfg.load(&mb, c->t->cfg.user) : FSC_OK;
+    return rc ? rc : c->t->cfg.pipe_input(&mb, c->t->cfg.user, x);
+}
+
+static int pipe_loss(void *user, int k, fsc_tensor *y, fsc_arena *arena, float *loss) {
+    pipe_call *c = user;
+    fsc_micro_batch mb = pipe_micro(c, k);
+    int rc = c->t->cfg.load ? c->t->cfg.load(&mb, c->t->cfg.user) : FSC_OK;
+    return rc ? rc : c->t->cfg.pipe_loss(&mb, c->t->cfg.user, y, arena, loss);
+}
+
+static int64_t pipe_sample0(void *user, int k) { return pipe_micro(user, k).sample0; }
+
+/* The whole step through the strategy's pipeline; *loss gets this replica's. */
+static int pipeline_step(fsc_trainer *t, double scale, double *loss) {
+    const fsc_trainer_config *c = &t->cfg;
+    const int world = fsc_strategy_world(t->s);
+    pipe_call call = {
+        .t = t,
+        .norm = (double)c->batch * c->grad_accum * world * c->targets_per_sample / scale};
+    fsc_pipe_io io = {
+        .input = pipe_input, .loss = pipe_loss, .sample0 = pipe_sample0, .user = &call};
+    fsc_ctx ctx = {.training = true, .seed = c->strategy.seed, .step = t->step, .keyed = true};
+    float part = 0;
+    int rc = fsc_strategy_run_pipeline(t->s, &ctx, &io, &part);
+    *loss += part / scale;
+    return rc;
+}
+
 /* Every micro-batch of the step; *loss gets this rank's share. */
 static int micro_steps(fsc_trainer *t, double scale, double *loss) {
     const fsc_trainer_config *c = &t->cfg;
@@ -136,7 +195,8 @@ int fsc_trainer_step(fsc_trainer *t, fsc_step_result *r) {
     fsc_group *g = fsc_strategy_group(t->s);
     double loss = 0;
     fsc_strategy_zero_grad(t->s);
-    int rc = micro_steps(t, scale, &loss);
+    int rc = c->strategy.pipe.stages > 1 ? pipeline_step(t, scale, &loss)
+                                         : micro_steps(t, scale, &loss);
     if (!rc && fsc_strategy_world(t->s) > 1) { /* this rank's share -> the global mean */
         float share = (float)loss;
         rc = fsc_group_allreduce(g, &share, 1, FSC_DTYPE_F32, FSC_REDUCE_SUM);

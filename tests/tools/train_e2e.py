@@ -106,6 +106,15 @@ def strategies():
     mpiexec(4, *common, "--batch", "1", "--grad-accum", "2", "--strategy", "sdp", "--metrics", m,
             "--bucket-mb", "0.02")
     out["sdp x4, accum 2, small buckets"] = metrics(m)
+    # pipelines: 4 layers (embedding, 2 blocks, head) over 2 ranks, and dp 2 x pp 2
+    for n, sched, extra in ((2, "1f1b", ["--batch", "2", "--grad-accum", "4"]),
+                            (2, "gpipe", ["--batch", "4", "--grad-accum", "2", "--balance", "1,3"]),
+                            (2, "interleaved", ["--batch", "2", "--grad-accum", "4"]),
+                            (4, "1f1b", ["--batch", "2", "--grad-accum", "2"])):
+        m = os.path.join(TMP, f"pp{n}{sched}.jsonl")
+        mpiexec(n, *common, *extra, "--strategy", "ddp", "--pp", "2", "--pipe-schedule", sched,
+                "--metrics", m)
+        out[f"ddp x{n // 2} pp 2 {sched} {' '.join(extra[2:])}"] = metrics(m)
     ref = out["single"]
     for name, rows in out.items():
         assert len(rows) == len(ref), name
