@@ -221,6 +221,40 @@ static void test_bad_setups(void **state) {
     fsc_pipe_schedule_free(sched);
 }
 
+/* Automatic balance: a valid cut, the same on every rank, and a budget no
+ * cut fits refused by name. */
+static void test_balance_auto(void **state) {
+    (void)state;
+    if (world < 2) skip();
+    fsc_gpt_config cfg = EQ_MODEL;
+    fsc_pipe_schedule *sched;
+    assert_int_equal(fsc_pipe_schedule_make(FSC_PIPE_1F1B, world, 1, 4, &sched), FSC_OK);
+    fsc_pipe_options opt = {.layers = 4,
+                            .make_stage = make_stage,
+                            .stage_user = &cfg,
+                            .act_ndim = 3,
+                            .act_shape = {2, cfg.seq, cfg.d_model},
+                            .seed = 5};
+    int b[4] = {0}, all[16] = {0};
+    fsc_pipe_balance_report rep;
+    assert_int_equal(fsc_pipe_balance_auto(fsc_group_world(), &opt, sched, cfg.vocab, 2, b, &rep),
+                     FSC_OK);
+    int sum = 0;
+    for (int s = 0; s < world; s++) sum += b[s], assert_true(b[s] >= 1);
+    assert_int_equal(sum, 4);
+    assert_int_equal(rep.stages, world);
+    assert_int_equal(fsc_group_allgather(fsc_group_world(), b, all, 4, FSC_DTYPE_I32), FSC_OK);
+    for (int r = 1; r < world; r++) assert_memory_equal(all, all + 4 * r, sizeof b);
+    /* the training with it equals one process too */
+    expect_one_process(&(pipe_cfg){.kind = FSC_PIPE_1F1B, .m = 4, .B = 2, .balance = b});
+    size_t old = fsc_mem_get_limit();
+    fsc_mem_set_limit(1 << 20); /* 1 MiB: no stage fits */
+    int rc = fsc_pipe_balance_auto(fsc_group_world(), &opt, sched, cfg.vocab, 2, b, NULL);
+    fsc_mem_set_limit(old);
+    assert_int_not_equal(rc, FSC_OK);
+    fsc_pipe_schedule_free(sched);
+}
+
 /* ---- through the trainer: ddp x pipeline on the world (dp = world / 2) ------------------ */
 
 typedef struct {
@@ -231,8 +265,8 @@ typedef struct {
 
 static int t_load(const fsc_micro_batch *mb, void *user) {
     tdata *d = user;
-    return fsc_tokens_batch(&d->tk, mb->step, mb->micro, mb->rank, mb->batch, mb->micros,
-                            mb->world, d->T, d->x, d->y);
+    return fsc_tokens_batch(&d->tk, mb->step, mb->micro, mb->rank, mb->batch, mb->micros, mb->world,
+                            d->T, d->x, d->y);
 }
 
 static int t_input(const fsc_micro_batch *mb, void *user, fsc_tensor *x) {
@@ -337,7 +371,8 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gpipe_and_1f1b), cmocka_unit_test(test_interleaved),
         cmocka_unit_test(test_uneven_balance), cmocka_unit_test(test_shape_mismatch),
-        cmocka_unit_test(test_bad_setups),      cmocka_unit_test(test_trainer_ddp_pipeline),
+        cmocka_unit_test(test_bad_setups),     cmocka_unit_test(test_trainer_ddp_pipeline),
+        cmocka_unit_test(test_balance_auto),
     };
     return mpi_test_finish(cmocka_run_group_tests(tests, setup_dir, teardown_dir));
 }

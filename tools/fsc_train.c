@@ -43,9 +43,12 @@ static void summary(const trainer *t, double first_loss, double last_loss, doubl
     double tokens = (double)steps * o->batch * o->grad_accum * o->model.seq * t->world;
     double tok_s = seconds > 0 ? tokens / seconds : 0;
     double gflops = tok_s * fsc_gpt_flops_per_token(&o->model, o->model.seq) / 1e9;
-    int cores = threads ? o->threads : t->world * o->threads;
-    fprintf(stderr, "\n== fsc-train summary (--strategy %s, %d rank%s%s) ==\n", o->strategy,
-            t->world, t->world > 1 ? "s" : "", threads ? ", threads" : "");
+    const int ranks = fsc_dist_size();
+    int cores = threads ? o->threads : ranks * o->threads;
+    fprintf(stderr, "\n== fsc-train summary (--strategy %s, %d rank%s%s", o->strategy, ranks,
+            ranks > 1 ? "s" : "", threads ? ", threads" : "");
+    if (o->pp > 1) fprintf(stderr, ": %d replica(s) x pp %d", t->world, o->pp);
+    fprintf(stderr, ") ==\n");
     fprintf(stderr, "model      GPT L%d C%d H%d T%d V%d, %.2fM parameters\n", o->model.layers,
             o->model.d_model, o->model.heads, o->model.seq, o->model.vocab,
             (double)fsc_gpt_num_params(&o->model) / 1e6);
@@ -57,6 +60,11 @@ static void summary(const trainer *t, double first_loss, double last_loss, doubl
             tok_s, gflops, peak_gflops > 0 ? 100 * gflops / (peak_gflops * cores) : 0, cores,
             peak_gflops);
     fsc_strategy_stats st = fsc_strategy_get_stats(t->s);
+    if (st.messages)
+        fprintf(stderr,
+                "pipeline   %.1f%% of step time waiting on the other stages (rank 0), %lld "
+                "messages sent\n",
+                seconds > 0 ? 100 * comm_s / seconds : 0, (long long)st.messages);
     if (st.reductions || st.gathers) {
         fprintf(stderr,
                 "comm       %.1f%% of step time waiting on communication (rank 0): %lld "
@@ -66,9 +74,9 @@ static void summary(const trainer *t, double first_loss, double last_loss, doubl
             fprintf(stderr, ", %lld all-gathers over %d units", (long long)st.gathers, st.units);
         fprintf(stderr, "\n");
     }
-    for (int r = 0; r < t->world; r++) {
+    for (int r = 0; r < mem_ranks(t); r++) {
         fprintf(stderr, "peak memory");
-        if (t->world > 1) fprintf(stderr, " rank %d:", r);
+        if (mem_ranks(t) > 1) fprintf(stderr, " rank %d:", r);
         for (int tag = 0; tag < FSC_MEM_TAG_COUNT; tag++)
             fprintf(stderr, " %s %.1f MiB%s", fsc_mem_tag_name((fsc_mem_tag)tag),
                     (double)mem[r * FSC_MEM_TAG_COUNT + tag] / 1048576.0,
@@ -214,7 +222,7 @@ int main(int argc, char **argv) {
                 fsc_last_error());
         return fail(&t, world, 1);
     }
-    int64_t *mem = calloc((size_t)t.world * FSC_MEM_TAG_COUNT, sizeof *mem);
+    int64_t *mem = calloc((size_t)mem_ranks(&t) * FSC_MEM_TAG_COUNT, sizeof *mem);
     if (!mem || gather_mem_peaks(&t, mem)) {
         fprintf(stderr, "fsc-train: gathering memory figures: %s\n", fsc_last_error());
         free(mem);

@@ -104,7 +104,8 @@ static const flag flags[] = {
     F("virtual", ARG_INT, virtual_stages, "with --pipe-schedule interleaved: stages per rank"),
     F("balance", ARG_STR, balance,
       "with --pp: layers per stage, e.g. 3,6 (the GPT has L + 2 layers: embedding, blocks, "
-      "head); default even"),
+      "head), or auto (each layer timed, the slowest stage made fastest within "
+      "FSC_MEM_LIMIT_MB); default even"),
     F("print-schedule", ARG_FLAG, print_schedule,
       "with --pp: print the schedule's grid, one row per rank, and its bubble"),
     F("save-every", ARG_I64, save_every,
@@ -367,15 +368,61 @@ static int parse_balance(const char *text, int n, int **out) {
     return FSC_OK;
 }
 
+/* --balance auto: profile every layer, cut where the slowest stage is
+ * fastest (within the memory budget), and say what was chosen. */
+static int auto_balance(trainer *t, fsc_strategy_options *so) {
+    const train_options *o = &t->opt;
+    const int S = o->pp * so->pipe.chunks;
+    fsc_pipe_schedule *sched;
+    fsc_optim_config cfg;
+    int rc = optim_config(o, &cfg);
+    if (!rc)
+        rc = fsc_pipe_schedule_make(so->pipe.schedule, o->pp, so->pipe.chunks, o->grad_accum,
+                                    &sched);
+    if (rc) return rc;
+    fsc_pipe_options po = {.layers = so->pipe.layers,
+                           .make_stage = so->pipe.make_stage,
+                           .stage_user = so->pipe.stage_user,
+                           .act_ndim = so->pipe.act_ndim,
+                           .seed = o->seed};
+    memcpy(po.act_shape, so->pipe.act_shape, sizeof po.act_shape);
+    fsc_pipe_balance_report rep;
+    if (!(t->balance = calloc((size_t)S, sizeof *t->balance)))
+        rc = fsc_error(FSC_ERR_NOMEM, "out of memory");
+    if (!rc)
+        rc = fsc_pipe_balance_auto(fsc_group_world(), &po, sched, o->model.vocab,
+                                   fsc_optim_state_count(&cfg), t->balance, &rep);
+    fsc_pipe_schedule_free(sched);
+    if (rc) return rc;
+    so->pipe.balance = t->balance;
+    if (fsc_dist_rank() == 0 && !o->quiet) {
+        double worst = 0, sum = 0;
+        for (int s = 0; s < S && s < FSC_PIPE_MAX_STAGES; s++) {
+            sum += rep.stage_seconds[s];
+            if (rep.stage_seconds[s] > worst) worst = rep.stage_seconds[s];
+        }
+        fprintf(stderr, "--balance auto:");
+        for (int s = 0; s < S; s++) fprintf(stderr, "%s%d", s ? "," : " ", t->balance[s]);
+        fprintf(stderr, " layers per stage; predicted per micro-batch:");
+        for (int s = 0; s < S && s < FSC_PIPE_MAX_STAGES; s++)
+            fprintf(stderr, " %.1f ms / %.0f MiB", 1e3 * rep.stage_seconds[s],
+                    rep.stage_bytes[s] / 1048576.0);
+        fprintf(stderr, "; slowest stage %.2f x the mean\n", worst / (sum / S));
+    }
+    return FSC_OK;
+}
+
 /* --pp: the GPT's L + 2 layers over pp x virtual stages. */
 static int pipe_options(trainer *t, fsc_strategy_options *so) {
     const train_options *o = &t->opt;
     fsc_pipe_kind kind;
     int rc = fsc_pipe_kind_parse(o->pipe_schedule, &kind);
     if (rc) return fsc_error_context(rc, "--pipe-schedule: ");
-    const int chunks = kind == FSC_PIPE_INTERLEAVED ? (o->virtual_stages ? o->virtual_stages : 2)
-                                                    : 1;
-    if (o->balance && (rc = parse_balance(o->balance, o->pp * chunks, &t->balance))) return rc;
+    const int chunks =
+        kind == FSC_PIPE_INTERLEAVED ? (o->virtual_stages ? o->virtual_stages : 2) : 1;
+    const bool autobalance = o->balance && !strcmp(o->balance, "auto");
+    if (o->balance && !autobalance && (rc = parse_balance(o->balance, o->pp * chunks, &t->balance)))
+        return rc;
     so->pipe.stages = o->pp;
     so->pipe.schedule = kind;
     so->pipe.chunks = chunks;
@@ -386,6 +433,7 @@ static int pipe_options(trainer *t, fsc_strategy_options *so) {
     so->pipe.act_ndim = 3;
     so->pipe.act_shape[0] = o->batch, so->pipe.act_shape[1] = o->model.seq;
     so->pipe.act_shape[2] = o->model.d_model;
+    if (autobalance && (rc = auto_balance(t, so))) return fsc_error_context(rc, "--balance auto: ");
     if (o->print_schedule && fsc_dist_rank() == 0) {
         fsc_pipe_schedule *sched;
         fsc_pipe_stats st;
@@ -643,14 +691,19 @@ void print_mem_json(FILE *f, bool peak) {
                 peak ? fsc_mem_peak((fsc_mem_tag)tag) : fsc_mem_current((fsc_mem_tag)tag));
 }
 
+int mem_ranks(const trainer *t) {
+    return t->opt.pp > 1 ? fsc_dist_size() : t->world;
+}
+
 int gather_mem_peaks(const trainer *t, int64_t *out) {
     int64_t mine[FSC_MEM_TAG_COUNT];
     for (int tag = 0; tag < FSC_MEM_TAG_COUNT; tag++)
         mine[tag] = (int64_t)fsc_mem_peak((fsc_mem_tag)tag);
-    if (t->world == 1) {
+    if (mem_ranks(t) == 1) {
         memcpy(out, mine, sizeof mine);
         return FSC_OK;
     }
-    return fsc_group_allgather(fsc_strategy_group(t->s), mine, out, FSC_MEM_TAG_COUNT,
-                               FSC_DTYPE_I64);
+    /* a pipeline's stages differ: every rank of the world */
+    fsc_group *g = t->opt.pp > 1 ? fsc_group_world() : fsc_strategy_group(t->s);
+    return fsc_group_allgather(g, mine, out, FSC_MEM_TAG_COUNT, FSC_DTYPE_I64);
 }

@@ -86,8 +86,11 @@ int trainer_checkpoint(trainer *t);
 
 /* Prints per-tag memory figures as a JSON object body ("params": N, ...). */
 void print_mem_json(FILE *f, bool peak);
-/* Peak bytes per tag of every data-parallel rank, gathered on all ranks:
- * out[r * FSC_MEM_TAG_COUNT + tag]. out holds world * FSC_MEM_TAG_COUNT. */
+/* Ranks whose memory the summary lists: the data-parallel ones, or every
+ * rank under a pipeline (its stages differ). */
+int mem_ranks(const trainer *t);
+/* Peak bytes per tag of those ranks, gathered on all of them:
+ * out[r * FSC_MEM_TAG_COUNT + tag]. out holds mem_ranks * FSC_MEM_TAG_COUNT. */
 int gather_mem_peaks(const trainer *t, int64_t *out);
 
 #endif

@@ -113,6 +113,27 @@ FSC_API fsc_module *fsc_pipe_chunk_module(fsc_pipe *p, int c);
 /* Chunk c's bound parameters (owned by p), or NULL for a bad c. */
 FSC_API fsc_params *fsc_pipe_chunk_params(fsc_pipe *p, int c);
 
+/* What fsc_pipe_balance_auto predicts per stage. */
+#define FSC_PIPE_MAX_STAGES 64
+typedef struct fsc_pipe_balance_report {
+    int stages;
+    double stage_seconds[FSC_PIPE_MAX_STAGES]; /* forward + backward of one micro-batch */
+    double stage_bytes[FSC_PIPE_MAX_STAGES];   /* state + activations held in flight */
+} fsc_pipe_balance_report;
+/* Chooses layers per stage for schedule s (ranks x chunks stages) into
+ * balance[]: each of opt's layers is built alone and timed through forward
+ * and backward on one micro-batch of opt->act_shape (ids in [0, vocab) for
+ * layer 0), the times averaged over group g (NULL: this process) so every
+ * rank chooses alike; the contiguous cut that minimises the slowest stage
+ * wins among those whose parameters, gradients, optim_floats optimizer
+ * floats per parameter and activations held by the schedule fit the
+ * allocator's budget (fsc_mem_get_limit), if one is set. *rep (may be NULL)
+ * gets the prediction. Collective over g. FSC_ERR_NOMEM (error names the
+ * budget) when no cut fits; FSC_ERR_INVALID for bad arguments. */
+FSC_API int fsc_pipe_balance_auto(fsc_group *g, const fsc_pipe_options *opt,
+                                  const fsc_pipe_schedule *s, int vocab, int optim_floats,
+                                  int *balance, fsc_pipe_balance_report *rep);
+
 typedef struct fsc_pipe_run_stats {
     double compute_s;  /* forwards and backwards */
     double wait_s;     /* blocked on receives (and sends at the end) */

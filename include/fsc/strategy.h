@@ -95,6 +95,7 @@ typedef struct fsc_strategy_stats {
     int64_t reductions; /* gradient collectives issued (all-reduce, reduce, reduce-scatter) */
     int64_t gathers;    /* parameter all-gathers issued (fsdp) */
     int units;          /* fsdp units, 0 otherwise */
+    int64_t messages;   /* point-to-point messages sent (a pipeline's activations, gradients) */
 } fsc_strategy_stats;
 
 /* What model state a rank holds, by ZeRO's arithmetic: P parameters, K bytes

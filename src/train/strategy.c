@@ -124,7 +124,8 @@ fsc_strategy *fsc_strategy_new(fsc_module *model, const fsc_optim_config *optim,
     }
     const bool piped = opt->pipe.stages > 1;
     if (piped && !ops->composes_with_pipe) {
-        fsc_error(FSC_ERR_INVALID, "strategy %s: does not run with a pipeline yet (ddp does)", name);
+        fsc_error(FSC_ERR_INVALID, "strategy %s: does not run with a pipeline yet (ddp does)",
+                  name);
         return NULL;
     }
     if (!piped && opt->pipe.make_stage) {

@@ -70,6 +70,7 @@ struct fsc_strategy {
     fsc_pipe_schedule *sched;
     fsc_group *pp_group, *dp_group;
     double pipe_wait_s;
+    int64_t pipe_messages, dp_allreduces;
 };
 
 /* The rows, defined beside their code. */

@@ -19,8 +19,8 @@ static int setup(fsc_strategy *s, const fsc_optim_config *optim) {
     if (!rc) rc = fsc_group_split(all, r % P, r / P, "pipe-dp", &s->dp_group);
     if (rc) return rc;
     const fsc_pipe_kind kind = s->opt.pipe.schedule;
-    const int chunks = kind == FSC_PIPE_INTERLEAVED ? (s->opt.pipe.chunks ? s->opt.pipe.chunks : 2)
-                                                    : 1;
+    const int chunks =
+        kind == FSC_PIPE_INTERLEAVED ? (s->opt.pipe.chunks ? s->opt.pipe.chunks : 2) : 1;
     const int micros = s->opt.pipe.micros > 0 ? s->opt.pipe.micros : 1;
     if ((rc = fsc_pipe_schedule_make(kind, P, chunks, micros, &s->sched))) return rc;
     fsc_pipe_options po = {.layers = s->opt.pipe.layers,
@@ -45,16 +45,20 @@ static void teardown(fsc_strategy *s) {
     fsc_group_free(s->dp_group);
 }
 
-static void zero_grad(fsc_strategy *s) { fsc_pipe_zero_grad(s->pipe); }
+static void zero_grad(fsc_strategy *s) {
+    fsc_pipe_zero_grad(s->pipe);
+}
 
 static int run_pipeline(fsc_strategy *s, const fsc_ctx *ctx, const fsc_pipe_io *io, float *loss) {
     int rc = fsc_pipe_run(s->pipe, ctx, io, loss);
     s->pipe_wait_s += fsc_pipe_get_stats(s->pipe).wait_s;
+    s->pipe_messages += fsc_pipe_get_stats(s->pipe).messages;
     if (rc || s->world == 1) return rc;
     double t0 = fsc_now();
     for (int c = 0; !rc && c < fsc_pipe_chunks(s->pipe); c++) {
         fsc_params *ps = fsc_pipe_chunk_params(s->pipe, c);
         rc = fsc_group_allreduce(s->dp_group, ps->grad, ps->numel, FSC_DTYPE_F32, FSC_REDUCE_SUM);
+        s->dp_allreduces++;
     }
     s->pipe_wait_s += fsc_now() - t0;
     return rc;
@@ -65,7 +69,9 @@ static int clip(fsc_strategy *s, float max_norm, float *total) {
     return fsc_pipe_clip_grad_norm(s->pipe, max_norm, total);
 }
 
-static int step(fsc_strategy *s) { return fsc_pipe_step(s->pipe); }
+static int step(fsc_strategy *s) {
+    return fsc_pipe_step(s->pipe);
+}
 
 /* The first replica's pipeline writes; the others learn its outcome. */
 static int save_weights(fsc_strategy *s, const char *path, int root, int n_meta,
@@ -90,11 +96,14 @@ static int no_optim_file(fsc_strategy *s, const char *path, int root) {
                                           "a pipeline run cannot checkpoint or resume");
 }
 
-static int no_optim_load(fsc_strategy *s, const char *path) { return no_optim_file(s, path, 0); }
+static int no_optim_load(fsc_strategy *s, const char *path) {
+    return no_optim_file(s, path, 0);
+}
 
 static void stats(const fsc_strategy *s, fsc_strategy_stats *out) {
     out->wait_s = s->pipe_wait_s;
-    out->reductions = fsc_pipe_get_stats(s->pipe).messages;
+    out->reductions = s->dp_allreduces;
+    out->messages = s->pipe_messages;
 }
 
 const strategy_ops fsc_strategy_pipe = {

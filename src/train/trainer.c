@@ -134,15 +134,16 @@ static int pipe_loss(void *user, int k, fsc_tensor *y, fsc_arena *arena, float *
     return rc ? rc : c->t->cfg.pipe_loss(&mb, c->t->cfg.user, y, arena, loss);
 }
 
-static int64_t pipe_sample0(void *user, int k) { return pipe_micro(user, k).sample0; }
+static int64_t pipe_sample0(void *user, int k) {
+    return pipe_micro(user, k).sample0;
+}
 
 /* The whole step through the strategy's pipeline; *loss gets this replica's. */
 static int pipeline_step(fsc_trainer *t, double scale, double *loss) {
     const fsc_trainer_config *c = &t->cfg;
     const int world = fsc_strategy_world(t->s);
     pipe_call call = {
-        .t = t,
-        .norm = (double)c->batch * c->grad_accum * world * c->targets_per_sample / scale};
+        .t = t, .norm = (double)c->batch * c->grad_accum * world * c->targets_per_sample / scale};
     fsc_pipe_io io = {
         .input = pipe_input, .loss = pipe_loss, .sample0 = pipe_sample0, .user = &call};
     fsc_ctx ctx = {.training = true, .seed = c->strategy.seed, .step = t->step, .keyed = true};
@@ -195,8 +196,8 @@ int fsc_trainer_step(fsc_trainer *t, fsc_step_result *r) {
     fsc_group *g = fsc_strategy_group(t->s);
     double loss = 0;
     fsc_strategy_zero_grad(t->s);
-    int rc = c->strategy.pipe.stages > 1 ? pipeline_step(t, scale, &loss)
-                                         : micro_steps(t, scale, &loss);
+    int rc =
+        c->strategy.pipe.stages > 1 ? pipeline_step(t, scale, &loss) : micro_steps(t, scale, &loss);
     if (!rc && fsc_strategy_world(t->s) > 1) { /* this rank's share -> the global mean */
         float share = (float)loss;
         rc = fsc_group_allreduce(g, &share, 1, FSC_DTYPE_F32, FSC_REDUCE_SUM);

@@ -32,15 +32,17 @@ die() {
 }
 trap 'die "line $LINENO: $BASH_COMMAND"' ERR
 
+# (grep reads its whole input below, never -q: under pipefail an early exit
+# can kill the producer with SIGPIPE and fail the pipe at random)
 # needed BINARY: its DT_NEEDED entries, one per line.
 needed() { readelf -d "$1" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'; }
 # links_shared BINARY: it loads libfsc.so from the prefix (and no other).
 links_shared() {
-    needed "$1" | grep -qx "$FSC_SONAME" || die "$1 does not need $FSC_SONAME"
-    ldd "$1" | grep -q "$FSC_SONAME => $libdir/" || die "$1 does not load $libdir/$FSC_SONAME"
+    needed "$1" | grep -x "$FSC_SONAME" >/dev/null || die "$1 does not need $FSC_SONAME"
+    ldd "$1" | grep "$FSC_SONAME => $libdir/" >/dev/null || die "$1 does not load $libdir/$FSC_SONAME"
 }
 # links_static BINARY: libfsc is inside it.
-links_static() { ! needed "$1" | grep -q '^libfsc' || die "$1 needs a shared libfsc"; }
+links_static() { ! needed "$1" | grep '^libfsc' >/dev/null || die "$1 needs a shared libfsc"; }
 
 step "cmake --install $build --prefix $prefix"
 "$cmake" --install "$build" --prefix "$prefix"

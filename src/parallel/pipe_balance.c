@@ -1,0 +1,147 @@
+/* Automatic balance: each layer of the model is built alone, timed through
+ * forward and backward on one micro-batch of the planned activation shape,
+ * and weighed (parameters, gradients and optimizer state; activations kept
+ * for backward). Every rank profiles and the times are averaged over the
+ * group, so all ranks choose the same cut. The cut is the contiguous split
+ * into stages that minimises the slowest stage, among those whose memory
+ * (state + the schedule's activations in flight on that stage's rank) fits
+ * the allocator's budget (FSC_MEM_LIMIT_MB) when one is set. */
+#include <float.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fsc/pipe.h"
+
+enum { REPS = 3 };
+
+/* Fills a tensor of the planned shape (or ids for the first layer). */
+static fsc_tensor input_for(const fsc_pipe_options *opt, int layer, fsc_arena *a, int vocab) {
+    if (layer == 0) {
+        fsc_tensor x = fsc_tensor_arena(a, FSC_DTYPE_I32, 2,
+                                        (int64_t[]){opt->act_shape[0], opt->act_shape[1]});
+        int32_t *ids = x.data;
+        for (int64_t i = 0; ids && i < opt->act_shape[0] * opt->act_shape[1]; i++)
+            ids[i] = (int32_t)((i * 7919) % vocab);
+        return x;
+    }
+    fsc_tensor x = fsc_tensor_arena(a, FSC_DTYPE_F32, opt->act_ndim, opt->act_shape);
+    float *v = x.data;
+    for (int64_t i = 0; v && i < fsc_tensor_numel(&x); i++) v[i] = (float)((i % 17) - 8) / 16.f;
+    return x;
+}
+
+/* Times layer l's forward + backward (best of REPS); *act_bytes gets what
+ * forward keeps for backward, *work_bytes what backward needs on top. */
+static int profile_layer(const fsc_pipe_options *opt, int l, int vocab, double *seconds,
+                         double *act_bytes, double *work_bytes, double *param_bytes) {
+    fsc_module *m = opt->make_stage(opt->stage_user, l, l + 1);
+    if (!m) return fsc_error_context(FSC_ERR_INVALID, "balance: layer %d: ", l);
+    fsc_params ps;
+    int rc = fsc_params_bind(m, opt->seed, true, &ps);
+    fsc_arena *a = rc ? NULL : fsc_arena_new(FSC_MEM_ACTIV, 1 << 20);
+    if (!rc && !a) rc = fsc_error(FSC_ERR_NOMEM, "balance: out of memory");
+    *seconds = DBL_MAX;
+    for (int r = 0; !rc && r < REPS; r++) {
+        fsc_arena_reset(a);
+        fsc_tensor x = input_for(opt, l, a, vocab), y, dx;
+        const size_t before = fsc_arena_used(a);
+        fsc_ctx ctx = {.arena = a, .training = true, .seed = opt->seed, .keyed = true};
+        void *saved;
+        double t0 = fsc_now();
+        rc = x.data ? fsc_module_forward(m, &ctx, &x, &y, &saved) : FSC_ERR_NOMEM;
+        const size_t kept = fsc_arena_used(a);
+        *act_bytes = (double)(kept - before);
+        if (!rc) { /* dy of y's shape: small values */
+            float *d = y.data;
+            for (int64_t i = 0; i < fsc_tensor_numel(&y); i++) d[i] = 1e-3f;
+            rc = fsc_module_backward(m, &ctx, saved, &y, l == 0 ? NULL : &dx);
+        }
+        double dt = fsc_now() - t0;
+        if (dt < *seconds) *seconds = dt;
+        *work_bytes = (double)(fsc_arena_high_water(a) - kept);
+    }
+    *param_bytes = 4.0 * (double)ps.numel;
+    fsc_arena_free(a);
+    if (!rc || ps.entries) fsc_params_free(&ps);
+    fsc_module_free(m);
+    return rc;
+}
+
+/* Layers [j, l) on one stage: parameters, gradients and optimizer state,
+ * and `inflight` micro-batch arenas, each of which keeps its activations
+ * plus the largest backward's workspace (an arena keeps its high water). */
+static double stage_bytes(const double *t, const double *par, const double *act, const double *work,
+                          int j, int l, int optim_floats, int inflight) {
+    (void)t;
+    double state = 0, held = 0, extra = 0;
+    for (int q = j; q < l; q++) {
+        state += par[q], held += act[q];
+        if (work[q] > extra) extra = work[q];
+    }
+    return state * (2 + optim_floats) + (held + extra) * inflight;
+}
+
+int fsc_pipe_balance_auto(fsc_group *g, const fsc_pipe_options *opt, const fsc_pipe_schedule *s,
+                          int vocab, int optim_floats, int *balance, fsc_pipe_balance_report *rep) {
+    fsc_pipe_config cfg;
+    int rc = fsc_pipe_schedule_config(s, &cfg);
+    if (rc || !opt || !opt->make_stage || !balance || vocab < 1)
+        return fsc_error(FSC_ERR_INVALID, "balance: needs the options, a schedule and vocab >= 1");
+    const int L = opt->layers, S = cfg.ranks * cfg.chunks;
+    if (L < S) return fsc_error(FSC_ERR_INVALID, "balance: %d layers cannot fill %d stages", L, S);
+    double *t = calloc((size_t)L * 4, sizeof *t), *act = t + L, *par = t + 2 * L, *work = t + 3 * L;
+    if (!t) return fsc_error(FSC_ERR_NOMEM, "balance: out of memory");
+    for (int l = 0; !rc && l < L; l++)
+        rc = profile_layer(opt, l, vocab, &t[l], &act[l], &work[l], &par[l]);
+    /* one figure everywhere: the group's mean time */
+    if (!rc && g && fsc_group_size(g) > 1) {
+        float *f = malloc(sizeof *f * (size_t)L);
+        for (int l = 0; f && l < L; l++) f[l] = (float)t[l];
+        rc = f ? fsc_group_allreduce(g, f, L, FSC_DTYPE_F32, FSC_REDUCE_SUM)
+               : fsc_error(FSC_ERR_NOMEM, "balance: out of memory");
+        for (int l = 0; !rc && l < L; l++) t[l] = f[l] / fsc_group_size(g);
+        free(f);
+    }
+    /* activations a stage holds: the validator's peak in flight on its rank */
+    fsc_pipe_rank_stats *per = calloc((size_t)cfg.ranks, sizeof *per);
+    if (!rc) rc = per ? fsc_pipe_schedule_validate(s, NULL, NULL, per) : FSC_ERR_NOMEM;
+    const double budget = (double)fsc_mem_get_limit();
+    /* best[k][l]: the slowest stage of the best cut of layers [0, l) into k stages */
+    double *best = malloc(sizeof *best * (size_t)(S + 1) * (size_t)(L + 1));
+    int *cut = malloc(sizeof *cut * (size_t)(S + 1) * (size_t)(L + 1));
+    if (!rc && (!best || !cut)) rc = fsc_error(FSC_ERR_NOMEM, "balance: out of memory");
+    for (int i = 0; !rc && i < (S + 1) * (L + 1); i++) best[i] = DBL_MAX, cut[i] = -1;
+    if (!rc) best[0] = 0;
+    for (int k = 1; !rc && k <= S; k++)
+        for (int l = k; l <= L; l++)
+            for (int j = k - 1; j < l; j++) { /* stage k-1 holds layers [j, l) */
+                const double mem = stage_bytes(t, par, act, work, j, l, optim_floats,
+                                               per[(k - 1) % cfg.ranks].peak_inflight);
+                double time = 0;
+                for (int q = j; q < l; q++) time += t[q];
+                if (budget > 0 && mem > budget) continue;
+                const double slowest = best[(k - 1) * (L + 1) + j];
+                const double v = slowest > time ? slowest : time;
+                if (slowest < DBL_MAX && v < best[k * (L + 1) + l])
+                    best[k * (L + 1) + l] = v, cut[k * (L + 1) + l] = j;
+            }
+    if (!rc && best[S * (L + 1) + L] == DBL_MAX)
+        rc = fsc_error(FSC_ERR_NOMEM,
+                       "balance: no cut of %d layers into %d stages fits the memory budget of "
+                       "%.0f MiB per process",
+                       L, S, budget / 1048576.0);
+    for (int k = S, l = L; !rc && k > 0; k--) {
+        int j = cut[k * (L + 1) + l];
+        balance[k - 1] = l - j;
+        if (rep && k - 1 < FSC_PIPE_MAX_STAGES) {
+            rep->stage_seconds[k - 1] = 0;
+            for (int q = j; q < l; q++) rep->stage_seconds[k - 1] += t[q];
+            rep->stage_bytes[k - 1] = stage_bytes(t, par, act, work, j, l, optim_floats,
+                                                  per[(k - 1) % cfg.ranks].peak_inflight);
+        }
+        l = j;
+    }
+    if (!rc && rep) rep->stages = S;
+    free(best), free(cut), free(per), free(t);
+    return rc;
+}
