@@ -342,26 +342,12 @@ static void test_trainer_ddp_pipeline(void **state) {
 
 static int setup_dir(void **state) {
     (void)state;
-    int32_t buf[16] = {0};
-    if (rank == 0) {
-        strcpy(dir, "/tmp/fsc_pipe_XXXXXX");
-        if (!mkdtemp(dir)) return -1;
-        memcpy(buf, dir, sizeof dir);
-    }
-    if (fsc_group_broadcast(fsc_group_world(), buf, 16, FSC_DTYPE_I32, 0)) return -1;
-    memcpy(dir, buf, sizeof dir);
-    return 0;
+    return mpi_scratch_dir(dir, "fsc_pipe");
 }
 
 static int teardown_dir(void **state) {
     (void)state;
-    fsc_group_barrier(fsc_group_world());
-    if (rank == 0) {
-        char cmd[128];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-        if (system(cmd)) return -1;
-    }
-    return 0;
+    return mpi_scratch_dir_remove(dir);
 }
 
 int main(int argc, char **argv) {

@@ -4,7 +4,34 @@
 #ifndef FSC_TEST_MPI_TEST_H
 #define FSC_TEST_MPI_TEST_H
 
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "fsc/dist.h"
+
+/* One scratch directory for the whole world: rank 0 makes it, every rank
+ * learns its name (cmocka group fixtures; dir holds 64 bytes). */
+static inline int mpi_scratch_dir(char *dir, const char *prefix) {
+    int32_t buf[16] = {0};
+    if (fsc_dist_rank() == 0) {
+        snprintf(dir, 64, "/tmp/%s_XXXXXX", prefix);
+        if (!mkdtemp(dir)) return -1;
+        memcpy(buf, dir, 64);
+    }
+    if (fsc_group_broadcast(fsc_group_world(), buf, 16, FSC_DTYPE_I32, 0)) return -1;
+    memcpy(dir, buf, 64);
+    return 0;
+}
+
+/* Every rank is done with it; rank 0 removes it. */
+static inline int mpi_scratch_dir_remove(const char *dir) {
+    fsc_group_barrier(fsc_group_world());
+    if (fsc_dist_rank() != 0) return 0;
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    return system(cmd) ? -1 : 0;
+}
 
 static int mpi_test_finish(int failed) {
     int any = failed;

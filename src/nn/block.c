@@ -1,6 +1,7 @@
 /* Pre-LN transformer block (GPT-2): x + attn(ln_1(x)), then + mlp(ln_2(.)).
  * Children are named as in Hugging Face GPT-2: ln_1, attn, ln_2, mlp. */
 #include <math.h>
+#include <string.h>
 
 #include "layers_internal.h"
 
@@ -80,4 +81,21 @@ fsc_module *fsc_block_new(const char *name, int C, int NH, float dropout, uint32
         return NULL;
     }
     return m;
+}
+
+int fsc_blocks_backward(fsc_module *const *h, void *const *saved, int n, const fsc_ctx *ctx,
+                        fsc_tensor *cur, fsc_tensor pingpong[2]) {
+    int rc = FSC_OK;
+    for (int l = n - 1; !rc && l >= 0; l--) {
+        fsc_tensor next;
+        fsc_arena_mark_t mark = fsc_arena_mark(ctx->arena);
+        rc = fsc_module_backward(h[l], ctx, saved[l], cur, &next);
+        if (rc) break;
+        fsc_tensor *keep = &pingpong[l & 1];
+        if (keep->data == cur->data) keep = &pingpong[(l + 1) & 1];
+        memcpy(keep->data, next.data, fsc_tensor_nbytes(&next));
+        fsc_arena_release(ctx->arena, mark);
+        *cur = *keep;
+    }
+    return rc;
 }

@@ -75,22 +75,9 @@ static int gpt_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fs
                         V, FSC_WEIGHT_OUT_IN);
     fsc_tensor cur;
     rc = fsc_module_backward(g->ln_f, ctx, s->ln_f, &dfinal, &cur);
-    /* A block's backward makes ~18 (B,T,C)-sized temporaries that die with it.
-     * Each block's gradient goes into one of two (B,T,C) buffers and the rest
-     * of the block's memory is given back, so every block reuses the same
-     * (cache-warm) region and activation memory does not double in backward. */
+    /* the two (B,T,C) buffers the blocks' input gradients alternate in */
     fsc_tensor pingpong[2] = {dfinal, cur};
-    for (int l = g->cfg.layers - 1; !rc && l >= 0; l--) {
-        fsc_tensor next;
-        fsc_arena_mark_t mark = fsc_arena_mark(ctx->arena);
-        rc = fsc_module_backward(g->h[l], ctx, s->h[l], &cur, &next);
-        if (rc) break;
-        fsc_tensor *keep = &pingpong[l & 1];
-        if (keep->data == cur.data) keep = &pingpong[(l + 1) & 1];
-        memcpy(keep->data, next.data, fsc_tensor_nbytes(&next));
-        fsc_arena_release(ctx->arena, mark);
-        cur = *keep;
-    }
+    if (!rc) rc = fsc_blocks_backward(g->h, s->h, g->cfg.layers, ctx, &cur, pingpong);
     fsc_tensor de;
     if (!rc) rc = fsc_module_backward(g->drop, ctx, s->drop, &cur, &de);
     if (rc) return rc;

@@ -105,25 +105,12 @@ static int stage_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const 
                             C, V, FSC_WEIGHT_OUT_IN);
         if ((rc = fsc_module_backward(g->ln_f, ctx, s->ln_f, &dfinal, &cur))) return rc;
     }
-    /* As the whole GPT does: each block's input gradient goes into one of two
-     * (B,T,C) buffers and the rest of the block's backward memory is given
-     * back, so a stage's workspace does not grow with its blocks. */
     fsc_tensor pingpong[2];
     for (int i = 0; g->nh && i < 2; i++) {
         pingpong[i] = fsc_tensor_arena(ctx->arena, FSC_DTYPE_F32, 3, (int64_t[]){B, T, C});
         if (!pingpong[i].data) return FSC_ERR_NOMEM;
     }
-    for (int l = g->nh - 1; !rc && l >= 0; l--) {
-        fsc_tensor next;
-        fsc_arena_mark_t mark = fsc_arena_mark(ctx->arena);
-        rc = fsc_module_backward(g->h[l], ctx, s->h[l], &cur, &next);
-        if (rc) break;
-        fsc_tensor *keep = &pingpong[l & 1];
-        if (keep->data == cur.data) keep = &pingpong[(l + 1) & 1];
-        memcpy(keep->data, next.data, fsc_tensor_nbytes(&next));
-        fsc_arena_release(ctx->arena, mark);
-        cur = *keep;
-    }
+    rc = fsc_blocks_backward(g->h, s->h, g->nh, ctx, &cur, pingpong);
     if (rc) return rc;
     if (g->embed) {
         fsc_tensor de;

@@ -73,4 +73,13 @@ static inline int fsc_check_last(const fsc_module *m, const fsc_tensor *x, int64
     return FSC_OK;
 }
 
+/* Backward through blocks h[n-1] .. h[0] (saved records saved[l]) from *cur,
+ * which ends as the input gradient of h[0]. Each block's input gradient
+ * goes into one of the two (B,T,C) buffers of pingpong and the rest of its
+ * backward memory is given back to the arena, so every block reuses the
+ * same (cache-warm) region: a stack of blocks does not grow the workspace.
+ * Shared by the GPT and its pipeline stages. */
+int fsc_blocks_backward(fsc_module *const *h, void *const *saved, int n, const fsc_ctx *ctx,
+                        fsc_tensor *cur, fsc_tensor pingpong[2]);
+
 #endif

@@ -98,15 +98,8 @@ static int run_rows(fsc_module *m, const fsc_ctx *ctx, int row0, int rows, void 
     return c->t->cfg.loss(m, ctx, &mb, c->t->cfg.user, loss);
 }
 
-/* Under a pipeline: micro-batch k of this step, as the trainer's callbacks
- * see it (rows: all of it). */
-typedef struct {
-    fsc_trainer *t;
-    double norm;
-} pipe_call;
-
-static fsc_micro_batch pipe_micro(const pipe_call *c, int k) {
-    const fsc_trainer *t = c->t;
+/* Micro-batch k of this step as the callbacks see it (rows: all of it). */
+static fsc_micro_batch micro_batch(const fsc_trainer *t, int k, double norm) {
     const int B = t->cfg.batch, K = t->cfg.grad_accum;
     const int rank = fsc_strategy_rank(t->s), world = fsc_strategy_world(t->s);
     return (fsc_micro_batch){.step = t->step,
@@ -117,7 +110,17 @@ static fsc_micro_batch pipe_micro(const pipe_call *c, int k) {
                              .batch = B,
                              .rows = B,
                              .sample0 = fsc_batch_first_sample(t->step, k, rank, B, K, world),
-                             .norm = c->norm};
+                             .norm = norm};
+}
+
+/* Under a pipeline, the callbacks' view of the step. */
+typedef struct {
+    fsc_trainer *t;
+    double norm;
+} pipe_call;
+
+static fsc_micro_batch pipe_micro(const pipe_call *c, int k) {
+    return micro_batch(c->t, k, c->norm);
 }
 
 static int pipe_input(void *user, int k, fsc_tensor *x) {
@@ -156,20 +159,10 @@ static int pipeline_step(fsc_trainer *t, double scale, double *loss) {
 /* Every micro-batch of the step; *loss gets this rank's share. */
 static int micro_steps(fsc_trainer *t, double scale, double *loss) {
     const fsc_trainer_config *c = &t->cfg;
-    const int B = c->batch, K = c->grad_accum;
-    const int rank = fsc_strategy_rank(t->s), world = fsc_strategy_world(t->s);
+    const int B = c->batch, K = c->grad_accum, world = fsc_strategy_world(t->s);
     const double targets = (double)B * K * world * c->targets_per_sample;
     for (int k = 0; k < K; k++) {
-        micro_call call = {.t = t,
-                           .mb = {.step = t->step,
-                                  .micro = k,
-                                  .micros = K,
-                                  .rank = rank,
-                                  .world = world,
-                                  .batch = B,
-                                  .rows = B,
-                                  .sample0 = fsc_batch_first_sample(t->step, k, rank, B, K, world),
-                                  .norm = targets / scale}};
+        micro_call call = {.t = t, .mb = micro_batch(t, k, targets / scale)};
         int rc = c->load ? c->load(&call.mb, c->user) : FSC_OK;
         if (rc) return rc;
         fsc_ctx ctx = {.arena = t->arena,
