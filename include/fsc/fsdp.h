@@ -156,8 +156,8 @@ FSC_API int fsc_fsdp_load_optim_state(fsc_fsdp *f, const char *path);
 
 /* ---- what it did ------------------------------------------------------------------- */
 typedef struct fsc_fsdp_stats {
-    int units;             /* N, the root included */
-    int64_t allgathers;    /* issued so far, prefetches included */
+    int units;          /* N, the root included */
+    int64_t allgathers; /* issued so far, prefetches included */
     int64_t reduce_scatters;
     int64_t shard_elems;   /* this rank's shard elements, padding included */
     int64_t padding_elems; /* of which padding and alignment gaps */

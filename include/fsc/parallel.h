@@ -27,10 +27,10 @@ typedef struct fsc_ddp_options {
 } fsc_ddp_options;
 
 typedef struct fsc_ddp_stats {
-    int64_t buckets;           /* buckets per synchronised backward */
-    int64_t allreduces;        /* collectives issued so far */
-    double wait_s;             /* time blocked waiting for reductions after backward */
-    double last_wait_s;        /* ... in the last synchronised backward */
+    int64_t buckets;    /* buckets per synchronised backward */
+    int64_t allreduces; /* collectives issued so far */
+    double wait_s;      /* time blocked waiting for reductions after backward */
+    double last_wait_s; /* ... in the last synchronised backward */
 } fsc_ddp_stats;
 
 /* Wraps `child` (whose parameters are bound in `params`) for data parallelism

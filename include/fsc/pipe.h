@@ -103,6 +103,14 @@ FSC_API int fsc_pipe_save_weights(fsc_pipe *p, const char *path, int root, int n
 /* Every rank reads its stages' tensors by name from a weights file of the
  * whole model (any layout wrote it). Not collective. */
 FSC_API int fsc_pipe_load_weights(fsc_pipe *p, const char *path);
+/* Optimizer state by global name, the file format of fsc_oss_save_state
+ * (loadable by any strategy at any world size), streamed to rank root of
+ * the group tensor by tensor. Collective. */
+FSC_API int fsc_pipe_save_optim(fsc_pipe *p, const char *path, int root);
+/* Reads this rank's parameters' state from such a file (any strategy or
+ * layout wrote it); validated on every rank, nothing changes unless every
+ * rank could. Collective. */
+FSC_API int fsc_pipe_load_optim(fsc_pipe *p, const char *path);
 
 /* How many stages (chunks) this rank runs: the schedule's chunks; 0 for NULL. */
 FSC_API int fsc_pipe_chunks(const fsc_pipe *p);

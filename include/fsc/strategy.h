@@ -148,6 +148,10 @@ FSC_API int fsc_strategy_world(const fsc_strategy *s); /* the group's size */
 /* The data-parallel group (the self group for single and dp). Owned by the
  * caller or the runtime, never by s. */
 FSC_API fsc_group *fsc_strategy_group(const fsc_strategy *s);
+/* Every rank of the strategy: the data-parallel group, or under a pipeline
+ * the replicas x stages. Its rank 0 is the one that writes files. Not owned
+ * by s. */
+FSC_API fsc_group *fsc_strategy_all(const fsc_strategy *s);
 /* The module to run forward and backward on: the wrapper (ddp, oss, sdp) or
  * the model itself (single, dp, fsdp: hooks). Owned by s or the caller; do
  * not free. Calling the model directly under ddp/oss/sdp skips the

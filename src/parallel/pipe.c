@@ -64,19 +64,11 @@ static int make_chunks(fsc_pipe *p) {
     return FSC_OK;
 }
 
-/* One optimizer over every chunk's parameters. */
+/* One optimizer over the parameters this rank owns (a shared parameter's
+ * copies are updated by its owner and sent to them). */
 static int make_optim(fsc_pipe *p, const fsc_optim_config *cfg) {
-    for (int c = 0; c < p->nchunks; c++) {
-        fsc_optim_range *r;
-        int n;
-        int rc = fsc_optim_ranges_from_params(&p->params[c], &r, &n);
-        if (rc) return rc;
-        fsc_optim_range *all = realloc(p->ranges, sizeof *all * (size_t)(p->nranges + n));
-        if (!all) return fsc_optim_ranges_free(r), fsc_error(FSC_ERR_NOMEM, "out of memory");
-        memcpy(all + p->nranges, r, sizeof *r * (size_t)n);
-        p->ranges = all, p->nranges += n;
-        fsc_optim_ranges_free(r);
-    }
+    int rc = pipe_owned_ranges(p, &p->ranges, &p->nranges);
+    if (rc) return rc;
     p->optim = fsc_optim_new(cfg, p->ranges, p->nranges);
     return p->optim ? FSC_OK : fsc_error_context(FSC_ERR_INVALID, "pipeline optimizer: ");
 }
@@ -122,8 +114,8 @@ fsc_pipe *fsc_pipe_new(fsc_group *g, const fsc_pipe_schedule *schedule,
         if (!b) rc = fsc_error(FSC_ERR_NOMEM, "pipeline: out of memory");
     }
     if (!rc) rc = make_chunks(p);
-    if (!rc) rc = make_optim(p, optim);
     if (!rc) rc = pipe_find_shared(p);
+    if (!rc) rc = make_optim(p, optim);
     if (rc) {
         fsc_pipe_free(p);
         return NULL;

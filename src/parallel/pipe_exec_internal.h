@@ -5,15 +5,16 @@
 #define FSC_PIPE_EXEC_INTERNAL_H
 
 #include "fsc/pipe.h"
+#include "fsc/zero.h"
 
 enum { PIPE_HEADER = 8 }; /* floats in front of every message: its shape and status */
 
 /* A parameter that other ranks hold too (by name), and the group of the
  * ranks that do. */
 typedef struct {
-    float *grad;
+    float *data, *grad;
     int64_t n;
-    bool counts; /* this rank counts it in the norm (the lowest rank holding it) */
+    bool counts; /* this rank owns it: counts it in the norm, updates it, shares it */
     fsc_group *g;
 } pipe_shared;
 
@@ -34,14 +35,24 @@ struct fsc_pipe {
     int nshared;
     fsc_group **groups; /* distinct groups of shared parameters (owned) */
     int ngroups;
+    /* The whole model's parameter list (no storage) and who owns each
+     * entry (the lowest rank holding it): the optimizer-state file's view. */
+    fsc_module *whole;
+    fsc_params whole_ps;
+    fsc_partition part;
     int64_t act_numel;
     fsc_arena **arena; /* per micro-batch of the step */
     int narena;
     fsc_pipe_run_stats stats;
 };
 
-/* pipe_params.c: finds parameters held by several ranks, makes their groups. */
+/* pipe_params.c: finds parameters held by several ranks, makes their groups,
+ * and the whole model's listing with every entry's owner. */
 int pipe_find_shared(fsc_pipe *p);
+/* This rank's owned ranges, in whole-model order (what its optimizer steps). */
+int pipe_owned_ranges(fsc_pipe *p, fsc_optim_range **out, int *n);
+/* After the update: the owner's values of each shared parameter to its copies. */
+int pipe_share_updates(fsc_pipe *p);
 void pipe_free_shared(fsc_pipe *p);
 /* Sums the shared parameters' gradients over the ranks that hold them. */
 int pipe_sum_shared(fsc_pipe *p);

@@ -11,6 +11,7 @@
 #include "core/fault.h"
 #include "fsc/weights.h"
 #include "pipe_exec_internal.h"
+#include "sharded_internal.h"
 
 enum { NAME_BYTES = FSC_NAME_MAX * 2 }; /* fsc_param_entry.name */
 
@@ -75,6 +76,75 @@ static int cmp_u64(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+/* The whole model's listing, and the partition of its entries: each owned
+ * by the lowest rank that holds it (whole tensors, in entry order). */
+static int make_partition(fsc_pipe *p, const name_table *t) {
+    const int P = p->cfg.ranks;
+    p->whole = p->opt.make_stage(p->opt.stage_user, 0, p->opt.layers);
+    if (!p->whole) return fsc_error_context(FSC_ERR_INVALID, "pipeline: the whole model: ");
+    int rc = fsc_params_collect(p->whole, &p->whole_ps);
+    if (rc) return rc;
+    const int n = p->whole_ps.count;
+    fsc_partition *q = &p->part;
+    q->world = P;
+    q->policy = FSC_PARTITION_GREEDY;
+    q->nranges = calloc((size_t)P, sizeof *q->nranges);
+    q->ranges = calloc((size_t)P, sizeof *q->ranges);
+    q->elems = calloc((size_t)P, sizeof *q->elems);
+    for (int r = 0; q->ranges && r < P; r++)
+        if (!(q->ranges[r] = calloc((size_t)(n ? n : 1), sizeof **q->ranges))) break;
+    if (!q->nranges || !q->ranges || !q->elems || (P && !q->ranges[P - 1]))
+        return fsc_error(FSC_ERR_NOMEM, "pipeline: out of memory");
+    for (int e = 0; e < n; e++) {
+        uint64_t m = holders(p, t, p->whole_ps.entries[e].name);
+        if (!m)
+            return fsc_error(FSC_ERR_INVALID, "pipeline: no stage holds parameter '%s'",
+                             p->whole_ps.entries[e].name);
+        int owner = 0;
+        while (!((m >> owner) & 1)) owner++;
+        const int64_t numel = p->whole_ps.entries[e].param->numel;
+        q->ranges[owner][q->nranges[owner]++] = (fsc_shard_range){.entry = e, .count = numel};
+        q->elems[owner] += numel;
+    }
+    return FSC_OK;
+}
+
+/* This rank's parameter entry of that name, or NULL. */
+static const fsc_param_entry *local_entry(fsc_pipe *p, const char *name) {
+    for (int c = 0; c < p->nchunks; c++) {
+        const fsc_param_entry *e = fsc_params_find(&p->params[c], name);
+        if (e) return e;
+    }
+    return NULL;
+}
+
+int pipe_owned_ranges(fsc_pipe *p, fsc_optim_range **out, int *n) {
+    const int k = p->part.nranges[p->rank];
+    fsc_optim_range *r = calloc((size_t)(k ? k : 1), sizeof *r);
+    if (!r) return fsc_error(FSC_ERR_NOMEM, "pipeline: out of memory");
+    for (int i = 0; i < k; i++) {
+        const fsc_param_entry *w = &p->whole_ps.entries[p->part.ranges[p->rank][i].entry];
+        const fsc_param_entry *e = local_entry(p, w->name);
+        const fsc_param *q = e->param;
+        r[i] = (fsc_optim_range){.param = q->data,
+                                 .grad = q->grad,
+                                 .n = q->numel,
+                                 .decay = q->weight_decay,
+                                 .name = w->name};
+    }
+    *out = r, *n = k;
+    return FSC_OK;
+}
+
+int pipe_share_updates(fsc_pipe *p) {
+    for (int i = 0; i < p->nshared; i++) { /* group rank 0 is the owner: the lowest rank */
+        int rc = fsc_group_broadcast(p->shared[i].g, p->shared[i].data, p->shared[i].n,
+                                     FSC_DTYPE_F32, 0);
+        if (rc) return fsc_error_context(rc, "pipeline: sharing an updated parameter: ");
+    }
+    return FSC_OK;
+}
+
 int pipe_find_shared(fsc_pipe *p) {
     if (p->cfg.ranks > 64)
         return fsc_error(FSC_ERR_UNSUPPORTED, "pipeline: more than 64 stages' ranks");
@@ -111,16 +181,24 @@ int pipe_find_shared(fsc_pipe *p) {
             if (!(m & (m - 1))) continue;
             int gi = 0;
             while (masks[gi] != m) gi++;
-            p->shared[p->nshared++] = (pipe_shared){.grad = en->param->grad,
+            p->shared[p->nshared++] = (pipe_shared){.data = en->param->data,
+                                                    .grad = en->param->grad,
                                                     .n = en->param->numel,
                                                     .counts = (m & -m) == (1ull << p->rank),
                                                     .g = p->groups[gi]};
         }
+    if (!rc) rc = make_partition(p, &t);
     free(masks), free(t.all), free(t.count), free(t.disp);
     return rc;
 }
 
 void pipe_free_shared(fsc_pipe *p) {
+    for (int r = 0; p->part.ranges && r < p->part.world; r++) free(p->part.ranges[r]);
+    free(p->part.ranges), free(p->part.nranges), free(p->part.elems);
+    memset(&p->part, 0, sizeof p->part);
+    if (p->whole) fsc_params_free(&p->whole_ps);
+    fsc_module_free(p->whole);
+    p->whole = NULL;
     for (int i = 0; i < p->ngroups; i++) fsc_group_free(p->groups[i]);
     free(p->groups);
     free(p->shared);
@@ -174,7 +252,27 @@ int fsc_pipe_set_lr(fsc_pipe *p, double lr) {
     return fsc_optim_set_lr(p->optim, lr);
 }
 int fsc_pipe_step(fsc_pipe *p) {
-    return fsc_optim_step(p->optim);
+    int rc = fsc_optim_step(p->optim);
+    return rc ? rc : pipe_share_updates(p);
+}
+
+static optim_shards state_view(fsc_pipe *p, const char *who) {
+    return (optim_shards){.ps = &p->whole_ps,
+                          .part = &p->part,
+                          .local = p->optim,
+                          .g = p->g,
+                          .policy = "pipe",
+                          .who = who};
+}
+
+int fsc_pipe_save_optim(fsc_pipe *p, const char *path, int root) {
+    optim_shards v = state_view(p, "pipeline save_optim");
+    return optim_shards_save(&v, path, root);
+}
+
+int fsc_pipe_load_optim(fsc_pipe *p, const char *path) {
+    optim_shards v = state_view(p, "pipeline load_optim");
+    return optim_shards_load(&v, path);
 }
 fsc_optim *fsc_pipe_optim(fsc_pipe *p) {
     return p->optim;

@@ -150,6 +150,7 @@ fsc_strategy *fsc_strategy_new(fsc_module *model, const fsc_optim_config *optim,
     s->opt.name = ops->name;
     s->model = s->module = model;
     s->group = ops->spans_ranks ? (opt->group ? opt->group : fsc_group_world()) : fsc_group_self();
+    s->all = s->group;
     s->rank = fsc_group_rank(s->group);
     s->world = fsc_group_size(s->group);
     int rc = ops->setup(s, optim); /* a pipeline narrows group, rank, world to its replicas */
@@ -180,6 +181,9 @@ int fsc_strategy_world(const fsc_strategy *s) {
 }
 fsc_group *fsc_strategy_group(const fsc_strategy *s) {
     return s->group;
+}
+fsc_group *fsc_strategy_all(const fsc_strategy *s) {
+    return s->all;
 }
 fsc_module *fsc_strategy_module(fsc_strategy *s) {
     return s->module;

@@ -52,6 +52,7 @@ struct fsc_strategy {
     fsc_module *model;  /* borrowed */
     fsc_module *module; /* what forward/backward run on: a wrapper or the model */
     fsc_group *group;   /* data-parallel group (self for single, dp) */
+    fsc_group *all; /* every rank of the strategy (group, or the pipeline's replicas x stages) */
     int rank, world;
     fsc_optim *optim;        /* this rank's optimizer (owned by oss or fsdp below) */
     fsc_optim_range *ranges; /* the optimizer's ranges as one array */

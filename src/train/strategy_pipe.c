@@ -90,14 +90,19 @@ static int load_weights(fsc_strategy *s, const char *path, int *n_unused) {
     return fsc_pipe_load_weights(s->pipe, path);
 }
 
-static int no_optim_file(fsc_strategy *s, const char *path, int root) {
-    (void)s, (void)path, (void)root;
-    return fsc_error(FSC_ERR_UNSUPPORTED, "pipeline: optimizer state files are not written yet, so "
-                                          "a pipeline run cannot checkpoint or resume");
+/* Replica 0's stages stream the state to rank 0; the others learn how it went. */
+static int save_optim(fsc_strategy *s, const char *path, int root) {
+    if (root != 0)
+        return fsc_error(FSC_ERR_INVALID, "pipeline: state is written by rank 0 (not %d)", root);
+    int rc = s->rank == 0 ? fsc_pipe_save_optim(s->pipe, path, 0) : FSC_OK;
+    int32_t status = rc;
+    if (s->world > 1 && fsc_group_broadcast(s->dp_group, &status, 1, FSC_DTYPE_I32, 0))
+        return FSC_ERR_MPI;
+    return status && !rc ? fsc_error(status, "pipeline: replica 0 could not save its state") : rc;
 }
 
-static int no_optim_load(fsc_strategy *s, const char *path) {
-    return no_optim_file(s, path, 0);
+static int load_optim(fsc_strategy *s, const char *path) {
+    return fsc_pipe_load_optim(s->pipe, path);
 }
 
 static void stats(const fsc_strategy *s, fsc_strategy_stats *out) {
@@ -119,7 +124,7 @@ const strategy_ops fsc_strategy_pipe = {
     .step = step,
     .save_weights = save_weights,
     .load_weights = load_weights,
-    .save_optim = no_optim_file,
-    .load_optim = no_optim_load,
+    .save_optim = save_optim,
+    .load_optim = load_optim,
     .stats = stats,
 };

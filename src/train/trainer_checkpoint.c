@@ -11,14 +11,13 @@
 #include "fsc/checkpoint.h"
 #include "trainer_internal.h"
 
-/* Every rank learns rank 0's status. */
+/* Every rank of the strategy learns rank 0's status. */
 static int agree(fsc_trainer *t, int rc, const char *what) {
-    if (fsc_strategy_world(t->s) == 1) return rc;
+    fsc_group *all = fsc_strategy_all(t->s);
+    if (fsc_group_size(all) == 1) return rc;
     int32_t status = rc;
-    if (fsc_group_broadcast(fsc_strategy_group(t->s), &status, 1, FSC_DTYPE_I32, 0))
-        return FSC_ERR_MPI;
-    if (status && fsc_strategy_rank(t->s) != 0)
-        return fsc_error(status, "rank 0 could not %s", what);
+    if (fsc_group_broadcast(all, &status, 1, FSC_DTYPE_I32, 0)) return FSC_ERR_MPI;
+    if (status && fsc_group_rank(all) != 0) return fsc_error(status, "rank 0 could not %s", what);
     return rc;
 }
 
@@ -30,7 +29,8 @@ static int set_state(fsc_trainer *t, fsc_ckpt_writer *w, int n, const char *cons
     int rc = fsc_ckpt_set(w, "seed", v);
     snprintf(v, sizeof v,
              "{\"strategy\": \"%s\", \"ranks\": %d, \"batch\": %d, \"grad_accum\": %d}",
-             fsc_strategy_name(t->s), fsc_strategy_world(t->s), t->cfg.batch, t->cfg.grad_accum);
+             fsc_strategy_name(t->s), fsc_group_size(fsc_strategy_all(t->s)), t->cfg.batch,
+             t->cfg.grad_accum);
     if (!rc) rc = fsc_ckpt_set(w, "saved_by", v);
     if (!rc && t->scaler) {
         fsc_grad_scaler_state st = fsc_grad_scaler_get_state(t->scaler);
@@ -51,7 +51,7 @@ int fsc_trainer_save_checkpoint(fsc_trainer *t, const char *dir, int n_state,
     if (n_state > MAX_META - 2)
         return fsc_error(FSC_ERR_INVALID, "trainer: at most %d state pairs (%d given)",
                          MAX_META - 2, n_state);
-    const bool root = fsc_strategy_rank(t->s) == 0;
+    const bool root = fsc_group_rank(fsc_strategy_all(t->s)) == 0; /* the one writer */
     fsc_ckpt_writer *w = NULL;
     int rc = agree(t, root ? fsc_ckpt_begin(dir, t->step, &w) : FSC_OK, "start a checkpoint");
     if (rc) return rc;
