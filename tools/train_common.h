@@ -54,6 +54,11 @@ void train_options_default(train_options *o);
  * negative status with fsc_last_error() naming the flag and the bad value. */
 int train_options_parse(train_options *o, int argc, char **argv, const char *prog,
                         const char *usage_extra);
+/* Whether flag `name` (without --) was on the command line. */
+bool train_flag_given(const train_options *o, const char *name);
+/* What can be checked before any model or data: ranges, combinations, the
+ * strategy's name, output paths writable (rank 0). */
+int train_options_check(const train_options *o);
 
 typedef struct trainer {
     train_options opt;

@@ -2,6 +2,7 @@
  * row (strategy_ops); this file knows the rows only through the table, so a
  * new strategy adds a row and touches no if-chain here or in the trainer. */
 #include <float.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,13 +26,15 @@ static const strategy_ops *find(const char *name) {
     return NULL;
 }
 
-/* "single, dp, ddp, ..." for messages. */
+/* "single, dp, ..., sdp or fsdp" for messages. */
 static const char *name_list(void) {
     static char buf[128];
-    if (!buf[0])
-        for (int i = 0; i < NROWS; i++)
-            strncat(buf, i ? (i + 1 < NROWS ? ", " : " or ") : "", sizeof buf - strlen(buf) - 1),
-                strncat(buf, TABLE[i]->name, sizeof buf - strlen(buf) - 1);
+    if (buf[0]) return buf;
+    size_t at = 0;
+    for (int i = 0; i < NROWS && at < sizeof buf; i++) {
+        const char *sep = i == 0 ? "" : i + 1 < NROWS ? ", " : " or ";
+        at += (size_t)snprintf(buf + at, sizeof buf - at, "%s%s", sep, TABLE[i]->name);
+    }
     return buf;
 }
 
@@ -89,10 +92,11 @@ static int check_options(const strategy_ops *ops, const fsc_strategy_options *o)
     for (int i = 0; i < n; i++) {
         if (!uses[i].set || (ops->accepts & uses[i].bit)) continue;
         char rows[96] = "";
-        for (int r = 0; r < NROWS; r++)
+        size_t at = 0;
+        for (int r = 0; r < NROWS && at < sizeof rows; r++)
             if (TABLE[r]->accepts & uses[i].bit)
-                strncat(rows, rows[0] ? ", " : "", sizeof rows - strlen(rows) - 1),
-                    strncat(rows, TABLE[r]->name, sizeof rows - strlen(rows) - 1);
+                at += (size_t)snprintf(rows + at, sizeof rows - at, "%s%s", at ? ", " : "",
+                                       TABLE[r]->name);
         return fsc_error(FSC_ERR_INVALID, "option %s applies to %s only, not to %s", uses[i].name,
                          rows, ops->name);
     }

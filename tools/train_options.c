@@ -1,0 +1,252 @@
+/* The flags of fsc-train and fsc-bench: defaults, the table with each
+ * flag's help, parsing (--flag value and --flag=value), and the checks that
+ * need no model or data (ranges, combinations, writable output paths). */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "train_common.h"
+
+void train_options_default(train_options *o) {
+    memset(o, 0, sizeof *o);
+    o->strategy = "single";
+    o->model = (fsc_gpt_config){.vocab = 256, .seq = 128, .layers = 4, .d_model = 256, .heads = 4};
+    o->data = "builtin";
+    o->batch = 8;
+    o->grad_accum = 1;
+    o->steps = 200;
+    o->lr = 1e-3;
+    o->min_lr_ratio = 0.1;
+    o->warmup = 20;
+    o->schedule = "cosine";
+    o->optimizer = "adamw";
+    o->weight_decay = 0.1;
+    o->beta1 = 0.9;
+    o->beta2 = 0.95;
+    o->eps = 1e-8;
+    o->clip = 1.0;
+    o->seed = 1337;
+    o->threads = 1;
+    o->bucket_mb = 25;
+    o->partition = "even";
+    o->share_dtype = "f32";
+    o->reshard_after_forward = 1;
+    o->mixed_precision = "fp32";
+    o->log_every = 10;
+    o->pp = 1;
+    o->pipe_schedule = "1f1b";
+}
+
+typedef enum { ARG_INT, ARG_I64, ARG_U64, ARG_DOUBLE, ARG_FLOAT, ARG_STR, ARG_FLAG } arg_kind;
+
+typedef struct {
+    const char *name;
+    arg_kind kind;
+    size_t offset;
+    const char *help;
+} flag;
+
+#define F(name, kind, field, help)                                                                 \
+    { name, kind, offsetof(train_options, field), help }
+static const flag flags[] = {
+    F("strategy", ARG_STR, strategy, "how to spread training (the list follows)"),
+    F("layers", ARG_INT, model.layers, "transformer blocks (L)"),
+    F("d-model", ARG_INT, model.d_model, "model width (C)"),
+    F("heads", ARG_INT, model.heads, "attention heads (must divide --d-model)"),
+    F("seq", ARG_INT, model.seq, "sequence length (T)"),
+    F("vocab", ARG_INT, model.vocab, "vocabulary size (256 for bytes; 50257 for GPT-2 shards)"),
+    F("dropout", ARG_FLOAT, model.dropout, "embedding and residual dropout"),
+    F("data", ARG_STR, data,
+      "builtin[:SEED[:BYTES]] | shard.bin[,more.bin] | 'dir/*.bin' | text file (bytes)"),
+    F("batch", ARG_INT, batch, "sequences per micro-batch per rank"),
+    F("grad-accum", ARG_INT, grad_accum, "micro-batches per optimizer step"),
+    F("steps", ARG_I64, steps, "optimizer steps"),
+    F("lr", ARG_DOUBLE, lr, "peak learning rate"),
+    F("min-lr-ratio", ARG_DOUBLE, min_lr_ratio, "cosine floor as a fraction of --lr"),
+    F("warmup", ARG_I64, warmup, "linear warm-up steps"),
+    F("schedule", ARG_STR, schedule, "cosine | constant | warmup-constant"),
+    F("optimizer", ARG_STR, optimizer, "adamw | adam | sgd"),
+    F("weight-decay", ARG_DOUBLE, weight_decay, "weight decay (AdamW: on >= 2-dim params)"),
+    F("beta1", ARG_DOUBLE, beta1, "Adam beta1"),
+    F("beta2", ARG_DOUBLE, beta2, "Adam beta2"),
+    F("eps", ARG_DOUBLE, eps, "Adam epsilon"),
+    F("momentum", ARG_DOUBLE, momentum, "SGD momentum"),
+    F("clip", ARG_DOUBLE, clip, "global grad-norm clip (0 = off)"),
+    F("seed", ARG_U64, seed, "seed for initial weights and dropout"),
+    F("threads", ARG_INT, threads, "BLAS and OpenMP threads; with --strategy dp, worker threads"),
+    F("bucket-mb", ARG_DOUBLE, bucket_mb,
+      "DDP gradient bucket size in MB; sdp: the other ranks' gradient memory held at once"),
+    F("partition", ARG_STR, partition, "oss: even (flat, balanced) | greedy (whole tensors)"),
+    F("share-dtype", ARG_STR, share_dtype, "oss: dtype updated parameters travel in: f32|bf16|f16"),
+    F("min-params", ARG_I64, min_params,
+      "fsdp: auto-wrap every module reaching N parameters (0: one unit per block)"),
+    F("reshard-after-forward", ARG_INT, reshard_after_forward,
+      "fsdp: 1 frees a unit's parameters after forward (gathers again in backward), 0 keeps them"),
+    F("mixed-precision", ARG_STR, mixed_precision,
+      "fsdp: fp32 | bf16 | fp16 (parameters gathered and rounded; fp16 adds loss scaling)"),
+    F("reduce-dtype", ARG_STR, reduce_dtype,
+      "fsdp, sdp: f32 | bf16 | f16 gradient reduction (fsdp default: the compute dtype)"),
+    F("accum-no-sync", ARG_FLAG, accum_no_sync,
+      "fsdp: with --grad-accum, keep full gradients and reduce once (more memory, less traffic)"),
+    F("checkpoint-activations", ARG_FLAG, checkpoint_activations,
+      "recompute each block's activations in backward (less memory, ~1/3 more compute)"),
+    F("pp", ARG_INT, pp,
+      "pipeline stages: ranks / pp data-parallel replicas of pp consecutive ranks (with ddp); "
+      "--grad-accum M is the pipeline's micro-batch count"),
+    F("pipe-schedule", ARG_STR, pipe_schedule, "with --pp: gpipe | 1f1b | interleaved | zb1"),
+    F("virtual", ARG_INT, virtual_stages, "with --pipe-schedule interleaved: stages per rank"),
+    F("balance", ARG_STR, balance,
+      "with --pp: layers per stage, e.g. 3,6 (the GPT has L + 2 layers: embedding, blocks, "
+      "head), or auto (each layer timed, the slowest stage made fastest within "
+      "FSC_MEM_LIMIT_MB); default even"),
+    F("print-schedule", ARG_FLAG, print_schedule,
+      "with --pp: print the schedule's grid, one row per rank, and its bubble"),
+    F("save-every", ARG_I64, save_every,
+      "write a checkpoint every N steps (needs --checkpoint-dir)"),
+    F("checkpoint-dir", ARG_STR, checkpoint_dir, "directory of checkpoints (step-N/, latest)"),
+    F("resume", ARG_STR, resume, "resume from this checkpoint directory's latest checkpoint"),
+    F("save-sharded", ARG_STR, save_sharded,
+      "fsdp: at the end, each rank writes its shard file into this directory"),
+    F("init-from", ARG_STR, init_from, "start from these weights (safetensors)"),
+    F("save-init", ARG_STR, save_init, "save the weights before step 1"),
+    F("save", ARG_STR, save, "save the weights at the end"),
+    F("metrics", ARG_STR, metrics, "write one JSON object per step to this file"),
+    F("log-every", ARG_INT, log_every, "progress lines every N steps when not on a terminal"),
+    F("quiet", ARG_FLAG, quiet, "no progress output"),
+};
+#undef F
+
+static void usage(const char *prog, const char *extra) {
+    printf("usage: %s [flags]\n%s\n", prog, extra ? extra : "");
+    for (size_t i = 0; i < sizeof flags / sizeof *flags; i++)
+        printf("  --%-14s %s\n", flags[i].name, flags[i].help);
+    printf("strategies (--strategy):\n");
+    for (const char *const *n = fsc_strategy_names(); *n; n++) {
+        fsc_strategy_info info;
+        fsc_strategy_info_get(*n, &info);
+        printf("  %-16s %s\n", *n, info.summary);
+    }
+}
+
+static int parse_value(const flag *f, const char *v, void *dst) {
+    char *end = NULL;
+    errno = 0;
+    switch (f->kind) {
+    case ARG_INT: {
+        long x = strtol(v, &end, 10);
+        if (x < INT32_MIN || x > INT32_MAX) errno = ERANGE;
+        *(int *)dst = (int)x;
+        break;
+    }
+    case ARG_I64:
+        *(int64_t *)dst = strtoll(v, &end, 10);
+        break;
+    case ARG_U64:
+        *(uint64_t *)dst = strtoull(v, &end, 10);
+        break;
+    case ARG_DOUBLE:
+        *(double *)dst = strtod(v, &end);
+        break;
+    case ARG_FLOAT:
+        *(float *)dst = strtof(v, &end);
+        break;
+    case ARG_STR:
+        *(const char **)dst = v;
+        return FSC_OK;
+    case ARG_FLAG:
+        *(bool *)dst = true;
+        return FSC_OK;
+    }
+    if (errno || end == v || *end)
+        return fsc_error(FSC_ERR_INVALID, "--%s: \"%s\" is not a valid %s", f->name, v,
+                         f->kind == ARG_DOUBLE || f->kind == ARG_FLOAT ? "number" : "integer");
+    return FSC_OK;
+}
+
+int train_options_parse(train_options *o, int argc, char **argv, const char *prog,
+                        const char *extra) {
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(prog, extra);
+            return 1;
+        }
+        if (strncmp(a, "--", 2))
+            return fsc_error(FSC_ERR_INVALID, "unexpected argument \"%s\" (flags start with --)",
+                             a);
+        const char *name = a + 2, *eq = strchr(name, '=');
+        size_t len = eq ? (size_t)(eq - name) : strlen(name);
+        const flag *f = NULL;
+        for (size_t k = 0; k < sizeof flags / sizeof *flags; k++)
+            if (strlen(flags[k].name) == len && !strncmp(flags[k].name, name, len)) f = &flags[k];
+        if (!f) return fsc_error(FSC_ERR_INVALID, "unknown flag \"%s\" (see --help)", a);
+        const char *v = eq ? eq + 1 : NULL;
+        if (!v && f->kind != ARG_FLAG) {
+            if (i + 1 >= argc) return fsc_error(FSC_ERR_INVALID, "--%s needs a value", f->name);
+            v = argv[++i];
+        }
+        int rc = parse_value(f, v ? v : "", (char *)o + f->offset);
+        if (rc) return rc;
+        o->given |= 1ull << (f - flags);
+    }
+    return FSC_OK;
+}
+
+/* Fails early, before any training, if `path` could not be written later. */
+static int check_writable(const char *flag, const char *path) {
+    if (!path || fsc_dist_rank() != 0) return FSC_OK; /* rank 0 writes */
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (!slash)
+        snprintf(dir, sizeof dir, ".");
+    else if (slash == dir)
+        dir[1] = '\0';
+    else
+        *slash = '\0';
+    if (access(dir, W_OK) != 0)
+        return fsc_error(FSC_ERR_IO, "%s %s: directory %s is not writable (%s)", flag, path, dir,
+                         strerror(errno));
+    return FSC_OK;
+}
+
+bool train_flag_given(const train_options *o, const char *name) {
+    for (size_t i = 0; i < sizeof flags / sizeof *flags; i++)
+        if (!strcmp(flags[i].name, name)) return (o->given >> i) & 1;
+    return false;
+}
+
+int train_options_check(const train_options *o) {
+    int rc = fsc_gpt_config_check(&o->model);
+    if (rc) return fsc_error_context(rc, "bad model: ");
+    if (o->batch < 1) return fsc_error(FSC_ERR_INVALID, "--batch %d must be positive", o->batch);
+    if (o->grad_accum < 1)
+        return fsc_error(FSC_ERR_INVALID, "--grad-accum %d must be positive", o->grad_accum);
+    if (o->steps < 0) return fsc_error(FSC_ERR_INVALID, "--steps must be >= 0");
+    if (o->threads < 1) return fsc_error(FSC_ERR_INVALID, "--threads must be >= 1");
+    if (!(o->bucket_mb > 0))
+        return fsc_error(FSC_ERR_INVALID, "--bucket-mb %g must be positive", o->bucket_mb);
+    if (!(o->clip >= 0)) return fsc_error(FSC_ERR_INVALID, "--clip %g must be >= 0", o->clip);
+    if (o->save_every < 0) return fsc_error(FSC_ERR_INVALID, "--save-every must be >= 0");
+    if (o->save_every > 0 && !o->checkpoint_dir)
+        return fsc_error(FSC_ERR_INVALID, "--save-every needs --checkpoint-dir");
+    if (o->reshard_after_forward != 0 && o->reshard_after_forward != 1)
+        return fsc_error(FSC_ERR_INVALID, "--reshard-after-forward %d: expected 0 or 1",
+                         o->reshard_after_forward);
+    if (o->min_params < 0)
+        return fsc_error(FSC_ERR_INVALID, "--min-params %lld must be >= 0",
+                         (long long)o->min_params);
+    fsc_strategy_info info;
+    if (fsc_strategy_info_get(o->strategy, &info))
+        return fsc_error_context(FSC_ERR_INVALID, "--strategy \"%s\": ", o->strategy);
+    if (!info.spans_ranks && fsc_dist_size() > 1 && !o->local_in_world)
+        return fsc_error(FSC_ERR_INVALID,
+                         "--strategy %s runs in one process but %d were launched; "
+                         "use --strategy ddp under mpirun",
+                         o->strategy, fsc_dist_size());
+    int rc2 = check_writable("--save", o->save);
+    if (!rc2) rc2 = check_writable("--save-init", o->save_init);
+    if (!rc2) rc2 = check_writable("--metrics", o->metrics);
+    return rc2;
+}
