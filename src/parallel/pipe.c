@@ -175,10 +175,11 @@ typedef struct {
     fsc_pipe *p;
     const fsc_ctx *base;
     const fsc_pipe_io *io;
-    slot *slots;         /* nchunks x micros */
-    int *bdone;          /* per micro: backwards done on this rank */
-    fsc_request **sends; /* per action index: a send in flight */
-    int *send_micro;     /* per action index: its micro-batch */
+    slot *slots;                 /* nchunks x micros */
+    int *bdone;                  /* per micro: backwards done on this rank */
+    fsc_request **sends;         /* per action index: a send in flight */
+    int *send_micro;             /* per action index: its micro-batch */
+    const fsc_pipe_action *acts; /* this rank's list */
     int nacts, inflight;
     double loss;
     int *held;      /* per micro: its arena in p->arena, or -1 */
@@ -327,13 +328,26 @@ static int forward(run_state *r, fsc_pipe_action a) {
     return rc;
 }
 
+/* Completes the send of action k; a peer that never takes it is named with
+ * the action, as a receive's wait is. */
+static int wait_send(run_state *r, int k) {
+    const fsc_pipe_action a = r->acts[k];
+    int rc = fsc_request_wait(&r->sends[k]);
+    if (!rc) return FSC_OK;
+    char what[FSC_PIPE_ACTION_TEXT];
+    describe(a, what);
+    return fsc_error_context(
+        rc, "pipeline rank %d, %s (stage %d, micro-batch %d) to rank %d: ", r->p->rank, what,
+        a.stage, a.micro, fsc_pipe_action_peer(r->p->sched, a));
+}
+
 /* Waits for the sends of micro-batch i, then gives its arena back. */
 static int release_micro(run_state *r, int micro) {
     int rc = FSC_OK;
     double t0 = fsc_now();
     for (int k = 0; k < r->nacts; k++)
         if (r->sends[k] && r->send_micro[k] == micro) {
-            int w = fsc_request_wait(&r->sends[k]);
+            int w = wait_send(r, k);
             if (!rc) rc = w;
         }
     r->p->stats.wait_s += fsc_now() - t0;
@@ -388,7 +402,7 @@ int fsc_pipe_run(fsc_pipe *p, const fsc_ctx *ctx, const fsc_pipe_io *io, float *
     int n, rc = fsc_pipe_schedule_actions(p->sched, p->rank, &acts, &n);
     if (rc) return rc;
     const int m = p->cfg.micros;
-    run_state r = {.p = p, .base = ctx, .io = io, .nacts = n};
+    run_state r = {.p = p, .base = ctx, .io = io, .acts = acts, .nacts = n};
     r.slots = calloc((size_t)p->nchunks * (size_t)m, sizeof *r.slots);
     r.bdone = calloc((size_t)m, sizeof *r.bdone);
     r.sends = calloc((size_t)n + 1, sizeof *r.sends);
@@ -414,7 +428,7 @@ int fsc_pipe_run(fsc_pipe *p, const fsc_ctx *ctx, const fsc_pipe_io *io, float *
     double t0 = fsc_now();
     for (int k = 0; k < n; k++)
         if (r.sends[k]) {
-            int w = fsc_request_wait(&r.sends[k]);
+            int w = wait_send(&r, k);
             if (!rc) rc = w;
         }
     p->stats.wait_s += fsc_now() - t0;

@@ -150,6 +150,20 @@ def watchdog():
             sys.exit(f"FAIL: {fault}: no watchdog message naming rank 1:\n{p.stderr}")
         line = next((l for l in p.stderr.splitlines() if "never joined" in l), "(launcher ended the job)")
         print(f"ok  FSC_FAULT={fault}: exit {p.returncode} after {took:.1f} s: {line.strip()[:150]}")
+    # a pipeline stage that stops mid-step: its peer's receive or send times
+    # out, naming this rank, the action and the rank it waits for
+    env = dict(os.environ, FSC_TIMEOUT_S="3", FSC_FAULT="sleep@1:3")
+    launcher = os.environ.get("FSC_MPIEXEC", "mpiexec")
+    t0 = time.time()
+    p = subprocess.run([launcher, "-n", "2", "--oversubscribe", FSC_TRAIN, *common[:-1], "--pp",
+                        "2", "--grad-accum", "2", "--layers", "2"],
+                       capture_output=True, text=True, timeout=120, env=env)
+    took = time.time() - t0
+    named = [l for l in p.stderr.splitlines() if "pipeline rank 0" in l and "rank 1" in l]
+    if p.returncode == 0 or took > 60 or not named:
+        sys.exit(f"FAIL: a pipeline stage that sleeps: exit {p.returncode} after {took:.0f} s:\n"
+                 f"{p.stderr}")
+    print(f"ok  --pp 2, stage 1 sleeps: exit {p.returncode} after {took:.1f} s: {named[0].strip()[:220]}")
 
 
 def resume():
