@@ -61,11 +61,13 @@ typedef struct {
     fsc_pipe_kind kind;
     int chunks, m, B;
     const int *balance;
+    fsc_pipe_checkpoint ckpt;
+    size_t activ_peak; /* out: this rank's most activation bytes held in the last step */
 } pipe_cfg;
 
 /* Trains EQ_STEPS steps; returns the whole model's parameters as saved, and
  * checks the activations held against the validator's figure. */
-static float *run_pipe(const pipe_cfg *c, int64_t *numel) {
+static float *run_pipe(pipe_cfg *c, int64_t *numel) {
     fsc_pipe_schedule *sched;
     assert_int_equal(fsc_pipe_schedule_make(c->kind, world, c->chunks, c->m, &sched), FSC_OK);
     fsc_pipe_rank_stats *per = calloc((size_t)world, sizeof *per);
@@ -77,7 +79,8 @@ static float *run_pipe(const pipe_cfg *c, int64_t *numel) {
                             .balance = c->balance,
                             .act_ndim = 3,
                             .act_shape = {c->B, cfg.seq, cfg.d_model},
-                            .seed = 5};
+                            .seed = 5,
+                            .checkpoint = c->ckpt};
     fsc_pipe *p = fsc_pipe_new(fsc_group_world(), sched, &EQ_ADAMW, &opt);
     if (!p) fail_msg("fsc_pipe_new: %s", fsc_last_error());
     data *d = calloc(1, sizeof *d);
@@ -94,6 +97,7 @@ static float *run_pipe(const pipe_cfg *c, int64_t *numel) {
         assert_int_equal(fsc_pipe_step(p), FSC_OK);
     }
     assert_int_equal(fsc_pipe_get_stats(p).peak_inflight, per[rank].peak_inflight);
+    c->activ_peak = fsc_pipe_get_stats(p).peak_held_bytes;
     char path[128];
     snprintf(path, sizeof path, "%s/pipe.safetensors", dir);
     assert_int_equal(fsc_pipe_save_weights(p, path, 0, 0, NULL, NULL), FSC_OK);
@@ -114,7 +118,7 @@ static float *run_pipe(const pipe_cfg *c, int64_t *numel) {
     return out;
 }
 
-static void expect_one_process(const pipe_cfg *c) {
+static void expect_one_process(pipe_cfg *c) {
     int64_t n, numel;
     float *ref = eq_reference_ex(&(eq_options){.global_batch = c->B * c->m}, &n);
     float *got = run_pipe(c, &numel);
@@ -156,6 +160,30 @@ static void test_uneven_balance(void **state) {
     } else {
         skip();
     }
+}
+
+/* Activation checkpointing inside the stages: the same parameters bit for
+ * bit under always and except_last as without it, and less activation
+ * memory held (always < except_last <= never on the first stage). */
+static void test_pipe_checkpoint(void **state) {
+    (void)state;
+    if (world < 2) skip();
+    int64_t n;
+    pipe_cfg c[3] = {{.kind = FSC_PIPE_1F1B, .m = 4, .B = 2, .ckpt = FSC_PIPE_CKPT_NEVER},
+                     {.kind = FSC_PIPE_1F1B, .m = 4, .B = 2, .ckpt = FSC_PIPE_CKPT_ALWAYS},
+                     {.kind = FSC_PIPE_1F1B, .m = 4, .B = 2, .ckpt = FSC_PIPE_CKPT_EXCEPT_LAST}};
+    float *got[3];
+    for (int i = 0; i < 3; i++) got[i] = run_pipe(&c[i], &n);
+    for (int i = 1; i < 3; i++) assert_memory_equal(got[0], got[i], sizeof(float) * (size_t)n);
+    if (rank == 0) {
+        fprintf(stderr,
+                "pipeline checkpointing, rank 0 activation peak: never %zu, always %zu, "
+                "except_last %zu bytes\n",
+                c[0].activ_peak, c[1].activ_peak, c[2].activ_peak);
+        assert_true(c[1].activ_peak < c[0].activ_peak);
+        assert_true(c[1].activ_peak <= c[2].activ_peak && c[2].activ_peak <= c[0].activ_peak);
+    }
+    for (int i = 0; i < 3; i++) free(got[i]);
 }
 
 /* A plan of the wrong activation shape: the sender and the receiver both
@@ -414,7 +442,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_gpipe_and_1f1b), cmocka_unit_test(test_interleaved),
         cmocka_unit_test(test_uneven_balance), cmocka_unit_test(test_shape_mismatch),
         cmocka_unit_test(test_bad_setups),     cmocka_unit_test(test_trainer_ddp_pipeline),
-        cmocka_unit_test(test_balance_auto),
+        cmocka_unit_test(test_balance_auto),   cmocka_unit_test(test_pipe_checkpoint),
     };
     return mpi_test_finish(cmocka_run_group_tests(tests, setup_dir, teardown_dir));
 }

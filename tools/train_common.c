@@ -180,6 +180,16 @@ static int pipe_options(trainer *t, fsc_strategy_options *so) {
     const bool autobalance = o->balance && !strcmp(o->balance, "auto");
     if (o->balance && !autobalance && (rc = parse_balance(o->balance, o->pp * chunks, &t->balance)))
         return rc;
+    static const char *const modes[] = {"never", "always", "except_last"};
+    int mode = -1;
+    for (int i = 0; i < 3; i++)
+        if (!strcmp(o->pipe_checkpoint, modes[i])) mode = i;
+    if (mode < 0)
+        return fsc_error(FSC_ERR_INVALID,
+                         "--pipe-checkpoint \"%s\": expected never, always or except_last",
+                         o->pipe_checkpoint);
+    if (o->checkpoint_activations && mode == FSC_PIPE_CKPT_NEVER) mode = FSC_PIPE_CKPT_ALWAYS;
+    so->pipe.checkpoint = (fsc_pipe_checkpoint)mode;
     so->pipe.stages = o->pp;
     so->pipe.schedule = kind;
     so->pipe.chunks = chunks;
@@ -360,9 +370,6 @@ int trainer_init(trainer *t, const train_options *o) {
                          o->data, t->tokens.count);
 
     if (o->pp < 1) return fsc_error(FSC_ERR_INVALID, "--pp %d must be >= 1", o->pp);
-    if (o->pp > 1 && o->checkpoint_activations)
-        return fsc_error(FSC_ERR_UNSUPPORTED,
-                         "--checkpoint-activations does not run under --pp yet");
     /* under --pp each rank builds only its stages */
     if (o->pp == 1 && !(t->model = fsc_gpt_new(&o->model))) return FSC_ERR_INVALID;
     if (t->model && o->checkpoint_activations && (rc = checkpoint_blocks(t->model))) return rc;

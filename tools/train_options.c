@@ -36,6 +36,7 @@ void train_options_default(train_options *o) {
     o->log_every = 10;
     o->pp = 1;
     o->pipe_schedule = "1f1b";
+    o->pipe_checkpoint = "never";
 }
 
 typedef enum { ARG_INT, ARG_I64, ARG_U64, ARG_DOUBLE, ARG_FLOAT, ARG_STR, ARG_FLAG } arg_kind;
@@ -100,6 +101,10 @@ static const flag flags[] = {
       "with --pp: layers per stage, e.g. 3,6 (the GPT has L + 2 layers: embedding, blocks, "
       "head), or auto (each layer timed, the slowest stage made fastest within "
       "FSC_MEM_LIMIT_MB); default even"),
+    F("pipe-checkpoint", ARG_STR, pipe_checkpoint,
+      "with --pp: recompute the stages' activations in backward for every micro-batch "
+      "(always), every one but the last (except_last), or none (never; "
+      "--checkpoint-activations means always)"),
     F("print-schedule", ARG_FLAG, print_schedule,
       "with --pp: print the schedule's grid, one row per rank, and its bubble"),
     F("save-every", ARG_I64, save_every,

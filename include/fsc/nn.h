@@ -47,6 +47,9 @@ typedef struct fsc_ctx {
      * not reshard after it). Results are identical: randomness is keyed by
      * (seed, step, sample), never by call order. */
     bool recompute;
+    /* Checkpointed modules run as plain ones for this call (they keep their
+     * activations): a pipeline's last micro-batch under "except_last". */
+    bool no_checkpoint;
 } fsc_ctx;
 
 typedef struct fsc_module fsc_module;

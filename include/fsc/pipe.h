@@ -22,6 +22,7 @@
 #ifndef FSC_PIPE_H
 #define FSC_PIPE_H
 
+#include "fsc/checkpoint_wrapper.h"
 #include "fsc/dist.h"
 #include "fsc/nn.h"
 #include "fsc/optim.h"
@@ -37,6 +38,15 @@ typedef struct fsc_pipe fsc_pipe;
  * model's parameter names (the caller of fsc_pipe_new keeps user alive). */
 typedef fsc_module *(*fsc_pipe_stage_fn)(void *user, int first, int end);
 
+/* Activation checkpointing of the stages' parts (torchgpipe's and
+ * FairScale's `checkpoint` argument): never; every micro-batch; every one
+ * but the last of the step (whose backward follows its forward soonest). */
+typedef enum {
+    FSC_PIPE_CKPT_NEVER = 0,
+    FSC_PIPE_CKPT_ALWAYS,
+    FSC_PIPE_CKPT_EXCEPT_LAST
+} fsc_pipe_checkpoint;
+
 typedef struct fsc_pipe_options {
     int layers; /* of the whole model (> 0) */
     fsc_pipe_stage_fn make_stage;
@@ -50,6 +60,10 @@ typedef struct fsc_pipe_options {
     int act_ndim;
     int64_t act_shape[FSC_MAX_DIMS];
     uint64_t seed; /* initial weights by (seed, name, element) */
+    /* Recompute in backward: each stage's children that hold parameters of
+     * their own (not used by the stage directly) are checkpointed in place.
+     * Same gradients bit for bit; less activation memory. */
+    fsc_pipe_checkpoint checkpoint;
 } fsc_pipe_options;
 
 /* This rank's stages of opt's model over group g, run by `schedule`
@@ -143,11 +157,12 @@ FSC_API int fsc_pipe_balance_auto(fsc_group *g, const fsc_pipe_options *opt,
                                   int *balance, fsc_pipe_balance_report *rep);
 
 typedef struct fsc_pipe_run_stats {
-    double compute_s;  /* forwards and backwards */
-    double wait_s;     /* blocked on receives (and sends at the end) */
-    int peak_inflight; /* most (stage, micro-batch) activations held at once: the
-                        * validator's peak_inflight for this rank */
-    int64_t messages;  /* sent by this rank */
+    double compute_s;       /* forwards and backwards */
+    double wait_s;          /* blocked on receives (and sends at the end) */
+    int peak_inflight;      /* most (stage, micro-batch) activations held at once: the
+                             * validator's peak_inflight for this rank */
+    int64_t messages;       /* sent by this rank */
+    size_t peak_held_bytes; /* most bytes in use in the micro-batches' arenas at once */
 } fsc_pipe_run_stats;
 /* Figures of the last fsc_pipe_run on this rank. */
 FSC_API fsc_pipe_run_stats fsc_pipe_get_stats(const fsc_pipe *p);

@@ -84,7 +84,8 @@ typedef struct fsc_strategy_options {
         int layers;             /* of the model */
         fsc_pipe_stage_fn make_stage;
         void *stage_user;
-        int act_ndim; /* the activation between stages, per micro-batch */
+        fsc_pipe_checkpoint checkpoint; /* recompute activations in backward */
+        int act_ndim;                   /* the activation between stages, per micro-batch */
         int64_t act_shape[FSC_MAX_DIMS];
     } pipe;
 } fsc_strategy_options;

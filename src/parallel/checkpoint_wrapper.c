@@ -18,9 +18,12 @@ typedef struct ckpt {
     const fsc_module_ops *orig; /* the module's own table */
 } ckpt;
 
-/* What a training forward keeps for backward: the input, by reference. */
+/* What a training forward keeps for backward: the input, by reference; or,
+ * when the call asked for no checkpointing, the module's own record. */
 typedef struct {
     fsc_tensor x;
+    void *inner;
+    bool plain;
 } ckpt_saved;
 
 static ckpt *ckpt_of(const fsc_module *m) {
@@ -45,6 +48,14 @@ static int ckpt_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, 
                         void **saved) {
     const ckpt *c = ckpt_of(m);
     if (!ctx->training) return c->orig->forward(m, ctx, x, y, saved);
+    if (ctx->no_checkpoint) { /* keep everything: backward needs no recompute */
+        ckpt_saved *s = fsc_arena_alloc(ctx->arena, sizeof *s);
+        if (!s) return FSC_ERR_NOMEM;
+        *s = (ckpt_saved){.x = *x, .plain = true};
+        int rc = c->orig->forward(m, ctx, x, y, &s->inner);
+        *saved = s;
+        return rc;
+    }
     fsc_arena_mark_t mark = fsc_arena_mark(ctx->arena);
     void *inner = NULL; /* dropped: backward rebuilds it */
     int rc = c->orig->forward(m, ctx, x, y, &inner);
@@ -59,7 +70,7 @@ static int ckpt_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, 
                                  c->orig->kind);
     ckpt_saved *s = fsc_arena_alloc(ctx->arena, sizeof *s);
     if (!s) return FSC_ERR_NOMEM;
-    s->x = *x;
+    *s = (ckpt_saved){.x = *x};
     *saved = s;
     return FSC_OK;
 }
@@ -73,6 +84,7 @@ static int ckpt_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const f
         return fsc_error(FSC_ERR_INVALID,
                          "checkpointed %s (%s): backward without the record of a training forward",
                          m->name, c->orig->kind);
+    if (s->plain) return c->orig->backward(m, ctx, s->inner, dy, dx);
     /* Same seed/step/sample0, so the recompute draws the same dropout masks;
      * the flag tells wrappers inside (FSDP) this is not a new forward. */
     fsc_ctx re = *ctx;

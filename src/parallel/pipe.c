@@ -36,6 +36,19 @@ static int check_balance(const fsc_pipe *p, const int *b) {
     return FSC_OK;
 }
 
+/* Checkpoints the children of a stage that compute with parameters of their
+ * own (the GPT stage's blocks and ln_f; not wte/wpe, which the stage reads
+ * itself, nor parameter-free ones). */
+static int checkpoint_parts(fsc_module *stage) {
+    for (int i = 0; i < stage->nchildren; i++) {
+        fsc_module *m = stage->children[i];
+        if (m->params_used_by_parent || (m->nparams == 0 && m->nchildren == 0)) continue;
+        int rc = fsc_checkpoint_wrap(m);
+        if (rc) return rc;
+    }
+    return FSC_OK;
+}
+
 /* Stages, their modules and parameters on this rank. */
 static int make_chunks(fsc_pipe *p) {
     const int S = p->stages;
@@ -58,6 +71,8 @@ static int make_chunks(fsc_pipe *p) {
         if (!p->chunk[c])
             return fsc_error_context(FSC_ERR_INVALID, "pipeline stage %d (layers %d..%d): ", s,
                                      p->first[s], p->first[s + 1] - 1);
+        if (p->opt.checkpoint != FSC_PIPE_CKPT_NEVER && (rc = checkpoint_parts(p->chunk[c])))
+            return fsc_error_context(rc, "pipeline stage %d: ", s);
         if ((rc = fsc_params_bind(p->chunk[c], p->opt.seed, true, &p->params[c])))
             return fsc_error_context(rc, "pipeline stage %d: ", s);
     }
@@ -304,6 +319,8 @@ static fsc_ctx micro_ctx(run_state *r, int micro) {
     c.arena = arena_of(r, micro);
     c.sample0 = r->io->sample0(r->io->user, micro);
     c.keyed = true;
+    c.no_checkpoint =
+        r->p->opt.checkpoint == FSC_PIPE_CKPT_EXCEPT_LAST && micro == r->p->cfg.micros - 1;
     return c;
 }
 
@@ -417,6 +434,12 @@ int fsc_pipe_run(fsc_pipe *p, const fsc_ctx *ctx, const fsc_pipe_io *io, float *
     for (int k = 0; !rc && k < n; k++) {
         const fsc_pipe_action a = acts[k];
         rc = run_action(&r, k, a);
+        if (!rc && a.op == FSC_PIPE_F) { /* after a forward: the most held */
+            size_t held = 0;
+            for (int i = 0; i < m; i++)
+                if (r.held[i] >= 0) held += fsc_arena_used(p->arena[r.held[i]]);
+            if (held > p->stats.peak_held_bytes) p->stats.peak_held_bytes = held;
+        }
         /* a micro-batch's arena is given back after its last backward here,
          * and after the send of that backward's input gradient (next action) */
         bool last = (a.op == FSC_PIPE_B || a.op == FSC_PIPE_SEND_B) && r.bdone[a.micro] == 0;

@@ -28,7 +28,8 @@ static int setup(fsc_strategy *s, const fsc_optim_config *optim) {
                            .stage_user = s->opt.pipe.stage_user,
                            .balance = s->opt.pipe.balance,
                            .act_ndim = s->opt.pipe.act_ndim,
-                           .seed = s->opt.seed};
+                           .seed = s->opt.seed,
+                           .checkpoint = s->opt.pipe.checkpoint};
     for (int d = 0; d < FSC_MAX_DIMS; d++) po.act_shape[d] = s->opt.pipe.act_shape[d];
     if (!(s->pipe = fsc_pipe_new(s->pp_group, s->sched, optim, &po))) return FSC_ERR_INVALID;
     s->optim = fsc_pipe_optim(s->pipe);
