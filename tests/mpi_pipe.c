@@ -175,14 +175,18 @@ static void test_pipe_checkpoint(void **state) {
     float *got[3];
     for (int i = 0; i < 3; i++) got[i] = run_pipe(&c[i], &n);
     for (int i = 1; i < 3; i++) assert_memory_equal(got[0], got[i], sizeof(float) * (size_t)n);
-    if (rank == 0) {
-        fprintf(stderr,
-                "pipeline checkpointing, rank 0 activation peak: never %zu, always %zu, "
-                "except_last %zu bytes\n",
-                c[0].activ_peak, c[1].activ_peak, c[2].activ_peak);
-        assert_true(c[1].activ_peak < c[0].activ_peak);
-        assert_true(c[1].activ_peak <= c[2].activ_peak && c[2].activ_peak <= c[0].activ_peak);
-    }
+    /* this rank's layers under the even balance: does it hold a block? */
+    int first = 0, end = 0;
+    for (int r = 0; r <= rank; r++) first = end, end += 4 / world + (r < 4 % world);
+    const bool block = first <= EQ_MODEL.layers && end > 1;
+    fprintf(stderr,
+            "pipeline checkpointing, rank %d (layers %d..%d): most activation bytes held: "
+            "never %zu, except_last %zu, always %zu\n",
+            rank, first, end - 1, c[0].activ_peak, c[2].activ_peak, c[1].activ_peak);
+    /* a micro-batch run plainly under except_last adds a 64-byte record per
+     * checkpointed part to what never holds */
+    assert_true(c[1].activ_peak <= c[2].activ_peak && c[2].activ_peak <= c[0].activ_peak + 1024);
+    if (block) assert_true(c[1].activ_peak < c[0].activ_peak);
     for (int i = 0; i < 3; i++) free(got[i]);
 }
 
