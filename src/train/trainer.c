@@ -23,6 +23,12 @@ static int check_config(const fsc_trainer_config *c) {
     if (!piped && !c->loss) return fsc_error(FSC_ERR_INVALID, "trainer: the loss function is NULL");
     if (piped && (!c->pipe_input || !c->pipe_loss))
         return fsc_error(FSC_ERR_INVALID, "trainer: a pipeline needs pipe_input and pipe_loss");
+    if (piped && c->strategy.pipe.micros &&
+        c->strategy.pipe.micros != (c->grad_accum ? c->grad_accum : 1))
+        return fsc_error(FSC_ERR_INVALID,
+                         "trainer: the pipeline's %d micro-batches are the step's grad_accum (%d): "
+                         "leave pipe.micros 0",
+                         c->strategy.pipe.micros, c->grad_accum);
     if (c->strategy.threads > c->batch && fsc_strategy_takes(c->strategy.name, "threads"))
         return fsc_error(FSC_ERR_INVALID, "trainer: batch %d cannot be split across %d threads",
                          c->batch, c->strategy.threads);
