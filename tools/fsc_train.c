@@ -213,6 +213,10 @@ int main(int argc, char **argv) {
     double seconds = fsc_now() - t0;
     if (metrics) fclose(metrics);
     if (rc) return fail(&t, world, 1);
+    if (o.trace && steps && fsc_strategy_write_trace(t.s, o.trace)) {
+        fprintf(stderr, "fsc-train: --trace %s: %s\n", o.trace, fsc_last_error());
+        return fail(&t, world, 1);
+    }
     if (o.save && trainer_save(&t, o.save)) {
         fprintf(stderr, "fsc-train: --save %s: %s\n", o.save, fsc_last_error());
         return fail(&t, world, 1);

@@ -105,6 +105,8 @@ static const flag flags[] = {
       "with --pp: recompute the stages' activations in backward for every micro-batch "
       "(always), every one but the last (except_last), or none (never; "
       "--checkpoint-activations means always)"),
+    F("trace", ARG_STR, trace,
+      "with --pp: write the last step's actions, per rank, as a Chrome trace (Perfetto)"),
     F("print-schedule", ARG_FLAG, print_schedule,
       "with --pp: print the schedule's grid, one row per rank, and its bubble"),
     F("save-every", ARG_I64, save_every,
@@ -234,6 +236,7 @@ int train_options_check(const train_options *o) {
         return fsc_error(FSC_ERR_INVALID, "--bucket-mb %g must be positive", o->bucket_mb);
     if (!(o->clip >= 0)) return fsc_error(FSC_ERR_INVALID, "--clip %g must be >= 0", o->clip);
     if (o->save_every < 0) return fsc_error(FSC_ERR_INVALID, "--save-every must be >= 0");
+    if (o->trace && o->pp < 2) return fsc_error(FSC_ERR_INVALID, "--trace needs --pp >= 2");
     if (o->save_every > 0 && !o->checkpoint_dir)
         return fsc_error(FSC_ERR_INVALID, "--save-every needs --checkpoint-dir");
     if (o->reshard_after_forward != 0 && o->reshard_after_forward != 1)

@@ -164,6 +164,11 @@ typedef struct fsc_pipe_run_stats {
     int64_t messages;       /* sent by this rank */
     size_t peak_held_bytes; /* most bytes in use in the micro-batches' arenas at once */
 } fsc_pipe_run_stats;
+/* The last fsc_pipe_run as a Chrome trace (opens in Perfetto or
+ * chrome://tracing): one row per rank, one box per action with its start
+ * and duration in microseconds since that rank's run began. Written by rank
+ * 0 of the group; collective; every rank returns rank 0's outcome. */
+FSC_API int fsc_pipe_write_trace(fsc_pipe *p, const char *path);
 /* Figures of the last fsc_pipe_run on this rank. */
 FSC_API fsc_pipe_run_stats fsc_pipe_get_stats(const fsc_pipe *p);
 

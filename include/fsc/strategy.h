@@ -217,6 +217,10 @@ FSC_API int fsc_strategy_save_sharded(fsc_strategy *s, const char *path, int n_m
 
 /* This rank's communication so far (all zero for a strategy with none). */
 FSC_API fsc_strategy_stats fsc_strategy_get_stats(const fsc_strategy *s);
+/* A pipeline's last step as a Chrome trace (fsc_pipe_write_trace), written
+ * by rank 0; collective over fsc_strategy_all. FSC_ERR_INVALID for a
+ * strategy without a pipeline. */
+FSC_API int fsc_strategy_write_trace(fsc_strategy *s, const char *path);
 /* The model-state plan of this rank (K from the optimizer's config). */
 FSC_API fsc_strategy_memory fsc_strategy_memory_plan(const fsc_strategy *s);
 

@@ -150,6 +150,7 @@ void fsc_pipe_free(fsc_pipe *p) {
     free(p->params);
     free(p->chunk);
     free(p->first);
+    free(p->trace_t0), free(p->trace_t1);
     free((void *)p->opt.balance);
     free(p);
 }
@@ -431,9 +432,19 @@ int fsc_pipe_run(fsc_pipe *p, const fsc_ctx *ctx, const fsc_pipe_io *io, float *
     if (!r.slots || !r.bdone || !r.sends || !r.send_micro || !r.held || !r.free_list)
         rc = fsc_error(FSC_ERR_NOMEM, "pipeline: out of memory");
     p->stats = (fsc_pipe_run_stats){0};
+    double *t0s = realloc(p->trace_t0, sizeof(double) * (size_t)(n ? n : 1));
+    if (t0s) p->trace_t0 = t0s;
+    double *t1s = realloc(p->trace_t1, sizeof(double) * (size_t)(n ? n : 1));
+    if (t1s) p->trace_t1 = t1s;
+    if (!rc && (!t0s || !t1s)) rc = fsc_error(FSC_ERR_NOMEM, "pipeline: out of memory");
+    p->ntrace = 0;
+    const double start = fsc_now();
     for (int k = 0; !rc && k < n; k++) {
         const fsc_pipe_action a = acts[k];
+        p->trace_t0[k] = fsc_now() - start;
         rc = run_action(&r, k, a);
+        p->trace_t1[k] = fsc_now() - start;
+        p->ntrace = k + 1;
         if (!rc && a.op == FSC_PIPE_F) { /* after a forward: the most held */
             size_t held = 0;
             for (int i = 0; i < m; i++)

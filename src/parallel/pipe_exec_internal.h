@@ -44,6 +44,9 @@ struct fsc_pipe {
     fsc_arena **arena; /* per micro-batch of the step */
     int narena;
     fsc_pipe_run_stats stats;
+    /* the last run's actions on this rank: start and end, seconds since its start */
+    double *trace_t0, *trace_t1;
+    int ntrace;
 };
 
 /* pipe_params.c: finds parameters held by several ranks, makes their groups,

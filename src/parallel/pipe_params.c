@@ -343,3 +343,67 @@ int fsc_pipe_save_weights(fsc_pipe *p, const char *path, int root, int n_meta,
         return fsc_error(status, "pipeline: rank %d could not save", root);
     return rc;
 }
+
+/* ---- the last run as a Chrome trace ------------------------------------------------------ */
+
+int fsc_pipe_write_trace(fsc_pipe *p, const char *path) {
+    const int P = p->cfg.ranks;
+    const fsc_pipe_action *acts;
+    int n, rc = fsc_pipe_schedule_actions(p->sched, p->rank, &acts, &n);
+    if (rc) return rc;
+    n = p->ntrace;
+    /* every rank's events as int64 rows: op, stage, micro, start us, end us */
+    enum { W = 5 };
+    int32_t mine = n, *counts32 = calloc((size_t)P, sizeof *counts32);
+    int64_t *counts = calloc((size_t)P, sizeof *counts),
+            *displs = calloc((size_t)P, sizeof *displs);
+    int64_t *ev = calloc((size_t)(n ? n : 1) * W, sizeof *ev), total = 0;
+    if (!counts32 || !counts || !displs || !ev)
+        rc = fsc_error(FSC_ERR_NOMEM, "trace: out of memory");
+    for (int k = 0; !rc && k < n; k++) {
+        int64_t *e = ev + (size_t)k * W;
+        e[0] = acts[k].op, e[1] = acts[k].stage, e[2] = acts[k].micro;
+        e[3] = (int64_t)(1e6 * p->trace_t0[k]), e[4] = (int64_t)(1e6 * p->trace_t1[k]);
+    }
+    if (!rc) rc = fsc_group_allgather(p->g, &mine, counts32, 1, FSC_DTYPE_I32);
+    for (int r = 0; !rc && r < P; r++)
+        counts[r] = (int64_t)counts32[r] * W, displs[r] = total, total += counts[r];
+    int64_t *all = rc ? NULL : calloc((size_t)(total ? total : 1), sizeof *all);
+    if (!rc && !all) rc = fsc_error(FSC_ERR_NOMEM, "trace: out of memory");
+    if (!rc) rc = fsc_group_allgatherv(p->g, ev, all, counts, displs, FSC_DTYPE_I64);
+    int wrc = FSC_OK;
+    if (!rc && p->rank == 0) {
+        FILE *f = fopen(path, "w");
+        if (!f) {
+            wrc = fsc_error(FSC_ERR_IO, "trace %s: cannot open for writing", path);
+        } else {
+            fprintf(f, "{\"traceEvents\": [");
+            bool first = true;
+            for (int r = 0; r < P; r++) {
+                fprintf(f,
+                        "%s\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, "
+                        "\"tid\": %d, \"args\": {\"name\": \"rank %d\"}}",
+                        first ? "" : ",", r, r);
+                first = false;
+                for (int64_t i = displs[r]; i < displs[r] + counts[r]; i += W) {
+                    const int64_t *e = all + i;
+                    char name[FSC_PIPE_ACTION_TEXT];
+                    fsc_pipe_action a = {
+                        .op = (fsc_pipe_op)e[0], .stage = (int)e[1], .micro = (int)e[2]};
+                    if (fsc_pipe_action_format(a, name, sizeof name) < 0) snprintf(name, 2, "?");
+                    fprintf(f,
+                            ",\n{\"name\": \"%s\", \"ph\": \"X\", \"pid\": 0, \"tid\": %d, "
+                            "\"ts\": %lld, \"dur\": %lld}",
+                            name, r, (long long)e[3], (long long)(e[4] - e[3]));
+                }
+            }
+            fprintf(f, "\n]}\n");
+            if (fclose(f)) wrc = fsc_error(FSC_ERR_IO, "trace %s: write failed", path);
+        }
+    }
+    free(counts32), free(counts), free(displs), free(ev), free(all);
+    if (rc) return rc;
+    int32_t status = wrc;
+    if (fsc_group_broadcast(p->g, &status, 1, FSC_DTYPE_I32, 0)) return FSC_ERR_MPI;
+    return status && !wrc ? fsc_error(status, "trace: rank 0 could not write %s", path) : wrc;
+}

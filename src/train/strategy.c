@@ -234,6 +234,12 @@ int fsc_strategy_run_pipeline(fsc_strategy *s, const fsc_ctx *ctx, const fsc_pip
     return s->ops->run_pipeline(s, ctx, io, loss);
 }
 
+int fsc_strategy_write_trace(fsc_strategy *s, const char *path) {
+    if (!s->ops->write_trace)
+        return fsc_error(FSC_ERR_INVALID, "strategy %s has no pipeline to trace", s->ops->name);
+    return s->ops->write_trace(s, path);
+}
+
 int fsc_strategy_clip_grad_norm(fsc_strategy *s, float max_norm, float *total) {
     return s->ops->clip(s, max_norm > 0 ? max_norm : FLT_MAX, total);
 }

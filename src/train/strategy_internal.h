@@ -44,6 +44,7 @@ typedef struct strategy_ops {
                         const char *const *values);                /* NULL: none */
     void (*stats)(const fsc_strategy *s, fsc_strategy_stats *out); /* NULL: none */
     int (*run_pipeline)(fsc_strategy *s, const fsc_ctx *ctx, const fsc_pipe_io *io, float *loss);
+    int (*write_trace)(fsc_strategy *s, const char *path); /* NULL: nothing to trace */
 } strategy_ops;
 
 struct fsc_strategy {

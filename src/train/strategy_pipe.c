@@ -106,6 +106,15 @@ static int load_optim(fsc_strategy *s, const char *path) {
     return fsc_pipe_load_optim(s->pipe, path);
 }
 
+/* Replica 0's pipeline: the others have the same schedule. */
+static int write_trace(fsc_strategy *s, const char *path) {
+    int rc = s->rank == 0 ? fsc_pipe_write_trace(s->pipe, path) : FSC_OK;
+    int32_t status = rc;
+    if (s->world > 1 && fsc_group_broadcast(s->dp_group, &status, 1, FSC_DTYPE_I32, 0))
+        return FSC_ERR_MPI;
+    return status && !rc ? fsc_error(status, "pipeline: replica 0 could not write %s", path) : rc;
+}
+
 static void stats(const fsc_strategy *s, fsc_strategy_stats *out) {
     out->wait_s = s->pipe_wait_s;
     out->reductions = s->dp_allreduces;
@@ -128,4 +137,5 @@ const strategy_ops fsc_strategy_pipe = {
     .save_optim = save_optim,
     .load_optim = load_optim,
     .stats = stats,
+    .write_trace = write_trace,
 };

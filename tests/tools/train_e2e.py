@@ -112,9 +112,18 @@ def strategies():
                             (2, "interleaved", ["--batch", "2", "--grad-accum", "4"]),
                             (4, "1f1b", ["--batch", "2", "--grad-accum", "2"])):
         m = os.path.join(TMP, f"pp{n}{sched}.jsonl")
+        trace = os.path.join(TMP, f"pp{n}{sched}.trace.json")
         mpiexec(n, *common, *extra, "--strategy", "ddp", "--pp", "2", "--pipe-schedule", sched,
-                "--metrics", m)
+                "--metrics", m, "--trace", trace)
         out[f"ddp x{n // 2} pp 2 {sched} {' '.join(extra[2:])}"] = metrics(m)
+        # the trace: every action of the last step, one row per pipeline rank
+        with open(trace) as f:
+            events = [e for e in json.load(f)["traceEvents"] if e["ph"] == "X"]
+        micro, chunks = int(extra[extra.index("--grad-accum") + 1]), 2 if sched == "interleaved" else 1
+        want = 2 * chunks * micro * 2 + 2 * (2 * chunks - 1) * micro * 2  # F, B; sends, receives
+        if len(events) != want or {e["tid"] for e in events} != {0, 1}:
+            sys.exit(f"FAIL: --trace {sched}: {len(events)} actions on ranks "
+                     f"{sorted({e['tid'] for e in events})}, expected {want} on 0 and 1")
     ref = out["single"]
     for name, rows in out.items():
         assert len(rows) == len(ref), name
