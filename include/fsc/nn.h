@@ -50,6 +50,11 @@ typedef struct fsc_ctx {
     /* Checkpointed modules run as plain ones for this call (they keep their
      * activations): a pipeline's last micro-batch under "except_last". */
     bool no_checkpoint;
+    /* Non-NULL: backward computes input gradients only, and the modules
+     * whose weight gradients are GEMMs (Linear, the GPT's tied head) record
+     * them here for fsc_deferred_run: a zero-bubble pipeline's B and W. The
+     * records point into the arena, which must keep them until the run. */
+    struct fsc_deferred *defer;
 } fsc_ctx;
 
 typedef struct fsc_module fsc_module;
@@ -165,6 +170,21 @@ FSC_API int fsc_module_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tens
  * fsc_module_check_dy). */
 FSC_API int fsc_module_backward(fsc_module *m, const fsc_ctx *ctx, void *saved,
                                 const fsc_tensor *dy, fsc_tensor *dx);
+/* ---- deferred weight gradients (zero-bubble pipelines) ---------------------- */
+typedef struct fsc_deferred fsc_deferred;
+/* An empty list in arena a (valid until a is reset); NULL (error set) if out
+ * of memory. */
+FSC_API fsc_deferred *fsc_deferred_new(fsc_arena *a);
+/* Records dweight += and dbias += of a matmul (fsc_matmul_backward's
+ * arguments; all borrowed, and must stay valid until fsc_deferred_run).
+ * FSC_ERR_NOMEM when the arena is full. */
+FSC_API int fsc_deferred_matmul(fsc_deferred *d, float *dweight, float *dbias, const float *dout,
+                                const float *inp, const float *weight, int N, int C, int OC,
+                                int layout);
+/* Computes every recorded weight gradient, in the order recorded, and
+ * empties the list. d may be NULL (nothing to do). */
+FSC_API void fsc_deferred_run(fsc_deferred *d);
+
 /* For a module's backward: FSC_OK when dy is an F32 tensor of exactly
  * shape[0..ndim) (the output its forward produced, as the module's saved
  * record tells), else FSC_ERR_SHAPE naming the module by its path with the

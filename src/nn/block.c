@@ -91,6 +91,10 @@ int fsc_blocks_backward(fsc_module *const *h, void *const *saved, int n, const f
         fsc_arena_mark_t mark = fsc_arena_mark(ctx->arena);
         rc = fsc_module_backward(h[l], ctx, saved[l], cur, &next);
         if (rc) break;
+        if (ctx->defer) { /* deferred weight gradients still read this block's buffers */
+            *cur = next;
+            continue;
+        }
         fsc_tensor *keep = &pingpong[l & 1];
         if (keep->data == cur->data) keep = &pingpong[(l + 1) & 1];
         memcpy(keep->data, next.data, fsc_tensor_nbytes(&next));

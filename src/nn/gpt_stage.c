@@ -101,8 +101,12 @@ static int stage_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const 
         fsc_param *wte = &g->wte->params[0];
         fsc_tensor dfinal = fsc_tensor_arena(ctx->arena, FSC_DTYPE_F32, 3, (int64_t[]){B, T, C});
         if (!dfinal.data) return FSC_ERR_NOMEM;
-        fsc_matmul_backward(dfinal.data, wte->grad, NULL, dy->data, s->final.data, wte->data, B * T,
-                            C, V, FSC_WEIGHT_OUT_IN);
+        fsc_matmul_backward(dfinal.data, ctx->defer ? NULL : wte->grad, NULL, dy->data,
+                            s->final.data, wte->data, B * T, C, V, FSC_WEIGHT_OUT_IN);
+        if (ctx->defer &&
+            (rc = fsc_deferred_matmul(ctx->defer, wte->grad, NULL, dy->data, s->final.data,
+                                      wte->data, B * T, C, V, FSC_WEIGHT_OUT_IN)))
+            return rc;
         if ((rc = fsc_module_backward(g->ln_f, ctx, s->ln_f, &dfinal, &cur))) return rc;
     }
     fsc_tensor pingpong[2];

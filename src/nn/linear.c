@@ -33,8 +33,15 @@ static int linear_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const
         if (rc) return rc;
         dinp = dx->data;
     }
-    fsc_matmul_backward(dinp, m->params[0].grad, l->bias ? m->params[1].grad : NULL, dy->data,
-                        x->data, m->params[0].data, (int)fsc_rows(x), l->in, l->out, l->layout);
+    float *dw = m->params[0].grad, *db = l->bias ? m->params[1].grad : NULL;
+    if (ctx->defer) { /* the input gradient now, the weight gradients at W */
+        fsc_matmul_backward(dinp, NULL, NULL, dy->data, x->data, m->params[0].data,
+                            (int)fsc_rows(x), l->in, l->out, l->layout);
+        return fsc_deferred_matmul(ctx->defer, dw, db, dy->data, x->data, m->params[0].data,
+                                   (int)fsc_rows(x), l->in, l->out, (int)l->layout);
+    }
+    fsc_matmul_backward(dinp, dw, db, dy->data, x->data, m->params[0].data, (int)fsc_rows(x), l->in,
+                        l->out, l->layout);
     return FSC_OK;
 }
 

@@ -111,10 +111,10 @@ fsc_pipe *fsc_pipe_new(fsc_group *g, const fsc_pipe_schedule *schedule,
     if (!rc && p->cfg.ranks < 2)
         rc = fsc_error(FSC_ERR_INVALID, "pipeline: needs at least 2 ranks (one process trains the "
                                         "whole model without one)");
-    if (!rc && p->cfg.split_backward)
+    if (!rc && p->cfg.split_backward && opt->checkpoint != FSC_PIPE_CKPT_NEVER)
         rc = fsc_error(FSC_ERR_UNSUPPORTED,
-                       "pipeline: this schedule splits backward into B and W; the stages run "
-                       "backward whole (use gpipe, 1f1b or interleaved)");
+                       "pipeline: a schedule that splits backward into B and W keeps every "
+                       "activation until W; it does not combine with activation checkpointing");
     if (!rc && 2 * p->stages * p->cfg.micros > 16384)
         rc = fsc_error(FSC_ERR_INVALID,
                        "pipeline: %d stages x %d micro-batches need more message "
@@ -181,10 +181,12 @@ void fsc_pipe_zero_grad(fsc_pipe *p) {
 
 /* ---- the action loop ------------------------------------------------------------------- */
 
-/* Per (chunk, micro-batch): what forward kept for backward. */
+/* Per (chunk, micro-batch): what forward kept for backward, and (split
+ * schedules) the weight gradients B left for W. */
 typedef struct {
     void *saved;
     fsc_tensor in, out, dy, dx;
+    fsc_deferred *deferred;
 } slot;
 
 typedef struct {
@@ -333,7 +335,8 @@ static int forward(run_state *r, fsc_pipe_action a) {
     if (rc) return rc;
     /* held activations: (stage, micro-batch) pairs forwarded, not yet backward */
     if (++r->inflight > p->stats.peak_inflight) p->stats.peak_inflight = r->inflight;
-    r->bdone[a.micro] = r->bdone[a.micro] ? r->bdone[a.micro] : -p->nchunks;
+    /* counts up to 0 as this rank's backwards (and W's) of the micro-batch end */
+    if (!r->bdone[a.micro]) r->bdone[a.micro] = -p->nchunks * (p->cfg.split_backward ? 2 : 1);
     double t0 = fsc_now();
     rc = fsc_module_forward(p->chunk[a.stage / p->cfg.ranks], &ctx, &sl->in, &sl->out, &sl->saved);
     if (!rc && a.stage == p->stages - 1) {
@@ -380,13 +383,28 @@ static int backward(run_state *r, fsc_pipe_action a) {
     fsc_pipe *p = r->p;
     slot *sl = slot_of(r, a.stage, a.micro);
     fsc_ctx ctx = micro_ctx(r, a.micro);
+    if (p->cfg.split_backward) { /* B: input gradients now, weight gradients at W */
+        if (!(sl->deferred = fsc_deferred_new(ctx.arena))) return FSC_ERR_NOMEM;
+        ctx.defer = sl->deferred;
+    }
     double t0 = fsc_now();
     int rc = fsc_module_backward(p->chunk[a.stage / p->cfg.ranks], &ctx, sl->saved, &sl->dy,
                                  a.stage == 0 ? NULL : &sl->dx);
     p->stats.compute_s += fsc_now() - t0;
     if (rc) return rc;
-    r->bdone[a.micro]++; /* from -nchunks: 0 once every chunk's backward is done */
+    r->bdone[a.micro]++;
     r->inflight--;
+    return FSC_OK;
+}
+
+/* W: the weight gradients B deferred. */
+static int weights(run_state *r, fsc_pipe_action a) {
+    slot *sl = slot_of(r, a.stage, a.micro);
+    double t0 = fsc_now();
+    fsc_deferred_run(sl->deferred);
+    r->p->stats.compute_s += fsc_now() - t0;
+    sl->deferred = NULL;
+    r->bdone[a.micro]++;
     return FSC_OK;
 }
 
@@ -401,6 +419,8 @@ static int run_action(run_state *r, int k, fsc_pipe_action a) {
         return forward(r, a);
     case FSC_PIPE_B:
         return backward(r, a);
+    case FSC_PIPE_W:
+        return weights(r, a);
     case FSC_PIPE_SEND_F:
         return post_send(r, k, a, &sl->out);
     case FSC_PIPE_SEND_B:
@@ -453,7 +473,8 @@ int fsc_pipe_run(fsc_pipe *p, const fsc_ctx *ctx, const fsc_pipe_io *io, float *
         }
         /* a micro-batch's arena is given back after its last backward here,
          * and after the send of that backward's input gradient (next action) */
-        bool last = (a.op == FSC_PIPE_B || a.op == FSC_PIPE_SEND_B) && r.bdone[a.micro] == 0;
+        bool last = (a.op == FSC_PIPE_B || a.op == FSC_PIPE_W || a.op == FSC_PIPE_SEND_B) &&
+                    r.bdone[a.micro] == 0;
         bool sends_next = k + 1 < n && acts[k + 1].op == FSC_PIPE_SEND_B &&
                           acts[k + 1].micro == a.micro && acts[k + 1].stage == a.stage;
         if (!rc && last && !sends_next) rc = release_micro(&r, a.micro);
