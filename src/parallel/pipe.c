@@ -242,13 +242,21 @@ static void plan_header(const fsc_pipe *p, float *h) {
     for (int d = 0; d < p->opt.act_ndim && d < 4; d++) h[3 + d] = (float)p->opt.act_shape[d];
 }
 
+/* A message's header and payload, in micro-batch i's arena; NULL (error
+ * set) when out of memory. */
+static float *message_buffer(run_state *r, int micro) {
+    fsc_arena *ar = arena_of(r, micro);
+    float *buf =
+        ar ? fsc_arena_alloc(ar, sizeof(float) * (size_t)(PIPE_HEADER + r->p->act_numel)) : NULL;
+    if (!buf) fsc_error(FSC_ERR_NOMEM, "pipeline: out of memory for a message");
+    return buf;
+}
+
 /* Posts the send of t (header + data) for action a. */
 static int post_send(run_state *r, int k, fsc_pipe_action a, const fsc_tensor *t) {
     fsc_pipe *p = r->p;
-    fsc_arena *ar = arena_of(r, a.micro);
-    float *buf =
-        ar ? fsc_arena_alloc(ar, sizeof(float) * (size_t)(PIPE_HEADER + p->act_numel)) : NULL;
-    if (!buf) return fsc_error(FSC_ERR_NOMEM, "pipeline: out of memory for a message");
+    float *buf = message_buffer(r, a.micro);
+    if (!buf) return FSC_ERR_NOMEM;
     float plan[PIPE_HEADER];
     plan_header(p, plan);
     memset(buf, 0, sizeof(float) * PIPE_HEADER);
@@ -284,10 +292,8 @@ static int post_send(run_state *r, int k, fsc_pipe_action a, const fsc_tensor *t
 /* Receives the message of action a into a tensor of the planned shape. */
 static int receive(run_state *r, fsc_pipe_action a, fsc_tensor *out) {
     fsc_pipe *p = r->p;
-    fsc_arena *ar = arena_of(r, a.micro);
-    float *buf =
-        ar ? fsc_arena_alloc(ar, sizeof(float) * (size_t)(PIPE_HEADER + p->act_numel)) : NULL;
-    if (!buf) return fsc_error(FSC_ERR_NOMEM, "pipeline: out of memory for a message");
+    float *buf = message_buffer(r, a.micro);
+    if (!buf) return FSC_ERR_NOMEM;
     char what[FSC_PIPE_ACTION_TEXT];
     describe(a, what);
     const int peer = fsc_pipe_action_peer(p->sched, a);
