@@ -77,7 +77,7 @@ typedef struct fsc_strategy_options {
      * gradients all-reduced over its replicas); other strategies refuse it. */
     struct {
         int stages;
-        fsc_pipe_kind schedule; /* GPIPE (default), 1F1B, INTERLEAVED (chunks >= 2) */
+        fsc_pipe_kind schedule; /* GPIPE (default), 1F1B, INTERLEAVED (chunks >= 2), ZB_H1 */
         int chunks;             /* stages per rank under INTERLEAVED (0: 2) */
         int micros;             /* micro-batches per step (the trainer sets its grad_accum) */
         const int *balance;     /* layers per stage (stages x chunks), NULL: even; borrowed */
@@ -116,7 +116,8 @@ typedef struct fsc_strategy_info {
     const char *summary; /* one line; static storage */
     bool spans_ranks;    /* runs over the group's ranks (false: this process alone) */
     int zero_stage;      /* 0..3: what is sharded over the group */
-    bool pipeline;       /* steps through fsc_strategy_run_pipeline */
+    bool pipeline;       /* steps through fsc_strategy_run_pipeline (no named row does;
+                          * a row made with pipe.stages > 1 becomes one) */
 } fsc_strategy_info;
 /* FSC_OK and *out for a known name; FSC_ERR_INVALID (error lists the names)
  * otherwise. */
