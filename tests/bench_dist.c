@@ -39,7 +39,7 @@ int main(int argc, char **argv) {
     if (fsc_dist_init(&argc, &argv, NULL)) return 1;
     fsc_group *w = fsc_group_world();
     int me = fsc_dist_rank(), P = fsc_dist_size();
-    const size_t sizes[] = {4, 4096, 65536, 262144, 1u << 20, 25000000, 100000000};
+    const size_t sizes[] = {4, 4096, 16384, 65536, 262144, 1u << 20, 4u << 20, 25000000, 100000000};
     for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++) {
         int64_t n = (int64_t)(sizes[s] / 4) / P * P;
         if (n == 0) n = P;
