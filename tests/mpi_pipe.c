@@ -351,13 +351,13 @@ static float *train_gpt(const gpt_run *c, int64_t *numel) {
                              .pipe_loss = t_loss,
                              .user = d};
     if (c->pp > 1)
-        tc.strategy.pipe = (__typeof__(tc.strategy.pipe)){.stages = c->pp,
-                                                          .schedule = FSC_PIPE_1F1B,
-                                                          .layers = fsc_gpt_num_layers(&cfg),
-                                                          .make_stage = make_stage,
-                                                          .stage_user = &cfg,
-                                                          .act_ndim = 3,
-                                                          .act_shape = {B, cfg.seq, cfg.d_model}};
+        tc.strategy.pipe = (fsc_pipe_strategy_options){.stages = c->pp,
+                                                       .schedule = FSC_PIPE_1F1B,
+                                                       .layers = fsc_gpt_num_layers(&cfg),
+                                                       .make_stage = make_stage,
+                                                       .stage_user = &cfg,
+                                                       .act_ndim = 3,
+                                                       .act_shape = {B, cfg.seq, cfg.d_model}};
     fsc_module *model = c->pp > 1 ? NULL : fsc_gpt_new(&cfg);
     fsc_trainer *t = fsc_trainer_new(model, &tc);
     if (!t) fail_msg("%s", fsc_last_error());

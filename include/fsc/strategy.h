@@ -35,6 +35,21 @@ extern "C" {
 
 typedef struct fsc_strategy fsc_strategy;
 
+/* A pipeline dimension (see fsc_strategy_options.pipe). */
+typedef struct fsc_pipe_strategy_options {
+    int stages;
+    fsc_pipe_kind schedule; /* GPIPE (default), 1F1B, INTERLEAVED (chunks >= 2), ZB_H1 */
+    int chunks;             /* stages per rank under INTERLEAVED (0: 2) */
+    int micros;             /* micro-batches per step (the trainer sets its grad_accum) */
+    const int *balance;     /* layers per stage (stages x chunks), NULL: even; borrowed */
+    int layers;             /* of the model */
+    fsc_pipe_stage_fn make_stage;
+    void *stage_user;
+    fsc_pipe_checkpoint checkpoint; /* recompute activations in backward */
+    int act_ndim;                   /* the activation between stages, per micro-batch */
+    int64_t act_shape[FSC_MAX_DIMS];
+} fsc_pipe_strategy_options;
+
 /* Zero fields mean the documented default. */
 typedef struct fsc_strategy_options {
     /* "single" (default), "dp" (threads), "ddp", "oss" (ZeRO-1), "sdp"
@@ -75,19 +90,7 @@ typedef struct fsc_strategy_options {
      * (make_stage; fsc_strategy_new's model is then NULL), and the step runs
      * through fsc_strategy_run_pipeline. Composes with ddp (each stage's
      * gradients all-reduced over its replicas); other strategies refuse it. */
-    struct {
-        int stages;
-        fsc_pipe_kind schedule; /* GPIPE (default), 1F1B, INTERLEAVED (chunks >= 2), ZB_H1 */
-        int chunks;             /* stages per rank under INTERLEAVED (0: 2) */
-        int micros;             /* micro-batches per step (the trainer sets its grad_accum) */
-        const int *balance;     /* layers per stage (stages x chunks), NULL: even; borrowed */
-        int layers;             /* of the model */
-        fsc_pipe_stage_fn make_stage;
-        void *stage_user;
-        fsc_pipe_checkpoint checkpoint; /* recompute activations in backward */
-        int act_ndim;                   /* the activation between stages, per micro-batch */
-        int64_t act_shape[FSC_MAX_DIMS];
-    } pipe;
+    fsc_pipe_strategy_options pipe;
 } fsc_strategy_options;
 
 /* Communication of the strategy so far (on this rank). */
