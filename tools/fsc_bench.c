@@ -128,7 +128,8 @@ static int measure(const bench_config *c, const char *strategy, int steps, int w
 }
 
 static void print_result(const bench_config *c, const char *strategy, int ranks, int threads,
-                         int steps, const bench_result *r, const bench_result *single) {
+                         int steps, const bench_result *r, const bench_result *single,
+                         const int64_t *stage_mem) {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     fsc_strategy_info info;
@@ -168,7 +169,20 @@ static void print_result(const bench_config *c, const char *strategy, int ranks,
     for (int tag = 0; tag < FSC_MEM_TAG_COUNT; tag++)
         printf("%s\"%s\": %" PRId64, tag ? ", " : "", fsc_mem_tag_name((fsc_mem_tag)tag),
                r->steady[tag]);
-    printf("}, \"blas\": \"%s\"}\n", fsc_blas_corename());
+    if (stage_mem) { /* a pipeline's ranks hold different stages: each one's steady peaks */
+        printf("}, \"steady_peak_mem_by_rank\": [");
+        for (int q = 0; q < ranks; q++) {
+            printf("%s{", q ? ", " : "");
+            for (int tag = 0; tag < FSC_MEM_TAG_COUNT; tag++)
+                printf("%s\"%s\": %" PRId64, tag ? ", " : "", fsc_mem_tag_name((fsc_mem_tag)tag),
+                       stage_mem[q * FSC_MEM_TAG_COUNT + tag]);
+            printf("}");
+        }
+        printf("]");
+    } else {
+        printf("}");
+    }
+    printf(", \"blas\": \"%s\"}\n", fsc_blas_corename());
     fflush(stdout);
 }
 
@@ -191,8 +205,16 @@ static int run(const bench_config *c, const char *strategy, int steps, int warmu
         if (!rc) rc = all;
     }
     if (!rc) rc = measure(&wide, strategy, steps, warmup, on_threads ? threads : 1, &r);
+    int64_t *stage_mem = NULL; /* --pp: every rank's steady peaks, for rank 0 to print */
+    if (!rc && pp > 1 && info.spans_ranks) {
+        stage_mem = calloc((size_t)world * FSC_MEM_TAG_COUNT, sizeof *stage_mem);
+        rc = stage_mem ? fsc_group_allgather(fsc_group_world(), r.steady, stage_mem,
+                                             FSC_MEM_TAG_COUNT, FSC_DTYPE_I64)
+                       : fsc_error(FSC_ERR_NOMEM, "out of memory");
+    }
     if (!rc && rank == 0)
-        print_result(c, strategy, world, threads, steps, &r, scaled ? &single : NULL);
+        print_result(c, strategy, world, threads, steps, &r, scaled ? &single : NULL, stage_mem);
+    free(stage_mem);
     return rc;
 }
 
