@@ -58,6 +58,22 @@ static int64_t sample0(void *user, int micro) {
     return fsc_batch_first_sample(d->step, micro, 0, d->B, d->m, 1);
 }
 
+/* The whole EQ model's parameters as a weights file holds them, in its flat
+ * layout (caller frees). */
+static float *read_whole(const char *path, int64_t *numel) {
+    fsc_gpt_config cfg = EQ_MODEL;
+    fsc_module *whole = fsc_gpt_new(&cfg);
+    fsc_params ps;
+    assert_int_equal(fsc_params_bind(whole, 99, false, &ps), FSC_OK);
+    assert_int_equal(fsc_weights_load(path, &ps, NULL), FSC_OK);
+    float *out = malloc(sizeof(float) * (size_t)ps.numel);
+    memcpy(out, ps.data, sizeof(float) * (size_t)ps.numel);
+    *numel = ps.numel;
+    fsc_params_free(&ps);
+    fsc_module_free(whole);
+    return out;
+}
+
 typedef struct {
     fsc_pipe_kind kind;
     int chunks, m, B;
@@ -102,15 +118,7 @@ static float *run_pipe(pipe_cfg *c, int64_t *numel) {
     char path[128];
     snprintf(path, sizeof path, "%s/pipe.safetensors", dir);
     assert_int_equal(fsc_pipe_save_weights(p, path, 0, 0, NULL, NULL), FSC_OK);
-    fsc_module *whole = fsc_gpt_new(&cfg);
-    fsc_params ps;
-    assert_int_equal(fsc_params_bind(whole, 99, false, &ps), FSC_OK);
-    assert_int_equal(fsc_weights_load(path, &ps, NULL), FSC_OK);
-    float *out = malloc(sizeof(float) * (size_t)ps.numel);
-    memcpy(out, ps.data, sizeof(float) * (size_t)ps.numel);
-    *numel = ps.numel;
-    fsc_params_free(&ps);
-    fsc_module_free(whole);
+    float *out = read_whole(path, numel);
     fsc_tokens_free(&d->tk);
     free(d), free(per);
     fsc_pipe_free(p);
@@ -380,15 +388,7 @@ static float *train_gpt(const gpt_run *c, int64_t *numel) {
     assert_int_equal(fsc_trainer_save_weights(t, path, 0, NULL, NULL), FSC_OK);
     fsc_trainer_free(t);
     fsc_module_free(model);
-    fsc_module *whole = fsc_gpt_new(&cfg);
-    fsc_params ps;
-    assert_int_equal(fsc_params_bind(whole, 99, false, &ps), FSC_OK);
-    assert_int_equal(fsc_weights_load(path, &ps, NULL), FSC_OK);
-    float *out = malloc(sizeof(float) * (size_t)ps.numel);
-    memcpy(out, ps.data, sizeof(float) * (size_t)ps.numel);
-    *numel = ps.numel;
-    fsc_params_free(&ps);
-    fsc_module_free(whole);
+    float *out = read_whole(path, numel);
     fsc_tokens_free(&d->tk);
     free(d);
     fsc_group_barrier(fsc_group_world()); /* every rank read the file */

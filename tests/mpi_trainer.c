@@ -205,28 +205,27 @@ static void expect_reference(const run_cfg *c) {
     free(ref), free(got);
 }
 
-static void test_every_strategy(void **state) {
-    (void)state;
+/* Every row of the strategy table under variant v (accumulation, clipping)
+ * equals one process; under a fault switch, the rows that span ranks. */
+static void every_strategy(run_cfg v) {
     const fsc_fault fault = fsc_fault_active;
     for (const char *const *n = fsc_strategy_names(); *n; n++) {
         fsc_strategy_info info;
         assert_int_equal(fsc_strategy_info_get(*n, &info), FSC_OK);
-        /* a fault switch concerns the strategies that span ranks */
         if (fault != FSC_FAULT_NONE && (!info.spans_ranks || world == 1)) continue;
-        expect_reference(&(run_cfg){.strategy = *n, .local = !info.spans_ranks, .threads = 2});
+        v.strategy = *n, v.local = !info.spans_ranks, v.threads = 2;
+        expect_reference(&v);
     }
+}
+
+static void test_every_strategy(void **state) {
+    (void)state;
+    every_strategy((run_cfg){0});
 }
 
 static void test_accumulation_and_clipping(void **state) {
     (void)state;
-    const fsc_fault fault = fsc_fault_active;
-    for (const char *const *n = fsc_strategy_names(); *n; n++) {
-        fsc_strategy_info info;
-        assert_int_equal(fsc_strategy_info_get(*n, &info), FSC_OK);
-        if (fault != FSC_FAULT_NONE && (!info.spans_ranks || world == 1)) continue;
-        expect_reference(&(run_cfg){
-            .strategy = *n, .local = !info.spans_ranks, .threads = 2, .accum = 2, .clip = 0.05f});
-    }
+    every_strategy((run_cfg){.accum = 2, .clip = 0.05f});
 }
 
 /* Two steps under ddp, a checkpoint; three more under fsdp from it: the
