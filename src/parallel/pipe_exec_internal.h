@@ -14,8 +14,7 @@ enum { PIPE_HEADER = 8 }; /* floats in front of every message: its shape and sta
 typedef struct {
     float *data, *grad;
     int64_t n;
-    bool counts; /* this rank owns it: counts it in the norm, updates it, shares it */
-    fsc_group *g;
+    fsc_group *g; /* the ranks holding it; rank 0 of it (the lowest) owns and updates it */
 } pipe_shared;
 
 struct fsc_pipe {

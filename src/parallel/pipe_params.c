@@ -3,6 +3,7 @@
  * their gradients over those ranks, the global gradient norm with each
  * parameter counted once, the update, and the weights file of the whole
  * model. */
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -184,7 +185,6 @@ int pipe_find_shared(fsc_pipe *p) {
             p->shared[p->nshared++] = (pipe_shared){.data = en->param->data,
                                                     .grad = en->param->grad,
                                                     .n = en->param->numel,
-                                                    .counts = (m & -m) == (1ull << p->rank),
                                                     .g = p->groups[gi]};
         }
     if (!rc) rc = make_partition(p, &t);
@@ -215,37 +215,12 @@ int pipe_sum_shared(fsc_pipe *p) {
     return FSC_OK;
 }
 
-/* A copy this rank must not count: another rank counts it. */
-static bool counted_elsewhere(const fsc_pipe *p, const float *grad) {
-    for (int i = 0; i < p->nshared; i++)
-        if (p->shared[i].grad == grad) return !p->shared[i].counts;
-    return false;
-}
-
+/* The optimizer's ranges are the parameters this rank owns, each parameter
+ * owned by one rank, so the sharded norm counts a shared one once; its
+ * copies are not scaled: they receive the owner's update. */
 int fsc_pipe_clip_grad_norm(fsc_pipe *p, float max_norm, float *total) {
-    double sq = 0;
-    for (int i = 0; i < p->nranges; i++)
-        if (!counted_elsewhere(p, p->ranges[i].grad)) sq += fsc_grad_norm_sq(&p->ranges[i], 1);
-    /* each rank's sum travels as the bits of a double (the dist layer
-     * reduces no F64) and is added in rank order: one total everywhere */
-    const int P = p->cfg.ranks;
-    int64_t bits, *all = malloc(sizeof *all * (size_t)P);
-    if (!all) return fsc_error(FSC_ERR_NOMEM, "pipeline: out of memory");
-    memcpy(&bits, &sq, sizeof bits);
-    int rc = fsc_group_allgather(p->g, &bits, all, 1, FSC_DTYPE_I64);
-    sq = 0;
-    for (int r = 0; !rc && r < P; r++) {
-        double v;
-        memcpy(&v, &all[r], sizeof v);
-        sq += v;
-    }
-    free(all);
-    if (rc) return rc;
-    float norm = (float)sqrt(sq);
-    if (total) *total = norm;
-    if (!isfinite(norm))
-        return fsc_error(FSC_ERR_NUMERIC, "pipeline: gradient norm %g is not finite", (double)norm);
-    return max_norm > 0 ? fsc_clip_grads_scale(p->ranges, p->nranges, max_norm, norm) : FSC_OK;
+    return sharded_clip_grad_norm(p->g, p->ranges, p->nranges, max_norm > 0 ? max_norm : FLT_MAX,
+                                  false, total, "pipeline clip");
 }
 
 int fsc_pipe_set_lr(fsc_pipe *p, double lr) {
