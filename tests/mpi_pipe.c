@@ -338,6 +338,7 @@ typedef struct {
     int pp;             /* 0: no pipeline */
     int save_at;        /* > 0: checkpoint after this step and stop */
     const char *resume; /* resume from this checkpoint directory first */
+    const char *ckpt;   /* where save_at saves (NULL: <dir>/ckpt) */
 } gpt_run;
 
 /* Trains the EQ model EQ_STEPS steps through the trainer (2 micro-batches
@@ -371,7 +372,8 @@ static float *train_gpt(const gpt_run *c, int64_t *numel) {
     if (!t) fail_msg("%s", fsc_last_error());
     assert_int_equal(fsc_strategy_world(fsc_trainer_strategy(t)), dp);
     char ckpt[96];
-    snprintf(ckpt, sizeof ckpt, "%s/ckpt", dir);
+    snprintf(ckpt, sizeof ckpt, "%s", c->ckpt ? c->ckpt : "");
+    if (!c->ckpt) snprintf(ckpt, sizeof ckpt, "%s/ckpt", dir);
     if (c->resume && fsc_trainer_resume(t, c->resume, 0, NULL, NULL))
         fail_msg("rank %d: resume: %s", rank, fsc_last_error());
     for (int64_t s = fsc_trainer_get_step(t); s < EQ_STEPS; s++) {
@@ -382,6 +384,16 @@ static float *train_gpt(const gpt_run *c, int64_t *numel) {
                 fail_msg("rank %d: checkpoint: %s", rank, fsc_last_error());
             break;
         }
+    }
+    if (c->pp > 1 && !strcmp(c->strategy, "fsdp")) { /* between steps: this rank's slices */
+        fsc_strategy *st = fsc_trainer_strategy(t);
+        fsc_pipe *p = fsc_strategy_get_pipe(st);
+        int64_t stage = 0;
+        for (int k = 0; k < fsc_pipe_chunks(p); k++) stage += fsc_pipe_chunk_params(p, k)->numel;
+        const size_t slice = (size_t)((stage + dp - 1) / dp + 16) * sizeof(float);
+        assert_true(fsc_mem_current(FSC_MEM_PARAMS) <= slice);
+        assert_true(fsc_mem_current(FSC_MEM_GRADS) <= slice);
+        if (dp > 1) assert_true(fsc_mem_current(FSC_MEM_PARAMS) < (size_t)stage * sizeof(float));
     }
     char path[128];
     snprintf(path, sizeof path, "%s/trainer.safetensors", dir);
@@ -407,6 +419,32 @@ static void expect_reference(const char *what, float *got, int64_t numel) {
 
 /* ddp x pipeline through the trainer = one process; a checkpoint written
  * under it resumes under plain ddp, fsdp and another pipeline depth. */
+/* oss, sdp and fsdp between the replicas of a pipeline (dp = world / 2)
+ * = one process; a checkpoint of fsdp x pp 2 resumes under plain ddp and
+ * under oss x pp 2, and a plain fsdp one under sdp x pp 2. */
+static void test_trainer_zero_pipeline(void **state) {
+    (void)state;
+    if (world % 2) skip();
+    int64_t n;
+    const char *rows[] = {"oss", "sdp", "fsdp"};
+    for (int i = 0; i < 3; i++) {
+        float *got = train_gpt(&(gpt_run){.strategy = rows[i], .pp = 2}, &n);
+        char what[64];
+        snprintf(what, sizeof what, "trainer %s x pp 2 (1f1b, m 2)", rows[i]);
+        expect_reference(what, got, n);
+    }
+    char ckpt[96];
+    snprintf(ckpt, sizeof ckpt, "%s/ckpt-zero", dir);
+    free(train_gpt(&(gpt_run){.strategy = "fsdp", .pp = 2, .save_at = 2, .ckpt = ckpt}, &n));
+    float *got = train_gpt(&(gpt_run){.strategy = "ddp", .resume = ckpt}, &n);
+    expect_reference("fsdp x pp 2 -> checkpoint -> ddp", got, n);
+    got = train_gpt(&(gpt_run){.strategy = "oss", .pp = 2, .resume = ckpt}, &n);
+    expect_reference("fsdp x pp 2 -> checkpoint -> oss x pp 2", got, n);
+    free(train_gpt(&(gpt_run){.strategy = "fsdp", .save_at = 3, .ckpt = ckpt}, &n));
+    got = train_gpt(&(gpt_run){.strategy = "sdp", .pp = 2, .resume = ckpt}, &n);
+    expect_reference("fsdp -> checkpoint -> sdp x pp 2", got, n);
+}
+
 static void test_trainer_ddp_pipeline(void **state) {
     (void)state;
     if (world % 2) skip();
@@ -449,6 +487,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_uneven_balance),  cmocka_unit_test(test_shape_mismatch),
         cmocka_unit_test(test_bad_setups),      cmocka_unit_test(test_trainer_ddp_pipeline),
         cmocka_unit_test(test_balance_auto),    cmocka_unit_test(test_pipe_checkpoint),
+        cmocka_unit_test(test_trainer_zero_pipeline),
     };
     return mpi_test_finish(cmocka_run_group_tests(tests, setup_dir, teardown_dir));
 }

@@ -16,8 +16,12 @@
 
 /* A flag reaches the strategy when the user gave it (the strategy refuses
  * what it does not take) or when the strategy takes it (the default). */
+/* A row option is passed when its flag was given (the library refuses it
+ * where it does not apply) or the row takes it, except under --pp, where
+ * the rows' own options do not apply (only a given flag goes on, to be
+ * refused by name). */
 static bool applies(const train_options *o, const char *flag, const char *option) {
-    return train_flag_given(o, flag) || fsc_strategy_takes(o->strategy, option);
+    return train_flag_given(o, flag) || (o->pp <= 1 && fsc_strategy_takes(o->strategy, option));
 }
 
 static int optim_config(const train_options *o, fsc_optim_config *out) {

@@ -93,7 +93,8 @@ static const flag flags[] = {
     F("checkpoint-activations", ARG_FLAG, checkpoint_activations,
       "recompute each block's activations in backward (less memory, ~1/3 more compute)"),
     F("pp", ARG_INT, pp,
-      "pipeline stages: ranks / pp data-parallel replicas of pp consecutive ranks (with ddp); "
+      "pipeline stages: ranks / pp data-parallel replicas of pp consecutive ranks (with ddp, "
+      "oss, sdp or fsdp between them); "
       "--grad-accum M is the pipeline's micro-batch count"),
     F("pipe-schedule", ARG_STR, pipe_schedule, "with --pp: gpipe | 1f1b | interleaved | zb1"),
     F("virtual", ARG_INT, virtual_stages, "with --pipe-schedule interleaved: stages per rank"),

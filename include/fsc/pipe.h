@@ -11,7 +11,9 @@
  * the rank, stage, micro-batch and action). Parameters that several stages
  * share by name (the GPT's wte: embedding and tied head) are kept equal:
  * their gradients are summed over the ranks that hold them before the
- * update, and counted once in the gradient norm.
+ * update, and counted once in the gradient norm. Replicas of the pipeline
+ * (options dp, mesh) are data-parallel, with or without ZeRO sharding of
+ * each stage over them (fsc_pipe_sharding).
  *
  *     fsc_pipe *p = fsc_pipe_new(group, schedule, &adamw, &opt);
  *     fsc_pipe_zero_grad(p);
@@ -47,6 +49,20 @@ typedef enum {
     FSC_PIPE_CKPT_EXCEPT_LAST
 } fsc_pipe_checkpoint;
 
+/* How data-parallel replicas of a pipeline share their work (the ZeRO
+ * stages of the named strategies, applied to each stage's parameters over
+ * the ranks that run that stage): */
+typedef enum {
+    FSC_PIPE_REPLICATED = 0, /* ddp: gradients all-reduced, every replica steps everything */
+    FSC_PIPE_SHARD_OPTIM,    /* oss (ZeRO-1): all-reduce, each replica steps 1/dp, all-gather */
+    FSC_PIPE_SHARD_GRADS,    /* sdp (ZeRO-2): reduce-scatter, step 1/dp, all-gather */
+    /* fsdp (ZeRO-3): between steps a rank keeps 1/dp of its stages'
+     * parameters and gradients (the rest given back to the system); the
+     * step gathers them once before its first micro-batch and reduce-scatters
+     * after its last (PyTorch's pipelining unshards and reshards alike). */
+    FSC_PIPE_SHARD_PARAMS
+} fsc_pipe_sharding;
+
 typedef struct fsc_pipe_options {
     int layers; /* of the whole model (> 0) */
     fsc_pipe_stage_fn make_stage;
@@ -64,6 +80,14 @@ typedef struct fsc_pipe_options {
      * their own (not used by the stage directly) are checkpointed in place.
      * Same gradients bit for bit; less activation memory. */
     fsc_pipe_checkpoint checkpoint;
+    /* Data-parallel replicas of this pipeline (NULL: one). dp holds the
+     * ranks that run the same stages in the other replicas; mesh holds every
+     * rank of every replica, ranked replica * ranks + pipeline rank (both
+     * borrowed, outliving the pipe). fsc_pipe_run then reduces gradients
+     * over dp after the schedule, as `sharding` says; clipping and the
+     * optimizer-state file span the mesh. */
+    fsc_group *dp, *mesh;
+    fsc_pipe_sharding sharding;
 } fsc_pipe_options;
 
 /* This rank's stages of opt's model over group g, run by `schedule`
@@ -111,7 +135,9 @@ FSC_API int fsc_pipe_step(fsc_pipe *p);              /* this rank's update (loca
 FSC_API fsc_optim *fsc_pipe_optim(fsc_pipe *p);      /* owned by p */
 /* The unsharded weights file of the whole model, written by rank root of
  * the group (which holds the whole model while it writes; path needed
- * there only) with the metadata pairs. Collective. */
+ * there only) with the metadata pairs; with replicas, root of the first
+ * replica writes and every rank of the mesh calls this (sharded parameters
+ * are gathered for the while). Collective over the mesh. */
 FSC_API int fsc_pipe_save_weights(fsc_pipe *p, const char *path, int root, int n_meta,
                                   const char *const *keys, const char *const *values);
 /* Every rank reads its stages' tensors by name from a weights file of the
@@ -119,11 +145,12 @@ FSC_API int fsc_pipe_save_weights(fsc_pipe *p, const char *path, int root, int n
 FSC_API int fsc_pipe_load_weights(fsc_pipe *p, const char *path);
 /* Optimizer state by global name, the file format of fsc_oss_save_state
  * (loadable by any strategy at any world size), streamed to rank root of
- * the group tensor by tensor. Collective. */
+ * the group tensor by tensor; with replicas, every rank of the mesh calls
+ * this and root of the first replica writes. Collective over the mesh. */
 FSC_API int fsc_pipe_save_optim(fsc_pipe *p, const char *path, int root);
 /* Reads this rank's parameters' state from such a file (any strategy or
  * layout wrote it); validated on every rank, nothing changes unless every
- * rank could. Collective. */
+ * rank could. Collective over the mesh. */
 FSC_API int fsc_pipe_load_optim(fsc_pipe *p, const char *path);
 
 /* How many stages (chunks) this rank runs: the schedule's chunks; 0 for NULL. */
@@ -159,6 +186,7 @@ FSC_API int fsc_pipe_balance_auto(fsc_group *g, const fsc_pipe_options *opt,
 typedef struct fsc_pipe_run_stats {
     double compute_s;       /* forwards and backwards */
     double wait_s;          /* blocked on receives (and sends at the end) */
+    double replica_s;       /* reducing gradients and gathering parameters over the replicas */
     int peak_inflight;      /* most (stage, micro-batch) activations held at once: the
                              * validator's peak_inflight for this rank */
     int64_t messages;       /* sent by this rank */

@@ -88,8 +88,10 @@ typedef struct fsc_strategy_options {
      * size / stages data-parallel replicas of `stages` consecutive ranks
      * each, one pipeline per replica; the model is given as layers
      * (make_stage; fsc_strategy_new's model is then NULL), and the step runs
-     * through fsc_strategy_run_pipeline. Composes with ddp (each stage's
-     * gradients all-reduced over its replicas); other strategies refuse it. */
+     * through fsc_strategy_run_pipeline. Composes with ddp, oss, sdp and
+     * fsdp: their ZeRO stage applies to each stage's parameters over the
+     * ranks that run it (fsc_pipe_sharding); their own options (buckets,
+     * partition, units...) are refused; single and dp refuse a pipeline. */
     fsc_pipe_strategy_options pipe;
 } fsc_strategy_options;
 
@@ -153,6 +155,8 @@ FSC_API int fsc_strategy_world(const fsc_strategy *s); /* the group's size */
 /* The data-parallel group (the self group for single and dp). Owned by the
  * caller or the runtime, never by s. */
 FSC_API fsc_group *fsc_strategy_group(const fsc_strategy *s);
+/* The pipeline (owned by s) of a strategy made with pipe.stages > 1, else NULL. */
+FSC_API fsc_pipe *fsc_strategy_get_pipe(const fsc_strategy *s);
 /* Every rank of the strategy: the data-parallel group, or under a pipeline
  * the replicas x stages. Its rank 0 is the one that writes files. Not owned
  * by s. */

@@ -83,6 +83,7 @@ static int make_chunks(fsc_pipe *p) {
  * copies are updated by its owner and sent to them). */
 static int make_optim(fsc_pipe *p, const fsc_optim_config *cfg) {
     int rc = pipe_owned_ranges(p, &p->ranges, &p->nranges);
+    if (!rc) rc = pipe_dp_setup(p); /* sharded: cut to this replica's slices */
     if (rc) return rc;
     p->optim = fsc_optim_new(cfg, p->ranges, p->nranges);
     return p->optim ? FSC_OK : fsc_error_context(FSC_ERR_INVALID, "pipeline optimizer: ");
@@ -141,6 +142,7 @@ fsc_pipe *fsc_pipe_new(fsc_group *g, const fsc_pipe_schedule *schedule,
 void fsc_pipe_free(fsc_pipe *p) {
     if (!p) return;
     pipe_free_shared(p);
+    pipe_dp_free(p);
     fsc_optim_free(p->optim);
     free(p->ranges);
     for (int c = 0; p->params && c < p->nchunks; c++) fsc_params_free(&p->params[c]);
@@ -176,7 +178,7 @@ fsc_pipe_run_stats fsc_pipe_get_stats(const fsc_pipe *p) {
 }
 
 void fsc_pipe_zero_grad(fsc_pipe *p) {
-    for (int c = 0; c < p->nchunks; c++) fsc_params_zero_grad(&p->params[c]);
+    pipe_dp_zero_grad(p);
 }
 
 /* ---- the action loop ------------------------------------------------------------------- */
@@ -458,6 +460,7 @@ int fsc_pipe_run(fsc_pipe *p, const fsc_ctx *ctx, const fsc_pipe_io *io, float *
     if (!r.slots || !r.bdone || !r.sends || !r.send_micro || !r.held || !r.free_list)
         rc = fsc_error(FSC_ERR_NOMEM, "pipeline: out of memory");
     p->stats = (fsc_pipe_run_stats){0};
+    if (!rc) rc = pipe_dp_gather(p); /* sharded parameters: the stages whole for the step */
     double *t0s = realloc(p->trace_t0, sizeof(double) * (size_t)(n ? n : 1));
     if (t0s) p->trace_t0 = t0s;
     double *t1s = realloc(p->trace_t1, sizeof(double) * (size_t)(n ? n : 1));
@@ -494,6 +497,7 @@ int fsc_pipe_run(fsc_pipe *p, const fsc_ctx *ctx, const fsc_pipe_io *io, float *
         }
     p->stats.wait_s += fsc_now() - t0;
     if (!rc) rc = pipe_sum_shared(p);
+    if (!rc) rc = pipe_dp_reduce(p);
     float total = (float)r.loss;
     if (!rc) rc = fsc_group_allreduce(p->g, &total, 1, FSC_DTYPE_F32, FSC_REDUCE_SUM);
     *loss = total;

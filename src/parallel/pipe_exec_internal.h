@@ -17,6 +17,12 @@ typedef struct {
     fsc_group *g; /* the ranks holding it; rank 0 of it (the lowest) owns and updates it */
 } pipe_shared;
 
+/* This rank's slice of one chunk's flat buffers among the replicas: flat
+ * elements [lo, hi) of `numel`, out of equal slices of `shard` elements. */
+typedef struct {
+    int64_t numel, shard, lo, hi;
+} pipe_slice;
+
 struct fsc_pipe {
     fsc_group *g; /* borrowed */
     const fsc_pipe_schedule *sched;
@@ -39,6 +45,14 @@ struct fsc_pipe {
     fsc_module *whole;
     fsc_params whole_ps;
     fsc_partition part;
+    /* Replicas (pipe_dp.c): groups borrowed from the options; per chunk,
+     * this rank's slice; the mesh's pieces of the whole model (sharded
+     * modes: what each mesh rank's optimizer steps, by whole-model entry);
+     * whether the sharded parameters are gathered now (SHARD_PARAMS). */
+    int dp_rank, dp_size;
+    pipe_slice *slice;
+    fsc_partition mesh_part;
+    bool gathered;
     int64_t act_numel;
     fsc_arena **arena; /* per micro-batch of the step */
     int narena;
@@ -58,5 +72,27 @@ int pipe_share_updates(fsc_pipe *p);
 void pipe_free_shared(fsc_pipe *p);
 /* Sums the shared parameters' gradients over the ranks that hold them. */
 int pipe_sum_shared(fsc_pipe *p);
+
+/* pipe_dp.c: the replicas. Setup checks the groups, cuts each chunk into
+ * slices and (sharded modes) makes the optimizer's ranges and the mesh's
+ * pieces; collective over the mesh. */
+int pipe_dp_setup(fsc_pipe *p);
+void pipe_dp_free(fsc_pipe *p);
+/* SHARD_PARAMS: the whole of every chunk's buffers counted and writable
+ * again, values outside this rank's slices undefined (not collective). */
+int pipe_dp_commit(fsc_pipe *p);
+/* SHARD_PARAMS: every chunk whole again (all-gather over dp, then the
+ * shared parameters' owners' values to their copies); others: nothing. */
+int pipe_dp_gather(fsc_pipe *p);
+/* SHARD_PARAMS: everything but this rank's slices given back. */
+int pipe_dp_release(fsc_pipe *p);
+/* After the schedule: gradients reduced over dp as the mode says. */
+int pipe_dp_reduce(fsc_pipe *p);
+/* After the update: the replicas' slices to every replica (sharded modes). */
+int pipe_dp_share_update(fsc_pipe *p);
+/* Zeroes the gradients this rank keeps between steps. */
+void pipe_dp_zero_grad(fsc_pipe *p);
+/* The group over which the optimizer's ranges are disjoint (clip, state). */
+fsc_group *pipe_dp_norm_group(fsc_pipe *p);
 
 #endif

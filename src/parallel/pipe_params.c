@@ -215,34 +215,55 @@ int pipe_sum_shared(fsc_pipe *p) {
     return FSC_OK;
 }
 
-/* The optimizer's ranges are the parameters this rank owns, each parameter
- * owned by one rank, so the sharded norm counts a shared one once; its
+/* The first replica's outcome rc on every replica (an error there is named
+ * on the others as `what`). Collective over dp. */
+static int replicas_agree(fsc_pipe *p, int rc, const char *what) {
+    if (p->dp_size < 2) return rc;
+    int32_t status = rc;
+    if (fsc_group_broadcast(p->opt.dp, &status, 1, FSC_DTYPE_I32, 0)) return FSC_ERR_MPI;
+    return status && !rc ? fsc_error(status, "pipeline: the first replica %s", what) : rc;
+}
+
+/* The optimizer's ranges are the parameters this rank owns (cut to its
+ * slice among sharded replicas), each element owned by one rank of the
+ * norm's group, so the sharded norm counts a shared parameter once; its
  * copies are not scaled: they receive the owner's update. */
 int fsc_pipe_clip_grad_norm(fsc_pipe *p, float max_norm, float *total) {
-    return sharded_clip_grad_norm(p->g, p->ranges, p->nranges, max_norm > 0 ? max_norm : FLT_MAX,
-                                  false, total, "pipeline clip");
+    return sharded_clip_grad_norm(pipe_dp_norm_group(p), p->ranges, p->nranges,
+                                  max_norm > 0 ? max_norm : FLT_MAX, false, total, "pipeline clip");
 }
 
 int fsc_pipe_set_lr(fsc_pipe *p, double lr) {
     return fsc_optim_set_lr(p->optim, lr);
 }
+
+/* Sharded replicas gather their updated slices; then the owners of shared
+ * parameters send them to the copies (SHARD_PARAMS: at the next gather). */
 int fsc_pipe_step(fsc_pipe *p) {
     int rc = fsc_optim_step(p->optim);
-    return rc ? rc : pipe_share_updates(p);
+    if (!rc) rc = pipe_dp_share_update(p);
+    if (!rc && p->gathered) rc = pipe_share_updates(p);
+    return rc;
 }
 
+/* The file's view of the state: this pipeline's ranks, or with sharded
+ * replicas the whole mesh and its pieces. */
 static optim_shards state_view(fsc_pipe *p, const char *who) {
+    const bool mesh = pipe_dp_norm_group(p) != p->g;
     return (optim_shards){.ps = &p->whole_ps,
-                          .part = &p->part,
+                          .part = mesh ? &p->mesh_part : &p->part,
                           .local = p->optim,
-                          .g = p->g,
+                          .g = pipe_dp_norm_group(p),
                           .policy = "pipe",
                           .who = who};
 }
 
+/* Replicated state: the first replica writes, the others learn its outcome. */
 int fsc_pipe_save_optim(fsc_pipe *p, const char *path, int root) {
     optim_shards v = state_view(p, "pipeline save_optim");
-    return optim_shards_save(&v, path, root);
+    if (v.g != p->g || p->dp_size < 2) return optim_shards_save(&v, path, root);
+    int rc = p->dp_rank == 0 ? optim_shards_save(&v, path, root) : FSC_OK;
+    return replicas_agree(p, rc, "could not save its optimizer state");
 }
 
 int fsc_pipe_load_optim(fsc_pipe *p, const char *path) {
@@ -253,12 +274,17 @@ fsc_optim *fsc_pipe_optim(fsc_pipe *p) {
     return p->optim;
 }
 
+/* Sharded parameters are read whole and then cut to this rank's slices. */
 int fsc_pipe_load_weights(fsc_pipe *p, const char *path) {
-    for (int c = 0; c < p->nchunks; c++) {
-        int unused = 0, rc = fsc_weights_load(path, &p->params[c], &unused);
-        if (rc) return fsc_error_context(rc, "pipeline stage %d: ", fsc_pipe_chunk_stage(p, c));
+    const bool was_gathered = p->gathered;
+    int rc = pipe_dp_commit(p);
+    for (int c = 0; !rc && c < p->nchunks; c++) {
+        int unused = 0;
+        rc = fsc_weights_load(path, &p->params[c], &unused);
+        if (rc) fsc_error_context(rc, "pipeline stage %d: ", fsc_pipe_chunk_stage(p, c));
     }
-    return FSC_OK;
+    int rrc = was_gathered ? FSC_OK : pipe_dp_release(p);
+    return rc ? rc : rrc;
 }
 
 /* Root: receives rank r's parameters, in r's own order, into the whole
@@ -287,8 +313,8 @@ static int receive_rank(fsc_pipe *p, int r, fsc_params *whole) {
     return rc;
 }
 
-int fsc_pipe_save_weights(fsc_pipe *p, const char *path, int root, int n_meta,
-                          const char *const *keys, const char *const *values) {
+static int save_replica(fsc_pipe *p, const char *path, int root, int n_meta,
+                        const char *const *keys, const char *const *values) {
     int rc = FSC_OK;
     if (p->rank != root) { /* stream every parameter to root, in this rank's order */
         for (int c = 0; !rc && c < p->nchunks; c++)
@@ -317,6 +343,16 @@ int fsc_pipe_save_weights(fsc_pipe *p, const char *path, int root, int n_meta,
     if (status && p->rank != root)
         return fsc_error(status, "pipeline: rank %d could not save", root);
     return rc;
+}
+
+/* Sharded parameters are gathered for the while; the first replica writes. */
+int fsc_pipe_save_weights(fsc_pipe *p, const char *path, int root, int n_meta,
+                          const char *const *keys, const char *const *values) {
+    const bool was_gathered = p->gathered;
+    int rc = pipe_dp_gather(p);
+    if (!rc && p->dp_rank == 0) rc = save_replica(p, path, root, n_meta, keys, values);
+    int rrc = was_gathered ? FSC_OK : pipe_dp_release(p);
+    return replicas_agree(p, rc ? rc : rrc, "could not save the weights");
 }
 
 /* ---- the last run as a Chrome trace ------------------------------------------------------ */

@@ -103,6 +103,21 @@ static int check_options(const strategy_ops *ops, const fsc_strategy_options *o)
     return FSC_OK;
 }
 
+/* Under a pipeline the named row's own options (buckets, partition policy,
+ * FSDP units...) have no meaning: its ZeRO stage is applied to each stage's
+ * flat buffers whole. */
+static int refuse_row_options_under_pipe(const fsc_strategy_options *o, const char *name) {
+    option_use uses[16] = {{0}};
+    int n = option_uses(o, uses);
+    for (int i = 0; i < n; i++)
+        if (uses[i].set)
+            return fsc_error(FSC_ERR_INVALID,
+                             "strategy %s: option %s does not apply under a pipeline (each "
+                             "stage's parameters are reduced and sharded whole)",
+                             name, uses[i].name);
+    return FSC_OK;
+}
+
 int strategy_collect_ranges(fsc_strategy *s) {
     int n = fsc_optim_num_ranges(s->optim);
     s->ranges = calloc(n > 0 ? (size_t)n : 1, sizeof *s->ranges);
@@ -128,10 +143,12 @@ fsc_strategy *fsc_strategy_new(fsc_module *model, const fsc_optim_config *optim,
     }
     const bool piped = opt->pipe.stages > 1;
     if (piped && !ops->composes_with_pipe) {
-        fsc_error(FSC_ERR_INVALID, "strategy %s: does not run with a pipeline yet (ddp does)",
-                  name);
+        fsc_error(FSC_ERR_INVALID,
+                  "strategy %s: does not run with a pipeline (ddp, oss, sdp and fsdp do)", name);
         return NULL;
     }
+    if (piped && refuse_row_options_under_pipe(opt, name)) return NULL;
+    const int replica_zero = ops->zero_stage; /* between a pipeline's replicas */
     if (!piped && opt->pipe.make_stage) {
         fsc_error(FSC_ERR_INVALID, "strategy %s: pipeline options need pipe.stages >= 2", name);
         return NULL;
@@ -152,6 +169,7 @@ fsc_strategy *fsc_strategy_new(fsc_module *model, const fsc_optim_config *optim,
     s->ops = ops;
     s->opt = *opt;
     s->opt.name = ops->name;
+    s->pipe_zero = piped ? replica_zero : 0;
     s->model = s->module = model;
     s->group = ops->spans_ranks ? (opt->group ? opt->group : fsc_group_world()) : fsc_group_self();
     s->all = s->group;
@@ -240,6 +258,10 @@ int fsc_strategy_write_trace(fsc_strategy *s, const char *path) {
     return s->ops->write_trace(s, path);
 }
 
+fsc_pipe *fsc_strategy_get_pipe(const fsc_strategy *s) {
+    return s ? s->pipe : NULL;
+}
+
 int fsc_strategy_clip_grad_norm(fsc_strategy *s, float max_norm, float *total) {
     return s->ops->clip(s, max_norm > 0 ? max_norm : FLT_MAX, total);
 }
@@ -295,13 +317,16 @@ static double count_params(const fsc_module *m) {
 }
 
 fsc_strategy_memory fsc_strategy_memory_plan(const fsc_strategy *s) {
-    const int stage = s->ops->zero_stage, N = s->world;
+    const int stage = s->pipe ? s->pipe_zero : s->ops->zero_stage, N = s->world;
     const fsc_optim_config cfg = fsc_optim_get_config(s->optim);
     double P = s->model ? count_params(s->model) : 0;
-    for (int i = 0; !s->model && i < s->nranges; i++) P += (double)s->ranges[i].n; /* stages */
+    for (int c = 0; !s->model && c < fsc_pipe_chunks(s->pipe); c++) /* this rank's stages */
+        P += (double)fsc_pipe_chunk_params(s->pipe, c)->numel;
+    /* a pipeline's gradients accumulate whole over the step's micro-batches:
+     * only ZeRO-3 keeps them (and the parameters) sharded between steps */
     fsc_strategy_memory m = {.zero_stage = stage,
                              .params_shards = stage >= 3 ? N : 1,
-                             .grads_shards = stage >= 2 ? N : 1,
+                             .grads_shards = stage >= (s->pipe ? 3 : 2) ? N : 1,
                              .optim_shards = stage >= 1 ? N : 1};
     m.params_bytes = 4 * P / m.params_shards;
     m.grads_bytes = 4 * P / m.grads_shards;

@@ -101,6 +101,7 @@ const strategy_ops fsc_strategy_fsdp = {
     .summary = "FullyShardedDataParallel: parameters sharded too, gathered per unit (ZeRO-3)",
     .spans_ranks = true,
     .zero_stage = 3,
+    .composes_with_pipe = true,
     .accepts = OPT_REDUCE | OPT_FSDP,
     .setup = setup,
     .teardown = teardown,

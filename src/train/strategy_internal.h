@@ -71,6 +71,7 @@ struct fsc_strategy {
     fsc_pipe *pipe;
     fsc_pipe_schedule *sched;
     fsc_group *pp_group, *dp_group;
+    int pipe_zero; /* the named row's ZeRO stage, applied between the replicas */
     double pipe_wait_s;
     int64_t pipe_messages, dp_allreduces;
 };

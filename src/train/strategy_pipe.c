@@ -1,8 +1,10 @@
 /* The pipeline row: pipe.stages consecutive ranks of the group run one
  * pipeline (fsc/pipe.h) over the model's layers, and the size / stages
  * replicas of it are data-parallel: after the schedule, each stage's
- * gradients are all-reduced over the ranks that run the same stage (DDP's
- * arithmetic, after the pipeline rather than overlapped with it). The
+ * gradients are reduced over the ranks that run the same stage, and the
+ * named row's ZeRO stage says what those ranks shard (ddp: nothing; oss:
+ * optimizer state; sdp: and gradients; fsdp: and parameters between
+ * steps), after the pipeline rather than overlapped with it. The
  * strategy's group, rank and world are then the data-parallel ones, which
  * is what the trainer's data order and loss normaliser need. */
 #include <stdlib.h>
@@ -29,7 +31,10 @@ static int setup(fsc_strategy *s, const fsc_optim_config *optim) {
                            .balance = s->opt.pipe.balance,
                            .act_ndim = s->opt.pipe.act_ndim,
                            .seed = s->opt.seed,
-                           .checkpoint = s->opt.pipe.checkpoint};
+                           .checkpoint = s->opt.pipe.checkpoint,
+                           .dp = N > P ? s->dp_group : NULL,
+                           .mesh = all,
+                           .sharding = (fsc_pipe_sharding)s->pipe_zero};
     for (int d = 0; d < FSC_MAX_DIMS; d++) po.act_shape[d] = s->opt.pipe.act_shape[d];
     if (!(s->pipe = fsc_pipe_new(s->pp_group, s->sched, optim, &po))) return FSC_ERR_INVALID;
     s->optim = fsc_pipe_optim(s->pipe);
@@ -52,20 +57,14 @@ static void zero_grad(fsc_strategy *s) {
 
 static int run_pipeline(fsc_strategy *s, const fsc_ctx *ctx, const fsc_pipe_io *io, float *loss) {
     int rc = fsc_pipe_run(s->pipe, ctx, io, loss);
-    s->pipe_wait_s += fsc_pipe_get_stats(s->pipe).wait_s;
-    s->pipe_messages += fsc_pipe_get_stats(s->pipe).messages;
-    if (rc || s->world == 1) return rc;
-    double t0 = fsc_now();
-    for (int c = 0; !rc && c < fsc_pipe_chunks(s->pipe); c++) {
-        fsc_params *ps = fsc_pipe_chunk_params(s->pipe, c);
-        rc = fsc_group_allreduce(s->dp_group, ps->grad, ps->numel, FSC_DTYPE_F32, FSC_REDUCE_SUM);
-        s->dp_allreduces++;
-    }
-    s->pipe_wait_s += fsc_now() - t0;
+    const fsc_pipe_run_stats st = fsc_pipe_get_stats(s->pipe);
+    s->pipe_wait_s += st.wait_s + st.replica_s;
+    s->pipe_messages += st.messages;
+    if (s->world > 1) s->dp_allreduces += fsc_pipe_chunks(s->pipe);
     return rc;
 }
 
-/* Replicas hold equal gradients after run_pipeline: the norm of one. */
+/* Over one replica, or over the mesh when the replicas shard (fsc/pipe.h). */
 static int clip(fsc_strategy *s, float max_norm, float *total) {
     return fsc_pipe_clip_grad_norm(s->pipe, max_norm, total);
 }
@@ -74,16 +73,12 @@ static int step(fsc_strategy *s) {
     return fsc_pipe_step(s->pipe);
 }
 
-/* The first replica's pipeline writes; the others learn its outcome. */
+/* Every rank takes part (sharded replicas gather); the first replica writes. */
 static int save_weights(fsc_strategy *s, const char *path, int root, int n_meta,
                         const char *const *keys, const char *const *values) {
     if (root != 0)
         return fsc_error(FSC_ERR_INVALID, "pipeline: weights are written by rank 0 (not %d)", root);
-    int rc = s->rank == 0 ? fsc_pipe_save_weights(s->pipe, path, 0, n_meta, keys, values) : 0;
-    int32_t status = rc;
-    if (s->world > 1 && fsc_group_broadcast(s->dp_group, &status, 1, FSC_DTYPE_I32, 0))
-        return FSC_ERR_MPI;
-    return status && !rc ? fsc_error(status, "pipeline: replica 0 could not save") : rc;
+    return fsc_pipe_save_weights(s->pipe, path, 0, n_meta, keys, values);
 }
 
 static int load_weights(fsc_strategy *s, const char *path, int *n_unused) {
@@ -91,15 +86,10 @@ static int load_weights(fsc_strategy *s, const char *path, int *n_unused) {
     return fsc_pipe_load_weights(s->pipe, path);
 }
 
-/* Replica 0's stages stream the state to rank 0; the others learn how it went. */
 static int save_optim(fsc_strategy *s, const char *path, int root) {
     if (root != 0)
         return fsc_error(FSC_ERR_INVALID, "pipeline: state is written by rank 0 (not %d)", root);
-    int rc = s->rank == 0 ? fsc_pipe_save_optim(s->pipe, path, 0) : FSC_OK;
-    int32_t status = rc;
-    if (s->world > 1 && fsc_group_broadcast(s->dp_group, &status, 1, FSC_DTYPE_I32, 0))
-        return FSC_ERR_MPI;
-    return status && !rc ? fsc_error(status, "pipeline: replica 0 could not save its state") : rc;
+    return fsc_pipe_save_optim(s->pipe, path, 0);
 }
 
 static int load_optim(fsc_strategy *s, const char *path) {
@@ -123,7 +113,7 @@ static void stats(const fsc_strategy *s, fsc_strategy_stats *out) {
 
 const strategy_ops fsc_strategy_pipe = {
     .name = "pipe",
-    .summary = "pipeline stages over consecutive ranks, data-parallel replicas of them",
+    .summary = "pipeline stages over consecutive ranks, data-parallel (ZeRO) replicas of them",
     .spans_ranks = true,
     .pipeline = true,
     .setup = setup,

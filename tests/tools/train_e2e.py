@@ -106,16 +106,20 @@ def strategies():
     mpiexec(4, *common, "--batch", "1", "--grad-accum", "2", "--strategy", "sdp", "--metrics", m,
             "--bucket-mb", "0.02")
     out["sdp x4, accum 2, small buckets"] = metrics(m)
-    # pipelines: 4 layers (embedding, 2 blocks, head) over 2 ranks, and dp 2 x pp 2
-    for n, sched, extra in ((2, "1f1b", ["--batch", "2", "--grad-accum", "4"]),
-                            (2, "gpipe", ["--batch", "4", "--grad-accum", "2", "--balance", "1,3"]),
-                            (2, "interleaved", ["--batch", "2", "--grad-accum", "4"]),
-                            (4, "1f1b", ["--batch", "2", "--grad-accum", "2"])):
-        m = os.path.join(TMP, f"pp{n}{sched}.jsonl")
-        trace = os.path.join(TMP, f"pp{n}{sched}.trace.json")
-        mpiexec(n, *common, *extra, "--strategy", "ddp", "--pp", "2", "--pipe-schedule", sched,
+    # pipelines: 4 layers (embedding, 2 blocks, head) over 2 ranks, and dp 2 x pp 2 with the
+    # replicas' ZeRO stages
+    for n, strat, sched, extra in (
+            (2, "ddp", "1f1b", ["--batch", "2", "--grad-accum", "4"]),
+            (2, "ddp", "gpipe", ["--batch", "4", "--grad-accum", "2", "--balance", "1,3"]),
+            (2, "ddp", "interleaved", ["--batch", "2", "--grad-accum", "4"]),
+            (4, "ddp", "1f1b", ["--batch", "2", "--grad-accum", "2"]),
+            (4, "fsdp", "1f1b", ["--batch", "2", "--grad-accum", "2"]),
+            (4, "oss", "gpipe", ["--batch", "1", "--grad-accum", "4"])):
+        m = os.path.join(TMP, f"pp{n}{strat}{sched}.jsonl")
+        trace = os.path.join(TMP, f"pp{n}{strat}{sched}.trace.json")
+        mpiexec(n, *common, *extra, "--strategy", strat, "--pp", "2", "--pipe-schedule", sched,
                 "--metrics", m, "--trace", trace)
-        out[f"ddp x{n // 2} pp 2 {sched} {' '.join(extra[2:])}"] = metrics(m)
+        out[f"{strat} x{n // 2} pp 2 {sched} {' '.join(extra[2:])}"] = metrics(m)
         # the trace: every action of the last step, one row per pipeline rank
         with open(trace) as f:
             events = [e for e in json.load(f)["traceEvents"] if e["ph"] == "X"]
@@ -136,6 +140,10 @@ def strategies():
     if p.returncode == 0 or "use --strategy ddp" not in p.stderr:
         sys.exit(f"FAIL: --strategy single under 2 ranks: {p.returncode} {p.stderr}")
     print("ok  --strategy single under mpiexec -n 2 is refused")
+    p = mpiexec(4, *common, "--strategy", "sdp", "--pp", "2", "--bucket-mb", "1", expect_ok=False)
+    if p.returncode == 0 or "bucket_bytes does not apply under a pipeline" not in p.stderr:
+        sys.exit(f"FAIL: --bucket-mb under --pp: {p.returncode} {p.stderr}")
+    print("ok  a row's own option under --pp is refused by name")
 
 
 def watchdog():

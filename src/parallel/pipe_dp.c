@@ -1,0 +1,261 @@
+/* Data-parallel replicas of a pipeline: the ranks that run the same stages
+ * in other replicas reduce their gradients after the schedule, and with a
+ * sharded mode each keeps, steps and (SHARD_PARAMS) stores only its slice of
+ * every chunk's flat buffers. A slice is the rank's equal part of the flat
+ * buffer, so reductions and gathers are one collective per chunk; the
+ * optimizer's ranges are the parameters this pipeline rank owns cut to the
+ * slice, and the mesh's list of them is what the optimizer-state file is
+ * written from, by global name, in the format every strategy reads. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/fault.h"
+#include "pipe_exec_internal.h"
+
+enum { SLICE_ALIGN = 16 }; /* elements: slices start on 64-byte boundaries */
+
+static bool sharded(const fsc_pipe *p) {
+    return p->dp_size > 1 && p->opt.sharding != FSC_PIPE_REPLICATED;
+}
+
+fsc_group *pipe_dp_norm_group(fsc_pipe *p) {
+    return sharded(p) ? p->opt.mesh : p->g;
+}
+
+/* Counts and displacements of chunk c's slices, per dp rank. */
+static void slice_layout(const fsc_pipe *p, int c, int64_t *counts, int64_t *displs) {
+    const pipe_slice *s = &p->slice[c];
+    for (int d = 0; d < p->dp_size; d++) {
+        int64_t lo = (int64_t)d * s->shard, hi = lo + s->shard;
+        lo = lo < s->numel ? lo : s->numel, hi = hi < s->numel ? hi : s->numel;
+        counts[d] = hi - lo, displs[d] = lo;
+    }
+}
+
+/* The chunk and flat offset of this rank's parameter `name`. */
+static int locate(const fsc_pipe *p, const char *name, int *chunk, int64_t *offset) {
+    for (int c = 0; c < p->nchunks; c++)
+        for (int e = 0; e < p->params[c].count; e++)
+            if (!strcmp(p->params[c].entries[e].name, name)) {
+                *chunk = c, *offset = p->params[c].entries[e].offset;
+                return FSC_OK;
+            }
+    return fsc_error(FSC_ERR_INVALID, "pipeline: parameter '%s' not on rank %d", name, p->rank);
+}
+
+/* The owned ranges cut to this rank's slices, and every mesh rank's pieces
+ * (whole-model entry, begin, count) gathered into mesh_part. */
+static int cut_ranges(fsc_pipe *p) {
+    const int own = p->part.nranges[p->rank], M = fsc_group_size(p->opt.mesh);
+    int64_t *mine = calloc((size_t)(own ? own : 1) * 3, sizeof *mine);
+    fsc_partition *q = &p->mesh_part;
+    q->world = M, q->policy = FSC_PARTITION_EVEN;
+    q->nranges = calloc((size_t)M, sizeof *q->nranges);
+    q->ranges = calloc((size_t)M, sizeof *q->ranges);
+    q->elems = calloc((size_t)M, sizeof *q->elems);
+    int64_t *counts = calloc((size_t)M, sizeof *counts),
+            *displs = calloc((size_t)M, sizeof *displs);
+    if (!mine || !q->nranges || !q->ranges || !q->elems || !counts || !displs) {
+        free(mine), free(counts), free(displs);
+        return fsc_error(FSC_ERR_NOMEM, "pipeline: out of memory");
+    }
+    int k = 0, rc = FSC_OK;
+    for (int i = 0; !rc && i < own; i++) {
+        const fsc_shard_range *w = &p->part.ranges[p->rank][i];
+        fsc_optim_range r = p->ranges[i];
+        int c = 0;
+        int64_t off = 0;
+        if ((rc = locate(p, p->whole_ps.entries[w->entry].name, &c, &off))) break;
+        const int64_t lo = p->slice[c].lo > off ? p->slice[c].lo : off;
+        const int64_t hi = p->slice[c].hi < off + r.n ? p->slice[c].hi : off + r.n;
+        if (hi <= lo) continue;
+        r.param += lo - off, r.grad += lo - off, r.n = hi - lo;
+        p->ranges[k] = r;
+        mine[3 * k] = w->entry, mine[3 * k + 1] = lo - off, mine[3 * k + 2] = hi - lo;
+        k++;
+    }
+    p->nranges = k;
+    int32_t n32 = k, *all32 = calloc((size_t)M, sizeof *all32);
+    if (!rc && !all32) rc = fsc_error(FSC_ERR_NOMEM, "pipeline: out of memory");
+    if (!rc) rc = fsc_group_allgather(p->opt.mesh, &n32, all32, 1, FSC_DTYPE_I32);
+    int64_t total = 0;
+    for (int r = 0; !rc && r < M; r++)
+        counts[r] = 3 * (int64_t)all32[r], displs[r] = total, total += counts[r];
+    int64_t *every = rc ? NULL : calloc((size_t)(total ? total : 1), sizeof *every);
+    if (!rc && !every) rc = fsc_error(FSC_ERR_NOMEM, "pipeline: out of memory");
+    if (!rc) rc = fsc_group_allgatherv(p->opt.mesh, mine, every, counts, displs, FSC_DTYPE_I64);
+    for (int r = 0; !rc && r < M; r++) {
+        q->nranges[r] = all32[r];
+        if (!(q->ranges[r] = calloc((size_t)(all32[r] ? all32[r] : 1), sizeof **q->ranges))) {
+            rc = fsc_error(FSC_ERR_NOMEM, "pipeline: out of memory");
+            break;
+        }
+        for (int i = 0; i < all32[r]; i++) {
+            const int64_t *t = every + displs[r] + 3 * i;
+            q->ranges[r][i] = (fsc_shard_range){.entry = (int)t[0], .begin = t[1], .count = t[2]};
+            q->elems[r] += t[2];
+        }
+    }
+    free(mine), free(counts), free(displs), free(all32), free(every);
+    return rc;
+}
+
+int pipe_dp_setup(fsc_pipe *p) {
+    fsc_group *dp = p->opt.dp, *mesh = p->opt.mesh;
+    p->dp_size = dp ? fsc_group_size(dp) : 1;
+    p->dp_rank = dp ? fsc_group_rank(dp) : 0;
+    p->gathered = true;
+    if ((unsigned)p->opt.sharding > FSC_PIPE_SHARD_PARAMS)
+        return fsc_error(FSC_ERR_INVALID, "pipeline: unknown sharding %d", (int)p->opt.sharding);
+    if (dp && !mesh)
+        return fsc_error(FSC_ERR_INVALID, "pipeline: replicas (dp) need the mesh group too");
+    if (dp && (fsc_group_size(mesh) != p->dp_size * p->cfg.ranks ||
+               fsc_group_rank(mesh) != p->dp_rank * p->cfg.ranks + p->rank))
+        return fsc_error(
+            FSC_ERR_INVALID, "pipeline: mesh rank %d of %d is not replica %d x %d ranks + rank %d",
+            fsc_group_rank(mesh), fsc_group_size(mesh), p->dp_rank, p->cfg.ranks, p->rank);
+    if (!(p->slice = calloc((size_t)p->nchunks, sizeof *p->slice)))
+        return fsc_error(FSC_ERR_NOMEM, "pipeline: out of memory");
+    for (int c = 0; c < p->nchunks; c++) {
+        pipe_slice *s = &p->slice[c];
+        s->numel = p->params[c].numel;
+        s->shard = (s->numel + p->dp_size - 1) / p->dp_size;
+        s->shard = (s->shard + SLICE_ALIGN - 1) / SLICE_ALIGN * SLICE_ALIGN;
+        s->lo = (int64_t)p->dp_rank * s->shard;
+        s->lo = s->lo < s->numel ? s->lo : s->numel;
+        s->hi = s->lo + s->shard < s->numel ? s->lo + s->shard : s->numel;
+    }
+    if (!sharded(p)) return FSC_OK;
+    int rc = cut_ranges(p);
+    if (!rc && p->opt.sharding == FSC_PIPE_SHARD_PARAMS) rc = pipe_dp_release(p);
+    return rc;
+}
+
+void pipe_dp_free(fsc_pipe *p) {
+    fsc_partition *q = &p->mesh_part;
+    for (int r = 0; q->ranges && r < q->world; r++) free(q->ranges[r]);
+    free(q->ranges), free(q->nranges), free(q->elems);
+    memset(q, 0, sizeof *q);
+    free(p->slice);
+    p->slice = NULL;
+}
+
+/* The bytes of chunk c outside this rank's slice: [0, lo) and [hi, numel). */
+static int outside(const fsc_pipe *p, int c, int (*fn)(void *, size_t, size_t), float *buf) {
+    const pipe_slice *s = &p->slice[c];
+    int rc = s->lo > 0 ? fn(buf, 0, (size_t)s->lo * 4) : FSC_OK;
+    if (!rc && s->hi < s->numel) rc = fn(buf, (size_t)s->hi * 4, (size_t)(s->numel - s->hi) * 4);
+    return rc;
+}
+
+int pipe_dp_release(fsc_pipe *p) {
+    if (!sharded(p) || p->opt.sharding != FSC_PIPE_SHARD_PARAMS || !p->gathered) return FSC_OK;
+    int rc = FSC_OK;
+    for (int c = 0; !rc && c < p->nchunks; c++) {
+        rc = outside(p, c, fsc_mem_discard, p->params[c].data);
+        if (!rc) rc = outside(p, c, fsc_mem_discard, p->params[c].grad);
+    }
+    if (!rc) p->gathered = false;
+    return rc ? fsc_error_context(rc, "pipeline: giving back gathered parameters: ") : FSC_OK;
+}
+
+/* Every chunk's parameters whole from the replicas' slices. */
+static int gather_params(fsc_pipe *p) {
+    const int D = p->dp_size;
+    int64_t *counts = calloc((size_t)D * 2, sizeof *counts), *displs = counts + D;
+    if (!counts) return fsc_error(FSC_ERR_NOMEM, "pipeline: out of memory");
+    int rc = FSC_OK;
+    for (int c = 0; !rc && c < p->nchunks; c++) {
+        const pipe_slice *s = &p->slice[c];
+        float *mine = fsc_mem_alloc(FSC_MEM_COMM, (size_t)(s->hi - s->lo + 1) * 4);
+        if (!mine) {
+            rc = fsc_error_context(FSC_ERR_NOMEM, "pipeline: gathering a stage: ");
+            break;
+        }
+        memcpy(mine, p->params[c].data + s->lo, (size_t)(s->hi - s->lo) * 4);
+        slice_layout(p, c, counts, displs);
+        rc =
+            fsc_group_allgatherv(p->opt.dp, mine, p->params[c].data, counts, displs, FSC_DTYPE_F32);
+        fsc_mem_free(mine);
+    }
+    free(counts);
+    return rc ? fsc_error_context(rc, "pipeline: gathering parameters over the replicas: ") : rc;
+}
+
+int pipe_dp_commit(fsc_pipe *p) {
+    if (p->gathered) return FSC_OK;
+    int c = 0, rc = FSC_OK;
+    for (; !rc && c < p->nchunks; c++) {
+        rc = outside(p, c, fsc_mem_recommit, p->params[c].data);
+        if (!rc && (rc = outside(p, c, fsc_mem_recommit, p->params[c].grad)))
+            outside(p, c, fsc_mem_discard, p->params[c].data);
+    }
+    if (!rc) {
+        p->gathered = true;
+        return FSC_OK;
+    }
+    for (int k = 0; k < c - 1; k++) /* past the budget: the chunks before go back too */
+        outside(p, k, fsc_mem_discard, p->params[k].data),
+            outside(p, k, fsc_mem_discard, p->params[k].grad);
+    return fsc_error_context(rc, "pipeline: making room for a whole stage: ");
+}
+
+int pipe_dp_gather(fsc_pipe *p) {
+    if (!sharded(p) || p->opt.sharding != FSC_PIPE_SHARD_PARAMS || p->gathered) return FSC_OK;
+    const double t0 = fsc_now();
+    int rc = pipe_dp_commit(p);
+    if (!rc) rc = gather_params(p);
+    if (!rc) rc = pipe_share_updates(p); /* copies of shared parameters from their owners */
+    p->stats.replica_s += fsc_now() - t0;
+    return rc;
+}
+
+/* Chunk c's gradients reduce-scattered: this rank's slice holds the sum. */
+static int reduce_scatter_grads(fsc_pipe *p, int c, int64_t *counts, int64_t *displs) {
+    const pipe_slice *s = &p->slice[c];
+    float *mine = fsc_mem_alloc(FSC_MEM_COMM, (size_t)(s->hi - s->lo + 1) * 4);
+    if (!mine) return fsc_error_context(FSC_ERR_NOMEM, "pipeline: reducing a stage: ");
+    slice_layout(p, c, counts, displs);
+    int rc = fsc_group_reduce_scatterv(p->opt.dp, p->params[c].grad, mine, counts, displs,
+                                       FSC_DTYPE_F32, FSC_REDUCE_SUM);
+    if (!rc) memcpy(p->params[c].grad + s->lo, mine, (size_t)(s->hi - s->lo) * 4);
+    fsc_mem_free(mine);
+    return rc;
+}
+
+int pipe_dp_reduce(fsc_pipe *p) {
+    if (p->dp_size < 2 || fsc_fault_is(FSC_FAULT_DROP_GRAD)) return FSC_OK;
+    const double t0 = fsc_now();
+    const int D = p->dp_size;
+    int64_t *counts = calloc((size_t)D * 2, sizeof *counts), *displs = counts + D;
+    int rc = counts ? FSC_OK : fsc_error(FSC_ERR_NOMEM, "pipeline: out of memory");
+    const bool scatter =
+        p->opt.sharding == FSC_PIPE_SHARD_GRADS || p->opt.sharding == FSC_PIPE_SHARD_PARAMS;
+    for (int c = 0; !rc && c < p->nchunks; c++)
+        rc = scatter ? reduce_scatter_grads(p, c, counts, displs)
+                     : fsc_group_allreduce(p->opt.dp, p->params[c].grad, p->params[c].numel,
+                                           FSC_DTYPE_F32, FSC_REDUCE_SUM);
+    free(counts);
+    if (!rc) rc = pipe_dp_release(p); /* SHARD_PARAMS: only the slices from here to the next run */
+    p->stats.replica_s += fsc_now() - t0;
+    return rc ? fsc_error_context(rc, "pipeline: reducing gradients over the replicas: ") : rc;
+}
+
+int pipe_dp_share_update(fsc_pipe *p) {
+    if (!sharded(p) || p->opt.sharding == FSC_PIPE_SHARD_PARAMS) return FSC_OK;
+    const double t0 = fsc_now();
+    int rc = gather_params(p);
+    p->stats.replica_s += fsc_now() - t0;
+    return rc;
+}
+
+void pipe_dp_zero_grad(fsc_pipe *p) {
+    for (int c = 0; c < p->nchunks; c++) {
+        if (p->gathered || !p->slice) {
+            fsc_params_zero_grad(&p->params[c]);
+        } else { /* the rest is given back and reads as zero: leave its pages alone */
+            const pipe_slice *s = &p->slice[c];
+            memset(p->params[c].grad + s->lo, 0, (size_t)(s->hi - s->lo) * 4);
+        }
+    }
+}
