@@ -6,6 +6,7 @@
  * measured in the same process, and peak memory by tag. */
 #include <inttypes.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -107,7 +108,8 @@ static void summary(const trainer *t, double first_loss, double last_loss, doubl
 }
 
 /* Fault injection for the tests: FSC_FAULT="sleep@R:S" makes rank R stop
- * participating (sleep) before step S, "exit@R:S" makes it exit(3), and
+ * participating (sleep) before step S, "exit@R:S" makes it exit(3),
+ * "kill@R:S" sends it SIGKILL (no clean-up at all), and
  * "inf@R:S" puts an inf into one of rank R's gradients in step S (fp16 loss
  * scaling must then skip that step on every rank). */
 static void inject_fault(int rank, int64_t step) {
@@ -119,6 +121,7 @@ static void inject_fault(int rank, int64_t step) {
     if (!strcmp(kind, "inf")) return; /* armed at start-up, see main */
     fprintf(stderr, "fsc-train: FSC_FAULT: rank %d %s before step %lld\n", rank, kind, s);
     if (!strcmp(kind, "exit")) exit(3);
+    if (!strcmp(kind, "kill")) raise(SIGKILL);
     if (!strcmp(kind, "sleep")) sleep(3600);
 }
 

@@ -181,6 +181,24 @@ def watchdog():
         sys.exit(f"FAIL: a pipeline stage that sleeps: exit {p.returncode} after {took:.0f} s:\n"
                  f"{p.stderr}")
     print(f"ok  --pp 2, stage 1 sleeps: exit {p.returncode} after {took:.1f} s: {named[0].strip()[:220]}")
+    # a pipeline stage killed (SIGKILL) between steps: its peer is mid-step in a send or
+    # receive. Open MPI's --enable-recovery keeps the survivor alive so fsc's watchdog acts
+    # and names rank 1 and the action; other launchers end the job themselves.
+    version = subprocess.run([launcher, "--version"], capture_output=True, text=True).stdout
+    recovery = ["--enable-recovery"] if "OpenRTE" in version or "Open MPI" in version else []
+    env = dict(os.environ, FSC_TIMEOUT_S="3", FSC_FAULT="kill@1:3")
+    t0 = time.time()
+    p = subprocess.run([launcher, "-n", "2", "--oversubscribe", *recovery, FSC_TRAIN, *common[:-1],
+                        "--pp", "2", "--grad-accum", "2", "--layers", "2"],
+                       capture_output=True, text=True, timeout=120, env=env)
+    took = time.time() - t0
+    named = [l for l in p.stderr.splitlines() if "pipeline rank 0" in l and "rank 1" in l]
+    # (under --enable-recovery Open MPI 4.1's launcher exits 0 whatever the survivors return)
+    if took > 3 + 30 or (not named if recovery else p.returncode == 0):
+        sys.exit(f"FAIL: a pipeline stage killed: exit {p.returncode} after {took:.0f} s:\n"
+                 f"{p.stderr}")
+    line = named[0].strip()[:220] if named else "(launcher ended the job)"
+    print(f"ok  --pp 2, stage 1 killed: exit {p.returncode} after {took:.1f} s: {line}")
 
 
 def resume():
