@@ -12,7 +12,10 @@
 #include "core/fault.h"
 #include "pipe_exec_internal.h"
 
-enum { SLICE_ALIGN = 16 }; /* elements: slices start on 64-byte boundaries */
+enum {
+    SLICE_ALIGN = 16, /* elements: slices start on 64-byte boundaries */
+    SEGMENT = 1 << 20 /* floats per rank per collective: bounds the rings' scratch */
+};
 
 static bool sharded(const fsc_pipe *p) {
     return p->dp_size > 1 && p->opt.sharding != FSC_PIPE_REPLICATED;
@@ -159,24 +162,18 @@ int pipe_dp_release(fsc_pipe *p) {
     return rc ? fsc_error_context(rc, "pipeline: giving back gathered parameters: ") : FSC_OK;
 }
 
-/* Every chunk's parameters whole from the replicas' slices. */
+/* Every chunk's parameters whole from the replicas' slices (in place: the
+ * ring's all-gather needs no scratch). */
 static int gather_params(fsc_pipe *p) {
     const int D = p->dp_size;
     int64_t *counts = calloc((size_t)D * 2, sizeof *counts), *displs = counts + D;
     if (!counts) return fsc_error(FSC_ERR_NOMEM, "pipeline: out of memory");
     int rc = FSC_OK;
     for (int c = 0; !rc && c < p->nchunks; c++) {
-        const pipe_slice *s = &p->slice[c];
-        float *mine = fsc_mem_alloc(FSC_MEM_COMM, (size_t)(s->hi - s->lo + 1) * 4);
-        if (!mine) {
-            rc = fsc_error_context(FSC_ERR_NOMEM, "pipeline: gathering a stage: ");
-            break;
-        }
-        memcpy(mine, p->params[c].data + s->lo, (size_t)(s->hi - s->lo) * 4);
         slice_layout(p, c, counts, displs);
-        rc =
-            fsc_group_allgatherv(p->opt.dp, mine, p->params[c].data, counts, displs, FSC_DTYPE_F32);
-        fsc_mem_free(mine);
+        float *data = p->params[c].data;
+        rc = fsc_group_allgatherv(p->opt.dp, data + p->slice[c].lo, data, counts, displs,
+                                  FSC_DTYPE_F32);
     }
     free(counts);
     return rc ? fsc_error_context(rc, "pipeline: gathering parameters over the replicas: ") : rc;
@@ -210,16 +207,41 @@ int pipe_dp_gather(fsc_pipe *p) {
     return rc;
 }
 
-/* Chunk c's gradients reduce-scattered: this rank's slice holds the sum. */
+/* Chunk c's gradients reduce-scattered: this rank's slice holds the sum.
+ * Segment by segment of every slice, so the ring's scratch (twice its
+ * largest piece) and the landing buffer stay at SEGMENT floats whatever
+ * the stage's size. */
 static int reduce_scatter_grads(fsc_pipe *p, int c, int64_t *counts, int64_t *displs) {
     const pipe_slice *s = &p->slice[c];
-    float *mine = fsc_mem_alloc(FSC_MEM_COMM, (size_t)(s->hi - s->lo + 1) * 4);
-    if (!mine) return fsc_error_context(FSC_ERR_NOMEM, "pipeline: reducing a stage: ");
-    slice_layout(p, c, counts, displs);
-    int rc = fsc_group_reduce_scatterv(p->opt.dp, p->params[c].grad, mine, counts, displs,
+    float *landing = fsc_mem_alloc(FSC_MEM_COMM, SEGMENT * sizeof(float));
+    if (!landing) return fsc_error_context(FSC_ERR_NOMEM, "pipeline: reducing a stage: ");
+    int64_t *whole = malloc(sizeof *whole * 2 * (size_t)p->dp_size);
+    int rc = whole ? FSC_OK : fsc_error(FSC_ERR_NOMEM, "pipeline: out of memory");
+    if (!rc) slice_layout(p, c, whole, whole + p->dp_size);
+    for (int64_t at = 0; !rc && at < s->shard; at += SEGMENT) {
+        for (int d = 0; d < p->dp_size; d++) {
+            int64_t left = whole[d] - at;
+            counts[d] = left <= 0 ? 0 : left < SEGMENT ? left : SEGMENT;
+            displs[d] = whole[p->dp_size + d] + (left <= 0 ? 0 : at);
+        }
+        rc = fsc_group_reduce_scatterv(p->opt.dp, p->params[c].grad, landing, counts, displs,
                                        FSC_DTYPE_F32, FSC_REDUCE_SUM);
-    if (!rc) memcpy(p->params[c].grad + s->lo, mine, (size_t)(s->hi - s->lo) * 4);
-    fsc_mem_free(mine);
+        if (!rc && counts[p->dp_rank])
+            memcpy(p->params[c].grad + s->lo + at, landing,
+                   (size_t)counts[p->dp_rank] * sizeof(float));
+    }
+    free(whole);
+    fsc_mem_free(landing);
+    return rc;
+}
+
+/* In place, SEGMENT floats per rank at a time (the ring's scratch: twice that). */
+static int allreduce_grads(fsc_pipe *p, int c) {
+    const int64_t n = p->params[c].numel, step = SEGMENT * (int64_t)p->dp_size;
+    int rc = FSC_OK;
+    for (int64_t at = 0; !rc && at < n; at += step)
+        rc = fsc_group_allreduce(p->opt.dp, p->params[c].grad + at, n - at < step ? n - at : step,
+                                 FSC_DTYPE_F32, FSC_REDUCE_SUM);
     return rc;
 }
 
@@ -232,9 +254,7 @@ int pipe_dp_reduce(fsc_pipe *p) {
     const bool scatter =
         p->opt.sharding == FSC_PIPE_SHARD_GRADS || p->opt.sharding == FSC_PIPE_SHARD_PARAMS;
     for (int c = 0; !rc && c < p->nchunks; c++)
-        rc = scatter ? reduce_scatter_grads(p, c, counts, displs)
-                     : fsc_group_allreduce(p->opt.dp, p->params[c].grad, p->params[c].numel,
-                                           FSC_DTYPE_F32, FSC_REDUCE_SUM);
+        rc = scatter ? reduce_scatter_grads(p, c, counts, displs) : allreduce_grads(p, c);
     free(counts);
     if (!rc) rc = pipe_dp_release(p); /* SHARD_PARAMS: only the slices from here to the next run */
     p->stats.replica_s += fsc_now() - t0;
