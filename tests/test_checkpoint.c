@@ -1,28 +1,54 @@
 /* Checkpoint directories: whole or absent. A committed checkpoint opens and
  * verifies; a torn file, a flipped byte or a missing member is refused with a
  * message naming it; an aborted or failed save leaves the previous one and
- * `latest` untouched. */
+ * `latest` untouched. A save killed at any of its commit points (the
+ * FSC_CKPT_POINT_* of core/fault.h) leaves a directory from which the next
+ * open finds the newest complete checkpoint and the next save succeeds.
+ * state.json is checked end to end: its own checksum, numbers in range, no
+ * trailing bytes. Special files and links are refused, never read. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <cmocka.h>
+#include <dirent.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 
+#include "core/fault.h"
 #include "fsc/checkpoint.h"
+#include "fsc/io.h"
 #include "tmpdir.h"
 
 static void write_text(const char *path, const char *text) {
     write_raw(path, text, strlen(text));
 }
 
-static void save(int64_t step, const char *payload) {
+static char *read_all(const char *path) {
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    static char buf[1 << 16];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    return buf;
+}
+
+/* One save of step `step` into dir, pruning to keep_last (0: keep all). */
+static int save_in(const char *dir, int64_t step, const char *payload, int keep_last) {
     fsc_ckpt_writer *w;
-    assert_int_equal(fsc_ckpt_begin(tmp("ck"), step, &w), FSC_OK);
+    int rc = fsc_ckpt_begin(dir, step, &w);
+    if (rc) return rc;
     write_text(fsc_ckpt_member(w, "model.bin"), payload);
     write_text(fsc_ckpt_member(w, "optim.bin"), "state");
     assert_int_equal(fsc_ckpt_set(w, "strategy", "\"oss\""), FSC_OK);
     assert_int_equal(fsc_ckpt_set(w, "world", "2"), FSC_OK);
-    assert_int_equal(fsc_ckpt_commit(w), FSC_OK);
+    assert_int_equal(fsc_ckpt_keep_last(w, keep_last), FSC_OK);
+    return fsc_ckpt_commit(w);
+}
+
+static void save(int64_t step, const char *payload) {
+    assert_int_equal(save_in(tmp("ck"), step, payload, 0), FSC_OK);
 }
 
 static void test_round_trip_and_latest(void **state) {
@@ -93,11 +119,302 @@ static void test_abort_keeps_previous(void **state) {
     fsc_ckpt_close(c);
 }
 
+/* Names in dir, sorted, joined by spaces ("latest step-000003 ..."). */
+static const char *listing(const char *d) {
+    static char out[4096];
+    struct dirent **names;
+    int n = scandir(d, &names, NULL, alphasort);
+    assert_true(n >= 0);
+    out[0] = '\0';
+    for (int i = 0; i < n; i++) {
+        if (strcmp(names[i]->d_name, ".") && strcmp(names[i]->d_name, "..")) {
+            if (out[0]) strcat(out, " ");
+            strncat(out, names[i]->d_name, sizeof out - strlen(out) - 64);
+        }
+        free(names[i]);
+    }
+    free(names);
+    return out;
+}
+
+static void expect_step(const char *d, int64_t step) {
+    fsc_ckpt *c;
+    int rc = fsc_ckpt_open(d, &c);
+    if (rc) print_error("%s: %s\n", d, fsc_last_error());
+    assert_int_equal(rc, FSC_OK);
+    assert_int_equal(fsc_ckpt_step(c), step);
+    char want[32];
+    snprintf(want, sizeof want, "w%lld", (long long)step);
+    assert_string_equal(read_all(fsc_ckpt_path(c, "model.bin")), want);
+    fsc_ckpt_close(c);
+}
+
+/* For every commit point k: steps 1 and 2 saved (keep_last 2); a child saving
+ * step 3 is killed at k; the same "command" then resumes (the newest complete
+ * checkpoint: 2 before the rename, 3 after), saves 3 if it resumed from 2,
+ * and saves 4. It must end with step-3, step-4 and latest, and nothing else:
+ * the dead writer's temporaries are gone and step 1 is pruned. One more k
+ * than there are points runs to the end: the count is exact. */
+static void test_kill_at_every_commit_point(void **state) {
+    (void)state;
+    for (int k = 1; k <= FSC_CKPT_POINTS + 1; k++) {
+        char name[32];
+        snprintf(name, sizeof name, "kill%02d", k);
+        char d[512];
+        snprintf(d, sizeof d, "%s", tmp(name));
+        assert_int_equal(save_in(d, 1, "w1", 2), FSC_OK);
+        assert_int_equal(save_in(d, 2, "w2", 2), FSC_OK);
+        fflush(NULL);
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            char fault[32];
+            snprintf(fault, sizeof fault, "ckpt-kill:%d", k);
+            if (k <= FSC_CKPT_POINTS && !fsc_fault_set(fault)) _exit(3);
+            _exit(save_in(d, 3, "w3", 2) == FSC_OK ? 0 : 4);
+        }
+        int status;
+        assert_int_equal(waitpid(pid, &status, 0), pid);
+        if (k <= FSC_CKPT_POINTS) {
+            if (!WIFSIGNALED(status)) print_error("commit point %d was not reached\n", k);
+            assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+        } else {
+            assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        }
+        /* the dead writer's step 3 is complete once renamed into place */
+        fsc_ckpt *c;
+        assert_int_equal(fsc_ckpt_open(d, &c), FSC_OK);
+        int64_t resumed = fsc_ckpt_step(c);
+        fsc_ckpt_close(c);
+        assert_int_equal(resumed, k >= FSC_CKPT_POINT_RENAMED ? 3 : 2);
+        expect_step(d, resumed);
+        if (resumed == 2) assert_int_equal(save_in(d, 3, "w3", 2), FSC_OK);
+        int rc = save_in(d, 4, "w4", 2);
+        if (rc) print_error("k=%d: %s\n", k, fsc_last_error());
+        assert_int_equal(rc, FSC_OK);
+        expect_step(d, 4);
+        assert_string_equal(listing(d), "latest step-000003 step-000004");
+    }
+}
+
+/* A step directory newer than `latest` that does not verify is skipped by
+ * readers (with a warning) and set aside by the writer of that step: never
+ * "already exists" forever. */
+static void test_newer_incomplete_set_aside(void **state) {
+    (void)state;
+    const char *d = strdup(tmp("aside"));
+    assert_int_equal(save_in(d, 1, "w1", 0), FSC_OK);
+    assert_int_equal(save_in(d, 2, "w2", 0), FSC_OK);
+    write_text(tmp("aside/latest"), "step-000001\n");     /* as if the save of 2 was cut short */
+    write_text(tmp("aside/step-000002/model.bin"), "w9"); /* ... and 2 then damaged */
+    expect_step(d, 1);
+    assert_int_equal(save_in(d, 2, "w2", 0), FSC_OK);
+    expect_step(d, 2);
+    const char *names = listing(d);
+    assert_non_null(strstr(names, "step-000002.aside-"));
+    /* the checkpoint `latest` names is still never overwritten */
+    assert_int_equal(save_in(d, 2, "w2", 0), FSC_ERR_IO);
+    assert_non_null(strstr(fsc_last_error(), "already exists"));
+    free((void *)d);
+}
+
+/* A writer that died leaves its temporary; the next writer removes it without
+ * following the link planted inside, and leaves a live writer's alone. */
+static void test_stale_temporaries(void **state) {
+    (void)state;
+    const char *d = strdup(tmp("stale"));
+    assert_int_equal(save_in(d, 1, "w1", 0), FSC_OK);
+    assert_int_equal(mkdir(tmp("victim"), 0777), 0);
+    write_text(tmp("victim/precious"), "keep me");
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        fsc_ckpt_writer *w;
+        if (fsc_ckpt_begin(d, 2, &w)) _exit(1);
+        char link[4096];
+        snprintf(link, sizeof link, "%s", fsc_ckpt_member(w, "evil"));
+        _exit(symlink(tmp("victim"), link) == 0 ? 0 : 2); /* dies mid-save */
+    }
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    assert_non_null(strstr(listing(d), ".step-000002.tmp-"));
+    /* a temporary of a writer that is alive (pid 1) stays */
+    char host[256], live[1024];
+    gethostname(host, sizeof host);
+    for (char *h = host; *h; h++)
+        if (*h == '-') *h = '_';
+    snprintf(live, sizeof live, "%s/.step-000007.tmp-1-%s-abcdefabcdef", d, host);
+    assert_int_equal(mkdir(live, 0777), 0);
+    assert_int_equal(save_in(d, 2, "w2", 0), FSC_OK);
+    assert_null(strstr(listing(d), ".step-000002.tmp-"));
+    assert_non_null(strstr(listing(d), ".step-000007.tmp-1-"));
+    assert_string_equal(read_all(tmp("victim/precious")), "keep me");
+    free((void *)d);
+}
+
+static void test_keep_last(void **state) {
+    (void)state;
+    const char *d = strdup(tmp("keep"));
+    for (int s = 1; s <= 5; s++) {
+        char p[8];
+        snprintf(p, sizeof p, "w%d", s);
+        assert_int_equal(save_in(d, s, p, 2), FSC_OK);
+    }
+    assert_string_equal(listing(d), "latest step-000004 step-000005");
+    assert_int_equal(fsc_ckpt_prune(d, 1), FSC_OK);
+    assert_string_equal(listing(d), "latest step-000005");
+    expect_step(d, 5);
+    fsc_ckpt_writer *w;
+    assert_int_equal(fsc_ckpt_begin(d, 6, &w), FSC_OK);
+    assert_int_equal(fsc_ckpt_keep_last(w, -1), FSC_ERR_INVALID);
+    fsc_ckpt_abort(w);
+    assert_int_equal(fsc_ckpt_prune(tmp("no-such-dir"), 1), FSC_OK);
+    free((void *)d);
+}
+
+/* Replaces the first `from` in path's text by `to`. */
+static void edit(const char *path, const char *from, const char *to) {
+    char text[1 << 16], *at;
+    snprintf(text, sizeof text, "%s", read_all(path));
+    assert_non_null(at = strstr(text, from));
+    char out[1 << 16];
+    snprintf(out, sizeof out, "%.*s%s%s", (int)(at - text), text, to, at + strlen(from));
+    write_text(path, out);
+}
+
+/* state.json without its own checksum, as written before it existed. */
+static void strip_sum(const char *path) {
+    char text[1 << 16];
+    snprintf(text, sizeof text, "%s", read_all(path));
+    char *at = strstr(text, ",\n\t\"state_crc32\"");
+    assert_non_null(at);
+    strcpy(at, "\n}\n");
+    write_text(path, text);
+}
+
+static void test_state_integrity(void **state) {
+    (void)state;
+    const char *d = strdup(tmp("integ")), *sj = strdup(tmp("integ/step-000006/state.json"));
+    assert_int_equal(save_in(d, 6, "w6", 0), FSC_OK);
+    char good[1 << 16];
+    snprintf(good, sizeof good, "%s", read_all(sj));
+    assert_non_null(strstr(good, "\"state_crc32\""));
+    fsc_ckpt *c;
+    /* the step edited 6 -> 2: its own checksum catches it */
+    edit(sj, "\"step\":\t6", "\"step\":\t2");
+    assert_int_equal(fsc_ckpt_open(d, &c), FSC_ERR_FORMAT);
+    assert_non_null(strstr(fsc_last_error(), "state.json: fails its own checksum"));
+    /* an old checkpoint without the checksum still opens ... */
+    write_text(sj, good);
+    strip_sum(sj);
+    expect_step(d, 6);
+    /* ... but its step must be the directory's, and in range */
+    edit(sj, "\"step\":\t6", "\"step\":\t2");
+    assert_int_equal(fsc_ckpt_open(d, &c), FSC_ERR_FORMAT);
+    assert_non_null(strstr(fsc_last_error(), "says step 2 but the directory is step 6"));
+    edit(sj, "\"step\":\t2", "\"step\":\t61e300");
+    assert_int_equal(fsc_ckpt_open(d, &c), FSC_ERR_FORMAT);
+    assert_non_null(strstr(fsc_last_error(), "\"step\" must be an integer in [0, 2^53]"));
+    edit(sj, "\"step\":\t61e300", "\"step\":\t-1");
+    assert_int_equal(fsc_ckpt_open(d, &c), FSC_ERR_FORMAT);
+    edit(sj, "\"step\":\t-1", "\"step\":\t6.5");
+    assert_int_equal(fsc_ckpt_open(d, &c), FSC_ERR_FORMAT);
+    edit(sj, "\"step\":\t6.5", "\"step\":\t6");
+    edit(sj, "\"size\":\t", "\"size\":\t1e30+");
+    assert_int_equal(fsc_ckpt_open(d, &c), FSC_ERR_FORMAT);
+    write_text(sj, good);
+    strip_sum(sj);
+    edit(sj, "\"crc32\":\t", "\"crc32\":\t9999999999");
+    assert_int_equal(fsc_ckpt_open(d, &c), FSC_ERR_FORMAT);
+    assert_non_null(strstr(fsc_last_error(), "bad entry for"));
+    /* trailing garbage after the object */
+    write_text(sj, good);
+    edit(sj, "\"\n}\n", "\"\n}\n{}");
+    assert_int_equal(fsc_ckpt_open(d, &c), FSC_ERR_FORMAT);
+    assert_non_null(strstr(fsc_last_error(), "unexpected bytes after the JSON object"));
+    /* a `latest` that names something else */
+    write_text(sj, good);
+    expect_step(d, 6);
+    write_text(tmp("integ/latest"), "../../etc\n");
+    assert_int_equal(fsc_ckpt_open(d, &c), FSC_ERR_FORMAT);
+    assert_non_null(strstr(fsc_last_error(), "latest: does not name a step directory"));
+    free((void *)d), free((void *)sj);
+}
+
+/* A checkpoint whose model.safetensors says fsc.step = member_step and
+ * fsc.run = member_run, while state.json says step 8 and run "a". */
+static int save_with_member(const char *d, const char *member_step, const char *member_run) {
+    fsc_ckpt_writer *w;
+    assert_int_equal(fsc_ckpt_begin(d, 8, &w), FSC_OK);
+    float x[2] = {1, 2};
+    fsc_tensor t = fsc_tensor_1d(x, FSC_DTYPE_F32, 2);
+    const char *names[] = {"x"};
+    const char *meta[] = {"format", "pt", "fsc.step", member_step, "fsc.run", member_run, NULL};
+    assert_int_equal(fsc_st_save(fsc_ckpt_member(w, "model.safetensors"), 1, names, &t, meta),
+                     FSC_OK);
+    assert_int_equal(fsc_ckpt_set(w, "run", "\"a\""), FSC_OK);
+    return fsc_ckpt_commit(w);
+}
+
+/* Each member's own record of its step (and the state pairs) must agree with
+ * state.json: a member of another checkpoint is refused, naming it. */
+static void test_member_step_agrees(void **state) {
+    (void)state;
+    fsc_ckpt *c;
+    assert_int_equal(save_with_member(tmp("mem-ok"), "8", "\"a\""), FSC_OK);
+    assert_int_equal(fsc_ckpt_open(tmp("mem-ok"), &c), FSC_OK);
+    assert_int_equal(fsc_ckpt_step(c), 8);
+    fsc_ckpt_close(c);
+    assert_int_equal(save_with_member(tmp("mem-step"), "5", "\"a\""), FSC_OK);
+    assert_int_equal(fsc_ckpt_open(tmp("mem-step"), &c), FSC_ERR_FORMAT);
+    assert_non_null(
+        strstr(fsc_last_error(), "model.safetensors records step 5 but state.json says step 8"));
+    assert_int_equal(save_with_member(tmp("mem-run"), "8", "\"b\""), FSC_OK);
+    assert_int_equal(fsc_ckpt_open(tmp("mem-run"), &c), FSC_ERR_FORMAT);
+    assert_non_null(strstr(fsc_last_error(), "model.safetensors records fsc.run = \"b\""));
+}
+
+/* A member that is a FIFO (open would block, reads would wait) or a link to
+ * /dev/zero (reads never end) is refused at once; alarm() turns a regression
+ * into a failure instead of a hang. */
+static void test_special_files_refused(void **state) {
+    (void)state;
+    const char *d = strdup(tmp("special")), *m = strdup(tmp("special/step-000001/model.bin"));
+    assert_int_equal(save_in(d, 1, "w1", 0), FSC_OK);
+    alarm(20);
+    fsc_ckpt *c;
+    unlink(m);
+    assert_int_equal(mkfifo(m, 0666), 0);
+    assert_int_equal(fsc_ckpt_open(d, &c), FSC_ERR_FORMAT);
+    assert_non_null(strstr(fsc_last_error(), "model.bin: is a FIFO, not a regular file"));
+    unlink(m);
+    assert_int_equal(symlink("/dev/zero", m), 0);
+    assert_int_equal(fsc_ckpt_open(d, &c), FSC_ERR_FORMAT);
+    assert_non_null(strstr(fsc_last_error(), "model.bin: is a symbolic link"));
+    unlink(m);
+    const char *sj = tmp("special/step-000001/state.json");
+    unlink(sj);
+    assert_int_equal(mkfifo(sj, 0666), 0);
+    assert_int_not_equal(fsc_ckpt_open(d, &c), FSC_OK);
+    assert_non_null(strstr(fsc_last_error(), "state.json: is a FIFO"));
+    alarm(0);
+    free((void *)d), free((void *)m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip_and_latest),
         cmocka_unit_test(test_damage_is_refused),
         cmocka_unit_test(test_abort_keeps_previous),
+        cmocka_unit_test(test_kill_at_every_commit_point),
+        cmocka_unit_test(test_newer_incomplete_set_aside),
+        cmocka_unit_test(test_stale_temporaries),
+        cmocka_unit_test(test_keep_last),
+        cmocka_unit_test(test_state_integrity),
+        cmocka_unit_test(test_special_files_refused),
+        cmocka_unit_test(test_member_step_agrees),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

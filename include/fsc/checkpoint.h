@@ -3,12 +3,17 @@
  *
  * A checkpoint of step S lives in DIR/step-<S>/ (S zero-padded to six digits:
  * "step-000120"): the files the caller writes (weights, optimizer state, ...)
- * and state.json, which records caller metadata plus each file's size and
- * CRC-32. It is written under a temporary
- * name, every file and the directory are fsync'ed, then it is renamed into
- * place and DIR/latest (a one-line file naming it) is replaced atomically. A
- * crash at any point leaves the previous checkpoint and `latest` intact.
- * Opening verifies sizes and checksums before anything is used.
+ * and state.json, which records caller metadata, each file's size and
+ * CRC-32, and its own CRC-32 (its last member, "state_crc32"). It is written
+ * under a hidden temporary name with an unpredictable part, every file and
+ * the directory are fsync'ed, then it is renamed into place, DIR is fsync'ed,
+ * and DIR/latest (a one-line file naming it) is replaced atomically and DIR
+ * fsync'ed again. A crash at any point leaves a directory from which
+ * fsc_ckpt_open finds the newest complete checkpoint: the previous one, or
+ * the new one when it was renamed into place before `latest` moved. The next
+ * writer removes temporaries whose writer (a pid on this host) is gone.
+ * Opening verifies sizes and checksums before anything is used; a state.json
+ * without its own checksum (written before it existed) still opens.
  */
 #ifndef FSC_CHECKPOINT_H
 #define FSC_CHECKPOINT_H
@@ -32,20 +37,38 @@ FSC_API const char *fsc_ckpt_member(fsc_ckpt_writer *w, const char *name);
 /* Records metadata: value is a JSON value as text ("12", "\"adamw\"", "{...}");
  * a later call with the same key replaces it. FSC_ERR_INVALID if it is not JSON. */
 FSC_API int fsc_ckpt_set(fsc_ckpt_writer *w, const char *key, const char *json_value);
-/* Checksums every member, writes state.json, makes it durable and current.
- * Frees w whatever the outcome; on failure nothing visible has changed.
- * FSC_ERR_IO if step `step` already exists there (never overwritten). */
+/* After the commit, keep only the n newest step directories up to this one
+ * (older ones are removed, never following links); 0, the default, keeps all.
+ * FSC_ERR_INVALID for n < 0. */
+FSC_API int fsc_ckpt_keep_last(fsc_ckpt_writer *w, int n);
+/* Checksums every member, writes state.json, makes it durable and current,
+ * then prunes (fsc_ckpt_keep_last). Frees w whatever the outcome; on failure
+ * before the rename nothing visible has changed. FSC_ERR_IO if step `step` is
+ * the one DIR/latest names (never overwritten); a step-<S> directory that
+ * `latest` does not name is moved aside to step-<S>.aside-<random>, with a
+ * warning, and the new one written. */
 FSC_API int fsc_ckpt_commit(fsc_ckpt_writer *w);
 /* Discards the partial checkpoint and frees w. Accepts NULL. */
 FSC_API void fsc_ckpt_abort(fsc_ckpt_writer *w);
+/* Removes stale temporaries of dead writers in dir and keeps only the
+ * keep_last newest step directories up to the one DIR/latest names (0 keeps
+ * all). FSC_OK when dir holds no checkpoint; FSC_ERR_INVALID for a NULL dir
+ * or keep_last < 0; FSC_ERR_FORMAT for an unreadable `latest`. */
+FSC_API int fsc_ckpt_prune(const char *dir, int keep_last);
 
 typedef struct fsc_ckpt fsc_ckpt;
 
-/* Opens DIR/latest's checkpoint (or dir itself if it is a step directory) and
- * verifies every member's size and CRC-32; a torn or altered checkpoint is
- * refused with a message naming the file. FSC_ERR_NOT_FOUND when there is no
- * checkpoint, FSC_ERR_FORMAT for a bad state.json. The caller owns *out
- * (fsc_ckpt_close). dir and out must not be NULL. */
+/* Opens the newest complete checkpoint of dir (or dir itself if it is a step
+ * directory) and verifies state.json (its own checksum, numbers in range, no
+ * trailing bytes, step equal to the directory's) and every member's size and
+ * CRC-32; a torn or altered checkpoint is refused with a message naming the
+ * file. The newest is DIR/latest's, unless a step directory newer than it
+ * verifies (a save cut short before `latest` moved): that one is adopted
+ * with a warning, and newer ones that do not verify are skipped with one.
+ * Special files (FIFOs, devices) and symbolic links are refused, never read.
+ * FSC_ERR_NOT_FOUND when there is no checkpoint, FSC_ERR_FORMAT for a bad
+ * state.json or `latest`. The caller owns *out (fsc_ckpt_close). dir and out
+ * must not be NULL. */
 FSC_API int fsc_ckpt_open(const char *dir, fsc_ckpt **out);
 /* Frees c and every string it returned. Accepts NULL. */
 FSC_API void fsc_ckpt_close(fsc_ckpt *c);

@@ -11,7 +11,10 @@
  *                 factor on all of a model's gradients would be invisible
  *                 to Adam and to a biting clip, so the fault is not one);
  *   SHARD_OFFSET  a shard is placed one element off (OSS: the shared
- *                 parameters; FSDP: the last rank's gathered shard). */
+ *                 parameters; FSDP: the last rank's gathered shard);
+ *   CKPT_KILL     "ckpt-kill:K": the process dies by SIGKILL at commit
+ *                 point K of a checkpoint save (fsc_fault_ckpt_point), so a
+ *                 test can crash a save at every step and resume after. */
 #ifndef FSC_CORE_FAULT_H
 #define FSC_CORE_FAULT_H
 
@@ -22,12 +25,31 @@ typedef enum {
     FSC_FAULT_DROP_GRAD,
     FSC_FAULT_REDUCE_TWICE,
     FSC_FAULT_SHARD_OFFSET,
+    FSC_FAULT_CKPT_KILL,
 } fsc_fault;
+
+/* The commit points of a checkpoint save (src/io/checkpoint.c), in order.
+ * Each is a place where a crash leaves the directory in a different state. */
+enum {
+    FSC_CKPT_POINT_COMMIT = 1,              /* members written in the temporary directory */
+    FSC_CKPT_POINT_STATE_TORN,              /* state.json half written */
+    FSC_CKPT_POINT_STATE_SYNCED,            /* state.json complete and fsynced */
+    FSC_CKPT_POINT_TMP_SYNCED,              /* the temporary directory fsynced, not renamed */
+    FSC_CKPT_POINT_RENAMED,                 /* step-N renamed into place, dir not yet fsynced */
+    FSC_CKPT_POINT_DIR_SYNCED,              /* ... and the directory fsynced; latest still old */
+    FSC_CKPT_POINT_LATEST_TMP,              /* the new latest written under a temporary name */
+    FSC_CKPT_POINT_LATEST,                  /* latest renamed into place, dir not yet fsynced */
+    FSC_CKPT_POINT_DURABLE,                 /* ... and the directory fsynced; nothing pruned */
+    FSC_CKPT_POINT_PRUNE_ASIDE,             /* an old step-N renamed to a hidden name */
+    FSC_CKPT_POINT_PRUNED,                  /* ... and removed */
+    FSC_CKPT_POINTS = FSC_CKPT_POINT_PRUNED /* how many there are */
+};
 
 extern fsc_fault fsc_fault_active;
 
 /* Sets the fault from its name ("drop-grad", "reduce-twice", "shard-offset",
- * "" or NULL for none); returns false for an unknown name. */
+ * "ckpt-kill:K" with 1 <= K <= FSC_CKPT_POINTS, "" or NULL for none);
+ * returns false for an unknown name. */
 bool fsc_fault_set(const char *name);
 
 static inline bool fsc_fault_is(fsc_fault f) {
@@ -37,5 +59,9 @@ static inline bool fsc_fault_is(fsc_fault f) {
 /* For REDUCE_TWICE: true on every other call while it is on (each rank makes
  * the same calls, so ranks agree). */
 bool fsc_fault_fires(fsc_fault f);
+
+/* Called by the checkpoint writer at commit point k: under "ckpt-kill:k" the
+ * process dies there (SIGKILL: no handler, no flush, no atexit). */
+void fsc_fault_ckpt_point(int k);
 
 #endif

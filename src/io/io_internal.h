@@ -1,7 +1,10 @@
-/* Internal helpers of the io floor: whole-range reads and atomic file writes.
+/* Internal helpers of the io floor: guarded opens, whole-range reads, atomic
+ * file writes, unpredictable temporary names and link-safe removal.
  *
- * An atomic file is written to `path.tmp.<pid>` and only renamed over `path`
- * after fflush + fsync succeed, so a failed save never damages an old file.
+ * An atomic file is written to `path.tmp.<pid>.<random>` (created with
+ * O_EXCL|O_NOFOLLOW) and only renamed over `path` after fflush + fsync
+ * succeed, then the directory is fsynced: a failed save never damages an old
+ * file, and a finished one survives a power cut.
  */
 #ifndef FSC_IO_INTERNAL_H
 #define FSC_IO_INTERNAL_H
@@ -25,8 +28,29 @@ void fsc_atomic_abort(fsc_atomic_file *af);
 
 /* Reads exactly nbytes at offset (retrying short reads); FSC_ERR_IO naming path. */
 int fsc_pread_full(int fd, void *dst, size_t nbytes, uint64_t offset, const char *path);
-/* Opens path read-only and reports its size; FSC_ERR_IO naming path on failure. */
+/* Opens path read-only and reports its size; FSC_ERR_IO naming path on failure.
+ * Opened with O_NONBLOCK (a FIFO cannot block) and refused unless fstat says
+ * it is a regular file (FIFOs, devices, directories: named in the message). */
 int fsc_open_read(const char *path, int *fd, uint64_t *size);
+/* fsc_open_read that also refuses a symbolic link as the last component: for
+ * files fsc wrote itself (checkpoint members, state.json, latest). */
+int fsc_open_read_nofollow(const char *path, int *fd, uint64_t *size);
+
+/* n (<= 63) random characters [a-z0-9] and a NUL into out. */
+void fsc_random_name(char *out, size_t n);
+/* Creates a new file prefix+<random> with O_EXCL|O_NOFOLLOW (retrying on a
+ * clash); its name goes to out, the descriptor (write-only) to *fd. */
+int fsc_create_unique(const char *prefix, char *out, size_t cap, int *fd);
+/* Creates a new directory prefix+<random>; its name goes to out. */
+int fsc_mkdir_unique(const char *prefix, char *out, size_t cap);
+/* fsync of a directory (its entries: renames, creations) and of path's parent. */
+int fsc_fsync_dir(const char *path);
+int fsc_fsync_parent(const char *path);
+/* Removes name in dirfd, or path: a file or a link is unlinked (never
+ * followed), a directory emptied the same way and removed. shown names the
+ * tree in messages. A missing entry is not an error. */
+int fsc_remove_tree_at(int dirfd, const char *name, const char *shown);
+int fsc_remove_tree(const char *path);
 
 /* llm.c token shards: checks magic, version and count against the file size. */
 int fsc_shard_probe(const char *path, int64_t *count);

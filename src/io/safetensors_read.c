@@ -4,6 +4,10 @@
  * real size, so a lying header is an error message, never a huge allocation.
  * The index (names, dtypes, shapes, absolute offsets) is built once at open;
  * tensor data is read on demand with pread, which is safe from many threads.
+ * Before the header is read whole, a streaming scan prices its parse (JSON
+ * nodes and strings): a header whose parse would cost more than its own size
+ * plus PARSE_SLACK, or pass FSC_MEM_LIMIT_MB, is refused at the first block
+ * that shows it, so opening costs at most 2x the header bytes + 16 MiB.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -76,6 +80,82 @@ static int cmp_entry_offset(const void *a, const void *b) {
 
 /* ---- header ---------------------------------------------------------------- */
 
+/* What parsing costs, over-estimated: a cJSON node (64 bytes, 80 with the
+ * allocator's overhead) and its share of the index (entries, name slots); a
+ * string's two copies (cJSON's and ours) with their overhead, per string and
+ * per byte. Every quoted string is priced as a node too. */
+#define NODE_COST 96u
+#define STRING_COST 64u
+#define PARSE_SLACK ((uint64_t)15 << 20) /* + the scan block: 2x header + 16 MiB */
+#define SCAN_BLOCK (1 << 16)
+
+typedef struct {
+    uint64_t nodes, strings, bytes;
+    int in_string, escape, in_scalar;
+} scan_state;
+
+static void scan_block(scan_state *s, const unsigned char *p, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = p[i];
+        if (s->in_string) {
+            if (s->escape)
+                s->escape = 0;
+            else if (c == '\\')
+                s->escape = 1;
+            else if (c == '"')
+                s->in_string = 0;
+            s->bytes++;
+        } else if (c == '"') {
+            s->in_string = 1, s->in_scalar = 0;
+            s->strings++, s->nodes++;
+        } else if (c == '{' || c == '[') {
+            s->nodes++, s->in_scalar = 0;
+        } else if ((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+                   c == '-' || c == '+' || c == '.') {
+            if (!s->in_scalar) s->nodes++, s->in_scalar = 1;
+        } else {
+            s->in_scalar = 0;
+        }
+    }
+}
+
+static uint64_t scan_cost(const scan_state *s) {
+    return s->nodes * NODE_COST + s->strings * STRING_COST + 2 * s->bytes;
+}
+
+/* Streams the n header bytes once, pricing their parse; refuses a header
+ * whose parse would cost more than n + PARSE_SLACK or pass the budget. */
+static int check_parse_cost(fsc_st_file *f, uint64_t n) {
+    const uint64_t cap = n + PARSE_SLACK;
+    const size_t limit = fsc_mem_get_limit(), now = fsc_mem_current_total();
+    unsigned char *buf = malloc(SCAN_BLOCK);
+    if (!buf) return fsc_error(FSC_ERR_NOMEM, "%s: out of memory", f->path);
+    scan_state s = {0};
+    int rc = FSC_OK;
+    for (uint64_t at = 0; at < n && !rc;) {
+        size_t m = n - at < SCAN_BLOCK ? (size_t)(n - at) : SCAN_BLOCK;
+        rc = fsc_pread_full(f->fd, buf, m, 8 + at, f->path);
+        if (rc) break;
+        scan_block(&s, buf, m);
+        at += m;
+        uint64_t cost = scan_cost(&s);
+        if (cost > cap)
+            rc = fsc_error(FSC_ERR_FORMAT,
+                           "%s: header of %llu bytes is too dense to parse: its first %llu bytes "
+                           "hold %llu JSON values, which would take more than %llu bytes "
+                           "(the bound is the header's size + 15 MiB)",
+                           f->path, (unsigned long long)n, (unsigned long long)at,
+                           (unsigned long long)s.nodes, (unsigned long long)cap);
+        else if (limit && (uint64_t)now + n + cost > limit)
+            rc = fsc_error(FSC_ERR_NOMEM,
+                           "%s: reading its header (%llu bytes, parsing at least %llu more) would "
+                           "pass the memory budget of %zu bytes (FSC_MEM_LIMIT_MB; %zu in use)",
+                           f->path, (unsigned long long)n, (unsigned long long)cost, limit, now);
+    }
+    free(buf);
+    return rc;
+}
+
 /* Reads and bounds-checks the header; *json is malloc'd and NUL-terminated. */
 static int read_header(fsc_st_file *f, uint64_t size, char **json, size_t *len) {
     const char *p = f->path;
@@ -99,6 +179,8 @@ static int read_header(fsc_st_file *f, uint64_t size, char **json, size_t *len) 
                          "%s: header length %llu is larger than the file (%llu bytes after the "
                          "length)",
                          p, (unsigned long long)n, (unsigned long long)(size - 8));
+    int rc2 = check_parse_cost(f, n);
+    if (rc2) return rc2;
     char *buf = malloc((size_t)n + 1);
     if (!buf)
         return fsc_error(FSC_ERR_NOMEM, "%s: no memory for a %llu-byte header", p,
