@@ -95,6 +95,13 @@ FSC_API void fsc_dropout_forward(float *out, const float *inp, float p, uint64_t
 /* The same mask and scale applied to dout: same p, key and rows as forward. */
 FSC_API void fsc_dropout_backward(float *dinp, const float *dout, float p, uint64_t key,
                                   int64_t first_row, int64_t rows, int64_t row_len);
+/* Dropout on a slice of every row, for tensors sharded along a row (sequence
+ * parallelism): memory holds `rows` runs of len elements, run r being elements
+ * [e0, e0+len) of global row first_row + r. Each element gets exactly the
+ * mask and scale fsc_dropout_forward gives it in the whole row, so forward
+ * and backward are this one call. out may equal inp. */
+FSC_API void fsc_dropout_slice(float *out, const float *inp, float p, uint64_t key,
+                               int64_t first_row, int64_t rows, int64_t e0, int64_t len);
 
 /* ---- softmax and attention ------------------------------------------------- */
 /* Row-wise softmax over (N,V). */

@@ -265,6 +265,11 @@ FSC_API fsc_module *fsc_relu_new(const char *name); /* ReLU */
  * x must have a leading batch dim; rows are numbered from ctx->sample0. p in [0, 1).
  * A training forward with p > 0 needs ctx->keyed (FSC_ERR_INVALID otherwise). */
 FSC_API fsc_module *fsc_dropout_new(const char *name, float p, uint32_t layer_id);
+/* The Philox key a Dropout with this layer_id draws its masks from at ctx's
+ * seed and step (element e of sample row g: fsc_dropout_forward's counter
+ * (g, e / 4)), for layers that apply the same masks to shards of the tensor
+ * (tensor/sequence parallelism). ctx must not be NULL. */
+FSC_API uint64_t fsc_dropout_key(const fsc_ctx *ctx, uint32_t layer_id);
 /* Sequential: y = f_n(...f_1(x)). Takes ownership of the children given, even
  * on failure (they are freed then). */
 FSC_API fsc_module *fsc_sequential_new(const char *name, int n, fsc_module **children);

@@ -49,6 +49,22 @@ void fsc_dropout_backward(float *dinp, const float *dout, float p, uint64_t key,
     dropout_apply(dinp, dout, p, key, first_row, rows, row_len);
 }
 
+void fsc_dropout_slice(float *out, const float *inp, float p, uint64_t key, int64_t first_row,
+                       int64_t rows, int64_t e0, int64_t len) {
+    float keep_scale = 1.0f / (1.0f - p);
+#pragma omp parallel for if (rows * len >= PAR_MIN) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *x = inp + r * len;
+        float *y = out + r * len;
+        for (int64_t i = 0; i < len;) { /* one Philox call per group of 4 elements */
+            int64_t e = e0 + i;
+            fsc_philox_out bits = fsc_philox4x32(key, (uint64_t)(first_row + r), (uint64_t)(e / 4));
+            for (int j = (int)(e % 4); j < 4 && i < len; j++, i++)
+                y[i] = fsc_rng_uniform(bits.v[j]) >= p ? x[i] * keep_scale : 0.f;
+        }
+    }
+}
+
 double fsc_sumsq(const float *x, int64_t n) {
     double total = 0;
 #pragma omp parallel for reduction(+ : total) if (n >= PAR_MIN) schedule(static)

@@ -16,7 +16,7 @@ typedef struct {
     uint32_t layer_id;
 } dropout;
 
-static uint64_t dropout_key(const fsc_ctx *ctx, uint32_t layer_id) {
+uint64_t fsc_dropout_key(const fsc_ctx *ctx, uint32_t layer_id) {
     return fsc_rng_key_ints(ctx->seed, 0xD20Full << 32 | layer_id, (uint64_t)ctx->step);
 }
 
@@ -44,8 +44,8 @@ static int dropout_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *
     int rc = fsc_alloc_like(ctx->arena, x, x->shape[x->ndim - 1], y);
     if (rc) return rc;
     int64_t rows = x->shape[0];
-    fsc_dropout_forward(y->data, x->data, d->p, dropout_key(ctx, d->layer_id), ctx->sample0, rows,
-                        fsc_tensor_numel(x) / rows);
+    fsc_dropout_forward(y->data, x->data, d->p, fsc_dropout_key(ctx, d->layer_id), ctx->sample0,
+                        rows, fsc_tensor_numel(x) / rows);
     return FSC_OK;
 }
 
@@ -61,7 +61,7 @@ static int dropout_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, cons
     int rc = fsc_alloc_like(ctx->arena, dy, dy->shape[dy->ndim - 1], dx);
     if (rc) return rc;
     int64_t rows = dy->shape[0];
-    fsc_dropout_backward(dx->data, dy->data, d->p, dropout_key(ctx, d->layer_id), ctx->sample0,
+    fsc_dropout_backward(dx->data, dy->data, d->p, fsc_dropout_key(ctx, d->layer_id), ctx->sample0,
                          rows, fsc_tensor_numel(dy) / rows);
     return FSC_OK;
 }

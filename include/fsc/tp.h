@@ -1,0 +1,199 @@
+/* fsc tensor parallelism (Megatron-LM / fairscale.nn.model_parallel): layers
+ * whose weights are split over a tensor-parallel (TP) group, and a GPT built
+ * from them.
+ *
+ * The one idea: a shard is a slice of the one-process tensor. Every sharded
+ * parameter keeps its global Hugging Face name ("h.0.attn.c_attn.weight"),
+ * is initialised from (seed, global name, GLOBAL element index) and saved
+ * and loaded by global name, so a TP shard equals the slice of the
+ * one-process weight bit for bit. Dropout masks are keyed by the global
+ * (sample, element), never by TP rank, so TP = 1 and TP = t draw the same
+ * masks and a TP run can be checked against one process.
+ *
+ * Communication lives in four conjugate operations (src/parallel/tp_regions.c):
+ *   copy      forward identity,    backward all-reduce  (Megatron's f)
+ *   reduce    forward all-reduce,  backward identity    (Megatron's g)
+ *   gather    forward all-gather,  backward reduce-scatter  (sequence)
+ *   scatter   forward reduce-scatter, backward all-gather   (sequence)
+ * A column-parallel linear enters a TP region (copy, or gather under sequence
+ * parallelism); a row-parallel linear leaves it (reduce, or scatter).
+ *
+ * Sequence parallelism (Korthikanti et al. 2022): outside the TP regions
+ * (LayerNorm, dropout, residual adds) activations are split along the
+ * sequence: rank r holds tokens [r*T/t, (r+1)*T/t) of every sample, a
+ * (B, T/t, C) tensor, so T must be divisible by t. Parameters used there are
+ * replicated but see only a shard of the tokens; their gradients are summed
+ * over the TP group inside backward, once per micro-batch, so gradients of
+ * replicated parameters are equal on every TP rank (bitwise) whether or not
+ * sequence parallelism is on.
+ *
+ * Vocabulary padding rule: rank r holds rows [r*Vp, (r+1)*Vp) of the
+ * vocabulary, Vp = ceil(V/t). Rows at or past V (on the last rank or ranks)
+ * are padding: zero, never drawn from the RNG, excluded from the softmax,
+ * never saved or loaded; their gradients stay zero, so AdamW keeps them zero.
+ *
+ * TP modules follow the module contract of fsc/nn.h (saved-state records,
+ * +=-accumulated gradients, hooks, activation checkpointing). Bind their
+ * parameters with fsc_tp_params_bind, which initialises shards as slices.
+ * Every rank of the TP group must make the same calls in the same order
+ * (forward, backward, recompute): each layer issues collectives.
+ */
+#ifndef FSC_TP_H
+#define FSC_TP_H
+
+#include "fsc/dist.h"
+#include "fsc/gpt.h"
+#include "fsc/nn.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Options shared by every TP layer; zero fields are the defaults. */
+typedef struct fsc_tp_options {
+    fsc_group *group;       /* the TP group (borrowed; must outlive the modules);
+                               NULL: fsc_group_self(), i.e. t = 1 */
+    bool sequence_parallel; /* activations outside TP regions are sequence shards */
+} fsc_tp_options;
+
+/* ---- the vocabulary padding rule --------------------------------------------- */
+/* Rank `rank` of `t` holds vocabulary rows [*first, *first + *count) of V,
+ * padded to *padded = ceil(V/t) rows locally (*count <= *padded; may be 0).
+ * Any out pointer may be NULL. FSC_ERR_INVALID for V < 1, t < 1 or a rank
+ * outside [0, t). */
+FSC_API int fsc_tp_vocab_range(int V, int t, int rank, int *first, int *count, int *padded);
+
+/* ---- layers --------------------------------------------------------------------- */
+/* Each returns NULL (error set) on bad configuration (sizes not divisible by
+ * the TP size, NULL tp); tp is copied. The caller owns the module, as for the
+ * built-in modules of fsc/nn.h. Parameter names and layouts are the
+ * one-process module's (fsc_linear_new), shapes are the local slices. */
+
+/* Column-parallel linear: weight split on the output dimension (out % t == 0;
+ * rank r computes outputs [r*out/t, (r+1)*out/t), bias likewise). Input
+ * (..., in) replicated over the group, or, with sequence parallelism, a
+ * (B, T/t, in) sequence shard that forward all-gathers. Output (..., out/t),
+ * or all of (..., out) with gather_output (FairScale's option: forward
+ * all-gathers the last dim, backward keeps this rank's part). */
+FSC_API fsc_module *fsc_tp_column_linear_new(const char *name, int in, int out, bool bias,
+                                             fsc_weight_layout layout, float init_std,
+                                             bool gather_output, const fsc_tp_options *tp);
+/* Row-parallel linear: weight split on the input dimension (in % t == 0).
+ * Input (..., in/t), this rank's part, when input_is_parallel (FairScale's
+ * option); else (..., in) replicated, which forward splits. Output (..., out)
+ * summed over the group (all-reduce), or, with sequence parallelism, the
+ * (B, T/t, out) sequence shard of the sum (reduce-scatter); the bias (whole
+ * on every rank) is added after the sum. */
+FSC_API fsc_module *fsc_tp_row_linear_new(const char *name, int in, int out, bool bias,
+                                          fsc_weight_layout layout, float init_std,
+                                          bool input_is_parallel, const fsc_tp_options *tp);
+/* Vocab-parallel embedding: int32 (B,T) ids -> (B,T,dim) (all-reduced), or
+ * the (B,T/t,dim) sequence shard (reduce-scattered). Table rows split by the
+ * padding rule (local weight (ceil(num/t), dim)); ids outside this rank's rows
+ * contribute zero. An id outside [0, num) is FSC_ERR_INVALID. */
+FSC_API fsc_module *fsc_tp_embedding_new(const char *name, int num, int dim, float init_std,
+                                         const fsc_tp_options *tp);
+/* LayerNorm (fsc_layernorm_new) for activations outside TP regions: with
+ * sequence parallelism it sees a shard of the tokens, and backward sums its
+ * weight and bias gradients over the group before accumulating them. */
+FSC_API fsc_module *fsc_tp_layernorm_new(const char *name, int dim, float eps,
+                                         const fsc_tp_options *tp);
+/* Dropout (fsc_dropout_new) on (B,T,C) activations, or on their (B,T/t,C)
+ * sequence shard, drawing the masks of the whole tensor: element (b,t,c) is
+ * dropped as the one-process layer drops it. */
+FSC_API fsc_module *fsc_tp_dropout_new(const char *name, float p, uint32_t layer_id,
+                                       const fsc_tp_options *tp);
+/* Causal self-attention (fsc_attention_new's names and init) with heads
+ * split over the group (NH % t == 0): c_attn column-parallel, holding the
+ * q, k and v columns of this rank's heads; c_proj row-parallel; residual
+ * dropout. Input and output (B,T,C), or (B,T/t,C) shards under sequence
+ * parallelism. */
+FSC_API fsc_module *fsc_tp_attention_new(const char *name, int C, int NH, float dropout,
+                                         uint32_t layer_id, float init_std, float proj_std,
+                                         const fsc_tp_options *tp);
+/* MLP (fsc_mlp_new's names): c_fc column-parallel (4C/t outputs), GELU on
+ * the local part, c_proj row-parallel, dropout. Shapes as attention's. */
+FSC_API fsc_module *fsc_tp_mlp_new(const char *name, int C, float dropout, uint32_t layer_id,
+                                   float init_std, float proj_std, const fsc_tp_options *tp);
+/* Pre-LN block (fsc_block_new's names, init and dropout keys) of TP layers. */
+FSC_API fsc_module *fsc_tp_block_new(const char *name, int C, int NH, float dropout,
+                                     uint32_t layer_id, int n_layers, const fsc_tp_options *tp);
+
+/* ---- loss --------------------------------------------------------------------- */
+/* Vocab-parallel cross-entropy: logits (..., Vp) f32 hold this rank's rows of
+ * the vocabulary by the padding rule for `vocab` over the group (Vp =
+ * ceil(vocab/t)); the logits are never gathered: one all-reduce MAX of the row
+ * maxima and one all-reduce SUM of the target logit and the sum of exps.
+ * Otherwise as fsc_cross_entropy: mean over the GLOBAL non-ignored targets
+ * (norm), logits overwritten by d(loss)/d(logits) (zero in pad columns),
+ * *loss_out the same on every rank. Errors as fsc_cross_entropy's (checked
+ * on every rank alike: targets are replicated), FSC_ERR_SHAPE also for a last
+ * dim other than Vp. g NULL means fsc_group_self(). */
+FSC_API int fsc_tp_cross_entropy(float *loss_out, fsc_tensor *logits, const fsc_tensor *targets,
+                                 int vocab, int ignore_index, double norm, fsc_group *g,
+                                 fsc_arena *arena);
+
+/* ---- GPT ------------------------------------------------------------------------ */
+/* The GPT of fsc_gpt_new (same config, same global parameter names, the same
+ * initial weights slice for slice), built of TP layers over tp->group:
+ * wte vocab-parallel (also the tied head), blocks of fsc_tp_block_new, ln_f.
+ * cfg->heads, 4*d_model and d_model must be divisible by t. Forward takes
+ * int32 (B,T) ids and yields this rank's logits (B,T,ceil(V/t)), input of
+ * fsc_tp_cross_entropy; under sequence parallelism T must be divisible by t.
+ * NULL (error set) on a bad config. The caller owns the tree. */
+FSC_API fsc_module *fsc_tp_gpt_new(const fsc_gpt_config *cfg, const fsc_tp_options *tp);
+/* fsc_gpt_train_micro for a TP GPT: forward, vocab-parallel cross-entropy,
+ * backward (+=). *loss is the same on every rank. Errors as
+ * fsc_gpt_train_micro's; FSC_ERR_INVALID for a module fsc_tp_gpt_new did not
+ * make. */
+FSC_API int fsc_tp_gpt_train_micro(fsc_module *gpt, const fsc_ctx *ctx, const int32_t *x,
+                                   const int32_t *y, int B, int T, int ignore_index, double norm,
+                                   float *loss);
+/* fsc_gpt_eval_loss for a TP GPT (forward only). */
+FSC_API int fsc_tp_gpt_eval_loss(fsc_module *gpt, const fsc_ctx *ctx, const int32_t *x,
+                                 const int32_t *y, int B, int T, int ignore_index, float *loss);
+
+/* ---- parameters ------------------------------------------------------------------ */
+/* fsc_params_bind for a tree of TP (and plain) modules: then every sharded
+ * parameter is initialised as its slice of the global tensor, from (seed,
+ * global name, global element index); padding rows are zero. Errors as
+ * fsc_params_bind. */
+FSC_API int fsc_tp_params_bind(fsc_module *root, uint64_t seed, bool with_grads, fsc_params *out);
+/* fsc_params_init_values for such a tree (ps bound over root): slices again. */
+FSC_API void fsc_tp_params_init_values(fsc_module *root, fsc_params *ps, uint64_t seed);
+/* True when ps entry i (bound over root) is split over the TP group, false
+ * when every TP rank holds all of it (a plain module's parameter counts as
+ * replicated). */
+FSC_API bool fsc_tp_param_is_sharded(fsc_module *root, const fsc_params *ps, int i);
+/* The global gradient 2-norm of a TP model: squares of sharded gradients
+ * summed over group g, replicated ones counted once (they are equal on every
+ * TP rank after backward). The same value on every rank of g. FSC_ERR_INVALID
+ * for NULL arguments or unbound gradients; dist errors from the collective. */
+FSC_API int fsc_tp_grad_norm(fsc_module *root, const fsc_params *ps, fsc_group *g, float *norm);
+/* fsc_clip_grad_norm with fsc_tp_grad_norm's norm: scales this rank's
+ * gradients by max_norm / (norm + 1e-6) when that is < 1. *total_norm (may
+ * be NULL) receives the norm. Errors as the two. */
+FSC_API int fsc_tp_clip_grad_norm(fsc_module *root, const fsc_params *ps, fsc_group *g,
+                                  float max_norm, float *total_norm);
+
+/* ---- weights by global name ------------------------------------------------------- */
+/* Writes the whole model as the one-process fsc_weights_save would (same
+ * names, global shapes, order and metadata, so the same bytes): rank 0 of g
+ * writes the header and replicated tensors, every rank writes its own slices
+ * in place, and the file appears at `path` only once all are written
+ * (atomic as fsc_weights_save). Collective over g; every rank returns the
+ * same status. */
+FSC_API int fsc_tp_weights_save(const char *path, fsc_module *root, const fsc_params *ps,
+                                fsc_group *g, int n_meta, const char *const *keys,
+                                const char *const *values);
+/* Reads this rank's slice of every parameter (and replicated ones whole) from
+ * a file of global tensors (F32, BF16 or F16), as fsc_weights_load does for
+ * one process: checked first (present, global shape), nothing changed on
+ * error. Padding rows are set to zero. Not collective. *n_unused as
+ * fsc_weights_load's (may be NULL). */
+FSC_API int fsc_tp_weights_load(const char *path, fsc_module *root, fsc_params *ps, int *n_unused);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,207 @@
+/* Tensor-parallel transformer pieces: attention with heads split over the
+ * group, the MLP (column -> GELU -> row) and the pre-LN block, with the
+ * one-process modules' child names, initialisation and dropout keys.
+ *
+ * Attention: c_attn is column-parallel over 3C outputs laid out [q | k | v];
+ * rank r holds the q, k and v columns of its heads, i.e. three blocks of
+ * C/t columns (its shard record says blocks = 3), so the local qkv is
+ * [q_r | k_r | v_r] and the one-process attention kernel runs on it with
+ * C/t channels and NH/t heads. c_proj is row-parallel on those channels. */
+#include <math.h>
+#include <string.h>
+
+#include "../nn/layers_internal.h"
+#include "tp_internal.h"
+
+/* ---- attention ------------------------------------------------------------------- */
+typedef struct {
+    tp_module tp;
+    int C, NH; /* global sizes */
+    fsc_module *c_attn, *c_proj, *drop;
+} tp_attention;
+
+typedef struct {
+    void *c_attn, *c_proj, *drop;
+    fsc_tensor qkv; /* (B, T, 3C/t): the whole sequence */
+    float *att;
+} tp_attn_saved;
+
+static int attn_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, fsc_tensor *y,
+                        void **saved) {
+    tp_attention *a = (tp_attention *)m;
+    if (x->ndim != 3 || x->dtype != FSC_DTYPE_F32 || x->shape[2] != a->C)
+        return tp_shape_error(m, "expected f32 (B, T, C) input (T/t under sequence parallelism)",
+                              x);
+    tp_attn_saved *s = fsc_arena_alloc(ctx->arena, sizeof *s);
+    if (!s) return FSC_ERR_NOMEM;
+    int rc = fsc_module_forward(a->c_attn, ctx, x, &s->qkv, &s->c_attn);
+    if (rc) return rc;
+    int B = (int)s->qkv.shape[0], T = (int)s->qkv.shape[1];
+    int Cl = a->C / a->tp.size, NHl = a->NH / a->tp.size;
+    fsc_tensor h;
+    s->att = fsc_arena_alloc(ctx->arena, (size_t)B * NHl * T * T * sizeof(float));
+    rc = s->att ? fsc_alloc_like(ctx->arena, &s->qkv, Cl, &h) : FSC_ERR_NOMEM;
+    if (rc) return rc;
+    fsc_attention_forward(h.data, s->att, s->qkv.data, B, T, Cl, NHl);
+    fsc_tensor p;
+    rc = fsc_module_forward(a->c_proj, ctx, &h, &p, &s->c_proj);
+    if (!rc) rc = fsc_module_forward(a->drop, ctx, &p, y, &s->drop);
+    *saved = s;
+    return rc;
+}
+
+static int attn_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fsc_tensor *dy,
+                         fsc_tensor *dx) {
+    tp_attention *a = (tp_attention *)m;
+    tp_attn_saved *s = saved;
+    int rc = fsc_check_saved(m, saved);
+    if (rc) return rc;
+    int B = (int)s->qkv.shape[0], T = (int)s->qkv.shape[1];
+    int Cl = a->C / a->tp.size, NHl = a->NH / a->tp.size;
+    int64_t S = a->tp.sp ? T / a->tp.size : T;
+    if ((rc = fsc_module_check_dy(m, dy, 3, (int64_t[]){B, S, a->C}))) return rc;
+    fsc_tensor dp, dh, dqkv;
+    rc = fsc_module_backward(a->drop, ctx, s->drop, dy, &dp);
+    if (!rc) rc = fsc_module_backward(a->c_proj, ctx, s->c_proj, &dp, &dh);
+    if (!rc) rc = fsc_alloc_like(ctx->arena, &s->qkv, 3 * Cl, &dqkv);
+    if (rc) return rc;
+    fsc_attention_backward(dqkv.data, dh.data, s->qkv.data, s->att, B, T, Cl, NHl);
+    return fsc_module_backward(a->c_attn, ctx, s->c_attn, &dqkv, dx);
+}
+
+static const fsc_module_ops attn_ops = {TP_KIND_ATTENTION, attn_forward, attn_backward, NULL};
+
+fsc_module *fsc_tp_attention_new(const char *name, int C, int NH, float dropout, uint32_t layer_id,
+                                 float init_std, float proj_std, const fsc_tp_options *tp) {
+    tp_attention *a = tp_module_alloc(sizeof *a, &attn_ops, name, tp);
+    if (!a) return NULL;
+    int t = a->tp.size;
+    if (C <= 0 || NH <= 0 || C % NH || NH % t) {
+        fsc_error(FSC_ERR_INVALID,
+                  "%s %s: %d heads must divide d_model %d and be divisible by the "
+                  "tensor-parallel size %d",
+                  TP_KIND_ATTENTION, name ? name : "", NH, C, t);
+        fsc_module_free(&a->tp.base);
+        return NULL;
+    }
+    a->C = C, a->NH = NH;
+    a->c_attn =
+        fsc_tp_column_linear_new("c_attn", C, 3 * C, true, FSC_WEIGHT_IN_OUT, init_std, false, tp);
+    a->c_proj = fsc_tp_row_linear_new("c_proj", C, C, true, FSC_WEIGHT_IN_OUT, proj_std, true, tp);
+    a->drop = fsc_tp_dropout_new("resid_dropout", dropout, layer_id, tp);
+    if (a->c_attn) { /* this rank's q, k and v columns: three blocks of C/t */
+        tp_module *ca = tp_module_of(a->c_attn);
+        for (int i = 0; i < 2; i++) ca->shard[i].blocks = 3, ca->shard[i].local_block = C / t;
+    }
+    if (!a->c_attn || !a->c_proj || !a->drop || fsc_module_add_child(&a->tp.base, a->c_attn) ||
+        fsc_module_add_child(&a->tp.base, a->c_proj) ||
+        fsc_module_add_child(&a->tp.base, a->drop)) {
+        /* adopted children go with the parent; the rest are freed here */
+        fsc_module *kids[3] = {a->c_attn, a->c_proj, a->drop};
+        for (int i = a->tp.base.nchildren; i < 3; i++) fsc_module_free(kids[i]);
+        fsc_module_free(&a->tp.base);
+        return NULL;
+    }
+    return &a->tp.base;
+}
+
+/* ---- MLP ---------------------------------------------------------------------------- */
+fsc_module *fsc_tp_mlp_new(const char *name, int C, float dropout, uint32_t layer_id,
+                           float init_std, float proj_std, const fsc_tp_options *tp) {
+    if (C <= 0) {
+        fsc_error(FSC_ERR_INVALID, "tensor-parallel MLP %s: d_model %d must be positive",
+                  name ? name : "", C);
+        return NULL;
+    }
+    fsc_module *parts[4] = {
+        fsc_tp_column_linear_new("c_fc", C, 4 * C, true, FSC_WEIGHT_IN_OUT, init_std, false, tp),
+        fsc_gelu_new("act"),
+        fsc_tp_row_linear_new("c_proj", 4 * C, C, true, FSC_WEIGHT_IN_OUT, proj_std, true, tp),
+        fsc_tp_dropout_new("dropout", dropout, layer_id, tp),
+    };
+    for (int i = 0; i < 4; i++)
+        if (!parts[i]) {
+            for (int j = 0; j < 4; j++) fsc_module_free(parts[j]);
+            return NULL;
+        }
+    return fsc_sequential_new(name, 4, parts);
+}
+
+/* ---- block ----------------------------------------------------------------------------- */
+typedef struct {
+    void *ln_1, *attn, *ln_2, *mlp;
+} tp_block_saved;
+
+enum { LN_1, ATTN, LN_2, MLP };
+
+/* x + attn(ln_1(x)), then + mlp(ln_2(.)): residual adds on whatever the
+ * activations are, whole tensors or sequence shards. */
+static int block_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, fsc_tensor *y,
+                         void **saved) {
+    tp_block_saved *s = fsc_arena_alloc(ctx->arena, sizeof *s);
+    if (!s) return FSC_ERR_NOMEM;
+    fsc_tensor h, a, r, f;
+    int rc = fsc_module_forward(m->children[LN_1], ctx, x, &h, &s->ln_1);
+    if (!rc) rc = fsc_module_forward(m->children[ATTN], ctx, &h, &a, &s->attn);
+    if (!rc) rc = fsc_alloc_like(ctx->arena, x, x->shape[x->ndim - 1], &r);
+    if (rc) return rc;
+    fsc_add(r.data, x->data, a.data, fsc_tensor_numel(x));
+    rc = fsc_module_forward(m->children[LN_2], ctx, &r, &h, &s->ln_2);
+    if (!rc) rc = fsc_module_forward(m->children[MLP], ctx, &h, &f, &s->mlp);
+    if (!rc) rc = fsc_alloc_like(ctx->arena, x, x->shape[x->ndim - 1], y);
+    if (rc) return rc;
+    fsc_add(y->data, r.data, f.data, fsc_tensor_numel(x));
+    *saved = s;
+    return FSC_OK;
+}
+
+static int block_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fsc_tensor *dy,
+                          fsc_tensor *dx) {
+    tp_block_saved *s = saved;
+    int rc = fsc_check_saved(m, saved);
+    if (rc) return rc;
+    int64_t n = fsc_tensor_numel(dy);
+    fsc_tensor dh, dr, da, dln;
+    rc = fsc_module_backward(m->children[MLP], ctx, s->mlp, dy, &dh);
+    if (!rc) rc = fsc_module_backward(m->children[LN_2], ctx, s->ln_2, &dh, &dln);
+    if (!rc) rc = fsc_alloc_like(ctx->arena, dy, dy->shape[dy->ndim - 1], &dr);
+    if (rc) return rc;
+    fsc_add(dr.data, dy->data, dln.data, n);
+    rc = fsc_module_backward(m->children[ATTN], ctx, s->attn, &dr, &da);
+    if (!rc) rc = fsc_module_backward(m->children[LN_1], ctx, s->ln_1, &da, &dln);
+    if (rc) return rc;
+    if (dx) {
+        *dx = dr;
+        fsc_add_inplace(dx->data, dln.data, n);
+    }
+    return FSC_OK;
+}
+
+static const fsc_module_ops block_ops = {TP_KIND_BLOCK, block_forward, block_backward, NULL};
+
+fsc_module *fsc_tp_block_new(const char *name, int C, int NH, float dropout, uint32_t layer_id,
+                             int n_layers, const fsc_tp_options *tp) {
+    if (n_layers <= 0) {
+        fsc_error(FSC_ERR_INVALID, "%s %s: n_layers %d must be positive", TP_KIND_BLOCK,
+                  name ? name : "", n_layers);
+        return NULL;
+    }
+    /* fsc_block_new's init and dropout keys */
+    float std = 0.02f, proj_std = 0.02f / sqrtf(2.0f * (float)n_layers);
+    tp_module *m = tp_module_alloc(sizeof *m, &block_ops, name, tp);
+    fsc_module *parts[4] = {
+        fsc_tp_layernorm_new("ln_1", C, 1e-5f, tp),
+        fsc_tp_attention_new("attn", C, NH, dropout, 2 * layer_id + 1, std, proj_std, tp),
+        fsc_tp_layernorm_new("ln_2", C, 1e-5f, tp),
+        fsc_tp_mlp_new("mlp", C, dropout, 2 * layer_id + 2, std, proj_std, tp),
+    };
+    bool ok = m != NULL;
+    for (int i = 0; i < 4; i++) ok = ok && parts[i];
+    for (int i = 0; ok && i < 4; i++) ok = fsc_module_add_child(&m->base, parts[i]) == FSC_OK;
+    if (!ok) {
+        for (int i = m ? m->base.nchildren : 0; i < 4; i++) fsc_module_free(parts[i]);
+        if (m) fsc_module_free(&m->base);
+        return NULL;
+    }
+    return &m->base;
+}

@@ -1,0 +1,98 @@
+/* Tensor parallelism, shared by src/parallel/tp_*.c (not public).
+ *
+ * Every TP module starts with a tp_module: its group, and for each of its
+ * parameters how the local tensor sits in the global one (tp_shard). The
+ * parameter functions (init, norm, save, load) find TP modules in a tree by
+ * their ops' kind string (pointer identity with the TP_KIND_* below), which
+ * survives activation checkpointing (it copies the ops table, kind included).
+ */
+#ifndef FSC_PARALLEL_TP_INTERNAL_H
+#define FSC_PARALLEL_TP_INTERNAL_H
+
+#include "fsc/tp.h"
+
+#define TP_MAX_PARAMS 2
+
+/* How a local parameter maps to the global tensor. dim < 0: replicated
+ * (local == global). Else dimension `dim` of the global tensor (size
+ * global_dim) is `blocks` equal blocks (QKV: 3), each split over the group
+ * in runs of `local_block` = ceil(global_dim / blocks / t) indices; local
+ * index j is global blk * (global_dim / blocks) + rank * local_block + w
+ * (blk = j / local_block, w = j % local_block), padding where rank *
+ * local_block + w reaches global_dim / blocks. */
+typedef struct tp_shard {
+    int dim;
+    int blocks;
+    int64_t global_dim;
+    int64_t local_block;
+} tp_shard;
+
+typedef struct tp_module {
+    fsc_module base;
+    fsc_group *g;
+    int rank, size;
+    bool sp;
+    tp_shard shard[TP_MAX_PARAMS]; /* by parameter index; zeroed + dim -1 = replicated */
+} tp_module;
+
+extern const char TP_KIND_COLUMN[], TP_KIND_ROW[], TP_KIND_EMBEDDING[], TP_KIND_LAYERNORM[],
+    TP_KIND_DROPOUT[], TP_KIND_ATTENTION[], TP_KIND_BLOCK[], TP_KIND_GPT[];
+
+/* The tp_module of m, or NULL when m is not a TP module. */
+tp_module *tp_module_of(const fsc_module *m);
+
+/* Allocates a zeroed TP module of `size` bytes (first member a tp_module) and
+ * fills its group fields from opt (NULL group: self); every shard replicated. */
+void *tp_module_alloc(size_t size, const fsc_module_ops *ops, const char *name,
+                      const fsc_tp_options *opt);
+
+/* The shard record of parameter p of the tree under root (its TP module in
+ * *owner), or NULL when p is replicated (a plain module's, or unsplit). */
+const tp_shard *tp_param_shard(fsc_module *root, const fsc_param *p, tp_module **owner);
+/* Global index along the sharded dim of local index j, or -1 for padding. */
+int64_t tp_global_index(const tp_module *m, const tp_shard *s, int64_t j);
+
+/* ---- the conjugate communication operations (tp_regions.c) ------------------- */
+/* Sum over the group, in place (n floats). `grad` marks a gradient reduction
+ * that the test-only fault DROP_GRAD may corrupt (the last rank's share lost). */
+int tp_allreduce(const tp_module *m, float *buf, int64_t n, bool grad);
+/* Sequence gather: x (B, T/t, C) shard -> y (B, T, C) (arena); forward of
+ * entering a region under SP, backward of leaving it. */
+int tp_seq_gather(const tp_module *m, fsc_arena *a, const fsc_tensor *x, fsc_tensor *y);
+/* Sequence reduce-scatter: x (B, T, C) partial -> y (B, T/t, C) shard of the
+ * sum over the group (arena). */
+int tp_seq_reduce_scatter(const tp_module *m, fsc_arena *a, const fsc_tensor *x, fsc_tensor *y);
+/* Last-dim gather: x (..., c) -> y (..., c*t) (arena), rank r's part at [r*c, (r+1)*c). */
+int tp_last_gather(const tp_module *m, fsc_arena *a, const fsc_tensor *x, fsc_tensor *y);
+/* Last-dim split: x (..., c*t) -> y (..., c), this rank's part (arena copy). */
+int tp_last_split(const tp_module *m, fsc_arena *a, const fsc_tensor *x, fsc_tensor *y);
+
+/* Entering a TP region (before a column-parallel layer): forward copy (x
+ * itself) or, under SP, sequence gather; backward: all-reduce of dx in place,
+ * or sequence reduce-scatter into a new dx. */
+int tp_enter_forward(const tp_module *m, fsc_arena *a, const fsc_tensor *x, fsc_tensor *y);
+int tp_enter_backward(const tp_module *m, fsc_arena *a, fsc_tensor *dx);
+/* Leaving a TP region (after a row-parallel layer): forward all-reduce in
+ * place (y = x) or, under SP, reduce-scatter into a new y; backward: dy
+ * itself, or under SP its sequence gather. */
+int tp_leave_forward(const tp_module *m, fsc_arena *a, fsc_tensor *x, fsc_tensor *y);
+int tp_leave_backward(const tp_module *m, fsc_arena *a, const fsc_tensor *dy, fsc_tensor *dx);
+
+/* For a replicated parameter whose gradient this rank computed from a shard
+ * of the tokens (SP): `part` holds this micro-batch's n gradient floats;
+ * sums it over the group and adds it to grad. Without SP: grad += part. */
+int tp_accumulate_replicated(const tp_module *m, float *grad, float *part, int64_t n);
+
+/* ---- the vocabulary-parallel pieces shared by the embedding and the GPT ------ */
+/* y (N, C) = local rows of table (padded rows Vp, first row `first`, count
+ * real) for ids, zero for ids outside; then the region exit. */
+void tp_vocab_lookup(float *y, const int32_t *ids, int64_t N, const float *table, int first,
+                     int count, int C);
+/* dtable rows += dy rows of the ids that fall in this rank's range. */
+void tp_vocab_lookup_backward(float *dtable, const float *dy, const int32_t *ids, int64_t N,
+                              int first, int count, int C);
+
+/* Sizes of a TP module for messages ("ColumnParallelLinear h.0.attn.c_attn"). */
+int tp_shape_error(const fsc_module *m, const char *what, const fsc_tensor *x);
+
+#endif

@@ -1,0 +1,362 @@
+/* Tensor-parallel linear layers (column- and row-parallel), and the
+ * LayerNorm and dropout that run outside TP regions (on sequence shards under
+ * sequence parallelism).
+ *
+ * Communication is only the region operations of tp_regions.c: a column
+ * layer enters a region (copy / sequence gather), a row layer leaves it
+ * (reduce / sequence reduce-scatter). Under sequence parallelism a column
+ * layer keeps its input shard, not the gathered input, and gathers it again
+ * in backward (Megatron does the same): activation memory stays a shard's. */
+#include <string.h>
+
+#include "../nn/layers_internal.h"
+#include "tp_internal.h"
+
+/* ---- column-parallel linear ---------------------------------------------------- */
+typedef struct {
+    tp_module tp;
+    int in, out_local;
+    bool bias, gather;
+    fsc_weight_layout layout;
+} column;
+
+static int column_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, fsc_tensor *y,
+                          void **saved) {
+    column *l = (column *)m;
+    int rc = fsc_check_last(m, x, l->in);
+    if (rc) return rc;
+    fsc_tensor yl = *x;
+    if (l->tp.sp) { /* the output is (B, T, out/t) for the gathered T */
+        if (x->ndim != 3) return tp_shape_error(m, "sequence parallel input must be 3-d", x);
+        yl.shape[1] *= l->tp.size;
+    }
+    yl.shape[yl.ndim - 1] = l->out_local;
+    yl.data = fsc_arena_alloc(ctx->arena, fsc_tensor_nbytes(&yl));
+    if (!yl.data) return FSC_ERR_NOMEM;
+    fsc_arena_mark_t mark = fsc_arena_mark(ctx->arena);
+    fsc_tensor xin;
+    rc = tp_enter_forward(&l->tp, ctx->arena, x, &xin);
+    if (rc) return rc;
+    fsc_matmul_forward(yl.data, xin.data, m->params[0].data, l->bias ? m->params[1].data : NULL,
+                       (int)fsc_rows(&xin), l->in, l->out_local, l->layout);
+    fsc_arena_release(ctx->arena, mark); /* the gathered input, if any */
+    rc = l->gather ? tp_last_gather(&l->tp, ctx->arena, &yl, y) : (*y = yl, FSC_OK);
+    return rc ? rc : fsc_save_input(ctx->arena, x, saved);
+}
+
+static int column_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fsc_tensor *dy,
+                           fsc_tensor *dx) {
+    column *l = (column *)m;
+    const fsc_tensor *x = saved;
+    int rc = fsc_check_saved(m, saved);
+    if (rc) return rc;
+    fsc_tensor out = *x;
+    if (l->tp.sp) out.shape[1] *= l->tp.size;
+    if ((rc = fsc_check_dy_like(m, dy, &out, l->gather ? l->out_local * l->tp.size : l->out_local)))
+        return rc;
+    fsc_tensor dyl, dxin = {0}, xin;
+    rc = l->gather ? tp_last_split(&l->tp, ctx->arena, dy, &dyl) : (dyl = *dy, FSC_OK);
+    if (!rc && dx) rc = fsc_alloc_like(ctx->arena, &out, l->in, &dxin);
+    if (rc) return rc;
+    fsc_arena_mark_t mark = fsc_arena_mark(ctx->arena);
+    if ((rc = tp_enter_forward(&l->tp, ctx->arena, x, &xin))) return rc;
+    float *dw = m->params[0].grad, *db = l->bias ? m->params[1].grad : NULL;
+    int N = (int)fsc_rows(&xin);
+    if (ctx->defer) { /* weight gradients at W: the gathered input stays */
+        fsc_matmul_backward(dx ? dxin.data : NULL, NULL, NULL, dyl.data, xin.data,
+                            m->params[0].data, N, l->in, l->out_local, l->layout);
+        rc = fsc_deferred_matmul(ctx->defer, dw, db, dyl.data, xin.data, m->params[0].data, N,
+                                 l->in, l->out_local, (int)l->layout);
+        if (rc) return rc;
+    } else {
+        fsc_matmul_backward(dx ? dxin.data : NULL, dw, db, dyl.data, xin.data, m->params[0].data, N,
+                            l->in, l->out_local, l->layout);
+        fsc_arena_release(ctx->arena, mark);
+    }
+    if (!dx) return FSC_OK;
+    *dx = dxin;
+    return tp_enter_backward(&l->tp, ctx->arena, dx);
+}
+
+static const fsc_module_ops column_ops = {TP_KIND_COLUMN, column_forward, column_backward, NULL};
+
+/* Declares weight (and bias) of a linear split along `split_out` (outputs) or
+ * inputs: the local shapes and their shard records. */
+static int declare_linear(tp_module *t, int in, int out, bool bias, fsc_weight_layout layout,
+                          float init_std, bool split_out) {
+    int t_in = split_out ? in : in / t->size, t_out = split_out ? out / t->size : out;
+    bool in_out = layout == FSC_WEIGHT_IN_OUT;
+    int64_t shape[2] = {in_out ? t_in : t_out, in_out ? t_out : t_in};
+    if (fsc_module_add_param(&t->base, "weight", 2, shape, FSC_INIT_NORMAL, init_std) < 0)
+        return FSC_ERR_INVALID;
+    int wdim = (split_out == in_out) ? 1 : 0; /* the dim of the split size in the weight */
+    t->shard[0] = (tp_shard){wdim, 1, split_out ? out : in, split_out ? t_out : t_in};
+    if (!bias) return FSC_OK;
+    if (fsc_module_add_param(&t->base, "bias", 1, (int64_t[]){split_out ? t_out : out},
+                             FSC_INIT_ZEROS, 0) < 0)
+        return FSC_ERR_INVALID;
+    if (split_out) t->shard[1] = (tp_shard){0, 1, out, t_out};
+    return FSC_OK;
+}
+
+static bool divisible(const char *kind, const char *name, const char *what, int n, int t) {
+    if (n > 0 && t > 0 && n % t == 0) return true;
+    fsc_error(FSC_ERR_INVALID,
+              "%s %s: %s %d must be positive and divisible by the tensor-parallel "
+              "size %d",
+              kind, name ? name : "", what, n, t);
+    return false;
+}
+
+fsc_module *fsc_tp_column_linear_new(const char *name, int in, int out, bool bias,
+                                     fsc_weight_layout layout, float init_std, bool gather_output,
+                                     const fsc_tp_options *tp) {
+    column *l = tp_module_alloc(sizeof *l, &column_ops, name, tp);
+    if (!l) return NULL;
+    if (in <= 0 || !divisible(TP_KIND_COLUMN, name, "out", out, l->tp.size) ||
+        declare_linear(&l->tp, in, out, bias, layout, init_std, true)) {
+        if (in <= 0)
+            fsc_error(FSC_ERR_INVALID, "%s %s: in %d must be positive", TP_KIND_COLUMN,
+                      name ? name : "", in);
+        fsc_module_free(&l->tp.base);
+        return NULL;
+    }
+    l->in = in, l->out_local = out / l->tp.size, l->bias = bias, l->gather = gather_output;
+    l->layout = layout;
+    return &l->tp.base;
+}
+
+/* ---- row-parallel linear -------------------------------------------------------- */
+typedef struct {
+    tp_module tp;
+    int in_local, out;
+    bool bias, input_parallel;
+    fsc_weight_layout layout;
+} row;
+
+static int row_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, fsc_tensor *y,
+                       void **saved) {
+    row *l = (row *)m;
+    int rc = fsc_check_last(m, x, l->input_parallel ? l->in_local : l->in_local * l->tp.size);
+    if (rc) return rc;
+    fsc_tensor xl, part;
+    rc = l->input_parallel ? (xl = *x, FSC_OK) : tp_last_split(&l->tp, ctx->arena, x, &xl);
+    if (!rc) rc = fsc_alloc_like(ctx->arena, &xl, l->out, &part);
+    if (rc) return rc;
+    fsc_matmul_forward(part.data, xl.data, m->params[0].data, NULL, (int)fsc_rows(&xl), l->in_local,
+                       l->out, l->layout);
+    if ((rc = tp_leave_forward(&l->tp, ctx->arena, &part, y))) return rc;
+    if (l->bias) { /* after the sum: the bias is whole on every rank */
+        float *o = y->data;
+        const float *b = m->params[1].data;
+        for (int64_t i = 0, n = fsc_rows(y); i < n; i++) fsc_add_inplace(o + i * l->out, b, l->out);
+    }
+    return fsc_save_input(ctx->arena, &xl, saved);
+}
+
+static int row_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fsc_tensor *dy,
+                        fsc_tensor *dx) {
+    row *l = (row *)m;
+    const fsc_tensor *xl = saved;
+    int rc = fsc_check_saved(m, saved);
+    if (rc) return rc;
+    fsc_tensor out = *xl;
+    if (l->tp.sp) out.shape[1] /= l->tp.size;
+    if ((rc = fsc_check_dy_like(m, dy, &out, l->out))) return rc;
+    if (l->bias) { /* dbias: rows of dy; under SP a shard's rows, summed over the group */
+        int64_t n = fsc_rows(dy);
+        const float *d = dy->data;
+        float *part = m->params[1].grad;
+        if (l->tp.sp && !(part = fsc_arena_calloc(ctx->arena, (size_t)l->out * sizeof(float))))
+            return FSC_ERR_NOMEM;
+        for (int64_t i = 0; i < n; i++) fsc_add_inplace(part, d + i * l->out, l->out);
+        if (l->tp.sp && (rc = tp_accumulate_replicated(&l->tp, m->params[1].grad, part, l->out)))
+            return rc;
+    }
+    fsc_tensor dyf, dxl = {0};
+    if ((rc = tp_leave_backward(&l->tp, ctx->arena, dy, &dyf))) return rc;
+    if (dx && (rc = fsc_alloc_like(ctx->arena, xl, l->in_local, &dxl))) return rc;
+    int N = (int)fsc_rows(xl);
+    if (ctx->defer) {
+        fsc_matmul_backward(dx ? dxl.data : NULL, NULL, NULL, dyf.data, xl->data, m->params[0].data,
+                            N, l->in_local, l->out, l->layout);
+        rc = fsc_deferred_matmul(ctx->defer, m->params[0].grad, NULL, dyf.data, xl->data,
+                                 m->params[0].data, N, l->in_local, l->out, (int)l->layout);
+        if (rc) return rc;
+    } else {
+        fsc_matmul_backward(dx ? dxl.data : NULL, m->params[0].grad, NULL, dyf.data, xl->data,
+                            m->params[0].data, N, l->in_local, l->out, l->layout);
+    }
+    if (!dx) return FSC_OK;
+    if (l->input_parallel) {
+        *dx = dxl;
+        return FSC_OK;
+    }
+    return tp_last_gather(&l->tp, ctx->arena, &dxl, dx);
+}
+
+static const fsc_module_ops row_ops = {TP_KIND_ROW, row_forward, row_backward, NULL};
+
+fsc_module *fsc_tp_row_linear_new(const char *name, int in, int out, bool bias,
+                                  fsc_weight_layout layout, float init_std, bool input_is_parallel,
+                                  const fsc_tp_options *tp) {
+    row *l = tp_module_alloc(sizeof *l, &row_ops, name, tp);
+    if (!l) return NULL;
+    if (out <= 0 || !divisible(TP_KIND_ROW, name, "in", in, l->tp.size) ||
+        declare_linear(&l->tp, in, out, bias, layout, init_std, false)) {
+        if (out <= 0)
+            fsc_error(FSC_ERR_INVALID, "%s %s: out %d must be positive", TP_KIND_ROW,
+                      name ? name : "", out);
+        fsc_module_free(&l->tp.base);
+        return NULL;
+    }
+    l->in_local = in / l->tp.size, l->out = out, l->bias = bias;
+    l->input_parallel = input_is_parallel, l->layout = layout;
+    return &l->tp.base;
+}
+
+/* ---- LayerNorm outside TP regions ------------------------------------------------ */
+typedef struct {
+    tp_module tp;
+    int dim;
+    float eps;
+} tp_ln;
+
+typedef struct {
+    fsc_tensor x;
+    float *mean, *rstd;
+} tp_ln_saved;
+
+static int ln_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, fsc_tensor *y,
+                      void **saved) {
+    tp_ln *l = (tp_ln *)m;
+    int rc = fsc_check_last(m, x, l->dim);
+    if (!rc) rc = fsc_alloc_like(ctx->arena, x, l->dim, y);
+    if (rc) return rc;
+    int64_t n = fsc_rows(x);
+    tp_ln_saved *s = fsc_arena_alloc(ctx->arena, sizeof *s);
+    if (!s) return FSC_ERR_NOMEM;
+    s->x = *x;
+    s->mean = fsc_arena_alloc(ctx->arena, (size_t)n * sizeof(float));
+    s->rstd = fsc_arena_alloc(ctx->arena, (size_t)n * sizeof(float));
+    if (!s->mean || !s->rstd) return FSC_ERR_NOMEM;
+    fsc_layernorm_forward(y->data, s->mean, s->rstd, x->data, m->params[0].data, m->params[1].data,
+                          (int)n, l->dim, l->eps);
+    *saved = s;
+    return FSC_OK;
+}
+
+static int ln_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fsc_tensor *dy,
+                       fsc_tensor *dx) {
+    tp_ln *l = (tp_ln *)m;
+    tp_ln_saved *s = saved;
+    int rc = fsc_check_saved(m, saved);
+    if (!rc) rc = fsc_check_dy_like(m, dy, &s->x, l->dim);
+    if (rc) return rc;
+    fsc_tensor tmp;
+    if (!dx) dx = &tmp;
+    if ((rc = fsc_alloc_like(ctx->arena, &s->x, l->dim, dx))) return rc;
+    float *dw = m->params[0].grad, *db = m->params[1].grad, *part = NULL;
+    if (l->tp.sp) { /* this shard's share, summed over the group below */
+        if (!(part = fsc_arena_calloc(ctx->arena, 2 * (size_t)l->dim * sizeof(float))))
+            return FSC_ERR_NOMEM;
+        dw = part, db = part + l->dim;
+    }
+    fsc_layernorm_backward(dx->data, dw, db, dy->data, s->x.data, m->params[0].data, s->mean,
+                           s->rstd, (int)fsc_rows(&s->x), l->dim);
+    if (!part) return FSC_OK;
+    if ((rc = tp_allreduce(&l->tp, part, 2 * (int64_t)l->dim, true))) return rc;
+    fsc_add_inplace(m->params[0].grad, part, l->dim);
+    fsc_add_inplace(m->params[1].grad, part + l->dim, l->dim);
+    return FSC_OK;
+}
+
+static const fsc_module_ops ln_ops = {TP_KIND_LAYERNORM, ln_forward, ln_backward, NULL};
+
+fsc_module *fsc_tp_layernorm_new(const char *name, int dim, float eps, const fsc_tp_options *tp) {
+    if (dim <= 0) {
+        fsc_error(FSC_ERR_INVALID, "%s %s: dim %d must be positive", TP_KIND_LAYERNORM,
+                  name ? name : "", dim);
+        return NULL;
+    }
+    tp_ln *l = tp_module_alloc(sizeof *l, &ln_ops, name, tp);
+    if (!l) return NULL;
+    l->dim = dim;
+    l->eps = eps > 0 ? eps : 1e-5f;
+    if (fsc_module_add_param(&l->tp.base, "weight", 1, (int64_t[]){dim}, FSC_INIT_ONES, 0) < 0 ||
+        fsc_module_add_param(&l->tp.base, "bias", 1, (int64_t[]){dim}, FSC_INIT_ZEROS, 0) < 0) {
+        fsc_module_free(&l->tp.base);
+        return NULL;
+    }
+    return &l->tp.base;
+}
+
+/* ---- dropout on whole tensors or sequence shards --------------------------------- */
+typedef struct {
+    tp_module tp;
+    float p;
+    uint32_t layer_id;
+} tp_drop;
+
+/* Element (b, t, c) of the whole (B, T, C) tensor is element t*C + c of
+ * sample row sample0 + b; a sequence shard is rank * (T/t) * C onwards. */
+static int drop_apply(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *in, fsc_tensor *out) {
+    tp_drop *d = (tp_drop *)m;
+    if (!ctx->keyed) {
+        char path[FSC_NAME_MAX * 2];
+        return fsc_error(FSC_ERR_INVALID,
+                         "module '%s' (%s, p = %g): training forward with a ctx that is not "
+                         "keyed: set seed, step and sample0 for each micro-batch and ctx.keyed",
+                         fsc_module_path(m, path, sizeof path), m->ops->kind, (double)d->p);
+    }
+    int rc = fsc_alloc_like(ctx->arena, in, in->shape[in->ndim - 1], out);
+    if (rc) return rc;
+    int64_t rows = in->shape[0], len = fsc_tensor_numel(in) / rows;
+    int64_t e0 = d->tp.sp ? (int64_t)d->tp.rank * len : 0;
+    fsc_dropout_slice(out->data, in->data, d->p, fsc_dropout_key(ctx, d->layer_id), ctx->sample0,
+                      rows, e0, len);
+    return FSC_OK;
+}
+
+static int drop_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, fsc_tensor *y,
+                        void **saved) {
+    (void)saved;
+    tp_drop *d = (tp_drop *)m;
+    if (x->dtype != FSC_DTYPE_F32 || x->ndim < 2 || (d->tp.sp && x->ndim != 3))
+        return tp_shape_error(m,
+                              "expected f32 (B, ...) activations, (B, T/t, C) under sequence "
+                              "parallelism",
+                              x);
+    if (!ctx->training || d->p == 0.f) {
+        *y = *x;
+        return FSC_OK;
+    }
+    return drop_apply(m, ctx, x, y);
+}
+
+static int drop_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fsc_tensor *dy,
+                         fsc_tensor *dx) {
+    (void)saved;
+    tp_drop *d = (tp_drop *)m;
+    if (!dx) return FSC_OK;
+    if (!ctx->training || d->p == 0.f) {
+        *dx = *dy;
+        return FSC_OK;
+    }
+    return drop_apply(m, ctx, dy, dx);
+}
+
+static const fsc_module_ops drop_ops = {TP_KIND_DROPOUT, drop_forward, drop_backward, NULL};
+
+fsc_module *fsc_tp_dropout_new(const char *name, float p, uint32_t layer_id,
+                               const fsc_tp_options *tp) {
+    if (!(p >= 0.f && p < 1.f)) {
+        fsc_error(FSC_ERR_INVALID, "%s %s: p = %g must be in [0, 1)", TP_KIND_DROPOUT,
+                  name ? name : "", (double)p);
+        return NULL;
+    }
+    tp_drop *d = tp_module_alloc(sizeof *d, &drop_ops, name, tp);
+    if (!d) return NULL;
+    d->p = p, d->layer_id = layer_id;
+    return &d->tp.base;
+}
