@@ -6,8 +6,12 @@
  * with the parameters of one process on the same global batch within the
  * noise floor of tests/equivalence.h. The activations held at once on each
  * rank are the validator's prediction; a stage whose output is not the
- * planned shape fails on both ends of the message; bad set-ups are refused. */
+ * planned shape fails on both ends of the message; bad set-ups are refused.
+ * Through the trainer, the model-parallel strategies (pipeline with every
+ * data-parallel row between its replicas, tensor parallelism) = one process
+ * too, and their checkpoints resume under other layouts. */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -333,19 +337,35 @@ static int t_gpt_loss(fsc_module *m, const fsc_ctx *ctx, const fsc_micro_batch *
                                d->y + (size_t)mb->row0 * d->T, mb->rows, d->T, -1, mb->norm, loss);
 }
 
+static int t_tp_loss(fsc_module *m, const fsc_ctx *ctx, const fsc_micro_batch *mb, void *user,
+                     float *loss) {
+    tdata *d = user;
+    return fsc_tp_gpt_train_micro(m, ctx, d->x + (size_t)mb->row0 * d->T,
+                                  d->y + (size_t)mb->row0 * d->T, mb->rows, d->T, -1, mb->norm,
+                                  loss);
+}
+
+static fsc_module *make_tp_gpt(void *user, const fsc_tp_options *tp) {
+    return fsc_tp_gpt_new(user, tp);
+}
+
 typedef struct {
     const char *strategy;
     int pp;             /* 0: no pipeline */
+    int tp;             /* 0: no tensor parallelism */
+    bool sp;            /* with tp: sequence parallelism */
     int save_at;        /* > 0: checkpoint after this step and stop */
     const char *resume; /* resume from this checkpoint directory first */
     const char *ckpt;   /* where save_at saves (NULL: <dir>/ckpt) */
+    double *norms;      /* if set: each step's gradient norm (EQ_STEPS entries) */
 } gpt_run;
 
 /* Trains the EQ model EQ_STEPS steps through the trainer (2 micro-batches
  * of the global batch per replica) and returns the saved weights. */
 static float *train_gpt(const gpt_run *c, int64_t *numel) {
     fsc_gpt_config cfg = EQ_MODEL;
-    const int m = 2, dp = world / (c->pp ? c->pp : 1), B = EQ_GLOBAL_BATCH / (dp * m);
+    const int m = 2, dp = world / (c->pp ? c->pp : 1) / (c->tp ? c->tp : 1),
+              B = EQ_GLOBAL_BATCH / (dp * m);
     tdata *d = calloc(1, sizeof *d);
     eq_tokens(&d->tk);
     d->T = cfg.seq;
@@ -367,7 +387,12 @@ static float *train_gpt(const gpt_run *c, int64_t *numel) {
                                                        .stage_user = &cfg,
                                                        .act_ndim = 3,
                                                        .act_shape = {B, cfg.seq, cfg.d_model}};
-    fsc_module *model = c->pp > 1 ? NULL : fsc_gpt_new(&cfg);
+    if (c->tp > 1) {
+        tc.loss = t_tp_loss;
+        tc.strategy.tp = (fsc_tp_strategy_options){
+            .size = c->tp, .sequence_parallel = c->sp, .make_model = make_tp_gpt, .user = &cfg};
+    }
+    fsc_module *model = c->pp > 1 || c->tp > 1 ? NULL : fsc_gpt_new(&cfg);
     fsc_trainer *t = fsc_trainer_new(model, &tc);
     if (!t) fail_msg("%s", fsc_last_error());
     assert_int_equal(fsc_strategy_world(fsc_trainer_strategy(t)), dp);
@@ -379,6 +404,7 @@ static float *train_gpt(const gpt_run *c, int64_t *numel) {
     for (int64_t s = fsc_trainer_get_step(t); s < EQ_STEPS; s++) {
         fsc_step_result r;
         if (fsc_trainer_step(t, &r)) fail_msg("rank %d: %s", rank, fsc_last_error());
+        if (c->norms) c->norms[s] = r.grad_norm;
         if (c->save_at && fsc_trainer_get_step(t) == c->save_at) {
             if (fsc_trainer_save_checkpoint(t, ckpt, 0, NULL, NULL))
                 fail_msg("rank %d: checkpoint: %s", rank, fsc_last_error());
@@ -445,6 +471,36 @@ static void test_trainer_zero_pipeline(void **state) {
     expect_reference("fsdp -> checkpoint -> sdp x pp 2", got, n);
 }
 
+/* Tensor parallelism through the trainer, the data-parallel rows between
+ * its replicas = one process: tp 2 (and 4) as one replica, dp 2 x tp 2 with
+ * and without sequence parallelism. */
+static void test_trainer_tensor_parallel(void **state) {
+    (void)state;
+    if (world % 2) skip();
+    int64_t n;
+    double ref[EQ_STEPS], got_norm[EQ_STEPS];
+    free(train_gpt(&(gpt_run){.strategy = "ddp", .norms = ref}, &n));
+    const char *rows[] = {"ddp", "oss", "sdp"};
+    for (int i = 0; i < 3; i++)
+        for (int sp = 0; sp < 2; sp++) {
+            float *got = train_gpt(
+                &(gpt_run){.strategy = rows[i], .tp = 2, .sp = sp, .norms = got_norm}, &n);
+            char what[64];
+            snprintf(what, sizeof what, "trainer %s x tp 2%s", rows[i], sp ? " (sp)" : "");
+            expect_reference(what, got, n);
+            /* each parameter counted once over the mesh: the one-process norm (counting
+             * replicated ones t times would be off by far more than summation order) */
+            for (int k = 0; k < EQ_STEPS; k++)
+                if (fabs(got_norm[k] - ref[k]) > 1e-5 * ref[k])
+                    fail_msg("%s step %d: gradient norm %.8g, one process %.8g", what, k + 1,
+                             got_norm[k], ref[k]);
+        }
+    if (world == 4) {
+        float *got = train_gpt(&(gpt_run){.strategy = "ddp", .tp = 4, .sp = true}, &n);
+        expect_reference("trainer tp 4 (sp)", got, n);
+    }
+}
+
 static void test_trainer_ddp_pipeline(void **state) {
     (void)state;
     if (world % 2) skip();
@@ -488,6 +544,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_bad_setups),      cmocka_unit_test(test_trainer_ddp_pipeline),
         cmocka_unit_test(test_balance_auto),    cmocka_unit_test(test_pipe_checkpoint),
         cmocka_unit_test(test_trainer_zero_pipeline),
+        cmocka_unit_test(test_trainer_tensor_parallel),
     };
     return mpi_test_finish(cmocka_run_group_tests(tests, setup_dir, teardown_dir));
 }

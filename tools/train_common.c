@@ -102,6 +102,17 @@ static fsc_module *make_replica(void *user) {
     return fsc_gpt_new(user);
 }
 
+/* --tp: the GPT of tensor-parallel layers over the strategy's TP group. */
+static fsc_module *make_tp_model(void *user, const fsc_tp_options *tp) {
+    const train_options *o = user;
+    fsc_module *m = fsc_tp_gpt_new(&o->model, tp);
+    if (m && o->checkpoint_activations && checkpoint_blocks(m)) {
+        fsc_module_free(m);
+        return NULL;
+    }
+    return m;
+}
+
 static fsc_module *make_stage(void *user, int first, int end) {
     return fsc_gpt_stage_new(user, first, end);
 }
@@ -267,6 +278,11 @@ static int strategy_options(trainer *t, fsc_strategy_options *so, fsc_module ***
         so->make_replica = make_replica;
         so->replica_user = &t->opt.model;
     }
+    if (o->tp > 1)
+        so->tp = (fsc_tp_strategy_options){.size = o->tp,
+                                           .sequence_parallel = o->sequence_parallel,
+                                           .make_model = make_tp_model,
+                                           .user = &t->opt};
     return o->pp > 1 ? pipe_options(t, so) : FSC_OK;
 }
 
@@ -280,8 +296,9 @@ static int gpt_loss(fsc_module *m, const fsc_ctx *ctx, const fsc_micro_batch *mb
                     float *loss) {
     const trainer *t = user;
     const int T = t->opt.model.seq;
-    return fsc_gpt_train_micro(m, ctx, t->x + (size_t)mb->row0 * T, t->y + (size_t)mb->row0 * T,
-                               mb->rows, T, -1, mb->norm, loss);
+    const int32_t *x = t->x + (size_t)mb->row0 * T, *y = t->y + (size_t)mb->row0 * T;
+    return t->opt.tp > 1 ? fsc_tp_gpt_train_micro(m, ctx, x, y, mb->rows, T, -1, mb->norm, loss)
+                         : fsc_gpt_train_micro(m, ctx, x, y, mb->rows, T, -1, mb->norm, loss);
 }
 
 /* Under --pp: stage 0 keeps each micro-batch's ids until its backward. */
@@ -374,8 +391,8 @@ int trainer_init(trainer *t, const train_options *o) {
                          o->data, t->tokens.count);
 
     if (o->pp < 1) return fsc_error(FSC_ERR_INVALID, "--pp %d must be >= 1", o->pp);
-    /* under --pp each rank builds only its stages */
-    if (o->pp == 1 && !(t->model = fsc_gpt_new(&o->model))) return FSC_ERR_INVALID;
+    /* under --pp each rank builds only its stages, under --tp the strategy its slices */
+    if (o->pp == 1 && o->tp == 1 && !(t->model = fsc_gpt_new(&o->model))) return FSC_ERR_INVALID;
     if (t->model && o->checkpoint_activations && (rc = checkpoint_blocks(t->model))) return rc;
     if ((rc = make_trainer(t))) return rc;
     if (o->init_from) {

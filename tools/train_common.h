@@ -33,6 +33,8 @@ typedef struct train_options {
     bool accum_no_sync;          /* accumulate full gradients, reduce once */
     bool checkpoint_activations; /* recompute every block in backward */
     int pp;                      /* pipeline stages (1: none) */
+    int tp;                      /* tensor-parallel ranks per replica (1: none) */
+    bool sequence_parallel;      /* with --tp: LayerNorm/dropout regions on sequence shards */
     const char *pipe_schedule;   /* gpipe | 1f1b | interleaved | zb1 */
     int virtual_stages;          /* interleaved: stages per rank */
     const char *balance;         /* layers per stage, "3,6" (NULL: even) */

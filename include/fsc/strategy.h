@@ -27,6 +27,7 @@
 #include "fsc/optim.h"
 #include "fsc/parallel.h"
 #include "fsc/pipe.h"
+#include "fsc/tp.h"
 #include "fsc/zero.h"
 
 #ifdef __cplusplus
@@ -49,6 +50,17 @@ typedef struct fsc_pipe_strategy_options {
     int act_ndim;                   /* the activation between stages, per micro-batch */
     int64_t act_shape[FSC_MAX_DIMS];
 } fsc_pipe_strategy_options;
+
+/* A tensor-parallel dimension (see fsc_strategy_options.tp). */
+typedef struct fsc_tp_strategy_options {
+    int size;               /* ranks per tensor-parallel group; > 1 turns the dimension on */
+    bool sequence_parallel; /* fsc_tp_options.sequence_parallel */
+    /* Makes the model over the TP group it is given (fsc_tp_gpt_new for the
+     * GPT; the options are valid while the strategy lives); fsc_strategy_new's
+     * model is then NULL and the strategy owns what this returns. */
+    fsc_module *(*make_model)(void *user, const fsc_tp_options *tp);
+    void *user;
+} fsc_tp_strategy_options;
 
 /* Zero fields mean the documented default. */
 typedef struct fsc_strategy_options {
@@ -93,6 +105,16 @@ typedef struct fsc_strategy_options {
      * ranks that run it (fsc_pipe_sharding); their own options (buckets,
      * partition, units...) are refused; single and dp refuse a pipeline. */
     fsc_pipe_strategy_options pipe;
+    /* A tensor-parallel dimension (tp.size > 1): groups of tp.size
+     * consecutive ranks (TP fastest in the rank layout) each hold one
+     * replica of the model split by fsc/tp.h's layers, made by
+     * tp.make_model; the size / tp.size replicas are data-parallel under
+     * ddp, oss or sdp (the named row over the ranks with the same TP rank).
+     * The strategy's group, rank and world are then the data-parallel
+     * ones. Gradient clipping counts every parameter once over the whole
+     * mesh; weights are saved and loaded by global name (the one-process
+     * file). Not yet with fsdp, single, dp or a pipeline (refused). */
+    fsc_tp_strategy_options tp;
 } fsc_strategy_options;
 
 /* Communication of the strategy so far (on this rank). */

@@ -209,6 +209,7 @@ fsc_module *fsc_ddp_wrap(fsc_module *child, fsc_params *params, fsc_group *g,
     }
     fsc_module_init(&d->base, &ddp_ops, "ddp");
     d->child = child, d->params = params, d->group = g, d->opt = o;
+    d->base.wraps = child;
     d->hooks = calloc((size_t)count_param_modules(child) + 1, sizeof *d->hooks);
     int rc = d->hooks ? make_buckets(d) : fsc_error(FSC_ERR_NOMEM, "DDP: out of memory");
     if (!rc) rc = add_hooks(d, child);

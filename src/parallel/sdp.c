@@ -558,6 +558,7 @@ fsc_module *fsc_sdp_wrap(fsc_module *child, fsc_params *params, fsc_oss *oss,
         return NULL;
     }
     fsc_module_init(&s->base, &sdp_ops, "sdp");
+    s->base.wraps = child;
     s->child = child, s->params = params, s->oss = oss, s->g = fsc_oss_group(oss);
     s->part = fsc_oss_partition(oss);
     s->rank = fsc_group_rank(s->g);

@@ -207,10 +207,12 @@ static int64_t count_targets(const int32_t *y, int64_t n, int ignore_index) {
 
 static int gpt_loss(fsc_module *m, const fsc_ctx *ctx, const int32_t *x, const int32_t *y, int B,
                     int T, int ignore_index, double norm, float *loss, bool train) {
-    if (!m || m->ops->kind != TP_KIND_GPT || !ctx || !x || !y || !loss)
+    fsc_module *inner = m; /* m may be a wrapper (DDP, ShardedDDP) around the GPT */
+    while (inner && inner->ops->kind != TP_KIND_GPT) inner = inner->wraps;
+    if (!inner || !ctx || !x || !y || !loss)
         return fsc_error(FSC_ERR_INVALID, "TP GPT loss: NULL argument or a module that "
-                                          "fsc_tp_gpt_new did not make");
-    tp_gpt *g = (tp_gpt *)m;
+                                          "fsc_tp_gpt_new did not make (nor wraps)");
+    tp_gpt *g = (tp_gpt *)inner;
     fsc_tensor ids = fsc_tensor_2d((void *)x, FSC_DTYPE_I32, B, T), logits;
     fsc_tensor targets = fsc_tensor_2d((void *)y, FSC_DTYPE_I32, B, T);
     void *saved = NULL;

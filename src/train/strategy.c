@@ -153,12 +153,25 @@ fsc_strategy *fsc_strategy_new(fsc_module *model, const fsc_optim_config *optim,
         fsc_error(FSC_ERR_INVALID, "strategy %s: pipeline options need pipe.stages >= 2", name);
         return NULL;
     }
+    const bool tensor = opt->tp.size > 1;
+    if (tensor && (piped || ops->zero_stage > 2 || !ops->spans_ranks)) {
+        fsc_error(FSC_ERR_INVALID,
+                  "strategy %s: does not run with tensor parallelism%s (ddp, oss and sdp do)",
+                  name, piped ? " and a pipeline together yet" : "");
+        return NULL;
+    }
+    if (!tensor && opt->tp.make_model) {
+        fsc_error(FSC_ERR_INVALID, "strategy %s: tensor-parallel options need tp.size >= 2", name);
+        return NULL;
+    }
     if (piped) ops = &fsc_strategy_pipe;
-    if (!optim || (!model) != piped) {
+    if (!optim || (!model) != (piped || tensor)) {
         fsc_error(FSC_ERR_INVALID, "strategy %s: %s", name,
-                  !optim  ? "optim is NULL"
-                  : piped ? "a pipeline builds its stages itself: pass a NULL model"
-                          : "model is NULL");
+                  !optim   ? "optim is NULL"
+                  : piped  ? "a pipeline builds its stages itself: pass a NULL model"
+                  : tensor ? "tensor parallelism builds the model with tp.make_model: pass a "
+                             "NULL model"
+                           : "model is NULL");
         return NULL;
     }
     fsc_strategy *s = calloc(1, sizeof *s);
@@ -175,7 +188,10 @@ fsc_strategy *fsc_strategy_new(fsc_module *model, const fsc_optim_config *optim,
     s->all = s->group;
     s->rank = fsc_group_rank(s->group);
     s->world = fsc_group_size(s->group);
-    int rc = ops->setup(s, optim); /* a pipeline narrows group, rank, world to its replicas */
+    /* tensor parallelism makes the model and narrows group, rank, world to
+     * the replicas before the row sets up over them */
+    int rc = tensor ? strategy_tp_begin(s, ops) : FSC_OK;
+    if (!rc) rc = s->ops->setup(s, optim); /* a pipeline narrows them to its replicas */
     if (!rc) rc = strategy_collect_ranges(s);
     if (rc) {
         fsc_error_context(rc, "strategy %s: ", name);
@@ -188,6 +204,7 @@ fsc_strategy *fsc_strategy_new(fsc_module *model, const fsc_optim_config *optim,
 void fsc_strategy_free(fsc_strategy *s) {
     if (!s) return;
     s->ops->teardown(s);
+    strategy_tp_end(s);
     free(s->ranges);
     free(s);
 }

@@ -72,9 +72,27 @@ struct fsc_strategy {
     fsc_pipe_schedule *sched;
     fsc_group *pp_group, *dp_group;
     int pipe_zero; /* the named row's ZeRO stage, applied between the replicas */
+    /* tensor parallelism (strategy_tp.c): the TP group (one replica), the
+     * data-parallel group across replicas, the row's operations with TP's
+     * overrides, the options the model was made with (it keeps a pointer),
+     * which optimizer ranges count in the norm on this rank */
+    fsc_group *tp_group, *tp_dp_group;
+    strategy_ops tp_ops;
+    fsc_tp_options tp_options;
+    int row_zero_stage;
+    bool *tp_counted;
     double pipe_wait_s;
     int64_t pipe_messages, dp_allreduces;
 };
+
+/* strategy_tp.c. Before the row's setup: the TP and data-parallel groups,
+ * the model, and s->ops switched to the row's with TP's overrides. */
+int strategy_tp_begin(fsc_strategy *s, const strategy_ops *row);
+/* After the row's teardown: the model and groups. */
+void strategy_tp_end(fsc_strategy *s);
+/* Binds s->model's parameters with gradients into *out (TP shards as
+ * slices of the one-process tensors). */
+int strategy_bind(fsc_strategy *s, fsc_params *out);
 
 /* The rows, defined beside their code. */
 extern const strategy_ops fsc_strategy_single, fsc_strategy_dp, fsc_strategy_ddp, fsc_strategy_oss,

@@ -16,7 +16,7 @@ static size_t bucket_bytes(const fsc_strategy *s) {
 }
 
 static int bind(fsc_strategy *s) {
-    int rc = fsc_params_bind(s->model, s->opt.seed, true, &s->params);
+    int rc = strategy_bind(s, &s->params);
     s->bound = !rc;
     return rc;
 }

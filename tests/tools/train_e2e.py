@@ -128,6 +128,13 @@ def strategies():
         if len(events) != want or {e["tid"] for e in events} != {0, 1}:
             sys.exit(f"FAIL: --trace {sched}: {len(events)} actions on ranks "
                      f"{sorted({e['tid'] for e in events})}, expected {want} on 0 and 1")
+    # tensor parallelism: 2 ranks as one replica (ddp, oss), and dp 2 x tp 2 with sequence
+    # parallelism under sdp
+    for n, strat, extra in ((2, "ddp", ["--batch", "8"]), (2, "oss", ["--batch", "8"]),
+                            (4, "sdp", ["--batch", "4", "--sequence-parallel"])):
+        m = os.path.join(TMP, f"tp{n}{strat}.jsonl")
+        mpiexec(n, *common, *extra, "--strategy", strat, "--tp", "2", "--metrics", m)
+        out[f"{strat} x{n // 2} tp 2 {' '.join(extra[2:])}"] = metrics(m)
     ref = out["single"]
     for name, rows in out.items():
         assert len(rows) == len(ref), name
@@ -144,6 +151,10 @@ def strategies():
     if p.returncode == 0 or "bucket_bytes does not apply under a pipeline" not in p.stderr:
         sys.exit(f"FAIL: --bucket-mb under --pp: {p.returncode} {p.stderr}")
     print("ok  a row's own option under --pp is refused by name")
+    p = mpiexec(2, *common, "--strategy", "fsdp", "--tp", "2", expect_ok=False)
+    if p.returncode == 0 or "does not run with tensor parallelism" not in p.stderr:
+        sys.exit(f"FAIL: fsdp --tp 2: {p.returncode} {p.stderr}")
+    print("ok  --strategy fsdp --tp 2 is refused (not there yet)")
 
 
 def watchdog():

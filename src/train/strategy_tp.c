@@ -1,0 +1,140 @@
+/* The tensor-parallel dimension of a strategy (fsc_strategy_options.tp):
+ * groups of tp.size consecutive ranks each hold one replica of a model made
+ * of fsc/tp.h's layers, and the named data-parallel row (ddp, oss, sdp)
+ * runs unchanged over the ranks that share a TP rank. What the TP layout
+ * changes is taken over here, in a copy of the row's operations: binding
+ * (shards initialised as slices of the one-process tensors), the gradient
+ * norm (each parameter counted once over the mesh), and files (weights by
+ * global name, the one-process file). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "strategy_internal.h"
+
+/* Each optimizer range counts in the norm on one TP rank: sharded ones
+ * everywhere (each holds its slice), replicated ones on TP rank 0. */
+static int mark_counted(fsc_strategy *s) {
+    free(s->tp_counted);
+    s->tp_counted = calloc((size_t)(s->nranges ? s->nranges : 1), sizeof *s->tp_counted);
+    if (!s->tp_counted) return fsc_error(FSC_ERR_NOMEM, "tensor parallel: out of memory");
+    const int tp_rank = fsc_group_rank(s->tp_group);
+    for (int i = 0; i < s->nranges; i++) {
+        int e = 0;
+        while (e < s->params.count && strcmp(s->params.entries[e].name, s->ranges[i].name)) e++;
+        if (e == s->params.count)
+            return fsc_error(FSC_ERR_INVALID, "tensor parallel: no parameter '%s'",
+                             s->ranges[i].name);
+        s->tp_counted[i] = tp_rank == 0 || fsc_tp_param_is_sharded(s->model, &s->params, e);
+    }
+    return FSC_OK;
+}
+
+/* The sum of every rank's figure over g, added in rank order so that every
+ * rank gets the same bits (the dist layer moves doubles as int64 words). */
+static int sum_in_rank_order(fsc_group *g, double local, double *out) {
+    const int n = fsc_group_size(g);
+    int64_t bits, *all = malloc(sizeof *all * (size_t)n);
+    if (!all) return fsc_error(FSC_ERR_NOMEM, "tensor parallel: out of memory");
+    memcpy(&bits, &local, sizeof bits);
+    int rc = fsc_group_allgather(g, &bits, all, 1, FSC_DTYPE_I64);
+    double acc = 0;
+    for (int r = 0; !rc && r < n; r++) {
+        double v;
+        memcpy(&v, &all[r], sizeof v);
+        acc += v;
+    }
+    free(all);
+    *out = acc;
+    return rc;
+}
+
+/* Replicas hold equal gradients (ddp): the norm of one replica's TP group;
+ * sharded optimizer state (oss, sdp): each range is one rank's, so over all. */
+static int tp_clip(fsc_strategy *s, float max_norm, float *total) {
+    if (!s->tp_counted) {
+        int rc = mark_counted(s);
+        if (rc) return rc;
+    }
+    double local = 0;
+    for (int i = 0; i < s->nranges; i++)
+        if (s->tp_counted[i]) local += fsc_grad_norm_sq(&s->ranges[i], 1);
+    double sq;
+    int rc = sum_in_rank_order(s->row_zero_stage ? s->all : s->tp_group, local, &sq);
+    if (rc) return fsc_error_context(rc, "tensor-parallel clip: ");
+    const float norm = (float)sqrt(sq);
+    if (total) *total = norm;
+    return fsc_clip_grads_scale(s->ranges, s->nranges, max_norm, norm);
+}
+
+/* The first replica's TP group writes the one-process file. */
+static int tp_save_weights(fsc_strategy *s, const char *path, int root, int n_meta,
+                           const char *const *keys, const char *const *values) {
+    if (root != 0)
+        return fsc_error(FSC_ERR_INVALID, "tensor parallel: weights are written by rank 0 (not %d)",
+                         root);
+    int rc = s->rank == 0 ? fsc_tp_weights_save(path, s->model, &s->params, s->tp_group, n_meta,
+                                                keys, values)
+                          : FSC_OK;
+    int32_t status = rc;
+    if (s->world > 1 && fsc_group_broadcast(s->group, &status, 1, FSC_DTYPE_I32, 0))
+        return FSC_ERR_MPI;
+    return status && !rc ? fsc_error(status, "tensor parallel: replica 0 could not save") : rc;
+}
+
+static int tp_load_weights(fsc_strategy *s, const char *path, int *n_unused) {
+    return fsc_tp_weights_load(path, s->model, &s->params, n_unused);
+}
+
+static int tp_no_optim_file(fsc_strategy *s, const char *path, int root) {
+    (void)s, (void)root;
+    return fsc_error(FSC_ERR_UNSUPPORTED,
+                     "%s: optimizer state of a tensor-parallel model is not saved by global "
+                     "name yet (weights are: save weights only)",
+                     path ? path : "(root's path)");
+}
+static int tp_no_optim_load(fsc_strategy *s, const char *path) {
+    return tp_no_optim_file(s, path, 0);
+}
+
+int strategy_tp_begin(fsc_strategy *s, const strategy_ops *row) {
+    const fsc_tp_strategy_options *o = &s->opt.tp;
+    const int T = o->size, N = s->world, r = s->rank;
+    if (!o->make_model)
+        return fsc_error(FSC_ERR_INVALID, "tensor parallel: tp.make_model is NULL");
+    if (N % T)
+        return fsc_error(FSC_ERR_INVALID, "%d ranks cannot form tensor-parallel groups of %d", N,
+                         T);
+    /* TP fastest: ranks [T * (r / T), T * (r / T) + T) share a replica */
+    int rc = fsc_group_split(s->group, r / T, r % T, "tp", &s->tp_group);
+    if (!rc) rc = fsc_group_split(s->group, r % T, r / T, "tp-dp", &s->tp_dp_group);
+    if (rc) return rc;
+    s->tp_options = (fsc_tp_options){.group = s->tp_group,
+                                     .sequence_parallel = o->sequence_parallel};
+    if (!(s->model = s->module = o->make_model(o->user, &s->tp_options)))
+        return fsc_error_context(FSC_ERR_INVALID, "tensor parallel: the model: ");
+    s->group = s->tp_dp_group;
+    s->rank = fsc_group_rank(s->group);
+    s->world = fsc_group_size(s->group);
+    s->row_zero_stage = row->zero_stage;
+    s->tp_ops = *row;
+    s->tp_ops.clip = tp_clip;
+    s->tp_ops.save_weights = tp_save_weights;
+    s->tp_ops.load_weights = tp_load_weights;
+    s->tp_ops.save_optim = tp_no_optim_file;
+    s->tp_ops.load_optim = tp_no_optim_load;
+    s->ops = &s->tp_ops;
+    return FSC_OK;
+}
+
+void strategy_tp_end(fsc_strategy *s) {
+    fsc_module_free(s->tp_group ? s->model : NULL);
+    free(s->tp_counted);
+    fsc_group_free(s->tp_group);
+    fsc_group_free(s->tp_dp_group);
+}
+
+int strategy_bind(fsc_strategy *s, fsc_params *out) {
+    return s->tp_group ? fsc_tp_params_bind(s->model, s->opt.seed, true, out)
+                       : fsc_params_bind(s->model, s->opt.seed, true, out);
+}
