@@ -35,9 +35,9 @@ void train_options_default(train_options *o) {
     o->mixed_precision = "fp32";
     o->log_every = 10;
     o->pp = 1;
+    o->tp = 1;
     o->pipe_schedule = "1f1b";
     o->pipe_checkpoint = "never";
-    o->tp = 1;
 }
 
 typedef enum { ARG_INT, ARG_I64, ARG_U64, ARG_DOUBLE, ARG_FLOAT, ARG_STR, ARG_FLAG } arg_kind;
@@ -98,13 +98,13 @@ static const flag flags[] = {
       "oss, sdp or fsdp between them); "
       "--grad-accum M is the pipeline's micro-batch count"),
     F("pipe-schedule", ARG_STR, pipe_schedule, "with --pp: gpipe | 1f1b | interleaved | zb1"),
-    F("virtual", ARG_INT, virtual_stages, "with --pipe-schedule interleaved: stages per rank"),
-    F("balance", ARG_STR, balance,
     F("tp", ARG_INT, tp,
       "tensor-parallel ranks per model replica (adjacent ranks; Megatron's layers): ranks / tp "
       "data-parallel replicas under ddp, oss or sdp"),
     F("sequence-parallel", ARG_FLAG, sequence_parallel,
       "with --tp: LayerNorm, dropout and residuals on sequence shards (less activation memory)"),
+    F("virtual", ARG_INT, virtual_stages, "with --pipe-schedule interleaved: stages per rank"),
+    F("balance", ARG_STR, balance,
       "with --pp: layers per stage, e.g. 3,6 (the GPT has L + 2 layers: embedding, blocks, "
       "head), or auto (each layer timed, the slowest stage made fastest within "
       "FSC_MEM_LIMIT_MB); default even"),
@@ -244,6 +244,11 @@ int train_options_check(const train_options *o) {
     if (!(o->clip >= 0)) return fsc_error(FSC_ERR_INVALID, "--clip %g must be >= 0", o->clip);
     if (o->save_every < 0) return fsc_error(FSC_ERR_INVALID, "--save-every must be >= 0");
     if (o->trace && o->pp < 2) return fsc_error(FSC_ERR_INVALID, "--trace needs --pp >= 2");
+    if (o->tp < 1) return fsc_error(FSC_ERR_INVALID, "--tp %d must be >= 1", o->tp);
+    if (o->tp > 1 && o->pp > 1)
+        return fsc_error(FSC_ERR_INVALID, "--tp with --pp is not there yet (each alone is)");
+    if (o->sequence_parallel && o->tp < 2)
+        return fsc_error(FSC_ERR_INVALID, "--sequence-parallel needs --tp >= 2");
     if (o->save_every > 0 && !o->checkpoint_dir)
         return fsc_error(FSC_ERR_INVALID, "--save-every needs --checkpoint-dir");
     if (o->reshard_after_forward != 0 && o->reshard_after_forward != 1)
@@ -262,11 +267,6 @@ int train_options_check(const train_options *o) {
                          o->strategy, fsc_dist_size());
     int rc2 = check_writable("--save", o->save);
     if (!rc2) rc2 = check_writable("--save-init", o->save_init);
-    if (o->tp < 1) return fsc_error(FSC_ERR_INVALID, "--tp %d must be >= 1", o->tp);
-    if (o->tp > 1 && o->pp > 1)
-        return fsc_error(FSC_ERR_INVALID, "--tp with --pp is not there yet (each alone is)");
-    if (o->sequence_parallel && o->tp < 2)
-        return fsc_error(FSC_ERR_INVALID, "--sequence-parallel needs --tp >= 2");
     if (!rc2) rc2 = check_writable("--metrics", o->metrics);
     return rc2;
 }

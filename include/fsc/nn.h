@@ -130,6 +130,9 @@ struct fsc_module {
      * root and for a child a wrapper holds without adopting (DDP, ShardedDDP).
      * Only names modules in messages (fsc_module_path). */
     fsc_module *parent;
+    /* A wrapper that holds a model without adopting it (DDP, ShardedDDP):
+     * that model, so a caller given the wrapper can reach it; else NULL. */
+    fsc_module *wraps;
 };
 
 /* ---- the contract -------------------------------------------------------- */
@@ -139,9 +142,6 @@ struct fsc_module {
 FSC_API void fsc_module_init(fsc_module *m, const fsc_module_ops *ops, const char *name);
 /* Declares a parameter (name copied, shape[0..ndim) read); returns its index
  * in m->params, or a negative status: FSC_ERR_INVALID for ndim outside
-    /* A wrapper that holds a model without adopting it (DDP, ShardedDDP):
-     * that model, so a caller given the wrapper can reach it; else NULL. */
-    fsc_module *wraps;
  * 1..FSC_MAX_DIMS or a dim <= 0, FSC_ERR_NOMEM. Storage comes later, from
  * fsc_params_bind or a wrapper. */
 FSC_API int fsc_module_add_param(fsc_module *m, const char *name, int ndim, const int64_t *shape,
