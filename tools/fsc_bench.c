@@ -48,12 +48,15 @@ static int random_tokens(int vocab, int64_t n, uint64_t seed, fsc_tokens *out) {
 static const char *mixed_precision = "fp32";
 static bool checkpoint_activations;
 static int pp = 1, chunks = 1, virtual_stages = 0;
+static int tp = 1;                      /* --tp: tensor-parallel ranks per replica */
+static bool sequence_parallel = false; /* --sequence-parallel */
 static const char *pipe_schedule = "1f1b", *balance = NULL;
 
 typedef struct {
     double tok_s, ms_median, gflops, peak, first, last, comm_share;
     int64_t mem[FSC_MEM_TAG_COUNT];    /* this rank's peaks over the whole run */
     int64_t steady[FSC_MEM_TAG_COUNT]; /* ... over the timed steps only */
+    double tp_share; /* --tp: share of the timed steps blocked in TP collectives */
 } bench_result;
 
 /* Trains `steps` timed steps after `warmup` ones under `strategy`. */
@@ -72,6 +75,8 @@ static int measure(const bench_config *c, const char *strategy, int steps, int w
     o.local_in_world = true; /* the baseline runs on rank 0 alone */
     if (fsc_strategy_takes(strategy, "compute_dtype")) o.mixed_precision = mixed_precision;
     o.checkpoint_activations = checkpoint_activations;
+    if (tp > 1 && strcmp(strategy, "single")) /* the baseline stays one process */
+        o.tp = tp, o.sequence_parallel = sequence_parallel;
     if (pp > 1 && strcmp(strategy, "single")) { /* the baseline stays one process */
         o.pp = pp, o.grad_accum = chunks, o.pipe_schedule = pipe_schedule;
         o.virtual_stages = virtual_stages, o.balance = balance;
@@ -92,12 +97,13 @@ static int measure(const bench_config *c, const char *strategy, int steps, int w
     /* BLAS threads the peak measurement uses */
     int cores = fsc_strategy_takes(strategy, "threads") ? 1 : threads;
     double peak = fsc_sgemm_peak_gflops(1024, 5) / cores;
-    double *ms = calloc((size_t)steps, sizeof *ms), elapsed = 0, comm = 0;
+    double *ms = calloc((size_t)steps, sizeof *ms), elapsed = 0, comm = 0, tp_wait0 = 0;
     for (int s = 0; s < warmup + steps && !rc; s++) {
         if (s == warmup) { /* whole-run peaks so far; then the steady state alone */
             for (int tag = 0; tag < FSC_MEM_TAG_COUNT; tag++)
                 out->mem[tag] = (int64_t)fsc_mem_peak((fsc_mem_tag)tag);
             fsc_mem_reset_peaks();
+            tp_wait0 = fsc_strategy_get_stats(t.s).tp_wait_s;
             if (t.world > 1) rc = fsc_group_barrier(fsc_group_world());
         }
         fsc_step_result r;
@@ -117,6 +123,7 @@ static int measure(const bench_config *c, const char *strategy, int steps, int w
         out->gflops = out->tok_s * fsc_gpt_flops_per_token(&o.model, o.model.seq) / 1e9;
         out->peak = peak2 > peak ? peak2 : peak;
         out->comm_share = comm / elapsed;
+        out->tp_share = (fsc_strategy_get_stats(t.s).tp_wait_s - tp_wait0) / elapsed;
         for (int tag = 0; tag < FSC_MEM_TAG_COUNT; tag++) {
             out->steady[tag] = (int64_t)fsc_mem_peak((fsc_mem_tag)tag);
             if (out->steady[tag] > out->mem[tag]) out->mem[tag] = out->steady[tag];
@@ -148,6 +155,10 @@ static void print_result(const bench_config *c, const char *strategy, int ranks,
         printf("\"single_tokens_per_s\": %.1f, \"scaling_efficiency\": %.3f, ", single->tok_s,
                r->tok_s / (workers * single->tok_s));
     if (multi_rank) printf("\"comm_wait_share\": %.4f, ", r->comm_share);
+    if (tp > 1 && multi_rank)
+        printf("\"tp\": %d, \"sequence_parallel\": %s, \"tp_collective_share\": %.4f, "
+               "\"tp_collective_ms_per_step\": %.2f, ",
+               tp, sequence_parallel ? "true" : "false", r->tp_share, r->tp_share * r->ms_median);
     if (pp > 1 && multi_rank && single) {
         /* the pipeline's ideal: every rank busy but for the schedule's bubble */
         fsc_pipe_kind kind;
@@ -169,7 +180,7 @@ static void print_result(const bench_config *c, const char *strategy, int ranks,
     for (int tag = 0; tag < FSC_MEM_TAG_COUNT; tag++)
         printf("%s\"%s\": %" PRId64, tag ? ", " : "", fsc_mem_tag_name((fsc_mem_tag)tag),
                r->steady[tag]);
-    if (stage_mem) { /* a pipeline's ranks hold different stages: each one's steady peaks */
+    if (stage_mem) { /* pipeline or TP ranks hold different parts: each one's steady peaks */
         printf("}, \"steady_peak_mem_by_rank\": [");
         for (int q = 0; q < ranks; q++) {
             printf("%s{", q ? ", " : "");
@@ -206,7 +217,7 @@ static int run(const bench_config *c, const char *strategy, int steps, int warmu
     }
     if (!rc) rc = measure(&wide, strategy, steps, warmup, on_threads ? threads : 1, &r);
     int64_t *stage_mem = NULL; /* --pp: every rank's steady peaks, for rank 0 to print */
-    if (!rc && pp > 1 && info.spans_ranks) {
+    if (!rc && (pp > 1 || tp > 1) && info.spans_ranks) {
         stage_mem = calloc((size_t)world * FSC_MEM_TAG_COUNT, sizeof *stage_mem);
         rc = stage_mem ? fsc_group_allgather(fsc_group_world(), r.steady, stage_mem,
                                              FSC_MEM_TAG_COUNT, FSC_DTYPE_I64)
@@ -281,6 +292,7 @@ int main(int argc, char **argv) {
                    "[--mixed-precision fp32|bf16|fp16] [--checkpoint-activations] [--version]\n"
                    "                 [--pp P --chunks M --pipe-schedule gpipe|1f1b|interleaved "
                    "[--virtual V] [--balance 3,7]]\n"
+                   "                 [--tp T [--sequence-parallel]]\n"
                    "       fsc-bench --blas-info   (the BLAS kernels fsc runs here, one JSON "
                    "line)\n"
                    "  dp and ddp scale weakly: each thread (dp, --threads) or rank (ddp, under "
@@ -290,6 +302,10 @@ int main(int argc, char **argv) {
         }
         if (!strcmp(a, "--checkpoint-activations")) { /* a flag: no value */
             checkpoint_activations = true;
+            continue;
+        }
+        if (!strcmp(a, "--sequence-parallel")) {
+            sequence_parallel = true;
             continue;
         }
         if (!v) {
@@ -310,6 +326,8 @@ int main(int argc, char **argv) {
             mixed_precision = v;
         else if (!strcmp(a, "--pp"))
             pp = atoi(v);
+        else if (!strcmp(a, "--tp"))
+            tp = atoi(v);
         else if (!strcmp(a, "--chunks") || !strcmp(a, "--grad-accum"))
             chunks = atoi(v);
         else if (!strcmp(a, "--pipe-schedule"))
@@ -324,9 +342,9 @@ int main(int argc, char **argv) {
         }
         i++;
     }
-    if (steps < 1 || warmup < 0 || threads < 1 || pp < 1 || chunks < 1) {
-        fprintf(stderr, "fsc-bench: --steps must be >= 1, --warmup >= 0, --threads, --pp and "
-                        "--chunks >= 1\n");
+    if (steps < 1 || warmup < 0 || threads < 1 || pp < 1 || chunks < 1 || tp < 1) {
+        fprintf(stderr, "fsc-bench: --steps must be >= 1, --warmup >= 0, --threads, --pp, --tp "
+                        "and --chunks >= 1\n");
         return 2;
     }
     fsc_strategy_info info;

@@ -124,6 +124,8 @@ typedef struct fsc_strategy_stats {
     int64_t gathers;    /* parameter all-gathers issued (fsdp) */
     int units;          /* fsdp units, 0 otherwise */
     int64_t messages;   /* point-to-point messages sent (a pipeline's activations, gradients) */
+    double tp_wait_s;   /* blocked in tensor-parallel collectives (activations, inside
+                           forward and backward; not in wait_s) */
 } fsc_strategy_stats;
 
 /* What model state a rank holds, by ZeRO's arithmetic: P parameters, K bytes

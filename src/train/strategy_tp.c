@@ -97,6 +97,12 @@ static int tp_no_optim_load(fsc_strategy *s, const char *path) {
     return tp_no_optim_file(s, path, 0);
 }
 
+/* The row's figures, and the TP group's time blocked in its collectives. */
+static void tp_stats(const fsc_strategy *s, fsc_strategy_stats *out) {
+    if (s->tp_row_stats) s->tp_row_stats(s, out);
+    out->tp_wait_s = fsc_group_get_stats(s->tp_group).wait_s;
+}
+
 int strategy_tp_begin(fsc_strategy *s, const strategy_ops *row) {
     const fsc_tp_strategy_options *o = &s->opt.tp;
     const int T = o->size, N = s->world, r = s->rank;
@@ -123,6 +129,8 @@ int strategy_tp_begin(fsc_strategy *s, const strategy_ops *row) {
     s->tp_ops.load_weights = tp_load_weights;
     s->tp_ops.save_optim = tp_no_optim_file;
     s->tp_ops.load_optim = tp_no_optim_load;
+    s->tp_row_stats = row->stats;
+    s->tp_ops.stats = tp_stats;
     s->ops = &s->tp_ops;
     return FSC_OK;
 }
