@@ -44,6 +44,7 @@
 #include "fsc/dist.h"
 #include "fsc/gpt.h"
 #include "fsc/nn.h"
+#include "fsc/optim.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -142,10 +143,11 @@ FSC_API int fsc_tp_cross_entropy(float *loss_out, fsc_tensor *logits, const fsc_
  * fsc_tp_cross_entropy; under sequence parallelism T must be divisible by t.
  * NULL (error set) on a bad config. The caller owns the tree. */
 FSC_API fsc_module *fsc_tp_gpt_new(const fsc_gpt_config *cfg, const fsc_tp_options *tp);
-/* fsc_gpt_train_micro for a TP GPT: forward, vocab-parallel cross-entropy,
- * backward (+=). *loss is the same on every rank. Errors as
+/* fsc_gpt_train_micro for a TP GPT, or a wrapper around one (DDP,
+ * ShardedDDP: found through fsc_module.wraps): forward, vocab-parallel
+ * cross-entropy, backward (+=). *loss is the same on every rank. Errors as
  * fsc_gpt_train_micro's; FSC_ERR_INVALID for a module fsc_tp_gpt_new did not
- * make. */
+ * make (nor wraps). */
 FSC_API int fsc_tp_gpt_train_micro(fsc_module *gpt, const fsc_ctx *ctx, const int32_t *x,
                                    const int32_t *y, int B, int T, int ignore_index, double norm,
                                    float *loss);
@@ -192,6 +194,65 @@ FSC_API int fsc_tp_weights_save(const char *path, fsc_module *root, const fsc_pa
  * error. Padding rows are set to zero. Not collective. *n_unused as
  * fsc_weights_load's (may be NULL). */
 FSC_API int fsc_tp_weights_load(const char *path, fsc_module *root, fsc_params *ps, int *n_unused);
+
+/* ---- optimizer state by global name ------------------------------------------------ */
+/* A TP rank's optimizer runs over contiguous runs of the GLOBAL layout, so
+ * its state is a set of pieces (global parameter, first element, count) of
+ * the one-process state, and saves and loads in the file format of
+ * fsc_oss_save_state (fsc/zero.h): "optim.exp_avg.<global name>" and so on
+ * in global shapes. A TP run's state file then resumes under one process,
+ * DDP, OSS or FSDP, and theirs under any TP size. Stepping over runs is
+ * bitwise the same as stepping whole local tensors (the updates are
+ * element-wise); padding rows have no run (they stay zero either way). An
+ * optimizer over whole local tensors (fsc_optim_ranges_from_params) saves
+ * and loads the same file too; its larger ranges let the update kernels use
+ * threads, where a row-sized run is below their threshold. fsc_tp_grad_norm and
+ * fsc_tp_clip_grad_norm read ps's gradients, never the optimizer's ranges, so clipping is the same
+ * with either. */
+
+/* Optimizer ranges for fsc_optim_new over the TP model root (ps bound over
+ * it with gradients): each sharded parameter one range per run of elements
+ * contiguous both locally and in the global tensor (a weight split along its
+ * last dimension: one per row; QKV: three per row; padding rows: none), each
+ * replicated parameter one range; sorted by entry, then global element. decay
+ * and name as fsc_optim_ranges_from_params (names point into ps). Free with
+ * fsc_optim_ranges_free. FSC_ERR_INVALID for a NULL argument or unbound data
+ * or gradients (*out NULL, *n 0). */
+FSC_API int fsc_tp_optim_ranges(fsc_module *root, const fsc_params *ps, fsc_optim_range **out,
+                                int *n);
+
+/* What saving and loading a TP optimizer's state by global name needs. */
+typedef struct fsc_tp_optim_state fsc_tp_optim_state;
+
+/* The global parameter list (names, global shapes) and every TP rank's pieces
+ * of it, for optim, an optimizer over the runs of fsc_tp_optim_ranges(root,
+ * ps) or over whole local tensors (fsc_optim_ranges_from_params(ps)), in any
+ * order: each piece is found in the range holding its address. g is the TP
+ * group of root's modules. Collective over g (one all-gather of the pieces);
+ * every rank returns NULL (error set) if any rank failed: a NULL argument, a
+ * g of another size or rank than the modules' group, optimizer ranges that
+ * overlap, miss a piece or hold more than ps's parameters. root and ps are
+ * read during the call only; optim and g are borrowed and must outlive the
+ * state. */
+FSC_API fsc_tp_optim_state *fsc_tp_optim_state_new(fsc_module *root, const fsc_params *ps,
+                                                   fsc_optim *optim, fsc_group *g);
+/* Frees what fsc_tp_optim_state_new made (not root, ps, optim or g). Accepts NULL. */
+FSC_API void fsc_tp_optim_state_free(fsc_tp_optim_state *s);
+/* Writes the optimizer's state as one process's fsc_oss_save_state would
+ * (same tensors and global shapes; metadata world = t, policy "tp"): the
+ * group's rank `root` writes `path` (atomically, one tensor in memory at a
+ * time), receiving every sharded element from its owner and replicated
+ * state from TP rank 0 only. path is needed on root only. Collective over g;
+ * every rank returns root's failure too. FSC_ERR_INVALID for a NULL s. */
+FSC_API int fsc_tp_optim_save(fsc_tp_optim_state *s, const char *path, int root);
+/* Reads this rank's pieces (replicated parameters' state whole) and the step
+ * count from a state file of the same model written at any TP size or by any
+ * strategy (fsc_oss_load_state's checks: kind, state kinds, every tensor
+ * present in its global shape, no tensor of another model). Collective over
+ * g: staged, and committed only when every rank has read its pieces, so a
+ * refused or unreadable file changes nothing on any rank. lr and the other
+ * hyper-parameters stay as configured. */
+FSC_API int fsc_tp_optim_load(fsc_tp_optim_state *s, const char *path);
 
 #ifdef __cplusplus
 }

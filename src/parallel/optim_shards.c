@@ -38,6 +38,13 @@ static const char *state_name(const fsc_optim_config *c, int which) {
     return which == 0 ? "exp_avg" : "exp_avg_sq";
 }
 
+/* State `which` of this rank's piece k: where it starts in its local range. */
+static int piece_state(optim_shards *o, int k, int which, float **st) {
+    int rc = fsc_optim_state(o->local, o->local_of_piece ? o->local_of_piece[k] : k, which, st);
+    if (!rc && *st && o->offset_of_piece) *st += o->offset_of_piece[k];
+    return rc;
+}
+
 /* "momentum", "exp_avg,exp_avg_sq" or "" (SGD without momentum). */
 static const char *state_list(const optim_shards *o) {
     return o->K == 0 ? "" : o->K == 1 ? "momentum" : "exp_avg,exp_avg_sq";
@@ -112,7 +119,7 @@ static int move_pieces(optim_shards *o, int r, int *at, int e, int which, int ro
         const fsc_shard_range *s = &p->ranges[r][k];
         if (r == o->rank) {
             float *st;
-            rc = fsc_optim_state(o->local, k, which, &st);
+            rc = piece_state(o, k, which, &st);
             if (rc) break;
             if (r == root)
                 memcpy(buf + s->begin, st, (size_t)s->count * sizeof(float));
@@ -305,8 +312,8 @@ int optim_shards_load(optim_shards *o, const char *path) {
         for (int k = 0; k < o->K && !rc; k++)
             for (int i = 0; i < o->nranges && !rc; i++) {
                 float *st;
-                rc = fsc_optim_state(o->local, i, k, &st);
-                int64_t n = fsc_optim_get_range(o->local, i)->n;
+                rc = piece_state(o, i, k, &st);
+                int64_t n = o->part->ranges[o->rank][i].count;
                 if (!rc && st) memcpy(st, stage + at, (size_t)n * sizeof(float));
                 at += n;
             }

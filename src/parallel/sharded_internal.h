@@ -13,8 +13,10 @@ int sharded_clip_grad_norm(fsc_group *g, const fsc_optim_range *r, int n, float 
 
 /* Optimizer state of ranges sharded over g, by global parameter name (the
  * file format of fsc_oss_save_state). part lists every rank's pieces by
- * entry of ps, in entry order; rank r's list matches its local optimizer's
- * ranges one for one. Save streams to root, which writes; load reads each
+ * entry of ps, in entry order; piece k of this rank is elements
+ * [offset_of_piece[k], + its count) of its local optimizer's range
+ * local_of_piece[k] (both NULL: all of range k, the ranges matching the
+ * pieces one for one). Save streams to root, which writes; load reads each
  * rank's pieces, validated and staged, and commits only if every rank could.
  * Both collective over g. */
 typedef struct optim_shards {
@@ -24,6 +26,13 @@ typedef struct optim_shards {
     fsc_group *g;
     const char *policy; /* written to the metadata: "even", "greedy", "fsdp" */
     const char *who;    /* prefixes error messages */
+    /* optional, for a rank whose pieces are not its ranges one for one (TP:
+     * replicated state saved from one rank only; ranges over whole local
+     * tensors that hold several pieces): this rank's piece index -> local
+     * optimizer range index (NULL: identity), and the piece's first element
+     * within that range (NULL: 0) */
+    const int *local_of_piece;
+    const int64_t *offset_of_piece;
     /* filled in by the calls */
     int rank, world, K, nranges;
     fsc_optim_config cfg;

@@ -52,6 +52,25 @@ const tp_shard *tp_param_shard(fsc_module *root, const fsc_param *p, tp_module *
 /* Global index along the sharded dim of local index j, or -1 for padding. */
 int64_t tp_global_index(const tp_module *m, const tp_shard *s, int64_t j);
 
+/* ---- a local parameter's place in the global tensor (tp_weights.c) ------------ */
+typedef struct tp_placement {
+    const tp_module *t; /* NULL: replicated */
+    const tp_shard *s;  /* NULL: replicated */
+    int64_t gshape[FSC_MAX_DIMS];
+    int64_t gnumel;
+} tp_placement;
+
+/* Parameter p (of the tree under root): its shard record and global shape. */
+tp_placement tp_place(fsc_module *root, const fsc_param *p);
+/* fn(user, local element offset, global flat element offset, count) for every
+ * run of a sharded p: local indices along the split dimension whose global
+ * indices are consecutive, times the contiguous inner dimensions; one outer
+ * index at a time, so runs come in increasing local and global order.
+ * Padding runs come with global -1. pl must be sharded (pl->s non-NULL).
+ * Stops at, and returns, fn's first nonzero status. */
+typedef int (*tp_run_fn)(void *user, int64_t local, int64_t global, int64_t n);
+int tp_for_each_run(const tp_placement *pl, const fsc_param *p, tp_run_fn fn, void *user);
+
 /* ---- the conjugate communication operations (tp_regions.c) ------------------- */
 /* Sum over the group, in place (n floats). `grad` marks a gradient reduction
  * that the test-only fault DROP_GRAD may corrupt (the last rank's share lost). */

@@ -21,16 +21,9 @@
 #include "fsc/weights.h"
 #include "tp_internal.h"
 
-/* One entry's place in the global tensor. */
-typedef struct {
-    const tp_module *t; /* NULL: replicated */
-    const tp_shard *s;
-    int64_t gshape[FSC_MAX_DIMS];
-    int64_t gnumel;
-} placement;
-
-static placement place(fsc_module *root, const fsc_param *p) {
-    placement pl = {0};
+/* ---- placement and runs ---------------------------------------------------------------- */
+tp_placement tp_place(fsc_module *root, const fsc_param *p) {
+    tp_placement pl = {0};
     tp_module *t = NULL;
     pl.s = tp_param_shard(root, p, &t);
     pl.t = t;
@@ -41,12 +34,7 @@ static placement place(fsc_module *root, const fsc_param *p) {
     return pl;
 }
 
-/* Calls fn(local element offset, global element offset, count) for every
- * run of this rank's real (non-padding) elements of p; stops at an error.
- * Padding runs go to fn with a global offset of -1. */
-typedef int (*run_fn)(void *user, int64_t local, int64_t global, int64_t n);
-
-static int for_each_run(const placement *pl, const fsc_param *p, run_fn fn, void *user) {
+int tp_for_each_run(const tp_placement *pl, const fsc_param *p, tp_run_fn fn, void *user) {
     const tp_shard *s = pl->s;
     int64_t outer = 1, inner = 1, L = p->shape[s->dim];
     for (int d = 0; d < s->dim; d++) outer *= p->shape[d];
@@ -82,7 +70,7 @@ static int write_header_file(const char *tmp, fsc_module *root, const fsc_params
     if (!w) return rc;
     for (int i = 0; !rc && i < n_meta; i++) rc = fsc_st_writer_set_metadata(w, keys[i], values[i]);
     for (int i = 0; !rc && i < ps->count; i++) {
-        placement pl = place(root, ps->entries[i].param);
+        tp_placement pl = tp_place(root, ps->entries[i].param);
         rc = fsc_st_writer_declare(w, ps->entries[i].name, FSC_DTYPE_F32,
                                    ps->entries[i].param->ndim, pl.gshape);
     }
@@ -91,7 +79,7 @@ static int write_header_file(const char *tmp, fsc_module *root, const fsc_params
     if (!rc && !zeros) rc = fsc_error(FSC_ERR_NOMEM, "tensor-parallel save: out of memory");
     for (int i = 0; !rc && i < ps->count; i++) {
         const fsc_param *p = ps->entries[i].param;
-        placement pl = place(root, p);
+        tp_placement pl = tp_place(root, p);
         if (!pl.s) {
             fsc_tensor t = fsc_param_tensor(p);
             rc = fsc_st_writer_write_tensor(w, ps->entries[i].name, &t);
@@ -139,7 +127,7 @@ static int write_slices(const char *tmp, fsc_module *root, const fsc_params *ps)
     if (fd < 0) rc = fsc_error(FSC_ERR_IO, "%s: cannot open for writing slices", tmp);
     for (int i = 0; !rc && i < ps->count; i++) {
         const fsc_param *p = ps->entries[i].param;
-        placement pl = place(root, p);
+        tp_placement pl = tp_place(root, p);
         if (!pl.s) continue;
         const fsc_st_entry *e = fsc_st_find(f, ps->entries[i].name);
         if (!e) {
@@ -147,7 +135,7 @@ static int write_slices(const char *tmp, fsc_module *root, const fsc_params *ps)
             break;
         }
         slice_writer sw = {fd, e->offset, p->data, tmp};
-        rc = for_each_run(&pl, p, write_run, &sw);
+        rc = tp_for_each_run(&pl, p, write_run, &sw);
     }
     if (fd >= 0) {
         if (!rc && fsync(fd)) rc = fsc_error(FSC_ERR_IO, "%s: fsync failed", tmp);
@@ -226,7 +214,7 @@ int fsc_tp_weights_load(const char *path, fsc_module *root, fsc_params *ps, int 
     int64_t longest = 0;
     for (int i = 0; !rc && i < ps->count; i++) { /* everything checked before anything is read */
         const fsc_param *p = ps->entries[i].param;
-        placement pl = place(root, p);
+        tp_placement pl = tp_place(root, p);
         rc = check_entry(path, fsc_weights_find(f, ps->entries[i].name), ps->entries[i].name,
                          p->ndim, pl.gshape);
         longest = p->numel > longest ? p->numel : longest;
@@ -235,7 +223,7 @@ int fsc_tp_weights_load(const char *path, fsc_module *root, fsc_params *ps, int 
     if (!rc && !buf) rc = FSC_ERR_NOMEM;
     for (int i = 0; !rc && i < ps->count; i++) {
         fsc_param *p = ps->entries[i].param;
-        placement pl = place(root, p);
+        tp_placement pl = tp_place(root, p);
         const fsc_st_entry *e = fsc_weights_find(f, ps->entries[i].name);
         if (!pl.s) {
             fsc_tensor t = fsc_param_tensor(p);
@@ -243,7 +231,7 @@ int fsc_tp_weights_load(const char *path, fsc_module *root, fsc_params *ps, int 
             continue;
         }
         slice_reader sr = {f, e, p->data, buf};
-        rc = for_each_run(&pl, p, read_run, &sr);
+        rc = tp_for_each_run(&pl, p, read_run, &sr);
     }
     fsc_mem_free(buf);
     if (!rc && n_unused) *n_unused = fsc_st_count(f) > ps->count ? fsc_st_count(f) - ps->count : 0;
