@@ -139,13 +139,27 @@ static int row_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, f
     row *l = (row *)m;
     int rc = fsc_check_last(m, x, l->input_parallel ? l->in_local : l->in_local * l->tp.size);
     if (rc) return rc;
-    fsc_tensor xl, part;
+    fsc_tensor xl, part, shard = {0};
     rc = l->input_parallel ? (xl = *x, FSC_OK) : tp_last_split(&l->tp, ctx->arena, x, &xl);
-    if (!rc) rc = fsc_alloc_like(ctx->arena, &xl, l->out, &part);
     if (rc) return rc;
+    /* Under SP the whole-sequence partial sums are dead once scattered: the
+     * shard is placed first, so they go back to the arena (saving them would
+     * cost the sequence parallelism its memory). */
+    if (l->tp.sp && xl.ndim == 3 && xl.shape[1] % l->tp.size == 0) {
+        shard = fsc_tensor_arena(ctx->arena, FSC_DTYPE_F32, 3,
+                                 (int64_t[]){xl.shape[0], xl.shape[1] / l->tp.size, l->out});
+        if (!shard.data) return FSC_ERR_NOMEM;
+    }
+    fsc_arena_mark_t mark = fsc_arena_mark(ctx->arena);
+    if ((rc = fsc_alloc_like(ctx->arena, &xl, l->out, &part))) return rc;
     fsc_matmul_forward(part.data, xl.data, m->params[0].data, NULL, (int)fsc_rows(&xl), l->in_local,
                        l->out, l->layout);
     if ((rc = tp_leave_forward(&l->tp, ctx->arena, &part, y))) return rc;
+    if (shard.data) {
+        memcpy(shard.data, y->data, fsc_tensor_nbytes(&shard));
+        fsc_arena_release(ctx->arena, mark);
+        *y = shard;
+    }
     if (l->bias) { /* after the sum: the bias is whole on every rank */
         float *o = y->data;
         const float *b = m->params[1].data;
