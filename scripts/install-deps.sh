@@ -11,7 +11,9 @@ packages=(
   zlib1g-dev             # checkpoint checksums (CRC-32)
   libcmocka-dev          # unit tests
   libomp-dev
+  libdnnl2               # oneDNN, dlopened for bf16 GEMMs (no headers needed; absent: sgemm)
   python3 python3-numpy
+  clang libclang-rt-dev  # libFuzzer harnesses (scripts/fuzz.sh; test.sh's fuzz smoke)
 )
 # PyTorch cross-checks (a model saved by fsc evaluated in PyTorch), golden
 # regeneration and the peer benchmark; FSC_NO_TORCH=1 skips it (those tests skip).

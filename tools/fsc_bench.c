@@ -56,8 +56,14 @@ typedef struct {
     double tok_s, ms_median, gflops, peak, first, last, comm_share;
     int64_t mem[FSC_MEM_TAG_COUNT];    /* this rank's peaks over the whole run */
     int64_t steady[FSC_MEM_TAG_COUNT]; /* ... over the timed steps only */
-    double tp_share; /* --tp: share of the timed steps blocked in TP collectives */
+    /* --mixed-precision bf16: bf16 GEMM counters over the timed steps, and
+     * oneDNN's bf16 matmul peak (0 without oneDNN) */
+    fsc_bf16_gemm_stats bf16;
+    double bf16_peak, elapsed; /* elapsed: seconds of the timed steps */
+    double tp_share;           /* --tp: share of the timed steps blocked in TP collectives */
 } bench_result;
+
+static void print_json_string(const char *s);
 
 /* Trains `steps` timed steps after `warmup` ones under `strategy`. */
 static int measure(const bench_config *c, const char *strategy, int steps, int warmup, int threads,
@@ -103,6 +109,7 @@ static int measure(const bench_config *c, const char *strategy, int steps, int w
             for (int tag = 0; tag < FSC_MEM_TAG_COUNT; tag++)
                 out->mem[tag] = (int64_t)fsc_mem_peak((fsc_mem_tag)tag);
             fsc_mem_reset_peaks();
+            fsc_bf16_gemm_reset_stats();
             tp_wait0 = fsc_strategy_get_stats(t.s).tp_wait_s;
             if (t.world > 1) rc = fsc_group_barrier(fsc_group_world());
         }
@@ -114,12 +121,16 @@ static int measure(const bench_config *c, const char *strategy, int steps, int w
         if (s >= warmup)
             ms[s - warmup] = 1e3 * r.seconds, elapsed += r.seconds, comm += r.comm_wait_s;
     }
+    out->bf16 = fsc_bf16_gemm_get_stats();
     double peak2 = fsc_sgemm_peak_gflops(1024, 5) / cores; /* the machine drifts: keep the best */
+    if (!strcmp(mixed_precision, "bf16"))
+        out->bf16_peak = fsc_bf16_gemm_peak_gflops(1024, 5) / cores;
     if (!rc) {
         qsort(ms, (size_t)steps, sizeof *ms, cmp_double);
         double tokens = (double)steps * o.grad_accum * o.batch * o.model.seq * t.world;
         out->tok_s = tokens / elapsed;
         out->ms_median = ms[steps / 2];
+        out->elapsed = elapsed;
         out->gflops = out->tok_s * fsc_gpt_flops_per_token(&o.model, o.model.seq) / 1e9;
         out->peak = peak2 > peak ? peak2 : peak;
         out->comm_share = comm / elapsed;
@@ -170,6 +181,20 @@ static void print_result(const bench_config *c, const char *strategy, int ranks,
                "\"tokens_per_s_vs_ideal\": %.3f, ",
                pp, chunks, fsc_pipe_kind_name(kind), v, bubble, r->comm_share,
                r->tok_s / ((1 - bubble) * ranks * single->tok_s));
+    }
+    if (!strcmp(mixed_precision, "bf16")) { /* where the time went, beside both GEMM peaks */
+        const fsc_bf16_gemm_stats *b = &r->bf16;
+        double timed = r->elapsed;
+        printf("\"bf16_gemm_calls\": %" PRId64 ", \"bf16_fallback_sgemm_calls\": %" PRId64 ", "
+               "\"bf16_gemm_time_share\": %.3f, \"bf16_fallback_time_share\": %.3f, "
+               "\"bf16_gemm_gflops\": %.1f, \"bf16_peak_gflops\": %.1f, "
+               "\"fp32_peak_gflops\": %.1f, \"bf16_gemm\": ",
+               b->calls_bf16, b->calls_f32, timed > 0 ? b->seconds_bf16 / timed : 0,
+               timed > 0 ? b->seconds_f32 / timed : 0,
+               b->seconds_bf16 > 0 ? b->flops_bf16 / b->seconds_bf16 / 1e9 : 0, r->bf16_peak,
+               r->peak);
+        print_json_string(fsc_bf16_gemm_describe());
+        printf(", ");
     }
     printf("\"first_loss\": %.4f, \"last_loss\": %.4f, \"peak_rss_mib\": %.1f, \"peak_mem\": {",
            r->first, r->last, (double)ru.ru_maxrss / 1024.0);

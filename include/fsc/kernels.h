@@ -4,7 +4,9 @@
  * then inputs and weights, then sizes. Backward kernels WRITE the input
  * gradient (dinp = ...) and ACCUMULATE parameter gradients (dweight += ...),
  * so gradient accumulation over micro-batches falls out (DESIGN.md decision 3).
- * Every matmul goes through CBLAS (OpenBLAS, loaded by fsc_blas_init).
+ * Every matmul goes through CBLAS (OpenBLAS, loaded by fsc_blas_init), or,
+ * when a caller asks for bf16 (FSC_GEMM_BF16), through oneDNN's bf16 matmul
+ * where that is measured faster (loaded at run time; see fsc_gemm).
  *
  * Kernels check nothing and return nothing: sizes, non-overlapping buffers of
  * the stated shapes, and non-NULL pointers (except where NULL is allowed) are
@@ -52,6 +54,72 @@ FSC_API void fsc_sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const
  * be allocated. */
 FSC_API double fsc_sgemm_peak_gflops(int n, int reps);
 
+/* ---- bf16 GEMM (autocast) --------------------------------------------------- */
+/* The precision a GEMM's inputs are taken at. Accumulation is always fp32. */
+typedef enum {
+    FSC_GEMM_F32 = 0, /* fsc_sgemm, bit for bit */
+    FSC_GEMM_BF16,    /* A and B rounded to bf16 (nearest even), where measured faster */
+} fsc_gemm_prec;
+
+/* fsc_sgemm's contract, at precision prec. FSC_GEMM_BF16: A and B are
+ * rounded to bf16 and multiplied by oneDNN's matmul with fp32 accumulation
+ * (alpha and beta applied in fp32) when that path is chosen for this shape
+ * (ta, tb, M, N, K, and ldc when alpha = 1 and beta = 0), else the call is
+ * fsc_sgemm on the unrounded inputs. The choice is made on the shape's first
+ * call, under the mode (fsc_bf16_gemm_set_mode, else FSC_BF16_GEMM): off:
+ * always sgemm; on: oneDNN whenever it is loaded and accepts the shape;
+ * auto (default): oneDNN only on a CPU with avx512_bf16 or amx_bf16, and
+ * for a shape only if timing both on that first call finds it faster.
+ * Thread-safe; each thread keeps its packed bf16 operands in FSC_MEM_WORK
+ * buffers, grown to the largest GEMM it ran, for reuse. */
+FSC_API void fsc_gemm(fsc_gemm_prec prec, bool ta, bool tb, int M, int N, int K, float alpha,
+                      const float *A, int lda, const float *B, int ldb, float beta, float *C,
+                      int ldc);
+
+typedef enum {
+    FSC_BF16_GEMM_AUTO = 0, /* measured per shape on a CPU with native bf16 */
+    FSC_BF16_GEMM_ON,       /* oneDNN wherever it runs (emulated bf16 included) */
+    FSC_BF16_GEMM_OFF,      /* sgemm always: FSC_GEMM_BF16 computes as FSC_GEMM_F32 */
+} fsc_bf16_gemm_mode;
+/* The mode: what fsc_bf16_gemm_set_mode set, else FSC_BF16_GEMM from the
+ * environment (off | on | auto, read once; other values log a warning and
+ * mean auto), else auto. */
+FSC_API fsc_bf16_gemm_mode fsc_bf16_gemm_get_mode(void);
+/* Sets the mode for later calls. Shapes keep their primitives and
+ * measurements, so switching back and forth costs nothing. */
+FSC_API void fsc_bf16_gemm_set_mode(fsc_bf16_gemm_mode mode);
+/* Loads oneDNN (libdnnl.so.3 or .so.2) if it is not yet: FSC_OK, or
+ * FSC_ERR_NOT_FOUND saying what is missing. fsc_gemm never needs this call
+ * (it loads lazily and falls back to sgemm); tools call it under bf16 so
+ * that fsc_blas_describe names the library in their start-up line. */
+FSC_API int fsc_bf16_gemm_init(void);
+/* fsc_bf16_gemm_init() == FSC_OK: oneDNN is there to run bf16 GEMMs. */
+FSC_API bool fsc_bf16_gemm_available(void);
+/* One line: which path FSC_GEMM_BF16 calls take and why ("bf16 GEMM:
+ * oneDNN 2.6.3 (libdnnl.so.2) where measured faster than sgemm (auto; CPU
+ * has native bf16): 9 shapes bf16, 4 sgemm, 0 not yet measured"). Also the
+ * tail of fsc_blas_describe. Static per-thread storage. */
+FSC_API const char *fsc_bf16_gemm_describe(void);
+
+/* Counters of the FSC_GEMM_BF16 calls since the last reset: those that ran
+ * in bf16 (oneDNN) and those that fell back to sgemm, with their wall time
+ * (packing and alpha/beta included) and their 2*M*N*K flops. */
+typedef struct fsc_bf16_gemm_stats {
+    int64_t calls_bf16, calls_f32;
+    double seconds_bf16, seconds_f32;
+    double flops_bf16, flops_f32;
+} fsc_bf16_gemm_stats;
+/* A snapshot of the counters (process-wide, all threads). */
+FSC_API fsc_bf16_gemm_stats fsc_bf16_gemm_get_stats(void);
+FSC_API void fsc_bf16_gemm_reset_stats(void); /* zeroes the counters */
+/* Measures oneDNN's bf16 matmul GFLOP/s (inputs already bf16, fp32 out) at
+ * the BLAS thread count on an n x n x n product: the best of reps timed
+ * runs; 0 if oneDNN is absent, refuses the shape, or memory is short. */
+FSC_API double fsc_bf16_gemm_peak_gflops(int n, int reps);
+/* dst[i] = src[i] rounded to bf16 (nearest even, as fsc_f32_to_bf16) and
+ * widened back: the values a bf16 GEMM multiplies. dst may equal src. */
+FSC_API void fsc_round_bf16(float *dst, const float *src, int64_t n);
+
 /* ---- matmul (Linear) ------------------------------------------------------- */
 /* Weight layouts: torch nn.Linear keeps weight as (OC, C); Hugging Face GPT-2's
  * Conv1D keeps it as (C, OC). Both are supported without copies. */
@@ -64,6 +132,16 @@ FSC_API void fsc_matmul_forward(float *out, const float *inp, const float *weigh
 FSC_API void fsc_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                                  const float *inp, const float *weight, int N, int C, int OC,
                                  fsc_weight_layout layout);
+/* fsc_matmul_forward with its GEMM at precision prec (bias added in fp32). */
+FSC_API void fsc_matmul_forward_prec(float *out, const float *inp, const float *weight,
+                                     const float *bias, int N, int C, int OC,
+                                     fsc_weight_layout layout, fsc_gemm_prec prec);
+/* fsc_matmul_backward with both GEMMs (dinp, dweight) at precision prec:
+ * under FSC_GEMM_BF16, dout, inp and weight are rounded to bf16 as GEMM
+ * inputs; dweight accumulates in fp32; dbias is an fp32 sum. */
+FSC_API void fsc_matmul_backward_prec(float *dinp, float *dweight, float *dbias, const float *dout,
+                                      const float *inp, const float *weight, int N, int C, int OC,
+                                      fsc_weight_layout layout, fsc_gemm_prec prec);
 
 /* ---- layernorm ------------------------------------------------------------- */
 /* out, inp are (N,C); mean, rstd are (N) and kept for backward. */
@@ -115,6 +193,14 @@ FSC_API void fsc_attention_forward(float *out, float *att, const float *qkv, int
  * for the call; if that allocation fails, dqkv is zeroed and the error logged. */
 FSC_API void fsc_attention_backward(float *dqkv, const float *dout, const float *qkv,
                                     const float *att, int B, int T, int C, int NH);
+/* fsc_attention_forward with its GEMMs (q k^T, att v) at precision prec; the
+ * softmax and its statistics stay fp32, and att keeps fp32 probabilities. */
+FSC_API void fsc_attention_forward_prec(float *out, float *att, const float *qkv, int B, int T,
+                                        int C, int NH, fsc_gemm_prec prec);
+/* fsc_attention_backward with its four GEMMs at precision prec. */
+FSC_API void fsc_attention_backward_prec(float *dqkv, const float *dout, const float *qkv,
+                                         const float *att, int B, int T, int C, int NH,
+                                         fsc_gemm_prec prec);
 
 /* ---- embedding ------------------------------------------------------------- */
 /* out is (B,T,C) = wte[tokens] + wpe[position]; tokens (B,T) int32. wpe may be NULL. */

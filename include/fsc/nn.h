@@ -55,6 +55,15 @@ typedef struct fsc_ctx {
      * them here for fsc_deferred_run: a zero-bubble pipeline's B and W. The
      * records point into the arena, which must keep them until the run. */
     struct fsc_deferred *defer;
+    /* Autocast, as torch.autocast("cpu", dtype=torch.bfloat16): BF16 takes
+     * the GEMMs of Linear, attention (q k^T, att v) and the GPT's tied LM
+     * head, forward and backward (dx and dW), at bf16-rounded inputs with
+     * fp32 accumulation (fsc_gemm, FSC_GEMM_BF16: oneDNN where measured
+     * faster, else sgemm). LayerNorm, softmax, the loss, activations,
+     * parameters, gradients and optimizer state stay fp32. F32 (0, the
+     * default): fp32 throughout, bit for bit as without this field. Other
+     * dtypes: fsc_module_forward/backward return FSC_ERR_UNSUPPORTED. */
+    fsc_dtype autocast;
 } fsc_ctx;
 
 typedef struct fsc_module fsc_module;
@@ -170,7 +179,8 @@ FSC_API int fsc_module_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tens
  * bound too, after the pre-backward hooks). The built-in modules also
  * refuse a dy that is not F32 in the shape of the output their forward
  * produced, and a NULL saved (FSC_ERR_SHAPE / FSC_ERR_INVALID, see
- * fsc_module_check_dy). */
+ * fsc_module_check_dy). Both refuse a ctx->autocast other than F32 or BF16
+ * (FSC_ERR_UNSUPPORTED). */
 FSC_API int fsc_module_backward(fsc_module *m, const fsc_ctx *ctx, void *saved,
                                 const fsc_tensor *dy, fsc_tensor *dx);
 /* ---- deferred weight gradients (zero-bubble pipelines) ---------------------- */
@@ -184,6 +194,11 @@ FSC_API fsc_deferred *fsc_deferred_new(fsc_arena *a);
 FSC_API int fsc_deferred_matmul(fsc_deferred *d, float *dweight, float *dbias, const float *dout,
                                 const float *inp, const float *weight, int N, int C, int OC,
                                 int layout);
+/* fsc_deferred_matmul whose GEMM runs at precision prec when run (the
+ * autocast of the backward that recorded it). */
+FSC_API int fsc_deferred_matmul_prec(fsc_deferred *d, float *dweight, float *dbias,
+                                     const float *dout, const float *inp, const float *weight,
+                                     int N, int C, int OC, int layout, fsc_gemm_prec prec);
 /* Computes every recorded weight gradient, in the order recorded, and
  * empties the list. d may be NULL (nothing to do). */
 FSC_API void fsc_deferred_run(fsc_deferred *d);

@@ -1,7 +1,8 @@
 /* Softmax and causal multi-head self-attention.
  * Each (batch, head) pair is three sgemm calls on strided views of the fused
  * qkv buffer (leading dimension 3C), so q, k, v are never copied out; the
- * (b,h) pairs are independent and run in parallel. */
+ * (b,h) pairs are independent and run in parallel. At FSC_GEMM_BF16 the
+ * GEMMs take bf16-rounded inputs (fsc_gemm); softmax stays fp32. */
 #include <math.h>
 #include <string.h>
 
@@ -57,7 +58,8 @@ static void causal_softmax(float *s, int T, int r0, int rows, int ncols) {
 }
 
 // out is (B,T,C); att is (B,NH,T,T); qkv is (B,T,3C) = [q | k | v], heads of size hs = C/NH
-void fsc_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
+void fsc_attention_forward_prec(float *out, float *att, const float *qkv, int B, int T, int C,
+                                int NH, fsc_gemm_prec prec) {
     int hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs);
 #pragma omp parallel for collapse(2) if (B * NH > 1 && (int64_t)T * T * hs >= (1 << 16))
@@ -71,17 +73,17 @@ void fsc_attention_forward(float *out, float *att, const float *qkv, int B, int 
                 int rows = T - r0 < ATT_BLOCK ? T - r0 : ATT_BLOCK, ncols = r0 + rows;
                 float *ab = a + (size_t)r0 * T;
                 /* scores = q k^T / sqrt(hs) for this block's rows and the keys they see */
-                fsc_sgemm(false, true, rows, ncols, hs, scale, q + (size_t)r0 * 3 * C, 3 * C, k,
-                          3 * C, 0.f, ab, T);
+                fsc_gemm(prec, false, true, rows, ncols, hs, scale, q + (size_t)r0 * 3 * C, 3 * C,
+                         k, 3 * C, 0.f, ab, T);
                 causal_softmax(a, T, r0, rows, ncols);
-                fsc_sgemm(false, false, rows, hs, ncols, 1.f, ab, T, v, 3 * C, 0.f,
-                          o + (size_t)r0 * C, C);
+                fsc_gemm(prec, false, false, rows, hs, ncols, 1.f, ab, T, v, 3 * C, 0.f,
+                         o + (size_t)r0 * C, C);
             }
         }
 }
 
-void fsc_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
-                            int B, int T, int C, int NH) {
+void fsc_attention_backward_prec(float *dqkv, const float *dout, const float *qkv, const float *att,
+                                 int B, int T, int C, int NH, fsc_gemm_prec prec) {
     int hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs);
     int threads = fsc_get_num_threads();
@@ -108,8 +110,8 @@ void fsc_attention_backward(float *dqkv, const float *dout, const float *qkv, co
             for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
                 int rows = T - r0 < ATT_BLOCK ? T - r0 : ATT_BLOCK, ncols = r0 + rows;
                 float *db = dp + (size_t)r0 * T;
-                fsc_sgemm(false, true, rows, ncols, hs, 1.f, dy + (size_t)r0 * C, C, v, 3 * C, 0.f,
-                          db, T);
+                fsc_gemm(prec, false, true, rows, ncols, hs, 1.f, dy + (size_t)r0 * C, C, v, 3 * C,
+                         0.f, db, T);
                 for (int t = r0; t < r0 + rows; t++) {
                     const float *ar = a + (size_t)t * T;
                     float *dr = dp + (size_t)t * T;
@@ -120,19 +122,28 @@ void fsc_attention_backward(float *dqkv, const float *dout, const float *qkv, co
                     for (int u = 0; u <= t; u++) dr[u] = ar[u] * (dr[u] - dot) * scale;
                     memset(dr + t + 1, 0, (size_t)(ncols - t - 1) * sizeof(float));
                 }
-                fsc_sgemm(false, false, rows, hs, ncols, 1.f, db, T, k, 3 * C, 0.f,
-                          dq + (size_t)r0 * 3 * C, 3 * C);
+                fsc_gemm(prec, false, false, rows, hs, ncols, 1.f, db, T, k, 3 * C, 0.f,
+                         dq + (size_t)r0 * 3 * C, 3 * C);
             }
             /* per key block: only queries at or after the block see it.
              * dv = att^T dy ; dk = ds^T q */
             for (int c0 = 0; c0 < T; c0 += ATT_BLOCK) {
                 int cols = T - c0 < ATT_BLOCK ? T - c0 : ATT_BLOCK;
                 size_t corner = (size_t)c0 * T + c0;
-                fsc_sgemm(true, false, cols, hs, T - c0, 1.f, a + corner, T, dy + (size_t)c0 * C, C,
-                          0.f, dv + (size_t)c0 * 3 * C, 3 * C);
-                fsc_sgemm(true, false, cols, hs, T - c0, 1.f, dp + corner, T,
-                          q + (size_t)c0 * 3 * C, 3 * C, 0.f, dk + (size_t)c0 * 3 * C, 3 * C);
+                fsc_gemm(prec, true, false, cols, hs, T - c0, 1.f, a + corner, T,
+                         dy + (size_t)c0 * C, C, 0.f, dv + (size_t)c0 * 3 * C, 3 * C);
+                fsc_gemm(prec, true, false, cols, hs, T - c0, 1.f, dp + corner, T,
+                         q + (size_t)c0 * 3 * C, 3 * C, 0.f, dk + (size_t)c0 * 3 * C, 3 * C);
             }
         }
     fsc_mem_free(scratch);
+}
+
+void fsc_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
+    fsc_attention_forward_prec(out, att, qkv, B, T, C, NH, FSC_GEMM_F32);
+}
+
+void fsc_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
+                            int B, int T, int C, int NH) {
+    fsc_attention_backward_prec(dqkv, dout, qkv, att, B, T, C, NH, FSC_GEMM_F32);
 }

@@ -30,7 +30,7 @@ static struct {
     sgemm_fn sgemm;
     corename_fn corename;
     set_threads_fn set_threads;
-    char describe[256];
+    char describe[768];
     char hint[256];
     char chosen[32]; /* what fsc set OPENBLAS_CORETYPE to, or "" */
     int threads;
@@ -164,13 +164,20 @@ const char *fsc_blas_corename(void) {
     return blas.corename ? blas.corename() : "unknown";
 }
 
+int fsc_blas_threads(void) {
+    ensure_loaded();
+    return blas.threads;
+}
+
 const char *fsc_blas_describe(void) {
     ensure_loaded();
-    snprintf(blas.describe, sizeof blas.describe, "BLAS: OpenBLAS, %s kernels, %d thread%s (%s)",
-             fsc_blas_corename(), blas.threads, blas.threads == 1 ? "" : "s",
+    snprintf(blas.describe, sizeof blas.describe,
+             "BLAS: OpenBLAS, %s kernels, %d thread%s (%s); %s", fsc_blas_corename(), blas.threads,
+             blas.threads == 1 ? "" : "s",
              blas.chosen[0]                ? "OPENBLAS_CORETYPE chosen by fsc from CPUID"
              : getenv("OPENBLAS_CORETYPE") ? "OPENBLAS_CORETYPE set by the user"
-                                           : "OpenBLAS's own CPU detection");
+                                           : "OpenBLAS's own CPU detection",
+             fsc_bf16_gemm_describe());
     return blas.describe;
 }
 

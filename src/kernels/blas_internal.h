@@ -1,5 +1,6 @@
 /* Internal to the BLAS loader: the comparison behind fsc_blas_hint, with both
- * core type names as arguments so that tests need not depend on the real CPU.
+ * core type names as arguments so that tests need not depend on the real CPU;
+ * and what the bf16 GEMM path (gemm_bf16.c) borrows from it.
  */
 #ifndef FSC_BLAS_INTERNAL_H
 #define FSC_BLAS_INTERNAL_H
@@ -13,5 +14,9 @@
  * nothing to say: either is NULL or not a core type fsc knows, or `user` is as
  * fast as `best`. Names compare without case, as OpenBLAS reads them. */
 bool fsc_blas_coretype_hint(char *out, size_t size, const char *user, const char *best);
+
+/* The BLAS thread count (fsc_blas_set_threads, else OPENBLAS_NUM_THREADS or
+ * 1), loading OpenBLAS if needed: the bf16 path runs oneDNN on as many. */
+int fsc_blas_threads(void);
 
 #endif

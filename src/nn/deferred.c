@@ -11,6 +11,7 @@ typedef struct record {
     float *dweight, *dbias;
     const float *dout, *inp, *weight;
     int N, C, OC, layout;
+    fsc_gemm_prec prec;
 } record;
 
 struct fsc_deferred {
@@ -28,8 +29,9 @@ fsc_deferred *fsc_deferred_new(fsc_arena *a) {
     return d;
 }
 
-int fsc_deferred_matmul(fsc_deferred *d, float *dweight, float *dbias, const float *dout,
-                        const float *inp, const float *weight, int N, int C, int OC, int layout) {
+int fsc_deferred_matmul_prec(fsc_deferred *d, float *dweight, float *dbias, const float *dout,
+                             const float *inp, const float *weight, int N, int C, int OC,
+                             int layout, fsc_gemm_prec prec) {
     record *r = fsc_arena_alloc(d->arena, sizeof *r);
     if (!r) return fsc_error(FSC_ERR_NOMEM, "deferred weight gradients: out of memory");
     *r = (record){.dweight = dweight,
@@ -40,7 +42,8 @@ int fsc_deferred_matmul(fsc_deferred *d, float *dweight, float *dbias, const flo
                   .N = N,
                   .C = C,
                   .OC = OC,
-                  .layout = layout};
+                  .layout = layout,
+                  .prec = prec};
     if (d->tail)
         d->tail->next = r;
     else
@@ -49,10 +52,16 @@ int fsc_deferred_matmul(fsc_deferred *d, float *dweight, float *dbias, const flo
     return FSC_OK;
 }
 
+int fsc_deferred_matmul(fsc_deferred *d, float *dweight, float *dbias, const float *dout,
+                        const float *inp, const float *weight, int N, int C, int OC, int layout) {
+    return fsc_deferred_matmul_prec(d, dweight, dbias, dout, inp, weight, N, C, OC, layout,
+                                    FSC_GEMM_F32);
+}
+
 void fsc_deferred_run(fsc_deferred *d) {
     if (!d) return;
     for (const record *r = d->head; r; r = r->next)
-        fsc_matmul_backward(NULL, r->dweight, r->dbias, r->dout, r->inp, r->weight, r->N, r->C,
-                            r->OC, (fsc_weight_layout)r->layout);
+        fsc_matmul_backward_prec(NULL, r->dweight, r->dbias, r->dout, r->inp, r->weight, r->N, r->C,
+                                 r->OC, (fsc_weight_layout)r->layout, r->prec);
     d->head = d->tail = NULL;
 }

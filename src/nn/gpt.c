@@ -53,8 +53,8 @@ static int gpt_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, f
     if (rc) return rc;
     *y = fsc_tensor_arena(ctx->arena, FSC_DTYPE_F32, 3, (int64_t[]){B, T, V});
     if (!y->data) return FSC_ERR_NOMEM;
-    fsc_matmul_forward(y->data, s->final.data, g->wte->params[0].data, NULL, B * T, C, V,
-                       FSC_WEIGHT_OUT_IN);
+    fsc_matmul_forward_prec(y->data, s->final.data, g->wte->params[0].data, NULL, B * T, C, V,
+                            FSC_WEIGHT_OUT_IN, fsc_ctx_prec(ctx));
     *saved = s;
     return FSC_OK;
 }
@@ -71,8 +71,8 @@ static int gpt_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fs
     fsc_param *wte = &g->wte->params[0];
     fsc_tensor dfinal = fsc_tensor_arena(ctx->arena, FSC_DTYPE_F32, 3, (int64_t[]){B, T, C});
     if (!dfinal.data) return FSC_ERR_NOMEM;
-    fsc_matmul_backward(dfinal.data, wte->grad, NULL, dy->data, s->final.data, wte->data, B * T, C,
-                        V, FSC_WEIGHT_OUT_IN);
+    fsc_matmul_backward_prec(dfinal.data, wte->grad, NULL, dy->data, s->final.data, wte->data,
+                             B * T, C, V, FSC_WEIGHT_OUT_IN, fsc_ctx_prec(ctx));
     fsc_tensor cur;
     rc = fsc_module_backward(g->ln_f, ctx, s->ln_f, &dfinal, &cur);
     /* the two (B,T,C) buffers the blocks' input gradients alternate in */

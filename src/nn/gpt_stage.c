@@ -78,8 +78,8 @@ static int stage_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x,
         if ((rc = fsc_module_forward(g->ln_f, ctx, &cur, &s->final, &s->ln_f))) return rc;
         *y = fsc_tensor_arena(ctx->arena, FSC_DTYPE_F32, 3, (int64_t[]){B, T, V});
         if (!y->data) return FSC_ERR_NOMEM;
-        fsc_matmul_forward(y->data, s->final.data, g->wte->params[0].data, NULL, B * T, C, V,
-                           FSC_WEIGHT_OUT_IN);
+        fsc_matmul_forward_prec(y->data, s->final.data, g->wte->params[0].data, NULL, B * T, C, V,
+                                FSC_WEIGHT_OUT_IN, fsc_ctx_prec(ctx));
     } else {
         *y = cur;
     }
@@ -101,11 +101,12 @@ static int stage_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const 
         fsc_param *wte = &g->wte->params[0];
         fsc_tensor dfinal = fsc_tensor_arena(ctx->arena, FSC_DTYPE_F32, 3, (int64_t[]){B, T, C});
         if (!dfinal.data) return FSC_ERR_NOMEM;
-        fsc_matmul_backward(dfinal.data, ctx->defer ? NULL : wte->grad, NULL, dy->data,
-                            s->final.data, wte->data, B * T, C, V, FSC_WEIGHT_OUT_IN);
+        const fsc_gemm_prec prec = fsc_ctx_prec(ctx);
+        fsc_matmul_backward_prec(dfinal.data, ctx->defer ? NULL : wte->grad, NULL, dy->data,
+                                 s->final.data, wte->data, B * T, C, V, FSC_WEIGHT_OUT_IN, prec);
         if (ctx->defer &&
-            (rc = fsc_deferred_matmul(ctx->defer, wte->grad, NULL, dy->data, s->final.data,
-                                      wte->data, B * T, C, V, FSC_WEIGHT_OUT_IN)))
+            (rc = fsc_deferred_matmul_prec(ctx->defer, wte->grad, NULL, dy->data, s->final.data,
+                                           wte->data, B * T, C, V, FSC_WEIGHT_OUT_IN, prec)))
             return rc;
         if ((rc = fsc_module_backward(g->ln_f, ctx, s->ln_f, &dfinal, &cur))) return rc;
     }

@@ -62,6 +62,12 @@ static inline int fsc_check_dy_like(const fsc_module *m, const fsc_tensor *dy, c
     return fsc_module_check_dy(m, dy, x->ndim, shape);
 }
 
+/* The GEMM precision ctx->autocast asks for (fsc_module_forward/backward
+ * have refused any dtype but F32 and BF16). */
+static inline fsc_gemm_prec fsc_ctx_prec(const fsc_ctx *ctx) {
+    return ctx->autocast == FSC_DTYPE_BF16 ? FSC_GEMM_BF16 : FSC_GEMM_F32;
+}
+
 /* Checks x is an f32 tensor whose last dim is `last`. */
 static inline int fsc_check_last(const fsc_module *m, const fsc_tensor *x, int64_t last) {
     if (x->dtype != FSC_DTYPE_F32 || x->ndim < 1 || x->shape[x->ndim - 1] != last)

@@ -1,5 +1,7 @@
 /* Linear: y = x W^T + b over the last dim, in torch's (out,in) layout or GPT-2
- * Conv1D's (in,out). Saves only a view of x for backward. */
+ * Conv1D's (in,out). Saves only a view of x for backward (fp32 even under
+ * bf16 autocast: it is the producer's output, so a bf16 copy would add
+ * memory, not save it; backward rounds it again, O(N*C) next to the GEMM). */
 #include "layers_internal.h"
 
 typedef struct {
@@ -15,8 +17,8 @@ static int linear_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x
     int rc = fsc_check_last(m, x, l->in);
     if (!rc) rc = fsc_alloc_like(ctx->arena, x, l->out, y);
     if (rc) return rc;
-    fsc_matmul_forward(y->data, x->data, m->params[0].data, l->bias ? m->params[1].data : NULL,
-                       (int)fsc_rows(x), l->in, l->out, l->layout);
+    fsc_matmul_forward_prec(y->data, x->data, m->params[0].data, l->bias ? m->params[1].data : NULL,
+                            (int)fsc_rows(x), l->in, l->out, l->layout, fsc_ctx_prec(ctx));
     return fsc_save_input(ctx->arena, x, saved);
 }
 
@@ -34,14 +36,15 @@ static int linear_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const
         dinp = dx->data;
     }
     float *dw = m->params[0].grad, *db = l->bias ? m->params[1].grad : NULL;
+    const fsc_gemm_prec prec = fsc_ctx_prec(ctx);
     if (ctx->defer) { /* the input gradient now, the weight gradients at W */
-        fsc_matmul_backward(dinp, NULL, NULL, dy->data, x->data, m->params[0].data,
-                            (int)fsc_rows(x), l->in, l->out, l->layout);
-        return fsc_deferred_matmul(ctx->defer, dw, db, dy->data, x->data, m->params[0].data,
-                                   (int)fsc_rows(x), l->in, l->out, (int)l->layout);
+        fsc_matmul_backward_prec(dinp, NULL, NULL, dy->data, x->data, m->params[0].data,
+                                 (int)fsc_rows(x), l->in, l->out, l->layout, prec);
+        return fsc_deferred_matmul_prec(ctx->defer, dw, db, dy->data, x->data, m->params[0].data,
+                                        (int)fsc_rows(x), l->in, l->out, (int)l->layout, prec);
     }
-    fsc_matmul_backward(dinp, dw, db, dy->data, x->data, m->params[0].data, (int)fsc_rows(x), l->in,
-                        l->out, l->layout);
+    fsc_matmul_backward_prec(dinp, dw, db, dy->data, x->data, m->params[0].data, (int)fsc_rows(x),
+                             l->in, l->out, l->layout, prec);
     return FSC_OK;
 }
 

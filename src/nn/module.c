@@ -161,6 +161,13 @@ static int check_call(const fsc_module *m, const fsc_ctx *ctx, const fsc_tensor 
                        : !in         ? (fwd ? "x is NULL" : "dy is NULL")
                        : !out && fwd ? "y is NULL"
                                      : NULL;
+    if (!what && ctx->autocast != FSC_DTYPE_F32 && ctx->autocast != FSC_DTYPE_BF16)
+        return fsc_error(FSC_ERR_UNSUPPORTED,
+                         "module '%s' (%s): %s: ctx->autocast %s: fsc computes GEMMs in F32 or "
+                         "BF16 only (oneDNN has fp16 matmul kernels only on CPUs with "
+                         "avx512_fp16; fp16 mixed precision rounds parameters, not GEMM inputs)",
+                         fsc_module_path(m, path, sizeof path), kind_of(m), call,
+                         fsc_dtype_name(ctx->autocast));
     if (!what) return FSC_OK;
     return fsc_error(FSC_ERR_INVALID, "module '%s' (%s): %s: %s",
                      fsc_module_path(m, path, sizeof path), kind_of(m), call, what);
