@@ -79,7 +79,7 @@ static int measure(const bench_config *c, const char *strategy, int steps, int w
     o.schedule = "constant";
     o.skip_grad_norm = true; /* as the PyTorch peer: no clipping, no norm */
     o.local_in_world = true; /* the baseline runs on rank 0 alone */
-    if (fsc_strategy_takes(strategy, "compute_dtype")) o.mixed_precision = mixed_precision;
+    o.mixed_precision = mixed_precision; /* bf16: autocast under every strategy */
     o.checkpoint_activations = checkpoint_activations;
     if (tp > 1 && strcmp(strategy, "single")) /* the baseline stays one process */
         o.tp = tp, o.sequence_parallel = sequence_parallel;

@@ -253,7 +253,8 @@ static int strategy_options(trainer *t, fsc_strategy_options *so, fsc_module ***
     }
     if (applies(o, "share-dtype", "share_dtype"))
         rc = parse_dtype("--share-dtype", o->share_dtype, false, &so->share_dtype);
-    if (!rc && applies(o, "mixed-precision", "compute_dtype"))
+    if (!rc &&
+        (applies(o, "mixed-precision", "compute_dtype") || strcmp(o->mixed_precision, "fp32")))
         rc = parse_dtype("--mixed-precision", o->mixed_precision, true, &so->compute_dtype);
     if (!rc && o->reduce_dtype) {
         fsc_dtype dt = FSC_DTYPE_F32;

@@ -76,7 +76,11 @@ typedef struct fsc_strategy_options {
     size_t bucket_bytes;
     fsc_partition_policy partition; /* oss, sdp: GREEDY (default) or EVEN */
     fsc_dtype share_dtype;          /* oss, sdp: updated parameters travel as F32|BF16|F16 */
-    fsc_dtype compute_dtype;        /* fsdp: parameters gathered as F32 (default) | BF16 | F16 */
+    /* BF16, every row: autocast (the trainer runs the GEMMs in bf16 with fp32
+     * accumulation, fsc_ctx.autocast), and fsdp also gathers parameters in
+     * bf16; F16: fsdp only (gathers in fp16, computes in fp32, loss scaling);
+     * F32: the default. */
+    fsc_dtype compute_dtype;
     /* sdp, fsdp: gradient reduction dtype (F32 for sdp; fsdp: compute_dtype,
      * unless fp32_reduce_scatter, FairScale's flag, asks for F32). */
     fsc_dtype reduce_dtype;

@@ -147,6 +147,12 @@ static int64_t pipe_sample0(void *user, int k) {
     return pipe_micro(user, k).sample0;
 }
 
+/* bf16 mixed precision is autocast under every strategy: the GEMMs in
+ * bf16 with fp32 accumulation (fsc_ctx.autocast); fp16 is FSDP's alone. */
+static fsc_dtype autocast(const fsc_trainer_config *c) {
+    return c->strategy.compute_dtype == FSC_DTYPE_BF16 ? FSC_DTYPE_BF16 : FSC_DTYPE_F32;
+}
+
 /* The whole step through the strategy's pipeline; *loss gets this replica's. */
 static int pipeline_step(fsc_trainer *t, double scale, double *loss) {
     const fsc_trainer_config *c = &t->cfg;
@@ -155,7 +161,11 @@ static int pipeline_step(fsc_trainer *t, double scale, double *loss) {
         .t = t, .norm = (double)c->batch * c->grad_accum * world * c->targets_per_sample / scale};
     fsc_pipe_io io = {
         .input = pipe_input, .loss = pipe_loss, .sample0 = pipe_sample0, .user = &call};
-    fsc_ctx ctx = {.training = true, .seed = c->strategy.seed, .step = t->step, .keyed = true};
+    fsc_ctx ctx = {.training = true,
+                   .seed = c->strategy.seed,
+                   .step = t->step,
+                   .keyed = true,
+                   .autocast = autocast(c)};
     float part = 0;
     int rc = fsc_strategy_run_pipeline(t->s, &ctx, &io, &part);
     *loss += part / scale;
@@ -176,7 +186,8 @@ static int micro_steps(fsc_trainer *t, double scale, double *loss) {
                        .keyed = true,
                        .seed = c->strategy.seed,
                        .step = t->step,
-                       .sample0 = call.mb.sample0};
+                       .sample0 = call.mb.sample0,
+                       .autocast = autocast(c)};
         float part = 0;
         rc = fsc_strategy_forward_backward(t->s, &ctx, k, K, B, run_rows, &call, &part);
         if (rc) return rc;
