@@ -499,6 +499,15 @@ static void test_trainer_tensor_parallel(void **state) {
         float *got = train_gpt(&(gpt_run){.strategy = "ddp", .tp = 4, .sp = true}, &n);
         expect_reference("trainer tp 4 (sp)", got, n);
     }
+    /* checkpoints by global name: tp 2 -> plain ddp, and a ddp one -> tp 2 */
+    char ckpt[96];
+    snprintf(ckpt, sizeof ckpt, "%s/ckpt-tp", dir);
+    free(train_gpt(&(gpt_run){.strategy = "ddp", .tp = 2, .save_at = 2, .ckpt = ckpt}, &n));
+    float *got = train_gpt(&(gpt_run){.strategy = "ddp", .resume = ckpt}, &n);
+    expect_reference("tp 2 -> checkpoint -> ddp", got, n);
+    free(train_gpt(&(gpt_run){.strategy = "ddp", .save_at = 3, .ckpt = ckpt}, &n));
+    got = train_gpt(&(gpt_run){.strategy = "ddp", .tp = 2, .sp = true, .resume = ckpt}, &n);
+    expect_reference("ddp -> checkpoint -> tp 2 (sp)", got, n);
 }
 
 static void test_trainer_ddp_pipeline(void **state) {

@@ -4,8 +4,8 @@
  * runs unchanged over the ranks that share a TP rank. What the TP layout
  * changes is taken over here, in a copy of the row's operations: binding
  * (shards initialised as slices of the one-process tensors), the gradient
- * norm (each parameter counted once over the mesh), and files (weights by
- * global name, the one-process file). */
+ * norm (each parameter counted once over the mesh), and files (weights and,
+ * under ddp, optimizer state by global name: the one-process files). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,15 +67,29 @@ static int tp_clip(fsc_strategy *s, float max_norm, float *total) {
     return fsc_clip_grads_scale(s->ranges, s->nranges, max_norm, norm);
 }
 
-/* The first replica's TP group writes the one-process file. */
+/* Root's path on every rank of its TP group (callers pass it on root only). */
+static int share_path(fsc_strategy *s, const char *path, char *buf, size_t size) {
+    int32_t n = path ? (int32_t)strlen(path) : -1;
+    if (fsc_group_rank(s->tp_group) == 0 && (!path || (size_t)n >= size))
+        n = -1;
+    int rc = fsc_group_broadcast(s->tp_group, &n, 1, FSC_DTYPE_I32, 0);
+    if (!rc && n < 0) return fsc_error(FSC_ERR_INVALID, "tensor parallel: no path (or too long)");
+    if (!rc && fsc_group_rank(s->tp_group) == 0) memcpy(buf, path, (size_t)n + 1);
+    if (!rc) rc = fsc_group_broadcast(s->tp_group, buf, (n + 4) / 4, FSC_DTYPE_I32, 0); /* words */
+    return rc;
+}
+
+/* The first replica's TP group writes the one-process file, each rank its
+ * slices in place (a file system the TP group shares: adjacent ranks). */
 static int tp_save_weights(fsc_strategy *s, const char *path, int root, int n_meta,
                            const char *const *keys, const char *const *values) {
     if (root != 0)
         return fsc_error(FSC_ERR_INVALID, "tensor parallel: weights are written by rank 0 (not %d)",
                          root);
-    int rc = s->rank == 0 ? fsc_tp_weights_save(path, s->model, &s->params, s->tp_group, n_meta,
-                                                keys, values)
-                          : FSC_OK;
+    char where[4096]; /* a multiple of 4 bytes: it travels as int32 words */
+    int rc = s->rank == 0 ? share_path(s, path, where, sizeof where) : FSC_OK;
+    if (!rc && s->rank == 0)
+        rc = fsc_tp_weights_save(where, s->model, &s->params, s->tp_group, n_meta, keys, values);
     int32_t status = rc;
     if (s->world > 1 && fsc_group_broadcast(s->group, &status, 1, FSC_DTYPE_I32, 0))
         return FSC_ERR_MPI;
@@ -86,15 +100,38 @@ static int tp_load_weights(fsc_strategy *s, const char *path, int *n_unused) {
     return fsc_tp_weights_load(path, s->model, &s->params, n_unused);
 }
 
-static int tp_no_optim_file(fsc_strategy *s, const char *path, int root) {
-    (void)s, (void)root;
-    return fsc_error(FSC_ERR_UNSUPPORTED,
-                     "%s: optimizer state of a tensor-parallel model is not saved by global "
-                     "name yet (weights are: save weights only)",
-                     path ? path : "(root's path)");
+/* The optimizer's pieces by global name over the TP group, made at first
+ * use (collective over it). Replicated data parallelism only: under oss or
+ * sdp each replica steps a part of its TP rank's pieces, which that file
+ * format's listing over the TP group does not describe yet. */
+static int optim_state(fsc_strategy *s, const char *path) {
+    if (s->row_zero_stage)
+        return fsc_error(FSC_ERR_UNSUPPORTED,
+                         "%s: optimizer state of a tensor-parallel model sharded over its "
+                         "replicas (oss, sdp) is not saved by global name yet; ddp's is",
+                         path ? path : "(root's path)");
+    if (!s->tp_state &&
+        !(s->tp_state = fsc_tp_optim_state_new(s->model, &s->params, s->optim, s->tp_group)))
+        return fsc_error_context(FSC_ERR_INVALID, "tensor-parallel optimizer state: ");
+    return FSC_OK;
 }
-static int tp_no_optim_load(fsc_strategy *s, const char *path) {
-    return tp_no_optim_file(s, path, 0);
+
+/* Replicas hold the same state: the first one's TP group writes. */
+static int tp_save_optim(fsc_strategy *s, const char *path, int root) {
+    if (root != 0)
+        return fsc_error(FSC_ERR_INVALID, "tensor parallel: state is written by rank 0 (not %d)",
+                         root);
+    int rc = optim_state(s, path);
+    if (!rc && s->rank == 0) rc = fsc_tp_optim_save(s->tp_state, path, 0);
+    int32_t status = rc;
+    if (s->world > 1 && fsc_group_broadcast(s->group, &status, 1, FSC_DTYPE_I32, 0))
+        return FSC_ERR_MPI;
+    return status && !rc ? fsc_error(status, "tensor parallel: replica 0 could not save") : rc;
+}
+
+static int tp_load_optim(fsc_strategy *s, const char *path) {
+    int rc = optim_state(s, path);
+    return rc ? rc : fsc_tp_optim_load(s->tp_state, path);
 }
 
 /* The row's figures, and the TP group's time blocked in its collectives. */
@@ -127,8 +164,8 @@ int strategy_tp_begin(fsc_strategy *s, const strategy_ops *row) {
     s->tp_ops.clip = tp_clip;
     s->tp_ops.save_weights = tp_save_weights;
     s->tp_ops.load_weights = tp_load_weights;
-    s->tp_ops.save_optim = tp_no_optim_file;
-    s->tp_ops.load_optim = tp_no_optim_load;
+    s->tp_ops.save_optim = tp_save_optim;
+    s->tp_ops.load_optim = tp_load_optim;
     s->tp_row_stats = row->stats;
     s->tp_ops.stats = tp_stats;
     s->ops = &s->tp_ops;
@@ -136,6 +173,7 @@ int strategy_tp_begin(fsc_strategy *s, const strategy_ops *row) {
 }
 
 void strategy_tp_end(fsc_strategy *s) {
+    fsc_tp_optim_state_free(s->tp_state);
     fsc_module_free(s->tp_group ? s->model : NULL);
     free(s->tp_counted);
     fsc_group_free(s->tp_group);
