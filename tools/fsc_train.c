@@ -4,7 +4,10 @@
  * --log-every steps otherwise); --metrics gets one JSON object per step; the
  * closing summary gives throughput, model FLOP/s against the sgemm peak
  * measured in the same process, and peak memory by tag. */
+#define _POSIX_C_SOURCE 200809L /* strdup, strtok_r, glob */
+#include <glob.h>
 #include <inttypes.h>
+#include <libgen.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -12,6 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "fsc/tokenizer.h"
 #include "fsc/version.h"
 #include "train_common.h"
 
@@ -19,10 +23,15 @@ static const char *USAGE =
     "Trains a GPT-2 style model: in one process (--strategy single), over threads (dp), or\n"
     "over MPI ranks (ddp, under mpirun). Data order: step s uses sequences s*G .. s*G+G-1\n"
     "(G = batch * grad-accum * ranks); sequence i is tokens [i*T, i*T+T] (wrapping).\n"
+    "Validation (--eval-every N): the mean loss over --eval-batches global batches of --val-data,\n"
+    "by default llm.c's *_val.bin shards beside the training shards (a --data glob then skips\n"
+    "them) or else the last --val-fraction of the data, held out of training.\n"
     "--version prints the version and exits.";
 
-static void write_metrics(FILE *f, int64_t step, const fsc_step_result *r, double tok_s) {
+static void write_metrics(FILE *f, int64_t step, const fsc_step_result *r, double tok_s,
+                          double val_loss) {
     fprintf(f, "{\"step\": %" PRId64 ", \"loss\": %.6f, \"lr\": %.6g, ", step, r->loss, r->lr);
+    if (!isnan(val_loss)) fprintf(f, "\"val_loss\": %.6f, ", val_loss);
     if (isfinite(r->grad_norm)) /* JSON has no inf: a skipped fp16 step has none */
         fprintf(f, "\"grad_norm\": %.6g, ", r->grad_norm);
     else
@@ -37,8 +46,160 @@ static void write_metrics(FILE *f, int64_t step, const fsc_step_result *r, doubl
     fflush(f);
 }
 
+/* ---- validation data and evaluation -------------------------------------------------------- */
+
+/* The held-out tokens and the latest validation loss. */
+typedef struct {
+    bool on;            /* --eval-every > 0 */
+    fsc_tokens tokens;  /* held-out stream */
+    char *train_spec;   /* --data without its llm.c validation shards (NULL: unchanged) */
+    char *val_spec;     /* the validation shards found (NULL: none) */
+    char source[200];   /* what the held-out data is, for messages */
+    double loss;        /* latest (NAN before the first) */
+    int64_t step;       /* after which step */
+    double seconds;     /* the latest evaluation's wall time */
+} validation;
+
+static bool is_val_shard(const char *path) {
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    size_t n = strlen(base);
+    return strstr(base, "_val") && n > 4 && !strcmp(base + n - 4, ".bin");
+}
+
+/* Appends ",path" (or "path") to a malloc'ed comma list. */
+static int list_append(char **list, const char *path) {
+    size_t have = *list ? strlen(*list) : 0;
+    char *s = realloc(*list, have + strlen(path) + 2);
+    if (!s) return fsc_error(FSC_ERR_NOMEM, "out of memory");
+    if (have) s[have++] = ',';
+    strcpy(s + have, path);
+    *list = s;
+    return FSC_OK;
+}
+
+/* llm.c writes *_train*.bin and *_val*.bin shards side by side: a --data
+ * glob keeps the training ones (unless it matched validation shards only),
+ * and the validation ones, or those in the training shards' directories,
+ * become the default held-out data. */
+static int find_val_shards(const train_options *o, validation *v) {
+    if (!strpbrk(o->data, "*?[") || !strstr(o->data, ".bin")) return FSC_OK;
+    char *spec = strdup(o->data), *train = NULL, *val = NULL, *save = NULL;
+    int rc = spec ? FSC_OK : fsc_error(FSC_ERR_NOMEM, "out of memory");
+    for (char *item = spec ? strtok_r(spec, ",", &save) : NULL; item && !rc;
+         item = strtok_r(NULL, ",", &save)) {
+        glob_t g;
+        if (!strpbrk(item, "*?[") || glob(item, 0, NULL, &g)) { /* the loader says what is wrong */
+            rc = list_append(&train, item);
+            continue;
+        }
+        for (size_t i = 0; i < g.gl_pathc && !rc; i++)
+            rc = list_append(is_val_shard(g.gl_pathv[i]) ? &val : &train, g.gl_pathv[i]);
+        globfree(&g);
+    }
+    if (!rc && !train) /* only validation shards were asked for: train on them */
+        train = val, val = NULL;
+    if (!rc && v->on && !val && train) { /* *_val*.bin in the first shard's directory */
+        char first[4096], pattern[4200];
+        snprintf(first, sizeof first, "%.*s", (int)strcspn(train, ","), train);
+        snprintf(pattern, sizeof pattern, "%s/*_val*.bin", dirname(first));
+        glob_t g;
+        if (!glob(pattern, 0, NULL, &g)) {
+            for (size_t i = 0; i < g.gl_pathc && !rc; i++) rc = list_append(&val, g.gl_pathv[i]);
+            globfree(&g);
+        }
+    }
+    free(spec);
+    if (rc || !val) {
+        free(train), free(val);
+        return rc;
+    }
+    v->train_spec = train, v->val_spec = val;
+    return FSC_OK;
+}
+
+/* Text or shards into tokens: text through the tokenizer when there is one. */
+static int load_tokens(const char *spec, const fsc_bpe *bpe, fsc_tokens *out) {
+    bool text = bpe && strncmp(spec, "builtin", 7) && !strstr(spec, ".bin");
+    return text ? fsc_bpe_encode_file(bpe, spec, out) : fsc_tokens_load(spec, out);
+}
+
+/* The held-out stream: --val-data, the validation shards, or the tail of
+ * the training stream (which training then no longer sees). */
+static int load_validation(trainer *t, const fsc_bpe *bpe, validation *v) {
+    const train_options *o = &t->opt;
+    const char *spec = o->val_data ? o->val_data : v->val_spec;
+    int rc;
+    if (spec) {
+        if ((rc = load_tokens(spec, bpe, &v->tokens)))
+            return fsc_error_context(rc, "--val-data %s: ", spec);
+        snprintf(v->source, sizeof v->source, "%s", spec);
+    } else {
+        const int64_t n = (int64_t)((double)t->tokens.count * o->val_fraction);
+        if (n < o->model.seq + 1 || t->tokens.count - n < o->model.seq + 1)
+            return fsc_error(FSC_ERR_INVALID,
+                             "--eval-every: --data has %" PRId64 " tokens; holding out "
+                             "--val-fraction %g of them leaves too few for --seq %d on one side "
+                             "(give --val-data, or a larger --val-fraction)",
+                             t->tokens.count, o->val_fraction, o->model.seq);
+        int32_t *tail = malloc((size_t)n * sizeof *tail);
+        if (!tail) return fsc_error(FSC_ERR_NOMEM, "out of memory");
+        const int64_t first = t->tokens.count - n;
+        for (int64_t i = 0; i < n; i++) tail[i] = fsc_tokens_at(&t->tokens, first + i);
+        rc = fsc_tokens_from_i32(tail, n, t->tokens.vocab, &v->tokens);
+        free(tail);
+        if (rc) return rc;
+        t->tokens.count = first; /* training stops before the held-out tail */
+        snprintf(v->source, sizeof v->source, "the last %g of --data (%" PRId64 " tokens)",
+                 o->val_fraction, n);
+    }
+    if (v->tokens.vocab > o->model.vocab)
+        return fsc_error(FSC_ERR_INVALID, "validation data has token ids up to %d but --vocab is %d",
+                         v->tokens.vocab - 1, o->model.vocab);
+    if (v->tokens.count < o->model.seq + 1)
+        return fsc_error(FSC_ERR_INVALID, "validation data has %" PRId64 " tokens, fewer than "
+                                          "--seq + 1",
+                         v->tokens.count);
+    return FSC_OK;
+}
+
+typedef struct {
+    trainer *t;
+    const fsc_tokens *val;
+} eval_call;
+
+static int val_load(const fsc_micro_batch *mb, void *user) {
+    eval_call *e = user;
+    return fsc_tokens_batch(e->val, mb->step, mb->micro, mb->rank, mb->batch, mb->micros,
+                            mb->world, e->t->opt.model.seq, e->t->x, e->t->y);
+}
+
+static int val_loss(fsc_module *m, const fsc_ctx *ctx, const fsc_micro_batch *mb, void *user,
+                    float *loss) {
+    const eval_call *e = user;
+    const int T = e->t->opt.model.seq;
+    const int32_t *x = e->t->x + (size_t)mb->row0 * T, *y = e->t->y + (size_t)mb->row0 * T;
+    float mean = 0;
+    int rc = e->t->opt.tp > 1 ? fsc_tp_gpt_eval_loss(m, ctx, x, y, mb->rows, T, -1, &mean)
+                              : fsc_gpt_eval_loss(m, ctx, x, y, mb->rows, T, -1, &mean);
+    *loss = (float)((double)mean * mb->rows * T / mb->norm);
+    return rc;
+}
+
+static int evaluate(trainer *t, validation *v, int64_t step) {
+    eval_call call = {.t = t, .val = &v->tokens};
+    fsc_trainer_eval_config cfg = {
+        .batches = t->opt.eval_batches, .load = val_load, .loss = val_loss, .user = &call};
+    double t0 = fsc_now();
+    int rc = fsc_trainer_eval(t->tr, &cfg, &v->loss);
+    v->seconds = fsc_now() - t0;
+    v->step = step;
+    return rc;
+}
+
 static void summary(const trainer *t, double first_loss, double last_loss, double seconds,
-                    int64_t steps, double peak_gflops, double comm_s, const int64_t *mem) {
+                    int64_t steps, double peak_gflops, double comm_s, const int64_t *mem,
+                    const validation *v) {
     const train_options *o = &t->opt;
     const bool threads = fsc_strategy_takes(o->strategy, "threads");
     double tokens = (double)steps * o->batch * o->grad_accum * o->model.seq * t->world;
@@ -55,6 +216,11 @@ static void summary(const trainer *t, double first_loss, double last_loss, doubl
             (double)fsc_gpt_num_params(&o->model) / 1e6);
     fprintf(stderr, "loss       %.4f -> %.4f over %" PRId64 " steps (%.1f s)\n", first_loss,
             last_loss, steps, seconds);
+    if (v->on && !isnan(v->loss))
+        fprintf(stderr,
+                "val loss   %.4f after step %" PRId64 " (%d batches of %d sequences from %s)\n",
+                v->loss, v->step, o->eval_batches, o->batch * o->grad_accum * t->world,
+                v->source);
     fprintf(stderr,
             "throughput %.0f tokens/s, %.1f model GFLOP/s = %.0f%% of %d x %.1f GFLOP/s sgemm "
             "peak\n",
@@ -159,11 +325,56 @@ int main(int argc, char **argv) {
         return fail(NULL, world, 2);
     }
     if (rank != 0) o.quiet = true, o.metrics = NULL; /* rank 0 writes --save, --save-init */
+    validation val = {.on = o.eval_every > 0, .loss = NAN};
+    fsc_bpe *bpe = NULL;
+    if (o.tokenizer && (rc = fsc_bpe_load(o.tokenizer, &bpe))) {
+        if (rank == 0) fprintf(stderr, "fsc-train: --tokenizer: %s\n", fsc_last_error());
+        return fail(NULL, world, 2);
+    }
+    if (bpe && !train_flag_given(&o, "vocab")) o.model.vocab = fsc_bpe_vocab_size(bpe);
+    if (val.on && o.pp > 1) {
+        if (rank == 0)
+            fprintf(stderr, "fsc-train: --eval-every is not available with --pp yet (a pipeline "
+                            "has no evaluation pass); train without it, then evaluate the saved "
+                            "weights in one process\n");
+        return fail(NULL, world, 2);
+    }
+    if ((rc = find_val_shards(&o, &val))) {
+        if (rank == 0) fprintf(stderr, "fsc-train: --data %s: %s\n", o.data, fsc_last_error());
+        return fail(NULL, world, 2);
+    }
+    if (val.train_spec) o.data = val.train_spec; /* llm.c's *_val shards are not trained on */
     trainer t;
     if ((rc = trainer_init(&t, &o))) {
         if (rank == 0 || world > 1) fprintf(stderr, "fsc-train: %s\n", fsc_last_error());
         return fail(&t, world, 1);
     }
+    if (bpe && strncmp(o.data, "builtin", 7) && !strstr(o.data, ".bin")) { /* text: GPT-2 ids */
+        fsc_tokens_free(&t.tokens);
+        if ((rc = fsc_bpe_encode_file(bpe, o.data, &t.tokens)) ||
+            t.tokens.count < (int64_t)o.model.seq + 1 || t.tokens.vocab > o.model.vocab) {
+            if (!rc)
+                fsc_error(FSC_ERR_INVALID,
+                          "%" PRId64 " tokens of vocab %d: needs --seq + 1 (%d) tokens and "
+                          "--vocab >= %d",
+                          t.tokens.count, t.tokens.vocab, o.model.seq + 1, t.tokens.vocab);
+            fprintf(stderr, "fsc-train: --tokenizer, --data %s: %s\n", o.data, fsc_last_error());
+            return fail(&t, world, 1);
+        }
+        if (!o.quiet)
+            fprintf(stderr, "fsc-train: --data %s: %" PRId64 " GPT-2 BPE tokens\n", o.data,
+                    t.tokens.count);
+    }
+    if (val.on && (rc = load_validation(&t, bpe, &val))) {
+        if (rank == 0 || world > 1) fprintf(stderr, "fsc-train: %s\n", fsc_last_error());
+        return fail(&t, world, 1);
+    }
+    if (val.train_spec && !o.quiet)
+        fprintf(stderr, "fsc-train: --data: llm.c validation shards left out of training: %s\n",
+                val.val_spec);
+    if (val.on && !o.quiet)
+        fprintf(stderr, "fsc-train: validation every %" PRId64 " steps: %d batches of %s\n",
+                o.eval_every, o.eval_batches, val.source);
     const char *fault = getenv("FSC_FAULT");
     int fault_rank;
     long long fault_step;
@@ -202,16 +413,27 @@ int main(int argc, char **argv) {
         if (s == first_step) first_loss = r.loss;
         last_loss = r.loss;
         double tok_s = tokens_per_step / r.seconds;
-        if (metrics) write_metrics(metrics, s + 1, &r, tok_s);
+        const bool eval_now = val.on && ((s + 1) % o.eval_every == 0 || s + 1 == o.steps);
+        if (eval_now && (rc = evaluate(&t, &val, s + 1))) {
+            fprintf(stderr, "\nfsc-train: validation after step %" PRId64 ": %s\n", s + 1,
+                    fsc_last_error());
+            break;
+        }
+        if (metrics) write_metrics(metrics, s + 1, &r, tok_s, eval_now ? val.loss : NAN);
         if (o.quiet) continue;
+        if (eval_now)
+            fprintf(stderr, "%sstep %" PRId64 "/%" PRId64 "  val loss %.4f  (%d batches, %.2f s)\n",
+                    tty ? "\r\033[K" : "", s + 1, o.steps, val.loss, o.eval_batches, val.seconds);
+        char vl[32] = "";
+        if (!isnan(val.loss)) snprintf(vl, sizeof vl, "  val %.4f", val.loss);
         if (tty)
             fprintf(stderr,
-                    "\rstep %" PRId64 "/%" PRId64 "  loss %.4f  lr %.2e  |g| %.3f  %.0f tok/s ",
-                    s + 1, o.steps, r.loss, r.lr, r.grad_norm, tok_s);
+                    "\rstep %" PRId64 "/%" PRId64 "  loss %.4f%s  lr %.2e  |g| %.3f  %.0f tok/s ",
+                    s + 1, o.steps, r.loss, vl, r.lr, r.grad_norm, tok_s);
         else if ((s + 1) % (o.log_every > 0 ? o.log_every : 1) == 0 || s == 0 || s + 1 == o.steps)
             fprintf(stderr,
-                    "step %" PRId64 "/%" PRId64 "  loss %.4f  lr %.2e  |g| %.3f  %.0f tok/s\n",
-                    s + 1, o.steps, r.loss, r.lr, r.grad_norm, tok_s);
+                    "step %" PRId64 "/%" PRId64 "  loss %.4f%s  lr %.2e  |g| %.3f  %.0f tok/s\n",
+                    s + 1, o.steps, r.loss, vl, r.lr, r.grad_norm, tok_s);
     }
     double seconds = fsc_now() - t0;
     if (metrics) fclose(metrics);
@@ -235,10 +457,14 @@ int main(int argc, char **argv) {
         free(mem);
         return fail(&t, world, 1);
     }
-    if (!o.quiet && steps) summary(&t, first_loss, last_loss, seconds, steps, peak, comm, mem);
+    if (!o.quiet && steps)
+        summary(&t, first_loss, last_loss, seconds, steps, peak, comm, mem, &val);
     if (o.save && !o.quiet) fprintf(stderr, "saved %s\n", o.save);
     free(mem);
     trainer_free(&t);
+    fsc_tokens_free(&val.tokens);
+    free(val.train_spec), free(val.val_spec);
+    fsc_bpe_free(bpe);
     fsc_dist_finalize();
     return 0;
 }

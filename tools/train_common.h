@@ -46,6 +46,11 @@ typedef struct train_options {
     const char *init_from, *save_init, *save, *metrics;
     const char *save_sharded; /* fsdp: directory for each rank's shard file at the end */
     int log_every;
+    const char *val_data;     /* held-out tokens (NULL: *_val.bin beside the shards, or a tail) */
+    double val_fraction;      /* without val shards: the tail of the data held out (0: none) */
+    int64_t eval_every;       /* validation loss every N steps (0: never) */
+    int eval_batches;         /* global batches per validation */
+    const char *tokenizer;    /* GPT-2 BPE directory: --data text files are encoded with it */
     bool quiet;
     bool skip_grad_norm;      /* without clipping, do not compute |g| (benchmarks) */
     bool local_in_world;      /* single/dp on one rank of a larger world (bench baselines) */

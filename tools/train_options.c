@@ -34,6 +34,8 @@ void train_options_default(train_options *o) {
     o->reshard_after_forward = 1;
     o->mixed_precision = "fp32";
     o->log_every = 10;
+    o->val_fraction = 0.1;
+    o->eval_batches = 4;
     o->pp = 1;
     o->tp = 1;
     o->pipe_schedule = "1f1b";
@@ -127,6 +129,17 @@ static const flag flags[] = {
     F("save", ARG_STR, save, "save the weights at the end"),
     F("metrics", ARG_STR, metrics, "write one JSON object per step to this file"),
     F("log-every", ARG_INT, log_every, "progress lines every N steps when not on a terminal"),
+    F("val-data", ARG_STR, val_data,
+      "held-out data, as --data (default: the *_val.bin shards beside --data's, which "
+      "training then skips; else the tail given by --val-fraction)"),
+    F("val-fraction", ARG_DOUBLE, val_fraction,
+      "without val shards or --val-data: hold out this tail fraction of --data (fsc-train)"),
+    F("eval-every", ARG_I64, eval_every, "validation loss every N steps and at the end (0: never)"),
+    F("eval-batches", ARG_INT, eval_batches,
+      "global batches (batch x grad-accum x ranks sequences) per validation"),
+    F("tokenizer", ARG_STR, tokenizer,
+      "GPT-2 BPE directory (encoder.json, vocab.bpe; scripts/fetch_gpt2_bpe.sh): a text "
+      "--data is encoded with it (--vocab defaults to its size)"),
     F("quiet", ARG_FLAG, quiet, "no progress output"),
 };
 #undef F
@@ -243,6 +256,11 @@ int train_options_check(const train_options *o) {
         return fsc_error(FSC_ERR_INVALID, "--bucket-mb %g must be positive", o->bucket_mb);
     if (!(o->clip >= 0)) return fsc_error(FSC_ERR_INVALID, "--clip %g must be >= 0", o->clip);
     if (o->save_every < 0) return fsc_error(FSC_ERR_INVALID, "--save-every must be >= 0");
+    if (o->eval_every < 0) return fsc_error(FSC_ERR_INVALID, "--eval-every must be >= 0");
+    if (o->eval_batches < 1)
+        return fsc_error(FSC_ERR_INVALID, "--eval-batches %d must be >= 1", o->eval_batches);
+    if (!(o->val_fraction >= 0 && o->val_fraction < 1))
+        return fsc_error(FSC_ERR_INVALID, "--val-fraction %g must be in [0, 1)", o->val_fraction);
     if (o->trace && o->pp < 2) return fsc_error(FSC_ERR_INVALID, "--trace needs --pp >= 2");
     if (o->tp < 1) return fsc_error(FSC_ERR_INVALID, "--tp %d must be >= 1", o->tp);
     if (o->tp > 1 && o->pp > 1)

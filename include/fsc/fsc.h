@@ -17,6 +17,7 @@
 #include "fsc/parallel.h"
 #include "fsc/pipe_schedule.h"
 #include "fsc/sharded_grad_scaler.h"
+#include "fsc/tokenizer.h"
 #include "fsc/tp.h"
 #include "fsc/version.h"
 #include "fsc/weights.h"

@@ -63,6 +63,46 @@ FSC_API int fsc_gpt_train_micro(fsc_module *gpt, const fsc_ctx *ctx, const int32
 FSC_API int fsc_gpt_eval_loss(fsc_module *gpt, const fsc_ctx *ctx, const int32_t *x,
                               const int32_t *y, int B, int T, int ignore_index, float *loss);
 
+/* ---- generation ------------------------------------------------------------
+ * Incremental decoding with a key/value cache: each new token runs the
+ * blocks on its own row and attends over the keys and values the earlier
+ * tokens left in the cache, so a token costs O(params + t*C) instead of a
+ * whole forward over the context. Logits equal the full forward's at the
+ * same positions (to float rounding; tests/test_generate.c checks it).
+ *
+ *     fsc_gpt_kv *kv = fsc_gpt_kv_new(gpt, &cfg);
+ *     fsc_gpt_kv_append(kv, prompt, n, logits, false);       // prefill
+ *     for (...) { id = fsc_gpt_sample(logits, V, 0.8f, 40, seed, i, work);
+ *                 fsc_gpt_kv_append(kv, &id, 1, logits, false); }
+ */
+typedef struct fsc_gpt_kv fsc_gpt_kv;
+
+/* A cache of cfg->seq positions for `gpt` (made by fsc_gpt_new with cfg;
+ * parameters bound and loaded; borrowed: it must outlive the cache and its
+ * weights must not move). Holds 2 * L * seq * C floats plus the scratch of
+ * a seq-token prefill (FSC_MEM_ACTIV). NULL (error set) when gpt is not a
+ * GPT of that config, is unbound, or memory runs out. */
+FSC_API fsc_gpt_kv *fsc_gpt_kv_new(fsc_module *gpt, const fsc_gpt_config *cfg);
+/* Frees the cache (not the model). Accepts NULL. */
+FSC_API void fsc_gpt_kv_free(fsc_gpt_kv *kv);
+/* Forgets every cached position (the next append starts at position 0). */
+FSC_API void fsc_gpt_kv_reset(fsc_gpt_kv *kv);
+/* Positions cached so far. */
+FSC_API int fsc_gpt_kv_len(const fsc_gpt_kv *kv);
+/* Runs n tokens (ids[0..n), in vocab) at the next n positions, caching their
+ * keys and values, and writes logits: (n,V) for every new position when
+ * `all`, else (V) for the last one. FSC_ERR_INVALID for n < 1, a bad id
+ * (naming it) or more than cfg->seq positions in all (reset, or re-run a
+ * shorter context, to go on). */
+FSC_API int fsc_gpt_kv_append(fsc_gpt_kv *kv, const int32_t *ids, int n, float *logits, bool all);
+
+/* Draws the next token from logits (V): greedy (argmax) for temperature <= 0,
+ * otherwise softmax(logits / temperature) over the top_k largest (top_k <= 0
+ * or >= V: all), with the uniform draw keyed by (seed, index), so a run is
+ * reproducible token by token. work holds V floats of scratch. */
+FSC_API int32_t fsc_gpt_sample(const float *logits, int V, float temperature, int top_k,
+                               uint64_t seed, int64_t index, float *work);
+
 #ifdef __cplusplus
 }
 #endif

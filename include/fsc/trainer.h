@@ -138,6 +138,30 @@ FSC_API int fsc_trainer_save_checkpoint(fsc_trainer *t, const char *dir, int n_s
 FSC_API int fsc_trainer_resume(fsc_trainer *t, const char *dir, int n_expect,
                                const char *const *keys, const char *const *json_values);
 
+/* Evaluation: the mean loss over `batches` global batches of held-out data,
+ * forward only (ctx->training false: no dropout, no gradients), through
+ * the strategy (fsdp gathers one unit at a time, as in training; no rank
+ * holds the whole model). Batch k is laid out as training step k is (every
+ * rank its micro-batches of the config's batch rows, in the data order of
+ * the top of this file), so the result is the same under every strategy
+ * and world size with the same global batch. */
+typedef struct fsc_trainer_eval_config {
+    int batches;              /* global batches to evaluate (>= 1) */
+    fsc_trainer_load_fn load; /* fills micro-batch mb's inputs (mb->step is k); may be NULL */
+    /* Forward and loss of rows [mb->row0, +mb->rows) on m with ctx (no
+     * backward): *loss gets the summed per-target loss / mb->norm, where
+     * mb->norm counts the targets of all `batches` global batches. */
+    fsc_trainer_loss_fn loss;
+    void *user;
+} fsc_trainer_eval_config;
+
+/* Runs cfg over every micro-batch of every batch and sums the shares over
+ * the data-parallel group: *loss is the mean, identical on every rank.
+ * Collective over the group. Leaves weights, gradients and the step alone.
+ * FSC_ERR_INVALID for bad arguments or a strategy with a pipeline (not
+ * available there yet); the callbacks' status otherwise. */
+FSC_API int fsc_trainer_eval(fsc_trainer *t, const fsc_trainer_eval_config *cfg, double *loss);
+
 #ifdef __cplusplus
 }
 #endif

@@ -3,7 +3,7 @@
 PyTorch is present) its models and losses agree with PyTorch.
 
 usage: train_e2e.py FSC_TRAIN {learns|accum|strategies|watchdog|resume|bad-input|torch|
-                              fsdp|fsdp-precision|fsdp-files}
+                              fsdp|fsdp-precision|fsdp-files|validation|sample}
 Exit 0 = pass, 1 = fail, 77 = skipped (no PyTorch).
 """
 import json
@@ -520,9 +520,177 @@ def fsdp_files():
         sys.exit(f"FAIL: the FSDP-saved model gives different losses in PyTorch ({rel:.2e})")
 
 
+def write_shard(path, tokens):
+    """An llm.c shard: 256 int32 header words (magic 20240520, version 1, count), uint16 tokens."""
+    import struct
+    with open(path, "wb") as f:
+        f.write(struct.pack("<256i", 20240520, 1, len(tokens), *([0] * 253)))
+        f.write(struct.pack(f"<{len(tokens)}H", *tokens))
+
+
+def val_rows(path):
+    return [(r["step"], r["val_loss"]) for r in metrics(path) if "val_loss" in r]
+
+
+def validation():
+    """Validation loss: the same under every strategy and layout with the same global batch
+    (fsdp without gathering the model); llm.c's *_val shards are held out of a --data glob and
+    evaluated; without them the tail of the data is held out of training; refusals are clear."""
+    common = ["--layers", "2", "--d-model", "64", "--heads", "4", "--seq", "32", "--steps", "6",
+              "--dropout", "0.1", "--quiet", "--eval-every", "3", "--eval-batches", "2"]
+    runs = {}
+    m = os.path.join(TMP, "v-single.jsonl")
+    run(*common, "--batch", "8", "--metrics", m)
+    runs["single"] = val_rows(m)
+    m = os.path.join(TMP, "v-dp.jsonl")
+    run(*common, "--batch", "8", "--strategy", "dp", "--threads", "2", "--metrics", m)
+    runs["dp x2 threads"] = val_rows(m)
+    for n, strat, extra in ((2, "ddp", ["--batch", "4"]), (2, "fsdp", ["--batch", "4"]),
+                            (4, "fsdp", ["--batch", "1", "--grad-accum", "2"]),
+                            (4, "sdp", ["--batch", "1", "--grad-accum", "2"]),
+                            (2, "ddp", ["--batch", "8", "--tp", "2"])):
+        m = os.path.join(TMP, f"v-{strat}{n}{len(runs)}.jsonl")
+        mpiexec(n, *common, "--strategy", strat, *extra, "--metrics", m)
+        runs[f"{strat} x{n} {' '.join(extra)}"] = val_rows(m)
+    ref = runs["single"]
+    assert [s for s, _ in ref] == [3, 6], ref
+    for name, rows in runs.items():
+        if [s for s, _ in rows] != [3, 6] or any(abs(a - b) > 1e-5 * b for (_, a), (_, b)
+                                                   in zip(rows, ref)):
+            sys.exit(f"FAIL: {name}: val losses {rows} vs single {ref}")
+        print(f"{name:32s} val losses " + " ".join(f"{v:.6f}" for _, v in rows))
+
+    # llm.c shards: a glob over train and val shards trains on the train shards only
+    d = os.path.join(TMP, "shards")
+    os.makedirs(d)
+    train_tok = [(i * 7 + i // 5) % 200 for i in range(6000)]
+    val_tok = [(i * 13 + 1) % 256 for i in range(3000)]
+    write_shard(os.path.join(d, "tiny_train_000.bin"), train_tok)
+    write_shard(os.path.join(d, "tiny_val_000.bin"), val_tok)
+    glob_m, train_m, explicit_m = (os.path.join(TMP, n) for n in ("g.jsonl", "t.jsonl", "e.jsonl"))
+    p = run(*common[:-5], "--batch", "4", "--data", os.path.join(d, "*.bin"), "--eval-every", "3",
+            "--metrics", glob_m)
+    if "tiny_val_000.bin" not in p.stderr or "left out of training" not in p.stderr:
+        sys.exit(f"FAIL: the glob's val shard was not reported as held out:\n{p.stderr}")
+    run(*common, "--batch", "4", "--data", os.path.join(d, "tiny_train_000.bin"),
+        "--val-data", os.path.join(d, "tiny_val_000.bin"), "--metrics", explicit_m)
+    run(*common[:-4], "--batch", "4", "--data", os.path.join(d, "tiny_train_000.bin"),
+        "--metrics", train_m)
+    losses = lambda path: [r["loss"] for r in metrics(path)]
+    if losses(glob_m) != losses(train_m) or val_rows(glob_m) != val_rows(explicit_m):
+        sys.exit(f"FAIL: 'dir/*.bin' did not train on the train shard and validate on the val "
+                 f"shard: {losses(glob_m)} vs {losses(train_m)}, {val_rows(glob_m)} vs "
+                 f"{val_rows(explicit_m)}")
+    print(f"ok  'dir/*.bin': trained on tiny_train_000.bin only, val losses {val_rows(glob_m)}")
+
+    # no val shards: the last --val-fraction of the data is held out of training
+    data, head = os.path.join(TMP, "data.txt"), os.path.join(TMP, "head.txt")
+    text = bytes((i * 7919 + (i // 13) * 31) % 251 for i in range(20000))
+    open(data, "wb").write(text)
+    open(head, "wb").write(text[:16000])
+    a, b = os.path.join(TMP, "tail.jsonl"), os.path.join(TMP, "head.jsonl")
+    p = run(*common, "--batch", "4", "--data", data, "--val-fraction", "0.2", "--metrics", a)
+    run(*common[:-4], "--batch", "4", "--data", head, "--metrics", b)
+    if losses(a) != losses(b):
+        sys.exit(f"FAIL: --val-fraction 0.2 did not hold the tail out: {losses(a)} vs {losses(b)}")
+    print(f"ok  --val-fraction 0.2: trained on the first 16000 of 20000 bytes; val {val_rows(a)}")
+    p = run(*common[:-5], "--batch", "4", "--eval-every", "6")
+    if "val loss" not in p.stderr or not any(l.startswith("val loss") for l in p.stderr.splitlines()):
+        sys.exit(f"FAIL: no val loss in the progress lines and summary:\n{p.stderr}")
+    print("ok  summary:", next(l for l in p.stderr.splitlines() if l.startswith("val loss")))
+    for args, needle in ((["--eval-batches", "0"], "--eval-batches 0 must be >= 1"),
+                         (["--val-fraction", "1.5"], "--val-fraction 1.5 must be in [0, 1)"),
+                         (["--val-fraction", "0.00001"], "leaves too few"),
+                         (["--val-data", "/nonexistent/v.bin"], "/nonexistent/v.bin")):
+        p = run(*common, *args, expect_ok=False)
+        if p.returncode == 0 or needle not in p.stderr:
+            sys.exit(f"FAIL: {args}: exit {p.returncode}, expected {needle!r} in:\n{p.stderr}")
+        print(f"ok  {' '.join(args):28s} -> {p.stderr.strip().splitlines()[-1][:110]}")
+    p = mpiexec(2, *common, "--strategy", "ddp", "--pp", "2", "--grad-accum", "2",
+                expect_ok=False)
+    if p.returncode == 0 or "not available with --pp" not in p.stderr:
+        sys.exit(f"FAIL: --eval-every under --pp: exit {p.returncode}:\n{p.stderr}")
+    print("ok  --eval-every with --pp 2 is refused by name")
+
+
+def sample():
+    """fsc-sample: reproducible by seed, the same tokens with and without the KV cache, the
+    same text from the weights file, the checkpoint and a Hugging Face style copy of it (no
+    metadata, "transformer." names, an extra lm_head); GPT-2 BPE when its files are there."""
+    import struct
+    fsc_sample = os.path.join(os.path.dirname(FSC_TRAIN), "fsc-sample")
+    w, ck = os.path.join(TMP, "w.safetensors"), os.path.join(TMP, "ck")
+    run("--layers", "2", "--d-model", "64", "--heads", "4", "--seq", "32", "--batch", "8",
+        "--steps", "40", "--lr", "3e-3", "--save", w, "--checkpoint-dir", ck, "--save-every", "40",
+        "--quiet")
+
+    def gen(*args, expect_ok=True):
+        p = subprocess.run([fsc_sample, *map(str, args)], capture_output=True, text=True,
+                           timeout=300)
+        if p.returncode < 0 or (expect_ok and p.returncode != 0):
+            sys.exit(f"FAIL: fsc-sample {' '.join(map(str, args))} exited {p.returncode}:\n"
+                     f"{p.stderr}")
+        return p
+    args = ["--prompt", "The ", "--max-new-tokens", "80", "--seed", "5", "--top-k", "20"]
+    a = gen("--model", w, *args)
+    if a.stdout != gen("--model", w, *args).stdout:
+        sys.exit("FAIL: the same seed gave other text")
+    if a.stdout != gen("--model", w, *args, "--no-kv-cache").stdout:
+        sys.exit("FAIL: the KV cache changed the tokens drawn")
+    if a.stdout == gen("--model", w, *args[:-3], "6", "--top-k", "20").stdout:
+        sys.exit("FAIL: another seed gave the same text")
+    if a.stdout != gen("--model", ck, *args).stdout:
+        sys.exit("FAIL: the checkpoint gave other text than the weights file")
+    speed = lambda p: p.stderr.strip().splitlines()[-1]
+    print("ok  seed 5: reproducible, == --no-kv-cache, == from the checkpoint:",
+          repr(a.stdout[:60]))
+    print("   ", speed(a))
+    # a Hugging Face style file: no metadata, "transformer." prefix, an unused lm_head
+    raw = open(w, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    header.pop("__metadata__", None)
+    header = {"transformer." + k: v for k, v in header.items()}
+    end = max(v["data_offsets"][1] for v in header.values())
+    wte = header["transformer.wte.weight"]
+    header["lm_head.weight"] = dict(wte, data_offsets=[end, end + wte["data_offsets"][1]
+                                                       - wte["data_offsets"][0]])
+    blob = raw[8 + n:] + raw[8 + n:][wte["data_offsets"][0]:wte["data_offsets"][1]]
+    hb = json.dumps(header).encode()
+    hf = os.path.join(TMP, "hf.safetensors")
+    open(hf, "wb").write(struct.pack("<Q", len(hb)) + hb + blob)
+    if a.stdout != gen("--model", hf, "--heads", "4", *args).stdout:
+        sys.exit("FAIL: the Hugging Face style copy gave other text")
+    print("ok  a Hugging Face style copy (no metadata, --heads 4) gives the same text")
+    for bad, needle in ((["--model", "/nonexistent"], "/nonexistent"),
+                        (["--model", w, "--prompt-ids", "999"], "--prompt-ids"),
+                        (["--model", w, "--top-k", "x"], "--top-k"),
+                        (["--prompt", "x"], "--model PATH is required")):
+        p = gen(*bad, expect_ok=False)
+        if p.returncode == 0 or needle not in p.stderr:
+            sys.exit(f"FAIL: fsc-sample {bad}: exit {p.returncode}:\n{p.stderr}")
+        print(f"ok  fsc-sample {' '.join(bad)[:40]:40s} -> {p.stderr.strip()[:90]}")
+    bpe = os.environ.get("FSC_GPT2_BPE_DIR", os.path.expanduser("~/.cache/fsc/gpt2"))
+    if not os.path.exists(os.path.join(bpe, "vocab.bpe")):
+        print("SKIP: GPT-2's BPE files are not there (scripts/fetch_gpt2_bpe.sh): no BPE part")
+        return
+    text = os.path.join(TMP, "english.txt")
+    open(text, "w").write("The cat sat on the mat. It's a sunny day, isn't it?\n" * 200)
+    wb = os.path.join(TMP, "bpe.safetensors")
+    p = run("--layers", "1", "--d-model", "32", "--heads", "2", "--seq", "32", "--batch", "4",
+            "--steps", "30", "--lr", "1e-2", "--tokenizer", bpe, "--data", text, "--save", wb)
+    print("ok  fsc-train --tokenizer:", next(l for l in p.stderr.splitlines() if "BPE" in l))
+    g = gen("--model", wb, "--tokenizer", bpe, "--prompt", "The cat", "--max-new-tokens", "20",
+            "--temperature", "0")
+    if not g.stdout.startswith("The cat") or "sat" not in g.stdout:
+        sys.exit(f"FAIL: greedy text from a model trained on one sentence: {g.stdout!r}")
+    print(f"ok  BPE in and out, greedy: {g.stdout.strip()[:70]!r}")
+
+
 {"learns": learns, "accum": accumulation, "strategies": strategies, "watchdog": watchdog,
  "resume": resume,
  "bad-input": bad_input,
  "torch": torch_cross_check,
- "fsdp": fsdp, "fsdp-precision": fsdp_precision, "fsdp-files": fsdp_files}[sys.argv[2]]()
+ "fsdp": fsdp, "fsdp-precision": fsdp_precision, "fsdp-files": fsdp_files,
+ "validation": validation, "sample": sample}[sys.argv[2]]()
 print("PASS")

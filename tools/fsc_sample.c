@@ -1,0 +1,410 @@
+/* fsc-sample: text from a trained GPT.
+ *
+ * Reads a weights file (fsc-train --save, a Hugging Face GPT-2
+ * model.safetensors) or a checkpoint directory (--checkpoint-dir), takes
+ * the model's shape from the file (fsc's metadata, else the tensors'
+ * shapes), and generates with a key/value cache (fsc/gpt.h), or with a
+ * whole forward per token under --no-kv-cache, which draws the same tokens
+ * for the same seed. Text goes to stdout as it is made; the speed to stderr. */
+#define _POSIX_C_SOURCE 200809L /* strdup */
+#include <cjson/cJSON.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "fsc/checkpoint.h"
+#include "fsc/gpt.h"
+#include "fsc/tokenizer.h"
+#include "fsc/version.h"
+#include "fsc/weights.h"
+
+static const char *USAGE =
+    "usage: fsc-sample --model PATH [flags]\n"
+    "Generates text from a GPT: PATH is a weights file (fsc-train --save, or a Hugging Face\n"
+    "GPT-2 model.safetensors) or a checkpoint directory (its latest checkpoint).\n"
+    "  --model PATH          weights file or checkpoint directory\n"
+    "  --prompt TEXT         text to continue (default: GPT-2's <|endoftext|>, or a newline)\n"
+    "  --prompt-ids 1,2,3    token ids to continue (models without a tokenizer)\n"
+    "  --tokenizer DIR       GPT-2 BPE files (encoder.json, vocab.bpe) for a 50257-token model;\n"
+    "                        without it a 256-token model reads and writes bytes, others ids\n"
+    "  --max-new-tokens N    tokens to generate (default 200)\n"
+    "  --temperature X       softmax temperature; 0 is greedy (default 1.0)\n"
+    "  --top-k K             sample among the K likeliest tokens; 0 for all (default 40)\n"
+    "  --seed N              seed of the draws (default 1337): same seed, same text\n"
+    "  --heads N             attention heads of a file without fsc metadata (default d_model/64)\n"
+    "  --threads N           BLAS and OpenMP threads (default 1)\n"
+    "  --no-kv-cache         a whole forward over the context per token (for comparison)\n"
+    "  --ids                 print token ids, one per line, instead of text\n"
+    "  --quiet               no speed report\n"
+    "  --version, --help";
+
+typedef struct {
+    const char *model, *prompt, *prompt_ids, *tokenizer;
+    int max_new, top_k, heads, threads;
+    double temperature;
+    unsigned long long seed;
+    int no_cache, print_ids, quiet;
+} sample_options;
+
+static int parse_int(const char *flag, const char *v, long lo, long hi, long *out) {
+    char *end;
+    long x = strtol(v, &end, 10);
+    if (end == v || *end || x < lo || x > hi) {
+        fprintf(stderr, "fsc-sample: --%s \"%s\": expected an integer in [%ld, %ld]\n", flag, v, lo,
+                hi);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+/* 0, 1 for --help/--version (printed), -1 on a bad flag (printed). */
+static int parse(int argc, char **argv, sample_options *o) {
+    static const struct option longs[] = {{"model", required_argument, 0, 'm'},
+                                          {"prompt", required_argument, 0, 'p'},
+                                          {"prompt-ids", required_argument, 0, 'I'},
+                                          {"tokenizer", required_argument, 0, 'z'},
+                                          {"max-new-tokens", required_argument, 0, 'n'},
+                                          {"temperature", required_argument, 0, 't'},
+                                          {"top-k", required_argument, 0, 'k'},
+                                          {"seed", required_argument, 0, 's'},
+                                          {"heads", required_argument, 0, 'H'},
+                                          {"threads", required_argument, 0, 'j'},
+                                          {"no-kv-cache", no_argument, 0, 'N'},
+                                          {"ids", no_argument, 0, 'i'},
+                                          {"quiet", no_argument, 0, 'q'},
+                                          {"help", no_argument, 0, 'h'},
+                                          {"version", no_argument, 0, 'V'},
+                                          {0, 0, 0, 0}};
+    *o = (sample_options){
+        .max_new = 200, .top_k = 40, .threads = 1, .temperature = 1.0, .seed = 1337};
+    opterr = 0;
+    for (int c; (c = getopt_long(argc, argv, "", longs, NULL)) != -1;) {
+        long v = 0;
+        char *end;
+        switch (c) {
+        case 'm':
+            o->model = optarg;
+            break;
+        case 'p':
+            o->prompt = optarg;
+            break;
+        case 'I':
+            o->prompt_ids = optarg;
+            break;
+        case 'z':
+            o->tokenizer = optarg;
+            break;
+        case 'n':
+            if (parse_int("max-new-tokens", optarg, 0, 1 << 30, &v)) return -1;
+            o->max_new = (int)v;
+            break;
+        case 'k':
+            if (parse_int("top-k", optarg, 0, 1 << 30, &v)) return -1;
+            o->top_k = (int)v;
+            break;
+        case 'H':
+            if (parse_int("heads", optarg, 1, 1 << 16, &v)) return -1;
+            o->heads = (int)v;
+            break;
+        case 'j':
+            if (parse_int("threads", optarg, 1, 1024, &v)) return -1;
+            o->threads = (int)v;
+            break;
+        case 't':
+            o->temperature = strtod(optarg, &end);
+            if (end == optarg || *end || !(o->temperature >= 0)) {
+                fprintf(stderr, "fsc-sample: --temperature \"%s\": expected a number >= 0\n",
+                        optarg);
+                return -1;
+            }
+            break;
+        case 's':
+            o->seed = strtoull(optarg, &end, 10);
+            if (end == optarg || *end) {
+                fprintf(stderr, "fsc-sample: --seed \"%s\": expected an integer\n", optarg);
+                return -1;
+            }
+            break;
+        case 'N':
+            o->no_cache = 1;
+            break;
+        case 'i':
+            o->print_ids = 1;
+            break;
+        case 'q':
+            o->quiet = 1;
+            break;
+        case 'h':
+            puts(USAGE);
+            return 1;
+        case 'V':
+            printf("fsc-sample %s\n", fsc_version());
+            return 1;
+        default:
+            fprintf(stderr, "fsc-sample: %s \"%s\" (see --help)\n",
+                    optopt ? "flag needs a value or is unknown:" : "unknown flag",
+                    argv[optind - 1]);
+            return -1;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "fsc-sample: unexpected argument \"%s\" (see --help)\n", argv[optind]);
+        return -1;
+    }
+    if (!o->model) {
+        fprintf(stderr, "fsc-sample: --model PATH is required (see --help)\n");
+        return -1;
+    }
+    if (o->prompt && o->prompt_ids) {
+        fprintf(stderr, "fsc-sample: give --prompt or --prompt-ids, not both\n");
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- the model's shape and weights ----------------------------------------------------------- */
+
+/* {"vocab_size": V, "n_positions": T, "n_layer": L, "n_embd": C, "n_head": H} */
+static int config_from_json(const char *text, fsc_gpt_config *cfg) {
+    cJSON *j = text ? cJSON_Parse(text) : NULL;
+    const char *keys[] = {"vocab_size", "n_positions", "n_layer", "n_embd", "n_head"};
+    int *dst[] = {&cfg->vocab, &cfg->seq, &cfg->layers, &cfg->d_model, &cfg->heads};
+    int ok = j != NULL;
+    for (int i = 0; ok && i < 5; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, keys[i]);
+        ok = cJSON_IsNumber(v);
+        if (ok) *dst[i] = v->valueint;
+    }
+    cJSON_Delete(j);
+    return ok ? 0 : -1;
+}
+
+/* Without fsc's metadata (a Hugging Face file): the shape from the tensors. */
+static int config_from_tensors(const fsc_st_file *f, int heads, fsc_gpt_config *cfg) {
+    const fsc_st_entry *wte = fsc_weights_find(f, "wte.weight"),
+                       *wpe = fsc_weights_find(f, "wpe.weight");
+    if (!wte || !wpe || wte->ndim != 2 || wpe->ndim != 2)
+        return fsc_error(FSC_ERR_FORMAT, "no fsc metadata and no 2-dim wte.weight and wpe.weight "
+                                         "tensors: not a GPT-2 weights file");
+    cfg->vocab = (int)wte->shape[0], cfg->d_model = (int)wte->shape[1];
+    cfg->seq = (int)wpe->shape[0];
+    char name[64];
+    for (cfg->layers = 0;; cfg->layers++) {
+        snprintf(name, sizeof name, "h.%d.ln_1.weight", cfg->layers);
+        if (!fsc_weights_find(f, name)) break;
+    }
+    cfg->heads = heads ? heads : cfg->d_model % 64 == 0 ? cfg->d_model / 64 : 1;
+    return FSC_OK;
+}
+
+/* The weights file of PATH and the model's shape. *weights is malloc'ed. */
+static int resolve(const sample_options *o, char **weights, fsc_gpt_config *cfg) {
+    struct stat st;
+    if (stat(o->model, &st))
+        return fsc_error(FSC_ERR_IO, "--model %s: no such file or directory", o->model);
+    const char *from_ckpt = NULL;
+    fsc_ckpt *c = NULL;
+    int rc = FSC_OK;
+    if (S_ISDIR(st.st_mode)) {
+        if ((rc = fsc_ckpt_open(o->model, &c)))
+            return fsc_error_context(rc, "--model %s: ", o->model);
+        const char *p = fsc_ckpt_path(c, "model.safetensors");
+        *weights = p ? strdup(p) : NULL;
+        from_ckpt = fsc_ckpt_get(c, "model");
+        if (!p)
+            rc = fsc_error(FSC_ERR_FORMAT, "--model %s: the checkpoint has no model.safetensors",
+                           o->model);
+    } else {
+        *weights = strdup(o->model);
+    }
+    fsc_st_file *f = rc ? NULL : fsc_st_open(*weights, &rc);
+    if (!rc) {
+        const char *meta = fsc_st_metadata(f, "fsc.gpt_config");
+        if (!meta) meta = fsc_st_metadata(f, "fsc.model");
+        if (!meta) meta = from_ckpt;
+        if (!meta || config_from_json(meta, cfg)) rc = config_from_tensors(f, o->heads, cfg);
+        if (!rc && o->heads) cfg->heads = o->heads;
+    }
+    fsc_st_close(f);
+    fsc_ckpt_close(c);
+    if (!rc && (rc = fsc_gpt_config_check(cfg)))
+        rc = fsc_error_context(rc, "the model's shape from %s: ", o->model);
+    return rc;
+}
+
+/* ---- text in, text out ------------------------------------------------------------------------
+ */
+
+/* The prompt as ids (malloc'ed into *ids). */
+static int encode_prompt(const sample_options *o, const fsc_bpe *bpe, int V, int32_t **ids,
+                         int *n) {
+    int64_t count = 0;
+    *ids = NULL;
+    if (o->prompt_ids) {
+        *ids = malloc((strlen(o->prompt_ids) / 2 + 2) * sizeof **ids);
+        for (const char *p = o->prompt_ids; *ids && *p;) {
+            char *end;
+            long v = strtol(p, &end, 10);
+            if (end == p || v < 0 || v >= V || (*end && *end != ','))
+                return fsc_error(FSC_ERR_INVALID,
+                                 "--prompt-ids \"%s\": expected ids in [0, %d) "
+                                 "separated by commas",
+                                 o->prompt_ids, V);
+            (*ids)[count++] = (int32_t)v;
+            p = *end ? end + 1 : end;
+        }
+    } else if (o->prompt && *o->prompt && bpe) {
+        int rc = fsc_bpe_encode(bpe, o->prompt, strlen(o->prompt), ids, &count);
+        if (rc) return rc;
+    } else if (o->prompt && *o->prompt && V >= 256) { /* bytes */
+        size_t len = strlen(o->prompt);
+        *ids = malloc(len * sizeof **ids);
+        for (size_t i = 0; *ids && i < len; i++) (*ids)[count++] = (unsigned char)o->prompt[i];
+    } else if (o->prompt && *o->prompt) {
+        return fsc_error(FSC_ERR_INVALID,
+                         "--prompt needs --tokenizer for a %d-token model (or "
+                         "give --prompt-ids)",
+                         V);
+    }
+    if (!count) { /* nothing to continue: GPT-2's document separator, or a newline */
+        free(*ids);
+        *ids = malloc(sizeof **ids);
+        if (*ids)
+            (*ids)[count++] = bpe && fsc_bpe_eot(bpe) >= 0 ? fsc_bpe_eot(bpe) : V > 10 ? 10 : 0;
+    }
+    if (!*ids) return fsc_error(FSC_ERR_NOMEM, "out of memory");
+    *n = (int)count;
+    return FSC_OK;
+}
+
+static void emit(const sample_options *o, const fsc_bpe *bpe, int V, int32_t id) {
+    size_t len;
+    const char *b = bpe ? fsc_bpe_token_bytes(bpe, id, &len) : NULL;
+    if (o->print_ids)
+        printf("%d\n", id);
+    else if (b)
+        fwrite(b, 1, len, stdout);
+    else if (V <= 256)
+        putchar(id);
+    else
+        printf("[%d]", id);
+    fflush(stdout);
+}
+
+/* ---- generation -------------------------------------------------------------------------------
+ */
+
+typedef struct {
+    fsc_module *gpt;
+    fsc_gpt_config cfg;
+    fsc_gpt_kv *kv; /* NULL under --no-kv-cache */
+    fsc_arena *arena;
+    int32_t *ctx; /* the tokens so far; the window is ctx[start, n) */
+    int start, n;
+    float *logits; /* (V): the next token's */
+} generator;
+
+/* Logits of the token after ctx[start, n) given ctx[start, n-fresh) are
+ * already in the cache. */
+static int next_logits(generator *g, int fresh) {
+    const int V = g->cfg.vocab;
+    if (g->kv) return fsc_gpt_kv_append(g->kv, g->ctx + g->n - fresh, fresh, g->logits, false);
+    fsc_arena_reset(g->arena);
+    fsc_ctx ctx = {.arena = g->arena, .training = false};
+    fsc_tensor x = fsc_tensor_2d(g->ctx + g->start, FSC_DTYPE_I32, 1, g->n - g->start), y;
+    void *saved;
+    int rc = fsc_module_forward(g->gpt, &ctx, &x, &y, &saved);
+    if (!rc)
+        memcpy(g->logits, (float *)y.data + (size_t)(g->n - g->start - 1) * V, sizeof(float) * V);
+    return rc;
+}
+
+/* A full window: keep its last half and run it again (both paths alike, so
+ * they stay token for token equal). Returns the tokens to (re)feed. */
+static int slide(generator *g) {
+    if (g->n - g->start <= g->cfg.seq) return 1;
+    g->start = g->n - g->cfg.seq / 2;
+    if (g->kv) fsc_gpt_kv_reset(g->kv);
+    return g->n - g->start;
+}
+
+int main(int argc, char **argv) {
+    sample_options o;
+    int rc = parse(argc, argv, &o);
+    if (rc) return rc > 0 ? 0 : 2;
+    fsc_set_num_threads(o.threads);
+    if (fsc_blas_init(o.threads)) return fprintf(stderr, "fsc-sample: %s\n", fsc_last_error()), 1;
+    char *weights = NULL;
+    generator g = {0};
+    fsc_params ps = {0};
+    fsc_bpe *bpe = NULL;
+    int32_t *prompt = NULL;
+    int np = 0, unused = 0;
+    float *work = NULL;
+    if ((rc = resolve(&o, &weights, &g.cfg))) goto done;
+    if (o.tokenizer && (rc = fsc_bpe_load(o.tokenizer, &bpe))) goto done;
+    if (bpe && fsc_bpe_vocab_size(bpe) > g.cfg.vocab) {
+        rc = fsc_error(FSC_ERR_INVALID, "--tokenizer has %d tokens, the model %d",
+                       fsc_bpe_vocab_size(bpe), g.cfg.vocab);
+        goto done;
+    }
+    if (!(g.gpt = fsc_gpt_new(&g.cfg))) {
+        rc = FSC_ERR_INVALID;
+        goto done;
+    }
+    if ((rc = fsc_params_bind(g.gpt, 0, false, &ps))) goto done;
+    if ((rc = fsc_weights_load(weights, &ps, &unused))) goto done;
+    if ((rc = encode_prompt(&o, bpe, g.cfg.vocab, &prompt, &np))) goto done;
+    const int V = g.cfg.vocab;
+    g.ctx = malloc(((size_t)np + (size_t)o.max_new) * sizeof *g.ctx);
+    g.logits = malloc((size_t)V * sizeof *g.logits);
+    work = malloc((size_t)V * sizeof *work);
+    if (!g.ctx || !g.logits || !work) {
+        rc = fsc_error(FSC_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    if (o.no_cache ? !(g.arena = fsc_arena_new(FSC_MEM_ACTIV, 1 << 20))
+                   : !(g.kv = fsc_gpt_kv_new(g.gpt, &g.cfg))) {
+        rc = FSC_ERR_NOMEM;
+        goto done;
+    }
+    memcpy(g.ctx, prompt, (size_t)np * sizeof *prompt);
+    g.n = np;
+    g.start = np > g.cfg.seq ? np - g.cfg.seq : 0;
+    if (!o.quiet)
+        fprintf(stderr, "fsc-sample: GPT L%d C%d H%d T%d V%d from %s%s; %d prompt tokens, %s\n",
+                g.cfg.layers, g.cfg.d_model, g.cfg.heads, g.cfg.seq, V, weights,
+                unused ? " (some tensors unused)" : "", np,
+                o.no_cache ? "a full forward per token" : "KV cache");
+    if (!o.print_ids && o.prompt) fputs(o.prompt, stdout);
+    double t0 = fsc_now();
+    rc = next_logits(&g, g.n - g.start); /* the prompt: one prefill */
+    double t1 = fsc_now();
+    for (int i = 0; !rc && i < o.max_new; i++) {
+        int32_t id = fsc_gpt_sample(g.logits, V, (float)o.temperature, o.top_k, o.seed, i, work);
+        g.ctx[g.n++] = id;
+        emit(&o, bpe, V, id);
+        if (i + 1 < o.max_new) rc = next_logits(&g, slide(&g));
+    }
+    double t2 = fsc_now();
+    if (!o.print_ids) putchar('\n');
+    if (!rc && !o.quiet)
+        fprintf(stderr,
+                "fsc-sample: prompt %d tokens in %.3f s; %d new tokens in %.3f s: %.1f tokens/s "
+                "(%s, %d thread%s)\n",
+                np, t1 - t0, o.max_new, t2 - t1, o.max_new > 0 ? o.max_new / (t2 - t1) : 0,
+                o.no_cache ? "no KV cache" : "KV cache", o.threads, o.threads > 1 ? "s" : "");
+done:
+    if (rc) fprintf(stderr, "fsc-sample: %s\n", fsc_last_error());
+    fsc_gpt_kv_free(g.kv);
+    fsc_arena_free(g.arena);
+    fsc_params_free(&ps);
+    fsc_module_free(g.gpt);
+    fsc_bpe_free(bpe);
+    free(weights), free(prompt), free(g.ctx), free(g.logits), free(work);
+    return rc ? 1 : 0;
+}
