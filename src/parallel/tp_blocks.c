@@ -42,7 +42,7 @@ static int attn_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, 
     s->att = fsc_arena_alloc(ctx->arena, (size_t)B * NHl * T * T * sizeof(float));
     rc = s->att ? fsc_alloc_like(ctx->arena, &s->qkv, Cl, &h) : FSC_ERR_NOMEM;
     if (rc) return rc;
-    fsc_attention_forward(h.data, s->att, s->qkv.data, B, T, Cl, NHl);
+    fsc_attention_forward_prec(h.data, s->att, s->qkv.data, B, T, Cl, NHl, fsc_ctx_prec(ctx));
     fsc_tensor p;
     rc = fsc_module_forward(a->c_proj, ctx, &h, &p, &s->c_proj);
     if (!rc) rc = fsc_module_forward(a->drop, ctx, &p, y, &s->drop);
@@ -65,7 +65,8 @@ static int attn_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const f
     if (!rc) rc = fsc_module_backward(a->c_proj, ctx, s->c_proj, &dp, &dh);
     if (!rc) rc = fsc_alloc_like(ctx->arena, &s->qkv, 3 * Cl, &dqkv);
     if (rc) return rc;
-    fsc_attention_backward(dqkv.data, dh.data, s->qkv.data, s->att, B, T, Cl, NHl);
+    fsc_attention_backward_prec(dqkv.data, dh.data, s->qkv.data, s->att, B, T, Cl, NHl,
+                                fsc_ctx_prec(ctx));
     return fsc_module_backward(a->c_attn, ctx, s->c_attn, &dqkv, dx);
 }
 

@@ -79,8 +79,8 @@ static int gpt_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, f
     fsc_arena_mark_t mark = fsc_arena_mark(ctx->arena);
     fsc_tensor fin;
     if ((rc = tp_enter_forward(&g->tp, ctx->arena, &s->final, &fin))) return rc;
-    fsc_matmul_forward(y->data, fin.data, g->wte->params[0].data, NULL, B * T, C, g->vp,
-                       FSC_WEIGHT_OUT_IN);
+    fsc_matmul_forward_prec(y->data, fin.data, g->wte->params[0].data, NULL, B * T, C, g->vp,
+                            FSC_WEIGHT_OUT_IN, fsc_ctx_prec(ctx));
     fsc_arena_release(ctx->arena, mark);
     *saved = s;
     return FSC_OK;
@@ -117,8 +117,8 @@ static int gpt_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fs
     if (!dfin.data) return FSC_ERR_NOMEM;
     fsc_arena_mark_t mark = fsc_arena_mark(ctx->arena);
     if ((rc = tp_enter_forward(&g->tp, ctx->arena, &s->final, &fin))) return rc;
-    fsc_matmul_backward(dfin.data, wte->grad, NULL, dy->data, fin.data, wte->data, B * T, C, g->vp,
-                        FSC_WEIGHT_OUT_IN);
+    fsc_matmul_backward_prec(dfin.data, wte->grad, NULL, dy->data, fin.data, wte->data, B * T, C,
+                             g->vp, FSC_WEIGHT_OUT_IN, fsc_ctx_prec(ctx));
     fsc_arena_release(ctx->arena, mark);
     if ((rc = tp_enter_backward(&g->tp, ctx->arena, &dfin))) return rc; /* f / scatter */
     fsc_tensor cur;

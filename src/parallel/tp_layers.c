@@ -37,8 +37,9 @@ static int column_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x
     fsc_tensor xin;
     rc = tp_enter_forward(&l->tp, ctx->arena, x, &xin);
     if (rc) return rc;
-    fsc_matmul_forward(yl.data, xin.data, m->params[0].data, l->bias ? m->params[1].data : NULL,
-                       (int)fsc_rows(&xin), l->in, l->out_local, l->layout);
+    fsc_matmul_forward_prec(yl.data, xin.data, m->params[0].data,
+                            l->bias ? m->params[1].data : NULL, (int)fsc_rows(&xin), l->in,
+                            l->out_local, l->layout, fsc_ctx_prec(ctx));
     fsc_arena_release(ctx->arena, mark); /* the gathered input, if any */
     rc = l->gather ? tp_last_gather(&l->tp, ctx->arena, &yl, y) : (*y = yl, FSC_OK);
     return rc ? rc : fsc_save_input(ctx->arena, x, saved);
@@ -63,14 +64,16 @@ static int column_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const
     float *dw = m->params[0].grad, *db = l->bias ? m->params[1].grad : NULL;
     int N = (int)fsc_rows(&xin);
     if (ctx->defer) { /* weight gradients at W: the gathered input stays */
-        fsc_matmul_backward(dx ? dxin.data : NULL, NULL, NULL, dyl.data, xin.data,
-                            m->params[0].data, N, l->in, l->out_local, l->layout);
-        rc = fsc_deferred_matmul(ctx->defer, dw, db, dyl.data, xin.data, m->params[0].data, N,
-                                 l->in, l->out_local, (int)l->layout);
+        fsc_matmul_backward_prec(dx ? dxin.data : NULL, NULL, NULL, dyl.data, xin.data,
+                                 m->params[0].data, N, l->in, l->out_local, l->layout,
+                                 fsc_ctx_prec(ctx));
+        rc = fsc_deferred_matmul_prec(ctx->defer, dw, db, dyl.data, xin.data, m->params[0].data, N,
+                                      l->in, l->out_local, (int)l->layout, fsc_ctx_prec(ctx));
         if (rc) return rc;
     } else {
-        fsc_matmul_backward(dx ? dxin.data : NULL, dw, db, dyl.data, xin.data, m->params[0].data, N,
-                            l->in, l->out_local, l->layout);
+        fsc_matmul_backward_prec(dx ? dxin.data : NULL, dw, db, dyl.data, xin.data,
+                                 m->params[0].data, N, l->in, l->out_local, l->layout,
+                                 fsc_ctx_prec(ctx));
         fsc_arena_release(ctx->arena, mark);
     }
     if (!dx) return FSC_OK;
@@ -152,8 +155,8 @@ static int row_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, f
     }
     fsc_arena_mark_t mark = fsc_arena_mark(ctx->arena);
     if ((rc = fsc_alloc_like(ctx->arena, &xl, l->out, &part))) return rc;
-    fsc_matmul_forward(part.data, xl.data, m->params[0].data, NULL, (int)fsc_rows(&xl), l->in_local,
-                       l->out, l->layout);
+    fsc_matmul_forward_prec(part.data, xl.data, m->params[0].data, NULL, (int)fsc_rows(&xl),
+                            l->in_local, l->out, l->layout, fsc_ctx_prec(ctx));
     if ((rc = tp_leave_forward(&l->tp, ctx->arena, &part, y))) return rc;
     if (shard.data) {
         memcpy(shard.data, y->data, fsc_tensor_nbytes(&shard));
@@ -192,14 +195,17 @@ static int row_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fs
     if (dx && (rc = fsc_alloc_like(ctx->arena, xl, l->in_local, &dxl))) return rc;
     int N = (int)fsc_rows(xl);
     if (ctx->defer) {
-        fsc_matmul_backward(dx ? dxl.data : NULL, NULL, NULL, dyf.data, xl->data, m->params[0].data,
-                            N, l->in_local, l->out, l->layout);
-        rc = fsc_deferred_matmul(ctx->defer, m->params[0].grad, NULL, dyf.data, xl->data,
-                                 m->params[0].data, N, l->in_local, l->out, (int)l->layout);
+        fsc_matmul_backward_prec(dx ? dxl.data : NULL, NULL, NULL, dyf.data, xl->data,
+                                 m->params[0].data, N, l->in_local, l->out, l->layout,
+                                 fsc_ctx_prec(ctx));
+        rc = fsc_deferred_matmul_prec(ctx->defer, m->params[0].grad, NULL, dyf.data, xl->data,
+                                      m->params[0].data, N, l->in_local, l->out, (int)l->layout,
+                                      fsc_ctx_prec(ctx));
         if (rc) return rc;
     } else {
-        fsc_matmul_backward(dx ? dxl.data : NULL, m->params[0].grad, NULL, dyf.data, xl->data,
-                            m->params[0].data, N, l->in_local, l->out, l->layout);
+        fsc_matmul_backward_prec(dx ? dxl.data : NULL, m->params[0].grad, NULL, dyf.data, xl->data,
+                                 m->params[0].data, N, l->in_local, l->out, l->layout,
+                                 fsc_ctx_prec(ctx));
     }
     if (!dx) return FSC_OK;
     if (l->input_parallel) {

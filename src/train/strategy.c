@@ -162,13 +162,6 @@ fsc_strategy *fsc_strategy_new(fsc_module *model, const fsc_optim_config *optim,
                   piped ? " and a pipeline together yet" : "");
         return NULL;
     }
-    if (tensor && opt->compute_dtype == FSC_DTYPE_BF16) {
-        fsc_error(FSC_ERR_UNSUPPORTED,
-                  "strategy %s: bf16 mixed precision under tensor parallelism is not there yet "
-                  "(its layers' GEMMs are fp32)",
-                  name);
-        return NULL;
-    }
     if (!tensor && opt->tp.make_model) {
         fsc_error(FSC_ERR_INVALID, "strategy %s: tensor-parallel options need tp.size >= 2", name);
         return NULL;

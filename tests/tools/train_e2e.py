@@ -436,9 +436,10 @@ def fsdp_precision():
     small = common[:common.index("--strategy")]
     for name, extra in (("ddp", ["--strategy", "ddp"]),
                         ("ddp x pp 2", ["--strategy", "ddp", "--pp", "2", "--batch", "2",
-                                        "--grad-accum", "2"])):
-        m = os.path.join(TMP, f"autocast-{len(extra)}.jsonl")
-        ref = os.path.join(TMP, f"autocast-ref-{len(extra)}.jsonl")
+                                        "--grad-accum", "2"]),
+                        ("tp 2", ["--strategy", "ddp", "--tp", "2", "--batch", "8"])):
+        m = os.path.join(TMP, f"autocast-{name.replace(' ', '')}.jsonl")
+        ref = os.path.join(TMP, f"autocast-ref-{name.replace(' ', '')}.jsonl")
         env = dict(os.environ, FSC_BF16_GEMM="on")
         mpiexec(2, *small, *extra, "--lr", "1e-3", "--mixed-precision", "bf16", "--metrics", m,
                 env=env)
