@@ -11,8 +11,8 @@ typedef struct {
 
 enum { LN_1, ATTN, LN_2, MLP };
 
-static int block_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, fsc_tensor *y,
-                         void **saved) {
+int fsc_block_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, fsc_tensor *y,
+                      void **saved) {
     block_saved *s = fsc_arena_alloc(ctx->arena, sizeof *s);
     if (!s) return FSC_ERR_NOMEM;
     fsc_tensor h, a, r, f;
@@ -30,8 +30,8 @@ static int block_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x,
     return FSC_OK;
 }
 
-static int block_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fsc_tensor *dy,
-                          fsc_tensor *dx) {
+int fsc_block_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fsc_tensor *dy,
+                       fsc_tensor *dx) {
     block_saved *s = saved;
     int rc = fsc_check_saved(m, saved);
     if (rc) return rc;
@@ -54,7 +54,8 @@ static int block_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const 
     return FSC_OK;
 }
 
-static const fsc_module_ops block_ops = {"TransformerBlock", block_forward, block_backward, NULL};
+static const fsc_module_ops block_ops = {"TransformerBlock", fsc_block_forward, fsc_block_backward,
+                                         NULL};
 
 fsc_module *fsc_block_new(const char *name, int C, int NH, float dropout, uint32_t layer_id,
                           int n_layers) {

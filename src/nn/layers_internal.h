@@ -79,6 +79,16 @@ static inline int fsc_check_last(const fsc_module *m, const fsc_tensor *x, int64
     return FSC_OK;
 }
 
+/* A pre-LN block's forward and backward over its children ln_1, attn, ln_2,
+ * mlp (in that order): x + attn(ln_1(x)), then + mlp(ln_2(.)). The residual
+ * adds work on whatever the children produce, so the tensor-parallel block
+ * (its children TP layers, its activations maybe sequence shards) runs them
+ * too. */
+int fsc_block_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, fsc_tensor *y,
+                      void **saved);
+int fsc_block_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fsc_tensor *dy,
+                       fsc_tensor *dx);
+
 /* Backward through blocks h[n-1] .. h[0] (saved records saved[l]) from *cur,
  * which ends as the input gradient of h[0]. Each block's input gradient
  * goes into one of the two (B,T,C) buffers of pingpong and the rest of its

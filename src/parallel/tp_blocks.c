@@ -129,56 +129,10 @@ fsc_module *fsc_tp_mlp_new(const char *name, int C, float dropout, uint32_t laye
 }
 
 /* ---- block ----------------------------------------------------------------------------- */
-typedef struct {
-    void *ln_1, *attn, *ln_2, *mlp;
-} tp_block_saved;
-
-enum { LN_1, ATTN, LN_2, MLP };
-
-/* x + attn(ln_1(x)), then + mlp(ln_2(.)): residual adds on whatever the
- * activations are, whole tensors or sequence shards. */
-static int block_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, fsc_tensor *y,
-                         void **saved) {
-    tp_block_saved *s = fsc_arena_alloc(ctx->arena, sizeof *s);
-    if (!s) return FSC_ERR_NOMEM;
-    fsc_tensor h, a, r, f;
-    int rc = fsc_module_forward(m->children[LN_1], ctx, x, &h, &s->ln_1);
-    if (!rc) rc = fsc_module_forward(m->children[ATTN], ctx, &h, &a, &s->attn);
-    if (!rc) rc = fsc_alloc_like(ctx->arena, x, x->shape[x->ndim - 1], &r);
-    if (rc) return rc;
-    fsc_add(r.data, x->data, a.data, fsc_tensor_numel(x));
-    rc = fsc_module_forward(m->children[LN_2], ctx, &r, &h, &s->ln_2);
-    if (!rc) rc = fsc_module_forward(m->children[MLP], ctx, &h, &f, &s->mlp);
-    if (!rc) rc = fsc_alloc_like(ctx->arena, x, x->shape[x->ndim - 1], y);
-    if (rc) return rc;
-    fsc_add(y->data, r.data, f.data, fsc_tensor_numel(x));
-    *saved = s;
-    return FSC_OK;
-}
-
-static int block_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fsc_tensor *dy,
-                          fsc_tensor *dx) {
-    tp_block_saved *s = saved;
-    int rc = fsc_check_saved(m, saved);
-    if (rc) return rc;
-    int64_t n = fsc_tensor_numel(dy);
-    fsc_tensor dh, dr, da, dln;
-    rc = fsc_module_backward(m->children[MLP], ctx, s->mlp, dy, &dh);
-    if (!rc) rc = fsc_module_backward(m->children[LN_2], ctx, s->ln_2, &dh, &dln);
-    if (!rc) rc = fsc_alloc_like(ctx->arena, dy, dy->shape[dy->ndim - 1], &dr);
-    if (rc) return rc;
-    fsc_add(dr.data, dy->data, dln.data, n);
-    rc = fsc_module_backward(m->children[ATTN], ctx, s->attn, &dr, &da);
-    if (!rc) rc = fsc_module_backward(m->children[LN_1], ctx, s->ln_1, &da, &dln);
-    if (rc) return rc;
-    if (dx) {
-        *dx = dr;
-        fsc_add_inplace(dx->data, dln.data, n);
-    }
-    return FSC_OK;
-}
-
-static const fsc_module_ops block_ops = {TP_KIND_BLOCK, block_forward, block_backward, NULL};
+/* fsc_block_forward / fsc_block_backward over TP children: the residual adds
+ * run on whatever the activations are, whole tensors or sequence shards. */
+static const fsc_module_ops block_ops = {TP_KIND_BLOCK, fsc_block_forward, fsc_block_backward,
+                                         NULL};
 
 fsc_module *fsc_tp_block_new(const char *name, int C, int NH, float dropout, uint32_t layer_id,
                              int n_layers, const fsc_tp_options *tp) {
