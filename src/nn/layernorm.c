@@ -12,11 +12,10 @@ typedef struct {
     float *mean, *rstd;
 } ln_saved;
 
-static int ln_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, fsc_tensor *y,
-                      void **saved) {
-    layernorm *l = (layernorm *)m;
-    int rc = fsc_check_last(m, x, l->dim);
-    if (!rc) rc = fsc_alloc_like(ctx->arena, x, l->dim, y);
+int fsc_layernorm_module_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x,
+                                 fsc_tensor *y, void **saved, int dim, float eps) {
+    int rc = fsc_check_last(m, x, dim);
+    if (!rc) rc = fsc_alloc_like(ctx->arena, x, dim, y);
     if (rc) return rc;
     int64_t n = fsc_rows(x);
     ln_saved *s = fsc_arena_alloc(ctx->arena, sizeof *s);
@@ -26,25 +25,38 @@ static int ln_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, fs
     s->rstd = fsc_arena_alloc(ctx->arena, (size_t)n * sizeof(float));
     if (!s->mean || !s->rstd) return FSC_ERR_NOMEM;
     fsc_layernorm_forward(y->data, s->mean, s->rstd, x->data, m->params[0].data, m->params[1].data,
-                          (int)n, l->dim, l->eps);
+                          (int)n, dim, eps);
     *saved = s;
     return FSC_OK;
 }
 
-static int ln_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fsc_tensor *dy,
-                       fsc_tensor *dx) {
-    layernorm *l = (layernorm *)m;
+int fsc_layernorm_module_backward(fsc_module *m, const fsc_ctx *ctx, void *saved,
+                                  const fsc_tensor *dy, fsc_tensor *dx, int dim, float *dweight,
+                                  float *dbias) {
     ln_saved *s = saved;
     int rc = fsc_check_saved(m, saved);
-    if (!rc) rc = fsc_check_dy_like(m, dy, &s->x, l->dim);
+    if (!rc) rc = fsc_check_dy_like(m, dy, &s->x, dim);
     if (rc) return rc;
     fsc_tensor tmp;
     if (!dx) dx = &tmp; /* the kernel computes dx alongside dweight; keep it simple */
-    rc = fsc_alloc_like(ctx->arena, &s->x, l->dim, dx);
+    rc = fsc_alloc_like(ctx->arena, &s->x, dim, dx);
     if (rc) return rc;
-    fsc_layernorm_backward(dx->data, m->params[0].grad, m->params[1].grad, dy->data, s->x.data,
-                           m->params[0].data, s->mean, s->rstd, (int)fsc_rows(&s->x), l->dim);
+    fsc_layernorm_backward(dx->data, dweight, dbias, dy->data, s->x.data, m->params[0].data,
+                           s->mean, s->rstd, (int)fsc_rows(&s->x), dim);
     return FSC_OK;
+}
+
+static int ln_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, fsc_tensor *y,
+                      void **saved) {
+    const layernorm *l = (const layernorm *)m;
+    return fsc_layernorm_module_forward(m, ctx, x, y, saved, l->dim, l->eps);
+}
+
+static int ln_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fsc_tensor *dy,
+                       fsc_tensor *dx) {
+    const layernorm *l = (const layernorm *)m;
+    return fsc_layernorm_module_backward(m, ctx, saved, dy, dx, l->dim, m->params[0].grad,
+                                         m->params[1].grad);
 }
 
 static const fsc_module_ops ln_ops = {"LayerNorm", ln_forward, ln_backward, NULL};

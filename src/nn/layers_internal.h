@@ -79,6 +79,16 @@ static inline int fsc_check_last(const fsc_module *m, const fsc_tensor *x, int64
     return FSC_OK;
 }
 
+/* LayerNorm's forward and backward for a module whose parameters 0 and 1 are
+ * weight and bias over `dim`, the backward accumulating the parameter
+ * gradients into dweight and dbias (the module's own, or a buffer a
+ * tensor-parallel LayerNorm sums over its group first). */
+int fsc_layernorm_module_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x,
+                                 fsc_tensor *y, void **saved, int dim, float eps);
+int fsc_layernorm_module_backward(fsc_module *m, const fsc_ctx *ctx, void *saved,
+                                  const fsc_tensor *dy, fsc_tensor *dx, int dim, float *dweight,
+                                  float *dbias);
+
 /* A pre-LN block's forward and backward over its children ln_1, attn, ln_2,
  * mlp (in that order): x + attn(ln_1(x)), then + mlp(ln_2(.)). The residual
  * adds work on whatever the children produce, so the tensor-parallel block

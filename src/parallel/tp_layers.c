@@ -242,50 +242,24 @@ typedef struct {
     float eps;
 } tp_ln;
 
-typedef struct {
-    fsc_tensor x;
-    float *mean, *rstd;
-} tp_ln_saved;
-
 static int ln_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, fsc_tensor *y,
                       void **saved) {
-    tp_ln *l = (tp_ln *)m;
-    int rc = fsc_check_last(m, x, l->dim);
-    if (!rc) rc = fsc_alloc_like(ctx->arena, x, l->dim, y);
-    if (rc) return rc;
-    int64_t n = fsc_rows(x);
-    tp_ln_saved *s = fsc_arena_alloc(ctx->arena, sizeof *s);
-    if (!s) return FSC_ERR_NOMEM;
-    s->x = *x;
-    s->mean = fsc_arena_alloc(ctx->arena, (size_t)n * sizeof(float));
-    s->rstd = fsc_arena_alloc(ctx->arena, (size_t)n * sizeof(float));
-    if (!s->mean || !s->rstd) return FSC_ERR_NOMEM;
-    fsc_layernorm_forward(y->data, s->mean, s->rstd, x->data, m->params[0].data, m->params[1].data,
-                          (int)n, l->dim, l->eps);
-    *saved = s;
-    return FSC_OK;
+    const tp_ln *l = (const tp_ln *)m;
+    return fsc_layernorm_module_forward(m, ctx, x, y, saved, l->dim, l->eps);
 }
 
+/* Under SP this shard's parameter gradients are summed over the group first. */
 static int ln_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fsc_tensor *dy,
                        fsc_tensor *dx) {
     tp_ln *l = (tp_ln *)m;
-    tp_ln_saved *s = saved;
-    int rc = fsc_check_saved(m, saved);
-    if (!rc) rc = fsc_check_dy_like(m, dy, &s->x, l->dim);
+    if (!l->tp.sp)
+        return fsc_layernorm_module_backward(m, ctx, saved, dy, dx, l->dim, m->params[0].grad,
+                                             m->params[1].grad);
+    float *part = fsc_arena_calloc(ctx->arena, 2 * (size_t)l->dim * sizeof(float));
+    if (!part) return FSC_ERR_NOMEM;
+    int rc = fsc_layernorm_module_backward(m, ctx, saved, dy, dx, l->dim, part, part + l->dim);
+    if (!rc) rc = tp_allreduce(&l->tp, part, 2 * (int64_t)l->dim, true);
     if (rc) return rc;
-    fsc_tensor tmp;
-    if (!dx) dx = &tmp;
-    if ((rc = fsc_alloc_like(ctx->arena, &s->x, l->dim, dx))) return rc;
-    float *dw = m->params[0].grad, *db = m->params[1].grad, *part = NULL;
-    if (l->tp.sp) { /* this shard's share, summed over the group below */
-        if (!(part = fsc_arena_calloc(ctx->arena, 2 * (size_t)l->dim * sizeof(float))))
-            return FSC_ERR_NOMEM;
-        dw = part, db = part + l->dim;
-    }
-    fsc_layernorm_backward(dx->data, dw, db, dy->data, s->x.data, m->params[0].data, s->mean,
-                           s->rstd, (int)fsc_rows(&s->x), l->dim);
-    if (!part) return FSC_OK;
-    if ((rc = tp_allreduce(&l->tp, part, 2 * (int64_t)l->dim, true))) return rc;
     fsc_add_inplace(m->params[0].grad, part, l->dim);
     fsc_add_inplace(m->params[1].grad, part + l->dim, l->dim);
     return FSC_OK;
