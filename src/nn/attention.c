@@ -9,11 +9,38 @@ typedef struct {
     fsc_module *c_attn, *c_proj, *drop;
 } attention;
 
-typedef struct {
-    void *c_attn, *c_proj, *drop;
-    fsc_tensor qkv;
-    float *att;
-} attn_saved;
+int fsc_attention_parts_forward(fsc_module *const parts[3], const fsc_ctx *ctx, const fsc_tensor *x,
+                                fsc_tensor *y, void **saved, int C, int NH) {
+    fsc_attn_saved *s = fsc_arena_alloc(ctx->arena, sizeof *s);
+    if (!s) return FSC_ERR_NOMEM;
+    int rc = fsc_module_forward(parts[0], ctx, x, &s->qkv, &s->c_attn);
+    if (rc) return rc;
+    int B = (int)s->qkv.shape[0], T = (int)s->qkv.shape[1];
+    fsc_tensor h;
+    s->att = fsc_arena_alloc(ctx->arena, (size_t)B * NH * T * T * sizeof(float));
+    rc = s->att ? fsc_alloc_like(ctx->arena, &s->qkv, C, &h) : FSC_ERR_NOMEM;
+    if (rc) return rc;
+    fsc_attention_forward_prec(h.data, s->att, s->qkv.data, B, T, C, NH, fsc_ctx_prec(ctx));
+    fsc_tensor p;
+    rc = fsc_module_forward(parts[1], ctx, &h, &p, &s->c_proj);
+    if (!rc) rc = fsc_module_forward(parts[2], ctx, &p, y, &s->drop);
+    *saved = s;
+    return rc;
+}
+
+int fsc_attention_parts_backward(fsc_module *const parts[3], const fsc_ctx *ctx,
+                                 const fsc_attn_saved *s, const fsc_tensor *dy, fsc_tensor *dx,
+                                 int C, int NH) {
+    int B = (int)s->qkv.shape[0], T = (int)s->qkv.shape[1];
+    fsc_tensor dp, dh, dqkv;
+    int rc = fsc_module_backward(parts[2], ctx, s->drop, dy, &dp);
+    if (!rc) rc = fsc_module_backward(parts[1], ctx, s->c_proj, &dp, &dh);
+    if (!rc) rc = fsc_alloc_like(ctx->arena, &s->qkv, 3 * C, &dqkv);
+    if (rc) return rc;
+    fsc_attention_backward_prec(dqkv.data, dh.data, s->qkv.data, s->att, B, T, C, NH,
+                                fsc_ctx_prec(ctx));
+    return fsc_module_backward(parts[0], ctx, s->c_attn, &dqkv, dx);
+}
 
 static int attn_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, fsc_tensor *y,
                         void **saved) {
@@ -21,39 +48,19 @@ static int attn_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, 
     if (x->ndim != 3 || x->dtype != FSC_DTYPE_F32 || x->shape[2] != a->C)
         return fsc_error(FSC_ERR_SHAPE, "CausalSelfAttention %s: expected f32 (B,T,%d) input",
                          m->name, a->C);
-    int B = (int)x->shape[0], T = (int)x->shape[1];
-    attn_saved *s = fsc_arena_alloc(ctx->arena, sizeof *s);
-    if (!s) return FSC_ERR_NOMEM;
-    int rc = fsc_module_forward(a->c_attn, ctx, x, &s->qkv, &s->c_attn);
-    if (rc) return rc;
-    fsc_tensor h;
-    s->att = fsc_arena_alloc(ctx->arena, (size_t)B * a->NH * T * T * sizeof(float));
-    rc = s->att ? fsc_alloc_like(ctx->arena, x, a->C, &h) : FSC_ERR_NOMEM;
-    if (rc) return rc;
-    fsc_attention_forward_prec(h.data, s->att, s->qkv.data, B, T, a->C, a->NH, fsc_ctx_prec(ctx));
-    fsc_tensor p;
-    rc = fsc_module_forward(a->c_proj, ctx, &h, &p, &s->c_proj);
-    if (!rc) rc = fsc_module_forward(a->drop, ctx, &p, y, &s->drop);
-    *saved = s;
-    return rc;
+    fsc_module *parts[3] = {a->c_attn, a->c_proj, a->drop};
+    return fsc_attention_parts_forward(parts, ctx, x, y, saved, a->C, a->NH);
 }
 
 static int attn_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fsc_tensor *dy,
                          fsc_tensor *dx) {
     attention *a = (attention *)m;
-    attn_saved *s = saved;
+    const fsc_attn_saved *s = saved;
     int rc = fsc_check_saved(m, saved);
     if (!rc) rc = fsc_check_dy_like(m, dy, &s->qkv, a->C);
     if (rc) return rc;
-    int B = (int)s->qkv.shape[0], T = (int)s->qkv.shape[1];
-    fsc_tensor dp, dh, dqkv;
-    rc = fsc_module_backward(a->drop, ctx, s->drop, dy, &dp);
-    if (!rc) rc = fsc_module_backward(a->c_proj, ctx, s->c_proj, &dp, &dh);
-    if (!rc) rc = fsc_alloc_like(ctx->arena, &s->qkv, 3 * a->C, &dqkv);
-    if (rc) return rc;
-    fsc_attention_backward_prec(dqkv.data, dh.data, s->qkv.data, s->att, B, T, a->C, a->NH,
-                                fsc_ctx_prec(ctx));
-    return fsc_module_backward(a->c_attn, ctx, s->c_attn, &dqkv, dx);
+    fsc_module *parts[3] = {a->c_attn, a->c_proj, a->drop};
+    return fsc_attention_parts_backward(parts, ctx, s, dy, dx, a->C, a->NH);
 }
 
 static const fsc_module_ops attn_ops = {"CausalSelfAttention", attn_forward, attn_backward, NULL};

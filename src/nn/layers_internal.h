@@ -89,6 +89,21 @@ int fsc_layernorm_module_backward(fsc_module *m, const fsc_ctx *ctx, void *saved
                                   const fsc_tensor *dy, fsc_tensor *dx, int dim, float *dweight,
                                   float *dbias);
 
+/* Attention over its parts c_attn, c_proj and resid_dropout (in that order)
+ * with C channels in NH heads after c_attn (the local ones under tensor
+ * parallelism): saves qkv, the probabilities and the parts' records. The
+ * caller checks x (forward) and dy (backward). */
+typedef struct {
+    void *c_attn, *c_proj, *drop;
+    fsc_tensor qkv; /* (B, T, 3C): the whole sequence */
+    float *att;     /* (B, NH, T, T) */
+} fsc_attn_saved;
+int fsc_attention_parts_forward(fsc_module *const parts[3], const fsc_ctx *ctx, const fsc_tensor *x,
+                                fsc_tensor *y, void **saved, int C, int NH);
+int fsc_attention_parts_backward(fsc_module *const parts[3], const fsc_ctx *ctx,
+                                 const fsc_attn_saved *s, const fsc_tensor *dy, fsc_tensor *dx,
+                                 int C, int NH);
+
 /* A pre-LN block's forward and backward over its children ln_1, attn, ln_2,
  * mlp (in that order): x + attn(ln_1(x)), then + mlp(ln_2(.)). The residual
  * adds work on whatever the children produce, so the tensor-parallel block

@@ -20,54 +20,28 @@ typedef struct {
     fsc_module *c_attn, *c_proj, *drop;
 } tp_attention;
 
-typedef struct {
-    void *c_attn, *c_proj, *drop;
-    fsc_tensor qkv; /* (B, T, 3C/t): the whole sequence */
-    float *att;
-} tp_attn_saved;
-
 static int attn_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, fsc_tensor *y,
                         void **saved) {
     tp_attention *a = (tp_attention *)m;
     if (x->ndim != 3 || x->dtype != FSC_DTYPE_F32 || x->shape[2] != a->C)
         return tp_shape_error(m, "expected f32 (B, T, C) input (T/t under sequence parallelism)",
                               x);
-    tp_attn_saved *s = fsc_arena_alloc(ctx->arena, sizeof *s);
-    if (!s) return FSC_ERR_NOMEM;
-    int rc = fsc_module_forward(a->c_attn, ctx, x, &s->qkv, &s->c_attn);
-    if (rc) return rc;
-    int B = (int)s->qkv.shape[0], T = (int)s->qkv.shape[1];
-    int Cl = a->C / a->tp.size, NHl = a->NH / a->tp.size;
-    fsc_tensor h;
-    s->att = fsc_arena_alloc(ctx->arena, (size_t)B * NHl * T * T * sizeof(float));
-    rc = s->att ? fsc_alloc_like(ctx->arena, &s->qkv, Cl, &h) : FSC_ERR_NOMEM;
-    if (rc) return rc;
-    fsc_attention_forward_prec(h.data, s->att, s->qkv.data, B, T, Cl, NHl, fsc_ctx_prec(ctx));
-    fsc_tensor p;
-    rc = fsc_module_forward(a->c_proj, ctx, &h, &p, &s->c_proj);
-    if (!rc) rc = fsc_module_forward(a->drop, ctx, &p, y, &s->drop);
-    *saved = s;
-    return rc;
+    fsc_module *parts[3] = {a->c_attn, a->c_proj, a->drop};
+    return fsc_attention_parts_forward(parts, ctx, x, y, saved, a->C / a->tp.size,
+                                       a->NH / a->tp.size);
 }
 
 static int attn_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fsc_tensor *dy,
                          fsc_tensor *dx) {
     tp_attention *a = (tp_attention *)m;
-    tp_attn_saved *s = saved;
+    const fsc_attn_saved *s = saved;
     int rc = fsc_check_saved(m, saved);
     if (rc) return rc;
-    int B = (int)s->qkv.shape[0], T = (int)s->qkv.shape[1];
-    int Cl = a->C / a->tp.size, NHl = a->NH / a->tp.size;
-    int64_t S = a->tp.sp ? T / a->tp.size : T;
+    int64_t B = s->qkv.shape[0], T = s->qkv.shape[1], S = a->tp.sp ? T / a->tp.size : T;
     if ((rc = fsc_module_check_dy(m, dy, 3, (int64_t[]){B, S, a->C}))) return rc;
-    fsc_tensor dp, dh, dqkv;
-    rc = fsc_module_backward(a->drop, ctx, s->drop, dy, &dp);
-    if (!rc) rc = fsc_module_backward(a->c_proj, ctx, s->c_proj, &dp, &dh);
-    if (!rc) rc = fsc_alloc_like(ctx->arena, &s->qkv, 3 * Cl, &dqkv);
-    if (rc) return rc;
-    fsc_attention_backward_prec(dqkv.data, dh.data, s->qkv.data, s->att, B, T, Cl, NHl,
-                                fsc_ctx_prec(ctx));
-    return fsc_module_backward(a->c_attn, ctx, s->c_attn, &dqkv, dx);
+    fsc_module *parts[3] = {a->c_attn, a->c_proj, a->drop};
+    return fsc_attention_parts_backward(parts, ctx, s, dy, dx, a->C / a->tp.size,
+                                        a->NH / a->tp.size);
 }
 
 static const fsc_module_ops attn_ops = {TP_KIND_ATTENTION, attn_forward, attn_backward, NULL};
