@@ -18,12 +18,21 @@
 extern "C" {
 #endif
 
+/* Sees a stretch of this rank's own gradient just before the wrapper reduces
+ * it over the group (AdaScale takes each rank's squared norm here): its
+ * first element's offset in the flat gradient buffer, and its n values, read
+ * only. Called inside backward, once per stretch per synchronised backward;
+ * the reduction starts when it returns. */
+typedef void (*fsc_grad_probe_fn)(void *user, int64_t offset, const float *grad, int64_t n);
+
 /* ---- DDP ------------------------------------------------------------------- */
 typedef struct fsc_ddp_options {
     size_t bucket_bytes;     /* gradient bucket size (0: 25 MB); must not be negative */
     fsc_reduce_op reduce_op; /* FSC_REDUCE_SUM (default: fsc's global-batch losses) or
                                 FSC_REDUCE_AVG (losses that are per-rank means) */
     bool no_broadcast;       /* skip broadcasting rank 0's parameters at wrap time */
+    fsc_grad_probe_fn probe; /* NULL: none; sees each bucket before its all-reduce */
+    void *probe_user;
 } fsc_ddp_options;
 
 typedef struct fsc_ddp_stats {

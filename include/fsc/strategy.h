@@ -119,6 +119,23 @@ typedef struct fsc_strategy_options {
      * mesh; weights are saved and loaded by global name (the one-process
      * file). Not yet with fsdp, single, dp or a pipeline (refused). */
     fsc_tp_strategy_options tp;
+    /* ddp, oss, sdp: sees each stretch of this rank's own gradient just
+     * before it is reduced over the group (fsc_grad_probe_fn; AdaScale's
+     * per-rank squared norms). Not under a pipeline. */
+    fsc_grad_probe_fn grad_probe;
+    void *grad_probe_user;
+    /* slowmo (FairScale's SlowMoDistributedDataParallel with Local SGD):
+     * every rank steps on its own gradients; the parameters are averaged
+     * every localsgd_frequency steps (0: 3); every slowmo_frequency steps
+     * (0: 48; a multiple of localsgd_frequency) the averaged parameters take
+     * the slow-momentum outer update, buf = slowmo_momentum * buf + (old - p)
+     * / lr, old -= slowmo_lr * lr * buf, p = old, with old and buf sharded
+     * over the ranks (FairScale's memory-efficient mode: a reduce to each
+     * shard's owner, the update there, a broadcast back). slowmo_momentum in
+     * [0, 1) (0: none, plain Local SGD; FairScale's default is 0.5),
+     * slowmo_lr > 0 (0: 1). */
+    int localsgd_frequency, slowmo_frequency;
+    double slowmo_momentum, slowmo_lr;
 } fsc_strategy_options;
 
 /* Communication of the strategy so far (on this rank). */
@@ -151,6 +168,10 @@ typedef struct fsc_strategy_info {
     int zero_stage;      /* 0..3: what is sharded over the group */
     bool pipeline;       /* steps through fsc_strategy_run_pipeline (no named row does;
                           * a row made with pipe.stages > 1 becomes one) */
+    /* Each rank steps on its own gradients (slowmo): the replicas agree only
+     * after an averaging step, and training is not one process's on the
+     * global batch (except at one rank). */
+    bool local_steps;
 } fsc_strategy_info;
 /* FSC_OK and *out for a known name; FSC_ERR_INVALID (error lists the names)
  * otherwise. */

@@ -23,6 +23,7 @@
 #ifndef FSC_TRAINER_H
 #define FSC_TRAINER_H
 
+#include "fsc/adascale.h"
 #include "fsc/grad_scaler.h"
 #include "fsc/strategy.h"
 
@@ -87,11 +88,30 @@ typedef struct fsc_trainer_config {
     fsc_trainer_head_loss_fn pipe_loss; /* required under a pipeline */
     fsc_trainer_hook_fn after_backward; /* may be NULL */
     void *user;
+    /* AdaScale (fsc/adascale.h): the gain r from the step's world x
+     * grad_accum gradient samples (each micro-batch of each rank is one,
+     * its squared norm taken before any reduction through the strategy's
+     * grad_probe), the learning rate multiplied by r, and the schedule read
+     * at the scale-invariant step (the sum of the gains so far), so a
+     * schedule written for one micro-batch on one rank runs unchanged.
+     * Under single, dp, ddp, oss and sdp; refused under fsdp (its
+     * reduce-scatter takes no probe yet), slowmo (no gradient is reduced),
+     * a pipeline or tensor parallelism. Costs one 8-byte all-reduce per step,
+     * the global gradient norm (computed even with skip_grad_norm), a pass
+     * over each bucket before it is reduced and, with grad_accum > 1, a copy
+     * of the gradients (FSC_MEM_WORK) to tell micro-batches apart.
+     * Checkpoints do not hold the estimator or the scale-invariant step. */
+    bool adascale;
+    fsc_adascale_config adascale_cfg; /* scale 0: world x grad_accum */
 } fsc_trainer_config;
 
 typedef struct fsc_step_result {
     double loss;        /* mean over the global batch */
-    double lr;          /* used by this step */
+    double lr;          /* used by this step (AdaScale: gain x base_lr) */
+    double base_lr;     /* the schedule's (at the scale-invariant step under AdaScale) */
+    double gain;        /* AdaScale's r for this step; 1 without AdaScale */
+    double progress;    /* scale-invariant steps after this one (the step count without
+                           AdaScale) */
     double grad_norm;   /* before clipping; 0 if not computed, inf if skipped */
     double seconds;     /* wall time of the step on this rank */
     double comm_wait_s; /* blocked on the strategy's communication during the step */
@@ -120,6 +140,9 @@ FSC_API int64_t fsc_trainer_get_step(const fsc_trainer *t); /* the next step to 
 FSC_API fsc_grad_scaler *fsc_trainer_grad_scaler(fsc_trainer *t);
 /* The learning rate step s gets from the schedule. */
 FSC_API double fsc_trainer_lr(const fsc_trainer *t, int64_t s);
+/* Scale-invariant steps so far: the sum of AdaScale's gains, or
+ * fsc_trainer_get_step without AdaScale. */
+FSC_API double fsc_trainer_progress(const fsc_trainer *t);
 
 /* Weights by global name, written by rank 0 of the group with the given
  * metadata pairs. Collective; every rank returns rank 0's failure. */

@@ -16,6 +16,7 @@
 #include "fsc/dist.h"
 #include "fsc/nn.h"
 #include "fsc/optim.h"
+#include "fsc/parallel.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -150,6 +151,10 @@ typedef struct fsc_sdp_options {
      * at most bucket_bytes / 2 unless one parameter (or the root-written
      * ones, see below) is larger. Anything else is FSC_ERR_INVALID. */
     fsc_dtype reduce_dtype;
+    /* NULL: none; sees each segment of a bucket (its F32 values) before it
+     * is rounded or reduced (fsc_grad_probe_fn, fsc/parallel.h). */
+    fsc_grad_probe_fn probe;
+    void *probe_user;
 } fsc_sdp_options;
 
 typedef struct fsc_sdp_stats {

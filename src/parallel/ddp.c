@@ -62,6 +62,8 @@ static int launch_ready(ddp *d) {
         if (b == d->buckets && fsc_fault_is(FSC_FAULT_DROP_GRAD) &&
             fsc_group_rank(d->group) == fsc_group_size(d->group) - 1)
             memset(d->params->grad + b->begin, 0, sizeof(float) * (size_t)(b->end - b->begin));
+        if (d->opt.probe) /* this rank's own gradient, a moment before it is summed away */
+            d->opt.probe(d->opt.probe_user, b->begin, d->params->grad + b->begin, b->end - b->begin);
         d->status = fsc_group_iallreduce(d->group, d->params->grad + b->begin, b->end - b->begin,
                                          FSC_DTYPE_F32, d->opt.reduce_op, &b->req);
         d->stats.allreduces++;

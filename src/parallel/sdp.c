@@ -166,6 +166,8 @@ static int launch(sdp *s, bucket *b) {
     if (b == s->buckets && fsc_fault_is(FSC_FAULT_DROP_GRAD) && s->rank == fsc_group_size(s->g) - 1)
         for (int i = 0; i < b->nsegs; i++)
             memset(grad + b->segs[i].begin, 0, sizeof(float) * (size_t)b->segs[i].count);
+    for (int i = 0; s->opt.probe && i < b->nsegs; i++) /* this rank's own, before the sum */
+        s->opt.probe(s->opt.probe_user, b->segs[i].begin, grad + b->segs[i].begin, b->segs[i].count);
     if (s->half) {
         int rc = take_slot(s, b);
         if (rc) return rc;

@@ -10,7 +10,7 @@
 
 static const strategy_ops *const TABLE[] = {
     &fsc_strategy_single, &fsc_strategy_dp,  &fsc_strategy_ddp,
-    &fsc_strategy_oss,    &fsc_strategy_sdp, &fsc_strategy_fsdp,
+    &fsc_strategy_oss,    &fsc_strategy_sdp, &fsc_strategy_fsdp, &fsc_strategy_slowmo,
 };
 enum { NROWS = sizeof TABLE / sizeof TABLE[0] };
 
@@ -61,6 +61,11 @@ static int option_uses(const fsc_strategy_options *o, option_use *out) {
         {"keep_after_forward", OPT_FSDP, o && o->keep_after_forward},
         {"accum_no_sync", OPT_FSDP, o && o->accum_no_sync},
         {"threads", OPT_THREADS, o && (o->threads > 1 || o->make_replica)},
+        {"grad_probe", OPT_PROBE, o && o->grad_probe},
+        {"localsgd_frequency", OPT_SLOWMO, o && o->localsgd_frequency != 0},
+        {"slowmo_frequency", OPT_SLOWMO, o && o->slowmo_frequency != 0},
+        {"slowmo_momentum", OPT_SLOWMO, o && o->slowmo_momentum != 0},
+        {"slowmo_lr", OPT_SLOWMO, o && o->slowmo_lr != 0},
     };
     memcpy(out, uses, sizeof uses);
     return (int)(sizeof uses / sizeof uses[0]);
@@ -68,7 +73,7 @@ static int option_uses(const fsc_strategy_options *o, option_use *out) {
 
 bool fsc_strategy_takes(const char *name, const char *option) {
     const strategy_ops *ops = name && option ? find(name) : NULL;
-    option_use uses[16];
+    option_use uses[24];
     int n = option_uses(NULL, uses);
     for (int i = 0; ops && i < n; i++)
         if (!strcmp(uses[i].name, option)) return (ops->accepts & uses[i].bit) != 0;
@@ -83,13 +88,14 @@ int fsc_strategy_info_get(const char *name, fsc_strategy_info *out) {
     *out = (fsc_strategy_info){.summary = ops->summary,
                                .spans_ranks = ops->spans_ranks,
                                .zero_stage = ops->zero_stage,
-                               .pipeline = ops->pipeline};
+                               .pipeline = ops->pipeline,
+                               .local_steps = ops->local_steps};
     return FSC_OK;
 }
 
 /* Refuses an option the row does not take, naming the rows that do. */
 static int check_options(const strategy_ops *ops, const fsc_strategy_options *o) {
-    option_use uses[16];
+    option_use uses[24];
     int n = option_uses(o, uses);
     for (int i = 0; i < n; i++) {
         if (!uses[i].set || (ops->accepts & uses[i].bit)) continue;
@@ -109,7 +115,7 @@ static int check_options(const strategy_ops *ops, const fsc_strategy_options *o)
  * FSDP units...) have no meaning: its ZeRO stage is applied to each stage's
  * flat buffers whole. */
 static int refuse_row_options_under_pipe(const fsc_strategy_options *o, const char *name) {
-    option_use uses[16] = {{0}};
+    option_use uses[24] = {{0}};
     int n = option_uses(o, uses);
     for (int i = 0; i < n; i++)
         if (uses[i].set)

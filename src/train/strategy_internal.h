@@ -15,6 +15,8 @@ enum {
     OPT_REDUCE = 1 << 2,    /* reduce_dtype, fp32_reduce_scatter */
     OPT_FSDP = 1 << 3,    /* compute_dtype, units, min_params, keep_after_forward, accum_no_sync */
     OPT_THREADS = 1 << 4, /* threads, make_replica, replica_user */
+    OPT_PROBE = 1 << 5,   /* grad_probe, grad_probe_user */
+    OPT_SLOWMO = 1 << 6,  /* localsgd_frequency, slowmo_frequency, slowmo_momentum, slowmo_lr */
 };
 
 typedef struct strategy_ops {
@@ -24,6 +26,7 @@ typedef struct strategy_ops {
     /* With pipe.stages > 1 the pipeline row runs instead, this row's
      * behaviour between the replicas (ddp: an all-reduce of the gradients). */
     bool composes_with_pipe;
+    bool local_steps; /* ranks step on their own gradients (fsc_strategy_info.local_steps) */
     int zero_stage;   /* 0..3: what is sharded over the group (see fsc_strategy_memory) */
     unsigned accepts; /* OPT_* */
     int (*setup)(fsc_strategy *s, const fsc_optim_config *optim);
@@ -85,6 +88,7 @@ struct fsc_strategy {
     void (*tp_row_stats)(const fsc_strategy *s, fsc_strategy_stats *out);
     double pipe_wait_s;
     int64_t pipe_messages, dp_allreduces;
+    struct slowmo_state *slowmo; /* strategy_slowmo.c */
 };
 
 /* strategy_tp.c. Before the row's setup: the TP and data-parallel groups,
@@ -98,7 +102,7 @@ int strategy_bind(fsc_strategy *s, fsc_params *out);
 
 /* The rows, defined beside their code. */
 extern const strategy_ops fsc_strategy_single, fsc_strategy_dp, fsc_strategy_ddp, fsc_strategy_oss,
-    fsc_strategy_sdp, fsc_strategy_fsdp;
+    fsc_strategy_sdp, fsc_strategy_fsdp, fsc_strategy_slowmo;
 /* Not in the table: what a row that composes with a pipeline becomes. */
 extern const strategy_ops fsc_strategy_pipe;
 

@@ -55,7 +55,9 @@ static int setup_dp(fsc_strategy *s, const fsc_optim_config *optim) {
 static int setup_ddp_like(fsc_strategy *s, const fsc_optim_config *optim, bool sharded) {
     int rc = bind(s);
     if (rc) return rc;
-    fsc_ddp_options d = {.bucket_bytes = bucket_bytes(s)};
+    fsc_ddp_options d = {.bucket_bytes = bucket_bytes(s),
+                         .probe = s->opt.grad_probe,
+                         .probe_user = s->opt.grad_probe_user};
     if (!(s->wrapper = fsc_ddp_wrap(s->model, &s->params, s->group, &d)))
         return fsc_error_context(FSC_ERR_INVALID, "DDP: ");
     s->module = s->wrapper;
@@ -73,7 +75,10 @@ static int setup_oss(fsc_strategy *s, const fsc_optim_config *optim) {
 static int setup_sdp(fsc_strategy *s, const fsc_optim_config *optim) {
     int rc = bind_and_optim(s, optim, true);
     if (rc) return rc;
-    fsc_sdp_options so = {.bucket_bytes = bucket_bytes(s), .reduce_dtype = s->opt.reduce_dtype};
+    fsc_sdp_options so = {.bucket_bytes = bucket_bytes(s),
+                          .reduce_dtype = s->opt.reduce_dtype,
+                          .probe = s->opt.grad_probe,
+                          .probe_user = s->opt.grad_probe_user};
     if (!(s->wrapper = fsc_sdp_wrap(s->model, &s->params, s->oss, &so)))
         return fsc_error_context(FSC_ERR_INVALID, "ShardedDDP: ");
     s->module = s->wrapper;
@@ -183,7 +188,7 @@ const strategy_ops fsc_strategy_ddp = {
     .summary = "one process per rank, gradients all-reduced in buckets during backward",
     .spans_ranks = true,
     .composes_with_pipe = true,
-    .accepts = OPT_BUCKET,
+    .accepts = OPT_BUCKET | OPT_PROBE,
     .setup = setup_ddp,
     .set_no_sync = ddp_no_sync,
     .save_optim = save_optim_local,
@@ -197,7 +202,7 @@ const strategy_ops fsc_strategy_oss = {
     .spans_ranks = true,
     .zero_stage = 1,
     .composes_with_pipe = true,
-    .accepts = OPT_BUCKET | OPT_PARTITION,
+    .accepts = OPT_BUCKET | OPT_PARTITION | OPT_PROBE,
     .setup = setup_oss,
     .set_no_sync = ddp_no_sync,
     .save_optim = save_optim_sharded,
@@ -211,7 +216,7 @@ const strategy_ops fsc_strategy_sdp = {
     .spans_ranks = true,
     .zero_stage = 2,
     .composes_with_pipe = true,
-    .accepts = OPT_BUCKET | OPT_PARTITION | OPT_REDUCE,
+    .accepts = OPT_BUCKET | OPT_PARTITION | OPT_REDUCE | OPT_PROBE,
     .setup = setup_sdp,
     .zero_grad = sdp_zero_grad,
     .set_no_sync = sdp_no_sync,

@@ -55,7 +55,15 @@ fsc_trainer *fsc_trainer_new(fsc_module *model, const fsc_trainer_config *cfg) {
     if (!(t->cfg.targets_per_sample > 0)) t->cfg.targets_per_sample = 1;
     fsc_strategy_options so = cfg->strategy;
     if (so.pipe.stages > 1 && !so.pipe.micros) so.pipe.micros = t->cfg.grad_accum;
+    if (cfg->adascale && trainer_ada_begin(t, &so)) {
+        fsc_trainer_free(t);
+        return NULL;
+    }
     t->s = fsc_strategy_new(model, &cfg->optim, &so);
+    if (t->s && t->ada && trainer_ada_ready(t)) {
+        fsc_trainer_free(t);
+        return NULL;
+    }
     bool fp16 = cfg->strategy.compute_dtype == FSC_DTYPE_F16;
     if (t->s && fp16 && !(t->scaler = fsc_grad_scaler_new(cfg->grad_scaler)))
         fsc_error_context(FSC_ERR_INVALID, "trainer: grad scaler: ");
@@ -71,6 +79,7 @@ fsc_trainer *fsc_trainer_new(fsc_module *model, const fsc_trainer_config *cfg) {
 void fsc_trainer_free(fsc_trainer *t) {
     if (!t) return;
     fsc_strategy_free(t->s);
+    trainer_ada_free(t);
     fsc_grad_scaler_free(t->scaler);
     fsc_arena_free(t->arena);
     free(t);
@@ -84,6 +93,10 @@ int64_t fsc_trainer_get_step(const fsc_trainer *t) {
 }
 fsc_grad_scaler *fsc_trainer_grad_scaler(fsc_trainer *t) {
     return t->scaler;
+}
+
+double fsc_trainer_progress(const fsc_trainer *t) {
+    return t->ada ? trainer_ada_progress(t) : (double)t->step;
 }
 
 double fsc_trainer_lr(const fsc_trainer *t, int64_t s) {
@@ -189,8 +202,10 @@ static int micro_steps(fsc_trainer *t, double scale, double *loss) {
                        .sample0 = call.mb.sample0,
                        .autocast = autocast(c)};
         float part = 0;
+        if (t->ada) trainer_ada_before_micro(t);
         rc = fsc_strategy_forward_backward(t->s, &ctx, k, K, B, run_rows, &call, &part);
         if (rc) return rc;
+        if (t->ada) trainer_ada_after_micro(t, k);
         *loss += part / scale;
     }
     return FSC_OK;
@@ -205,6 +220,7 @@ int fsc_trainer_step(fsc_trainer *t, fsc_step_result *r) {
     const double scale = t->scaler ? fsc_grad_scaler_get_scale(t->scaler) : 1.0;
     fsc_group *g = fsc_strategy_group(t->s);
     double loss = 0;
+    if (t->ada) trainer_ada_begin_step(t);
     fsc_strategy_zero_grad(t->s);
     int rc =
         c->strategy.pipe.stages > 1 ? pipeline_step(t, scale, &loss) : micro_steps(t, scale, &loss);
@@ -225,7 +241,7 @@ int fsc_trainer_step(fsc_trainer *t, fsc_step_result *r) {
         if (rc) return rc;
     }
     float gnorm = 0;
-    if (!skip && (c->clip > 0 || !c->skip_grad_norm))
+    if (!skip && (c->clip > 0 || !c->skip_grad_norm || t->ada))
         rc = fsc_strategy_clip_grad_norm(t->s, c->clip > 0 ? c->clip : FLT_MAX, &gnorm);
     if (!skip && (rc == FSC_ERR_NUMERIC || !isfinite(loss)))
         return fsc_error(FSC_ERR_NUMERIC,
@@ -233,13 +249,21 @@ int fsc_trainer_step(fsc_trainer *t, fsc_step_result *r) {
                          "learning rate or clip the gradient norm)",
                          (long long)t->step + 1, loss, (double)gnorm);
     if (rc) return rc;
-    r->lr = skip ? fsc_strategy_get_lr(t->s) : fsc_trainer_lr(t, t->step);
+    /* AdaScale reads the schedule at the scale-invariant step */
+    r->base_lr = fsc_trainer_lr(t, t->ada ? (int64_t)floor(trainer_ada_progress(t)) : t->step);
+    r->gain = 1;
+    if (t->ada && !skip) {
+        if ((rc = trainer_ada_update(t, gnorm, scale, &r->gain))) return rc;
+    }
+    r->lr = skip ? fsc_strategy_get_lr(t->s) : r->base_lr * r->gain;
     if (!skip) {
         rc = fsc_strategy_set_lr(t->s, r->lr);
         if (!rc) rc = fsc_strategy_step(t->s);
         if (rc) return rc;
+        if (t->ada) trainer_ada_advance(t, r->gain);
     }
     t->step++;
+    r->progress = fsc_trainer_progress(t);
     r->skipped = skip;
     r->grad_norm = skip ? INFINITY : gnorm;
     r->seconds = fsc_now() - t0;

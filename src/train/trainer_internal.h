@@ -10,7 +10,21 @@ struct fsc_trainer {
     fsc_strategy *s;
     fsc_grad_scaler *scaler; /* fp16 only */
     fsc_arena *arena;
-    int64_t step; /* next step to run, 0-based */
+    int64_t step;                 /* next step to run, 0-based */
+    struct trainer_adascale *ada; /* AdaScale (cfg.adascale), else NULL */
 };
+
+/* trainer_adascale.c. Begin: refuses what AdaScale cannot see into and
+ * wires its gradient probe into so; ready: after the strategy exists. */
+int trainer_ada_begin(fsc_trainer *t, fsc_strategy_options *so);
+int trainer_ada_ready(fsc_trainer *t);
+void trainer_ada_begin_step(fsc_trainer *t);
+void trainer_ada_before_micro(fsc_trainer *t);
+void trainer_ada_after_micro(fsc_trainer *t, int k); /* micro-step k has run */
+/* The step's samples against the averaged gradient's norm: *gain. Collective. */
+int trainer_ada_update(fsc_trainer *t, double grad_norm, double loss_scale, double *gain);
+void trainer_ada_advance(fsc_trainer *t, double gain); /* after the update */
+double trainer_ada_progress(const fsc_trainer *t);     /* scale-invariant steps so far */
+void trainer_ada_free(fsc_trainer *t);
 
 #endif

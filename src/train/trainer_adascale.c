@@ -1,0 +1,128 @@
+/* AdaScale in the trainer (cfg.adascale): each rank's gradient samples
+ * measured where the strategy is about to reduce them, the gain that scales
+ * the learning rate, and the scale-invariant step the schedule is read at
+ * (fsc/adascale.h has the estimator). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "fsc/kernels.h"
+#include "trainer_internal.h"
+
+/* AdaScale's per-step figures. Each micro-batch of each rank is a gradient
+ * sample; its squared norm is taken where the strategy is about to reduce
+ * it (the grad_probe, inside backward, bucket by bucket) or, for a
+ * micro-step that reduces nothing (no_sync, or a row of one process), from
+ * the gradient buffer after it. Backward accumulates (+=), so with
+ * grad_accum > 1 `prev` keeps the sum before the micro-step and a sample is
+ * the difference. */
+struct trainer_adascale {
+    fsc_adascale est;
+    double progress; /* scale-invariant steps so far */
+    float *prev;     /* grad_accum > 1: the accumulated gradient (FSC_MEM_WORK) */
+    bool use_prev;   /* prev holds this step's earlier micro-batches */
+    double micro_sq; /* the probe's sum over the micro-step being run */
+    int64_t probed;  /* elements the probe saw in it */
+    double sum_sq;   /* this rank's samples' squared norms, this step */
+};
+
+static void probe(void *user, int64_t offset, const float *g, int64_t n) {
+    struct trainer_adascale *a = user;
+    if (!a->use_prev) {
+        a->micro_sq += fsc_sumsq(g, n);
+    } else {
+        const float *p = a->prev + offset;
+        double s = 0;
+        for (int64_t i = 0; i < n; i++) s += ((double)g[i] - p[i]) * ((double)g[i] - p[i]);
+        a->micro_sq += s;
+    }
+    a->probed += n;
+}
+
+/* Refuses what AdaScale cannot see into, then wires the probe. */
+int trainer_ada_begin(fsc_trainer *t, fsc_strategy_options *so) {
+    const fsc_trainer_config *c = &t->cfg;
+    const char *name = so->name ? so->name : "single";
+    fsc_strategy_info info;
+    int rc = fsc_strategy_info_get(name, &info);
+    if (rc) return rc;
+    if (so->pipe.stages > 1 || so->tp.size > 1)
+        return fsc_error(FSC_ERR_UNSUPPORTED, "trainer: AdaScale does not run with a %s yet",
+                         so->pipe.stages > 1 ? "pipeline" : "tensor-parallel dimension");
+    if (info.spans_ranks && !fsc_strategy_takes(name, "grad_probe"))
+        return fsc_error(FSC_ERR_UNSUPPORTED,
+                         "trainer: AdaScale needs each rank's gradient before it is reduced, which "
+                         "strategy %s does not expose (%s); use ddp, oss or sdp",
+                         name,
+                         info.local_steps ? "it reduces no gradient"
+                                          : "its reduce-scatter takes no probe yet");
+    if (!(t->ada = calloc(1, sizeof *t->ada)))
+        return fsc_error(FSC_ERR_NOMEM, "trainer: out of memory");
+    rc = fsc_adascale_init(&t->ada->est, &c->adascale_cfg);
+    if (rc) return fsc_error_context(rc, "trainer: ");
+    if (info.spans_ranks) so->grad_probe = probe, so->grad_probe_user = t->ada;
+    return FSC_OK;
+}
+
+/* After the strategy exists: the sample count sets S, and a copy of the
+ * gradients tells micro-batches apart. */
+int trainer_ada_ready(fsc_trainer *t) {
+    struct trainer_adascale *a = t->ada;
+    const int n = t->cfg.grad_accum * fsc_strategy_world(t->s);
+    if (a->est.scale == 0 && fsc_adascale_set_scale(&a->est, n))
+        return fsc_error_context(FSC_ERR_INVALID, "trainer: ");
+    const fsc_params *ps = fsc_strategy_params(t->s);
+    if (t->cfg.grad_accum > 1 &&
+        !(a->prev = fsc_mem_alloc(FSC_MEM_WORK, sizeof(float) * (size_t)ps->numel)))
+        return fsc_error(FSC_ERR_NOMEM, "trainer: AdaScale: out of memory");
+    return FSC_OK;
+}
+
+/* Micro-step k has run: its sample's squared norm joins the step's. */
+void trainer_ada_after_micro(fsc_trainer *t, int k) {
+    struct trainer_adascale *a = t->ada;
+    const fsc_params *ps = fsc_strategy_params(t->s);
+    if (!a->probed) /* nothing reduced: the gradient buffer is this rank's own */
+        probe(a, 0, ps->grad, ps->numel);
+    a->sum_sq += a->micro_sq;
+    if (a->prev && k + 1 < t->cfg.grad_accum) {
+        memcpy(a->prev, ps->grad, sizeof(float) * (size_t)ps->numel);
+        a->use_prev = true;
+    }
+}
+
+/* The step's samples against the averaged gradient's norm (global, before
+ * clipping): the estimate, in the units of one sample's mean gradient (the
+ * trainer's loss makes each micro-gradient 1/n of its micro-batch's mean). */
+int trainer_ada_update(fsc_trainer *t, double grad_norm, double loss_scale, double *gain) {
+    struct trainer_adascale *a = t->ada;
+    const int n = t->cfg.grad_accum * fsc_strategy_world(t->s);
+    float sum = (float)(a->sum_sq * (double)n * n / (loss_scale * loss_scale));
+    if (n > 1 &&
+        fsc_group_allreduce(fsc_strategy_group(t->s), &sum, 1, FSC_DTYPE_F32, FSC_REDUCE_SUM))
+        return FSC_ERR_MPI;
+    int rc = n < 2 ? FSC_OK : fsc_adascale_update(&a->est, sum, n, grad_norm * grad_norm);
+    *gain = fsc_adascale_gain(&a->est);
+    return rc;
+}
+
+void trainer_ada_before_micro(fsc_trainer *t) {
+    t->ada->micro_sq = 0, t->ada->probed = 0;
+}
+
+void trainer_ada_begin_step(fsc_trainer *t) {
+    t->ada->sum_sq = 0, t->ada->use_prev = false;
+}
+
+void trainer_ada_advance(fsc_trainer *t, double gain) {
+    t->ada->progress += gain;
+}
+
+double trainer_ada_progress(const fsc_trainer *t) {
+    return t->ada->progress;
+}
+
+void trainer_ada_free(fsc_trainer *t) {
+    if (t->ada) fsc_mem_free(t->ada->prev);
+    free(t->ada);
+    t->ada = NULL;
+}

@@ -1,0 +1,233 @@
+/* The slowmo row (Local SGD with slow momentum) on 1, 2 and 4 ranks, through
+ * the trainer on the tiny GPT of tests/equivalence.h:
+ *  - averaging every step with no slow momentum (slowmo_lr 1, momentum 0)
+ *    under SGD with momentum and weight decay is DDP's step: the one-process
+ *    reference within the equivalence noise bound;
+ *  - Local SGD at frequency k is k local steps on each rank's own batch and
+ *    an average, and the slow-momentum outer update is FairScale's formula,
+ *    both recomputed here by hand (each rank its own model, its own
+ *    micro-batch, an all-reduce average, the outer update on the whole
+ *    vector): equal within 1e-6 relative + 1e-7 absolute (the row's sharded
+ *    reduce may sum 4 ranks in another order than the hand's all-reduce;
+ *    at 1 and 2 ranks they agree bit for bit);
+ *  - communication per step (fsc_group_get_stats bytes) at localsgd
+ *    frequency 4 is at most 0.3x DDP's, slow momentum every 48 steps
+ *    included (its reduce + broadcast moves twice an average's bytes:
+ *    (11 + 2) / 48 = 0.27x). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include "equivalence.h"
+#include "fsc/trainer.h"
+#include "mpi_test.h"
+
+static int rank, world;
+static fsc_tokens tk;
+
+static int gpt_loss(fsc_module *m, const fsc_ctx *ctx, const fsc_micro_batch *mb, void *user,
+                    float *loss) {
+    (void)user;
+    const int T = EQ_MODEL.seq;
+    int32_t x[EQ_GLOBAL_BATCH * 16], y[EQ_GLOBAL_BATCH * 16];
+    int rc = fsc_tokens_batch(&tk, mb->step, mb->micro, mb->rank, mb->batch, mb->micros, mb->world,
+                              T, x, y);
+    return rc ? rc : fsc_gpt_train_micro(m, ctx, x, y, mb->batch, T, -1, mb->norm, loss);
+}
+
+typedef struct slow {
+    int localsgd, slowmo;
+    double momentum, lr;
+} slow;
+
+/* The slowmo row through the trainer: final parameters; *bytes gets the
+ * world group's payload bytes over the steps. */
+static float *run_row(const char *name, const fsc_optim_config *optim, slow o, int steps,
+                      int64_t *bytes) {
+    fsc_module *m = fsc_gpt_new(&EQ_MODEL);
+    fsc_trainer_config cfg = {
+        .strategy = {.name = name, .seed = 5},
+        .optim = *optim,
+        .batch = EQ_GLOBAL_BATCH / world,
+        .targets_per_sample = EQ_MODEL.seq,
+        .loss = gpt_loss,
+    };
+    if (fsc_strategy_takes(name, "slowmo_lr"))
+        cfg.strategy.localsgd_frequency = o.localsgd, cfg.strategy.slowmo_frequency = o.slowmo,
+        cfg.strategy.slowmo_momentum = o.momentum, cfg.strategy.slowmo_lr = o.lr;
+    fsc_trainer *t = fsc_trainer_new(m, &cfg);
+    if (!t) fail_msg("%s: %s", name, fsc_last_error());
+    fsc_group_reset_stats(fsc_group_world());
+    for (int s = 0; s < steps; s++) {
+        fsc_step_result r;
+        if (fsc_trainer_step(t, &r)) fail_msg("%s: %s", name, fsc_last_error());
+    }
+    if (bytes) *bytes = fsc_group_get_stats(fsc_group_world()).bytes;
+    const fsc_params *ps = fsc_strategy_params(fsc_trainer_strategy(t));
+    float *out = malloc(sizeof(float) * (size_t)ps->numel);
+    memcpy(out, ps->data, sizeof(float) * (size_t)ps->numel);
+    fsc_trainer_free(t);
+    fsc_module_free(m);
+    return out;
+}
+
+/* By hand: this rank's model steps on its own micro-batch (the local mean),
+ * parameters averaged every o.localsgd steps, and every o.slowmo steps the
+ * outer update on the whole averaged vector instead. */
+static float *run_by_hand(const fsc_optim_config *optim, slow o, int steps, int64_t *numel) {
+    fsc_module *m = fsc_gpt_new(&EQ_MODEL);
+    fsc_params ps;
+    fsc_optim_range *r;
+    int nr;
+    if (!m || fsc_params_bind(m, 5, true, &ps) || fsc_optim_ranges_from_params(&ps, &r, &nr))
+        fail_msg("bind: %s", fsc_last_error());
+    fsc_optim *opt = fsc_optim_new(optim, r, nr);
+    fsc_arena *arena = fsc_arena_new(FSC_MEM_ACTIV, 1 << 20);
+    const int B = EQ_GLOBAL_BATCH / world, T = EQ_MODEL.seq, P = (int)ps.numel;
+    if (o.lr == 0) o.lr = 1; /* the row's default */
+    const bool outer = o.lr != 1 || o.momentum != 0;
+    float *old = malloc(sizeof(float) * P), *buf = calloc((size_t)P, sizeof(float));
+    memcpy(old, ps.data, sizeof(float) * P);
+    int32_t x[EQ_GLOBAL_BATCH * 16], y[EQ_GLOBAL_BATCH * 16];
+    for (int s = 0; s < steps; s++) {
+        fsc_params_zero_grad(&ps);
+        fsc_arena_reset(arena);
+        fsc_tokens_batch(&tk, s, 0, rank, B, 1, world, T, x, y);
+        fsc_ctx ctx = {.arena = arena,
+                       .training = true,
+                       .keyed = true,
+                       .seed = 5,
+                       .step = s,
+                       .sample0 = fsc_batch_first_sample(s, 0, rank, B, 1, world)};
+        float loss;
+        if (fsc_gpt_train_micro(m, &ctx, x, y, B, T, -1, (double)B * T, &loss)) abort();
+        fsc_optim_step(opt);
+        const bool avg = (s + 1) % o.localsgd == 0, slow_step = outer && (s + 1) % o.slowmo == 0;
+        if ((avg || slow_step) && world > 1)
+            fsc_group_allreduce(fsc_group_world(), ps.data, P, FSC_DTYPE_F32, FSC_REDUCE_AVG);
+        if (slow_step) { /* FairScale's _perform_local_optimization, all elements */
+            const double lr = fsc_optim_get_lr(opt);
+            const float inv = (float)(1.0 / lr), step = (float)(o.lr * lr);
+            for (int i = 0; i < P; i++) {
+                buf[i] = (float)o.momentum * buf[i] + (old[i] - ps.data[i]) * inv;
+                old[i] -= step * buf[i];
+                ps.data[i] = old[i];
+            }
+        }
+    }
+    float *out = malloc(sizeof(float) * P);
+    memcpy(out, ps.data, sizeof(float) * P);
+    *numel = P;
+    free(old), free(buf);
+    fsc_arena_free(arena);
+    fsc_optim_free(opt);
+    fsc_optim_ranges_free(r);
+    fsc_params_free(&ps);
+    fsc_module_free(m);
+    return out;
+}
+
+static void expect_close(const char *what, const float *got, const float *want, int64_t n) {
+    int64_t bad = 0, worst = 0;
+    double worst_d = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - want[i]);
+        if (d > worst_d) worst_d = d, worst = i;
+        bad += d > 1e-7 + 1e-6 * fabs(want[i]);
+    }
+    fprintf(stderr, "%s: max |diff| %.2e (element %lld), rank %d\n", what, worst_d,
+            (long long)worst, rank);
+    if (bad) fail_msg("%s: %lld elements outside 1e-6 rel + 1e-7", what, (long long)bad);
+}
+
+static void test_frequency_one_is_ddp(void **state) {
+    (void)state;
+    int64_t numel;
+    float *ref = eq_reference_ex(&(eq_options){.optim = &EQ_SGD_MOMENTUM}, &numel);
+    float *got = run_row("slowmo", &EQ_SGD_MOMENTUM, (slow){.localsgd = 1}, EQ_STEPS, NULL);
+    char label[80];
+    snprintf(label, sizeof label, "slowmo, localsgd frequency 1, %d ranks, rank %d", world, rank);
+    assert_int_equal(eq_compare(label, got, ref, numel), 0);
+    free(ref), free(got);
+}
+
+static void test_local_sgd_by_hand(void **state) {
+    (void)state;
+    const slow o = {.localsgd = 2};
+    for (int steps = 2; steps <= 5; steps += 3) { /* right after an average, and between */
+        int64_t n;
+        float *want = run_by_hand(&EQ_SGD_MOMENTUM, o, steps, &n);
+        float *got = run_row("slowmo", &EQ_SGD_MOMENTUM, o, steps, NULL);
+        expect_close(steps == 2 ? "local sgd k=2, 2 steps" : "local sgd k=2, 5 steps", got, want,
+                     n);
+        free(want), free(got);
+    }
+}
+
+static void test_slow_momentum_by_hand(void **state) {
+    (void)state;
+    const slow o = {.localsgd = 2, .slowmo = 2, .momentum = 0.5, .lr = 0.8};
+    int64_t n;
+    float *want = run_by_hand(&EQ_SGD_MOMENTUM, o, 6, &n);
+    float *got = run_row("slowmo", &EQ_SGD_MOMENTUM, o, 6, NULL);
+    expect_close("slow momentum 0.5, slowmo_lr 0.8, 3 outer steps", got, want, n);
+    free(want), free(got);
+    /* Adam as the local optimizer too */
+    want = run_by_hand(&EQ_ADAMW, o, 4, &n);
+    got = run_row("slowmo", &EQ_ADAMW, o, 4, NULL);
+    expect_close("slow momentum over AdamW, 2 outer steps", got, want, n);
+    free(want), free(got);
+}
+
+static void test_communication_saved(void **state) {
+    (void)state;
+    if (world == 1) skip();
+    enum { STEPS = 48 }; /* FairScale's default slowmo_frequency */
+    int64_t ddp, local, slow_b;
+    free(run_row("ddp", &EQ_SGD_MOMENTUM, (slow){0}, STEPS, &ddp));
+    free(run_row("slowmo", &EQ_SGD_MOMENTUM, (slow){.localsgd = 4}, STEPS, &local));
+    free(run_row("slowmo", &EQ_SGD_MOMENTUM,
+                 (slow){.localsgd = 4, .slowmo = 48, .momentum = 0.5, .lr = 1}, STEPS, &slow_b));
+    if (rank == 0)
+        print_message("bytes per step on rank 0, %d ranks: ddp %.0f, local sgd (k=4) %.0f "
+                      "(%.3fx), + slow momentum every 48 %.0f (%.3fx)\n",
+                      world, (double)ddp / STEPS, (double)local / STEPS, (double)local / ddp,
+                      (double)slow_b / STEPS, (double)slow_b / ddp);
+    assert_true(local <= 0.3 * ddp);
+    assert_true(slow_b <= 0.3 * ddp);
+}
+
+static void test_refusals(void **state) {
+    (void)state;
+    fsc_module *m = fsc_gpt_new(&EQ_MODEL);
+    fsc_strategy_options bad[3] = {
+        {.name = "slowmo", .localsgd_frequency = 3, .slowmo_frequency = 4, .slowmo_momentum = 0.5},
+        {.name = "slowmo", .slowmo_momentum = 1.0},
+        {.name = "ddp", .localsgd_frequency = 2},
+    };
+    const char *want[3] = {"multiple", "slowmo_momentum", "applies to slowmo only"};
+    for (int i = 0; i < 3; i++) {
+        fsc_strategy *s = fsc_strategy_new(m, &EQ_SGD_MOMENTUM, &bad[i]);
+        assert_null(s);
+        if (!strstr(fsc_last_error(), want[i]))
+            fail_msg("expected \"%s\" in: %s", want[i], fsc_last_error());
+    }
+    fsc_module_free(m);
+}
+
+int main(int argc, char **argv) {
+    if (fsc_dist_init(&argc, &argv, NULL)) return 1;
+    rank = fsc_dist_rank(), world = fsc_dist_size();
+    eq_tokens(&tk);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_frequency_one_is_ddp),
+        cmocka_unit_test(test_local_sgd_by_hand),
+        cmocka_unit_test(test_slow_momentum_by_hand),
+        cmocka_unit_test(test_communication_saved),
+        cmocka_unit_test(test_refusals),
+    };
+    int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    fsc_tokens_free(&tk);
+    return mpi_test_finish(failed);
+}
