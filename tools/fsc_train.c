@@ -1,9 +1,12 @@
 /* fsc-train: trains a GPT on token data and reports what it did.
  *
  * Progress goes to stderr (a live line on a terminal, a line every
- * --log-every steps otherwise); --metrics gets one JSON object per step; the
- * closing summary gives throughput, model FLOP/s against the sgemm peak
- * measured in the same process, and peak memory by tag. */
+ * --log-every steps or --log-seconds otherwise: train_progress.c); --metrics
+ * gets one JSON object per step; the closing summary gives throughput, model
+ * FLOP/s against the sgemm peak measured in the same process, and peak
+ * memory by tag. Flags may come from --config, a checkpoint or a weights
+ * file (train_config.c); SIGINT/SIGTERM stop after the current step with a
+ * checkpoint (train_signals.c). */
 #define _POSIX_C_SOURCE 200809L /* strdup, strtok_r, glob */
 #include <glob.h>
 #include <inttypes.h>
@@ -18,6 +21,7 @@
 #include "fsc/tokenizer.h"
 #include "fsc/version.h"
 #include "train_common.h"
+#include "train_run.h"
 
 static const char *USAGE =
     "Trains a GPT-2 style model: in one process (--strategy single), over threads (dp), or\n"
@@ -26,25 +30,11 @@ static const char *USAGE =
     "Validation (--eval-every N): the mean loss over --eval-batches global batches of --val-data,\n"
     "by default llm.c's *_val.bin shards beside the training shards (a --data glob then skips\n"
     "them) or else the last --val-fraction of the data, held out of training.\n"
+    "--resume takes the checkpoint's flags (model, data, schedule, batch) unless given;\n"
+    "--init-from takes the model flags from the file (metadata, config.json beside it, shapes).\n"
+    "SIGINT/SIGTERM stop after the current step, write a checkpoint into --checkpoint-dir and\n"
+    "exit with status 75; a second signal stops at once.\n"
     "--version prints the version and exits.";
-
-static void write_metrics(FILE *f, int64_t step, const fsc_step_result *r, double tok_s,
-                          double val_loss) {
-    fprintf(f, "{\"step\": %" PRId64 ", \"loss\": %.6f, \"lr\": %.6g, ", step, r->loss, r->lr);
-    if (!isnan(val_loss)) fprintf(f, "\"val_loss\": %.6f, ", val_loss);
-    if (isfinite(r->grad_norm)) /* JSON has no inf: a skipped fp16 step has none */
-        fprintf(f, "\"grad_norm\": %.6g, ", r->grad_norm);
-    else
-        fprintf(f, "\"grad_norm\": null, ");
-    fprintf(f, "\"tokens_per_s\": %.1f, \"step_ms\": %.2f, ", tok_s, 1e3 * r->seconds);
-    if (r->loss_scale > 0)
-        fprintf(f, "\"loss_scale\": %.9g, \"skipped\": %s, ", r->loss_scale,
-                r->skipped ? "true" : "false");
-    fprintf(f, "\"mem\": {");
-    print_mem_json(f, false);
-    fprintf(f, "}}\n");
-    fflush(f);
-}
 
 /* ---- validation data and evaluation -------------------------------------------------------- */
 
@@ -325,6 +315,11 @@ int main(int argc, char **argv) {
         return fail(NULL, world, 2);
     }
     if (rank != 0) o.quiet = true, o.metrics = NULL; /* rank 0 writes --save, --save-init */
+    if ((o.resume && (rc = train_config_resume(&o, !o.quiet))) ||
+        (o.init_from && !o.resume && (rc = train_config_init_from(&o, !o.quiet)))) {
+        if (rank == 0) fprintf(stderr, "fsc-train: %s\n", fsc_last_error());
+        return fail(NULL, world, 2);
+    }
     validation val = {.on = o.eval_every > 0, .loss = NAN};
     fsc_bpe *bpe = NULL;
     if (o.tokenizer && (rc = fsc_bpe_load(o.tokenizer, &bpe))) {
@@ -332,6 +327,8 @@ int main(int argc, char **argv) {
         return fail(NULL, world, 2);
     }
     if (bpe && !train_flag_given(&o, "vocab")) o.model.vocab = fsc_bpe_vocab_size(bpe);
+    char *config_json = train_config_json(&o); /* before --data loses its *_val shards */
+    o.config_json = config_json;
     if (val.on && o.pp > 1) {
         if (rank == 0)
             fprintf(stderr, "fsc-train: --eval-every is not available with --pp yet (a pipeline "
@@ -381,7 +378,7 @@ int main(int argc, char **argv) {
     if (fault && sscanf(fault, "inf@%d:%lld", &fault_rank, &fault_step) == 2 && fault_rank == rank)
         t.poison_step = fault_step;
     FILE *metrics = NULL;
-    if (o.metrics && !(metrics = fopen(o.metrics, "w"))) {
+    if (o.metrics && !(metrics = fopen(o.metrics, o.resume ? "a" : "w"))) { /* resume: append */
         fprintf(stderr, "fsc-train: --metrics %s: cannot open for writing\n", o.metrics);
         return fail(&t, world, 1);
     }
@@ -389,14 +386,17 @@ int main(int argc, char **argv) {
     if (!o.quiet && fsc_blas_hint()) fprintf(stderr, "fsc-train: %s\n", fsc_blas_hint());
     const bool threads = fsc_strategy_takes(o.strategy, "threads");
     double peak = rank == 0 ? fsc_sgemm_peak_gflops(1024, 3) / (threads ? 1 : o.threads) : 0;
-    bool tty = isatty(STDERR_FILENO);
     double first_loss = NAN, last_loss = NAN, comm = 0, t0 = fsc_now();
     int64_t steps = 0;
     double tokens_per_step = (double)o.batch * o.grad_accum * o.model.seq * t.world;
     const int64_t first_step = trainer_next_step(&t);
     if (first_step && !o.quiet)
         fprintf(stderr, "fsc-train: resumed at step %" PRId64 " from %s\n", first_step, o.resume);
-    for (int64_t s = first_step; s < o.steps; s++) {
+    progress prog;
+    progress_start(&prog, &o, first_step, tokens_per_step, isatty(STDERR_FILENO));
+    train_signals_install();
+    int stop = 0;
+    for (int64_t s = first_step; s < o.steps && !stop; s++) {
         fsc_step_result r;
         inject_fault(rank, s + 1);
         if ((rc = trainer_step(&t, &r))) {
@@ -405,7 +405,13 @@ int main(int argc, char **argv) {
         }
         steps++;
         comm += r.comm_wait_s;
-        if (o.save_every && (s + 1) % o.save_every == 0 && (rc = trainer_checkpoint(&t))) {
+        if ((rc = train_signals_agree(&stop))) {
+            fprintf(stderr, "\nfsc-train%s: after step %" PRId64 ": %s\n",
+                    world > 1 ? " (a rank)" : "", s + 1, fsc_last_error());
+            break;
+        }
+        const bool saved_now = o.save_every && (s + 1) % o.save_every == 0;
+        if (((stop && o.checkpoint_dir) || saved_now) && (rc = trainer_checkpoint(&t))) {
             fprintf(stderr, "\nfsc-train: checkpoint at step %" PRId64 ": %s\n", s + 1,
                     fsc_last_error());
             break;
@@ -419,25 +425,37 @@ int main(int argc, char **argv) {
                     fsc_last_error());
             break;
         }
-        if (metrics) write_metrics(metrics, s + 1, &r, tok_s, eval_now ? val.loss : NAN);
-        if (o.quiet) continue;
-        if (eval_now)
-            fprintf(stderr, "%sstep %" PRId64 "/%" PRId64 "  val loss %.4f  (%d batches, %.2f s)\n",
-                    tty ? "\r\033[K" : "", s + 1, o.steps, val.loss, o.eval_batches, val.seconds);
-        char vl[32] = "";
-        if (!isnan(val.loss)) snprintf(vl, sizeof vl, "  val %.4f", val.loss);
-        if (tty)
-            fprintf(stderr,
-                    "\rstep %" PRId64 "/%" PRId64 "  loss %.4f%s  lr %.2e  |g| %.3f  %.0f tok/s ",
-                    s + 1, o.steps, r.loss, vl, r.lr, r.grad_norm, tok_s);
-        else if ((s + 1) % (o.log_every > 0 ? o.log_every : 1) == 0 || s == 0 || s + 1 == o.steps)
-            fprintf(stderr,
-                    "step %" PRId64 "/%" PRId64 "  loss %.4f%s  lr %.2e  |g| %.3f  %.0f tok/s\n",
-                    s + 1, o.steps, r.loss, vl, r.lr, r.grad_norm, tok_s);
+        if (metrics) progress_metrics(&prog, metrics, s + 1, &r, tok_s, eval_now ? val.loss : NAN);
+        if (eval_now && !o.quiet)
+            progress_note(&prog,
+                          "step %" PRId64 "/%" PRId64 "  val loss %.4f  (%d batches, %.2f s)",
+                          s + 1, o.steps, val.loss, o.eval_batches, val.seconds);
+        progress_step(&prog, s + 1, &r, val.loss);
+        const char *sig = stop == SIGINT ? "SIGINT" : stop == SIGTERM ? "SIGTERM" : "a signal";
+        if (stop && rank == 0 && o.checkpoint_dir)
+            progress_note(&prog,
+                          "fsc-train: %s: stopped after step %" PRId64 ", checkpoint "
+                          "saved in %s (continue with --resume %s); exit %d",
+                          sig, s + 1, o.checkpoint_dir, o.checkpoint_dir, TRAIN_EXIT_STOPPED);
+        else if (stop && rank == 0)
+            progress_note(&prog,
+                          "fsc-train: %s: stopped after step %" PRId64 ", nothing saved "
+                          "(no --checkpoint-dir); exit %d",
+                          sig, s + 1, TRAIN_EXIT_STOPPED);
     }
+    progress_end(&prog);
     double seconds = fsc_now() - t0;
     if (metrics) fclose(metrics);
     if (rc) return fail(&t, world, 1);
+    if (stop) { /* every rank agreed: a clean stop, nothing more to write */
+        trainer_free(&t);
+        fsc_tokens_free(&val.tokens);
+        free(val.train_spec), free(val.val_spec), free(config_json);
+        fsc_bpe_free(bpe);
+        train_config_free();
+        fsc_dist_finalize();
+        return TRAIN_EXIT_STOPPED;
+    }
     if (o.trace && steps && fsc_strategy_write_trace(t.s, o.trace)) {
         fprintf(stderr, "fsc-train: --trace %s: %s\n", o.trace, fsc_last_error());
         return fail(&t, world, 1);
@@ -446,6 +464,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "fsc-train: --save %s: %s\n", o.save, fsc_last_error());
         return fail(&t, world, 1);
     }
+    if (o.save && rank == 0 && train_config_write_hf(&t.opt, o.save)) /* Hugging Face's */
+        fprintf(stderr, "fsc-train: --save: config.json: %s\n", fsc_last_error());
     if (o.save_sharded && trainer_save_sharded(&t, o.save_sharded)) {
         fprintf(stderr, "fsc-train: --save-sharded %s (rank %d): %s\n", o.save_sharded, rank,
                 fsc_last_error());
@@ -459,12 +479,13 @@ int main(int argc, char **argv) {
     }
     if (!o.quiet && steps)
         summary(&t, first_loss, last_loss, seconds, steps, peak, comm, mem, &val);
-    if (o.save && !o.quiet) fprintf(stderr, "saved %s\n", o.save);
+    if (o.save && !o.quiet) fprintf(stderr, "saved %s (and config.json beside it)\n", o.save);
     free(mem);
     trainer_free(&t);
     fsc_tokens_free(&val.tokens);
-    free(val.train_spec), free(val.val_spec);
+    free(val.train_spec), free(val.val_spec), free(config_json);
     fsc_bpe_free(bpe);
+    train_config_free();
     fsc_dist_finalize();
     return 0;
 }

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "fsc/checkpoint.h"
 #include "fsc/checkpoint_wrapper.h"
 #include "fsc/weights.h"
 #include "train_common.h"
@@ -454,10 +455,20 @@ int trainer_save(trainer *t, const char *path) {
 }
 
 int trainer_checkpoint(trainer *t) {
-    char model[256];
+    char model[256], global_batch[32];
     model_json(&t->opt.model, model, sizeof model);
-    const char *keys[] = {"model"}, *values[] = {model};
-    return fsc_trainer_save_checkpoint(t->tr, t->opt.checkpoint_dir, 1, keys, values);
+    snprintf(global_batch, sizeof global_batch, "%lld",
+             (long long)t->opt.batch * t->opt.grad_accum * t->world);
+    /* the effective flags too: --resume takes them (train_config.c) */
+    const char *keys[] = {"model", "global_batch", "config"};
+    const char *values[] = {model, global_batch, t->opt.config_json};
+    int rc = fsc_trainer_save_checkpoint(t->tr, t->opt.checkpoint_dir, t->opt.config_json ? 3 : 2,
+                                         keys, values);
+    /* --keep-last: rank 0 prunes; a failure there loses nothing, so it warns */
+    if (!rc && t->opt.keep_last > 0 && fsc_dist_rank() == 0 &&
+        fsc_ckpt_prune(t->opt.checkpoint_dir, t->opt.keep_last))
+        fprintf(stderr, "fsc-train: --keep-last %d: %s\n", t->opt.keep_last, fsc_last_error());
+    return rc;
 }
 
 void trainer_free(trainer *t) {

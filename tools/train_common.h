@@ -54,7 +54,12 @@ typedef struct train_options {
     bool quiet;
     bool skip_grad_norm;      /* without clipping, do not compute |g| (benchmarks) */
     bool local_in_world;      /* single/dp on one rank of a larger world (bench baselines) */
-    unsigned long long given; /* bit i: flag i of the table was on the command line */
+    const char *config;       /* --config FILE.json: flags (the command line overrides) */
+    bool allow_change;        /* --resume may change the global batch or the schedule */
+    int keep_last;            /* keep only the last N checkpoints (0: all) */
+    double log_seconds;       /* not on a terminal: a progress line at least this often */
+    const char *config_json;  /* the effective flags as JSON (set by fsc-train; checkpoints) */
+    unsigned char given[128]; /* given[i]: flag i set by --config (1) or the command line (2) */
 } train_options;
 
 /* Defaults of fsc-train: a small GPT on the built-in corpus. */
@@ -63,8 +68,34 @@ void train_options_default(train_options *o);
  * negative status with fsc_last_error() naming the flag and the bad value. */
 int train_options_parse(train_options *o, int argc, char **argv, const char *prog,
                         const char *usage_extra);
-/* Whether flag `name` (without --) was on the command line. */
+/* Whether flag `name` (without --) was on the command line or in --config. */
 bool train_flag_given(const train_options *o, const char *name);
+/* The flag table, for config files: flag i's name ("d-model"; NULL past the
+ * end) and its value in o as JSON text into buf (strings quoted; NULL for an
+ * unset string). */
+const char *train_flag_name(int i);
+void train_flag_json(const train_options *o, int i, char *buf, size_t n);
+/* Sets flag `name` ("d-model" or "d_model") from text (ARG_FLAG: true/false),
+ * marking it given by `source` (0: not given). A string value is kept by
+ * pointer. Returns the flag's index, or a negative status naming it. */
+int train_flag_set(train_options *o, const char *name, const char *value, int source);
+
+/* train_config.c: --config, and the flags a checkpoint or weights file
+ * carries. Reads FILE's flags into o, except those on the command line. */
+int train_config_load(train_options *o, const char *path);
+/* The effective flags as a JSON object (malloc'ed; per-run flags such as
+ * --save, --resume or --quiet left out). */
+char *train_config_json(const train_options *o);
+/* --resume: takes the checkpoint's flags that were not given (a checkpoint
+ * without them is left alone); refuses another model, and a change of the
+ * global batch or the schedule unless --allow-change, naming the flag. */
+int train_config_resume(train_options *o, bool verbose);
+/* --init-from FILE: the model flags not given, from the file's metadata,
+ * a Hugging Face config.json beside it, or its tensor shapes. */
+int train_config_init_from(train_options *o, bool verbose);
+/* Writes a Hugging Face GPT-2 config.json in the directory of `weights`. */
+int train_config_write_hf(const train_options *o, const char *weights);
+void train_config_free(void); /* the strings the functions above kept */
 /* What can be checked before any model or data: ranges, combinations, the
  * strategy's name, output paths writable (rank 0). */
 int train_options_check(const train_options *o);

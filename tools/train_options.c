@@ -34,6 +34,7 @@ void train_options_default(train_options *o) {
     o->reshard_after_forward = 1;
     o->mixed_precision = "fp32";
     o->log_every = 10;
+    o->log_seconds = 10;
     o->val_fraction = 0.1;
     o->eval_batches = 4;
     o->pp = 1;
@@ -129,6 +130,13 @@ static const flag flags[] = {
     F("save", ARG_STR, save, "save the weights at the end"),
     F("metrics", ARG_STR, metrics, "write one JSON object per step to this file"),
     F("log-every", ARG_INT, log_every, "progress lines every N steps when not on a terminal"),
+    F("log-seconds", ARG_DOUBLE, log_seconds,
+      "not on a terminal (under mpirun): a progress line at least every N seconds too (0: off)"),
+    F("config", ARG_STR, config,
+      "JSON object of flags ({\"layers\": 6, \"lr\": 3e-4, ...}); command-line flags override"),
+    F("allow-change", ARG_FLAG, allow_change,
+      "let --resume change the global batch or the learning-rate schedule"),
+    F("keep-last", ARG_INT, keep_last, "keep only the last N checkpoints (0: all)"),
     F("val-data", ARG_STR, val_data,
       "held-out data, as --data (default: the *_val.bin shards beside --data's, which "
       "training then skips; else the tail given by --val-fraction)"),
@@ -215,9 +223,86 @@ int train_options_parse(train_options *o, int argc, char **argv, const char *pro
         }
         int rc = parse_value(f, v ? v : "", (char *)o + f->offset);
         if (rc) return rc;
-        o->given |= 1ull << (f - flags);
+        o->given[f - flags] = 2;
     }
-    return FSC_OK;
+    return o->config ? train_config_load(o, o->config) : FSC_OK;
+}
+
+_Static_assert(sizeof flags / sizeof *flags <= sizeof((train_options *)0)->given,
+               "train_options.given has a slot per flag");
+
+const char *train_flag_name(int i) {
+    return i >= 0 && (size_t)i < sizeof flags / sizeof *flags ? flags[i].name : NULL;
+}
+
+void train_flag_json(const train_options *o, int i, char *buf, size_t n) {
+    const flag *f = &flags[i];
+    const void *v = (const char *)o + f->offset;
+    switch (f->kind) {
+    case ARG_INT:
+        snprintf(buf, n, "%d", *(const int *)v);
+        break;
+    case ARG_I64:
+        snprintf(buf, n, "%lld", (long long)*(const int64_t *)v);
+        break;
+    case ARG_U64: /* beyond 2^53 a JSON number loses digits: a string then */
+        snprintf(buf, n, *(const uint64_t *)v >> 53 ? "\"%llu\"" : "%llu",
+                 (unsigned long long)*(const uint64_t *)v);
+        break;
+    case ARG_DOUBLE:
+        snprintf(buf, n, "%.17g", *(const double *)v);
+        break;
+    case ARG_FLOAT: /* the shortest text that reads back as the same float */
+        for (int digits = 6; digits <= 9; digits++) {
+            snprintf(buf, n, "%.*g", digits, (double)*(const float *)v);
+            if (strtof(buf, NULL) == *(const float *)v) break;
+        }
+        break;
+    case ARG_FLAG:
+        snprintf(buf, n, "%s", *(const bool *)v ? "true" : "false");
+        break;
+    case ARG_STR: {
+        const char *str = *(const char *const *)v;
+        if (!str) {
+            snprintf(buf, n, "null");
+            break;
+        }
+        size_t k = 0;
+        if (k + 1 < n) buf[k++] = '"';
+        for (; *str && k + 3 < n; str++) { /* paths and names: escape quotes, backslashes */
+            if (*str == '"' || *str == '\\') buf[k++] = '\\';
+            buf[k++] = (unsigned char)*str < 0x20 ? ' ' : *str;
+        }
+        if (k + 1 < n) buf[k++] = '"';
+        buf[k < n ? k : n - 1] = '\0';
+        break;
+    }
+    }
+}
+
+int train_flag_set(train_options *o, const char *name, const char *value, int source) {
+    char canon[64];
+    snprintf(canon, sizeof canon, "%s", name);
+    for (char *c = canon; *c; c++)
+        if (*c == '_') *c = '-';
+    for (size_t k = 0; k < sizeof flags / sizeof *flags; k++) {
+        if (strcmp(flags[k].name, canon)) continue;
+        int rc;
+        if (flags[k].kind == ARG_FLAG) {
+            bool on = !strcmp(value, "true") || !strcmp(value, "1");
+            if (!on && strcmp(value, "false") && strcmp(value, "0"))
+                return fsc_error(FSC_ERR_INVALID, "--%s: \"%s\" is not true or false",
+                                 flags[k].name, value);
+            *(bool *)((char *)o + flags[k].offset) = on;
+            rc = FSC_OK;
+        } else {
+            rc = parse_value(&flags[k], value, (char *)o + flags[k].offset);
+        }
+        if (rc) return rc;
+        if (source) o->given[k] = (unsigned char)source;
+        return (int)k;
+    }
+    return fsc_error(FSC_ERR_INVALID, "unknown flag \"%s\" (see --help)", name);
 }
 
 /* Fails early, before any training, if `path` could not be written later. */
@@ -240,7 +325,7 @@ static int check_writable(const char *flag, const char *path) {
 
 bool train_flag_given(const train_options *o, const char *name) {
     for (size_t i = 0; i < sizeof flags / sizeof *flags; i++)
-        if (!strcmp(flags[i].name, name)) return (o->given >> i) & 1;
+        if (!strcmp(flags[i].name, name)) return o->given[i] != 0;
     return false;
 }
 
@@ -269,6 +354,12 @@ int train_options_check(const train_options *o) {
         return fsc_error(FSC_ERR_INVALID, "--sequence-parallel needs --tp >= 2");
     if (o->save_every > 0 && !o->checkpoint_dir)
         return fsc_error(FSC_ERR_INVALID, "--save-every needs --checkpoint-dir");
+    if (o->keep_last < 0)
+        return fsc_error(FSC_ERR_INVALID, "--keep-last %d must be >= 0", o->keep_last);
+    if (o->keep_last > 0 && !o->checkpoint_dir)
+        return fsc_error(FSC_ERR_INVALID, "--keep-last needs --checkpoint-dir");
+    if (!(o->log_seconds >= 0))
+        return fsc_error(FSC_ERR_INVALID, "--log-seconds %g must be >= 0", o->log_seconds);
     if (o->reshard_after_forward != 0 && o->reshard_after_forward != 1)
         return fsc_error(FSC_ERR_INVALID, "--reshard-after-forward %d: expected 0 or 1",
                          o->reshard_after_forward);

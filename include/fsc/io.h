@@ -40,7 +40,9 @@ typedef struct fsc_st_entry {
 } fsc_st_entry;
 
 /* Opens and fully validates `path` (header length, JSON, every entry, offsets,
- * overlaps, duplicates, metadata). Data is read lazily with pread. Returns
+ * overlaps, duplicates, metadata). Data is read lazily with pread. A tensor of
+ * a safetensors dtype fsc has no tensors of (BOOL, U8, I8, I16, U32, U64, F64)
+ * is checked, then left out of the index with an info-level note. Returns
  * NULL and sets *status (if non-NULL) and the error message on failure
  * (FSC_ERR_IO, FSC_ERR_FORMAT, FSC_ERR_INVALID for a NULL path). The caller
  * owns the handle, which keeps the file open until fsc_st_close. */

@@ -24,7 +24,10 @@ FSC_API int fsc_weights_save(const char *path, const fsc_params *ps, int n_meta,
  * A missing tensor or a shape mismatch is an error naming the tensor; nothing
  * is changed in ps unless every tensor is present and well-shaped. Names may
  * carry Hugging Face's "transformer." prefix. Tensors the model does not have
- * are ignored, except that their count is returned in *n_unused (may be NULL). */
+ * are ignored, except that their count is returned in *n_unused (may be NULL);
+ * so are tensors of dtypes fsc does not read (BOOL, U8, ...: see fsc_st_open).
+ * A "wpe.weight" with more rows (positions) than the parameter gives its
+ * first rows: a model of a shorter context loads a longer one's file. */
 FSC_API int fsc_weights_load(const char *path, fsc_params *ps, int *n_unused);
 /* The file's tensor for parameter `name`, with or without Hugging Face's
  * "transformer." prefix (owned by f); NULL if neither is there, or f is NULL. */

@@ -223,11 +223,27 @@ static int parse_json(const char *path, const char *text, size_t len, cJSON **ro
 
 /* ---- entries ----------------------------------------------------------------- */
 
+/* safetensors dtypes fsc has no tensors of: a tensor of one is checked
+ * (shape against byte count) and then left out of the index, with a note,
+ * so one unused buffer (GPT-2's boolean attention mask) does not make the
+ * whole file unreadable; a model that needs it finds it missing. */
+static size_t foreign_dtype_size(const char *name) {
+    static const struct {
+        const char *name;
+        size_t size;
+    } t[] = {{"BOOL", 1}, {"U8", 1}, {"I8", 1}, {"I16", 2}, {"U32", 4}, {"U64", 8}, {"F64", 8}};
+    for (size_t i = 0; i < sizeof t / sizeof *t; i++)
+        if (!strcmp(name, t[i].name)) return t[i].size;
+    return 0;
+}
+
 static int parse_dtype(const char *path, const char *name, const cJSON *j, fsc_dtype *dt) {
     if (!j) return fsc_error(FSC_ERR_FORMAT, "%s: tensor \"%s\" has no \"dtype\"", path, name);
     if (!cJSON_IsString(j))
         return fsc_error(FSC_ERR_FORMAT, "%s: tensor \"%s\": \"dtype\" must be a string", path,
                          name);
+    if (fsc_dtype_parse(j->valuestring, dt) != FSC_OK && foreign_dtype_size(j->valuestring))
+        return FSC_OK; /* parse_entry checks and skips it */
     if (fsc_dtype_parse(j->valuestring, dt) != FSC_OK)
         return fsc_error(FSC_ERR_DTYPE,
                          "%s: tensor \"%s\": unknown dtype \"%s\" (expected F32, BF16, F16, I32, "
@@ -296,6 +312,7 @@ static int parse_offsets(const char *path, const char *name, const cJSON *j, uin
     return FSC_OK;
 }
 
+/* FSC_OK, or 1 for a tensor of a foreign dtype (checked, to be skipped). */
 static int parse_entry(fsc_st_file *f, const cJSON *item, fsc_st_entry *e) {
     const char *path = f->path;
     e->name = own_string(f, item->string);
@@ -309,16 +326,19 @@ static int parse_entry(fsc_st_file *f, const cJSON *item, fsc_st_entry *e) {
         rc = parse_offsets(path, e->name, cJSON_GetObjectItemCaseSensitive(item, "data_offsets"),
                            &begin, &end);
     if (rc) return rc;
-    uint64_t esize = fsc_dtype_size(e->dtype);
+    const cJSON *dtj = cJSON_GetObjectItemCaseSensitive(item, "dtype");
+    const size_t foreign = foreign_dtype_size(dtj->valuestring);
+    uint64_t esize = foreign ? foreign : fsc_dtype_size(e->dtype);
+    const char *dtname = foreign ? dtj->valuestring : fsc_dtype_name(e->dtype);
     if (numel > UINT64_MAX / esize)
         return fsc_error(FSC_ERR_FORMAT,
                          "%s: tensor \"%s\": %llu elements of %s overflow a 64-bit byte count",
-                         path, e->name, (unsigned long long)numel, fsc_dtype_name(e->dtype));
+                         path, e->name, (unsigned long long)numel, dtname);
     if (numel * esize != end - begin)
         return fsc_error(FSC_ERR_FORMAT,
                          "%s: tensor \"%s\": shape holds %llu elements of %s (%llu bytes) but "
                          "data_offsets span %llu bytes",
-                         path, e->name, (unsigned long long)numel, fsc_dtype_name(e->dtype),
+                         path, e->name, (unsigned long long)numel, dtname,
                          (unsigned long long)(numel * esize), (unsigned long long)(end - begin));
     if (end > f->data_size)
         return fsc_error(FSC_ERR_FORMAT,
@@ -327,6 +347,11 @@ static int parse_entry(fsc_st_file *f, const cJSON *item, fsc_st_entry *e) {
                          path, e->name, (unsigned long long)end, (unsigned long long)f->data_size);
     e->offset = f->data_start + begin;
     e->nbytes = end - begin;
+    if (foreign) {
+        fsc_log(FSC_LOG_INFO, "%s: tensor \"%s\" is %s, which fsc does not read: skipped", path,
+                e->name, dtname);
+        return 1;
+    }
     return FSC_OK;
 }
 
@@ -404,9 +429,10 @@ static int build_index(fsc_st_file *f, const cJSON *root) {
     f->strings = calloc(count_strings(root) + 1, sizeof *f->strings);
     if (!f->entries || !f->strings) return fsc_error(FSC_ERR_NOMEM, "%s: out of memory", f->path);
     for (const cJSON *it = root->child; it && !rc; it = it->next) {
-        if (strcmp(it->string, META_KEY) != 0)
-            rc = parse_entry(f, it, &f->entries[f->n++]);
-        else if (seen_meta++)
+        if (strcmp(it->string, META_KEY) != 0) {
+            if ((rc = parse_entry(f, it, &f->entries[f->n++])) == 1)
+                rc = FSC_OK, f->n--; /* a foreign dtype: left out */
+        } else if (seen_meta++)
             rc = fsc_error(FSC_ERR_FORMAT, "%s: duplicate \"%s\"", f->path, META_KEY);
         else
             rc = parse_metadata(f, it);

@@ -38,6 +38,25 @@ const fsc_st_entry *fsc_weights_find(const fsc_st_file *f, const char *name) {
     return fsc_st_find(f, prefixed);
 }
 
+/* Position embeddings longer than the model's: the model uses the first
+ * rows (a GPT-2 file of 1024 positions trained on at --seq 256). */
+static bool leading_rows(const fsc_st_entry *e, const fsc_param *p) {
+    const size_t n = strlen(e->name), k = strlen("wpe.weight");
+    return p->ndim == 2 && e->ndim == 2 && e->shape[1] == p->shape[1] &&
+           e->shape[0] > p->shape[0] && n >= k && !strcmp(e->name + n - k, "wpe.weight");
+}
+
+static int read_leading_rows(fsc_st_file *f, const fsc_st_entry *e, fsc_tensor *dst) {
+    const size_t es = fsc_dtype_size(dst->dtype);
+    char *buf = malloc((size_t)e->shape[0] * (size_t)e->shape[1] * es);
+    if (!buf) return fsc_error(FSC_ERR_NOMEM, "%s: out of memory", e->name);
+    fsc_tensor full = fsc_tensor_2d(buf, dst->dtype, e->shape[0], e->shape[1]);
+    int rc = fsc_st_read(f, e->name, &full); /* whole, converted; then its first rows */
+    if (!rc) memcpy(dst->data, buf, (size_t)fsc_tensor_numel(dst) * es);
+    free(buf);
+    return rc;
+}
+
 int fsc_weights_load(const char *path, fsc_params *ps, int *n_unused) {
     int status = FSC_OK;
     fsc_st_file *f = fsc_st_open(path, &status);
@@ -54,7 +73,7 @@ int fsc_weights_load(const char *path, fsc_params *ps, int *n_unused) {
         }
         bool same = e->ndim == p->ndim;
         for (int d = 0; same && d < p->ndim; d++) same = e->shape[d] == p->shape[d];
-        if (!same) {
+        if (!same && !leading_rows(e, p)) {
             char want[64], got[64];
             int a = 0, b = 0;
             for (int d = 0; d < p->ndim; d++)
@@ -70,7 +89,9 @@ int fsc_weights_load(const char *path, fsc_params *ps, int *n_unused) {
     }
     for (int i = 0; !status && i < ps->count; i++) {
         fsc_tensor t = fsc_param_tensor(ps->entries[i].param);
-        status = fsc_st_read(f, fsc_weights_find(f, ps->entries[i].name)->name, &t);
+        const fsc_st_entry *e = fsc_weights_find(f, ps->entries[i].name);
+        status = leading_rows(e, ps->entries[i].param) ? read_leading_rows(f, e, &t)
+                                                       : fsc_st_read(f, e->name, &t);
     }
     if (!status && n_unused) {
         int used = ps->count;

@@ -3,7 +3,8 @@
 PyTorch is present) its models and losses agree with PyTorch.
 
 usage: train_e2e.py FSC_TRAIN {learns|accum|strategies|watchdog|resume|bad-input|torch|
-                              fsdp|fsdp-precision|fsdp-files|validation|sample}
+                              fsdp|fsdp-precision|fsdp-files|validation|sample|config|
+                              signals|progress}
 Exit 0 = pass, 1 = fail, 77 = skipped (no PyTorch).
 """
 import json
@@ -270,7 +271,7 @@ def bad_input():
         (["--batch", "0"], "--batch 0 must be positive"),
         (["--data", "/nonexistent/x.bin"], "/nonexistent/x.bin"),
         (["--init-from", garbage], garbage),
-        (["--init-from", other], "has shape"),
+        (["--d-model", "128", "--init-from", other], "has shape"),
         (["--optimizer", "lion"], "--optimizer \"lion\""),
         (["--strategy", "zero"], "--strategy \"zero\""),
         (["--save-every", "5"], "--save-every needs --checkpoint-dir"),
@@ -688,10 +689,246 @@ def sample():
     print(f"ok  BPE in and out, greedy: {g.stdout.strip()[:70]!r}")
 
 
+def strip_metadata(src, dst):
+    """A Hugging Face style copy of a safetensors file: the same tensors, no __metadata__."""
+    import struct
+    raw = open(src, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    header.pop("__metadata__", None)
+    hb = json.dumps(header).encode()
+    open(dst, "wb").write(struct.pack("<Q", len(hb)) + hb + raw[8 + n:])
+
+
+def config():
+    """--config holds flags (the command line overrides); a checkpoint keeps the effective
+    flags, so --resume with no model flags continues the run with the losses of an uninterrupted
+    one (metrics appended), at another world size with the global batch kept; a resume that
+    changes the model, the schedule or the global batch is refused naming the flag;
+    --save writes Hugging Face's config.json, and --init-from takes the model from the file."""
+    cfg = os.path.join(TMP, "run.json")
+    json.dump({"layers": 2, "d_model": 64, "heads": 4, "seq": 32, "batch": 4, "steps": 8,
+               "lr": 2e-3, "warmup": 2, "dropout": 0.1, "quiet": True}, open(cfg, "w"))
+    full = os.path.join(TMP, "full.jsonl")
+    run("--config", cfg, "--metrics", full)
+    ref = [r["loss"] for r in metrics(full)]
+    assert len(ref) == 8, ref
+    short = os.path.join(TMP, "short.jsonl")
+    run("--config", cfg, "--steps", "3", "--metrics", short)
+    if len(metrics(short)) != 3:
+        sys.exit("FAIL: --steps on the command line did not override --config's")
+    # interrupted after the checkpoint at step 4 (the process exits before step 5)
+    ck = os.path.join(TMP, "ck")
+    m = os.path.join(TMP, "resumed.jsonl")
+    env = dict(os.environ, FSC_FAULT="exit@0:5")
+    p = subprocess.run([FSC_TRAIN, "--config", cfg, "--checkpoint-dir", ck, "--save-every", "4",
+                        "--metrics", m], capture_output=True, text=True, env=env, timeout=600)
+    assert p.returncode == 3 and len(metrics(m)) == 4, (p.returncode, p.stderr)
+    p = run("--resume", ck, "--metrics", m)  # no model flags, no schedule, no --config
+    got = [r["loss"] for r in metrics(m)]
+    if [r["step"] for r in metrics(m)] != list(range(1, 9)):
+        sys.exit(f"FAIL: --resume did not append steps 5-8 to the metrics: {got}")
+    rel = max(abs(a - b) / abs(b) for a, b in zip(got, ref))
+    print(f"--resume without flags: {' '.join(f'{v:.5f}' for v in got)} (max rel {rel:.1e})")
+    print("   " + next(l for l in p.stderr.splitlines() if "from the checkpoint" in l))
+    if rel > 1e-6:
+        sys.exit(f"FAIL: the resumed run's losses differ from the uninterrupted run's ({rel:.2e})")
+    # two ranks, no --batch: 2 per rank keeps the global batch of 4
+    m2 = os.path.join(TMP, "resumed2.jsonl")
+    p = mpiexec(2, "--strategy", "ddp", "--resume", ck, "--metrics", m2)
+    rel = max(abs(r["loss"] - b) / abs(b) for r, b in zip(metrics(m2), ref[4:]))
+    if "--batch 2 per rank keeps the global batch" not in p.stderr or rel > 1e-5:
+        sys.exit(f"FAIL: resuming with 2 ranks: rel {rel:.2e}\n{p.stderr}")
+    print(f"ok  2 ranks, --batch 2 taken to keep the global batch: max rel {rel:.1e}")
+    for args, needles in ((["--layers", "3"], ["another model", "--layers 2 there, 3 given"]),
+                          (["--lr", "1e-3"], ["--lr 0.002 -> 0.001", "--allow-change"]),
+                          (["--steps", "20"], ["--steps 8 -> 20", "--allow-change"]),
+                          (["--batch", "3"], ["global batch is 4", "--batch 3"])):
+        p = run("--resume", ck, "--quiet", *args, expect_ok=False)
+        if p.returncode == 0 or not all(n in p.stderr for n in needles):
+            sys.exit(f"FAIL: --resume {args}: exit {p.returncode}, expected {needles}:\n{p.stderr}")
+        print(f"ok  --resume {' '.join(args):12s} -> {p.stderr.strip().splitlines()[-1][:150]}")
+    run("--resume", ck, "--quiet", "--steps", "10", "--lr", "1e-3", "--allow-change")
+    bad = os.path.join(TMP, "bad.json")
+    for text, needle in (('{"layerz": 2}', '"layerz" is not a flag'), ("[1, 2]", "not a JSON object"),
+                         ('{"steps": "x"}', '--steps: "x" is not a valid integer')):
+        open(bad, "w").write(text)
+        p = run("--config", bad, expect_ok=False)
+        if p.returncode == 0 or needle not in p.stderr or bad not in p.stderr:
+            sys.exit(f"FAIL: --config {text}: exit {p.returncode}:\n{p.stderr}")
+        print(f"ok  --config {text:18s} -> {p.stderr.strip().splitlines()[-1][:110]}")
+    # --save writes config.json; --init-from takes the model from metadata, config.json, shapes
+    out = os.path.join(TMP, "out")
+    os.mkdir(out)
+    w = os.path.join(out, "model.safetensors")
+    run("--config", cfg, "--save", w)
+    hf = json.load(open(os.path.join(out, "config.json")))
+    want = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "n_positions": 32,
+            "vocab_size": 256}
+    if any(hf.get(k) != v for k, v in want.items()):
+        sys.exit(f"FAIL: config.json beside --save: {hf}")
+    print("ok  config.json beside --save:", {k: hf[k] for k in want})
+    bare = os.path.join(TMP, "bare")
+    os.mkdir(bare)
+    strip_metadata(w, os.path.join(bare, "model.safetensors"))
+    losses = {}
+    for what, path, extra in (("metadata", w, []),
+                              ("config.json", os.path.join(bare, "model.safetensors"), []),
+                              ("shapes", os.path.join(bare, "model.safetensors"), ["--heads", "4"])):
+        if what == "config.json":
+            open(os.path.join(bare, "config.json"), "w").write(json.dumps(hf))
+        if what == "shapes":
+            os.remove(os.path.join(bare, "config.json"))
+            p = run("--init-from", path, "--steps", "1", expect_ok=False)
+            if p.returncode == 0 or "give --heads" not in p.stderr:
+                sys.exit(f"FAIL: --init-from without heads anywhere:\n{p.stderr}")
+        mi = os.path.join(TMP, f"init-{what}.jsonl")
+        p = run("--init-from", path, "--steps", "1", "--lr", "0", "--batch", "4", "--metrics", mi,
+                *extra)
+        losses[what] = metrics(mi)[0]["loss"]
+        said = {"metadata": "its metadata", "config.json": "config.json beside it",
+                "shapes": "its tensor shapes"}[what]
+        if f"--init-from: from {said}" not in p.stderr:
+            sys.exit(f"FAIL: --init-from did not say where the model came from:\n{p.stderr}")
+    if len(set(losses.values())) != 1:
+        sys.exit(f"FAIL: --init-from gave other losses by source: {losses}")
+    print(f"ok  --init-from with no model flags (metadata, config.json, shapes): loss {losses}")
+
+
+def find_rank(launcher_pid, rank):
+    """The pid of MPI rank `rank` of fsc-train among launcher_pid's descendants, or None."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")[0].decode()
+            if cmd != FSC_TRAIN or not ({f"OMPI_COMM_WORLD_RANK={rank}".encode(),
+                                         f"PMIX_RANK={rank}".encode()} & set(env)):
+                continue
+            p = int(pid)
+            while p > 1 and p != launcher_pid:
+                p = int(open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1])
+            if p == launcher_pid:
+                return int(pid)
+        except (OSError, ValueError, IndexError):
+            continue
+    return None
+
+
+def signals():
+    """SIGTERM to one rank of two: both finish the step, a checkpoint is written, the job exits
+    75 within a time limit, --keep-last 2 leaves two checkpoints, and resuming from it gives the
+    losses of an uninterrupted run. Without --checkpoint-dir: exit 75, nothing saved."""
+    import signal
+    import time
+    args = ["--strategy", "ddp", *TINY, "--schedule", "constant", "--quiet", "--dropout", "0.1"]
+    ck = os.path.join(TMP, "ck")
+    m = os.path.join(TMP, "m.jsonl")
+    launcher = os.environ.get("FSC_MPIEXEC", "mpiexec")
+    job = subprocess.Popen([launcher, "-n", "2", "--oversubscribe", FSC_TRAIN, *args, "--steps",
+                            "1000000", "--checkpoint-dir", ck, "--save-every", "3",
+                            "--keep-last", "2", "--metrics", m],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (os.path.exists(m) and len(open(m).readlines()) >= 7):
+        time.sleep(0.1)
+    pid = find_rank(job.pid, 1)
+    if pid is None:
+        job.kill()
+        sys.exit("FAIL: rank 1 of the job was not found (or it trained no 7 steps in 120 s)")
+    os.kill(pid, signal.SIGTERM)
+    t0 = time.time()
+    try:
+        _, err = job.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        job.kill()
+        sys.exit("FAIL: the job did not end within 60 s of SIGTERM to rank 1")
+    last = metrics(m)[-1]["step"]
+    steps = sorted(d for d in os.listdir(ck) if d.startswith("step-"))
+    print(f"SIGTERM to rank 1 (pid {pid}): exit {job.returncode} after {time.time() - t0:.1f} s; "
+          f"last step {last}; checkpoints {steps}")
+    line = next((l for l in err.splitlines() if "SIGTERM: stopped after step" in l), None)
+    if job.returncode != 75 or line is None:
+        sys.exit(f"FAIL: expected exit 75 and a message, got {job.returncode}:\n{err}")
+    if steps[-1] != f"step-{last:06d}" or len(steps) != 2:
+        sys.exit(f"FAIL: expected step-{last:06d} and one before it (--keep-last 2): {steps}")
+    print("   " + line)
+    ref = os.path.join(TMP, "ref.jsonl")
+    mpiexec(2, *args, "--steps", last + 3, "--metrics", ref)
+    mr = os.path.join(TMP, "mr.jsonl")
+    mpiexec(2, "--resume", ck, "--steps", last + 3, "--metrics", mr, "--quiet")
+    got, want = [r["loss"] for r in metrics(mr)], [r["loss"] for r in metrics(ref)][last:]
+    rel = max(abs(a - b) / abs(b) for a, b in zip(got, want))
+    if len(got) != 3 or rel > 1e-5:
+        sys.exit(f"FAIL: resumed after SIGTERM: {got} vs uninterrupted {want}")
+    print(f"ok  resumed: steps {last + 1}-{last + 3} as the uninterrupted run (max rel {rel:.1e})")
+    m = os.path.join(TMP, "single.jsonl")
+    job = subprocess.Popen([FSC_TRAIN, *TINY, "--steps", "1000000", "--metrics", m, "--quiet"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    while job.poll() is None and not (os.path.exists(m) and len(open(m).readlines()) >= 3):
+        time.sleep(0.05)
+    job.send_signal(signal.SIGINT)
+    _, err = job.communicate(timeout=60)
+    if job.returncode != 75 or "SIGINT: stopped after step" not in err or "nothing saved" not in err:
+        sys.exit(f"FAIL: SIGINT without --checkpoint-dir: exit {job.returncode}:\n{err}")
+    print("ok  SIGINT, one process:", err.strip().splitlines()[-1])
+
+
+def progress():
+    """The progress line: live on a terminal (a pseudo-terminal here) with elapsed time and ETA;
+    through a pipe under mpirun a line at least every --log-seconds even with a large
+    --log-every; metrics rows carry wall-clock time and elapsed seconds."""
+    import pty
+    import time
+    args = ["--layers", "2", "--d-model", "128", "--heads", "4", "--seq", "64", "--batch", "8"]
+    m = os.path.join(TMP, "m.jsonl")
+    t0 = time.time()
+    p = mpiexec(2, "--strategy", "ddp", *args, "--steps", "40", "--log-every", "100000",
+                "--log-seconds", "0.2", "--metrics", m)
+    t1 = time.time()
+    lines = [l for l in p.stderr.splitlines() if l.startswith("step ")]
+    rows = metrics(m)
+    elapsed = {r["step"]: r["elapsed_s"] for r in rows}
+    printed = [int(l.split()[1].split("/")[0]) for l in lines]
+    # a line after step b, the previous one after step a: by step b - 1 no 0.2 s had passed
+    gap = max(elapsed[b - 1] - elapsed[a] for a, b in zip(printed, printed[1:]))
+    print(f"under mpirun, {elapsed[40]:.2f} s of training: {len(lines)} progress lines, "
+          f"at most {gap:.2f} s without one (--log-seconds 0.2)")
+    print("   " + lines[-1])
+    if printed[0] != 1 or printed[-1] != 40 or gap > 0.35 or \
+            (elapsed[40] > 0.6 and len(printed) < 3) or \
+            not all("elapsed, ETA" in l for l in lines):
+        sys.exit("FAIL: progress lines through a pipe too rare, or no elapsed/ETA:\n" + p.stderr)
+    if not all(t0 - 1 <= r["time"] <= t1 + 1 for r in rows) or \
+            any(b["elapsed_s"] < a["elapsed_s"] for a, b in zip(rows, rows[1:])):
+        sys.exit(f"FAIL: metrics time/elapsed_s wrong: {rows[0]} ... {rows[-1]}")
+    print(f"ok  metrics rows carry time ({rows[0]['time']:.0f}) and elapsed_s")
+    master, slave = pty.openpty()
+    q = subprocess.Popen([FSC_TRAIN, *TINY, "--steps", "30", "--log-every", "100000"],
+                         stdout=subprocess.DEVNULL, stderr=slave)
+    os.close(slave)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        out += chunk
+    q.wait()
+    os.close(master)
+    text = out.decode(errors="replace")
+    redraws = text.count("\r\x1b[Kstep ")
+    print(f"on a terminal: {redraws} redraws of the live line")
+    if q.returncode != 0 or redraws < 30 or "ETA" not in text or "step 30/30" not in text:
+        sys.exit(f"FAIL: no live line on a terminal:\n{text[-2000:]}")
+
+
 {"learns": learns, "accum": accumulation, "strategies": strategies, "watchdog": watchdog,
  "resume": resume,
  "bad-input": bad_input,
  "torch": torch_cross_check,
  "fsdp": fsdp, "fsdp-precision": fsdp_precision, "fsdp-files": fsdp_files,
- "validation": validation, "sample": sample}[sys.argv[2]]()
+ "validation": validation, "sample": sample, "config": config, "signals": signals,
+ "progress": progress}[sys.argv[2]]()
 print("PASS")
