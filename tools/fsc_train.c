@@ -40,14 +40,14 @@ static const char *USAGE =
 
 /* The held-out tokens and the latest validation loss. */
 typedef struct {
-    bool on;            /* --eval-every > 0 */
-    fsc_tokens tokens;  /* held-out stream */
-    char *train_spec;   /* --data without its llm.c validation shards (NULL: unchanged) */
-    char *val_spec;     /* the validation shards found (NULL: none) */
-    char source[200];   /* what the held-out data is, for messages */
-    double loss;        /* latest (NAN before the first) */
-    int64_t step;       /* after which step */
-    double seconds;     /* the latest evaluation's wall time */
+    bool on;           /* --eval-every > 0 */
+    fsc_tokens tokens; /* held-out stream */
+    char *train_spec;  /* --data without its llm.c validation shards (NULL: unchanged) */
+    char *val_spec;    /* the validation shards found (NULL: none) */
+    char source[200];  /* what the held-out data is, for messages */
+    double loss;       /* latest (NAN before the first) */
+    int64_t step;      /* after which step */
+    double seconds;    /* the latest evaluation's wall time */
 } validation;
 
 static bool is_val_shard(const char *path) {
@@ -144,11 +144,13 @@ static int load_validation(trainer *t, const fsc_bpe *bpe, validation *v) {
                  o->val_fraction, n);
     }
     if (v->tokens.vocab > o->model.vocab)
-        return fsc_error(FSC_ERR_INVALID, "validation data has token ids up to %d but --vocab is %d",
+        return fsc_error(FSC_ERR_INVALID,
+                         "validation data has token ids up to %d but --vocab is %d",
                          v->tokens.vocab - 1, o->model.vocab);
     if (v->tokens.count < o->model.seq + 1)
-        return fsc_error(FSC_ERR_INVALID, "validation data has %" PRId64 " tokens, fewer than "
-                                          "--seq + 1",
+        return fsc_error(FSC_ERR_INVALID,
+                         "validation data has %" PRId64 " tokens, fewer than "
+                         "--seq + 1",
                          v->tokens.count);
     return FSC_OK;
 }
@@ -160,8 +162,8 @@ typedef struct {
 
 static int val_load(const fsc_micro_batch *mb, void *user) {
     eval_call *e = user;
-    return fsc_tokens_batch(e->val, mb->step, mb->micro, mb->rank, mb->batch, mb->micros,
-                            mb->world, e->t->opt.model.seq, e->t->x, e->t->y);
+    return fsc_tokens_batch(e->val, mb->step, mb->micro, mb->rank, mb->batch, mb->micros, mb->world,
+                            e->t->opt.model.seq, e->t->x, e->t->y);
 }
 
 static int val_loss(fsc_module *m, const fsc_ctx *ctx, const fsc_micro_batch *mb, void *user,
@@ -209,8 +211,7 @@ static void summary(const trainer *t, double first_loss, double last_loss, doubl
     if (v->on && !isnan(v->loss))
         fprintf(stderr,
                 "val loss   %.4f after step %" PRId64 " (%d batches of %d sequences from %s)\n",
-                v->loss, v->step, o->eval_batches, o->batch * o->grad_accum * t->world,
-                v->source);
+                v->loss, v->step, o->eval_batches, o->batch * o->grad_accum * t->world, v->source);
     fprintf(stderr,
             "throughput %.0f tokens/s, %.1f model GFLOP/s = %.0f%% of %d x %.1f GFLOP/s sgemm "
             "peak\n",
@@ -396,7 +397,9 @@ int main(int argc, char **argv) {
     progress_start(&prog, &o, first_step, tokens_per_step, isatty(STDERR_FILENO));
     train_signals_install();
     int stop = 0;
-    for (int64_t s = first_step; s < o.steps && !stop; s++) {
+    /* under --adascale --steps counts scale-invariant steps (each advances by the gain) */
+    for (int64_t s = first_step;
+         (o.adascale ? fsc_trainer_progress(t.tr) < (double)o.steps : s < o.steps) && !stop; s++) {
         fsc_step_result r;
         inject_fault(rank, s + 1);
         if ((rc = trainer_step(&t, &r))) {

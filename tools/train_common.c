@@ -280,6 +280,9 @@ static int strategy_options(trainer *t, fsc_strategy_options *so, fsc_module ***
         so->make_replica = make_replica;
         so->replica_user = &t->opt.model;
     }
+    /* the row refuses them by name unless it is slowmo */
+    so->localsgd_frequency = o->localsgd_frequency, so->slowmo_frequency = o->slowmo_frequency;
+    so->slowmo_momentum = o->slowmo_momentum, so->slowmo_lr = o->slowmo_lr;
     if (o->tp > 1)
         so->tp = (fsc_tp_strategy_options){.size = o->tp,
                                            .sequence_parallel = o->sequence_parallel,
@@ -349,6 +352,7 @@ static int make_trainer(trainer *t) {
                               .pipe_input = pipe_input,
                               .pipe_loss = pipe_loss,
                               .after_backward = poison,
+                              .adascale = o->adascale,
                               .user = t};
     fsc_module **units = NULL;
     int rc = optim_config(o, &cfg.optim);

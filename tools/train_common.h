@@ -35,6 +35,11 @@ typedef struct train_options {
     int pp;                      /* pipeline stages (1: none) */
     int tp;                      /* tensor-parallel ranks per replica (1: none) */
     bool sequence_parallel;      /* with --tp: LayerNorm/dropout regions on sequence shards */
+    bool adascale;               /* AdaScale: lr x gain, --steps counts scale-invariant steps */
+    int localsgd_frequency;      /* slowmo: average parameters every N steps (0: 3) */
+    int slowmo_frequency;        /* slowmo: the slow-momentum update every N steps (0: 48) */
+    double slowmo_momentum;      /* slowmo: its momentum (0: none) */
+    double slowmo_lr;            /* slowmo: its learning rate (0: 1) */
     const char *pipe_schedule;   /* gpipe | 1f1b | interleaved | zb1 */
     int virtual_stages;          /* interleaved: stages per rank */
     const char *balance;         /* layers per stage, "3,6" (NULL: even) */

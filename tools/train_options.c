@@ -106,6 +106,17 @@ static const flag flags[] = {
       "data-parallel replicas under ddp, oss or sdp"),
     F("sequence-parallel", ARG_FLAG, sequence_parallel,
       "with --tp: LayerNorm, dropout and residuals on sequence shards (less activation memory)"),
+    F("adascale", ARG_FLAG, adascale,
+      "AdaScale (ddp, oss, sdp, single): the lr times the gain measured from the ranks' and "
+      "micro-batches' gradients; --steps then counts scale-invariant steps"),
+    F("localsgd-frequency", ARG_INT, localsgd_frequency,
+      "slowmo: average the parameters every N local steps (default 3)"),
+    F("slowmo-frequency", ARG_INT, slowmo_frequency,
+      "slowmo: the slow-momentum update every N steps, a multiple of --localsgd-frequency "
+      "(default 48)"),
+    F("slowmo-momentum", ARG_DOUBLE, slowmo_momentum,
+      "slowmo: slow momentum in [0, 1) (default 0)"),
+    F("slowmo-lr", ARG_DOUBLE, slowmo_lr, "slowmo: slow learning rate > 0 (default 1)"),
     F("virtual", ARG_INT, virtual_stages, "with --pipe-schedule interleaved: stages per rank"),
     F("balance", ARG_STR, balance,
       "with --pp: layers per stage, e.g. 3,6 (the GPT has L + 2 layers: embedding, blocks, "
@@ -352,6 +363,13 @@ int train_options_check(const train_options *o) {
         return fsc_error(FSC_ERR_INVALID, "--tp with --pp is not there yet (each alone is)");
     if (o->sequence_parallel && o->tp < 2)
         return fsc_error(FSC_ERR_INVALID, "--sequence-parallel needs --tp >= 2");
+    if (o->localsgd_frequency < 0 || o->slowmo_frequency < 0)
+        return fsc_error(FSC_ERR_INVALID,
+                         "--localsgd-frequency and --slowmo-frequency must be >= 0");
+    if (!(o->slowmo_momentum >= 0 && o->slowmo_momentum < 1) || !(o->slowmo_lr >= 0))
+        return fsc_error(FSC_ERR_INVALID,
+                         "--slowmo-momentum %g must be in [0, 1) and --slowmo-lr %g >= 0",
+                         o->slowmo_momentum, o->slowmo_lr);
     if (o->save_every > 0 && !o->checkpoint_dir)
         return fsc_error(FSC_ERR_INVALID, "--save-every needs --checkpoint-dir");
     if (o->keep_last < 0)

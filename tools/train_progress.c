@@ -98,6 +98,9 @@ void progress_metrics(const progress *p, FILE *f, int64_t step, const fsc_step_r
     if (r->loss_scale > 0)
         fprintf(f, "\"loss_scale\": %.9g, \"skipped\": %s, ", r->loss_scale,
                 r->skipped ? "true" : "false");
+    if (r->gain != 1 || r->progress != (double)step) /* AdaScale */
+        fprintf(f, "\"gain\": %.6g, \"base_lr\": %.6g, \"progress\": %.4f, ", r->gain, r->base_lr,
+                r->progress);
     fprintf(f, "\"mem\": {");
     print_mem_json(f, false);
     fprintf(f, "}}\n");

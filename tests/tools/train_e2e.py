@@ -924,11 +924,50 @@ def progress():
         sys.exit(f"FAIL: no live line on a terminal:\n{text[-2000:]}")
 
 
+def optimizers():
+    """--adascale: the gain stays in [1, S] (S = ranks x micro-batches), --steps counts
+    scale-invariant steps (fewer real ones when the gain exceeds 1), and one process with one
+    micro-batch (S = 1) trains exactly as without it; --strategy slowmo learns, and its flags
+    are refused by name under another strategy."""
+    common = ["--layers", "2", "--d-model", "64", "--heads", "4", "--seq", "32", "--quiet"]
+    m = os.path.join(TMP, "ada.jsonl")
+    mpiexec(2, *common, "--steps", "20", "--batch", "4", "--grad-accum", "2", "--strategy", "ddp",
+            "--adascale", "--metrics", m)
+    rows = metrics(m)
+    gains = [r["gain"] for r in rows]
+    print(f"adascale, 2 ranks x 2 micro-batches: {len(rows)} steps to progress "
+          f"{rows[-1]['progress']:.2f}, gain {min(gains):.3f}..{max(gains):.3f}")
+    if not all(1 <= g <= 4 for g in gains) or rows[-1]["progress"] < 20 or len(rows) >= 20:
+        sys.exit("FAIL: AdaScale's gain, progress or step count is off")
+    if any(abs(r["lr"] - r["gain"] * r["base_lr"]) > 1e-5 * r["lr"] for r in rows):  # 6 digits each
+        sys.exit("FAIL: AdaScale's lr is not gain x base lr")
+    a, b = os.path.join(TMP, "ada1.jsonl"), os.path.join(TMP, "plain1.jsonl")
+    run(*common, "--steps", "5", "--batch", "4", "--adascale", "--metrics", a)
+    run(*common, "--steps", "5", "--batch", "4", "--metrics", b)
+    if [r["loss"] for r in metrics(a)] != [r["loss"] for r in metrics(b)]:
+        sys.exit("FAIL: AdaScale at S = 1 changed the training")
+    print("ok  adascale at S = 1 trains bit for bit as without it")
+    m = os.path.join(TMP, "slowmo.jsonl")
+    mpiexec(2, *common, "--steps", "24", "--batch", "4", "--strategy", "slowmo",
+            "--localsgd-frequency", "4", "--slowmo-frequency", "8", "--slowmo-momentum", "0.5",
+            "--metrics", m)
+    losses = [r["loss"] for r in metrics(m)]
+    print("slowmo (local SGD every 4, slow momentum 0.5 every 8): losses " +
+          " ".join(f"{v:.3f}" for v in losses[::4]))
+    if not losses[-1] < losses[0] - 0.5:
+        sys.exit("FAIL: slowmo did not learn")
+    p = mpiexec(2, *common, "--steps", "2", "--strategy", "ddp", "--slowmo-frequency", "8",
+                expect_ok=False)
+    if p.returncode == 0 or "slowmo_frequency applies to slowmo only" not in p.stderr:
+        sys.exit(f"FAIL: --slowmo-frequency under ddp: {p.returncode} {p.stderr}")
+    print("ok  slowmo's flags are refused by name under ddp")
+
+
 {"learns": learns, "accum": accumulation, "strategies": strategies, "watchdog": watchdog,
  "resume": resume,
  "bad-input": bad_input,
  "torch": torch_cross_check,
  "fsdp": fsdp, "fsdp-precision": fsdp_precision, "fsdp-files": fsdp_files,
  "validation": validation, "sample": sample, "config": config, "signals": signals,
- "progress": progress}[sys.argv[2]]()
+ "progress": progress, "optimizers": optimizers}[sys.argv[2]]()
 print("PASS")
