@@ -307,6 +307,10 @@ int main(int argc, char **argv) {
         return 1;
     }
     int rank = fsc_dist_rank(), world = fsc_dist_size();
+    if ((rc = train_env_check())) { /* FSC_* variables: refused before any work */
+        fprintf(stderr, "fsc-train: %s\n", fsc_last_error());
+        return fail(NULL, world, 2);
+    }
     train_options o;
     train_options_default(&o);
     rc = train_options_parse(&o, argc, argv, "fsc-train", USAGE);
@@ -328,6 +332,11 @@ int main(int argc, char **argv) {
         return fail(NULL, world, 2);
     }
     if (bpe && !train_flag_given(&o, "vocab")) o.model.vocab = fsc_bpe_vocab_size(bpe);
+    if ((rc = train_consistency_check(&o))) { /* every rank says it, before any training */
+        fprintf(stderr, "fsc-train: rank %d: %s\n", rank, fsc_last_error());
+        fsc_bpe_free(bpe);
+        return fail(NULL, world, 2);
+    }
     char *config_json = train_config_json(&o); /* before --data loses its *_val shards */
     o.config_json = config_json;
     if (val.on && o.pp > 1) {

@@ -104,6 +104,16 @@ void train_config_free(void); /* the strings the functions above kept */
 /* What can be checked before any model or data: ranges, combinations, the
  * strategy's name, output paths writable (rank 0). */
 int train_options_check(const train_options *o);
+/* The FSC_* environment variables, at start-up: the library's (fsc_env_check)
+ * and fsc-train's FSC_FAULT. 0, or a negative status naming the variable and
+ * its range. */
+int train_env_check(void);
+/* train_consistency.c: compares every rank's effective flags, and the identity
+ * of --data, --val-data and --init-from (size and crc32 of the first and last
+ * 64 KiB of each file), in one collective over the world. On a difference
+ * returns FSC_ERR_INVALID on every rank, naming each flag that differs and the
+ * ranks on each side. Flags that may differ per rank are exempt (see there). */
+int train_consistency_check(const train_options *o);
 
 typedef struct trainer {
     train_options opt;

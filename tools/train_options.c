@@ -163,10 +163,76 @@ static const flag flags[] = {
 };
 #undef F
 
+/* Every numeric flag's range, inclusive ([lo, hi]; open_hi: [lo, hi)),
+ * enforced by train_options_check and printed by --help. The bounds on sizes
+ * are sanity bounds far past any real run: --steps and the step counts at most
+ * 2^35 (a year of steps at 1 ms each); --grad-accum at most 65536 micro-batches
+ * per step (2147483647 at 1 ms a micro-batch would be 25 days per step). */
+typedef struct {
+    const char *name;
+    double lo, hi;
+    bool open_hi;
+} flag_range;
+
+#define STEPS_MAX 34359738368.0 /* 2^35 */
+static const flag_range ranges[] = {
+    {"layers", 1, 1024, false},
+    {"d-model", 1, 65536, false},
+    {"heads", 1, 1024, false},
+    {"seq", 1, 1048576, false},
+    {"vocab", 1, 16777216, false},
+    {"dropout", 0, 1, true},
+    {"batch", 1, 1048576, false},
+    {"grad-accum", 1, 65536, false},
+    {"steps", 0, STEPS_MAX, false},
+    {"lr", 0, 100, false},
+    {"min-lr-ratio", 0, 1, false},
+    {"warmup", 0, STEPS_MAX, false},
+    {"weight-decay", 0, 100, false},
+    {"beta1", 0, 1, true},
+    {"beta2", 0, 1, true},
+    {"eps", 0, 1, false}, /* 0: the optimizer's default, 1e-8 */
+    {"momentum", 0, 1, false},
+    {"clip", 0, 1e9, false},
+    {"seed", 0, 18446744073709551615.0, false}, /* every uint64; a sign is refused */
+    {"threads", 1, 1024, false},
+    {"bucket-mb", 0, 1048576, false}, /* and > 0 */
+    {"min-params", 0, 1099511627776.0, false},
+    {"reshard-after-forward", 0, 1, false},
+    {"pp", 1, 4096, false},
+    {"tp", 1, 4096, false},
+    {"localsgd-frequency", 0, 1000000, false},
+    {"slowmo-frequency", 0, 1000000, false},
+    {"slowmo-momentum", 0, 1, true},
+    {"slowmo-lr", 0, 1000, false},
+    {"virtual", 0, 1024, false},
+    {"save-every", 0, STEPS_MAX, false},
+    {"log-every", 0, 1000000000, false}, /* 0: every step */
+    {"log-seconds", 0, 1000000, false},
+    {"keep-last", 0, 1000000, false},
+    {"val-fraction", 0, 1, true},
+    {"eval-every", 0, STEPS_MAX, false},
+    {"eval-batches", 1, 1000000, false},
+};
+
+static const flag_range *range_of(const char *name) {
+    for (size_t i = 0; i < sizeof ranges / sizeof *ranges; i++)
+        if (!strcmp(ranges[i].name, name)) return &ranges[i];
+    return NULL;
+}
+
+static void range_text(const flag_range *r, char *buf, size_t n) {
+    snprintf(buf, n, "[%.17g, %.17g%s", r->lo, r->hi, r->open_hi ? ")" : "]");
+    if (!strcmp(r->name, "seed")) snprintf(buf, n, "[0, 18446744073709551615]");
+}
+
 static void usage(const char *prog, const char *extra) {
     printf("usage: %s [flags]\n%s\n", prog, extra ? extra : "");
-    for (size_t i = 0; i < sizeof flags / sizeof *flags; i++)
-        printf("  --%-14s %s\n", flags[i].name, flags[i].help);
+    for (size_t i = 0; i < sizeof flags / sizeof *flags; i++) {
+        char r[64] = "";
+        if (range_of(flags[i].name)) range_text(range_of(flags[i].name), r, sizeof r);
+        printf("  --%-14s %s%s%s\n", flags[i].name, flags[i].help, *r ? " " : "", r);
+    }
     printf("strategies (--strategy):\n");
     for (const char *const *n = fsc_strategy_names(); *n; n++) {
         fsc_strategy_info info;
@@ -188,7 +254,12 @@ static int parse_value(const flag *f, const char *v, void *dst) {
     case ARG_I64:
         *(int64_t *)dst = strtoll(v, &end, 10);
         break;
-    case ARG_U64:
+    case ARG_U64: /* strtoull would take "-1" as 2^64 - 1 */
+        if (strchr(v, '-'))
+            return fsc_error(FSC_ERR_INVALID,
+                             "--%s %s is out of range: expected an integer in [0, "
+                             "18446744073709551615]",
+                             f->name, v);
         *(uint64_t *)dst = strtoull(v, &end, 10);
         break;
     case ARG_DOUBLE:
@@ -340,6 +411,76 @@ bool train_flag_given(const train_options *o, const char *name) {
     return false;
 }
 
+/* Each numeric flag against its range (NaN and inf fail every range), then
+ * the sizes that multiply: a run's token index, steps x batch x grad-accum x
+ * ranks x seq, must stay below 2^62 (the data order indexes sequences and
+ * tokens in int64). */
+static int check_ranges(const train_options *o) {
+    for (size_t i = 0; i < sizeof flags / sizeof *flags; i++) {
+        const flag *f = &flags[i];
+        const void *p = (const char *)o + f->offset;
+        double x;
+        char text[64];
+        switch (f->kind) {
+        case ARG_INT:
+            x = *(const int *)p, snprintf(text, sizeof text, "%d", *(const int *)p);
+            break;
+        case ARG_I64:
+            x = (double)*(const int64_t *)p;
+            snprintf(text, sizeof text, "%lld", (long long)*(const int64_t *)p);
+            break;
+        case ARG_U64:
+            continue; /* --seed: every uint64 (parse_value refuses a sign) */
+        case ARG_DOUBLE:
+            x = *(const double *)p, snprintf(text, sizeof text, "%g", x);
+            break;
+        case ARG_FLOAT:
+            x = *(const float *)p, snprintf(text, sizeof text, "%g", x);
+            break;
+        default:
+            continue;
+        }
+        const flag_range *r = range_of(f->name);
+        if (!r) return fsc_error(FSC_ERR_INTERNAL, "--%s has no documented range", f->name);
+        if (!(x >= r->lo && (r->open_hi ? x < r->hi : x <= r->hi))) {
+            char want[96];
+            range_text(r, want, sizeof want);
+            return fsc_error(FSC_ERR_INVALID, "--%s %s is out of range: expected %s %s", f->name,
+                             text, f->kind == ARG_DOUBLE || f->kind == ARG_FLOAT ? "a number in"
+                                                                                 : "an integer in",
+                             want);
+        }
+    }
+    const double ranks = fsc_dist_size() > 1 ? fsc_dist_size() : 1;
+    const double tokens = (o->steps > 1 ? (double)o->steps : 1.0) * o->batch * o->grad_accum *
+                          ranks * o->model.seq;
+    if (!(tokens < 4611686018427387904.0)) /* 2^62 */
+        return fsc_error(FSC_ERR_INVALID,
+                         "--steps %lld x --batch %d x --grad-accum %d x %g ranks x --seq %d = %.3g "
+                         "tokens: expected fewer than 2^62 (4.6e18) over the run",
+                         (long long)o->steps, o->batch, o->grad_accum, ranks, o->model.seq,
+                         tokens);
+    return FSC_OK;
+}
+
+int train_env_check(void) {
+    int rc = fsc_env_check();
+    if (rc) return rc;
+    const char *f = getenv("FSC_FAULT"); /* fsc-train's fault injection, for the tests */
+    if (!f || !*f) return FSC_OK;
+    char kind[8], tail;
+    int r;
+    long long s;
+    if (sscanf(f, "%7[a-z]@%d:%lld%c", kind, &r, &s, &tail) != 3 || r < 0 || s < 1 ||
+        (strcmp(kind, "sleep") && strcmp(kind, "exit") && strcmp(kind, "kill") &&
+         strcmp(kind, "inf")))
+        return fsc_error(FSC_ERR_INVALID,
+                         "FSC_FAULT=%.64s: expected sleep|exit|kill|inf@RANK:STEP with RANK in "
+                         "[0, 2147483647] and STEP in [1, 2^63)",
+                         f);
+    return FSC_OK;
+}
+
 int train_options_check(const train_options *o) {
     int rc = fsc_gpt_config_check(&o->model);
     if (rc) return fsc_error_context(rc, "bad model: ");
@@ -350,7 +491,6 @@ int train_options_check(const train_options *o) {
     if (o->threads < 1) return fsc_error(FSC_ERR_INVALID, "--threads must be >= 1");
     if (!(o->bucket_mb > 0))
         return fsc_error(FSC_ERR_INVALID, "--bucket-mb %g must be positive", o->bucket_mb);
-    if (!(o->clip >= 0)) return fsc_error(FSC_ERR_INVALID, "--clip %g must be >= 0", o->clip);
     if (o->save_every < 0) return fsc_error(FSC_ERR_INVALID, "--save-every must be >= 0");
     if (o->eval_every < 0) return fsc_error(FSC_ERR_INVALID, "--eval-every must be >= 0");
     if (o->eval_batches < 1)
@@ -384,6 +524,7 @@ int train_options_check(const train_options *o) {
     if (o->min_params < 0)
         return fsc_error(FSC_ERR_INVALID, "--min-params %lld must be >= 0",
                          (long long)o->min_params);
+    if ((rc = check_ranges(o))) return rc;
     fsc_strategy_info info;
     if (fsc_strategy_info_get(o->strategy, &info))
         return fsc_error_context(FSC_ERR_INVALID, "--strategy \"%s\": ", o->strategy);

@@ -35,20 +35,50 @@ static _Atomic size_t total_current, total_peak;
 static _Atomic size_t limit;   /* 0: none */
 static _Atomic int limit_read; /* FSC_MEM_LIMIT_MB consulted */
 
+/* FSC_MEM_LIMIT_MB's range: MiB in [0, 2^30] (up to 1 PiB; 0: no budget).
+ * Unset or empty: no budget. */
+#define LIMIT_MB_MAX 1073741824.0
+
+/* Parses FSC_MEM_LIMIT_MB into *bytes; FSC_ERR_INVALID naming the value and
+ * the range when it is not a number in it (NaN, inf, negative, trailing text). */
+static int limit_from_env(size_t *bytes) {
+    const char *env = getenv("FSC_MEM_LIMIT_MB");
+    *bytes = 0;
+    if (!env || !*env) return FSC_OK;
+    char *end;
+    double mb = strtod(env, &end);
+    if (end == env || *end || !(mb >= 0 && mb <= LIMIT_MB_MAX))
+        return fsc_error(FSC_ERR_INVALID,
+                         "FSC_MEM_LIMIT_MB=%.64s: expected a number of MiB in [0, 1073741824] "
+                         "(0: no budget)",
+                         env);
+    *bytes = (size_t)(mb * 1048576.0);
+    return FSC_OK;
+}
+
+int fsc_mem_env_check(void); /* for fsc_env_check (log.c) */
+int fsc_mem_env_check(void) {
+    size_t bytes;
+    return limit_from_env(&bytes);
+}
+
+static _Atomic int env_invalid; /* FSC_MEM_LIMIT_MB was read and is invalid */
+
 /* The budget, reading FSC_MEM_LIMIT_MB the first time (unless set already). */
 static size_t budget(void) {
     if (!atomic_exchange(&limit_read, 1)) {
-        const char *env = getenv("FSC_MEM_LIMIT_MB");
-        char *end;
-        double mb = env ? strtod(env, &end) : 0;
-        if (env && end != env && mb > 0 && !atomic_load(&limit))
-            atomic_store(&limit, (size_t)(mb * 1048576.0));
+        size_t bytes;
+        if (limit_from_env(&bytes))
+            atomic_store(&env_invalid, 1);
+        else if (bytes && !atomic_load(&limit))
+            atomic_store(&limit, bytes);
     }
     return atomic_load(&limit);
 }
 
 void fsc_mem_set_limit(size_t bytes) {
     atomic_store(&limit_read, 1);
+    atomic_store(&env_invalid, 0); /* an explicit budget replaces the variable */
     atomic_store(&limit, bytes);
 }
 
@@ -60,6 +90,11 @@ size_t fsc_mem_get_limit(void) {
  * for a budget, which is a demonstration device, not a security boundary). */
 static bool within_budget(size_t bytes, const char *what) {
     size_t cap = budget(), now = atomic_load(&total_current);
+    if (atomic_load(&env_invalid)) { /* never run with a budget other than the one asked */
+        size_t ignored;
+        limit_from_env(&ignored); /* sets the message naming the value and the range */
+        return false;
+    }
     if (!cap || now + bytes <= cap) return true;
     fsc_error(FSC_ERR_NOMEM,
               "memory budget exceeded: %zu more bytes for %s on top of %zu would pass the "

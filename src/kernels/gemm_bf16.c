@@ -132,13 +132,32 @@ static void init_once(void) {
     pthread_key_create(&g.ws_key, ws_free);
 }
 
-static fsc_bf16_gemm_mode env_mode(void) {
+/* FSC_BF16_GEMM into *out (auto when unset or empty); FSC_ERR_INVALID naming
+ * the accepted values otherwise. */
+static int mode_from_env(fsc_bf16_gemm_mode *out) {
     const char *e = getenv("FSC_BF16_GEMM");
-    if (!e || !*e || !strcasecmp(e, "auto")) return FSC_BF16_GEMM_AUTO;
-    if (!strcasecmp(e, "on") || !strcmp(e, "1")) return FSC_BF16_GEMM_ON;
-    if (!strcasecmp(e, "off") || !strcmp(e, "0")) return FSC_BF16_GEMM_OFF;
-    fsc_log(FSC_LOG_WARN, "FSC_BF16_GEMM=%s: expected off, on or auto; using auto", e);
-    return FSC_BF16_GEMM_AUTO;
+    *out = FSC_BF16_GEMM_AUTO;
+    if (!e || !*e || !strcasecmp(e, "auto")) return FSC_OK;
+    if (!strcasecmp(e, "on") || !strcmp(e, "1")) *out = FSC_BF16_GEMM_ON;
+    else if (!strcasecmp(e, "off") || !strcmp(e, "0")) *out = FSC_BF16_GEMM_OFF;
+    else
+        return fsc_error(FSC_ERR_INVALID, "FSC_BF16_GEMM=%.64s: expected auto, on, off, 1 or 0",
+                         e);
+    return FSC_OK;
+}
+
+int fsc_bf16_gemm_env_check(void); /* for fsc_env_check (core/log.c) */
+int fsc_bf16_gemm_env_check(void) {
+    fsc_bf16_gemm_mode m;
+    return mode_from_env(&m);
+}
+
+/* At first use an invalid value is an error in the log (the mode getter has no
+ * status to return; tools refuse it at start-up through fsc_env_check). */
+static fsc_bf16_gemm_mode env_mode(void) {
+    fsc_bf16_gemm_mode m;
+    if (mode_from_env(&m)) fsc_log(FSC_LOG_ERROR, "%s; using auto", fsc_last_error());
+    return m;
 }
 
 fsc_bf16_gemm_mode fsc_bf16_gemm_get_mode(void) {

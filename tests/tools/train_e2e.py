@@ -963,11 +963,81 @@ def optimizers():
     print("ok  slowmo's flags are refused by name under ddp")
 
 
+def consistency():
+    """Launch consistency (ranks launched with different settings are refused on
+    every rank, naming the flag and the ranks) and value checks (each bad value
+    refused with its range)."""
+    launcher = os.environ.get("FSC_MPIEXEC", "mpiexec")
+    small = [*TINY, "--strategy", "ddp", "--steps", "1", "--quiet"]
+
+    def mpmd(a, b, wdirs=None):
+        apps = []
+        for i, args in enumerate((a, b)):
+            apps += ([":"] if i else []) + ["-n", "1"] + (["-wdir", wdirs[i]] if wdirs else [])
+            apps += [FSC_TRAIN, *map(str, args)]
+        cmd = [launcher, "--oversubscribe", *apps]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=300), " ".join(cmd)
+
+    p, cmd = mpmd(small, [*small, "--lr", "0.1"])
+    for needle in ("rank 0: the ranks were launched with different settings",
+                   "rank 1: the ranks were launched with different settings",
+                   "--lr: rank 0 vs rank 1"):
+        if p.returncode == 0 or needle not in p.stderr:
+            sys.exit(f"FAIL: {cmd}: exit {p.returncode}, expected {needle!r} in:\n{p.stderr}")
+    if "--batch" in p.stderr or "--data" in p.stderr:
+        sys.exit(f"FAIL: {cmd}: names a flag that does not differ:\n{p.stderr}")
+    print("ok  --lr differing between two MPMD ranks: refused on both, naming --lr and the ranks")
+
+    # the same --data path on both ranks, different contents of the same size
+    dirs = [os.path.join(TMP, f"wd{i}") for i in range(2)]
+    for i, d in enumerate(dirs):
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, "text.txt"), "w") as f:
+            f.write(("abcdefgh" if i == 0 else "hgfedcba") * 4096)
+    p, cmd = mpmd([*small, "--data", "text.txt"], [*small, "--data", "text.txt"], dirs)
+    needle = "--data (contents: size, crc32 of first/last 64 KiB): rank 0 vs rank 1"
+    if p.returncode == 0 or needle not in p.stderr or "--data:" in p.stderr:
+        sys.exit(f"FAIL: {cmd}: exit {p.returncode}, expected {needle!r} alone in:\n{p.stderr}")
+    print("ok  --data with the same path and size but other contents: named")
+
+    # flags that may differ per rank by design: --metrics, --threads, --log-every
+    m = os.path.join(TMP, "cons.jsonl")
+    p, cmd = mpmd([*small, "--metrics", m, "--threads", "1"], [*small, "--threads", "2",
+                                                              "--log-every", "3"])
+    if p.returncode != 0 or len(metrics(m)) != 1:
+        sys.exit(f"FAIL: {cmd}: per-rank flags refused (exit {p.returncode}):\n{p.stderr}")
+    print("ok  --metrics, --threads and --log-every may differ per rank")
+
+    cases = [
+        ([], {"FSC_MEM_LIMIT_MB": "abc"}, "FSC_MEM_LIMIT_MB=abc: expected a number of MiB in [0, "),
+        ([], {"FSC_LOG_LEVEL": "loud"},
+         "FSC_LOG_LEVEL=loud: expected one of debug, info, warn, error, off"),
+        ([], {"FSC_BF16_GEMM": "fast"}, "FSC_BF16_GEMM=fast: expected auto, on, off"),
+        ([], {"FSC_NUM_THREADS": "-2"}, "FSC_NUM_THREADS=-2: expected an integer in [1, 1024]"),
+        (["--grad-accum", "2147483647"], {}, "--grad-accum 2147483647 is out of range: expected "
+                                             "an integer in [1, 65536]"),
+        (["--clip", "nan"], {}, "--clip nan is out of range: expected a number in [0, "),
+        (["--seed", "-1"], {}, "--seed -1 is out of range: expected an integer in [0, "
+                               "18446744073709551615]"),
+        (["--lr", "inf"], {}, "--lr inf is out of range: expected a number in [0, 100]"),
+        (["--steps", "99999999999"], {}, "expected an integer in [0, 34359738368]"),
+        (["--batch", "65536", "--grad-accum", "65536", "--seq", "65536", "--steps", "100000"], {},
+         "tokens: expected fewer than 2^62"),
+    ]
+    for args, env, needle in cases:
+        p = subprocess.run([FSC_TRAIN, *TINY, "--steps", "1", *args], capture_output=True,
+                           text=True, timeout=300, env={**os.environ, **env})
+        if p.returncode == 0 or needle not in p.stderr:
+            sys.exit(f"FAIL: {args} {env}: exit {p.returncode}, expected {needle!r} in:\n"
+                     f"{p.stderr}")
+        print(f"ok  {' '.join(args) or env} -> {p.stderr.strip().splitlines()[-1][:100]}")
+
+
 {"learns": learns, "accum": accumulation, "strategies": strategies, "watchdog": watchdog,
  "resume": resume,
  "bad-input": bad_input,
  "torch": torch_cross_check,
  "fsdp": fsdp, "fsdp-precision": fsdp_precision, "fsdp-files": fsdp_files,
  "validation": validation, "sample": sample, "config": config, "signals": signals,
- "progress": progress, "optimizers": optimizers}[sys.argv[2]]()
+ "progress": progress, "optimizers": optimizers, "consistency": consistency}[sys.argv[2]]()
 print("PASS")
