@@ -3,7 +3,9 @@
 # numerics tests (ctest label `numerics`) again under fsc's own CPUID choice of
 # BLAS kernels when the environment's OPENBLAS_CORETYPE gives other kernels, so
 # that both kernel families are held to the same tolerances; then runs every
-# test again under AddressSanitizer + UndefinedBehaviorSanitizer.
+# test again under AddressSanitizer + UndefinedBehaviorSanitizer; last, when
+# clang is installed, a short fuzzing smoke run of each file reader
+# (scripts/fuzz.sh, FSC_FUZZ_SMOKE_S seconds each, default 12; 0 skips it).
 # Arguments go to every ctest run (e.g. -R golden).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,3 +40,13 @@ echo "== the same tests under ASan + UBSan =="
 cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=Debug -DFSC_WERROR=ON -DFSC_ASAN=ON -DFSC_UBSAN=ON >/dev/null
 cmake --build build-sanitize -j "$(nproc)" >/dev/null
 (cd build-sanitize && ctest --output-on-failure -j "$(nproc)" "$@")
+
+smoke=${FSC_FUZZ_SMOKE_S:-12}
+if [ "$smoke" != 0 ] && command -v clang >/dev/null; then
+  echo "== fuzz smoke: each reader ${smoke}s under libFuzzer (scripts/fuzz.sh) =="
+  SECONDS=0
+  bash scripts/fuzz.sh "$smoke"
+  echo "== fuzz smoke: ${SECONDS}s"
+elif [ "$smoke" != 0 ]; then
+  echo "== fuzz smoke skipped: clang not found (scripts/install-deps.sh installs it)"
+fi

@@ -31,19 +31,31 @@ enum {
 
 /* ---- initialisation --------------------------------------------------------- */
 typedef struct fsc_dist_options {
-    double timeout_s; /* watchdog: a collective not done after this fails (0: 300 s,
-                         or FSC_TIMEOUT_S from the environment) */
-    bool full_check;  /* exchange every collective's full signature before it runs
-                         (also on with FSC_DESYNC_CHECK=1); off: a cheap hash check */
+    double timeout_s;      /* watchdog: a collective not done after this fails (0: 300 s,
+                              or FSC_TIMEOUT_S from the environment) */
+    bool full_check;       /* exchange every collective's full signature before it runs
+                              (also on with FSC_DESYNC_CHECK=1); off: a cheap hash check */
+    double init_timeout_s; /* deadline of MPI's start-up and shut-down (MPI_Init_thread
+                              in fsc_dist_init, MPI_Finalize in fsc_dist_finalize); 0:
+                              FSC_INIT_TIMEOUT_S, else the timeout but at least 60 s */
 } fsc_dist_options;
+
+/* Exit status of a process whose MPI start-up or shut-down passed its
+ * deadline: those calls cannot be abandoned, so the runtime prints what it
+ * knows (the call, and the peers lost or not there yet) and ends the process. */
+#define FSC_DIST_DEADLINE_EXIT 124
 
 /* Initialises MPI (MPI_Init_thread, FUNNELED) unless the program already did.
  * argc/argv may be NULL. Idempotent: a later call only applies `opt` (if not
  * NULL), e.g. to change the timeout. opt->timeout_s > 0 wins over
  * FSC_TIMEOUT_S. Only the thread that called init may call the runtime.
- * FSC_ERR_MPI if MPI fails to start, FSC_ERR_INVALID after MPI_Finalize. */
+ * FSC_ERR_MPI if MPI fails to start, FSC_ERR_INVALID after MPI_Finalize.
+ * Starts the heartbeat thread (it never calls MPI; one UDP socket) that the
+ * watchdog asks who is alive; MPI_Init_thread runs under init_timeout_s
+ * (FSC_DIST_DEADLINE_EXIT past it). */
 FSC_API int fsc_dist_init(int *argc, char ***argv, const fsc_dist_options *opt);
-/* Finalises MPI if fsc_dist_init initialised it. After a timeout the
+/* Finalises MPI if fsc_dist_init initialised it (under init_timeout_s, as
+ * start-up is) and stops the heartbeat thread. After a timeout the
  * abandoned operations stay in flight (MPI may still write into their
  * buffers): their groups are not freed and FSC_ERR_TIMEOUT is returned, so
  * the program can exit non-zero. */
@@ -95,13 +107,17 @@ FSC_API int64_t fsc_group_seq(const fsc_group *g);
  * (kind, dtype, op, count, root): a mismatch is FSC_ERR_DESYNC on every rank,
  * naming each rank's collective. A collective not complete within the timeout
  * (measured from its issue) is FSC_ERR_TIMEOUT naming the operation, the group
- * and the ranks that never joined. Either failure leaves the group unusable
- * (later calls on it fail at once). Arguments wrong on this rank alone
- * (NULL group or buffer, negative count, bad root or op, a call before
- * fsc_dist_init) fail before any communication and take no sequence number:
- * FSC_ERR_INVALID, or FSC_ERR_DTYPE for an unknown dtype or a reduction of
- * U16. A buffer may be NULL only where its count is 0. Buffers are the
- * caller's, borrowed for the call (or, non-blocking, until completion). */
+ * and the ranks that never joined. Before reporting, the rank asks every rank's
+ * heartbeat who is alive: when some rank is lost (no answer: killed, stopped)
+ * or stalled (answers, but has been outside fsc for half the timeout), the
+ * message names them ("world rank 2 is lost: ...") and is the same text on
+ * every survivor, each of which then fails its current and every later
+ * collective with it (also after an MPI error in a transfer). Either failure leaves the group
+ * unusable (later calls on it fail at once). Arguments wrong on this rank alone (NULL group or
+ * buffer, negative count, bad root or op, a call before fsc_dist_init) fail before any
+ * communication and take no sequence number: FSC_ERR_INVALID, or FSC_ERR_DTYPE for an unknown dtype
+ * or a reduction of U16. A buffer may be NULL only where its count is 0. Buffers are the caller's,
+ * borrowed for the call (or, non-blocking, until completion). */
 typedef enum { FSC_REDUCE_SUM = 0, FSC_REDUCE_AVG, FSC_REDUCE_MAX } fsc_reduce_op;
 
 typedef struct fsc_request fsc_request;

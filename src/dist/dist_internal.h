@@ -31,6 +31,7 @@ typedef struct fsc_dist_runtime {
     bool abandoned; /* a timed-out operation is still in flight somewhere */
     int rank, size, local_rank, local_size;
     double timeout_s;
+    double init_timeout_s; /* deadline of MPI_Init_thread and MPI_Finalize */
     bool full_check;
     int64_t max_msg;        /* largest message in elements (INT_MAX; lowered by tests) */
     int64_t ring_min_bytes; /* allreduces this large use the ring (benchmarks move it) */
@@ -108,7 +109,10 @@ const char *fsc_coll_kind_name(int kind);
 void fsc_wd_signature(fsc_request *r);
 int fsc_wd_begin(fsc_request *r);
 int fsc_wd_test(fsc_request *r, bool *done);
-int fsc_wd_timeout(fsc_request *r);
+int fsc_wd_timeout(fsc_request *r); /* also when a peer's verdict arrives first */
+/* A failed transfer (FSC_ERR_MPI): the heartbeat's verdict when some rank is
+ * lost or stalled (FSC_ERR_TIMEOUT, the group unusable), else rc unchanged. */
+int fsc_wd_peer_failure(fsc_request *r, int rc);
 void fsc_wd_describe(const fsc_request *r, char *buf, size_t n);
 
 /* request.c: lifecycle, progress, waits */

@@ -4,13 +4,16 @@
  *
  * The one idea: a program without a launcher still initialises MPI (as a
  * singleton), so a single process is simply a world of size 1 and every
- * collective works unchanged.
+ * collective works unchanged. MPI's own start-up and shut-down block until
+ * every peer takes part, so the heartbeat thread (heartbeat.c) starts first
+ * and holds a deadline over both: a peer that never starts or never finishes
+ * ends this process with a message instead of a hang.
  */
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "dist_internal.h"
+#include "heartbeat.h"
 
 /* Allreduces from 4 KiB up use the ring: measured with tests/bench_dist.c at
  * 2 ranks, it beats MPI_Iallreduce from 4 KiB (4 vs 7 us) to 100 MB (24 vs
@@ -34,6 +37,18 @@ int fsc_dist_require_init(const char *fn) {
     return FSC_OK;
 }
 
+/* Deadline of MPI_Init_thread and MPI_Finalize: the option, FSC_INIT_TIMEOUT_S,
+ * else the collective timeout but at least 60 s (a loaded machine starts slowly). */
+static double init_deadline(const fsc_dist_options *opt) {
+    if (opt && opt->init_timeout_s > 0) return opt->init_timeout_s;
+    const char *env = getenv("FSC_INIT_TIMEOUT_S");
+    if (env && atof(env) > 0) return atof(env);
+    double t = opt && opt->timeout_s > 0 ? opt->timeout_s : 0;
+    env = getenv("FSC_TIMEOUT_S");
+    if (t <= 0 && env && atof(env) > 0) t = atof(env);
+    return t > 60 ? t : 60;
+}
+
 static void apply_options(const fsc_dist_options *opt) {
     double t = opt && opt->timeout_s > 0 ? opt->timeout_s : 0;
     const char *env = getenv("FSC_TIMEOUT_S");
@@ -43,22 +58,40 @@ static void apply_options(const fsc_dist_options *opt) {
     fsc_dist_rt.full_check = (opt && opt->full_check) || (env && env[0] && strcmp(env, "0") != 0);
 }
 
+static int init_runtime(int *argc, char ***argv, const fsc_dist_options *opt);
+
 int fsc_dist_init(int *argc, char ***argv, const fsc_dist_options *opt) {
     if (fsc_dist_rt.initialized) {
         if (opt) apply_options(opt); /* a second call may only change the options */
         return FSC_OK;
     }
+    int rc = init_runtime(argc, argv, opt);
+    fsc_hb_arm(0, ""); /* whatever the outcome, start-up is over */
+    return rc;
+}
+
+static int init_runtime(int *argc, char ***argv, const fsc_dist_options *opt) {
     int flag = 0, rc;
     MPI_Finalized(&flag);
     if (flag) return fsc_error(FSC_ERR_INVALID, "fsc_dist_init: MPI has already been finalised");
     MPI_Initialized(&flag);
+    if (fsc_hb_start() != FSC_OK) /* without it: the control plane's account of failures */
+        fsc_log(FSC_LOG_WARN, "fsc_dist_init: %s", fsc_last_error());
+    fsc_dist_rt.init_timeout_s = init_deadline(opt);
     if (!flag) {
         int provided = 0;
+        fsc_hb_set_phase(FSC_HB_INIT);
+        fsc_hb_arm(fsc_dist_rt.init_timeout_s, "MPI_Init_thread (fsc_dist_init)");
         rc = MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+        fsc_hb_arm(0, "");
         if (rc != MPI_SUCCESS) return fsc_dist_mpi_error(rc, "MPI_Init_thread");
         fsc_dist_rt.we_initialized_mpi = true;
     }
     apply_options(opt);
+    fsc_hb_arm(fsc_dist_rt.init_timeout_s, "the start-up exchange of fsc_dist_init");
+    rc = fsc_hb_connect();
+    if (rc) fsc_log(FSC_LOG_WARN, "fsc_dist_init: %s", fsc_last_error());
+    fsc_hb_set_phase(FSC_HB_RUN);
     MPI_Comm_rank(MPI_COMM_WORLD, &fsc_dist_rt.rank);
     MPI_Comm_size(MPI_COMM_WORLD, &fsc_dist_rt.size);
 
@@ -114,10 +147,14 @@ int fsc_dist_finalize(void) {
     fsc_dist_rt.self = NULL;
     fsc_dist_rt.initialized = false;
     if (fsc_dist_rt.we_initialized_mpi) {
+        fsc_hb_set_phase(FSC_HB_FINALIZE);
+        fsc_hb_arm(fsc_dist_rt.init_timeout_s, "MPI_Finalize (fsc_dist_finalize)");
         int mrc = MPI_Finalize();
+        fsc_hb_arm(0, "");
         fsc_dist_rt.we_initialized_mpi = false;
         if (mrc != MPI_SUCCESS && rc == FSC_OK) rc = fsc_dist_mpi_error(mrc, "MPI_Finalize");
     }
+    fsc_hb_stop();
     return rc;
 }
 

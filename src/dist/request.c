@@ -8,10 +8,11 @@
  * poll loop with a deadline, which is the watchdog.
  */
 #include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "dist_internal.h"
+#include "heartbeat.h"
 
 static void list_remove(fsc_request *r) {
     if (r->prev)
@@ -52,6 +53,12 @@ static void fail(fsc_request *r, int status) {
 
 int fsc_request_issue(fsc_group *g, const fsc_coll_args *a, fsc_request **out) {
     *out = NULL;
+    if (fsc_hb_has_verdict()) { /* a peer is lost: every collective fails with the one verdict */
+        char v[900];
+        fsc_hb_verdict(v, sizeof v);
+        return fsc_error(FSC_ERR_TIMEOUT, "%s", v);
+    }
+    fsc_hb_note_poll();
     if (g->broken)
         return fsc_error(g->broken, "group %s is unusable after an earlier failure (%s)", g->name,
                          g->broken_msg);
@@ -102,7 +109,7 @@ int fsc_request_step(fsc_request *r) {
         bool done;
         rc = fsc_wd_test(r, &done);
         if (rc) {
-            fail(r, rc);
+            fail(r, fsc_wd_peer_failure(r, rc));
             return rc;
         }
         if (!done) return FSC_OK;
@@ -119,7 +126,7 @@ int fsc_request_step(fsc_request *r) {
         r->phase = REQ_DATA;
         rc = fsc_coll_start(r);
         if (rc) {
-            fail(r, rc);
+            fail(r, fsc_wd_peer_failure(r, rc));
             return rc;
         }
     }
@@ -128,7 +135,7 @@ int fsc_request_step(fsc_request *r) {
         if (r->bop) {
             rc = g->be->test(r->bop, &done);
             if (rc) {
-                fail(r, rc);
+                fail(r, fsc_wd_peer_failure(r, rc));
                 return rc;
             }
         }
@@ -145,6 +152,7 @@ int fsc_request_step(fsc_request *r) {
 }
 
 static void progress_all(const fsc_group *only) {
+    fsc_hb_note_poll();
     fsc_request *p = fsc_dist_rt.pending_head;
     while (p) {
         fsc_request *next = p->next;
@@ -174,8 +182,11 @@ static int collect(fsc_request **req) {
     return st;
 }
 
+/* The watchdog: past the timeout, or once the survivors have a verdict. */
 static int check_deadline(fsc_request *r) {
-    if (r->phase >= REQ_DONE || fsc_now() - r->t_start <= fsc_dist_rt.timeout_s) return FSC_OK;
+    if (r->phase >= REQ_DONE ||
+        (fsc_now() - r->t_start <= fsc_dist_rt.timeout_s && !fsc_hb_has_verdict()))
+        return FSC_OK;
     fail(r, fsc_wd_timeout(r));
     return r->status;
 }
@@ -198,6 +209,14 @@ int fsc_request_wait(fsc_request **req) {
     fsc_request *r = *req;
     fsc_group *g = r->g;
     double t0 = fsc_now();
+    char doing[160];
+    if (r->seq >= 0)
+        snprintf(doing, sizeof doing, "%s #%lld on group %s", fsc_coll_kind_name(r->a.kind),
+                 (long long)r->seq, g->name);
+    else
+        snprintf(doing, sizeof doing, "%s with rank %d, tag %d, on group %s",
+                 fsc_coll_kind_name(r->a.kind), r->a.root, r->a.tag, g->name);
+    fsc_hb_note_wait(g->size > 1 ? doing : NULL, true); /* the self group's are not news */
     for (unsigned spins = 0;; spins++) {
         progress_all(NULL);
         if (r->phase >= REQ_DONE || check_deadline(r)) break;
@@ -205,6 +224,7 @@ int fsc_request_wait(fsc_request **req) {
         if (spins > 64) sched_yield();
     }
     g->stats.wait_s += fsc_now() - t0;
+    fsc_hb_note_wait(NULL, false);
     return collect(req);
 }
 

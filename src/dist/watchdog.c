@@ -13,12 +13,19 @@
  * Cost: 2(P-1) messages of 56 bytes, a few microseconds on shared memory.
  * Point-to-point send/recv are checked (count and dtype agree) only with the
  * full check (FSC_DESYNC_CHECK=1), where the extra round trip is accepted.
+ *
+ * A control message cannot tell a dead rank from a slow one, nor who is
+ * alive once a transfer stalls mid-way: so before reporting, the rank asks
+ * the heartbeat (heartbeat.c) who answers. Ranks that do not answer (killed,
+ * stopped) or that answer but have stayed out of fsc for half the timeout
+ * (stalled) are named in one verdict the survivors agree on; only when
+ * nobody is lost or stalled does the control-plane message above stand.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "dist_internal.h"
+#include "heartbeat.h"
 
 static bool is_p2p(int kind) {
     return kind == FSC_COLL_SEND || kind == FSC_COLL_RECV;
@@ -204,25 +211,116 @@ static int rank_label(const fsc_group *g, int q, char *buf, size_t n) {
     return snprintf(buf, n, "rank %d (world rank %d)", q, g->world_ranks[q]);
 }
 
+int fsc_hb_describe(const hb_peer *st, int n, const bool *never_joined, char *buf, size_t cap,
+                    double stall_s, bool at_finalize) {
+    int len = 0;
+    bool lost = false; /* when some rank is lost, the others are not blamed for waiting on it */
+    for (int q = 0; q < n; q++) lost = lost || (!st[q].alive && (st[q].known || st[q].same_host));
+    for (int q = 0; q < n && (size_t)len + 2 < cap; q++) {
+        const hb_peer *p = &st[q];
+        if (len) len += snprintf(buf + len, cap - (size_t)len, "; ");
+        int at = len;
+        size_t left = cap - (size_t)len;
+        if (!p->alive && p->same_host && (p->state == 'X' || p->state == 'Z'))
+            len += snprintf(buf + len, left,
+                            "world rank %d is lost: its process (pid %d, this "
+                            "host) has exited",
+                            q, p->pid);
+        else if (!p->alive && p->same_host && p->state == 'T')
+            len += snprintf(buf + len, left,
+                            "world rank %d is lost: no heartbeat, and its "
+                            "process (pid %d, this host) is stopped",
+                            q, p->pid);
+        else if (!p->alive && p->known)
+            len += snprintf(buf + len, left,
+                            "world rank %d is lost: no heartbeat (died, "
+                            "stopped or unreachable)",
+                            q);
+        else if (!p->alive && at_finalize)
+            len += snprintf(buf + len, left,
+                            "world rank %d does not answer (the heartbeat never "
+                            "reached it)",
+                            q);
+        else if (p->alive && at_finalize && p->phase != FSC_HB_FINALIZE)
+            len += snprintf(buf + len, left,
+                            "world rank %d has not reached MPI_Finalize "
+                            "(alive; last: %s)",
+                            q, p->doing[0] ? p->doing : "no collective");
+        else if (p->alive && !lost && !at_finalize && p->phase == FSC_HB_FINALIZE)
+            len += snprintf(buf + len, left,
+                            "world rank %d has left: it is in MPI_Finalize (last: %s)", q,
+                            p->doing[0] ? p->doing : "no collective");
+        else if (p->alive && !lost && stall_s > 0 && !p->waiting && p->idle_s >= stall_s)
+            len += snprintf(buf + len, left,
+                            "world rank %d is stalled: %salive, but outside "
+                            "fsc for %.1f s (last: %s)",
+                            q, never_joined && never_joined[q] ? "it never joined; " : "",
+                            p->idle_s, p->doing[0] ? p->doing : "no collective");
+        if (len == at && at >= 2) buf[len = at - 2] = '\0'; /* nothing said of q: drop "; " */
+    }
+    return (size_t)len < cap ? len : (int)cap - 1;
+}
+
+/* The heartbeat's verdict on a failed request: true with out set when some
+ * rank is lost or stalled (every survivor gets the same text), false when
+ * everyone is alive and in fsc (the control plane's account then stands). */
+static bool judge(const fsc_request *r, const char *head, char *out, size_t n) {
+    if (fsc_hb_verdict(out, n)) return true;
+    int size = fsc_hb_size();
+    hb_peer *st = size > 1 ? calloc((size_t)size, sizeof *st) : NULL;
+    if (!st) return false;
+    double t = fsc_dist_rt.timeout_s, grace = t / 4 < 0.1 ? 0.1 : t / 4 > 0.5 ? 0.5 : t / 4;
+    bool found = false, *never = calloc((size_t)size, sizeof *never);
+    for (int i = 0; never && !is_p2p(r->a.kind) && i < r->npeers; i++) {
+        int flag = 0;
+        MPI_Status ms;
+        MPI_Request_get_status(r->ctrl[i], &flag, &ms);
+        if (!flag) never[r->g->world_ranks[r->peers[i]]] = true;
+    }
+    bool probed = never && fsc_hb_probe(st, grace);
+    if (probed && fsc_hb_verdict(out, n)) {
+        found = true; /* a peer's verdict arrived while we probed */
+    } else if (probed) {
+        char proposal[900];
+        int len = snprintf(proposal, sizeof proposal, "%s: ", head);
+        int blamed = fsc_hb_describe(st, size, never, proposal + len, sizeof proposal - (size_t)len,
+                                     t / 2, false);
+        if (blamed > 0) {
+            len += blamed;
+            int alive = 0;
+            for (int q = 0; q < size; q++) alive += st[q].alive;
+            if ((size_t)len < sizeof proposal)
+                snprintf(proposal + len, sizeof proposal - (size_t)len,
+                         " (verdict of the %d of %d world ranks that answer the heartbeat)", alive,
+                         size);
+            fsc_hb_agree(st, proposal, 1.0, out, n);
+            found = true;
+        }
+    }
+    free(never);
+    free(st);
+    return found;
+}
+
 int fsc_wd_timeout(fsc_request *r) {
     fsc_group *g = r->g;
-    char msg[900], who[64];
+    char msg[900], who[64], head[300];
     int len;
     const char *kind = fsc_coll_kind_name(r->a.kind);
     if (is_p2p(r->a.kind)) {
         rank_label(g, r->a.root, who, sizeof who);
-        len = snprintf(msg, sizeof msg,
-                       "%s of %lld %s %s %s, tag %d, on group %s, did not complete within %g s: "
-                       "%s never %s",
-                       kind, (long long)r->a.count, fsc_dtype_name(r->a.dt),
-                       r->a.kind == FSC_COLL_SEND ? "to" : "from", who, r->a.tag, g->name,
-                       fsc_dist_rt.timeout_s, who,
-                       r->a.kind == FSC_COLL_SEND ? "received it" : "sent it");
+        snprintf(head, sizeof head,
+                 "%s of %lld %s %s %s, tag %d, on group %s, did not complete "
+                 "within %g s",
+                 kind, (long long)r->a.count, fsc_dtype_name(r->a.dt),
+                 r->a.kind == FSC_COLL_SEND ? "to" : "from", who, r->a.tag, g->name,
+                 fsc_dist_rt.timeout_s);
+        snprintf(msg, sizeof msg, "%s: %s never %s", head, who,
+                 r->a.kind == FSC_COLL_SEND ? "received it" : "sent it");
     } else {
-        len = snprintf(msg, sizeof msg,
-                       "%s #%lld on group %s (%d ranks) did not complete within "
-                       "%g s:",
-                       kind, (long long)r->seq, g->name, g->size, fsc_dist_rt.timeout_s);
+        snprintf(head, sizeof head, "%s #%lld on group %s (%d ranks) did not complete within %g s",
+                 kind, (long long)r->seq, g->name, g->size, fsc_dist_rt.timeout_s);
+        len = snprintf(msg, sizeof msg, "%s:", head);
         int missing = 0;
         for (int i = 0; i < r->npeers && len > 0 && (size_t)len < sizeof msg; i++) {
             int flag = 0;
@@ -247,8 +345,23 @@ int fsc_wd_timeout(fsc_request *r) {
                      " every rank joined, but the data transfer did not finish (a peer stalled "
                      "or died)");
     }
+    char verdict[900];
+    const char *text = judge(r, head, verdict, sizeof verdict) ? verdict : msg;
     g->broken = FSC_ERR_TIMEOUT;
     snprintf(g->broken_msg, sizeof g->broken_msg, "%s #%lld timed out", kind, (long long)r->seq);
     fsc_dist_rt.abandoned = true;
-    return fsc_error(FSC_ERR_TIMEOUT, "%s", msg);
+    return fsc_error(FSC_ERR_TIMEOUT, "%s", text);
+}
+
+int fsc_wd_peer_failure(fsc_request *r, int rc) {
+    if (rc != FSC_ERR_MPI || !fsc_hb_available()) return rc;
+    char head[600], verdict[900];
+    snprintf(head, sizeof head, "%s #%lld on group %s (%d ranks) failed (%.400s)",
+             fsc_coll_kind_name(r->a.kind), (long long)r->seq, r->g->name, r->g->size,
+             fsc_last_error());
+    if (!judge(r, head, verdict, sizeof verdict)) return rc;
+    r->g->broken = FSC_ERR_TIMEOUT;
+    snprintf(r->g->broken_msg, sizeof r->g->broken_msg, "a peer was lost");
+    fsc_dist_rt.abandoned = true;
+    return fsc_error(FSC_ERR_TIMEOUT, "%s", verdict);
 }

@@ -1,0 +1,29 @@
+/* libFuzzer harness: the token readers (fsc_tokens_load on an llm.c shard,
+ * ".bin", and on a byte file), which fsc-train's --data reaches.
+ *
+ * The one idea: a shard's header sizes everything after it, so it is the
+ * part to attack; the same input is also loaded as a byte file (any file
+ * that is not a shard), and whatever loads is read back to its end.
+ */
+#include "fuzz_common.h"
+#include "fsc/io.h"
+
+static void load(const char *path) {
+    fsc_tokens tk;
+    if (fsc_tokens_load(path, &tk) != FSC_OK) return;
+    int64_t sum = 0;
+    for (int64_t i = 0; i < tk.count; i++) sum += fsc_tokens_at(&tk, i);
+    if (sum < 0 || tk.vocab < 1 || tk.vocab > 65536) abort();
+    (void)fsc_tokens_num_windows(&tk, 8);
+    fsc_tokens_free(&tk);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    const char *shard = fuzz_path("in.bin");
+    fuzz_write(shard, data, size);
+    load(shard);
+    const char *bytes = fuzz_path("in.txt");
+    fuzz_write(bytes, data, size);
+    load(bytes);
+    return 0;
+}
