@@ -33,6 +33,18 @@ static inline int mpi_scratch_dir_remove(const char *dir) {
     return system(cmd) ? -1 : 0;
 }
 
+/* A whole file in memory (malloc'ed; *n its size), NULL if it cannot be read. */
+static inline unsigned char *mpi_read_file(const char *path, long *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    unsigned char *b = NULL;
+    if (!fseek(f, 0, SEEK_END) && (*n = ftell(f)) >= 0 && !fseek(f, 0, SEEK_SET) &&
+        (b = malloc((size_t)*n + 1)) && fread(b, 1, (size_t)*n, f) != (size_t)*n)
+        free(b), b = NULL;
+    fclose(f);
+    return b;
+}
+
 static int mpi_test_finish(int failed) {
     int any = failed;
     fsc_group_allreduce(fsc_group_world(), &any, 1, FSC_DTYPE_I32, FSC_REDUCE_MAX);

@@ -49,14 +49,8 @@ static fsc_gpt_config model_v(int vocab) {
 }
 
 static unsigned char *slurp(const char *path, long *n) {
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    fseek(f, 0, SEEK_END);
-    *n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *b = malloc((size_t)*n);
-    assert_int_equal(fread(b, 1, (size_t)*n, f), (size_t)*n);
-    fclose(f);
+    unsigned char *b = mpi_read_file(path, n);
+    assert_non_null(b);
     return b;
 }
 

@@ -237,14 +237,8 @@ static int same_tensors(const char *a, const char *b, int64_t step) {
 }
 
 static unsigned char *slurp(const char *path, long *n) {
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    fseek(f, 0, SEEK_END);
-    *n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *b = malloc((size_t)*n);
-    assert_int_equal(fread(b, 1, (size_t)*n, f), (size_t)*n);
-    fclose(f);
+    unsigned char *b = mpi_read_file(path, n);
+    assert_non_null(b);
     return b;
 }
 
