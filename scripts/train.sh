@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # README command 1: installs what is missing, builds, and trains the default
 # GPT on the built-in corpus with one DDP rank per core (one process when no
-# MPI launcher is installed), printing progress and a summary. Extra arguments
-# go to fsc-train (e.g. --steps 500).
+# MPI launcher is installed), printing progress and a summary, then draws the
+# loss curve (out/loss.svg, from out/metrics.jsonl). Extra arguments go to
+# fsc-train (e.g. --steps 500).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh
@@ -13,6 +14,12 @@ ranks=$(nproc)
 if [ -n "$launcher" ] && [ -x "$launcher" ] && [ "$ranks" -gt 1 ]; then
   # Open MPI refuses root without these; harmless for MPICH.
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-  exec "$launcher" -n "$ranks" build/tools/fsc-train --strategy ddp "${args[@]}"
+  "$launcher" -n "$ranks" build/tools/fsc-train --strategy ddp "${args[@]}"
+else
+  build/tools/fsc-train "${args[@]}"
 fi
-exec build/tools/fsc-train "${args[@]}"
+# Train loss (val points when --eval-every is given), lr and tokens/s against steps.
+if [ -s out/metrics.jsonl ]; then
+  build/tools/fsc-plot out/metrics.jsonl -o out/loss.svg --title "fsc-train: the README's main job"
+  echo "loss curve: out/loss.svg (open it in a browser)" >&2
+fi

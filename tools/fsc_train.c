@@ -109,9 +109,12 @@ static int find_val_shards(const train_options *o, validation *v) {
 }
 
 /* Text or shards into tokens: text through the tokenizer when there is one. */
-static int load_tokens(const char *spec, const fsc_bpe *bpe, fsc_tokens *out) {
+static int load_tokens(const char *spec, const fsc_bpe *bpe, const char *format, fsc_tokens *out) {
     bool text = bpe && strncmp(spec, "builtin", 7) && !strstr(spec, ".bin");
-    return text ? fsc_bpe_encode_file(bpe, spec, out) : fsc_tokens_load(spec, out);
+    if (text) return fsc_bpe_encode_file(bpe, spec, out);
+    fsc_data_format f = FSC_DATA_AUTO; /* checked by train_options_check */
+    int rc = fsc_data_format_parse(format, &f);
+    return rc ? rc : fsc_tokens_load_as(spec, f, out);
 }
 
 /* The held-out stream: --val-data, the validation shards, or the tail of
@@ -121,7 +124,7 @@ static int load_validation(trainer *t, const fsc_bpe *bpe, validation *v) {
     const char *spec = o->val_data ? o->val_data : v->val_spec;
     int rc;
     if (spec) {
-        if ((rc = load_tokens(spec, bpe, &v->tokens)))
+        if ((rc = load_tokens(spec, bpe, o->data_format, &v->tokens)))
             return fsc_error_context(rc, "--val-data %s: ", spec);
         snprintf(v->source, sizeof v->source, "%s", spec);
     } else {

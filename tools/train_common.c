@@ -386,7 +386,9 @@ int trainer_init(trainer *t, const train_options *o) {
     fsc_set_num_threads(inner);
     if ((rc = fsc_blas_init(inner))) return rc;
 
-    if ((rc = fsc_tokens_load(o->data, &t->tokens)))
+    fsc_data_format format = FSC_DATA_AUTO; /* checked by train_options_check */
+    if ((rc = fsc_data_format_parse(o->data_format, &format)) ||
+        (rc = fsc_tokens_load_as(o->data, format, &t->tokens)))
         return fsc_error_context(rc, "--data %s: ", o->data);
     if (t->tokens.vocab > o->model.vocab)
         return fsc_error(FSC_ERR_INVALID,

@@ -15,6 +15,7 @@ typedef struct train_options {
     const char *strategy; /* a row of the strategy table (fsc_strategy_names) */
     fsc_gpt_config model;
     const char *data;
+    const char *data_format; /* auto | llmc | nanogpt (fsc_data_format_parse) */
     int batch, grad_accum;
     int64_t steps;
     double lr, min_lr_ratio, weight_decay, beta1, beta2, eps, momentum, clip;

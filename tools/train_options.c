@@ -13,6 +13,7 @@ void train_options_default(train_options *o) {
     o->strategy = "single";
     o->model = (fsc_gpt_config){.vocab = 256, .seq = 128, .layers = 4, .d_model = 256, .heads = 4};
     o->data = "builtin";
+    o->data_format = "auto";
     o->batch = 8;
     o->grad_accum = 1;
     o->steps = 200;
@@ -64,6 +65,9 @@ static const flag flags[] = {
     F("dropout", ARG_FLOAT, model.dropout, "embedding and residual dropout"),
     F("data", ARG_STR, data,
       "builtin[:SEED[:BYTES]] | shard.bin[,more.bin] | 'dir/*.bin' | text file (bytes)"),
+    F("data-format", ARG_STR, data_format,
+      "auto (.bin: llm.c shard, version 1 or 7; other files: bytes) | llmc | nanogpt (raw "
+      "uint16 .bin, no header); for --data and --val-data"),
     F("batch", ARG_INT, batch, "sequences per micro-batch per rank"),
     F("grad-accum", ARG_INT, grad_accum, "micro-batches per optimizer step"),
     F("steps", ARG_I64, steps, "optimizer steps"),
@@ -525,6 +529,9 @@ int train_options_check(const train_options *o) {
         return fsc_error(FSC_ERR_INVALID, "--min-params %lld must be >= 0",
                          (long long)o->min_params);
     if ((rc = check_ranges(o))) return rc;
+    fsc_data_format format;
+    if (fsc_data_format_parse(o->data_format, &format))
+        return fsc_error_context(FSC_ERR_INVALID, "--data-format: ");
     fsc_strategy_info info;
     if (fsc_strategy_info_get(o->strategy, &info))
         return fsc_error_context(FSC_ERR_INVALID, "--strategy \"%s\": ", o->strategy);

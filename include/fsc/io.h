@@ -122,7 +122,7 @@ FSC_API int fsc_st_save(const char *path, int n, const char *const *names,
 /* A token stream in memory. Owns `data` (tagged FSC_MEM_WORK). */
 typedef struct fsc_tokens {
     void *data;      /* count tokens of `dtype` */
-    fsc_dtype dtype; /* FSC_DTYPE_U16 (shards, bytes) or FSC_DTYPE_I32 */
+    fsc_dtype dtype; /* FSC_DTYPE_U16 (bytes, version-1 shards, nanoGPT) or FSC_DTYPE_I32 */
     int64_t count;
     int vocab; /* declared (256 for byte streams) or max token + 1 */
 } fsc_tokens;
@@ -130,14 +130,32 @@ typedef struct fsc_tokens {
 /* Loads a token stream from `spec`:
  *   "builtin"                  the generated corpus, seed 1337, 2 MB
  *   "builtin:SEED" / "builtin:SEED:BYTES"
- *   "a.bin,b.bin" or "dir/train_*.bin"   llm.c shards (magic 20240520, version 1,
- *                              uint16 tokens), concatenated in order; globs sorted
+ *   "a.bin,b.bin" or "dir/train_*.bin"   llm.c shards, concatenated in order;
+ *                              globs sorted. A shard is magic 20240520, version 1,
+ *                              uint16 tokens (GPT-2), or magic 20240801, version 7,
+ *                              uint32 tokens (LLaMA-3); a list may mix them
  *   "book.txt"                 any other file: its bytes are the tokens (vocab 256)
  * Items of a comma list are each a path or a glob; a list may not mix shards
  * (".bin") with byte files. On failure *out is zeroed and the message says which
  * file and what was wrong. The caller owns *out (fsc_tokens_free).
- * FSC_ERR_INVALID for a NULL out or an empty spec. */
+ * FSC_ERR_INVALID for a NULL out or an empty spec. Same as
+ * fsc_tokens_load_as(spec, FSC_DATA_AUTO, out). */
 FSC_API int fsc_tokens_load(const char *spec, fsc_tokens *out);
+
+/* How the files of a token spec are read. */
+typedef enum fsc_data_format {
+    FSC_DATA_AUTO = 0, /* by name, as fsc_tokens_load: ".bin" an llm.c shard, else bytes */
+    FSC_DATA_LLMC,     /* every file an llm.c shard (version 1 or 7), whatever its name */
+    FSC_DATA_NANOGPT,  /* every file nanoGPT's raw train.bin: uint16 tokens, no header */
+} fsc_data_format;
+
+/* fsc_tokens_load with the files read as `format`. Streams of uint32 tokens
+ * (version-7 shards) are FSC_DTYPE_I32; a token id at or above 2^31 - 1 is
+ * refused (FSC_ERR_FORMAT, naming the file and the token). The built-in
+ * corpus takes FSC_DATA_AUTO only (FSC_ERR_INVALID otherwise). */
+FSC_API int fsc_tokens_load_as(const char *spec, fsc_data_format format, fsc_tokens *out);
+/* "auto", "llmc" or "nanogpt" into *out; FSC_ERR_INVALID naming the choices. */
+FSC_API int fsc_data_format_parse(const char *name, fsc_data_format *out);
 FSC_API void fsc_tokens_free(fsc_tokens *tk); /* frees data and zeroes *tk; accepts NULL */
 /* Copies n int32 tokens; vocab 0 means max token + 1. Tokens must be in [0, vocab).
  * FSC_ERR_INVALID (naming the first bad token) for NULL tok, n <= 0, vocab < 0

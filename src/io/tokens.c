@@ -1,8 +1,10 @@
 /* Token streams: one in-memory array of tokens, loaded from a spec string.
  *
- * A spec names the built-in corpus, llm.c shards or byte files (see io.h).
- * Every file is probed and validated first; the token array is sized from
- * the validated counts only, then filled.
+ * A spec names the built-in corpus, llm.c shards (version 1: uint16 tokens,
+ * version 7: uint32), nanoGPT's headerless uint16 files or byte files (see
+ * io.h). Every file is probed and validated first; the token array is sized
+ * from the validated counts only, then filled. It is uint16 unless a
+ * version-7 shard is among the files; then every file widens to int32.
  */
 #include <glob.h>
 #include <stdlib.h>
@@ -15,6 +17,20 @@
 #define BUILTIN_SEED 1337
 #define BUILTIN_BYTES (2u << 20)
 #define BUILTIN_MAX_BYTES (1ull << 32)
+
+/* llm.c's shards: 256 little-endian int32 header words (magic, version, count).
+ * Version 1 is read by shard.c; version 7 (uint32 tokens) here. */
+#define SHARD_HEADER_BYTES 1024
+#define SHARD_V1_MAGIC 20240520
+#define SHARD_V7_MAGIC 20240801
+#define SHARD_V7_VERSION 7
+#define SHARD_EXPECTED                                                                             \
+    "an llm.c shard: magic 20240520 version 1 (uint16 tokens) or magic 20240801 version 7 "        \
+    "(uint32 tokens)"
+/* The largest id a stream may hold: max id + 1 is its vocab, an int. */
+#define MAX_TOKEN_ID 2147483646u
+
+typedef enum { FILE_BYTES, FILE_SHARD_V1, FILE_SHARD_V7, FILE_RAW_U16 } file_kind;
 
 typedef struct {
     char **paths;
@@ -76,15 +92,83 @@ static int is_shard(const char *path) {
     return n >= 4 && strcmp(path + n - 4, ".bin") == 0;
 }
 
-static int probe(const char *path, int shard, int64_t *count) {
-    if (shard) return fsc_shard_probe(path, count);
+static uint32_t le32(const unsigned char *b) {
+    return (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+}
+
+/* Which llm.c shard version path is, from its first two header words. A file
+ * too short for the header goes to the version-1 reader, which says so. */
+static int shard_kind(const char *path, file_kind *kind) {
     int fd;
     uint64_t size;
     int rc = fsc_open_read(path, &fd, &size);
     if (rc) return rc;
+    unsigned char h[8];
+    if (size >= SHARD_HEADER_BYTES) rc = fsc_pread_full(fd, h, sizeof h, 0, path);
     close(fd);
+    *kind = FILE_SHARD_V1;
+    if (rc || size < SHARD_HEADER_BYTES) return rc;
+    int32_t magic = (int32_t)le32(h), version = (int32_t)le32(h + 4);
+    if (magic == SHARD_V1_MAGIC && version == 1) return FSC_OK;
+    if (magic == SHARD_V7_MAGIC && version == SHARD_V7_VERSION) {
+        *kind = FILE_SHARD_V7;
+        return FSC_OK;
+    }
+    if (magic == SHARD_V1_MAGIC || magic == SHARD_V7_MAGIC)
+        return fsc_error(FSC_ERR_FORMAT,
+                         "%s: unsupported shard version %d with magic %d (expected " SHARD_EXPECTED
+                         ")",
+                         path, version, magic);
+    return fsc_error(FSC_ERR_FORMAT,
+                     "%s: bad magic %d (expected " SHARD_EXPECTED
+                     "; nanoGPT's headerless uint16 .bin is read with --data-format nanogpt)",
+                     path, magic);
+}
+
+/* A version-7 shard: the file must be exactly 1024 + 4*count bytes. */
+static int open_v7(const char *path, int *fd, int64_t *count) {
+    uint64_t size;
+    int rc = fsc_open_read(path, fd, &size);
+    if (rc) return rc;
+    unsigned char h[12];
+    if (size < SHARD_HEADER_BYTES)
+        rc = fsc_error(FSC_ERR_IO, "%s: changed while loading (now %llu bytes)", path,
+                       (unsigned long long)size);
+    if (!rc) rc = fsc_pread_full(*fd, h, sizeof h, 0, path);
+    if (!rc && (le32(h) != SHARD_V7_MAGIC || le32(h + 4) != SHARD_V7_VERSION))
+        rc = fsc_error(FSC_ERR_IO, "%s: changed while loading (header)", path);
+    int32_t n = (int32_t)le32(h + 8);
+    uint64_t want = SHARD_HEADER_BYTES + 4 * (uint64_t)(n < 0 ? 0 : n);
+    if (!rc && n < 0) rc = fsc_error(FSC_ERR_FORMAT, "%s: negative token count %d", path, n);
+    if (!rc && want != size)
+        rc = fsc_error(FSC_ERR_FORMAT,
+                       "%s: header says %d uint32 tokens (%llu bytes) but the file has "
+                       "%llu bytes (%s)",
+                       path, n, (unsigned long long)want, (unsigned long long)size,
+                       want > size ? "truncated?" : "trailing data");
+    if (rc) {
+        close(*fd);
+        return rc;
+    }
+    *count = n;
+    return FSC_OK;
+}
+
+static int probe(const char *path, file_kind kind, int64_t *count) {
+    if (kind == FILE_SHARD_V1) return fsc_shard_probe(path, count);
+    int fd;
+    uint64_t size;
+    int rc = kind == FILE_SHARD_V7 ? open_v7(path, &fd, count) : fsc_open_read(path, &fd, &size);
+    if (rc) return rc;
+    close(fd);
+    if (kind == FILE_SHARD_V7) return FSC_OK;
     if (size > INT64_MAX / 4) return fsc_error(FSC_ERR_FORMAT, "%s: file is too large", path);
-    *count = (int64_t)size;
+    if (kind == FILE_RAW_U16 && size % 2)
+        return fsc_error(FSC_ERR_FORMAT,
+                         "%s: %llu bytes, an odd size; a nanoGPT .bin holds uint16 tokens "
+                         "(2 bytes each, no header)",
+                         path, (unsigned long long)size);
+    *count = (int64_t)(kind == FILE_RAW_U16 ? size / 2 : size);
     return FSC_OK;
 }
 
@@ -102,38 +186,101 @@ static int read_bytes(const char *path, uint16_t *dst, int64_t count) {
     return rc;
 }
 
-static int load_files(const path_list *l, fsc_tokens *out) {
-    int shard = is_shard(l->paths[0]), rc = FSC_OK;
+/* Reads a nanoGPT file: little-endian uint16 tokens from byte 0. */
+static int read_raw_u16(const char *path, uint16_t *dst, int64_t count) {
+    int fd;
+    uint64_t size;
+    int rc = fsc_open_read(path, &fd, &size);
+    if (rc) return rc;
+    if (size != 2 * (uint64_t)count)
+        rc = fsc_error(FSC_ERR_IO, "%s: changed size while loading", path);
+    unsigned char *b = (unsigned char *)dst;
+    if (!rc) rc = fsc_pread_full(fd, b, (size_t)count * 2, 0, path);
+    close(fd);
+    for (int64_t i = 0; !rc && i < count; i++) /* little-endian on disk, host order in memory */
+        dst[i] = (uint16_t)(b[2 * i] | b[2 * i + 1] << 8);
+    return rc;
+}
+
+/* Reads a version-7 shard's uint32 tokens, refusing ids beyond MAX_TOKEN_ID. */
+static int read_v7(const char *path, int32_t *dst, int64_t count) {
+    int fd;
+    int64_t n;
+    int rc = open_v7(path, &fd, &n);
+    if (rc) return rc;
+    if (n != count)
+        rc = fsc_error(FSC_ERR_IO, "%s: changed while loading (%lld tokens, then %lld)", path,
+                       (long long)count, (long long)n);
+    unsigned char *b = (unsigned char *)dst;
+    if (!rc) rc = fsc_pread_full(fd, b, (size_t)n * 4, SHARD_HEADER_BYTES, path);
+    close(fd);
+    for (int64_t i = 0; !rc && i < n; i++) {
+        uint32_t v = le32(b + 4 * i);
+        if (v > MAX_TOKEN_ID)
+            return fsc_error(FSC_ERR_FORMAT, "%s: token %lld is %lu, outside [0, %u)", path,
+                             (long long)i, (unsigned long)v, MAX_TOKEN_ID + 1);
+        dst[i] = (int32_t)v;
+    }
+    return rc;
+}
+
+/* Reads one file's count tokens into a stream of uint16 or, when wide, int32.
+ * Narrow tokens bound for a wide stream land in the upper half, then widen. */
+static int read_file(const char *path, file_kind kind, void *dst, int wide, int64_t count) {
+    if (kind == FILE_SHARD_V7) return read_v7(path, dst, count);
+    uint16_t *narrow = wide ? (uint16_t *)((unsigned char *)dst + 2 * count) : dst;
+    int rc = kind == FILE_SHARD_V1  ? fsc_shard_read(path, narrow, count)
+             : kind == FILE_RAW_U16 ? read_raw_u16(path, narrow, count)
+                                    : read_bytes(path, narrow, count);
+    int32_t *d = dst;
+    for (int64_t i = 0; wide && !rc && i < count; i++) d[i] = narrow[i]; /* narrow[i] at or after */
+    return rc;
+}
+
+static int load_files(const path_list *l, fsc_data_format format, fsc_tokens *out) {
+    int shard = format == FSC_DATA_LLMC || (format == FSC_DATA_AUTO && is_shard(l->paths[0]));
+    int rc = FSC_OK, wide = 0;
     int64_t *counts = calloc((size_t)l->n, sizeof *counts), total = 0;
-    if (!counts) return fsc_error(FSC_ERR_NOMEM, "token spec: out of memory");
+    file_kind *kinds = calloc((size_t)l->n, sizeof *kinds);
+    if (!counts || !kinds) {
+        free(counts), free(kinds);
+        return fsc_error(FSC_ERR_NOMEM, "token spec: out of memory");
+    }
     for (int i = 0; i < l->n && !rc; i++) {
-        if (is_shard(l->paths[i]) != shard)
+        if (format == FSC_DATA_AUTO && is_shard(l->paths[i]) != shard)
             rc = fsc_error(FSC_ERR_INVALID,
                            "token spec mixes llm.c shards (.bin) with byte files "
                            "(%s and %s)",
                            l->paths[0], l->paths[i]);
-        if (!rc) rc = probe(l->paths[i], shard, &counts[i]);
+        kinds[i] = format == FSC_DATA_NANOGPT ? FILE_RAW_U16 : FILE_BYTES;
+        if (!rc && shard) rc = shard_kind(l->paths[i], &kinds[i]);
+        if (!rc) rc = probe(l->paths[i], kinds[i], &counts[i]);
         if (!rc && counts[i] > INT64_MAX / 4 - total)
             rc = fsc_error(FSC_ERR_FORMAT, "token files are too large in total");
         if (!rc) total += counts[i];
+        wide |= kinds[i] == FILE_SHARD_V7;
     }
     if (!rc && total == 0) rc = fsc_error(FSC_ERR_FORMAT, "%s: no tokens", l->paths[0]);
-    uint16_t *tok = rc ? NULL : fsc_mem_alloc(FSC_MEM_WORK, (size_t)total * 2);
+    const size_t width = wide ? 4 : 2;
+    unsigned char *tok = rc ? NULL : fsc_mem_alloc(FSC_MEM_WORK, (size_t)total * width);
     if (!rc && !tok) rc = FSC_ERR_NOMEM;
     int64_t at = 0;
     for (int i = 0; i < l->n && !rc; at += counts[i++])
-        rc = shard ? fsc_shard_read(l->paths[i], tok + at, counts[i])
-                   : read_bytes(l->paths[i], tok + at, counts[i]);
+        rc = read_file(l->paths[i], kinds[i], tok + (size_t)at * width, wide, counts[i]);
     free(counts);
+    free(kinds);
     if (rc) {
         fsc_mem_free(tok);
         return rc;
     }
-    int vocab = 256;
-    if (shard)
-        for (int64_t i = 0, mx = -1; i < total; i++)
-            if (tok[i] > mx) vocab = (int)(mx = tok[i]) + 1;
-    *out = (fsc_tokens){.data = tok, .dtype = FSC_DTYPE_U16, .count = total, .vocab = vocab};
+    fsc_tokens tk = {.data = tok, .dtype = wide ? FSC_DTYPE_I32 : FSC_DTYPE_U16, .count = total};
+    int32_t mx = -1;
+    for (int64_t i = 0; i < total && (shard || format == FSC_DATA_NANOGPT); i++) {
+        int32_t v = fsc_tokens_at(&tk, i);
+        if (v > mx) mx = v;
+    }
+    tk.vocab = mx < 0 ? 256 : (int)mx + 1;
+    *out = tk;
     return FSC_OK;
 }
 
@@ -160,15 +307,44 @@ static int load_builtin(const char *spec, fsc_tokens *out) {
     return fsc_tokens_builtin(seed, (size_t)bytes, out);
 }
 
+static const char *const FORMAT_NAMES[] = {"auto", "llmc", "nanogpt"};
+
+int fsc_data_format_parse(const char *name, fsc_data_format *out) {
+    for (int i = 0; name && out && i < 3; i++)
+        if (strcmp(name, FORMAT_NAMES[i]) == 0) {
+            *out = (fsc_data_format)i;
+            return FSC_OK;
+        }
+    return fsc_error(FSC_ERR_INVALID,
+                     "data format \"%s\": expected auto (llm.c shards by the .bin name, other "
+                     "files as bytes), llmc (llm.c shards) or nanogpt (headerless uint16 .bin)",
+                     name ? name : "(null)");
+}
+
 int fsc_tokens_load(const char *spec, fsc_tokens *out) {
+    return fsc_tokens_load_as(spec, FSC_DATA_AUTO, out);
+}
+
+int fsc_tokens_load_as(const char *spec, fsc_data_format format, fsc_tokens *out) {
     if (!out) return fsc_error(FSC_ERR_INVALID, "fsc_tokens_load: out is NULL");
     memset(out, 0, sizeof *out);
+    if ((unsigned)format > FSC_DATA_NANOGPT)
+        return fsc_error(FSC_ERR_INVALID,
+                         "fsc_tokens_load_as: format %d (expected auto, llmc or "
+                         "nanogpt)",
+                         (int)format);
     if (!spec || !*spec) return fsc_error(FSC_ERR_INVALID, "token spec is empty");
-    if (strncmp(spec, "builtin", 7) == 0 && (spec[7] == '\0' || spec[7] == ':'))
+    if (strncmp(spec, "builtin", 7) == 0 && (spec[7] == '\0' || spec[7] == ':')) {
+        if (format != FSC_DATA_AUTO)
+            return fsc_error(FSC_ERR_INVALID,
+                             "token spec \"%s\" is the built-in corpus; data format %s applies "
+                             "to files only",
+                             spec, FORMAT_NAMES[format]);
         return load_builtin(spec, out);
+    }
     path_list l = {0};
     int rc = split_spec(spec, &l);
-    if (!rc) rc = load_files(&l, out);
+    if (!rc) rc = load_files(&l, format, out);
     list_free(&l);
     return rc;
 }

@@ -13,7 +13,7 @@ static void load(const char *path) {
     if (fsc_tokens_load(path, &tk) != FSC_OK) return;
     int64_t sum = 0;
     for (int64_t i = 0; i < tk.count; i++) sum += fsc_tokens_at(&tk, i);
-    if (sum < 0 || tk.vocab < 1 || tk.vocab > 65536) abort();
+    if (sum < 0 || tk.vocab < 1 || tk.vocab > INT32_MAX) abort(); /* v7 shards: uint32 ids */
     (void)fsc_tokens_num_windows(&tk, 8);
     fsc_tokens_free(&tk);
 }

@@ -615,6 +615,65 @@ def validation():
     print("ok  --eval-every with --pp 2 is refused by name")
 
 
+def formats():
+    """The same tokens as a byte file, an llm.c version-1 shard, a version-7 shard (uint32) and
+    nanoGPT's headerless train.bin/val.bin (--data-format nanogpt) train and validate with the
+    same losses; a headerless file without the flag, an unknown --data-format and a v7 id beyond
+    --vocab are refused by name; a v7 id above 65535 trains when --vocab allows it."""
+    import struct
+    d = os.path.join(TMP, "formats")
+    os.makedirs(d)
+    text = b"".join(b"%d+%d=%d. the cat sees %d dogs.\n" % (i % 97, i % 13, i % 97 + i % 13, i)
+                    for i in range(1000))
+    train, val = list(text[:20000]), list(text[20000:26000])
+    paths = {}
+    for name, tok in (("train", train), ("val", val)):
+        paths["bytes", name] = os.path.join(d, f"{name}.txt")
+        open(paths["bytes", name], "wb").write(bytes(tok))
+        paths["v1", name] = os.path.join(d, f"{name}_v1.bin")
+        write_shard(paths["v1", name], tok)
+        paths["v7", name] = os.path.join(d, f"{name}_v7.bin")
+        open(paths["v7", name], "wb").write(struct.pack("<256i", 20240801, 7, len(tok),
+                                                        *([0] * 253))
+                                            + struct.pack(f"<{len(tok)}I", *tok))
+        paths["nanogpt", name] = os.path.join(d, f"{name}.bin")  # nanoGPT's own names
+        open(paths["nanogpt", name], "wb").write(struct.pack(f"<{len(tok)}H", *tok))
+    common = [*TINY, "--steps", "4", "--quiet", "--eval-every", "2", "--eval-batches", "2"]
+    runs = {}
+    for kind in ("bytes", "v1", "v7", "nanogpt"):
+        m = os.path.join(TMP, f"fmt-{kind}.jsonl")
+        extra = ["--data-format", "nanogpt"] if kind == "nanogpt" else []
+        run(*common, "--data", paths[kind, "train"], "--val-data", paths[kind, "val"], *extra,
+            "--metrics", m)
+        runs[kind] = ([r["loss"] for r in metrics(m)], val_rows(m))
+    for kind, got in runs.items():
+        if got != runs["bytes"]:
+            sys.exit(f"FAIL: {kind}: losses {got} vs the byte file's {runs['bytes']}")
+        print(f"ok  {kind:8s} losses " + " ".join(f"{v:.6f}" for v in got[0])
+              + ", val " + " ".join(f"{v:.6f}" for _, v in got[1]))
+
+    big = os.path.join(d, "big_v7.bin")
+    tok = [(i * 31) % 256 for i in range(4000)]
+    tok[100] = 70000
+    open(big, "wb").write(struct.pack("<256i", 20240801, 7, len(tok), *([0] * 253))
+                          + struct.pack(f"<{len(tok)}I", *tok))
+    small = ["--layers", "1", "--d-model", "16", "--heads", "2", "--seq", "16", "--batch", "2",
+             "--steps", "2", "--quiet"]
+    run(*small, "--data", big, "--vocab", "70001")
+    print("ok  a version-7 shard with token id 70000 trains with --vocab 70001")
+    for args, needle in (
+            (["--data", big], "has token ids up to 70000 but --vocab is 256"),
+            (["--data", paths["nanogpt", "train"]], "--data-format nanogpt"),
+            (["--data", paths["nanogpt", "train"]], "magic 20240801 version 7"),
+            (["--data", paths["v1", "train"], "--data-format", "numpy"],
+             "data format \"numpy\": expected auto"),
+            (["--data-format", "nanogpt"], "applies to files only")):
+        p = run(*small, *args, expect_ok=False)
+        if p.returncode == 0 or needle not in p.stderr:
+            sys.exit(f"FAIL: {args}: exit {p.returncode}, expected {needle!r} in:\n{p.stderr}")
+        print(f"ok  refused: {p.stderr.strip().splitlines()[-1][:120]}")
+
+
 def sample():
     """fsc-sample: reproducible by seed, the same tokens with and without the KV cache, the
     same text from the weights file, the checkpoint and a Hugging Face style copy of it (no
@@ -1033,11 +1092,73 @@ def consistency():
         print(f"ok  {' '.join(args) or env} -> {p.stderr.strip().splitlines()[-1][:100]}")
 
 
+def plot():
+    """fsc-plot: a well formed SVG with one line per series per file, val points where the
+    rows have them, a legend naming every file; empty and missing files refused by name."""
+    import xml.etree.ElementTree as ET
+    fsc_plot = os.path.join(os.path.dirname(FSC_TRAIN), "fsc-plot")
+    a, b = os.path.join(TMP, "a.jsonl"), os.path.join(TMP, "b & <c>.jsonl")
+    run(*TINY, "--steps", "20", "--lr", "3e-3", "--eval-every", "5", "--eval-batches", "1",
+        "--metrics", a, "--quiet")
+    rows = metrics(a)
+    nval = sum("val_loss" in r for r in rows)
+    if nval < 4:
+        sys.exit(f"FAIL: expected val_loss in 4+ of the rows of {a}, found {nval}")
+    # the second run: another loss, no val, a NaN loss as C prints it, a torn last line
+    with open(b, "w") as f:
+        for r in rows:
+            f.write(json.dumps({"step": r["step"], "loss": r["loss"] + 0.5, "lr": r["lr"],
+                                "tokens_per_s": r["tokens_per_s"]}) + "\n")
+        f.write('{"step": 21, "loss": nan, "lr": 1e-4, "tokens_per_s": 100.0}\n{"step": 2')
+
+    def plot_(*args, expect_ok=True):
+        p = subprocess.run([fsc_plot, *args], capture_output=True, text=True, timeout=120)
+        if p.returncode < 0 or (expect_ok and p.returncode != 0):
+            sys.exit(f"FAIL: fsc-plot {' '.join(args)} exited {p.returncode}:\n{p.stderr}")
+        return p
+
+    def polylines(root, cls):
+        ns = "{http://www.w3.org/2000/svg}"
+        return [e for e in root.iter(ns + "polyline") if e.get("class") == cls]
+    for files in ([a], [a, b]):
+        svg = os.path.join(TMP, f"curve{len(files)}.svg")
+        plot_(*files, "-o", svg)
+        root = ET.parse(svg).getroot()  # raises on malformed XML
+        ns = "{http://www.w3.org/2000/svg}"
+        for cls in ("loss", "lr", "tokens_per_s"):
+            got = sorted(e.get("data-file") for e in polylines(root, cls))
+            if got != [str(i) for i in range(len(files))]:
+                sys.exit(f"FAIL: {files}: polylines of {cls} for files {got}")
+            for e in polylines(root, cls):
+                if len(e.get("points").split()) < 10:
+                    sys.exit(f"FAIL: {cls} of file {e.get('data-file')}: {e.get('points')!r}")
+        val = [e for e in root.iter(ns + "circle") if e.get("class") == "val_loss"]
+        if len(val) != nval or any(e.get("data-file") != "0" for e in val):
+            sys.exit(f"FAIL: {len(val)} val points, expected {nval}, all of file 0")
+        legend = " ".join("".join(t.itertext()) for g in root.iter(ns + "g")
+                          if g.get("class") == "legend" for t in g.iter(ns + "text"))
+        if any(f not in legend for f in files):
+            sys.exit(f"FAIL: the legend does not name {files}: {legend!r}")
+        print(f"ok  fsc-plot {len(files)} file(s): well formed, 3 lines per file, {len(val)} "
+              f"val points, legend names them")
+    empty = os.path.join(TMP, "empty.jsonl")
+    open(empty, "w").close()
+    for files, needle in (([a, empty], empty), ([a, "/nonexistent/m.jsonl"],
+                                                  "/nonexistent/m.jsonl")):
+        out = os.path.join(TMP, "refused.svg")
+        p = plot_(*files, "-o", out, expect_ok=False)
+        if p.returncode == 0 or needle not in p.stderr or os.path.exists(out):
+            sys.exit(f"FAIL: fsc-plot {files}: exit {p.returncode}, expected {needle!r} in:\n"
+                     f"{p.stderr}")
+        print(f"ok  refused: {p.stderr.strip()}")
+
+
 {"learns": learns, "accum": accumulation, "strategies": strategies, "watchdog": watchdog,
  "resume": resume,
  "bad-input": bad_input,
  "torch": torch_cross_check,
  "fsdp": fsdp, "fsdp-precision": fsdp_precision, "fsdp-files": fsdp_files,
- "validation": validation, "sample": sample, "config": config, "signals": signals,
- "progress": progress, "optimizers": optimizers, "consistency": consistency}[sys.argv[2]]()
+ "validation": validation, "formats": formats, "sample": sample, "config": config, "signals": signals,
+ "progress": progress, "optimizers": optimizers, "consistency": consistency,
+ "plot": plot}[sys.argv[2]]()
 print("PASS")
