@@ -52,9 +52,13 @@ int fsc_fsync_parent(const char *path);
 int fsc_remove_tree_at(int dirfd, const char *name, const char *shown);
 int fsc_remove_tree(const char *path);
 
-/* llm.c token shards: checks magic, version and count against the file size. */
-int fsc_shard_probe(const char *path, int64_t *count);
-/* Reads the count tokens of a shard probed before (re-checked on the way). */
-int fsc_shard_read(const char *path, uint16_t *dst, int64_t count);
+/* llm.c token shards (version 1: uint16 tokens, version 7: uint32): checks
+ * magic, version and count against the file size; *width gets the bytes per
+ * token (2 or 4). An unknown header is refused naming both versions. */
+int fsc_shard_probe(const char *path, int64_t *count, int *width);
+/* Reads the count tokens of a shard probed before (re-checked on the way)
+ * into dst: uint16 for width 2, int32 for width 4 (ids above 2^31 - 2
+ * refused). */
+int fsc_shard_read(const char *path, void *dst, int width, int64_t count);
 
 #endif

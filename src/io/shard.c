@@ -1,8 +1,10 @@
-/* llm.c token shards: 256 little-endian int32 header words, then uint16 tokens.
+/* llm.c token shards: 256 little-endian int32 header words, then the tokens.
  *
- * Word 0 is the magic 20240520, word 1 the version (1), word 2 the token
- * count; the file must be exactly 1024 + 2*count bytes, as llm.c insists.
- * The header is checked before any token memory is sized from it.
+ * Word 0 is the magic, word 1 the version, word 2 the token count: magic
+ * 20240520 version 1 holds uint16 tokens (llm.c's GPT-2 scripts), magic
+ * 20240801 version 7 uint32 tokens (its LLaMA-3 scripts). The file must be
+ * exactly 1024 + width*count bytes, as llm.c insists. The header is checked
+ * before any token memory is sized from it.
  */
 #include <unistd.h>
 
@@ -11,75 +13,96 @@
 
 #define SHARD_MAGIC 20240520
 #define SHARD_VERSION 1
+#define SHARD_V7_MAGIC 20240801
+#define SHARD_V7_VERSION 7
 #define SHARD_HEADER_WORDS 256
 #define SHARD_HEADER_BYTES (SHARD_HEADER_WORDS * 4)
+#define SHARD_EXPECTED                                                                             \
+    "an llm.c shard: magic 20240520 version 1 (uint16 tokens) or magic 20240801 version 7 "        \
+    "(uint32 tokens)"
+/* The largest id a stream may hold: max id + 1 is its vocab, an int. */
+#define MAX_TOKEN_ID 2147483646u
 
-static int32_t le32(const unsigned char *b) {
-    return (int32_t)((uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 |
-                     (uint32_t)b[3] << 24);
+static uint32_t le32(const unsigned char *b) {
+    return (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
 }
 
-static int check_header(const char *path, const unsigned char *h, uint64_t size, int64_t *count) {
-    int32_t magic = le32(h), version = le32(h + 4), n = le32(h + 8);
-    if (magic != SHARD_MAGIC)
-        return fsc_error(FSC_ERR_FORMAT, "%s: bad magic %d (an llm.c shard starts with %d)", path,
-                         magic, SHARD_MAGIC);
-    if (version != SHARD_VERSION)
+/* The header's version (*width: bytes per token) and count against the size. */
+static int check_header(const char *path, const unsigned char *h, uint64_t size, int64_t *count,
+                        int *width) {
+    int32_t magic = (int32_t)le32(h), version = (int32_t)le32(h + 4), n = (int32_t)le32(h + 8);
+    if (magic == SHARD_MAGIC && version == SHARD_VERSION)
+        *width = 2;
+    else if (magic == SHARD_V7_MAGIC && version == SHARD_V7_VERSION)
+        *width = 4;
+    else if (magic == SHARD_MAGIC || magic == SHARD_V7_MAGIC)
         return fsc_error(FSC_ERR_FORMAT,
-                         "%s: unsupported shard version %d (expected %d: uint16 "
-                         "tokens)",
-                         path, version, SHARD_VERSION);
+                         "%s: unsupported shard version %d with magic %d (expected " SHARD_EXPECTED
+                         ")",
+                         path, version, magic);
+    else
+        return fsc_error(FSC_ERR_FORMAT,
+                         "%s: bad magic %d (expected " SHARD_EXPECTED
+                         "; nanoGPT's headerless uint16 .bin is read with --data-format nanogpt)",
+                         path, magic);
     if (n < 0) return fsc_error(FSC_ERR_FORMAT, "%s: negative token count %d", path, n);
-    uint64_t want = SHARD_HEADER_BYTES + 2 * (uint64_t)n;
-    if (want > size)
+    uint64_t want = SHARD_HEADER_BYTES + (uint64_t)*width * (uint64_t)n;
+    if (want != size)
         return fsc_error(FSC_ERR_FORMAT,
-                         "%s: header says %d tokens (%llu bytes) but the file has "
-                         "%llu bytes (truncated?)",
-                         path, n, (unsigned long long)want, (unsigned long long)size);
-    if (want < size)
-        return fsc_error(FSC_ERR_FORMAT,
-                         "%s: header says %d tokens (%llu bytes) but the file has "
-                         "%llu bytes (trailing data)",
-                         path, n, (unsigned long long)want, (unsigned long long)size);
+                         "%s: header says %d %stokens (%llu bytes) but the file has "
+                         "%llu bytes (%s)",
+                         path, n, *width == 4 ? "uint32 " : "", (unsigned long long)want,
+                         (unsigned long long)size, want > size ? "truncated?" : "trailing data");
     *count = n;
     return FSC_OK;
 }
 
-static int open_shard(const char *path, int *fd, int64_t *count) {
+static int open_shard(const char *path, int *fd, int64_t *count, int *width) {
     uint64_t size;
     int rc = fsc_open_read(path, fd, &size);
     if (rc) return rc;
-    unsigned char h[SHARD_HEADER_BYTES];
+    unsigned char h[12];
     if (size < SHARD_HEADER_BYTES)
         rc = fsc_error(FSC_ERR_FORMAT,
                        "%s: %llu bytes is too short for the 1024-byte llm.c "
                        "shard header",
                        path, (unsigned long long)size);
     if (!rc) rc = fsc_pread_full(*fd, h, sizeof h, 0, path);
-    if (!rc) rc = check_header(path, h, size, count);
+    if (!rc) rc = check_header(path, h, size, count, width);
     if (rc) close(*fd);
     return rc;
 }
 
-int fsc_shard_probe(const char *path, int64_t *count) {
-    int fd, rc = open_shard(path, &fd, count);
+int fsc_shard_probe(const char *path, int64_t *count, int *width) {
+    int fd, rc = open_shard(path, &fd, count, width);
     if (!rc) close(fd);
     return rc;
 }
 
-int fsc_shard_read(const char *path, uint16_t *dst, int64_t count) {
-    int fd;
+int fsc_shard_read(const char *path, void *dst, int width, int64_t count) {
+    int fd, w = 0;
     int64_t n;
-    int rc = open_shard(path, &fd, &n);
+    int rc = open_shard(path, &fd, &n, &w);
     if (rc) return rc;
-    if (n != count)
+    if (n != count || w != width)
         rc = fsc_error(FSC_ERR_IO, "%s: changed while loading (%lld tokens, then %lld)", path,
                        (long long)count, (long long)n);
-    unsigned char *b = (unsigned char *)dst;
-    if (!rc) rc = fsc_pread_full(fd, b, (size_t)n * 2, SHARD_HEADER_BYTES, path);
+    unsigned char *b = dst;
+    if (!rc) rc = fsc_pread_full(fd, b, (size_t)n * (size_t)w, SHARD_HEADER_BYTES, path);
     close(fd);
-    for (int64_t i = 0; !rc && i < n; i++) /* little-endian on disk, host order in memory */
-        dst[i] = (uint16_t)(b[2 * i] | b[2 * i + 1] << 8);
+    if (w == 2) { /* little-endian on disk, host order in memory */
+        uint16_t *d = dst;
+        for (int64_t i = 0; !rc && i < n; i++) d[i] = (uint16_t)(b[2 * i] | b[2 * i + 1] << 8);
+        return rc;
+    }
+    int32_t *d = dst;
+    for (int64_t i = 0; !rc && i < n; i++) {
+        uint32_t v = le32(b + 4 * i);
+        if (v > MAX_TOKEN_ID)
+            return fsc_error(FSC_ERR_FORMAT, "%s: token %lld is %lu, outside [0, %u)", path,
+                             (long long)i, (unsigned long)v, MAX_TOKEN_ID + 1);
+        d[i] = (int32_t)v;
+    }
     return rc;
 }
 

@@ -18,18 +18,7 @@
 #define BUILTIN_BYTES (2u << 20)
 #define BUILTIN_MAX_BYTES (1ull << 32)
 
-/* llm.c's shards: 256 little-endian int32 header words (magic, version, count).
- * Version 1 is read by shard.c; version 7 (uint32 tokens) here. */
-#define SHARD_HEADER_BYTES 1024
-#define SHARD_V1_MAGIC 20240520
-#define SHARD_V7_MAGIC 20240801
-#define SHARD_V7_VERSION 7
-#define SHARD_EXPECTED                                                                             \
-    "an llm.c shard: magic 20240520 version 1 (uint16 tokens) or magic 20240801 version 7 "        \
-    "(uint32 tokens)"
-/* The largest id a stream may hold: max id + 1 is its vocab, an int. */
-#define MAX_TOKEN_ID 2147483646u
-
+/* llm.c shards (versions 1 and 7) are read by shard.c. */
 typedef enum { FILE_BYTES, FILE_SHARD_V1, FILE_SHARD_V7, FILE_RAW_U16 } file_kind;
 
 typedef struct {
@@ -92,76 +81,22 @@ static int is_shard(const char *path) {
     return n >= 4 && strcmp(path + n - 4, ".bin") == 0;
 }
 
-static uint32_t le32(const unsigned char *b) {
-    return (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+/* Which llm.c shard version path is (its header, checked whole). */
+static int shard_kind(const char *path, file_kind *kind) {
+    int64_t count;
+    int width = 2, rc = fsc_shard_probe(path, &count, &width);
+    *kind = width == 4 ? FILE_SHARD_V7 : FILE_SHARD_V1;
+    return rc;
 }
 
-/* Which llm.c shard version path is, from its first two header words. A file
- * too short for the header goes to the version-1 reader, which says so. */
-static int shard_kind(const char *path, file_kind *kind) {
+static int probe(const char *path, file_kind kind, int64_t *count) {
+    int width;
+    if (kind == FILE_SHARD_V1 || kind == FILE_SHARD_V7) return fsc_shard_probe(path, count, &width);
     int fd;
     uint64_t size;
     int rc = fsc_open_read(path, &fd, &size);
     if (rc) return rc;
-    unsigned char h[8];
-    if (size >= SHARD_HEADER_BYTES) rc = fsc_pread_full(fd, h, sizeof h, 0, path);
     close(fd);
-    *kind = FILE_SHARD_V1;
-    if (rc || size < SHARD_HEADER_BYTES) return rc;
-    int32_t magic = (int32_t)le32(h), version = (int32_t)le32(h + 4);
-    if (magic == SHARD_V1_MAGIC && version == 1) return FSC_OK;
-    if (magic == SHARD_V7_MAGIC && version == SHARD_V7_VERSION) {
-        *kind = FILE_SHARD_V7;
-        return FSC_OK;
-    }
-    if (magic == SHARD_V1_MAGIC || magic == SHARD_V7_MAGIC)
-        return fsc_error(FSC_ERR_FORMAT,
-                         "%s: unsupported shard version %d with magic %d (expected " SHARD_EXPECTED
-                         ")",
-                         path, version, magic);
-    return fsc_error(FSC_ERR_FORMAT,
-                     "%s: bad magic %d (expected " SHARD_EXPECTED
-                     "; nanoGPT's headerless uint16 .bin is read with --data-format nanogpt)",
-                     path, magic);
-}
-
-/* A version-7 shard: the file must be exactly 1024 + 4*count bytes. */
-static int open_v7(const char *path, int *fd, int64_t *count) {
-    uint64_t size;
-    int rc = fsc_open_read(path, fd, &size);
-    if (rc) return rc;
-    unsigned char h[12];
-    if (size < SHARD_HEADER_BYTES)
-        rc = fsc_error(FSC_ERR_IO, "%s: changed while loading (now %llu bytes)", path,
-                       (unsigned long long)size);
-    if (!rc) rc = fsc_pread_full(*fd, h, sizeof h, 0, path);
-    if (!rc && (le32(h) != SHARD_V7_MAGIC || le32(h + 4) != SHARD_V7_VERSION))
-        rc = fsc_error(FSC_ERR_IO, "%s: changed while loading (header)", path);
-    int32_t n = (int32_t)le32(h + 8);
-    uint64_t want = SHARD_HEADER_BYTES + 4 * (uint64_t)(n < 0 ? 0 : n);
-    if (!rc && n < 0) rc = fsc_error(FSC_ERR_FORMAT, "%s: negative token count %d", path, n);
-    if (!rc && want != size)
-        rc = fsc_error(FSC_ERR_FORMAT,
-                       "%s: header says %d uint32 tokens (%llu bytes) but the file has "
-                       "%llu bytes (%s)",
-                       path, n, (unsigned long long)want, (unsigned long long)size,
-                       want > size ? "truncated?" : "trailing data");
-    if (rc) {
-        close(*fd);
-        return rc;
-    }
-    *count = n;
-    return FSC_OK;
-}
-
-static int probe(const char *path, file_kind kind, int64_t *count) {
-    if (kind == FILE_SHARD_V1) return fsc_shard_probe(path, count);
-    int fd;
-    uint64_t size;
-    int rc = kind == FILE_SHARD_V7 ? open_v7(path, &fd, count) : fsc_open_read(path, &fd, &size);
-    if (rc) return rc;
-    close(fd);
-    if (kind == FILE_SHARD_V7) return FSC_OK;
     if (size > INT64_MAX / 4) return fsc_error(FSC_ERR_FORMAT, "%s: file is too large", path);
     if (kind == FILE_RAW_U16 && size % 2)
         return fsc_error(FSC_ERR_FORMAT,
@@ -202,34 +137,12 @@ static int read_raw_u16(const char *path, uint16_t *dst, int64_t count) {
     return rc;
 }
 
-/* Reads a version-7 shard's uint32 tokens, refusing ids beyond MAX_TOKEN_ID. */
-static int read_v7(const char *path, int32_t *dst, int64_t count) {
-    int fd;
-    int64_t n;
-    int rc = open_v7(path, &fd, &n);
-    if (rc) return rc;
-    if (n != count)
-        rc = fsc_error(FSC_ERR_IO, "%s: changed while loading (%lld tokens, then %lld)", path,
-                       (long long)count, (long long)n);
-    unsigned char *b = (unsigned char *)dst;
-    if (!rc) rc = fsc_pread_full(fd, b, (size_t)n * 4, SHARD_HEADER_BYTES, path);
-    close(fd);
-    for (int64_t i = 0; !rc && i < n; i++) {
-        uint32_t v = le32(b + 4 * i);
-        if (v > MAX_TOKEN_ID)
-            return fsc_error(FSC_ERR_FORMAT, "%s: token %lld is %lu, outside [0, %u)", path,
-                             (long long)i, (unsigned long)v, MAX_TOKEN_ID + 1);
-        dst[i] = (int32_t)v;
-    }
-    return rc;
-}
-
 /* Reads one file's count tokens into a stream of uint16 or, when wide, int32.
  * Narrow tokens bound for a wide stream land in the upper half, then widen. */
 static int read_file(const char *path, file_kind kind, void *dst, int wide, int64_t count) {
-    if (kind == FILE_SHARD_V7) return read_v7(path, dst, count);
+    if (kind == FILE_SHARD_V7) return fsc_shard_read(path, dst, 4, count);
     uint16_t *narrow = wide ? (uint16_t *)((unsigned char *)dst + 2 * count) : dst;
-    int rc = kind == FILE_SHARD_V1  ? fsc_shard_read(path, narrow, count)
+    int rc = kind == FILE_SHARD_V1  ? fsc_shard_read(path, narrow, 2, count)
              : kind == FILE_RAW_U16 ? read_raw_u16(path, narrow, count)
                                     : read_bytes(path, narrow, count);
     int32_t *d = dst;
