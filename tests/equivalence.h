@@ -15,6 +15,7 @@
 #include "fsc/gpt.h"
 #include "fsc/io.h"
 #include "fsc/optim.h"
+#include "fsc/weights.h"
 
 static const fsc_gpt_config EQ_MODEL = {
     .vocab = 64, .seq = 16, .layers = 2, .d_model = 32, .heads = 4, .dropout = 0.1f};
@@ -227,6 +228,25 @@ static int64_t eq_compare(const char *what, const float *a, const float *b, int6
         return bad ? 0 : 1;
     }
     return bad;
+}
+
+/* A weights file's parameters in the one-process flat layout of cfg's GPT
+ * (malloc'ed, *numel of them), to compare with eq_reference's; NULL when
+ * the file cannot be read into that model. */
+static inline float *eq_read_weights(const fsc_gpt_config *cfg, const char *path, int64_t *numel) {
+    fsc_module *whole = fsc_gpt_new(cfg);
+    fsc_params ps;
+    float *out = NULL;
+    if (whole && !fsc_params_bind(whole, 99, false, &ps)) {
+        if (!fsc_weights_load(path, &ps, NULL) &&
+            (out = malloc(sizeof(float) * (size_t)ps.numel))) {
+            memcpy(out, ps.data, sizeof(float) * (size_t)ps.numel);
+            *numel = ps.numel;
+        }
+        fsc_params_free(&ps);
+    }
+    fsc_module_free(whole);
+    return out;
 }
 
 #endif

@@ -66,15 +66,8 @@ static int64_t sample0(void *user, int micro) {
  * layout (caller frees). */
 static float *read_whole(const char *path, int64_t *numel) {
     fsc_gpt_config cfg = EQ_MODEL;
-    fsc_module *whole = fsc_gpt_new(&cfg);
-    fsc_params ps;
-    assert_int_equal(fsc_params_bind(whole, 99, false, &ps), FSC_OK);
-    assert_int_equal(fsc_weights_load(path, &ps, NULL), FSC_OK);
-    float *out = malloc(sizeof(float) * (size_t)ps.numel);
-    memcpy(out, ps.data, sizeof(float) * (size_t)ps.numel);
-    *numel = ps.numel;
-    fsc_params_free(&ps);
-    fsc_module_free(whole);
+    float *out = eq_read_weights(&cfg, path, numel);
+    if (!out) fail_msg("rank %d: %s: %s", rank, path, fsc_last_error());
     return out;
 }
 

@@ -23,6 +23,7 @@
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wunused-function"
 #include "equivalence.h"
+#include "tp_test.h"
 #pragma GCC diagnostic pop
 #include "fsc/checkpoint_wrapper.h"
 #include "fsc/tp.h"
@@ -157,19 +158,8 @@ static void trainer_init(trainer *t, const fsc_gpt_config *cfg, bool sp, bool ck
 
 /* Forward and backward of step s's global batch (gradients zeroed first). */
 static float trainer_backward(trainer *t, const fsc_gpt_config *cfg, int s) {
-    const int G = EQ_GLOBAL_BATCH, T = cfg->seq;
-    int32_t x[EQ_GLOBAL_BATCH * 16], y[EQ_GLOBAL_BATCH * 16];
-    fsc_params_zero_grad(&t->ps);
-    fsc_arena_reset(t->arena);
-    assert_int_equal(fsc_tokens_batch(&t->tk, s, 0, 0, G, 1, 1, T, x, y), FSC_OK);
-    fsc_ctx ctx = {.arena = t->arena,
-                   .training = true,
-                   .keyed = true,
-                   .seed = 5,
-                   .step = s,
-                   .sample0 = fsc_batch_first_sample(s, 0, 0, G, 1, 1)};
     float loss;
-    if (fsc_tp_gpt_train_micro(t->m, &ctx, x, y, G, T, -1, (double)G * T, &loss))
+    if (tp_test_micro(t->m, &t->ps, t->arena, &t->tk, cfg->seq, s, &loss))
         fail_msg("rank %d: %s", rank, fsc_last_error());
     return loss;
 }

@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "equivalence.h"
+#include "tp_test.h"
 #include "fsc/tp.h"
 #include "fsc/weights.h"
 #include "fsc/zero.h"
@@ -164,19 +165,8 @@ static void tp_init(tp_run *t, const fsc_gpt_config *cfg, const fsc_optim_config
 /* Step s on the global batch; clipped to max_norm when > 0 (*norm receives
  * the norm). */
 static void tp_step(tp_run *t, int s, float max_norm, float *norm) {
-    const int G = EQ_GLOBAL_BATCH, T = t->cfg.seq;
-    int32_t x[EQ_GLOBAL_BATCH * 16], y[EQ_GLOBAL_BATCH * 16];
-    fsc_params_zero_grad(&t->ps);
-    fsc_arena_reset(t->arena);
-    assert_int_equal(fsc_tokens_batch(&t->tk, s, 0, 0, G, 1, 1, T, x, y), FSC_OK);
-    fsc_ctx ctx = {.arena = t->arena,
-                   .training = true,
-                   .keyed = true,
-                   .seed = 5,
-                   .step = s,
-                   .sample0 = fsc_batch_first_sample(s, 0, 0, G, 1, 1)};
     float loss;
-    if (fsc_tp_gpt_train_micro(t->m, &ctx, x, y, G, T, -1, (double)G * T, &loss))
+    if (tp_test_micro(t->m, &t->ps, t->arena, &t->tk, t->cfg.seq, s, &loss))
         fail_msg("rank %d: %s", rank, fsc_last_error());
     if (max_norm > 0)
         assert_int_equal(fsc_tp_clip_grad_norm(t->m, &t->ps, fsc_group_world(), max_norm, norm),
