@@ -75,8 +75,10 @@ FSC_API fsc_log_level fsc_log_get_level(void);
 /* Checks the FSC_* environment variables the core and kernels read, each
  * against its documented range: FSC_LOG_LEVEL (debug|info|warn|error|off),
  * FSC_MEM_LIMIT_MB (a number of MiB in [0, 1073741824]; 0: no budget),
- * FSC_BF16_GEMM (auto|on|off|1|0) and FSC_NUM_THREADS (an integer in
- * [1, 1024]). Unset or empty means the default. Returns FSC_OK, or
+ * FSC_BF16_GEMM (auto|on|off|1|0), FSC_NUM_THREADS (an integer in
+ * [1, 1024]), and the io floor's FSC_PARALLEL_IO (0 or 1) and
+ * FSC_IO_TIMEOUT_S (seconds in [1, 604800]). Unset or empty means the
+ * default. Returns FSC_OK, or
  * FSC_ERR_INVALID naming the first invalid variable, its value and its range.
  * The library reports an invalid value at its first use too (FSC_MEM_LIMIT_MB:
  * every allocation then fails with that message); tools call this at start-up

@@ -130,9 +130,12 @@ FSC_API int fsc_fsdp_release_full_params(fsc_fsdp *f, bool writeback);
 /* ---- state dicts ------------------------------------------------------------------- */
 /* Full state dict: every parameter F32 under its original name, in model
  * order, with the metadata pairs — the very bytes fsc_weights_save writes for
- * the unsharded model — written by `root` while units are gathered one at a
- * time (never the whole model on one rank). path is needed on root only.
- * Collective; every rank returns the root's failure too. */
+ * the unsharded model. With more than one rank each rank writes its own
+ * shards' pieces into the file through MPI-IO (nothing gathered; at most
+ * 16 MiB of staging; FSC_IO_TIMEOUT_S bounds it); with FSC_PARALLEL_IO=0
+ * `root` writes it while units are gathered one at a time (never the whole
+ * model on one rank). path is needed on root only. Collective; every rank
+ * returns the same status. */
 FSC_API int fsc_fsdp_save_full(fsc_fsdp *f, const char *path, int root, int n_meta,
                                const char *const *keys, const char *const *values);
 /* Every rank reads its shards' slices from a full state dict (written by any

@@ -8,6 +8,7 @@
 #ifndef FSC_WEIGHTS_H
 #define FSC_WEIGHTS_H
 
+#include "fsc/dist.h"
 #include "fsc/io.h"
 #include "fsc/nn.h"
 
@@ -20,6 +21,17 @@ extern "C" {
  * safetensors writer's (fsc/io.h); an existing file survives any failure. */
 FSC_API int fsc_weights_save(const char *path, const fsc_params *ps, int n_meta,
                              const char *const *keys, const char *const *values);
+/* fsc_weights_save of parameters every rank of g holds alike (replicated),
+ * collective over g; path is read on rank root of g only (others may pass
+ * NULL). With more than one rank and FSC_PARALLEL_IO not 0, every rank
+ * writes an even share of the file's bytes through MPI-IO (the same bytes,
+ * under the FSC_IO_TIMEOUT_S deadline); otherwise root writes it alone.
+ * Every rank returns the same status; a failure anywhere leaves path
+ * untouched. FSC_ERR_INVALID for a NULL g or ps, root outside g, n_meta < 0,
+ * or an invalid FSC_PARALLEL_IO / FSC_IO_TIMEOUT_S. */
+FSC_API int fsc_weights_save_group(fsc_group *g, int root, const char *path, const fsc_params *ps,
+                                   int n_meta, const char *const *keys,
+                                   const char *const *values);
 /* Reads every parameter of ps from path (F32, BF16 or F16 in the file; converted).
  * A missing tensor or a shape mismatch is an error naming the tensor; nothing
  * is changed in ps unless every tensor is present and well-shaped. Names may

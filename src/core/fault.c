@@ -26,7 +26,8 @@ bool fsc_fault_set(const char *name) {
         fsc_fault fault;
     } names[] = {{"drop-grad", FSC_FAULT_DROP_GRAD},
                  {"reduce-twice", FSC_FAULT_REDUCE_TWICE},
-                 {"shard-offset", FSC_FAULT_SHARD_OFFSET}};
+                 {"shard-offset", FSC_FAULT_SHARD_OFFSET},
+                 {"io-write", FSC_FAULT_IO_WRITE}};
     fsc_fault_active = FSC_FAULT_NONE;
     if (!name || !*name) return true;
     if (strncmp(name, "ckpt-kill:", 10) == 0) {

@@ -14,7 +14,10 @@
  *                 parameters; FSDP: the last rank's gathered shard);
  *   CKPT_KILL     "ckpt-kill:K": the process dies by SIGKILL at commit
  *                 point K of a checkpoint save (fsc_fault_ckpt_point), so a
- *                 test can crash a save at every step and resume after. */
+ *                 test can crash a save at every step and resume after;
+ *   IO_WRITE      "io-write": the last rank's part of a parallel (MPI-IO)
+ *                 save fails as a write error would, while it keeps joining
+ *                 the collective writes. */
 #ifndef FSC_CORE_FAULT_H
 #define FSC_CORE_FAULT_H
 
@@ -26,6 +29,7 @@ typedef enum {
     FSC_FAULT_REDUCE_TWICE,
     FSC_FAULT_SHARD_OFFSET,
     FSC_FAULT_CKPT_KILL,
+    FSC_FAULT_IO_WRITE,
 } fsc_fault;
 
 /* The commit points of a checkpoint save (src/io/checkpoint.c), in order.
@@ -48,7 +52,7 @@ enum {
 extern fsc_fault fsc_fault_active;
 
 /* Sets the fault from its name ("drop-grad", "reduce-twice", "shard-offset",
- * "ckpt-kill:K" with 1 <= K <= FSC_CKPT_POINTS, "" or NULL for none);
+ * "io-write", "ckpt-kill:K" with 1 <= K <= FSC_CKPT_POINTS, "" or NULL for none);
  * returns false for an unknown name. */
 bool fsc_fault_set(const char *name);
 

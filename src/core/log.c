@@ -12,6 +12,7 @@
  * no internal header shared with the kernels, so they are declared here. */
 int fsc_mem_env_check(void);
 int fsc_bf16_gemm_env_check(void);
+int fsc_io_env_check(void); /* io/safetensors_mpiio.c */
 
 static int level = -1; /* -1: not read from the environment yet */
 
@@ -77,5 +78,6 @@ int fsc_env_check(void) {
     if (!rc) rc = fsc_mem_env_check();
     if (!rc) rc = fsc_bf16_gemm_env_check();
     if (!rc) rc = num_threads_check();
+    if (!rc) rc = fsc_io_env_check();
     return rc;
 }

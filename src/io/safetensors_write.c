@@ -132,7 +132,7 @@ static void sb_decl(strbuf *b, const decl *d) {
 }
 
 /* {"__metadata__":{...},"name":{...},...} padded with spaces to a multiple of 8. */
-static int write_header(fsc_st_writer *w) {
+static void build_header(const fsc_st_writer *w, strbuf *out) {
     strbuf b = {0};
     sb_str(&b, "{");
     if (w->nmeta) {
@@ -151,14 +151,35 @@ static int write_header(fsc_st_writer *w) {
     }
     sb_str(&b, "}");
     while (b.len % 8) sb_str(&b, " ");
-    int rc = b.oom ? fsc_error(FSC_ERR_NOMEM, "%s: out of memory building the header", w->af.path)
-                   : FSC_OK;
-    unsigned char len8[8];
-    for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)b.len >> (8 * i));
-    if (!rc) rc = fsc_atomic_write(&w->af, len8, 8);
-    if (!rc) rc = fsc_atomic_write(&w->af, b.s, b.len);
-    free(b.s);
+    *out = b;
+}
+
+/* The 8-byte little-endian length and the JSON, as one malloc'd block: the
+ * file's first *len bytes. Freezes the declarations. */
+static int header_bytes(fsc_st_writer *w, unsigned char **bytes, size_t *len) {
+    strbuf b = {0};
+    build_header(w, &b);
     w->header_done = 1;
+    unsigned char *h = b.oom ? NULL : malloc(8 + b.len);
+    if (!h) {
+        free(b.s);
+        return fsc_error(FSC_ERR_NOMEM, "%s: out of memory building the header", w->af.path);
+    }
+    for (int i = 0; i < 8; i++) h[i] = (unsigned char)((uint64_t)b.len >> (8 * i));
+    memcpy(h + 8, b.s, b.len);
+    free(b.s);
+    *bytes = h;
+    *len = 8 + b.len;
+    return FSC_OK;
+}
+
+static int write_header(fsc_st_writer *w) {
+    unsigned char *h;
+    size_t n;
+    int rc = header_bytes(w, &h, &n);
+    if (rc) return rc;
+    rc = fsc_atomic_write(&w->af, h, n);
+    free(h);
     return rc;
 }
 
@@ -382,4 +403,51 @@ int fsc_st_save(const char *path, int n, const char *const *names, const fsc_ten
         rc = fsc_st_writer_set_metadata(w, metadata[i], metadata[i + 1]);
     for (int i = 0; i < n && !rc; i++) rc = fsc_st_writer_write_tensor(w, names[i], &tensors[i]);
     return fsc_st_writer_close(w);
+}
+
+/* ---- plans: a writer without a file, for the parallel writer --------------------- */
+
+fsc_st_writer *st_plan_new(const char *path, int *status) {
+    fsc_st_writer *w = calloc(1, sizeof *w);
+    int rc = !w                ? fsc_error(FSC_ERR_NOMEM, "safetensors plan: out of memory")
+             : !path || !*path ? fsc_error(FSC_ERR_INVALID, "output path is empty")
+             : !(w->af.path = dup_str(path))
+                 ? fsc_error(FSC_ERR_NOMEM, "safetensors plan: out of memory")
+                 : FSC_OK;
+    if (status) *status = rc;
+    if (rc) {
+        free(w);
+        return NULL;
+    }
+    return w;
+}
+
+int st_plan_header(fsc_st_writer *w, unsigned char **bytes, size_t *len) {
+    if (w->status) return failed(w);
+    return fail(w, header_bytes(w, bytes, len));
+}
+
+int st_plan_count(const fsc_st_writer *w) {
+    return w->n;
+}
+
+int st_plan_find(const fsc_st_writer *w, const char *name) {
+    for (int i = 0; i < w->n; i++)
+        if (strcmp(w->decls[i].name, name) == 0) return i;
+    return -1;
+}
+
+void st_plan_tensor(const fsc_st_writer *w, int i, fsc_dtype *dtype, uint64_t *begin,
+                    uint64_t *nbytes) {
+    *dtype = w->decls[i].dtype;
+    *begin = w->decls[i].begin;
+    *nbytes = w->decls[i].nbytes;
+}
+
+const char *st_plan_name(const fsc_st_writer *w, int i) {
+    return w->decls[i].name;
+}
+
+uint64_t st_plan_data_bytes(const fsc_st_writer *w) {
+    return w->total;
 }

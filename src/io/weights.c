@@ -1,24 +1,34 @@
 /* Parameters to and from safetensors by full name. Loading is two-phase: every
  * tensor is checked (present, right shape) before any parameter is written,
- * so a bad file never leaves a model half-loaded. */
+ * so a bad file never leaves a model half-loaded. Saving declares the same
+ * tensors in the same order on every path (one writer, or every rank of a
+ * group through MPI-IO), so the bytes never depend on the path. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "fsc/io.h"
 #include "fsc/weights.h"
+#include "io/st_parallel.h"
 
-int fsc_weights_save(const char *path, const fsc_params *ps, int n_meta, const char *const *keys,
-                     const char *const *values) {
+int st_declare_weights(fsc_st_writer *w, const fsc_params *ps, int n_meta,
+                       const char *const *keys, const char *const *values) {
     int status = FSC_OK;
-    fsc_st_writer *w = fsc_st_writer_open(path, &status);
-    if (!w) return status;
     for (int i = 0; !status && i < n_meta; i++)
         status = fsc_st_writer_set_metadata(w, keys[i], values[i]);
     for (int i = 0; !status && i < ps->count; i++) {
         const fsc_param *p = ps->entries[i].param;
         status = fsc_st_writer_declare(w, ps->entries[i].name, FSC_DTYPE_F32, p->ndim, p->shape);
     }
+    return status;
+}
+
+int fsc_weights_save(const char *path, const fsc_params *ps, int n_meta, const char *const *keys,
+                     const char *const *values) {
+    int status = FSC_OK;
+    fsc_st_writer *w = fsc_st_writer_open(path, &status);
+    if (!w) return status;
+    status = st_declare_weights(w, ps, n_meta, keys, values);
     for (int i = 0; !status && i < ps->count; i++) {
         fsc_tensor t = fsc_param_tensor(ps->entries[i].param);
         status = fsc_st_writer_write_tensor(w, ps->entries[i].name, &t);
@@ -28,6 +38,43 @@ int fsc_weights_save(const char *path, const fsc_params *ps, int n_meta, const c
         return status;
     }
     return fsc_st_writer_close(w);
+}
+
+/* Every rank holds ps alike: each writes an even share of the bytes. */
+static int save_tiled(fsc_group *g, int root, const char *path, const fsc_params *ps, int n_meta,
+                      const char *const *keys, const char *const *values) {
+    const int me = fsc_group_rank(g), world = fsc_group_size(g);
+    int rc = FSC_OK;
+    fsc_st_writer *plan = st_plan_new(me == root ? path : "(the root's path)", &rc);
+    if (plan) rc = st_declare_weights(plan, ps, n_meta, keys, values);
+    st_pieces pc = {0};
+    for (int i = 0; !rc && i < ps->count; i++) {
+        int64_t e0, e1;
+        st_plan_tile(plan, i, me, world, &e0, &e1);
+        rc = st_pieces_add(&pc, i, e0, e1 - e0, ps->entries[i].param->data + e0, FSC_DTYPE_F32);
+    }
+    rc = st_parallel_save(g, root, path, plan, &pc, rc);
+    st_pieces_free(&pc);
+    return rc;
+}
+
+int fsc_weights_save_group(fsc_group *g, int root, const char *path, const fsc_params *ps,
+                           int n_meta, const char *const *keys, const char *const *values) {
+    if (!g || !ps || root < 0 || root >= fsc_group_size(g) || n_meta < 0)
+        return fsc_error(FSC_ERR_INVALID, "fsc_weights_save_group: needs a group, parameters, a "
+                                          "root of the group and n_meta >= 0");
+    bool parallel;
+    int rc = st_parallel_mode(g, &parallel);
+    if (rc) return rc;
+    if (parallel) return save_tiled(g, root, path, ps, n_meta, keys, values);
+    rc = fsc_group_rank(g) == root ? fsc_weights_save(path, ps, n_meta, keys, values) : FSC_OK;
+    if (fsc_group_size(g) == 1) return rc;
+    int32_t status = rc; /* everyone learns the one writer's outcome */
+    int crc = fsc_group_broadcast(g, &status, 1, FSC_DTYPE_I32, root);
+    if (crc) return crc;
+    if (status && fsc_group_rank(g) != root)
+        return fsc_error(status, "rank %d could not write the weights (see its error)", root);
+    return rc;
 }
 
 const fsc_st_entry *fsc_weights_find(const fsc_st_file *f, const char *name) {

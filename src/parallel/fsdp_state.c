@@ -1,6 +1,7 @@
 /* FSDP between steps: full parameters on demand (summon), and state dicts —
- * full (streamed unit by unit), sharded (a rank's flat shards with their
- * layout), and optimizer state by global name. */
+ * full (each rank writing its shards' pieces through MPI-IO, or streamed
+ * unit by unit to one writer with FSC_PARALLEL_IO=0), sharded (a rank's
+ * flat shards with their layout), and optimizer state by global name. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,6 +10,7 @@
 #include "fsc/io.h"
 #include "fsc/weights.h"
 #include "fsdp_internal.h"
+#include "io/st_parallel.h"
 
 /* Makes every rank return the worst status; peers of a failed rank say so. */
 static int agree(fsc_fsdp *f, int rc, const char *what, const char *path) {
@@ -61,6 +63,24 @@ int fsc_fsdp_release_full_params(fsc_fsdp *f, bool writeback) {
 /* ---- full state dict --------------------------------------------------------------------------
  */
 
+/* Each rank writes the pieces of its shards at their places in the file
+ * (the declarations of fsc_weights_save: the same bytes); nothing is gathered. */
+static int save_full_parallel(fsc_fsdp *f, const char *path, int root, int n_meta,
+                              const char *const *keys, const char *const *values) {
+    int rc = FSC_OK;
+    fsc_st_writer *plan = st_plan_new(f->rank == root ? path : "(the root's path)", &rc);
+    if (plan) rc = st_declare_weights(plan, &f->ps, n_meta, keys, values);
+    st_pieces pc = {0};
+    for (int i = 0; !rc && i < f->nranges; i++) {
+        const fsc_shard_range *s = &f->part->ranges[f->rank][i];
+        rc = st_pieces_add(&pc, s->entry, s->begin, s->count, f->ranges[i].param, FSC_DTYPE_F32);
+    }
+    if (rc) fsc_error_context(rc, "FSDP save_full (rank %d): ", f->rank);
+    rc = st_parallel_save(f->g, root, path, plan, &pc, rc);
+    st_pieces_free(&pc);
+    return rc;
+}
+
 int fsc_fsdp_save_full(fsc_fsdp *f, const char *path, int root, int n_meta, const char *const *keys,
                        const char *const *values) {
     if (!f) return fsc_error(FSC_ERR_INVALID, "FSDP save_full: f must not be NULL");
@@ -72,7 +92,10 @@ int fsc_fsdp_save_full(fsc_fsdp *f, const char *path, int root, int n_meta, cons
     const char *where = path ? path : "(root's path)";
     if (busy(f) || f->summoned)
         return fsc_error(FSC_ERR_INVALID, "FSDP save_full %s: call it between steps", where);
-    int wrc = FSC_OK;
+    bool parallel;
+    int wrc = st_parallel_mode(f->g, &parallel);
+    if (wrc) return wrc;
+    if (parallel) return save_full_parallel(f, path, root, n_meta, keys, values);
     fsc_st_writer *w = NULL;
     if (is_root) { /* the very sequence fsc_weights_save follows: same bytes */
         w = fsc_st_writer_open(path, &wrc);
@@ -255,8 +278,13 @@ int fsc_fsdp_load_sharded(fsc_fsdp *f, const char *path) {
 /* ---- optimizer state by name ---------------------------------------------------------------- */
 
 static optim_shards view(fsc_fsdp *f, const char *who) {
-    return (optim_shards){
-        .ps = &f->ps, .part = f->part, .local = f->optim, .g = f->g, .policy = "fsdp", .who = who};
+    return (optim_shards){.ps = &f->ps,
+                          .part = f->part,
+                          .local = f->optim,
+                          .g = f->g,
+                          .policy = "fsdp",
+                          .who = who,
+                          .io = f->g};
 }
 
 int fsc_fsdp_save_optim_state(fsc_fsdp *f, const char *path, int root) {

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "fsc/io.h"
+#include "io/st_parallel.h"
 #include "sharded_internal.h"
 
 #define STATE_TAG 7 /* point-to-point tag of state pieces */
@@ -133,9 +134,67 @@ static int move_pieces(optim_shards *o, int r, int *at, int e, int which, int ro
     return rc;
 }
 
+/* Every rank writes its own pieces at their offsets in the file the
+ * streaming save writes (the same declare_all: the same bytes); state
+ * replicated on io's ranks (g is this process alone) is tiled over them. */
+static int save_parallel(optim_shards *o, const char *path, int root) {
+    const int me = fsc_group_rank(o->io), n = fsc_group_size(o->io);
+    const bool tiled = o->world == 1;
+    int rc = FSC_OK;
+    fsc_st_writer *plan = st_plan_new(me == root ? path : "(the root's path)", &rc);
+    if (plan) rc = declare_all(o, plan);
+    st_pieces pc = {0};
+    for (int i = 0; !rc && i < o->nranges; i++) {
+        const fsc_shard_range *s = &o->part->ranges[o->rank][i];
+        for (int k = 0; !rc && k < o->K; k++) {
+            float *st = NULL;
+            int t = s->entry * o->K + k; /* declare_all's order: by entry, then state */
+            int64_t lo = s->begin, hi = s->begin + s->count, e0, e1;
+            if (tiled) {
+                st_plan_tile(plan, t, me, n, &e0, &e1);
+                lo = e0 > lo ? e0 : lo, hi = e1 < hi ? e1 : hi;
+            }
+            rc = piece_state(o, i, k, &st);
+            if (!rc && hi > lo && !st)
+                rc = fsc_error(FSC_ERR_INVALID, "%s: no state for piece %d", o->who, i);
+            if (!rc && hi > lo)
+                rc = st_pieces_add(&pc, t, lo, hi - lo, st + (lo - s->begin), FSC_DTYPE_F32);
+        }
+    }
+    if (rc) fsc_error_context(rc, "%s (rank %d): ", o->who, me);
+    rc = st_parallel_save(o->io, root, path, plan, &pc, rc);
+    st_pieces_free(&pc);
+    return rc;
+}
+
+static int save_streaming(optim_shards *o, const char *path, int root);
+
 int optim_shards_save(optim_shards *o, const char *path, int root) {
     if (!o) return fsc_error(FSC_ERR_INVALID, "optimizer state: o must not be NULL");
     fill_in(o);
+    const bool replicated = o->io && o->world == 1 && fsc_group_size(o->io) > 1;
+    if (!replicated && o->io != o->g) return save_streaming(o, path, root);
+    if (root < 0 || root >= fsc_group_size(o->io))
+        return fsc_error(FSC_ERR_INVALID, "%s: root %d not in [0, %d)", o->who, root,
+                         fsc_group_size(o->io));
+    bool parallel;
+    int rc = st_parallel_mode(o->io, &parallel);
+    if (rc) return rc;
+    if (parallel) return save_parallel(o, path, root);
+    if (!replicated) return save_streaming(o, path, root);
+    /* one writer of replicated state: io's root, alone; the others learn how it went */
+    rc = fsc_group_rank(o->io) == root ? save_streaming(o, path, 0) : FSC_OK;
+    int32_t status = rc;
+    int crc = fsc_group_broadcast(o->io, &status, 1, FSC_DTYPE_I32, root);
+    if (crc) return crc;
+    if (status && fsc_group_rank(o->io) != root)
+        return fsc_error(status, "%s: rank %d could not write %s (see its error)", o->who, root,
+                         "the optimizer state");
+    return rc;
+}
+
+/* The root writes; the owners stream their pieces to it, tensor by tensor. */
+static int save_streaming(optim_shards *o, const char *path, int root) {
     if (root < 0 || root >= o->world)
         return fsc_error(FSC_ERR_INVALID, "%s: root %d not in [0, %d)", o->who, root, o->world);
     const bool is_root = o->rank == root;

@@ -237,12 +237,26 @@ static optim_shards state_view(fsc_oss *o, const char *who) {
                           .local = o->local,
                           .g = o->g,
                           .policy = o->part->policy == FSC_PARTITION_EVEN ? "even" : "greedy",
-                          .who = who};
+                          .who = who,
+                          .io = o->g};
 }
 
 int fsc_oss_save_state(fsc_oss *o, const char *path, int root) {
     if (!o) return fsc_error(FSC_ERR_INVALID, "oss save_state: o must not be NULL");
     optim_shards v = state_view(o, "oss save_state");
+    return optim_shards_save(&v, path, root);
+}
+
+int fsc_oss_save_state_replicated(fsc_oss *o, fsc_group *g, const char *path, int root) {
+    if (!o || !g)
+        return fsc_error(FSC_ERR_INVALID, "oss save_state_replicated: o and g must not be NULL");
+    if (fsc_group_size(o->g) != 1)
+        return fsc_error(FSC_ERR_INVALID,
+                         "oss save_state_replicated: the state is sharded over %d ranks (use "
+                         "fsc_oss_save_state)",
+                         fsc_group_size(o->g));
+    optim_shards v = state_view(o, "oss save_state");
+    v.io = g;
     return optim_shards_save(&v, path, root);
 }
 

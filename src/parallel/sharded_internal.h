@@ -16,7 +16,8 @@ int sharded_clip_grad_norm(fsc_group *g, const fsc_optim_range *r, int n, float 
  * entry of ps, in entry order; piece k of this rank is elements
  * [offset_of_piece[k], + its count) of its local optimizer's range
  * local_of_piece[k] (both NULL: all of range k, the ranges matching the
- * pieces one for one). Save streams to root, which writes; load reads each
+ * pieces one for one). Save streams to root, which writes (or, with io
+ * set, every rank writes its part through MPI-IO: the same bytes); load reads each
  * rank's pieces, validated and staged, and commits only if every rank could.
  * Both collective over g. */
 typedef struct optim_shards {
@@ -33,6 +34,12 @@ typedef struct optim_shards {
      * within that range (NULL: 0) */
     const int *local_of_piece;
     const int64_t *offset_of_piece;
+    /* optional: the group whose ranks save the file together through MPI-IO
+     * (io/st_parallel.h) unless FSC_PARALLEL_IO=0; g itself (each rank
+     * writes its pieces), or any group when g is this process alone (state
+     * replicated on io's ranks: each writes an even share). NULL: the root
+     * writes alone. */
+    fsc_group *io;
     /* filled in by the calls */
     int rank, world, K, nranges;
     fsc_optim_config cfg;

@@ -116,33 +116,24 @@ static int step(fsc_strategy *s) {
     return fsc_oss_step(s->oss);
 }
 
-/* Every rank of the group learns root's outcome of a root-only write. */
-static int share_status(fsc_strategy *s, int rc, int root) {
-    if (s->world == 1) return rc;
-    int32_t status = rc;
-    if (fsc_group_broadcast(s->group, &status, 1, FSC_DTYPE_I32, root)) return FSC_ERR_MPI;
-    if (status && s->rank != root)
-        return fsc_error(status, "rank %d could not write the file", root);
-    return rc;
-}
-
+/* Replicas: every rank writes a share through MPI-IO, or root alone
+ * (FSC_PARALLEL_IO=0, one process); the same bytes either way. */
 static int save_weights(fsc_strategy *s, const char *path, int root, int n_meta,
                         const char *const *keys, const char *const *values) {
-    int rc = s->rank == root ? fsc_weights_save(path, &s->params, n_meta, keys, values) : FSC_OK;
-    return share_status(s, rc, root);
+    return fsc_weights_save_group(s->group, root, path, &s->params, n_meta, keys, values);
 }
 
 static int load_weights(fsc_strategy *s, const char *path, int *n_unused) {
     return fsc_weights_load(path, &s->params, n_unused);
 }
 
-/* Unsharded state: root writes its own copy. */
+/* Unsharded state, alike on every rank: saved as the weights are. */
 static int save_optim_local(fsc_strategy *s, const char *path, int root) {
-    int rc = s->rank == root ? fsc_oss_save_state(s->oss, path, 0) : FSC_OK;
-    return share_status(s, rc, root);
+    return fsc_oss_save_state_replicated(s->oss, s->group, path, root);
 }
 
-/* Sharded state streams to root from its owners (collective). */
+/* Sharded state: each owner writes its pieces through MPI-IO, or they
+ * stream to root (FSC_PARALLEL_IO=0). Collective. */
 static int save_optim_sharded(fsc_strategy *s, const char *path, int root) {
     return fsc_oss_save_state(s->oss, path, root);
 }

@@ -17,6 +17,7 @@ static int agree(fsc_trainer *t, int rc, const char *what) {
     if (fsc_group_size(all) == 1) return rc;
     int32_t status = rc;
     if (fsc_group_broadcast(all, &status, 1, FSC_DTYPE_I32, 0)) return FSC_ERR_MPI;
+    if (rc) return rc; /* this rank's own failure keeps its message */
     if (status && fsc_group_rank(all) != 0) return fsc_error(status, "rank 0 could not %s", what);
     return rc;
 }
@@ -51,7 +52,9 @@ int fsc_trainer_save_checkpoint(fsc_trainer *t, const char *dir, int n_state,
     if (n_state > MAX_META - 2)
         return fsc_error(FSC_ERR_INVALID, "trainer: at most %d state pairs (%d given)",
                          MAX_META - 2, n_state);
-    const bool root = fsc_group_rank(fsc_strategy_all(t->s)) == 0; /* the one writer */
+    /* rank 0 owns the checkpoint directory; the files in it are written by
+     * every rank through MPI-IO, or by rank 0 alone (see the strategies) */
+    const bool root = fsc_group_rank(fsc_strategy_all(t->s)) == 0;
     fsc_ckpt_writer *w = NULL;
     int rc = agree(t, root ? fsc_ckpt_begin(dir, t->step, &w) : FSC_OK, "start a checkpoint");
     if (rc) return rc;
