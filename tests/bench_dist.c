@@ -1,17 +1,24 @@
 /* Benchmark (not a test): fsc's collectives against MPI's own, F32, to pick
  * each algorithm from measurements on this machine. Run it by hand:
- *   mpiexec -n 2 build/tests/bench_dist
- * Prints per size: milliseconds and algorithm bandwidth (buffer bytes / time).
- * "fsc ring" / "fsc mpi" is fsc_group_allreduce forced onto the ring or onto
- * MPI_Iallreduce (fsc_dist_rt.ring_min_bytes), both including the watchdog's
- * control exchange; "raw" rows call MPI directly. "bf16" rows reduce the
- * same number of elements as the F32 rows above them, in BF16 (half the
- * bytes on the wire; their MB and GB/s count BF16 bytes, so the same speed
- * in elements per second shows as half the GB/s).
+ *   mpiexec -n 2 build/tests/bench_dist           every collective, 4 B..100 MB
+ *   mpiexec -n 2 build/tests/bench_dist --small   allreduce 4 KiB..4 MiB only
+ * The full run prints per size: milliseconds and algorithm bandwidth (buffer
+ * bytes / time). "fsc ring" / "fsc mpi" is fsc_group_allreduce forced onto the
+ * ring or onto MPI_Iallreduce (fsc_dist_rt.ring_min_bytes), both including
+ * the watchdog's desync check; "raw" rows call MPI directly. "bf16" rows
+ * reduce the same number of elements as the F32 rows above them, in BF16
+ * (half the bytes on the wire; their MB and GB/s count BF16 bytes, so the
+ * same speed in elements per second shows as half the GB/s).
+ *
+ * --small answers "is fsc's allreduce as fast as MPI_Allreduce?" on a shared
+ * machine, where one timing is noise: the contenders are timed in turns,
+ * round after round, and each row gives the median of the rounds and the
+ * ratio of medians against MPI_Allreduce.
  */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "fsc/dist.h"
 #include "dist/dist_internal.h"
@@ -35,10 +42,8 @@ static int reps(size_t bytes) {
                    dt_ * 1e3, (double)(bytes) / dt_ / 1e9);                                        \
     } while (0)
 
-int main(int argc, char **argv) {
-    if (fsc_dist_init(&argc, &argv, NULL)) return 1;
+static void full(int me, int P) {
     fsc_group *w = fsc_group_world();
-    int me = fsc_dist_rank(), P = fsc_dist_size();
     const size_t sizes[] = {4, 4096, 16384, 65536, 262144, 1u << 20, 4u << 20, 25000000, 100000000};
     for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++) {
         int64_t n = (int64_t)(sizes[s] / 4) / P * P;
@@ -72,5 +77,79 @@ int main(int argc, char **argv) {
         free(b);
         if (me == 0) printf("\n");
     }
+}
+
+/* --small: the contenders of one size, timed in turns. */
+enum { C_DEFAULT, C_RING, C_EAGER, C_MPI, C_RAW, NC };
+static const char *const cname[NC] = {"fsc", "fsc-ring", "fsc-eager", "fsc-mpi", "MPI_Allreduce"};
+
+static double once(int which, float *a, int64_t n, int k) {
+    fsc_group *w = fsc_group_world();
+    int64_t saved_ring = fsc_dist_rt.ring_min_bytes, saved_eager = fsc_dist_rt.eager_max_bytes;
+    if (which == C_RING) fsc_dist_rt.ring_min_bytes = 0, fsc_dist_rt.eager_max_bytes = 0;
+    if (which == C_EAGER) fsc_dist_rt.eager_max_bytes = INT64_MAX;
+    if (which == C_MPI) fsc_dist_rt.ring_min_bytes = INT64_MAX, fsc_dist_rt.eager_max_bytes = 0;
+    MPI_Barrier(MPI_COMM_WORLD);
+    double t0 = MPI_Wtime();
+    for (int i = 0; i < k; i++) {
+        if (which == C_RAW)
+            MPI_Allreduce(MPI_IN_PLACE, a, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        else if (fsc_group_allreduce(w, a, n, FSC_DTYPE_F32, FSC_REDUCE_SUM))
+            fprintf(stderr, "bench_dist: %s\n", fsc_last_error()), exit(1);
+    }
+    double dt = (MPI_Wtime() - t0) / k, worst = 0;
+    fsc_dist_rt.ring_min_bytes = saved_ring;
+    fsc_dist_rt.eager_max_bytes = saved_eager;
+    MPI_Allreduce(&dt, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD); /* the slowest rank's */
+    return worst;
+}
+
+static int cmp_double(const void *x, const void *y) {
+    double a = *(const double *)x, b = *(const double *)y;
+    return (a > b) - (a < b);
+}
+
+static void small(int me, int rounds) {
+    if (me == 0)
+        printf("allreduce F32, median us per call over %d alternated rounds; ratio: fsc / "
+               "MPI_Allreduce\n%10s %9s %9s %9s %9s %9s %7s\n",
+               rounds, "bytes", cname[C_DEFAULT], cname[C_RING], cname[C_EAGER], cname[C_MPI],
+               "MPI", "ratio");
+    size_t top = getenv("BENCH_TOP") ? (size_t)atol(getenv("BENCH_TOP")) : (4u << 20);
+    for (size_t bytes = 4096; bytes <= top; bytes *= 4) {
+        int64_t n = (int64_t)(bytes / 4);
+        float *a = calloc((size_t)n, 4);
+        int k = bytes >= (1u << 20) ? 10 : 200;
+        double *t = calloc((size_t)rounds * NC, sizeof *t);
+        for (int r = 0; r < rounds; r++)
+            for (int j = 0; j < NC; j++) {
+                int c = (r & 1) ? NC - 1 - j : j; /* alternate the order too */
+                t[(size_t)c * rounds + r] = once(c, a, n, k);
+            }
+        double med[NC], lo[NC];
+        for (int c = 0; c < NC; c++) {
+            qsort(t + (size_t)c * rounds, (size_t)rounds, sizeof *t, cmp_double);
+            med[c] = t[(size_t)c * rounds + rounds / 2] * 1e6;
+            lo[c] = t[(size_t)c * rounds] * 1e6;
+        }
+        if (me == 0)
+            printf(
+                "%10zu %9.1f %9.1f %9.1f %9.1f %9.1f %7.2f   min: %.1f %.1f %.1f %.1f %.1f %.2f\n",
+                bytes, med[C_DEFAULT], med[C_RING], med[C_EAGER], med[C_MPI], med[C_RAW],
+                med[C_DEFAULT] / med[C_RAW], lo[C_DEFAULT], lo[C_RING], lo[C_EAGER], lo[C_MPI],
+                lo[C_RAW], lo[C_DEFAULT] / lo[C_RAW]);
+        fflush(stdout);
+        free(t);
+        free(a);
+    }
+}
+
+int main(int argc, char **argv) {
+    if (fsc_dist_init(&argc, &argv, NULL)) return 1;
+    int me = fsc_dist_rank(), P = fsc_dist_size();
+    if (argc > 1 && !strcmp(argv[1], "--small"))
+        small(me, argc > 2 ? atoi(argv[2]) : 15);
+    else
+        full(me, P);
     return fsc_dist_finalize() ? 1 : 0;
 }

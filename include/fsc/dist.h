@@ -32,12 +32,13 @@ enum {
 /* ---- initialisation --------------------------------------------------------- */
 typedef struct fsc_dist_options {
     double timeout_s;      /* watchdog: a collective not done after this fails (0: 300 s,
-                              or FSC_TIMEOUT_S from the environment) */
+                              or FSC_TIMEOUT_S from the environment); 0 or [0.1, 604800] */
     bool full_check;       /* exchange every collective's full signature before it runs
                               (also on with FSC_DESYNC_CHECK=1); off: a cheap hash check */
     double init_timeout_s; /* deadline of MPI's start-up and shut-down (MPI_Init_thread
                               in fsc_dist_init, MPI_Finalize in fsc_dist_finalize); 0:
-                              FSC_INIT_TIMEOUT_S, else the timeout but at least 60 s */
+                              FSC_INIT_TIMEOUT_S, else the timeout but at least 60 s;
+                              0 or [0.1, 604800] */
 } fsc_dist_options;
 
 /* Exit status of a process whose MPI start-up or shut-down passed its
@@ -46,6 +47,10 @@ typedef struct fsc_dist_options {
 #define FSC_DIST_DEADLINE_EXIT 124
 
 /* Initialises MPI (MPI_Init_thread, FUNNELED) unless the program already did.
+ * First checks the options and the runtime's FSC_* variables (FSC_TIMEOUT_S,
+ * FSC_INIT_TIMEOUT_S: seconds in [0.1, 604800]; FSC_DESYNC_CHECK,
+ * FSC_HEARTBEAT_PROC: 0 or 1): FSC_ERR_INVALID naming the value and its range,
+ * before anything starts.
  * argc/argv may be NULL. Idempotent: a later call only applies `opt` (if not
  * NULL), e.g. to change the timeout. opt->timeout_s > 0 wins over
  * FSC_TIMEOUT_S. Only the thread that called init may call the runtime.
@@ -76,7 +81,11 @@ FSC_API fsc_group *fsc_group_self(void);
 /* Ranks with the same color form a group, ordered by key (then world rank).
  * Collective over `parent`. color < 0: this rank joins no group (*out = NULL).
  * The caller owns *out (fsc_group_free); name is copied (NULL: "group").
- * FSC_ERR_INVALID for a NULL out or parent, or before fsc_dist_init. */
+ * FSC_ERR_INVALID for a NULL out or parent, or before fsc_dist_init. A member
+ * that never joins is FSC_ERR_TIMEOUT as for any collective; MPI's split
+ * itself cannot be abandoned, so it runs under the heartbeat's deadline (the
+ * timeout): a member lost inside it ends the process with a message and
+ * FSC_DIST_DEADLINE_EXIT. */
 FSC_API int fsc_group_split(fsc_group *parent, int color, int key, const char *name,
                             fsc_group **out);
 /* Accepts NULL; ignores the world group. Collective (MPI_Comm_free); free a

@@ -13,6 +13,7 @@
 int fsc_mem_env_check(void);
 int fsc_bf16_gemm_env_check(void);
 int fsc_io_env_check(void); /* io/safetensors_mpiio.c */
+int fsc_dist_env_check(void); /* dist/env.c: the runtime's timeouts and switches */
 
 static int level = -1; /* -1: not read from the environment yet */
 
@@ -79,5 +80,6 @@ int fsc_env_check(void) {
     if (!rc) rc = fsc_bf16_gemm_env_check();
     if (!rc) rc = num_threads_check();
     if (!rc) rc = fsc_io_env_check();
+    if (!rc) rc = fsc_dist_env_check();
     return rc;
 }

@@ -59,6 +59,24 @@ typedef struct fsc_backend_ops {
                 fsc_bop **out);
     int (*recv)(void *ctx, void *buf, int64_t count, fsc_dtype dt, int src, int tag, fsc_bop **out);
 
+    /* Optional, all three or none: allreduces small enough to move beside the
+     * desync check instead of after it. early_bytes: the bytes rank `from`
+     * sends rank `to` the moment it issues an allreduce of `count` elements of
+     * `dt` (0: none; a pure function, equal on every rank). allreduce_early
+     * posts this rank's such messages at issue, before the check, and sets
+     * *out (NULL when it sends none: the front end then starts `allreduce` as
+     * usual); it must not write `buf` until `test` is called, which the front
+     * end does only once every signature agreed. When the check fails
+     * instead, early_settle completes what was posted: sent[q] is what rank q
+     * sent this rank (early_bytes of q's announcement), received and dropped;
+     * `mine` (may be NULL) is freed. It polls until `deadline` (fsc_now), then
+     * returns FSC_ERR_TIMEOUT with the messages left in flight. */
+    int64_t (*early_bytes)(void *ctx, int from, int to, int64_t count, fsc_dtype dt);
+    int (*allreduce_early)(void *ctx, void *buf, int64_t count, fsc_dtype dt, fsc_reduce_op op,
+                           int64_t seq, fsc_bop **out);
+    int (*early_settle)(void *ctx, fsc_bop *mine, const int64_t *sent, int64_t seq,
+                        double deadline);
+
     /* Drives `op` as far as it can go without blocking; *done once finished. */
     int (*test)(fsc_bop *op, bool *done);
     /* Frees a finished operation. Never called on an unfinished one: those are

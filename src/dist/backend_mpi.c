@@ -1,7 +1,9 @@
 /* The MPI backend: process-group data planes over MPI communicators.
  *
  * The one idea: pick, per operation, what measured fastest here and keep it
- * non-blocking so the front end can poll under the watchdog. Large
+ * non-blocking so the front end can poll under the watchdog. Small
+ * allreduces (F32 and integers, a power-of-two group) move beside the desync
+ * check by recursive doubling (eager.c); larger
  * allreduces and every reduce-scatter / allgather run as rings of
  * point-to-point steps (ring.c); small allreduces, reduce, broadcast and
  * barrier use MPI's own non-blocking collectives; alltoall and send/recv are
@@ -302,6 +304,7 @@ static int mpi_recv(void *ctx, void *buf, int64_t count, fsc_dtype dt, int src, 
 
 static int mpi_test(fsc_bop *b, bool *done) {
     if (b->kind == BOP_RING) return fsc_ring_test(b, done);
+    if (b->kind == BOP_EAGER) return fsc_eager_test(b, done);
     int flag = 1;
     if (b->nreq > 0) {
         int rc = MPI_Testall(b->nreq, b->reqs, &flag, MPI_STATUSES_IGNORE);
@@ -334,6 +337,9 @@ const fsc_backend_ops fsc_backend_mpi = {
     .barrier = mpi_barrier,
     .send = mpi_send,
     .recv = mpi_recv,
+    .early_bytes = fsc_eager_bytes,
+    .allreduce_early = fsc_eager_start,
+    .early_settle = fsc_eager_settle,
     .test = mpi_test,
     .release = mpi_release,
 };

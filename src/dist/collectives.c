@@ -9,10 +9,11 @@
  * halves (half the bytes of F32) and every hop adds in F32 and rounds once
  * (elementwise.c).
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "dist_internal.h"
+#include "heartbeat.h"
 
 static int check_common(fsc_group *g, int64_t count, const char *fn) {
     int rc = fsc_dist_require_init(fn);
@@ -332,7 +333,22 @@ static int unsupported(const fsc_group *g, int kind) {
                      g->name, fsc_coll_kind_name(kind));
 }
 
+/* MPI has no non-blocking split: the control exchange has proved that every
+ * member joined, and the blocking calls below run under the heartbeat's
+ * deadline (a member lost between the two ends this process with a message,
+ * FSC_DIST_DEADLINE_EXIT, rather than a hang). */
+static int split_blocking(fsc_request *r);
+
 static int start_split(fsc_request *r) {
+    char what[64];
+    snprintf(what, sizeof what, "MPI_Comm_split of group %.32s", r->g->name);
+    fsc_hb_arm(fsc_dist_rt.timeout_s, what);
+    int rc = split_blocking(r);
+    fsc_hb_arm(0, "");
+    return rc;
+}
+
+static int split_blocking(fsc_request *r) {
     fsc_group *g = r->g;
     fsc_coll_args *a = &r->a;
     fsc_group **out = a->out;
@@ -370,6 +386,7 @@ int fsc_coll_start(fsc_request *r) {
     case FSC_COLL_ALLREDUCE:
         if (!be->allreduce) return unsupported(g, a->kind);
         count_bytes(g, a->count, a->dt);
+        if (r->bop) return FSC_OK; /* posted early, at issue (request.c) */
         return be->allreduce(g->be_ctx, a->buf, a->count, a->dt, wire_op(a->op), r->seq, &r->bop);
     case FSC_COLL_REDUCE:
         if (!be->reduce) return unsupported(g, a->kind);
@@ -422,6 +439,47 @@ int fsc_coll_finish(fsc_request *r) {
 }
 
 void fsc_coll_release(fsc_request *r) {
-    if (r->bop) r->g->be->release(r->bop);
+    if (r->bop && r->early) /* posted before a check that never finished: MPI may still use it */
+        fsc_dist_rt.abandoned = true;
+    else if (r->bop)
+        r->g->be->release(r->bop);
     r->bop = NULL;
+    r->early = false;
+}
+
+/* ---- small allreduces beside the check ------------------------------------------------- */
+
+int fsc_coll_start_early(fsc_request *r) {
+    fsc_group *g = r->g;
+    const fsc_backend_ops *be = g->be;
+    if (r->a.kind != FSC_COLL_ALLREDUCE || !r->checked || !be->allreduce_early) return FSC_OK;
+    int rc = be->allreduce_early(g->be_ctx, r->a.buf, r->a.count, r->a.dt, wire_op(r->a.op), r->seq,
+                                 &r->bop);
+    r->early = r->bop != NULL;
+    return rc;
+}
+
+int fsc_coll_settle_early(fsc_request *r) {
+    fsc_group *g = r->g;
+    const fsc_backend_ops *be = g->be;
+    if (!be->early_settle || !r->inbox || !r->peers) return FSC_OK;
+    int64_t *sent = calloc((size_t)g->size, sizeof *sent);
+    if (!sent) return fsc_error(FSC_ERR_NOMEM, "out of memory settling a desynced collective");
+    for (int i = 0; i < g->size - 1; i++) { /* every peer announced: the check completed */
+        const int64_t *s = r->inbox + (size_t)i * SIG_WORDS;
+        if (s[SIG_KIND] == FSC_COLL_ALLREDUCE && s[SIG_DTYPE] >= 0 &&
+            s[SIG_DTYPE] < FSC_DTYPE_COUNT)
+            sent[r->peers[i]] = be->early_bytes(g->be_ctx, r->peers[i], g->rank, s[SIG_COUNT],
+                                                (fsc_dtype)s[SIG_DTYPE]);
+    }
+    fsc_bop *mine = r->early ? r->bop : NULL;
+    if (mine) r->bop = NULL;
+    r->early = false;
+    int rc = be->early_settle(g->be_ctx, mine, sent, r->seq, r->t_start + fsc_dist_rt.timeout_s);
+    free(sent);
+    if (rc == FSC_ERR_TIMEOUT) { /* left in flight: keep the group's communicators */
+        g->broken = FSC_ERR_TIMEOUT;
+        fsc_dist_rt.abandoned = true;
+    }
+    return rc;
 }

@@ -8,6 +8,9 @@
  * for theirs; that proves every peer joined and issued the same collective
  * (the desync check), or names who did not. DATA: the backend operation runs,
  * polled under the same deadline. Blocking calls are a request plus a wait.
+ * A small allreduce's first data messages leave with the announcement
+ * (eager.c), so it pays no round trip for the check; its buffer is written
+ * only once the check passed.
  */
 #ifndef FSC_DIST_INTERNAL_H
 #define FSC_DIST_INTERNAL_H
@@ -33,10 +36,12 @@ typedef struct fsc_dist_runtime {
     double timeout_s;
     double init_timeout_s; /* deadline of MPI_Init_thread and MPI_Finalize */
     bool full_check;
-    int64_t max_msg;        /* largest message in elements (INT_MAX; lowered by tests) */
-    int64_t ring_min_bytes; /* allreduces this large use the ring (benchmarks move it) */
-    int64_t sent_bytes;     /* bytes posted in point-to-point sends (rings, alltoall, send):
-                               what really went on the wire, for tests */
+    int64_t max_msg;         /* largest message in elements (INT_MAX; lowered by tests) */
+    int64_t ring_min_bytes;  /* allreduces this large use the ring (benchmarks move it) */
+    int64_t eager_max_bytes; /* allreduces up to this large move beside the desync check
+                                (eager.c; benchmarks and tests move it, on every rank) */
+    int64_t sent_bytes;      /* bytes posted in point-to-point sends (rings, alltoall, send):
+                                what really went on the wire, for tests */
     fsc_group *world;
     fsc_group *self;                          /* this process alone */
     fsc_request *pending_head, *pending_tail; /* every outstanding request, issue order */
@@ -85,6 +90,7 @@ struct fsc_request {
     int status;
     char *errmsg; /* the failure's message, replayed by test/wait */
     bool checked; /* takes part in the control exchange */
+    bool early;   /* bop was posted before the check and has not finished (eager.c) */
     /* control phase */
     int64_t sig[SIG_WORDS];
     int64_t *inbox;    /* [npeers][SIG_WORDS] */
@@ -99,6 +105,13 @@ struct fsc_request {
 /* init.c */
 int fsc_dist_mpi_error(int rc, const char *what);
 int fsc_dist_require_init(const char *fn);
+
+/* env.c: the runtime's FSC_* variables. Unset or empty: *out 0 (seconds) or
+ * fallback (flags); else FSC_ERR_INVALID naming the variable, its value and
+ * its range. */
+int fsc_dist_env_seconds(const char *name, double *out);
+int fsc_dist_env_flag(const char *name, bool fallback, bool *out);
+int fsc_dist_env_check(void);
 
 /* group.c */
 int fsc_group_create(const char *name, MPI_Comm ctrl, void *be_ctx, fsc_group **out);
@@ -125,6 +138,13 @@ void fsc_request_abandon(fsc_request *r);
 int fsc_coll_start(fsc_request *r);
 int fsc_coll_finish(fsc_request *r);
 void fsc_coll_release(fsc_request *r);
+/* Small allreduces beside the desync check (backend.h's early entries): post
+ * the first messages at issue (sets r->bop and r->early when the backend
+ * does), and after a failed check or a group broken before the data phase,
+ * complete every early message this rank sent or was sent (needs every
+ * peer's announcement in r->inbox). */
+int fsc_coll_start_early(fsc_request *r);
+int fsc_coll_settle_early(fsc_request *r);
 
 /* pool.c: a few cached FSC_MEM_COMM buffers (ring scratch), so large
  * collectives do not fault fresh pages in on every call */

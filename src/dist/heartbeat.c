@@ -74,6 +74,12 @@ static struct {
     _Atomic int64_t last_poll_us;
     atomic_int phase, waiting;
     char doing[160];
+    /* or, when coll_kind is set, a collective's fields: formatted only when
+     * asked, since a wait is noted on every blocking call */
+    const char *coll_kind;
+    int64_t coll_seq;
+    int coll_peer, coll_tag;
+    char coll_group[48];
     /* the verdict: set once, then every failure reports it */
     atomic_bool has_verdict;
     char verdict[HB_TEXT];
@@ -102,8 +108,9 @@ static void host_identity(char *out, size_t n) {
     if (!boot[0]) gethostname(boot, sizeof boot - 1);
     snprintf(out, n, "%.36s/%.24s", boot, ns);
     /* tests: FSC_HEARTBEAT_PROC=0 treats every peer as remote (no /proc, no loopback) */
-    const char *env = getenv("FSC_HEARTBEAT_PROC");
-    if (env && !strcmp(env, "0")) snprintf(out, n, "pid-%d", (int)getpid());
+    bool use_proc = true; /* an invalid value was refused by fsc_dist_init */
+    fsc_dist_env_flag("FSC_HEARTBEAT_PROC", true, &use_proc);
+    if (!use_proc) snprintf(out, n, "pid-%d", (int)getpid());
 }
 
 static void local_ips(hb_addr *a) {
@@ -130,6 +137,18 @@ static char proc_state(int pid) {
     buf[n] = '\0';
     const char *p = strrchr(buf, ')');
     return p && p[1] == ' ' ? p[2] : 0;
+}
+
+/* What the main thread is doing, as text; the caller holds hb.mu. */
+static void format_doing(char *out, size_t n) {
+    if (!hb.coll_kind)
+        snprintf(out, n, "%s", hb.doing);
+    else if (hb.coll_seq >= 0)
+        snprintf(out, n, "%s #%lld on group %s", hb.coll_kind, (long long)hb.coll_seq,
+                 hb.coll_group);
+    else
+        snprintf(out, n, "%s with rank %d, tag %d, on group %s", hb.coll_kind, hb.coll_peer,
+                 hb.coll_tag, hb.coll_group);
 }
 
 static bool connected(void) {
@@ -197,7 +216,7 @@ static void handle(const hb_msg *m, size_t len) {
         r.waiting = atomic_load(&hb.waiting);
         r.idle_us = now_us() - atomic_load(&hb.last_poll_us);
         pthread_mutex_lock(&hb.mu);
-        snprintf(r.text, sizeof r.text, "%s", hb.doing);
+        format_doing(r.text, sizeof r.text);
         pthread_mutex_unlock(&hb.mu);
         send_to(q, &r);
         break;
@@ -287,7 +306,7 @@ static void probe(hb_peer *out, double grace, bool own_pump) {
     self->phase = atomic_load(&hb.phase);
     self->waiting = true; /* whatever it does, this rank is not the one to blame */
     self->idle_s = 0;
-    snprintf(self->doing, sizeof self->doing, "%s", hb.doing);
+    format_doing(self->doing, sizeof self->doing);
     pthread_mutex_unlock(&hb.mu);
 }
 
@@ -301,13 +320,16 @@ static void deadline_passed(void) {
     int len = snprintf(proposal, sizeof proposal, "fsc: %s did not return within %g s",
                        hb.armed_what, hb.deadline - hb.armed_at);
     hb_peer *st = connected() && hb.size > 1 ? calloc((size_t)hb.size, sizeof *st) : NULL;
+    /* MPI_Finalize, or a blocking call while running (a group split) */
+    bool at_finalize = atomic_load(&hb.phase) == FSC_HB_FINALIZE;
     if (st && !fsc_hb_verdict(msg, sizeof msg)) {
         probe(st, 0.5, true);
         len += snprintf(proposal + len, sizeof proposal - (size_t)len, ": ");
         if (!fsc_hb_describe(st, hb.size, NULL, proposal + len, sizeof proposal - (size_t)len, 0.0,
-                             true))
-            snprintf(proposal + len, sizeof proposal - (size_t)len,
-                     "every rank answers the heartbeat and is in MPI_Finalize");
+                             at_finalize))
+            snprintf(proposal + len, sizeof proposal - (size_t)len, "%s",
+                     at_finalize ? "every rank answers the heartbeat and is in MPI_Finalize"
+                                 : "every rank answers the heartbeat");
         agree(st, proposal, 1.0, msg, sizeof msg, true);
     } else if (!st) {
         const char *r = getenv("OMPI_COMM_WORLD_RANK"), *n = getenv("OMPI_COMM_WORLD_SIZE");
@@ -445,6 +467,17 @@ void fsc_hb_note_wait(const char *doing, bool waiting) {
     if (!doing) return;
     pthread_mutex_lock(&hb.mu);
     snprintf(hb.doing, sizeof hb.doing, "%s", doing);
+    hb.coll_kind = NULL;
+    pthread_mutex_unlock(&hb.mu);
+}
+
+void fsc_hb_note_collective(const char *kind, int64_t seq, int peer, int tag, const char *group) {
+    fsc_hb_note_poll();
+    atomic_store(&hb.waiting, 1);
+    pthread_mutex_lock(&hb.mu);
+    hb.coll_kind = kind;
+    hb.coll_seq = seq, hb.coll_peer = peer, hb.coll_tag = tag;
+    memcpy(hb.coll_group, group, sizeof hb.coll_group); /* a group's name[48], NUL-terminated */
     pthread_mutex_unlock(&hb.mu);
 }
 

@@ -42,6 +42,10 @@ void fsc_hb_arm(double seconds, const char *what);
 /* The main thread reports: it polled fsc; it waits (or not) on `doing`. */
 void fsc_hb_note_poll(void);
 void fsc_hb_note_wait(const char *doing, bool waiting);
+/* fsc_hb_note_wait(that collective, true), formatted only if a peer asks:
+ * kind a static string, seq < 0 for point-to-point (peer, tag), group the
+ * group's name (48 bytes). */
+void fsc_hb_note_collective(const char *kind, int64_t seq, int peer, int tag, const char *group);
 void fsc_hb_set_phase(int phase);
 /* Connected, with peers to ask. */
 bool fsc_hb_available(void);

@@ -18,7 +18,8 @@
 /* Allreduces from 4 KiB up use the ring: measured with tests/bench_dist.c at
  * 2 ranks, it beats MPI_Iallreduce from 4 KiB (4 vs 7 us) to 100 MB (24 vs
  * 91 ms); below, both take about a microsecond and MPI's needs no steps. */
-fsc_dist_runtime fsc_dist_rt = {.max_msg = INT_MAX, .ring_min_bytes = (int64_t)4 << 10};
+fsc_dist_runtime fsc_dist_rt = {
+    .max_msg = INT_MAX, .ring_min_bytes = (int64_t)4 << 10, .eager_max_bytes = (int64_t)64 << 10};
 
 int fsc_dist_mpi_error(int rc, const char *what) {
     char text[MPI_MAX_ERROR_STRING + 1];
@@ -38,34 +39,56 @@ int fsc_dist_require_init(const char *fn) {
 }
 
 /* Deadline of MPI_Init_thread and MPI_Finalize: the option, FSC_INIT_TIMEOUT_S,
- * else the collective timeout but at least 60 s (a loaded machine starts slowly). */
+ * else the collective timeout but at least 60 s (a loaded machine starts slowly).
+ * The variables were checked by check_options. */
 static double init_deadline(const fsc_dist_options *opt) {
+    double t = 0;
     if (opt && opt->init_timeout_s > 0) return opt->init_timeout_s;
-    const char *env = getenv("FSC_INIT_TIMEOUT_S");
-    if (env && atof(env) > 0) return atof(env);
-    double t = opt && opt->timeout_s > 0 ? opt->timeout_s : 0;
-    env = getenv("FSC_TIMEOUT_S");
-    if (t <= 0 && env && atof(env) > 0) t = atof(env);
+    if (!fsc_dist_env_seconds("FSC_INIT_TIMEOUT_S", &t) && t > 0) return t;
+    t = opt && opt->timeout_s > 0 ? opt->timeout_s : 0;
+    double env = 0;
+    if (t <= 0 && !fsc_dist_env_seconds("FSC_TIMEOUT_S", &env)) t = env;
     return t > 60 ? t : 60;
 }
 
 static void apply_options(const fsc_dist_options *opt) {
-    double t = opt && opt->timeout_s > 0 ? opt->timeout_s : 0;
-    const char *env = getenv("FSC_TIMEOUT_S");
-    if (t <= 0 && env && atof(env) > 0) t = atof(env);
+    double t = opt && opt->timeout_s > 0 ? opt->timeout_s : 0, env = 0;
+    if (t <= 0 && !fsc_dist_env_seconds("FSC_TIMEOUT_S", &env)) t = env;
     fsc_dist_rt.timeout_s = t > 0 ? t : 300.0;
-    env = getenv("FSC_DESYNC_CHECK");
-    fsc_dist_rt.full_check = (opt && opt->full_check) || (env && env[0] && strcmp(env, "0") != 0);
+    bool full = false;
+    fsc_dist_env_flag("FSC_DESYNC_CHECK", false, &full);
+    fsc_dist_rt.full_check = (opt && opt->full_check) || full;
+}
+
+/* The options' seconds: 0 (the default) or the variables' range. */
+static int check_seconds(double v, const char *field) {
+    if (v == 0 || (v >= 0.1 && v <= 604800.0)) return FSC_OK;
+    return fsc_error(FSC_ERR_INVALID,
+                     "fsc_dist_init: options.%s = %g: expected 0 (the default) or seconds in "
+                     "[0.1, 604800]",
+                     field, v);
+}
+
+/* Before anything starts: a value out of range is refused, never replaced by
+ * a default behind the user's back. */
+static int check_options(const fsc_dist_options *opt) {
+    int rc = fsc_dist_env_check();
+    if (rc) return fsc_error_context(rc, "fsc_dist_init: ");
+    if (opt && !rc) rc = check_seconds(opt->timeout_s, "timeout_s");
+    if (opt && !rc) rc = check_seconds(opt->init_timeout_s, "init_timeout_s");
+    return rc;
 }
 
 static int init_runtime(int *argc, char ***argv, const fsc_dist_options *opt);
 
 int fsc_dist_init(int *argc, char ***argv, const fsc_dist_options *opt) {
+    int rc = check_options(opt);
+    if (rc) return rc;
     if (fsc_dist_rt.initialized) {
         if (opt) apply_options(opt); /* a second call may only change the options */
         return FSC_OK;
     }
-    int rc = init_runtime(argc, argv, opt);
+    rc = init_runtime(argc, argv, opt);
     fsc_hb_arm(0, ""); /* whatever the outcome, start-up is over */
     return rc;
 }

@@ -3,7 +3,8 @@
  *
  * The one idea: an in-flight operation is either a batch of MPI requests
  * (MPI's own non-blocking collectives, or point-to-point pieces) or a ring
- * whose steps are posted one at a time as `test` finds the previous one done.
+ * (or a small allreduce's exchanges, eager.c) whose steps are posted one at a
+ * time as `test` finds the previous one done.
  */
 #ifndef FSC_DIST_MPI_BACKEND_H
 #define FSC_DIST_MPI_BACKEND_H
@@ -16,7 +17,7 @@ typedef struct mpi_ctx {
     int rank, size;
 } mpi_ctx;
 
-typedef enum { BOP_REQS = 0, BOP_RING } bop_kind;
+typedef enum { BOP_REQS = 0, BOP_RING, BOP_EAGER } bop_kind;
 typedef enum { RING_RS = 0, RING_AG, RING_DONE } ring_phase;
 
 struct fsc_bop {
@@ -52,5 +53,12 @@ int fsc_ring_start(mpi_ctx *c, const void *in, void *out, const int64_t *counts,
                    const int64_t *displs, fsc_dtype dt, fsc_reduce_op op, ring_phase first,
                    bool then_ag, int64_t seq, fsc_bop **out_op);
 int fsc_ring_test(fsc_bop *b, bool *done);
+
+/* eager.c: the backend's early allreduce entries (backend.h). */
+int64_t fsc_eager_bytes(void *ctx, int from, int to, int64_t count, fsc_dtype dt);
+int fsc_eager_start(void *ctx, void *buf, int64_t count, fsc_dtype dt, fsc_reduce_op op,
+                    int64_t seq, fsc_bop **out);
+int fsc_eager_test(fsc_bop *b, bool *done);
+int fsc_eager_settle(void *ctx, fsc_bop *mine, const int64_t *sent, int64_t seq, double deadline);
 
 #endif

@@ -84,11 +84,12 @@ int fsc_request_issue(fsc_group *g, const fsc_coll_args *a, fsc_request **out) {
     if (a->kind < FSC_COLL_KIND_COUNT) g->stats.count[a->kind]++; /* bytes: when data starts */
     fsc_wd_signature(r);
     int rc = fsc_wd_begin(r);
+    if (!rc) rc = fsc_coll_start_early(r);
     if (rc) {
-        /* posted control messages may be in flight: forget, do not free */
+        /* posted messages may be in flight: forget, do not free */
         g->broken = rc;
         fsc_request_abandon(r);
-        fsc_dist_rt.abandoned = fsc_dist_rt.abandoned || r->npeers > 0;
+        fsc_dist_rt.abandoned = fsc_dist_rt.abandoned || r->npeers > 0 || r->bop;
         return rc;
     }
     r->prev = fsc_dist_rt.pending_tail;
@@ -110,6 +111,7 @@ int fsc_request_step(fsc_request *r) {
         rc = fsc_wd_test(r, &done);
         if (rc) {
             fail(r, fsc_wd_peer_failure(r, rc));
+            if (rc == FSC_ERR_DESYNC) fsc_coll_settle_early(r); /* every announcement is in */
             return rc;
         }
         if (!done) return FSC_OK;
@@ -119,11 +121,13 @@ int fsc_request_step(fsc_request *r) {
         if (g->broken) {
             fail(r, fsc_error(g->broken, "group %s is unusable after an earlier failure (%s)",
                               g->name, g->broken_msg));
+            if (r->early) fsc_coll_settle_early(r);
             return r->status;
         }
         if (r->seq >= 0 && r->seq != g->next_data) return FSC_OK; /* an earlier one goes first */
         if (r->seq >= 0) g->next_data++;
         r->phase = REQ_DATA;
+        r->early = false; /* checked: an early operation is now an ordinary data phase */
         rc = fsc_coll_start(r);
         if (rc) {
             fail(r, fsc_wd_peer_failure(r, rc));
@@ -209,14 +213,10 @@ int fsc_request_wait(fsc_request **req) {
     fsc_request *r = *req;
     fsc_group *g = r->g;
     double t0 = fsc_now();
-    char doing[160];
-    if (r->seq >= 0)
-        snprintf(doing, sizeof doing, "%s #%lld on group %s", fsc_coll_kind_name(r->a.kind),
-                 (long long)r->seq, g->name);
+    if (g->size > 1) /* the self group's are not news */
+        fsc_hb_note_collective(fsc_coll_kind_name(r->a.kind), r->seq, r->a.root, r->a.tag, g->name);
     else
-        snprintf(doing, sizeof doing, "%s with rank %d, tag %d, on group %s",
-                 fsc_coll_kind_name(r->a.kind), r->a.root, r->a.tag, g->name);
-    fsc_hb_note_wait(g->size > 1 ? doing : NULL, true); /* the self group's are not news */
+        fsc_hb_note_wait(NULL, true);
     for (unsigned spins = 0;; spins++) {
         progress_all(NULL);
         if (r->phase >= REQ_DONE || check_deadline(r)) break;
