@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "fsc/version.h"
+#include "tool_flags.h"
 #include "train_common.h"
 
 typedef struct {
@@ -51,6 +52,10 @@ static int pp = 1, chunks = 1, virtual_stages = 0;
 static int tp = 1;                      /* --tp: tensor-parallel ranks per replica */
 static bool sequence_parallel = false; /* --sequence-parallel */
 static const char *pipe_schedule = "1f1b", *balance = NULL;
+static const char *trace = NULL; /* --trace: the last step's pipeline as a Chrome trace */
+/* --moe-experts: an MoE GPT (fsc/moe.h), its experts over the ranks under ddp */
+static int moe_experts = 0, moe_every = 2, moe_hidden = 0;
+static double moe_capacity = 2.0;
 
 typedef struct {
     double tok_s, ms_median, gflops, peak, first, last, comm_share;
@@ -61,6 +66,12 @@ typedef struct {
     fsc_bf16_gemm_stats bf16;
     double bf16_peak, elapsed; /* elapsed: seconds of the timed steps */
     double tp_share;           /* --tp: share of the timed steps blocked in TP collectives */
+    /* --pp: this rank's pipeline waits, spans and compute summed over the
+     * timed steps (fsc_pipe_run_stats): wait / span is its measured bubble */
+    double pipe_wait, pipe_span, pipe_compute;
+    /* --moe-experts: share of the timed steps in all-to-all exchanges (this
+     * rank) and of the choices dropped past capacity */
+    double alltoall_share, dropped_share;
 } bench_result;
 
 static void print_json_string(const char *s);
@@ -81,6 +92,8 @@ static int measure(const bench_config *c, const char *strategy, int steps, int w
     o.local_in_world = true; /* the baseline runs on rank 0 alone */
     o.mixed_precision = mixed_precision; /* bf16: autocast under every strategy */
     o.checkpoint_activations = checkpoint_activations;
+    o.moe_experts = moe_experts, o.moe_every = moe_every, o.moe_hidden = moe_hidden;
+    o.moe_capacity = moe_capacity;
     if (tp > 1 && strcmp(strategy, "single")) /* the baseline stays one process */
         o.tp = tp, o.sequence_parallel = sequence_parallel;
     if (pp > 1 && strcmp(strategy, "single")) { /* the baseline stays one process */
@@ -104,6 +117,7 @@ static int measure(const bench_config *c, const char *strategy, int steps, int w
     int cores = fsc_strategy_takes(strategy, "threads") ? 1 : threads;
     double peak = fsc_sgemm_peak_gflops(1024, 5) / cores;
     double *ms = calloc((size_t)steps, sizeof *ms), elapsed = 0, comm = 0, tp_wait0 = 0;
+    fsc_moe_stats moe0 = {0};
     for (int s = 0; s < warmup + steps && !rc; s++) {
         if (s == warmup) { /* whole-run peaks so far; then the steady state alone */
             for (int tag = 0; tag < FSC_MEM_TAG_COUNT; tag++)
@@ -111,6 +125,7 @@ static int measure(const bench_config *c, const char *strategy, int steps, int w
             fsc_mem_reset_peaks();
             fsc_bf16_gemm_reset_stats();
             tp_wait0 = fsc_strategy_get_stats(t.s).tp_wait_s;
+            moe0 = fsc_moe_get_stats(t.model);
             if (t.world > 1) rc = fsc_group_barrier(fsc_group_world());
         }
         fsc_step_result r;
@@ -120,7 +135,14 @@ static int measure(const bench_config *c, const char *strategy, int steps, int w
         out->last = r.loss;
         if (s >= warmup)
             ms[s - warmup] = 1e3 * r.seconds, elapsed += r.seconds, comm += r.comm_wait_s;
+        fsc_pipe *pipe = fsc_strategy_get_pipe(t.s);
+        if (pipe && s >= warmup) {
+            const fsc_pipe_run_stats ps = fsc_pipe_get_stats(pipe);
+            out->pipe_wait += ps.wait_s, out->pipe_span += ps.span_s;
+            out->pipe_compute += ps.compute_s;
+        }
     }
+    if (!rc && trace && fsc_strategy_get_pipe(t.s)) rc = fsc_strategy_write_trace(t.s, trace);
     out->bf16 = fsc_bf16_gemm_get_stats();
     double peak2 = fsc_sgemm_peak_gflops(1024, 5) / cores; /* the machine drifts: keep the best */
     if (!strcmp(mixed_precision, "bf16"))
@@ -131,10 +153,17 @@ static int measure(const bench_config *c, const char *strategy, int steps, int w
         out->tok_s = tokens / elapsed;
         out->ms_median = ms[steps / 2];
         out->elapsed = elapsed;
-        out->gflops = out->tok_s * fsc_gpt_flops_per_token(&o.model, o.model.seq) / 1e9;
+        out->gflops = out->tok_s * fsc_gpt_flops_per_token(&t.opt.model, o.model.seq) / 1e9;
         out->peak = peak2 > peak ? peak2 : peak;
         out->comm_share = comm / elapsed;
         out->tp_share = (fsc_strategy_get_stats(t.s).tp_wait_s - tp_wait0) / elapsed;
+        const fsc_moe_stats moe1 = fsc_moe_get_stats(t.model);
+        const double choices = 2.0 * (double)(moe1.tokens - moe0.tokens);
+        out->alltoall_share = (moe1.exchange_s - moe0.exchange_s) / elapsed;
+        out->dropped_share = choices > 0 ? (double)(moe1.dropped1 + moe1.dropped2 -
+                                                    moe0.dropped1 - moe0.dropped2) /
+                                               choices
+                                         : 0;
         for (int tag = 0; tag < FSC_MEM_TAG_COUNT; tag++) {
             out->steady[tag] = (int64_t)fsc_mem_peak((fsc_mem_tag)tag);
             if (out->steady[tag] > out->mem[tag]) out->mem[tag] = out->steady[tag];
@@ -147,7 +176,7 @@ static int measure(const bench_config *c, const char *strategy, int steps, int w
 
 static void print_result(const bench_config *c, const char *strategy, int ranks, int threads,
                          int steps, const bench_result *r, const bench_result *single,
-                         const int64_t *stage_mem) {
+                         const int64_t *stage_mem, const float *pipe_figs) {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     fsc_strategy_info info;
@@ -166,21 +195,62 @@ static void print_result(const bench_config *c, const char *strategy, int ranks,
         printf("\"single_tokens_per_s\": %.1f, \"scaling_efficiency\": %.3f, ", single->tok_s,
                r->tok_s / (workers * single->tok_s));
     if (multi_rank) printf("\"comm_wait_share\": %.4f, ", r->comm_share);
+    if (moe_experts) { /* all parameters, and those a token is computed with (2 experts) */
+        fsc_moe_options mo = {.experts = moe_experts, .every = moe_every, .hidden = moe_hidden};
+        fsc_gpt_config mc = c->model;
+        mc.moe = &mo;
+        double active = (fsc_gpt_flops_per_token(&mc, mc.seq) -
+                         12.0 * mc.layers * mc.d_model * mc.seq) / 6 + (double)mc.seq * mc.d_model;
+        printf("\"moe_experts\": %d, \"moe_every\": %d, \"moe_hidden\": %d, "
+               "\"moe_capacity\": %g, \"moe_params\": %" PRId64 ", \"active_params\": %.0f, "
+               "\"alltoall_share\": %.4f, \"alltoall_ms_per_step\": %.2f, "
+               "\"dropped_share\": %.4f, ",
+               moe_experts, moe_every, moe_hidden ? moe_hidden : 4 * mc.d_model, moe_capacity,
+               fsc_gpt_num_params(&mc), active, r->alltoall_share,
+               r->alltoall_share * r->ms_median, r->dropped_share);
+    }
     if (tp > 1 && multi_rank)
         printf("\"tp\": %d, \"sequence_parallel\": %s, \"tp_collective_share\": %.4f, "
                "\"tp_collective_ms_per_step\": %.2f, ",
                tp, sequence_parallel ? "true" : "false", r->tp_share, r->tp_share * r->ms_median);
-    if (pp > 1 && multi_rank && single) {
+    if (pp > 1 && multi_rank && single && pipe_figs) {
         /* the pipeline's ideal: every rank busy but for the schedule's bubble */
         fsc_pipe_kind kind;
         fsc_pipe_kind_parse(pipe_schedule, &kind);
         int v = kind == FSC_PIPE_INTERLEAVED ? (virtual_stages ? virtual_stages : 2) : 1;
-        double bubble = fsc_pipe_kind_bubble(kind, pp, v, chunks);
+        double bubble = fsc_pipe_kind_bubble(kind, pp, v, chunks), mean = 0, uneven = 0;
+        double *by_rank = calloc((size_t)ranks, sizeof *by_rank);
+        for (int q = 0; by_rank && q < ranks; q++) {
+            /* pipe_figs: wait, span, compute per rank. The bubble no schedule
+             * removes at this cut: the slowest stage's compute minus this one's */
+            const float *f = pipe_figs + 3 * q, *first = pipe_figs + 3 * (q - q % pp);
+            double slowest = 0;
+            for (int s = 0; s < pp; s++)
+                if (first[3 * s + 2] > slowest) slowest = first[3 * s + 2];
+            by_rank[q] = f[1] > 0 ? f[0] / f[1] : 0;
+            mean += by_rank[q] / ranks;
+            uneven += f[1] > 0 ? (slowest - f[2]) / f[1] / ranks : 0;
+        }
         printf("\"pp\": %d, \"chunks\": %d, \"pipe_schedule\": \"%s\", \"virtual\": %d, "
-               "\"theoretical_bubble\": %.4f, \"measured_wait_share\": %.4f, "
+               "\"theoretical_bubble\": %.4f, \"measured_bubble\": %.4f, "
+               "\"measured_bubble_by_rank\": [",
+               pp, chunks, fsc_pipe_kind_name(kind), v, bubble, mean);
+        for (int q = 0; by_rank && q < ranks; q++) printf("%s%.4f", q ? ", " : "", by_rank[q]);
+        printf("], \"stage_imbalance_bubble\": %.4f, \"bubble_beyond_imbalance\": %.4f, "
                "\"tokens_per_s_vs_ideal\": %.3f, ",
-               pp, chunks, fsc_pipe_kind_name(kind), v, bubble, r->comm_share,
-               r->tok_s / ((1 - bubble) * ranks * single->tok_s));
+               uneven, mean - uneven, r->tok_s / ((1 - bubble) * ranks * single->tok_s));
+        /* the same in words, on stderr: stdout stays one JSON line per config */
+        fprintf(stderr,
+                "fsc-bench: %s, pipeline %s (%d ranks, %d micro-batches): measured bubble %.4f "
+                "(mean over ranks of",
+                c->name, fsc_pipe_kind_name(kind), pp, chunks, mean);
+        for (int q = 0; by_rank && q < ranks; q++)
+            fprintf(stderr, "%s %.4f", q ? "," : "", by_rank[q]);
+        fprintf(stderr,
+                "), of which %.4f stage imbalance and %.4f beyond it; theoretical %.4f; "
+                "%.1f tokens/s\n",
+                uneven, mean - uneven, bubble, r->tok_s);
+        free(by_rank);
     }
     if (!strcmp(mixed_precision, "bf16")) { /* where the time went, beside both GEMM peaks */
         const fsc_bf16_gemm_stats *b = &r->bf16;
@@ -242,6 +312,13 @@ static int run(const bench_config *c, const char *strategy, int steps, int warmu
     }
     if (!rc) rc = measure(&wide, strategy, steps, warmup, on_threads ? threads : 1, &r);
     int64_t *stage_mem = NULL; /* --pp: every rank's steady peaks, for rank 0 to print */
+    float *pipe_figs = NULL;   /* --pp: every rank's wait, span and compute, timed steps */
+    if (!rc && pp > 1 && info.spans_ranks) {
+        float mine[3] = {(float)r.pipe_wait, (float)r.pipe_span, (float)r.pipe_compute};
+        pipe_figs = calloc((size_t)world * 3, sizeof *pipe_figs);
+        rc = pipe_figs ? fsc_group_allgather(fsc_group_world(), mine, pipe_figs, 3, FSC_DTYPE_F32)
+                       : fsc_error(FSC_ERR_NOMEM, "out of memory");
+    }
     if (!rc && (pp > 1 || tp > 1) && info.spans_ranks) {
         stage_mem = calloc((size_t)world * FSC_MEM_TAG_COUNT, sizeof *stage_mem);
         rc = stage_mem ? fsc_group_allgather(fsc_group_world(), r.steady, stage_mem,
@@ -249,8 +326,9 @@ static int run(const bench_config *c, const char *strategy, int steps, int warmu
                        : fsc_error(FSC_ERR_NOMEM, "out of memory");
     }
     if (!rc && rank == 0)
-        print_result(c, strategy, world, threads, steps, &r, scaled ? &single : NULL, stage_mem);
-    free(stage_mem);
+        print_result(c, strategy, world, threads, steps, &r, scaled ? &single : NULL, stage_mem,
+                     pipe_figs);
+    free(stage_mem), free(pipe_figs);
     return rc;
 }
 
@@ -295,77 +373,67 @@ static int blas_info(void) {
 }
 
 int main(int argc, char **argv) {
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "--version")) {
-            printf("fsc-bench %s\n", fsc_version());
-            return 0;
-        }
-    for (int i = 1; i < argc; i++) /* before MPI: a question about this machine alone */
-        if (!strcmp(argv[i], "--blas-info")) return blas_info();
+    const char *which = "all", *strategy = "single";
+    int steps = 10, warmup = 3, threads = 1;
+    bool blas = false;
+    /* the values go straight to the variables above and the flags' statics */
+    const tool_flag flags[] = {
+        {.name = "config", .kind = ARG_STR, .ptr = &which, .meta = "NAME",
+         .help = "small | medium | all (default all)"},
+        {.name = "strategy", .kind = ARG_STR, .ptr = &strategy, .meta = "NAME",
+         .help = "single | dp | ddp | oss | sdp | fsdp (default single)"},
+        {.name = "steps", .kind = ARG_INT, .ptr = &steps, .help = "timed steps (default 10)"},
+        {.name = "warmup", .kind = ARG_INT, .ptr = &warmup, .help = "untimed steps first (default 3)"},
+        {.name = "threads", .kind = ARG_INT, .ptr = &threads,
+         .help = "BLAS and OpenMP threads; dp: worker threads (default 1)"},
+        {.name = "mixed-precision", .kind = ARG_STR, .ptr = &mixed_precision, .meta = "P",
+         .help = "fp32 | bf16 | fp16"},
+        {.name = "checkpoint-activations", .kind = ARG_FLAG, .ptr = &checkpoint_activations,
+         .help = "recompute each block's activations in backward"},
+        {.name = "pp", .kind = ARG_INT, .ptr = &pp, .help = "pipeline stages (ddp)"},
+        {.name = "chunks", .kind = ARG_INT, .ptr = &chunks, .help = "with --pp: micro-batches"},
+        {.name = "grad-accum", .kind = ARG_INT, .ptr = &chunks, .help = "the same as --chunks"},
+        {.name = "pipe-schedule", .kind = ARG_STR, .ptr = &pipe_schedule, .meta = "NAME",
+         .help = "with --pp: gpipe | 1f1b | interleaved | zb1"},
+        {.name = "virtual", .kind = ARG_INT, .ptr = &virtual_stages,
+         .help = "with --pipe-schedule interleaved: stages per rank"},
+        {.name = "balance", .kind = ARG_STR, .ptr = &balance, .meta = "3,7",
+         .help = "with --pp: layers per stage"},
+        {.name = "trace", .kind = ARG_STR, .ptr = &trace, .meta = "FILE",
+         .help = "with --pp: the last step's pipeline as a Chrome trace"},
+        {.name = "tp", .kind = ARG_INT, .ptr = &tp, .help = "tensor-parallel ranks per replica"},
+        {.name = "sequence-parallel", .kind = ARG_FLAG, .ptr = &sequence_parallel,
+         .help = "with --tp: LayerNorm and dropout on sequence shards"},
+        {.name = "moe-experts", .kind = ARG_INT, .ptr = &moe_experts,
+         .help = "an MoE GPT: E experts per MoE MLP (ddp: spread over the ranks)"},
+        {.name = "moe-every", .kind = ARG_INT, .ptr = &moe_every,
+         .help = "with --moe-experts: an MoE MLP every N blocks (default 2)"},
+        {.name = "moe-capacity", .kind = ARG_DOUBLE, .ptr = &moe_capacity,
+         .help = "with --moe-experts: capacity factor (default 2)"},
+        {.name = "moe-hidden", .kind = ARG_INT, .ptr = &moe_hidden,
+         .help = "with --moe-experts: expert MLP width (0: 4 x d_model)"},
+        {.name = "blas-info", .kind = ARG_FLAG, .ptr = &blas,
+         .help = "print the BLAS kernels fsc runs here as one JSON line, and exit"},
+    };
+    const tool_cli cli = {
+        .prog = "fsc-bench",
+        .usage = "usage: fsc-bench [flags]\n"
+                 "Trains the reference configurations and prints one JSON line each.\n"
+                 "  dp and ddp scale weakly: each thread (dp, --threads) or rank (ddp, under "
+                 "mpirun)\n  takes the reference batch; the single-process baseline is "
+                 "measured in the same run.",
+        .flags = flags,
+        .nflags = (int)(sizeof flags / sizeof *flags)};
+    int rc = tool_flags_parse(&cli, NULL, NULL, argc, argv, NULL); /* before MPI */
+    if (rc == TOOL_FLAGS_DONE) return 0;
+    if (rc) {
+        fprintf(stderr, "fsc-bench: %s (see --help)\n", fsc_last_error());
+        return 2;
+    }
+    if (blas) return blas_info(); /* a question about this machine alone: no MPI */
     if (fsc_dist_init(&argc, &argv, NULL)) {
         fprintf(stderr, "fsc-bench: %s\n", fsc_last_error());
         return 1;
-    }
-    const char *which = "all", *strategy = "single";
-    int steps = 10, warmup = 3, threads = 1;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--help")) {
-            printf("usage: fsc-bench [--config small|medium|all] "
-                   "[--strategy single|dp|ddp|oss|sdp|fsdp]\n"
-                   "                 [--steps N] [--warmup N] [--threads N] "
-                   "[--mixed-precision fp32|bf16|fp16] [--checkpoint-activations] [--version]\n"
-                   "                 [--pp P --chunks M --pipe-schedule gpipe|1f1b|interleaved "
-                   "[--virtual V] [--balance 3,7]]\n"
-                   "                 [--tp T [--sequence-parallel]]\n"
-                   "       fsc-bench --blas-info   (the BLAS kernels fsc runs here, one JSON "
-                   "line)\n"
-                   "  dp and ddp scale weakly: each thread (dp, --threads) or rank (ddp, under "
-                   "mpirun)\n  takes the reference batch; the single-process baseline is "
-                   "measured in the same run.\n");
-            return 0;
-        }
-        if (!strcmp(a, "--checkpoint-activations")) { /* a flag: no value */
-            checkpoint_activations = true;
-            continue;
-        }
-        if (!strcmp(a, "--sequence-parallel")) {
-            sequence_parallel = true;
-            continue;
-        }
-        if (!v) {
-            fprintf(stderr, "fsc-bench: %s needs a value\n", a);
-            return 2;
-        }
-        if (!strcmp(a, "--config"))
-            which = v;
-        else if (!strcmp(a, "--strategy"))
-            strategy = v;
-        else if (!strcmp(a, "--steps"))
-            steps = atoi(v);
-        else if (!strcmp(a, "--warmup"))
-            warmup = atoi(v);
-        else if (!strcmp(a, "--threads"))
-            threads = atoi(v);
-        else if (!strcmp(a, "--mixed-precision"))
-            mixed_precision = v;
-        else if (!strcmp(a, "--pp"))
-            pp = atoi(v);
-        else if (!strcmp(a, "--tp"))
-            tp = atoi(v);
-        else if (!strcmp(a, "--chunks") || !strcmp(a, "--grad-accum"))
-            chunks = atoi(v);
-        else if (!strcmp(a, "--pipe-schedule"))
-            pipe_schedule = v;
-        else if (!strcmp(a, "--virtual"))
-            virtual_stages = atoi(v);
-        else if (!strcmp(a, "--balance"))
-            balance = v;
-        else {
-            fprintf(stderr, "fsc-bench: unknown flag %s\n", a);
-            return 2;
-        }
-        i++;
     }
     if (steps < 1 || warmup < 0 || threads < 1 || pp < 1 || chunks < 1 || tp < 1) {
         fprintf(stderr, "fsc-bench: --steps must be >= 1, --warmup >= 0, --threads, --pp, --tp "

@@ -6,26 +6,17 @@
  * No MPI and no model code: each shard file carries the layout that says where
  * every parameter lives. The output is the file fsc_weights_save writes for
  * the unsharded model. Exit status: 0 done, 1 refused or failed (the message
- * says why; OUT is untouched), 2 usage.
+ * says why; OUT is untouched), 2 usage. Flags as every tool (tool_flags.h).
  */
 #include <dirent.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "fsc/flat_shards.h"
 #include "fsc/io.h"
-#include "fsc/version.h"
-
-static void usage(FILE *to) {
-    fprintf(to, "usage: fsc-consolidate OUT.safetensors SHARD.safetensors...\n"
-                "       fsc-consolidate OUT.safetensors --dir DIR\n"
-                "Rebuilds the full state dict (every parameter F32 under its name, in model\n"
-                "order, with the saved metadata) from the shard files of one FSDP save, one\n"
-                "per rank, in any order. --dir takes every *.safetensors in DIR that carries\n"
-                "a \"" FSC_FLAT_LAYOUT_KEY "\" entry. Exit status: 0 done, 1 error, 2 usage.\n"
-                "--version prints the version and exits.\n");
-}
+#include "tool_flags.h"
 
 static int ends_with(const char *s, const char *suffix) {
     size_t a = strlen(s), b = strlen(suffix);
@@ -93,30 +84,52 @@ static int list_dir(const char *dir, char ***out, int *n) {
     return rc;
 }
 
+static const char *USAGE =
+    "usage: fsc-consolidate OUT.safetensors SHARD.safetensors...\n"
+    "       fsc-consolidate OUT.safetensors --dir DIR\n"
+    "Rebuilds the full state dict (every parameter F32 under its name, in model\n"
+    "order, with the saved metadata) from the shard files of one FSDP save, one\n"
+    "per rank, in any order. Exit status: 0 done, 1 error, 2 usage.";
+
+typedef struct {
+    const char *dir;
+} consolidate_options;
+
+static const tool_flag FLAGS[] = {
+    {.name = "dir",
+     .kind = ARG_STR,
+     .offset = offsetof(consolidate_options, dir),
+     .meta = "DIR",
+     .help = "every *.safetensors in DIR that carries a \"" FSC_FLAT_LAYOUT_KEY "\" entry"},
+};
+
 int main(int argc, char **argv) {
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            usage(stdout);
-            return 0;
-        } else if (!strcmp(argv[i], "--version")) {
-            printf("fsc-consolidate %s\n", fsc_version());
-            return 0;
-        }
-    int by_dir = argc == 4 && !strcmp(argv[2], "--dir");
-    int bad = argc < 3 || (!by_dir && argv[1][0] == '-');
-    for (int i = 2; !by_dir && i < argc; i++) bad |= argv[i][0] == '-';
-    if (bad) {
-        usage(stderr);
+    const tool_cli cli = {.prog = "fsc-consolidate",
+                          .usage = USAGE,
+                          .flags = FLAGS,
+                          .nflags = (int)(sizeof FLAGS / sizeof *FLAGS)};
+    consolidate_options o = {0};
+    int first = 0, rc = tool_flags_parse(&cli, &o, NULL, argc, argv, &first);
+    if (rc == TOOL_FLAGS_DONE) return 0;
+    const int npos = argc - first;
+    const char *why = rc                   ? fsc_last_error()
+                      : npos < 1           ? "no OUT.safetensors given"
+                      : o.dir && npos > 1  ? "give shard files or --dir, not both"
+                      : !o.dir && npos < 2 ? "no shard files given (or --dir DIR)"
+                                           : NULL;
+    if (why) {
+        fprintf(stderr, "fsc-consolidate: %s\n%s\n", why, USAGE);
         return 2;
     }
-    const char *out = argv[1];
+    const bool by_dir = o.dir != NULL;
+    const char *out = argv[first]; /* then the shard files */
     char **paths = NULL;
-    int n = 0, rc = 0;
+    int n = 0;
     if (by_dir) {
-        rc = list_dir(argv[3], &paths, &n);
+        rc = list_dir(o.dir, &paths, &n);
     } else {
-        paths = argv + 2;
-        n = argc - 2;
+        paths = argv + first + 1;
+        n = npos - 1;
     }
     if (!rc && fsc_flat_consolidate(n, (const char *const *)paths, out) != FSC_OK) {
         fprintf(stderr, "fsc-consolidate: %s\n", fsc_last_error());

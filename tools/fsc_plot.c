@@ -19,22 +19,14 @@
 #include <cjson/cJSON.h>
 #include <ctype.h>
 #include <errno.h>
-#include <getopt.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "fsc/version.h"
-
-static const char *USAGE =
-    "usage: fsc-plot METRICS.jsonl [MORE.jsonl ...] -o curve.svg [--title TEXT]\n"
-    "Draws train loss and val loss (points where present), learning rate and tokens/s against\n"
-    "steps from fsc-train --metrics files, one colour per file, as an SVG picture.\n"
-    "  -o, --output FILE     the SVG file to write (required)\n"
-    "  -t, --title TEXT      the picture's title (default: fsc-train metrics)\n"
-    "  --version, --help";
+#include "fsc/core.h"
+#include "tool_flags.h"
 
 enum { S_LOSS, S_VAL, S_LR, S_TOKS, NSERIES };
 static const char *const KEYS[NSERIES] = {"loss", "val_loss", "lr", "tokens_per_s"};
@@ -437,51 +429,54 @@ static int write_svg(const char *path, const char *title, const run *runs, int n
 /* ---- main --------------------------------------------------------------------------------------
  */
 
-/* 0, 1 for --help/--version (printed), -1 on a bad flag (printed). */
-static int parse(int argc, char **argv, const char **out, const char **title) {
-    static const struct option longs[] = {{"output", required_argument, 0, 'o'},
-                                          {"title", required_argument, 0, 't'},
-                                          {"help", no_argument, 0, 'h'},
-                                          {"version", no_argument, 0, 'V'},
-                                          {0, 0, 0, 0}};
-    opterr = 0;
-    for (int c; (c = getopt_long(argc, argv, "o:t:h", longs, NULL)) != -1;) {
-        switch (c) {
-        case 'o':
-            *out = optarg;
-            break;
-        case 't':
-            *title = optarg;
-            break;
-        case 'h':
-            puts(USAGE);
-            return 1;
-        case 'V':
-            printf("fsc-plot %s\n", fsc_version());
-            return 1;
-        default:
-            fprintf(stderr, "fsc-plot: %s \"%s\" (see --help)\n",
-                    optopt ? "flag needs a value or is unknown:" : "unknown flag",
-                    argv[optind - 1]);
-            return -1;
-        }
-    }
-    if (optind >= argc) {
-        fprintf(stderr, "fsc-plot: no metrics file given (see --help)\n");
-        return -1;
-    }
-    if (!*out) {
-        fprintf(stderr, "fsc-plot: -o FILE.svg is required (see --help)\n");
-        return -1;
-    }
-    return 0;
+typedef struct {
+    const char *out, *title;
+} plot_options;
+
+static const tool_flag FLAGS[] = {
+    {.name = "output",
+     .kind = ARG_STR,
+     .offset = offsetof(plot_options, out),
+     .meta = "FILE",
+     .short_name = 'o',
+     .help = "the SVG file to write (required)"},
+    {.name = "title",
+     .kind = ARG_STR,
+     .offset = offsetof(plot_options, title),
+     .meta = "TEXT",
+     .short_name = 't',
+     .help = "the picture's title (default: fsc-train metrics)"},
+};
+
+/* 0, 1 for --help/--version (printed), -1 on a bad flag (printed); *first is
+ * the first metrics file in argv. */
+static int parse(int argc, char **argv, plot_options *o, int *first) {
+    const tool_cli cli = {
+        .prog = "fsc-plot",
+        .usage = "usage: fsc-plot METRICS.jsonl [MORE.jsonl ...] -o curve.svg [--title TEXT]\n"
+                 "Draws train loss and val loss (points where present), learning rate and "
+                 "tokens/s against\nsteps from fsc-train --metrics files, one colour per file, "
+                 "as an SVG picture.",
+        .flags = FLAGS,
+        .nflags = (int)(sizeof FLAGS / sizeof *FLAGS)};
+    int rc = tool_flags_parse(&cli, o, NULL, argc, argv, first);
+    if (rc == TOOL_FLAGS_DONE) return 1;
+    const char *why = rc               ? fsc_last_error()
+                      : *first >= argc ? "no metrics file given"
+                      : !o->out        ? "-o FILE.svg is required"
+                                       : NULL;
+    if (!why) return 0;
+    fprintf(stderr, "fsc-plot: %s (see --help)\n", why);
+    return -1;
 }
 
 int main(int argc, char **argv) {
-    const char *out = NULL, *title = "fsc-train metrics";
-    int rc = parse(argc, argv, &out, &title);
+    plot_options o = {.title = "fsc-train metrics"};
+    int first = 0;
+    int rc = parse(argc, argv, &o, &first);
     if (rc) return rc > 0 ? 0 : 2;
-    const int nruns = argc - optind;
+    const char *out = o.out, *title = o.title;
+    const int nruns = argc - first;
     run *runs = calloc((size_t)nruns, sizeof *runs);
     if (!runs) return fprintf(stderr, "fsc-plot: out of memory\n"), 1;
     ranges rg = {.x = {INFINITY, -INFINITY}};
@@ -489,7 +484,7 @@ int main(int argc, char **argv) {
     rc = 1;
     for (int i = 0; i < nruns; i++) {
         run *r = &runs[i];
-        r->path = argv[optind + i];
+        r->path = argv[first + i];
         for (int k = 0; k < NSERIES; k++) r->last[k] = NAN;
         if (scan(r, -1, first_pass, &rg, &r->rows, &r->bad)) goto done;
         if (r->rows == 0) {

@@ -8,7 +8,6 @@
  * for the same seed. Text goes to stdout as it is made; the speed to stderr. */
 #define _POSIX_C_SOURCE 200809L /* strdup */
 #include <cjson/cJSON.h>
-#include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,150 +19,80 @@
 #include "fsc/tokenizer.h"
 #include "fsc/version.h"
 #include "fsc/weights.h"
-
-static const char *USAGE =
-    "usage: fsc-sample --model PATH [flags]\n"
-    "Generates text from a GPT: PATH is a weights file (fsc-train --save, or a Hugging Face\n"
-    "GPT-2 model.safetensors) or a checkpoint directory (its latest checkpoint).\n"
-    "  --model PATH          weights file or checkpoint directory\n"
-    "  --prompt TEXT         text to continue (default: GPT-2's <|endoftext|>, or a newline)\n"
-    "  --prompt-ids 1,2,3    token ids to continue (models without a tokenizer)\n"
-    "  --tokenizer DIR       GPT-2 BPE files (encoder.json, vocab.bpe) for a 50257-token model;\n"
-    "                        without it a 256-token model reads and writes bytes, others ids\n"
-    "  --max-new-tokens N    tokens to generate (default 200)\n"
-    "  --temperature X       softmax temperature; 0 is greedy (default 1.0)\n"
-    "  --top-k K             sample among the K likeliest tokens; 0 for all (default 40)\n"
-    "  --seed N              seed of the draws (default 1337): same seed, same text\n"
-    "  --heads N             attention heads of a file without fsc metadata (default d_model/64)\n"
-    "  --threads N           BLAS and OpenMP threads (default 1)\n"
-    "  --no-kv-cache         a whole forward over the context per token (for comparison)\n"
-    "  --ids                 print token ids, one per line, instead of text\n"
-    "  --quiet               no speed report\n"
-    "  --version, --help";
+#include "tool_flags.h"
 
 typedef struct {
     const char *model, *prompt, *prompt_ids, *tokenizer;
     int max_new, top_k, heads, threads;
     double temperature;
-    unsigned long long seed;
-    int no_cache, print_ids, quiet;
+    uint64_t seed;
+    bool no_cache, print_ids, quiet;
 } sample_options;
 
-static int parse_int(const char *flag, const char *v, long lo, long hi, long *out) {
-    char *end;
-    long x = strtol(v, &end, 10);
-    if (end == v || *end || x < lo || x > hi) {
-        fprintf(stderr, "fsc-sample: --%s \"%s\": expected an integer in [%ld, %ld]\n", flag, v, lo,
-                hi);
-        return -1;
+#define F(name_, kind_, field, meta_, help_)                                                       \
+    {                                                                                              \
+        .name = name_, .kind = kind_, .offset = offsetof(sample_options, field), .meta = meta_,    \
+        .help = help_                                                                              \
     }
-    *out = x;
-    return 0;
-}
+static const tool_flag FLAGS[] = {
+    F("model", ARG_STR, model, "PATH", "weights file or checkpoint directory (required)"),
+    F("prompt", ARG_STR, prompt, "TEXT",
+      "text to continue (default: GPT-2's <|endoftext|>, or a newline)"),
+    F("prompt-ids", ARG_STR, prompt_ids, "1,2,3",
+      "token ids to continue (models without a tokenizer)"),
+    F("tokenizer", ARG_STR, tokenizer, "DIR",
+      "GPT-2 BPE files (encoder.json, vocab.bpe) for a 50257-token model; without it a "
+      "256-token model reads and writes bytes, others ids"),
+    F("max-new-tokens", ARG_INT, max_new, "N", "tokens to generate (default 200) [0, 2^30]"),
+    F("temperature", ARG_DOUBLE, temperature, "X",
+      "softmax temperature; 0 is greedy (default 1.0)"),
+    F("top-k", ARG_INT, top_k, "K", "sample among the K likeliest tokens; 0 for all (default 40)"),
+    F("seed", ARG_U64, seed, "N", "seed of the draws (default 1337): same seed, same text"),
+    F("heads", ARG_INT, heads, "N",
+      "attention heads of a file without fsc metadata (default d_model/64) [1, 65536]"),
+    F("threads", ARG_INT, threads, "N", "BLAS and OpenMP threads (default 1) [1, 1024]"),
+    F("no-kv-cache", ARG_FLAG, no_cache, NULL,
+      "a whole forward over the context per token (for comparison)"),
+    F("ids", ARG_FLAG, print_ids, NULL, "print token ids, one per line, instead of text"),
+    F("quiet", ARG_FLAG, quiet, NULL, "no speed report"),
+};
+#undef F
 
 /* 0, 1 for --help/--version (printed), -1 on a bad flag (printed). */
 static int parse(int argc, char **argv, sample_options *o) {
-    static const struct option longs[] = {{"model", required_argument, 0, 'm'},
-                                          {"prompt", required_argument, 0, 'p'},
-                                          {"prompt-ids", required_argument, 0, 'I'},
-                                          {"tokenizer", required_argument, 0, 'z'},
-                                          {"max-new-tokens", required_argument, 0, 'n'},
-                                          {"temperature", required_argument, 0, 't'},
-                                          {"top-k", required_argument, 0, 'k'},
-                                          {"seed", required_argument, 0, 's'},
-                                          {"heads", required_argument, 0, 'H'},
-                                          {"threads", required_argument, 0, 'j'},
-                                          {"no-kv-cache", no_argument, 0, 'N'},
-                                          {"ids", no_argument, 0, 'i'},
-                                          {"quiet", no_argument, 0, 'q'},
-                                          {"help", no_argument, 0, 'h'},
-                                          {"version", no_argument, 0, 'V'},
-                                          {0, 0, 0, 0}};
     *o = (sample_options){
         .max_new = 200, .top_k = 40, .threads = 1, .temperature = 1.0, .seed = 1337};
-    opterr = 0;
-    for (int c; (c = getopt_long(argc, argv, "", longs, NULL)) != -1;) {
-        long v = 0;
-        char *end;
-        switch (c) {
-        case 'm':
-            o->model = optarg;
-            break;
-        case 'p':
-            o->prompt = optarg;
-            break;
-        case 'I':
-            o->prompt_ids = optarg;
-            break;
-        case 'z':
-            o->tokenizer = optarg;
-            break;
-        case 'n':
-            if (parse_int("max-new-tokens", optarg, 0, 1 << 30, &v)) return -1;
-            o->max_new = (int)v;
-            break;
-        case 'k':
-            if (parse_int("top-k", optarg, 0, 1 << 30, &v)) return -1;
-            o->top_k = (int)v;
-            break;
-        case 'H':
-            if (parse_int("heads", optarg, 1, 1 << 16, &v)) return -1;
-            o->heads = (int)v;
-            break;
-        case 'j':
-            if (parse_int("threads", optarg, 1, 1024, &v)) return -1;
-            o->threads = (int)v;
-            break;
-        case 't':
-            o->temperature = strtod(optarg, &end);
-            if (end == optarg || *end || !(o->temperature >= 0)) {
-                fprintf(stderr, "fsc-sample: --temperature \"%s\": expected a number >= 0\n",
-                        optarg);
-                return -1;
-            }
-            break;
-        case 's':
-            o->seed = strtoull(optarg, &end, 10);
-            if (end == optarg || *end) {
-                fprintf(stderr, "fsc-sample: --seed \"%s\": expected an integer\n", optarg);
-                return -1;
-            }
-            break;
-        case 'N':
-            o->no_cache = 1;
-            break;
-        case 'i':
-            o->print_ids = 1;
-            break;
-        case 'q':
-            o->quiet = 1;
-            break;
-        case 'h':
-            puts(USAGE);
-            return 1;
-        case 'V':
-            printf("fsc-sample %s\n", fsc_version());
-            return 1;
-        default:
-            fprintf(stderr, "fsc-sample: %s \"%s\" (see --help)\n",
-                    optopt ? "flag needs a value or is unknown:" : "unknown flag",
-                    argv[optind - 1]);
-            return -1;
-        }
-    }
-    if (optind < argc) {
-        fprintf(stderr, "fsc-sample: unexpected argument \"%s\" (see --help)\n", argv[optind]);
-        return -1;
-    }
-    if (!o->model) {
-        fprintf(stderr, "fsc-sample: --model PATH is required (see --help)\n");
-        return -1;
-    }
-    if (o->prompt && o->prompt_ids) {
-        fprintf(stderr, "fsc-sample: give --prompt or --prompt-ids, not both\n");
-        return -1;
-    }
-    return 0;
+    const tool_cli cli = {
+        .prog = "fsc-sample",
+        .usage = "usage: fsc-sample --model PATH [flags]\n"
+                 "Generates text from a GPT: PATH is a weights file (fsc-train --save, or a "
+                 "Hugging Face\nGPT-2 model.safetensors) or a checkpoint directory (its latest "
+                 "checkpoint).",
+        .flags = FLAGS,
+        .nflags = (int)(sizeof FLAGS / sizeof *FLAGS)};
+    unsigned char given[sizeof FLAGS / sizeof *FLAGS] = {0};
+    int rc = tool_flags_parse(&cli, o, given, argc, argv, NULL);
+    if (rc == TOOL_FLAGS_DONE) return 1;
+    const char *why = NULL;
+    if (rc)
+        why = fsc_last_error();
+    else if (o->max_new < 0 || o->max_new > 1 << 30)
+        why = "--max-new-tokens: expected an integer in [0, 1073741824]";
+    else if (o->top_k < 0 || o->top_k > 1 << 30)
+        why = "--top-k: expected an integer in [0, 1073741824]";
+    else if (o->heads < 0 || o->heads > 1 << 16 || (o->heads == 0 && given[8])) /* --heads */
+        why = "--heads: expected an integer in [1, 65536]";
+    else if (o->threads < 1 || o->threads > 1024)
+        why = "--threads: expected an integer in [1, 1024]";
+    else if (!(o->temperature >= 0))
+        why = "--temperature: expected a number >= 0";
+    else if (!o->model)
+        why = "--model PATH is required";
+    else if (o->prompt && o->prompt_ids)
+        why = "give --prompt or --prompt-ids, not both";
+    if (!why) return 0;
+    fprintf(stderr, "fsc-sample: %s (see --help)\n", why);
+    return -1;
 }
 
 /* ---- the model's shape and weights ----------------------------------------------------------- */

@@ -33,8 +33,7 @@ static const char *USAGE =
     "--resume takes the checkpoint's flags (model, data, schedule, batch) unless given;\n"
     "--init-from takes the model flags from the file (metadata, config.json beside it, shapes).\n"
     "SIGINT/SIGTERM stop after the current step, write a checkpoint into --checkpoint-dir and\n"
-    "exit with status 75; a second signal stops at once.\n"
-    "--version prints the version and exits.";
+    "exit with status 75; a second signal stops at once.";
 
 /* ---- validation data and evaluation -------------------------------------------------------- */
 
@@ -205,6 +204,7 @@ static void summary(const trainer *t, double first_loss, double last_loss, doubl
     fprintf(stderr, "\n== fsc-train summary (--strategy %s, %d rank%s%s", o->strategy, ranks,
             ranks > 1 ? "s" : "", threads ? ", threads" : "");
     if (o->pp > 1) fprintf(stderr, ": %d replica(s) x pp %d", t->world, o->pp);
+    if (o->pp > 1 && o->tp > 1) fprintf(stderr, " x tp %d", o->tp);
     fprintf(stderr, ") ==\n");
     fprintf(stderr, "model      GPT L%d C%d H%d T%d V%d, %.2fM parameters\n", o->model.layers,
             o->model.d_model, o->model.heads, o->model.seq, o->model.vocab,
@@ -235,6 +235,7 @@ static void summary(const trainer *t, double first_loss, double last_loss, doubl
             fprintf(stderr, ", %lld all-gathers over %d units", (long long)st.gathers, st.units);
         fprintf(stderr, "\n");
     }
+    train_moe_report(t, seconds, stderr);
     for (int r = 0; r < mem_ranks(t); r++) {
         fprintf(stderr, "peak memory");
         if (mem_ranks(t) > 1) fprintf(stderr, " rank %d:", r);
@@ -299,11 +300,6 @@ static int fail(trainer *t, int world, int code) {
 }
 
 int main(int argc, char **argv) {
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "--version")) {
-            printf("fsc-train %s\n", fsc_version());
-            return 0;
-        }
     int rc = fsc_dist_init(&argc, &argv, NULL);
     if (rc) {
         fprintf(stderr, "fsc-train: %s\n", fsc_last_error());
@@ -319,7 +315,7 @@ int main(int argc, char **argv) {
     rc = train_options_parse(&o, argc, argv, "fsc-train", USAGE);
     if (rc == 1) return fail(NULL, 1, 0);
     if (rc) {
-        if (rank == 0) fprintf(stderr, "fsc-train: %s\n", fsc_last_error());
+        if (rank == 0) fprintf(stderr, "fsc-train: %s (see --help)\n", fsc_last_error());
         return fail(NULL, world, 2);
     }
     if (rank != 0) o.quiet = true, o.metrics = NULL; /* rank 0 writes --save, --save-init */
@@ -342,13 +338,6 @@ int main(int argc, char **argv) {
     }
     char *config_json = train_config_json(&o); /* before --data loses its *_val shards */
     o.config_json = config_json;
-    if (val.on && o.pp > 1) {
-        if (rank == 0)
-            fprintf(stderr, "fsc-train: --eval-every is not available with --pp yet (a pipeline "
-                            "has no evaluation pass); train without it, then evaluate the saved "
-                            "weights in one process\n");
-        return fail(NULL, world, 2);
-    }
     if ((rc = find_val_shards(&o, &val))) {
         if (rank == 0) fprintf(stderr, "fsc-train: --data %s: %s\n", o.data, fsc_last_error());
         return fail(NULL, world, 2);
@@ -405,8 +394,11 @@ int main(int argc, char **argv) {
     const int64_t first_step = trainer_next_step(&t);
     if (first_step && !o.quiet)
         fprintf(stderr, "fsc-train: resumed at step %" PRId64 " from %s\n", first_step, o.resume);
-    progress prog;
-    progress_start(&prog, &o, first_step, tokens_per_step, isatty(STDERR_FILENO));
+    progress prog; /* MFU against every core's share of the measured sgemm peak */
+    const int cores = threads ? o.threads : world * o.threads;
+    /* t.opt: the flags with the model as built (--moe-experts: its MoE layers) */
+    progress_start(&prog, &t.opt, first_step, tokens_per_step, peak * 1e9 * cores);
+    progress_header(&prog, &t.opt, world);
     train_signals_install();
     int stop = 0;
     /* under --adascale --steps counts scale-invariant steps (each advances by the gain) */

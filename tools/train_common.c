@@ -105,7 +105,7 @@ static fsc_module *make_replica(void *user) {
 
 /* --tp: the GPT of tensor-parallel layers over the strategy's TP group. */
 static fsc_module *make_tp_model(void *user, const fsc_tp_options *tp) {
-    const train_options *o = user;
+    const train_options *o = &((trainer *)user)->opt;
     fsc_module *m = fsc_tp_gpt_new(&o->model, tp);
     if (m && o->checkpoint_activations && checkpoint_blocks(m)) {
         fsc_module_free(m);
@@ -116,6 +116,13 @@ static fsc_module *make_tp_model(void *user, const fsc_tp_options *tp) {
 
 static fsc_module *make_stage(void *user, int first, int end) {
     return fsc_gpt_stage_new(user, first, end);
+}
+
+/* --tp with --pp: a stage of TP layers; its group is the loss's too. */
+static fsc_module *make_tp_stage(void *user, int first, int end, const fsc_tp_options *tp) {
+    trainer *t = user;
+    t->tp_group = tp->group;
+    return fsc_tp_gpt_stage_new(&t->opt.model, first, end, tp);
 }
 
 /* "3,6" -> {3, 6}: exactly n positive counts. */
@@ -194,6 +201,9 @@ static int pipe_options(trainer *t, fsc_strategy_options *so) {
     const int chunks =
         kind == FSC_PIPE_INTERLEAVED ? (o->virtual_stages ? o->virtual_stages : 2) : 1;
     const bool autobalance = o->balance && !strcmp(o->balance, "auto");
+    if (autobalance && o->tp > 1)
+        return fsc_error(FSC_ERR_INVALID, "--balance auto is not there with --tp yet (it times "
+                                          "whole layers); give the layers per stage");
     if (o->balance && !autobalance && (rc = parse_balance(o->balance, o->pp * chunks, &t->balance)))
         return rc;
     static const char *const modes[] = {"never", "always", "except_last"};
@@ -211,10 +221,12 @@ static int pipe_options(trainer *t, fsc_strategy_options *so) {
     so->pipe.chunks = chunks;
     so->pipe.balance = t->balance;
     so->pipe.layers = fsc_gpt_num_layers(&o->model);
-    so->pipe.make_stage = make_stage;
+    so->pipe.make_stage = o->tp > 1 ? NULL : make_stage; /* else tp.make_stage */
     so->pipe.stage_user = &t->opt.model;
     so->pipe.act_ndim = 3;
-    so->pipe.act_shape[0] = o->batch, so->pipe.act_shape[1] = o->model.seq;
+    /* under sequence parallelism a stage passes on its TP rank's shard of the sequence */
+    so->pipe.act_shape[0] = o->batch;
+    so->pipe.act_shape[1] = o->model.seq / (o->sequence_parallel ? o->tp : 1);
     so->pipe.act_shape[2] = o->model.d_model;
     if (autobalance && (rc = auto_balance(t, so))) return fsc_error_context(rc, "--balance auto: ");
     if (o->print_schedule && fsc_dist_rank() == 0) {
@@ -286,8 +298,9 @@ static int strategy_options(trainer *t, fsc_strategy_options *so, fsc_module ***
     if (o->tp > 1)
         so->tp = (fsc_tp_strategy_options){.size = o->tp,
                                            .sequence_parallel = o->sequence_parallel,
-                                           .make_model = make_tp_model,
-                                           .user = &t->opt};
+                                           .make_model = o->pp > 1 ? NULL : make_tp_model,
+                                           .make_stage = o->pp > 1 ? make_tp_stage : NULL,
+                                           .user = t};
     return o->pp > 1 ? pipe_options(t, so) : FSC_OK;
 }
 
@@ -320,7 +333,9 @@ static int pipe_loss(const fsc_micro_batch *mb, void *user, fsc_tensor *y, fsc_a
                      float *loss) {
     trainer *t = user;
     fsc_tensor targets = fsc_tensor_2d(t->y, FSC_DTYPE_I32, mb->batch, t->opt.model.seq);
-    return fsc_cross_entropy(loss, y, &targets, -1, mb->norm, arena);
+    return t->opt.tp > 1 ? fsc_tp_cross_entropy(loss, y, &targets, t->opt.model.vocab, -1,
+                                                mb->norm, t->tp_group, arena)
+                         : fsc_cross_entropy(loss, y, &targets, -1, mb->norm, arena);
 }
 
 /* Tests (FSC_FAULT=inf@R:S): an overflow in this rank's gradients alone. */
@@ -400,7 +415,9 @@ int trainer_init(trainer *t, const train_options *o) {
 
     if (o->pp < 1) return fsc_error(FSC_ERR_INVALID, "--pp %d must be >= 1", o->pp);
     /* under --pp each rank builds only its stages, under --tp the strategy its slices */
-    if (o->pp == 1 && o->tp == 1 && !(t->model = fsc_gpt_new(&o->model))) return FSC_ERR_INVALID;
+    if ((rc = train_moe_setup(t))) return rc; /* t->opt.model gets its MoE layers */
+    if (o->pp == 1 && o->tp == 1 && !(t->model = fsc_gpt_new(&t->opt.model)))
+        return FSC_ERR_INVALID;
     if (t->model && o->checkpoint_activations && (rc = checkpoint_blocks(t->model))) return rc;
     if ((rc = make_trainer(t))) return rc;
     if (o->init_from) {

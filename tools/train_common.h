@@ -9,6 +9,7 @@
 #include "fsc/dist.h"
 #include "fsc/gpt.h"
 #include "fsc/io.h"
+#include "fsc/moe.h"
 #include "fsc/trainer.h"
 
 typedef struct train_options {
@@ -41,6 +42,11 @@ typedef struct train_options {
     int slowmo_frequency;        /* slowmo: the slow-momentum update every N steps (0: 48) */
     double slowmo_momentum;      /* slowmo: its momentum (0: none) */
     double slowmo_lr;            /* slowmo: its learning rate (0: 1) */
+    int moe_experts;             /* experts per MoE MLP (0: a dense model) */
+    int moe_every;               /* an MoE MLP every N blocks */
+    double moe_capacity;         /* expert capacity factor */
+    double moe_aux_coef;         /* weight of the load-balancing loss */
+    int moe_hidden;              /* expert MLP width (0: 4 x --d-model) */
     const char *pipe_schedule;   /* gpipe | 1f1b | interleaved | zb1 */
     int virtual_stages;          /* interleaved: stages per rank */
     const char *balance;         /* layers per stage, "3,6" (NULL: even) */
@@ -64,6 +70,7 @@ typedef struct train_options {
     bool allow_change;        /* --resume may change the global batch or the schedule */
     int keep_last;            /* keep only the last N checkpoints (0: all) */
     double log_seconds;       /* not on a terminal: a progress line at least this often */
+    const char *progress;     /* auto (a live line on a terminal, /dev/tty under mpirun) | plain */
     const char *config_json;  /* the effective flags as JSON (set by fsc-train; checkpoints) */
     unsigned char given[128]; /* given[i]: flag i set by --config (1) or the command line (2) */
 } train_options;
@@ -126,8 +133,18 @@ typedef struct trainer {
     int32_t *x, *y;      /* this rank's current micro-batch */
     int32_t *px;         /* pipeline: the step's ids, by micro-batch (stage 0 keeps them) */
     int *balance;        /* parsed --balance, or NULL */
+    fsc_group *tp_group; /* --tp with --pp: the last stage's TP group (its loss's) */
     int64_t poison_step; /* tests: this rank's gradient gets an inf at this step (1-based) */
+    fsc_moe_options moe; /* --moe-experts: opt.model.moe points here */
 } trainer;
+
+/* train_moe.c: --moe-* ranges and combinations (train_options_check calls it). */
+int train_moe_check(const train_options *o);
+/* Fills t->moe from the flags (experts over the world under ddp) and points
+ * t->opt.model.moe at it; nothing without --moe-experts. */
+int train_moe_setup(trainer *t);
+/* One summary line: drops, mean l_aux and the all-to-all share of `seconds`. */
+void train_moe_report(const trainer *t, double seconds, FILE *f);
 
 /* Builds everything from the options; on error returns a status with the message set. */
 int trainer_init(trainer *t, const train_options *o);

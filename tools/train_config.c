@@ -51,7 +51,7 @@ static bool per_run(const char *name) {
     static const char *const names[] = {
         "config",       "resume",         "init-from",  "save-init",      "save",
         "save-sharded", "metrics",        "trace",      "print-schedule", "quiet",
-        "allow-change", "checkpoint-dir", "save-every", "keep-last"};
+        "allow-change", "checkpoint-dir", "save-every", "keep-last",      "progress"};
     for (size_t i = 0; i < sizeof names / sizeof *names; i++)
         if (!strcmp(name, names[i])) return true;
     return false;
@@ -59,7 +59,8 @@ static bool per_run(const char *name) {
 
 static bool is_model_flag(const char *name) {
     return !strcmp(name, "layers") || !strcmp(name, "d-model") || !strcmp(name, "heads") ||
-           !strcmp(name, "seq") || !strcmp(name, "vocab");
+           !strcmp(name, "seq") || !strcmp(name, "vocab") || !strcmp(name, "moe-experts") ||
+           !strcmp(name, "moe-every") || !strcmp(name, "moe-hidden");
 }
 
 /* A JSON member's value as flag text (kept), or NULL for null. */
@@ -289,6 +290,9 @@ int train_config_resume(train_options *o, bool verbose) {
 
 typedef struct {
     int vocab, seq, layers, d_model, heads; /* 0: unknown */
+    /* MoE (Qwen2-MoE's config.json names where they exist): 0 / < 0 unknown */
+    int experts, every, hidden;
+    double capacity, aux_coef;
 } model_dims;
 
 static void dims_from_json(const cJSON *j, model_dims *d) {
@@ -302,7 +306,30 @@ static void dims_from_json(const cJSON *j, model_dims *d) {
     GET("n_layer", layers);
     GET("n_embd", d_model);
     GET("n_head", heads);
+    GET("num_experts", experts);
+    GET("decoder_sparse_step", every);
+    GET("moe_intermediate_size", hidden);
 #undef GET
+    if (cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(j, "moe_capacity_factor")) &&
+        d->capacity < 0)
+        d->capacity = v->valuedouble;
+    if (cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(j, "router_aux_loss_coef")) &&
+        d->aux_coef < 0)
+        d->aux_coef = v->valuedouble;
+}
+
+/* The MoE blocks' shapes: the first block with a gate gives every (l + 1),
+ * its gate (E, C) the experts, expert 0's c_fc (C, H) the width. */
+static void moe_from_shapes(fsc_st_file *f, model_dims *d) {
+    char name[96];
+    for (int l = 0; l < d->layers && !d->experts; l++) {
+        snprintf(name, sizeof name, "h.%d.mlp.gate.weight", l);
+        const fsc_st_entry *gate = fsc_weights_find(f, name);
+        snprintf(name, sizeof name, "h.%d.mlp.experts.0.c_fc.weight", l);
+        const fsc_st_entry *fc = fsc_weights_find(f, name);
+        if (!gate || gate->ndim != 2 || !fc || fc->ndim != 2) continue;
+        d->experts = (int)gate->shape[0], d->every = l + 1, d->hidden = (int)fc->shape[1];
+    }
 }
 
 /* DIR/config.json for weights file DIR/x.safetensors. */
@@ -318,7 +345,7 @@ int train_config_init_from(train_options *o, bool verbose) {
     int status = FSC_OK;
     fsc_st_file *f = fsc_st_open(o->init_from, &status);
     if (!f) return FSC_OK; /* the loader says what is wrong with it */
-    model_dims d = {0};
+    model_dims d = {.capacity = -1, .aux_coef = -1};
     const char *source = "its metadata";
     const char *meta = fsc_st_metadata(f, "fsc.gpt_config");
     cJSON *j = meta ? cJSON_Parse(meta) : NULL;
@@ -332,6 +359,14 @@ int train_config_init_from(train_options *o, bool verbose) {
     }
     if (j) dims_from_json(j, &d);
     cJSON_Delete(j);
+    if (meta) { /* the MoE settings are in config.json only */
+        config_json_path(o->init_from, path, sizeof path);
+        FILE *probe = fopen(path, "rb");
+        cJSON *hf = NULL;
+        if (probe && (fclose(probe), !read_file(path, &text))) hf = cJSON_Parse(text), free(text);
+        if (hf) dims_from_json(hf, &d);
+        cJSON_Delete(hf);
+    }
     if (!d.d_model) { /* the shapes: wte (V, C), wpe (P, C), blocks h.N */
         source = "its tensor shapes";
         const fsc_st_entry *wte = fsc_weights_find(f, "wte.weight"),
@@ -344,22 +379,33 @@ int train_config_init_from(train_options *o, bool verbose) {
             if (!fsc_weights_find(f, name)) break;
         }
     }
+    if (d.layers && !d.experts) moe_from_shapes(f, &d);
     fsc_st_close(f);
     if (!d.d_model) return FSC_OK; /* not a GPT: the loader names what is missing */
     const struct {
         const char *flag;
         int value, *field;
-    } take[] = {{"vocab", d.vocab, &o->model.vocab},
-                {"seq", d.seq, &o->model.seq},
-                {"layers", d.layers, &o->model.layers},
-                {"d-model", d.d_model, &o->model.d_model},
-                {"heads", d.heads, &o->model.heads}};
-    char notes[256] = "";
+    } take[] = {{"vocab", d.vocab, &o->model.vocab},    {"seq", d.seq, &o->model.seq},
+                {"layers", d.layers, &o->model.layers}, {"d-model", d.d_model, &o->model.d_model},
+                {"heads", d.heads, &o->model.heads},    {"moe-experts", d.experts, &o->moe_experts},
+                {"moe-every", d.every, &o->moe_every},  {"moe-hidden", d.hidden, &o->moe_hidden}};
+    char notes[512] = "";
     size_t k = 0;
     for (size_t i = 0; i < sizeof take / sizeof *take; i++) {
         if (take[i].value <= 0 || train_flag_given(o, take[i].flag)) continue;
         *take[i].field = take[i].value;
         k += (size_t)snprintf(notes + k, sizeof notes - k, " --%s %d", take[i].flag, take[i].value);
+    }
+    const struct {
+        const char *flag;
+        double value, *field;
+    } moe_take[] = {{"moe-capacity", d.capacity, &o->moe_capacity},
+                    {"moe-aux-coef", d.aux_coef, &o->moe_aux_coef}};
+    for (size_t i = 0; d.experts > 0 && i < sizeof moe_take / sizeof *moe_take; i++) {
+        if (moe_take[i].value < 0 || train_flag_given(o, moe_take[i].flag)) continue;
+        *moe_take[i].field = moe_take[i].value;
+        k += (size_t)snprintf(notes + k, sizeof notes - k, " --%s %g", moe_take[i].flag,
+                              moe_take[i].value);
     }
     if (!d.heads && !train_flag_given(o, "heads"))
         return fsc_error(FSC_ERR_INVALID,
@@ -385,9 +431,17 @@ int train_config_write_hf(const train_options *o, const char *weights) {
             "  \"activation_function\": \"gelu_new\",\n  \"resid_pdrop\": %g,\n"
             "  \"embd_pdrop\": %g,\n  \"attn_pdrop\": 0.0,\n  \"layer_norm_epsilon\": 1e-05,\n"
             "  \"initializer_range\": 0.02,\n  \"tie_word_embeddings\": true,\n"
-            "  \"bos_token_id\": %d,\n  \"eos_token_id\": %d,\n  \"torch_dtype\": \"float32\"\n}\n",
+            "  \"bos_token_id\": %d,\n  \"eos_token_id\": %d,\n  \"torch_dtype\": \"float32\"",
             m->vocab, m->seq, m->seq, m->d_model, m->layers, m->heads, (double)p, (double)p,
             m->vocab - 1, m->vocab - 1);
+    if (o->moe_experts) /* top-2 MoE MLPs in blocks l with (l + 1) % step == 0, as Qwen2-MoE's */
+        fprintf(f,
+                ",\n  \"num_experts\": %d,\n  \"num_experts_per_tok\": 2,\n"
+                "  \"decoder_sparse_step\": %d,\n  \"moe_intermediate_size\": %d,\n"
+                "  \"moe_capacity_factor\": %.17g,\n  \"router_aux_loss_coef\": %.17g",
+                o->moe_experts, o->moe_every, o->moe_hidden ? o->moe_hidden : 4 * m->d_model,
+                o->moe_capacity, o->moe_aux_coef);
+    fprintf(f, "\n}\n");
     bool bad = ferror(f);
     if (fclose(f) || bad || rename(tmp, path)) {
         remove(tmp);

@@ -11,7 +11,7 @@
  * mismatch; the path itself is rank 0's alone): --save, --save-init and
  * --trace, whose writes are collectives that rank 0 completes.
  * Exempt, because they may differ per rank by design: --metrics, --quiet,
- * --log-every, --log-seconds and --print-schedule (output only rank 0 makes;
+ * --log-every, --log-seconds, --progress and --print-schedule (output only rank 0 makes;
  * fsc-train clears --metrics and sets --quiet on the other ranks), --threads
  * (a per-process resource: cores per node may differ; every strategy across
  * ranks reduces gradients, so the training does not depend on it) and
@@ -37,7 +37,7 @@ typedef enum { BY_VALUE, BY_PRESENCE, EXEMPT } compare_mode;
 static compare_mode mode_of(const char *flag) {
     static const char *const presence[] = {"save", "save-init", "trace"};
     static const char *const exempt[] = {"metrics",        "quiet",   "log-every", "log-seconds",
-                                         "print-schedule", "threads", "config"};
+                                         "print-schedule", "threads", "config",    "progress"};
     for (size_t i = 0; i < sizeof presence / sizeof *presence; i++)
         if (!strcmp(flag, presence[i])) return BY_PRESENCE;
     for (size_t i = 0; i < sizeof exempt / sizeof *exempt; i++)

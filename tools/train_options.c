@@ -1,11 +1,12 @@
 /* The flags of fsc-train and fsc-bench: defaults, the table with each
- * flag's help, parsing (--flag value and --flag=value), and the checks that
- * need no model or data (ranges, combinations, writable output paths). */
+ * flag's help (parsed by the tools' one parser, tool_flags.c), and the checks
+ * that need no model or data (ranges, combinations, writable output paths). */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "tool_flags.h"
 #include "train_common.h"
 
 void train_options_default(train_options *o) {
@@ -36,25 +37,22 @@ void train_options_default(train_options *o) {
     o->mixed_precision = "fp32";
     o->log_every = 10;
     o->log_seconds = 10;
+    o->progress = "auto";
     o->val_fraction = 0.1;
     o->eval_batches = 4;
     o->pp = 1;
     o->tp = 1;
     o->pipe_schedule = "1f1b";
     o->pipe_checkpoint = "never";
+    o->moe_every = 2;
+    o->moe_capacity = 2.0;
+    o->moe_aux_coef = 0.01;
 }
 
-typedef enum { ARG_INT, ARG_I64, ARG_U64, ARG_DOUBLE, ARG_FLOAT, ARG_STR, ARG_FLAG } arg_kind;
+typedef tool_flag flag;
 
-typedef struct {
-    const char *name;
-    arg_kind kind;
-    size_t offset;
-    const char *help;
-} flag;
-
-#define F(name, kind, field, help)                                                                 \
-    { name, kind, offsetof(train_options, field), help }
+#define F(name_, kind_, field, help_)                                                              \
+    { .name = name_, .kind = kind_, .offset = offsetof(train_options, field), .help = help_ }
 static const flag flags[] = {
     F("strategy", ARG_STR, strategy, "how to spread training (the list follows)"),
     F("layers", ARG_INT, model.layers, "transformer blocks (L)"),
@@ -107,7 +105,8 @@ static const flag flags[] = {
     F("pipe-schedule", ARG_STR, pipe_schedule, "with --pp: gpipe | 1f1b | interleaved | zb1"),
     F("tp", ARG_INT, tp,
       "tensor-parallel ranks per model replica (adjacent ranks; Megatron's layers): ranks / tp "
-      "data-parallel replicas under ddp, oss or sdp"),
+      "data-parallel replicas under ddp, oss, sdp or fsdp; with --pp each stage over tp ranks, "
+      "ranks / (tp x pp) replicas under ddp, oss, sdp or fsdp"),
     F("sequence-parallel", ARG_FLAG, sequence_parallel,
       "with --tp: LayerNorm, dropout and residuals on sequence shards (less activation memory)"),
     F("adascale", ARG_FLAG, adascale,
@@ -121,6 +120,15 @@ static const flag flags[] = {
     F("slowmo-momentum", ARG_DOUBLE, slowmo_momentum,
       "slowmo: slow momentum in [0, 1) (default 0)"),
     F("slowmo-lr", ARG_DOUBLE, slowmo_lr, "slowmo: slow learning rate > 0 (default 1)"),
+    F("moe-experts", ARG_INT, moe_experts,
+      "Mixture of Experts: E experts per MoE MLP, top-2 gating (0: dense; ddp spreads them "
+      "over the ranks)"),
+    F("moe-every", ARG_INT, moe_every, "with --moe-experts: an MoE MLP every N blocks (default 2)"),
+    F("moe-capacity", ARG_DOUBLE, moe_capacity,
+      "with --moe-experts: capacity factor, tokens per expert = F x T / E (default 2)"),
+    F("moe-aux-coef", ARG_DOUBLE, moe_aux_coef,
+      "with --moe-experts: weight of the load-balancing loss (default 0.01)"),
+    F("moe-hidden", ARG_INT, moe_hidden, "with --moe-experts: expert MLP width (0: 4 x --d-model)"),
     F("virtual", ARG_INT, virtual_stages, "with --pipe-schedule interleaved: stages per rank"),
     F("balance", ARG_STR, balance,
       "with --pp: layers per stage, e.g. 3,6 (the GPT has L + 2 layers: embedding, blocks, "
@@ -147,6 +155,10 @@ static const flag flags[] = {
     F("log-every", ARG_INT, log_every, "progress lines every N steps when not on a terminal"),
     F("log-seconds", ARG_DOUBLE, log_seconds,
       "not on a terminal (under mpirun): a progress line at least every N seconds too (0: off)"),
+    F("progress", ARG_STR, progress,
+      "auto: a live line on a terminal (stderr's, or under mpirun rank 0's controlling "
+      "terminal), else plain lines; plain: lines on stderr every --log-every steps / "
+      "--log-seconds"),
     F("config", ARG_STR, config,
       "JSON object of flags ({\"layers\": 6, \"lr\": 3e-4, ...}); command-line flags override"),
     F("allow-change", ARG_FLAG, allow_change,
@@ -209,6 +221,11 @@ static const flag_range ranges[] = {
     {"slowmo-frequency", 0, 1000000, false},
     {"slowmo-momentum", 0, 1, true},
     {"slowmo-lr", 0, 1000, false},
+    {"moe-experts", 0, 4096, false}, /* and not 1 */
+    {"moe-every", 1, 1024, false},
+    {"moe-capacity", 0, 1024, false}, /* and > 0 */
+    {"moe-aux-coef", 0, 1000, false},
+    {"moe-hidden", 0, 1048576, false}, /* 0: 4 x --d-model */
     {"virtual", 0, 1024, false},
     {"save-every", 0, STEPS_MAX, false},
     {"log-every", 0, 1000000000, false}, /* 0: every step */
@@ -230,13 +247,12 @@ static void range_text(const flag_range *r, char *buf, size_t n) {
     if (!strcmp(r->name, "seed")) snprintf(buf, n, "[0, 18446744073709551615]");
 }
 
-static void usage(const char *prog, const char *extra) {
-    printf("usage: %s [flags]\n%s\n", prog, extra ? extra : "");
-    for (size_t i = 0; i < sizeof flags / sizeof *flags; i++) {
-        char r[64] = "";
-        if (range_of(flags[i].name)) range_text(range_of(flags[i].name), r, sizeof r);
-        printf("  --%-14s %s%s%s\n", flags[i].name, flags[i].help, *r ? " " : "", r);
-    }
+static void flag_note(int i, char *buf, size_t n) {
+    const flag_range *r = range_of(flags[i].name);
+    if (r) range_text(r, buf, n);
+}
+
+static void strategy_list(void) {
     printf("strategies (--strategy):\n");
     for (const char *const *n = fsc_strategy_names(); *n; n++) {
         fsc_strategy_info info;
@@ -245,72 +261,18 @@ static void usage(const char *prog, const char *extra) {
     }
 }
 
-static int parse_value(const flag *f, const char *v, void *dst) {
-    char *end = NULL;
-    errno = 0;
-    switch (f->kind) {
-    case ARG_INT: {
-        long x = strtol(v, &end, 10);
-        if (x < INT32_MIN || x > INT32_MAX) errno = ERANGE;
-        *(int *)dst = (int)x;
-        break;
-    }
-    case ARG_I64:
-        *(int64_t *)dst = strtoll(v, &end, 10);
-        break;
-    case ARG_U64: /* strtoull would take "-1" as 2^64 - 1 */
-        if (strchr(v, '-'))
-            return fsc_error(FSC_ERR_INVALID,
-                             "--%s %s is out of range: expected an integer in [0, "
-                             "18446744073709551615]",
-                             f->name, v);
-        *(uint64_t *)dst = strtoull(v, &end, 10);
-        break;
-    case ARG_DOUBLE:
-        *(double *)dst = strtod(v, &end);
-        break;
-    case ARG_FLOAT:
-        *(float *)dst = strtof(v, &end);
-        break;
-    case ARG_STR:
-        *(const char **)dst = v;
-        return FSC_OK;
-    case ARG_FLAG:
-        *(bool *)dst = true;
-        return FSC_OK;
-    }
-    if (errno || end == v || *end)
-        return fsc_error(FSC_ERR_INVALID, "--%s: \"%s\" is not a valid %s", f->name, v,
-                         f->kind == ARG_DOUBLE || f->kind == ARG_FLOAT ? "number" : "integer");
-    return FSC_OK;
-}
-
 int train_options_parse(train_options *o, int argc, char **argv, const char *prog,
                         const char *extra) {
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            usage(prog, extra);
-            return 1;
-        }
-        if (strncmp(a, "--", 2))
-            return fsc_error(FSC_ERR_INVALID, "unexpected argument \"%s\" (flags start with --)",
-                             a);
-        const char *name = a + 2, *eq = strchr(name, '=');
-        size_t len = eq ? (size_t)(eq - name) : strlen(name);
-        const flag *f = NULL;
-        for (size_t k = 0; k < sizeof flags / sizeof *flags; k++)
-            if (strlen(flags[k].name) == len && !strncmp(flags[k].name, name, len)) f = &flags[k];
-        if (!f) return fsc_error(FSC_ERR_INVALID, "unknown flag \"%s\" (see --help)", a);
-        const char *v = eq ? eq + 1 : NULL;
-        if (!v && f->kind != ARG_FLAG) {
-            if (i + 1 >= argc) return fsc_error(FSC_ERR_INVALID, "--%s needs a value", f->name);
-            v = argv[++i];
-        }
-        int rc = parse_value(f, v ? v : "", (char *)o + f->offset);
-        if (rc) return rc;
-        o->given[f - flags] = 2;
-    }
+    char usage[4096];
+    snprintf(usage, sizeof usage, "usage: %s [flags]\n%s", prog, extra ? extra : "");
+    const tool_cli cli = {.prog = prog,
+                          .usage = usage,
+                          .flags = flags,
+                          .nflags = (int)(sizeof flags / sizeof *flags),
+                          .flag_note = flag_note,
+                          .help_tail = strategy_list};
+    int rc = tool_flags_parse(&cli, o, o->given, argc, argv, NULL);
+    if (rc) return rc;
     return o->config ? train_config_load(o, o->config) : FSC_OK;
 }
 
@@ -373,17 +335,7 @@ int train_flag_set(train_options *o, const char *name, const char *value, int so
         if (*c == '_') *c = '-';
     for (size_t k = 0; k < sizeof flags / sizeof *flags; k++) {
         if (strcmp(flags[k].name, canon)) continue;
-        int rc;
-        if (flags[k].kind == ARG_FLAG) {
-            bool on = !strcmp(value, "true") || !strcmp(value, "1");
-            if (!on && strcmp(value, "false") && strcmp(value, "0"))
-                return fsc_error(FSC_ERR_INVALID, "--%s: \"%s\" is not true or false",
-                                 flags[k].name, value);
-            *(bool *)((char *)o + flags[k].offset) = on;
-            rc = FSC_OK;
-        } else {
-            rc = parse_value(&flags[k], value, (char *)o + flags[k].offset);
-        }
+        int rc = tool_flag_set_value(&flags[k], value, o);
         if (rc) return rc;
         if (source) o->given[k] = (unsigned char)source;
         return (int)k;
@@ -503,8 +455,6 @@ int train_options_check(const train_options *o) {
         return fsc_error(FSC_ERR_INVALID, "--val-fraction %g must be in [0, 1)", o->val_fraction);
     if (o->trace && o->pp < 2) return fsc_error(FSC_ERR_INVALID, "--trace needs --pp >= 2");
     if (o->tp < 1) return fsc_error(FSC_ERR_INVALID, "--tp %d must be >= 1", o->tp);
-    if (o->tp > 1 && o->pp > 1)
-        return fsc_error(FSC_ERR_INVALID, "--tp with --pp is not there yet (each alone is)");
     if (o->sequence_parallel && o->tp < 2)
         return fsc_error(FSC_ERR_INVALID, "--sequence-parallel needs --tp >= 2");
     if (o->localsgd_frequency < 0 || o->slowmo_frequency < 0)
@@ -520,6 +470,9 @@ int train_options_check(const train_options *o) {
         return fsc_error(FSC_ERR_INVALID, "--keep-last %d must be >= 0", o->keep_last);
     if (o->keep_last > 0 && !o->checkpoint_dir)
         return fsc_error(FSC_ERR_INVALID, "--keep-last needs --checkpoint-dir");
+    if (strcmp(o->progress, "auto") && strcmp(o->progress, "plain"))
+        return fsc_error(FSC_ERR_INVALID, "--progress \"%s\": expected auto or plain",
+                         o->progress);
     if (!(o->log_seconds >= 0))
         return fsc_error(FSC_ERR_INVALID, "--log-seconds %g must be >= 0", o->log_seconds);
     if (o->reshard_after_forward != 0 && o->reshard_after_forward != 1)
@@ -529,6 +482,7 @@ int train_options_check(const train_options *o) {
         return fsc_error(FSC_ERR_INVALID, "--min-params %lld must be >= 0",
                          (long long)o->min_params);
     if ((rc = check_ranges(o))) return rc;
+    if ((rc = train_moe_check(o))) return rc;
     fsc_data_format format;
     if (fsc_data_format_parse(o->data_format, &format))
         return fsc_error_context(FSC_ERR_INVALID, "--data-format: ");

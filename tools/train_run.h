@@ -13,31 +13,43 @@
 #define TRAIN_EXIT_STOPPED 75
 
 typedef struct progress {
-    bool tty, quiet;
+    bool tty, quiet; /* tty: a live line is redrawn on `out` */
+    FILE *out;       /* the live line's terminal (stderr or /dev/tty); else stderr */
+    bool own_out;    /* out is /dev/tty, opened here */
     int log_every;
     double log_seconds;
     int64_t first, total;   /* the run's first step (0-based) and --steps */
     double tokens_per_step; /* global */
+    double flops_per_token; /* model FLOPs per trained token (forward + backward) */
+    double peak_flops;      /* the cores' measured sgemm peak, FLOP/s (0: no MFU) */
     double t0, last_line;   /* wall clock: start, latest plain line */
     double smooth;          /* loss, exponentially smoothed (NAN before the first) */
     bool live;              /* a live line is on the terminal */
 } progress;
 
-/* Starts the clock. On a terminal (tty) one live line is redrawn every
- * step; elsewhere (a pipe under mpirun, a file) a line is printed every
- * --log-every steps and at least every --log-seconds seconds. */
+/* Starts the clock. A live line is redrawn every step on a terminal: stderr
+ * when it is one, else, under mpirun (more than one rank, stderr a pipe to
+ * the launcher), the controlling terminal (/dev/tty) if the process has one;
+ * otherwise (a file, no terminal) a plain line is printed every --log-every
+ * steps and at least every --log-seconds seconds. MFU is against peak_flops,
+ * the sgemm FLOP/s of all the run's cores (0: left out). */
 void progress_start(progress *p, const train_options *o, int64_t first_step, double tokens_per_step,
-                    bool tty);
+                    double peak_flops);
+/* The run header: one line with the model, layout, batch, optimizer,
+ * schedule, data and seed (not under --quiet). */
+void progress_header(progress *p, const train_options *o, int ranks);
 /* After step `step` (1-based): the line, with val loss when not NAN. */
 void progress_step(progress *p, int64_t step, const fsc_step_result *r, double val_loss);
-/* A line of its own (clears the live line first); no newline needed. */
+/* A line of its own (clears the live line first; on its terminal when there
+ * is one, so that it lands between redraws); no newline needed. */
 void progress_note(progress *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* Ends the live line. */
+/* Ends the live line and closes the terminal progress_start opened. */
 void progress_end(progress *p);
 /* Seconds since progress_start. */
 double progress_elapsed(const progress *p);
 /* One metrics row: step, loss, lr, val_loss (when not NAN), grad_norm,
- * tokens/s, step time, wall-clock time (Unix seconds) and time elapsed. */
+ * tokens/s, MFU, this rank's peak memory (MiB), step time, wall-clock time
+ * (Unix seconds) and time elapsed. */
 void progress_metrics(const progress *p, FILE *f, int64_t step, const fsc_step_result *r,
                       double tok_s, double val_loss);
 

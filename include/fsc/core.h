@@ -79,8 +79,7 @@ FSC_API fsc_log_level fsc_log_get_level(void);
  * [1, 1024]), and the io floor's FSC_PARALLEL_IO (0 or 1) and
  * FSC_IO_TIMEOUT_S (seconds in [1, 604800]), and the distributed runtime's
  * FSC_TIMEOUT_S and FSC_INIT_TIMEOUT_S (seconds in [0.1, 604800]),
- * FSC_DESYNC_CHECK and FSC_HEARTBEAT_PROC (0 or 1). Unset or empty means the
- * default. Returns FSC_OK, or
+ * FSC_DESYNC_CHECK and FSC_HEARTBEAT_PROC (0 or 1). Unset or empty means the default. Returns FSC_OK, or
  * FSC_ERR_INVALID naming the first invalid variable, its value and its range.
  * The library reports an invalid value at its first use too (FSC_MEM_LIMIT_MB:
  * every allocation then fails with that message); tools call this at start-up

@@ -12,6 +12,7 @@
 #include "fsc/grad_scaler.h"
 #include "fsc/io.h"
 #include "fsc/kernels.h"
+#include "fsc/moe.h"
 #include "fsc/nn.h"
 #include "fsc/optim.h"
 #include "fsc/parallel.h"

@@ -21,6 +21,10 @@ typedef struct fsc_gpt_config {
     int d_model;   /* C */
     int heads;     /* NH: must divide C */
     float dropout; /* embedding and residual dropout (0 = off) */
+    /* Mixture of Experts (fsc/moe.h): NULL or experts 0 keeps dense MLPs;
+     * else blocks l with (l + 1) % every == 0 get an MoE MLP named "mlp".
+     * Borrowed: must outlive the model (its exchange too). */
+    const struct fsc_moe_options *moe;
 } fsc_gpt_config;
 
 /* Checks the configuration: FSC_ERR_INVALID, the message naming the offending
@@ -40,10 +44,12 @@ FSC_API int fsc_gpt_num_layers(const fsc_gpt_config *cfg);
  * stage with the head but not the embedding has its own wte (the tied
  * copy). NULL (error set) for a bad cfg or range. The caller owns it. */
 FSC_API fsc_module *fsc_gpt_stage_new(const fsc_gpt_config *cfg, int first, int end);
-/* Parameters, counting the tied head once (no checks: a valid cfg). */
+/* Parameters, counting the tied head once and every expert of an MoE
+ * model (on all ranks together; no checks: a valid cfg). */
 FSC_API int64_t fsc_gpt_num_params(const fsc_gpt_config *cfg);
 /* Model FLOPs per trained token (forward + backward), the nanoGPT/PaLM convention:
- * 6 * (params - position embeddings) + 12 * L * C * T. */
+ * 6 * (params - position embeddings) + 12 * L * C * T, counting in an MoE
+ * layer the parameters a token is computed with (the gate and two experts). */
 FSC_API double fsc_gpt_flops_per_token(const fsc_gpt_config *cfg, int T);
 
 /* One micro-batch of language-model training: forward, cross-entropy against y

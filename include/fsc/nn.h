@@ -98,6 +98,11 @@ typedef struct fsc_param {
     fsc_init_kind init;
     float init_std;
     bool weight_decay; /* AdamW decays it (default: ndim >= 2) */
+    /* An expert's parameter held by one rank of an expert-parallel group
+     * (fsc/moe.h): its gradient already sums the group's tokens, so DDP
+     * neither reduces nor broadcasts it (the strategies run such a model
+     * under ddp only). */
+    bool expert;
     float *data;       /* view into the flat parameter buffer, bound by fsc_params_bind */
     float *grad;       /* view into the flat gradient buffer */
 } fsc_param;

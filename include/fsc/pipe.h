@@ -88,6 +88,16 @@ typedef struct fsc_pipe_options {
      * optimizer-state file span the mesh. */
     fsc_group *dp, *mesh;
     fsc_pipe_sharding sharding;
+    /* Tensor-parallel stages (NULL: none): the TP group of this rank's
+     * stage modules, which make_stage builds of fsc/tp.h's layers over it
+     * (fsc_tp_gpt_stage_new); g then holds the ranks of the same TP rank,
+     * one per stage. Parameters are bound as slices of the one-process
+     * tensors (fsc_tp_params_bind), the gradient norm counts a parameter
+     * every TP rank holds once, and the weights and optimizer-state files
+     * hold the global tensors by global name. Needs mesh (dp optional), its
+     * ranks laid out (replica * ranks + pipeline rank) * tp size + tp rank.
+     * Borrowed, outliving the pipe. */
+    fsc_group *tp;
 } fsc_pipe_options;
 
 /* This rank's stages of opt's model over group g, run by `schedule`
@@ -96,7 +106,8 @@ typedef struct fsc_pipe_options {
  * parameters. Collective over g (names of shared parameters are exchanged).
  * NULL (error set, naming the problem) for a schedule of another size, a
  * balance that does not add up, a stage the model cannot make, a parameter
- * name repeated on one rank, or fewer than 2 ranks. */
+ * name repeated on one rank, or fewer than 2 ranks without a mesh (one rank
+ * with opt->mesh is one stage that the mesh's replicas or TP ranks share). */
 FSC_API fsc_pipe *fsc_pipe_new(fsc_group *g, const fsc_pipe_schedule *schedule,
                                const fsc_optim_config *optim, const fsc_pipe_options *opt);
 /* Frees stages, parameters, optimizer and buffers. Accepts NULL. */
@@ -126,6 +137,29 @@ FSC_API void fsc_pipe_zero_grad(fsc_pipe *p);
  * peer that never sends ends under the watchdog, the message naming this
  * rank's action. */
 FSC_API int fsc_pipe_run(fsc_pipe *p, const fsc_ctx *ctx, const fsc_pipe_io *io, float *loss);
+/* An evaluation pass: every micro-batch forward through the stages by the
+ * forward-only schedule of the pipe's shape (fsc_pipe_schedule_make_forward),
+ * each micro-batch's activations given back as soon as its forward here is
+ * sent. io as for fsc_pipe_run (loss may write dloss/dy into y; nothing
+ * reads it); ctx->training must be false. *loss gets the sum of the last
+ * stage's shares, identical on every rank. Gradients, the optimizer and
+ * fsc_pipe_get_stats / the trace of the last fsc_pipe_run are left alone;
+ * sharded parameters (FSC_PIPE_SHARD_PARAMS) are gathered for the pass and
+ * given back after it. Collective over the group. FSC_ERR_INVALID for bad
+ * arguments or ctx->training true. */
+FSC_API int fsc_pipe_eval(fsc_pipe *p, const fsc_ctx *ctx, const fsc_pipe_io *io, float *loss);
+/* A pipe of one stage (one rank in g) whose module the caller runs itself,
+ * outside any schedule (fsdp over tensor-parallel replicas without a
+ * pipeline): fsc_pipe_unshard makes the stage whole before its forward
+ * (FSC_PIPE_SHARD_PARAMS: gathered over dp; collective over dp; nothing if
+ * whole already), fsc_pipe_reshard keeps only this rank's slices again (not
+ * collective), and after the step's last backward fsc_pipe_reduce_grads
+ * does what fsc_pipe_run does after its schedule (gradients reduced over dp
+ * as the sharding says, then resharded). Other modes: unshard and reshard
+ * do nothing. */
+FSC_API int fsc_pipe_unshard(fsc_pipe *p);
+FSC_API int fsc_pipe_reshard(fsc_pipe *p);      /* see fsc_pipe_unshard */
+FSC_API int fsc_pipe_reduce_grads(fsc_pipe *p); /* see fsc_pipe_unshard; collective over dp */
 /* Global gradient-norm clipping over every stage, shared parameters counted
  * once (max_norm <= 0: norm only); *total (may be NULL) gets the pre-clip
  * norm. Collective. FSC_ERR_NUMERIC when the norm is not finite. */
@@ -185,7 +219,12 @@ FSC_API int fsc_pipe_balance_auto(fsc_group *g, const fsc_pipe_options *opt,
 
 typedef struct fsc_pipe_run_stats {
     double compute_s;       /* forwards and backwards */
-    double wait_s;          /* blocked on receives (and sends at the end) */
+    /* blocked on receives, on sends at the end, and on the step's loss
+     * reduction (the drain: this rank done, another still computing) */
+    double wait_s;
+    /* from this rank's first action until every rank's schedule is done (the
+     * loss reduced): wait_s / span_s is this rank's measured bubble */
+    double span_s;
     double replica_s;       /* reducing gradients and gathering parameters over the replicas */
     int peak_inflight;      /* most (stage, micro-batch) activations held at once: the
                              * validator's peak_inflight for this rank */

@@ -83,10 +83,13 @@ typedef struct {
 
 /* The shape of a schedule: p = ranks, v = chunks per rank, m = micros.
  * split_backward: B is the input gradient only and each (stage, micro) also
- * has a W; otherwise B is the full backward and a W is an error. */
+ * has a W; otherwise B is the full backward and a W is an error.
+ * forward_only: an evaluation pass; each (stage, micro) has one F and
+ * nothing else (a B, W, SEND_B or RECV_B is an error). */
 typedef struct {
     int ranks, chunks, micros;
     bool split_backward;
+    bool forward_only;
 } fsc_pipe_config;
 
 /* Time units of the validator's cost model, per action of one stage (one
@@ -157,6 +160,15 @@ FSC_API int fsc_pipe_action_parse(const char *text, fsc_pipe_action *out);
  * needs whole groups of p micro-batches). split_backward is set for ZB-H1. */
 FSC_API int fsc_pipe_schedule_make(fsc_pipe_kind kind, int ranks, int chunks, int micros,
                                    fsc_pipe_schedule **out);
+/* The forward-only schedule of an evaluation pass (cfg.forward_only), lowered
+ * and validated: rank r runs F of its stages for groups of p micro-batches,
+ * chunk by chunk (Megatron's interleaved order; with one chunk, micro-batch
+ * by micro-batch), so each rank works on the next micro-batch while later
+ * stages take the previous one: makespan v m + p - 1 when p divides m (F =
+ * 1). Limits and errors as fsc_pipe_schedule_make (any micros, chunks
+ * 1..64; chunks 0 means 1). The caller owns *out. */
+FSC_API int fsc_pipe_schedule_make_forward(int ranks, int chunks, int micros,
+                                           fsc_pipe_schedule **out);
 /* A schedule holding a copy of the caller's lists: counts[r] actions at
  * acts[r] for each rank r < cfg.ranks (acts[r] may be NULL when counts[r] is
  * 0). Nothing is checked beyond the config (limits as in make) and the
@@ -174,8 +186,9 @@ FSC_API int fsc_pipe_schedule_lower(fsc_pipe_schedule *s);
  * index in the rank's list) and the action in text form:
  *  - an action out of range, on the wrong rank, or a send/receive between
  *    stages on one rank or past either end of the pipeline;
- *  - a W when backward is not split; a (stage, micro) without exactly one F,
- *    one B and (split only) one W; a duplicated action;
+ *  - a W when backward is not split; a B, W or gradient message in a
+ *    forward-only schedule; a (stage, micro) without exactly one F, one B
+ *    (not forward-only) and (split only) one W; a duplicated action;
  *  - a send without its receive on the consuming rank, or the reverse;
  *  - a dependency that does not come earlier on the rank: F(s,i) needs
  *    F(s-1,i) or its RECV_F, B(s,i) needs F(s,i) and B(s+1,i) or its RECV_B

@@ -59,6 +59,10 @@ typedef struct fsc_tp_strategy_options {
      * GPT; the options are valid while the strategy lives); fsc_strategy_new's
      * model is then NULL and the strategy owns what this returns. */
     fsc_module *(*make_model)(void *user, const fsc_tp_options *tp);
+    /* With a pipeline (pipe.stages > 1) instead of make_model and
+     * pipe.make_stage (both NULL then): layers [first, end) of the model
+     * over the TP group it is given (fsc_tp_gpt_stage_new for the GPT). */
+    fsc_module *(*make_stage)(void *user, int first, int end, const fsc_tp_options *tp);
     void *user;
 } fsc_tp_strategy_options;
 
@@ -117,7 +121,16 @@ typedef struct fsc_strategy_options {
      * The strategy's group, rank and world are then the data-parallel
      * ones. Gradient clipping counts every parameter once over the whole
      * mesh; weights are saved and loaded by global name (the one-process
-     * file). Not yet with fsdp, single, dp or a pipeline (refused). */
+     * file). With a pipeline (the dp x pp x tp mesh: TP fastest in the
+     * rank layout, then the stages, then the replicas) under ddp, oss, sdp
+     * or fsdp, each stage is split over its TP group (tp.make_stage); the
+     * last stage's logits are then this TP rank's vocabulary rows, for
+     * fsc_tp_cross_entropy over that group. fsdp without a pipeline runs
+     * the tp.make_model model as one pipeline stage whose parameters and
+     * gradients each rank keeps 1/dp of between steps (gathered before the
+     * first forward of a step, reduce-scattered after its last backward;
+     * fsdp's own options are refused); optimizer state by global name.
+     * Not with single or dp (refused). */
     fsc_tp_strategy_options tp;
     /* ddp, oss, sdp: sees each stretch of this rank's own gradient just
      * before it is reduced over the group (fsc_grad_probe_fn; AdaScale's
@@ -231,7 +244,9 @@ FSC_API int fsc_strategy_forward_backward(fsc_strategy *s, const fsc_ctx *ctx, i
 /* A pipeline strategy's whole step (every micro-batch through the
  * schedule, io giving stage 0's input and the last stage's loss), then the
  * gradients all-reduced over the data-parallel replicas. *loss gets this
- * replica's loss. FSC_ERR_INVALID for a strategy without a pipeline. */
+ * replica's loss. With ctx->training false, an evaluation pass instead
+ * (fsc_pipe_eval: forward only, gradients and statistics untouched).
+ * FSC_ERR_INVALID for a strategy without a pipeline. */
 FSC_API int fsc_strategy_run_pipeline(fsc_strategy *s, const fsc_ctx *ctx, const fsc_pipe_io *io,
                                       float *loss);
 /* Global gradient-norm clipping over every rank's gradients, each parameter

@@ -55,6 +55,11 @@ typedef struct fsc_tp_options {
     fsc_group *group;       /* the TP group (borrowed; must outlive the modules);
                                NULL: fsc_group_self(), i.e. t = 1 */
     bool sequence_parallel; /* activations outside TP regions are sequence shards */
+    /* Selective recomputation (Korthikanti et al. 2022): attention keeps only
+     * q, k, v, not its (B, NH/t, T, T) softmax probabilities, and backward
+     * recomputes them (one more q k^T per layer); the gradients are the same
+     * bit for bit. Independent of sequence_parallel. */
+    bool recompute_attention;
 } fsc_tp_options;
 
 /* ---- the vocabulary padding rule --------------------------------------------- */
@@ -143,6 +148,19 @@ FSC_API int fsc_tp_cross_entropy(float *loss_out, fsc_tensor *logits, const fsc_
  * fsc_tp_cross_entropy; under sequence parallelism T must be divisible by t.
  * NULL (error set) on a bad config. The caller owns the tree. */
 FSC_API fsc_module *fsc_tp_gpt_new(const fsc_gpt_config *cfg, const fsc_tp_options *tp);
+/* A pipeline stage of that GPT (fsc/pipe.h): layers [first, end) as
+ * fsc_gpt_stage_new cuts the model (0 the embedding, 1..L the blocks, L+1
+ * ln_f and the head tied to wte), of TP layers over tp->group, with the
+ * whole model's names. Input: int32 (B,T) ids on the embedding stage, else
+ * the (B,T,C) activation, equal on every TP rank (under sequence
+ * parallelism this rank's (B,T/t,C) shard); output the same activation, or
+ * on the head's stage this rank's logits (B,T,ceil(V/t)) for
+ * fsc_tp_cross_entropy. A stage with the head and not the embedding holds
+ * its own copy of this rank's wte rows (the pipeline keeps the copies equal).
+ * NULL (error set) on a bad config or range, as fsc_gpt_stage_new and
+ * fsc_tp_gpt_new. The caller owns the module. */
+FSC_API fsc_module *fsc_tp_gpt_stage_new(const fsc_gpt_config *cfg, int first, int end,
+                                         const fsc_tp_options *tp);
 /* fsc_gpt_train_micro for a TP GPT, or a wrapper around one (DDP,
  * ShardedDDP: found through fsc_module.wraps): forward, vocab-parallel
  * cross-entropy, backward (+=). *loss is the same on every rank. Errors as

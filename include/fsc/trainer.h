@@ -150,14 +150,16 @@ FSC_API int fsc_trainer_save_weights(fsc_trainer *t, const char *path, int n_met
                                      const char *const *keys, const char *const *values);
 /* Writes checkpoint <dir>/step-<S>/ (S = fsc_trainer_get_step) atomically:
  * weights and optimizer state by global name, the seed, who saved it, the
- * fp16 loss scale, and the given state pairs (values are JSON). Collective;
+ * fp16 loss scale, AdaScale's estimates and scale-invariant step, and the
+ * given state pairs (values are JSON). Collective;
  * every rank returns rank 0's outcome. */
 FSC_API int fsc_trainer_save_checkpoint(fsc_trainer *t, const char *dir, int n_state,
                                         const char *const *keys, const char *const *json_values);
 /* Continues from dir's latest checkpoint: each given state pair must equal
  * the checkpoint's (compared as JSON; the message names the key and both
- * values), the seed too; then weights, optimizer state, loss scale and the
- * step are restored. Nothing changes on a refusal before loading. */
+ * values), the seed too; then weights, optimizer state, loss scale, AdaScale's
+ * state (a checkpoint without it: fresh estimates, progress = its step) and
+ * the step are restored. Nothing changes on a refusal before loading. */
 FSC_API int fsc_trainer_resume(fsc_trainer *t, const char *dir, int n_expect,
                                const char *const *keys, const char *const *json_values);
 
@@ -180,9 +182,11 @@ typedef struct fsc_trainer_eval_config {
 
 /* Runs cfg over every micro-batch of every batch and sums the shares over
  * the data-parallel group: *loss is the mean, identical on every rank.
+ * Under a pipeline each batch goes through the stages by a forward-only
+ * schedule (fsc_pipe_eval), the trainer config's pipe_input and pipe_loss
+ * at its ends after cfg->load (cfg->loss is not called and may be NULL).
  * Collective over the group. Leaves weights, gradients and the step alone.
- * FSC_ERR_INVALID for bad arguments or a strategy with a pipeline (not
- * available there yet); the callbacks' status otherwise. */
+ * FSC_ERR_INVALID for bad arguments; the callbacks' status otherwise. */
 FSC_API int fsc_trainer_eval(fsc_trainer *t, const fsc_trainer_eval_config *cfg, double *loss);
 
 #ifdef __cplusplus

@@ -8,6 +8,7 @@
 
 #include "layers_internal.h"
 #include "fsc/gpt.h"
+#include "fsc/moe.h"
 
 typedef struct {
     fsc_module base;
@@ -103,6 +104,27 @@ int fsc_gpt_config_check(const fsc_gpt_config *c) {
         return fsc_error(FSC_ERR_INVALID, "heads %d must divide d_model %d", c->heads, c->d_model);
     if (!(c->dropout >= 0.f && c->dropout < 1.f))
         return fsc_error(FSC_ERR_INVALID, "dropout %g must be in [0, 1)", (double)c->dropout);
+    if (c->moe && c->moe->experts) return fsc_moe_check(c->moe);
+    return FSC_OK;
+}
+
+/* Whether block l's MLP is an MoE layer under cfg. */
+static bool moe_block(const fsc_gpt_config *c, int l) {
+    const fsc_moe_options *o = c->moe;
+    return o && o->experts && (l + 1) % (o->every > 0 ? o->every : 1) == 0;
+}
+
+/* Replaces block l's dense MLP (child 3, "mlp") by an MoE layer with the
+ * same dropout key and initialisation. */
+static int moe_swap(fsc_module *block, const fsc_gpt_config *c, int l) {
+    if (!moe_block(c, l)) return FSC_OK;
+    const float proj_std = 0.02f / sqrtf(2.0f * (float)c->layers); /* as fsc_block_new's */
+    fsc_module *m =
+        fsc_moe_new("mlp", c->d_model, c->moe, c->dropout, (uint32_t)(2 * l + 2), 0.02f, proj_std);
+    if (!m) return FSC_ERR_INVALID;
+    fsc_module_free(block->children[3]);
+    block->children[3] = m;
+    m->parent = block;
     return FSC_OK;
 }
 
@@ -132,6 +154,7 @@ fsc_module *fsc_gpt_new(const fsc_gpt_config *cfg) {
         g->h[l] =
             fsc_block_new(name, cfg->d_model, cfg->heads, cfg->dropout, (uint32_t)l, cfg->layers);
         rc = g->h[l] ? fsc_module_add_child(&g->base, g->h[l]) : FSC_ERR_INVALID;
+        if (!rc) rc = moe_swap(g->h[l], cfg, l);
     }
     if (!rc) {
         g->ln_f = fsc_layernorm_new("ln_f", cfg->d_model, 1e-5f);
@@ -144,14 +167,26 @@ fsc_module *fsc_gpt_new(const fsc_gpt_config *cfg) {
     return &g->base;
 }
 
+/* Parameters of the MoE blocks beyond a dense MLP's, counting `experts`
+ * experts per layer (all of them, or the two a token meets). */
+static int64_t moe_extra_params(const fsc_gpt_config *c, int64_t experts) {
+    int64_t C = c->d_model, H = c->moe && c->moe->hidden ? c->moe->hidden : 4 * C, n = 0;
+    for (int l = 0; l < c->layers; l++)
+        if (moe_block(c, l))
+            n += c->moe->experts * C + experts * (2 * C * H + H + C) - (8 * C * C + 5 * C);
+    return n;
+}
+
 int64_t fsc_gpt_num_params(const fsc_gpt_config *c) {
     int64_t C = c->d_model;
     int64_t per_block = 12 * C * C + 13 * C;
-    return (int64_t)c->vocab * C + (int64_t)c->seq * C + c->layers * per_block + 2 * C;
+    return (int64_t)c->vocab * C + (int64_t)c->seq * C + c->layers * per_block + 2 * C +
+           moe_extra_params(c, c->moe ? c->moe->experts : 0);
 }
 
 double fsc_gpt_flops_per_token(const fsc_gpt_config *c, int T) {
     double n = (double)fsc_gpt_num_params(c) - (double)c->seq * c->d_model;
+    n += (double)(moe_extra_params(c, 2) - moe_extra_params(c, c->moe ? c->moe->experts : 0));
     return 6.0 * n + 12.0 * c->layers * (double)c->d_model * T;
 }
 
@@ -176,6 +211,7 @@ static int gpt_loss(fsc_module *m, const fsc_ctx *ctx, const int32_t *x, const i
 int fsc_gpt_train_micro(fsc_module *m, const fsc_ctx *ctx, const int32_t *x, const int32_t *y,
                         int B, int T, int ignore_index, double norm, float *loss) {
     if (!(norm > 0)) return fsc_error(FSC_ERR_INVALID, "loss normaliser %g must be > 0", norm);
+    fsc_moe_set_loss_norm(m, norm); /* l_aux's rows weigh as the loss's tokens */
     return gpt_loss(m, ctx, x, y, B, T, ignore_index, norm, loss, true);
 }
 

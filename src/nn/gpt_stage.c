@@ -12,6 +12,7 @@
 #include "fsc/gpt.h"
 #include "fsc/kernels.h"
 #include "layers_internal.h"
+#include "moe_internal.h"
 
 typedef struct {
     fsc_module base;
@@ -151,7 +152,8 @@ static int adopt(gpt_stage *g, fsc_module *child, fsc_module **slot, int rc) {
 }
 
 fsc_module *fsc_gpt_stage_new(const fsc_gpt_config *cfg, int first, int end) {
-    if (fsc_gpt_config_check(cfg)) return NULL;
+    if (fsc_gpt_config_check(cfg) || moe_refuse(cfg->moe, "fsc_gpt_stage_new (pipeline stages)"))
+        return NULL;
     const int n = cfg->layers + 2;
     if (first < 0 || end > n || first >= end) {
         fsc_error(FSC_ERR_INVALID, "GPT stage: layers [%d, %d) outside [0, %d) or empty", first,

@@ -17,18 +17,25 @@
  * then nothing would be reduced and the replicas would drift apart without a
  * word. A hook that fires outside the wrapper's backward fails the call
  * instead, with no_sync on or off: under no_sync the wrapper's backward is the
- * place too, and the rule is simpler without an exception. */
+ * place too, and the rule is simpler without an exception.
+ *
+ * Expert shards (fsc_param.expert, fsc/moe.h) differ per rank and their
+ * gradients already sum every rank's tokens: buckets are cut so none mixes
+ * them with replicated parameters (moe_buckets.c), and their buckets are
+ * neither reduced nor broadcast. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "buckets.h"
 #include "core/fault.h"
+#include "moe_internal.h"
 #include "fsc/kernels.h"
 #include "fsc/parallel.h"
 
 typedef struct bucket {
     int64_t begin, end; /* element range of the flat gradient buffer */
     int pending;        /* parameters not yet ready in this synchronised backward */
+    bool local;         /* expert shards (fsc/moe.h): never reduced or broadcast */
     fsc_request *req;
 } bucket;
 
@@ -59,6 +66,7 @@ typedef struct ddp {
 static int launch_ready(ddp *d) {
     while (!d->status && d->next_launch < d->nbuckets && d->buckets[d->next_launch].pending == 0) {
         bucket *b = &d->buckets[d->next_launch++];
+        if (b->local) continue;
         if (b == d->buckets && fsc_fault_is(FSC_FAULT_DROP_GRAD) &&
             fsc_group_rank(d->group) == fsc_group_size(d->group) - 1)
             memset(d->params->grad + b->begin, 0, sizeof(float) * (size_t)(b->end - b->begin));
@@ -157,16 +165,24 @@ static const fsc_module_ops ddp_ops = {"DDP", ddp_forward, ddp_backward, ddp_fre
 static int make_buckets(ddp *d) {
     fsc_params *ps = d->params;
     bucket_plan plan;
+    bool *local = NULL;
     int rc = bucket_plan_make(ps, d->opt.bucket_bytes, &plan);
-    if (rc) return rc;
+    if (!rc) rc = moe_split_buckets(ps, &plan, &local);
+    if (rc) {
+        bucket_plan_free(&plan);
+        return rc;
+    }
     d->buckets = calloc((size_t)plan.n, sizeof *d->buckets);
     d->ready = calloc((size_t)ps->count, sizeof *d->ready);
     if (!d->buckets || !d->ready) {
         bucket_plan_free(&plan);
+        free(local);
         return fsc_error(FSC_ERR_NOMEM, "DDP: out of memory");
     }
     for (int b = 0; b < plan.n; b++)
-        d->buckets[b] = (bucket){.begin = plan.begin[b], .end = plan.end[b]};
+        d->buckets[b] =
+            (bucket){.begin = plan.begin[b], .end = plan.end[b], .local = local && local[b]};
+    free(local);
     d->nbuckets = plan.n;
     d->bucket_of = plan.bucket_of; /* kept; the rest of the plan is copied */
     plan.bucket_of = NULL;
@@ -189,6 +205,21 @@ static int add_hooks(ddp *d, fsc_module *m) {
         if (rc) return rc;
     }
     return FSC_OK;
+}
+
+/* Rank 0's parameters to every rank: the whole buffer, or with expert
+ * shards (each rank's own experts) the replicated buckets one by one. */
+static int broadcast_replicated(ddp *d) {
+    bool any_local = false;
+    for (int b = 0; b < d->nbuckets; b++) any_local |= d->buckets[b].local;
+    if (!any_local)
+        return fsc_group_broadcast(d->group, d->params->data, d->params->numel, FSC_DTYPE_F32, 0);
+    int rc = FSC_OK;
+    for (int b = 0; !rc && b < d->nbuckets; b++)
+        if (!d->buckets[b].local)
+            rc = fsc_group_broadcast(d->group, d->params->data + d->buckets[b].begin,
+                                     d->buckets[b].end - d->buckets[b].begin, FSC_DTYPE_F32, 0);
+    return rc;
 }
 
 fsc_module *fsc_ddp_wrap(fsc_module *child, fsc_params *params, fsc_group *g,
@@ -216,8 +247,7 @@ fsc_module *fsc_ddp_wrap(fsc_module *child, fsc_params *params, fsc_group *g,
     int rc = d->hooks ? make_buckets(d) : fsc_error(FSC_ERR_NOMEM, "DDP: out of memory");
     if (!rc) rc = add_hooks(d, child);
     /* Every rank starts from rank 0's weights. */
-    if (!rc && !o.no_broadcast)
-        rc = fsc_group_broadcast(g, params->data, params->numel, FSC_DTYPE_F32, 0);
+    if (!rc && !o.no_broadcast) rc = broadcast_replicated(d);
     if (rc) {
         ddp_free(&d->base);
         return NULL;

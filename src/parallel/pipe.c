@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fsc/tp.h"
 #include "pipe_exec_internal.h"
 
 static int even_balance(fsc_pipe *p, int *out) {
@@ -73,8 +74,9 @@ static int make_chunks(fsc_pipe *p) {
                                      p->first[s], p->first[s + 1] - 1);
         if (p->opt.checkpoint != FSC_PIPE_CKPT_NEVER && (rc = checkpoint_parts(p->chunk[c])))
             return fsc_error_context(rc, "pipeline stage %d: ", s);
-        if ((rc = fsc_params_bind(p->chunk[c], p->opt.seed, true, &p->params[c])))
-            return fsc_error_context(rc, "pipeline stage %d: ", s);
+        rc = p->opt.tp ? fsc_tp_params_bind(p->chunk[c], p->opt.seed, true, &p->params[c])
+                       : fsc_params_bind(p->chunk[c], p->opt.seed, true, &p->params[c]);
+        if (rc) return fsc_error_context(rc, "pipeline stage %d: ", s);
     }
     return FSC_OK;
 }
@@ -84,6 +86,7 @@ static int make_chunks(fsc_pipe *p) {
 static int make_optim(fsc_pipe *p, const fsc_optim_config *cfg) {
     int rc = pipe_owned_ranges(p, &p->ranges, &p->nranges);
     if (!rc) rc = pipe_dp_setup(p); /* sharded: cut to this replica's slices */
+    if (!rc) rc = pipe_state_setup(p);
     if (rc) return rc;
     p->optim = fsc_optim_new(cfg, p->ranges, p->nranges);
     return p->optim ? FSC_OK : fsc_error_context(FSC_ERR_INVALID, "pipeline optimizer: ");
@@ -109,13 +112,17 @@ fsc_pipe *fsc_pipe_new(fsc_group *g, const fsc_pipe_schedule *schedule,
     if (!rc && p->cfg.ranks != fsc_group_size(g))
         rc = fsc_error(FSC_ERR_INVALID, "pipeline: the schedule is for %d ranks, the group has %d",
                        p->cfg.ranks, fsc_group_size(g));
-    if (!rc && p->cfg.ranks < 2)
+    /* one rank is a pipeline only as the unit a mesh shards (fsdp over TP replicas) */
+    if (!rc && p->cfg.ranks < 2 && !opt->mesh)
         rc = fsc_error(FSC_ERR_INVALID, "pipeline: needs at least 2 ranks (one process trains the "
                                         "whole model without one)");
     if (!rc && p->cfg.split_backward && opt->checkpoint != FSC_PIPE_CKPT_NEVER)
         rc = fsc_error(FSC_ERR_UNSUPPORTED,
                        "pipeline: a schedule that splits backward into B and W keeps every "
                        "activation until W; it does not combine with activation checkpointing");
+    if (!rc && p->cfg.forward_only)
+        rc = fsc_error(FSC_ERR_INVALID, "pipeline: the schedule is forward only (an evaluation "
+                                        "pass); training needs one with backwards");
     if (!rc && 2 * p->stages * p->cfg.micros > 16384)
         rc = fsc_error(FSC_ERR_INVALID,
                        "pipeline: %d stages x %d micro-batches need more message "
@@ -141,6 +148,7 @@ fsc_pipe *fsc_pipe_new(fsc_group *g, const fsc_pipe_schedule *schedule,
 
 void fsc_pipe_free(fsc_pipe *p) {
     if (!p) return;
+    pipe_state_free(p);
     pipe_free_shared(p);
     pipe_dp_free(p);
     fsc_optim_free(p->optim);
@@ -387,6 +395,19 @@ static int release_micro(run_state *r, int micro) {
     return rc;
 }
 
+/* Forward only: micro-batch i's arena back if its sends are taken, tested
+ * and never waited for (a rank waiting for a send before a later receive
+ * can deadlock: the forward-only order needs the receive first). */
+static int release_if_sent(run_state *r, int micro) {
+    for (int k = 0; k < r->nacts; k++)
+        if (r->sends[k] && r->send_micro[k] == micro) {
+            bool done = false;
+            int rc = fsc_request_test(&r->sends[k], &done);
+            if (rc || !done) return rc;
+        }
+    return release_micro(r, micro); /* nothing left to wait for */
+}
+
 static int backward(run_state *r, fsc_pipe_action a) {
     fsc_pipe *p = r->p;
     slot *sl = slot_of(r, a.stage, a.micro);
@@ -438,16 +459,22 @@ static int run_action(run_state *r, int k, fsc_pipe_action a) {
     }
 }
 
-int fsc_pipe_run(fsc_pipe *p, const fsc_ctx *ctx, const fsc_pipe_io *io, float *loss) {
+/* Runs this rank's list of sched: p's own schedule (a training step) or a
+ * forward-only one of the same shape (an evaluation pass: no gradients, so
+ * nothing is summed or reduced after it). */
+static int run_list(fsc_pipe *p, const fsc_pipe_schedule *sched, const fsc_ctx *ctx,
+                    const fsc_pipe_io *io, float *loss) {
     if (!p || !ctx || !io || !io->sample0 || !loss || (p->rank == 0 && !io->input) ||
         (fsc_pipe_stage_rank(p->sched, p->stages - 1) == p->rank && !io->loss))
         return fsc_error(FSC_ERR_INVALID,
                          "pipeline run: needs ctx, io (input on the first stage's rank, loss on "
                          "the last's, sample0) and loss");
     const fsc_pipe_action *acts;
-    int n, rc = fsc_pipe_schedule_actions(p->sched, p->rank, &acts, &n);
+    int n, rc = fsc_pipe_schedule_actions(sched, p->rank, &acts, &n);
     if (rc) return rc;
     const int m = p->cfg.micros;
+    fsc_pipe_config cfg;
+    fsc_pipe_schedule_config(sched, &cfg);
     run_state r = {.p = p, .base = ctx, .io = io, .acts = acts, .nacts = n};
     r.slots = calloc((size_t)p->nchunks * (size_t)m, sizeof *r.slots);
     r.bdone = calloc((size_t)m, sizeof *r.bdone);
@@ -470,6 +497,7 @@ int fsc_pipe_run(fsc_pipe *p, const fsc_ctx *ctx, const fsc_pipe_io *io, float *
     const double start = fsc_now();
     for (int k = 0; !rc && k < n; k++) {
         const fsc_pipe_action a = acts[k];
+        if (cfg.forward_only) r.bdone[a.micro] = 0; /* in use again (a later chunk) */
         p->trace_t0[k] = fsc_now() - start;
         rc = run_action(&r, k, a);
         p->trace_t1[k] = fsc_now() - start;
@@ -484,8 +512,16 @@ int fsc_pipe_run(fsc_pipe *p, const fsc_ctx *ctx, const fsc_pipe_io *io, float *
          * and after the send of that backward's input gradient (next action) */
         bool last = (a.op == FSC_PIPE_B || a.op == FSC_PIPE_W || a.op == FSC_PIPE_SEND_B) &&
                     r.bdone[a.micro] == 0;
-        bool sends_next = k + 1 < n && acts[k + 1].op == FSC_PIPE_SEND_B &&
-                          acts[k + 1].micro == a.micro && acts[k + 1].stage == a.stage;
+        bool sends_next =
+            k + 1 < n && (acts[k + 1].op == FSC_PIPE_SEND_B || acts[k + 1].op == FSC_PIPE_SEND_F) &&
+            acts[k + 1].micro == a.micro && acts[k + 1].stage == a.stage;
+        if (cfg.forward_only) { /* done here after its forward (and send): back once sent */
+            if (!sends_next && (a.op == FSC_PIPE_F || a.op == FSC_PIPE_SEND_F))
+                r.bdone[a.micro] = 1;
+            for (int i = 0; !rc && i < m; i++)
+                if (r.bdone[i] == 1 && r.held[i] >= 0) rc = release_if_sent(&r, i);
+            continue;
+        }
         if (!rc && last && !sends_next) rc = release_micro(&r, a.micro);
     }
     /* every send completes, even after an error, so no buffer is left to MPI */
@@ -495,15 +531,41 @@ int fsc_pipe_run(fsc_pipe *p, const fsc_ctx *ctx, const fsc_pipe_io *io, float *
             int w = wait_send(&r, k);
             if (!rc) rc = w;
         }
-    p->stats.wait_s += fsc_now() - t0;
-    if (!rc) rc = pipe_sum_shared(p);
-    if (!rc) rc = pipe_dp_reduce(p);
+    /* the loss first: waiting here is the pipeline's drain (a later rank still
+     * computing), part of this rank's bubble; the gradient sums come after */
     float total = (float)r.loss;
     if (!rc) rc = fsc_group_allreduce(p->g, &total, 1, FSC_DTYPE_F32, FSC_REDUCE_SUM);
     *loss = total;
+    p->stats.wait_s += fsc_now() - t0;
+    p->stats.span_s = fsc_now() - start;
+    if (!rc && !cfg.forward_only) rc = pipe_sum_shared(p);
+    if (!rc) rc = cfg.forward_only ? pipe_dp_release(p) : pipe_dp_reduce(p);
     for (int i = 0; r.held && i < m; i++) /* after an error: every arena back */
         if (r.held[i] >= 0) fsc_arena_reset(p->arena[r.held[i]]);
     free(r.slots), free(r.bdone), free(r.sends), free(r.send_micro), free(r.held),
         free(r.free_list);
+    return rc;
+}
+
+int fsc_pipe_run(fsc_pipe *p, const fsc_ctx *ctx, const fsc_pipe_io *io, float *loss) {
+    return run_list(p, p ? p->sched : NULL, ctx, io, loss);
+}
+
+int fsc_pipe_eval(fsc_pipe *p, const fsc_ctx *ctx, const fsc_pipe_io *io, float *loss) {
+    if (!p || !ctx || ctx->training)
+        return fsc_error(FSC_ERR_INVALID, "pipeline eval: needs a pipe and a ctx with training "
+                                          "false (an evaluation pass keeps nothing for backward)");
+    fsc_pipe_schedule *fwd;
+    int rc = fsc_pipe_schedule_make_forward(p->cfg.ranks, p->cfg.chunks, p->cfg.micros, &fwd);
+    if (rc) return rc;
+    /* the last training step's figures and trace stay what the caller reads */
+    const fsc_pipe_run_stats keep = p->stats;
+    double *t0 = p->trace_t0, *t1 = p->trace_t1;
+    const int ntrace = p->ntrace;
+    p->trace_t0 = p->trace_t1 = NULL;
+    rc = run_list(p, fwd, ctx, io, loss);
+    free(p->trace_t0), free(p->trace_t1);
+    p->trace_t0 = t0, p->trace_t1 = t1, p->ntrace = ntrace, p->stats = keep;
+    fsc_pipe_schedule_free(fwd);
     return rc;
 }

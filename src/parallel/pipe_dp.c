@@ -4,8 +4,8 @@
  * every chunk's flat buffers. A slice is the rank's equal part of the flat
  * buffer, so reductions and gathers are one collective per chunk; the
  * optimizer's ranges are the parameters this pipeline rank owns cut to the
- * slice, and the mesh's list of them is what the optimizer-state file is
- * written from, by global name, in the format every strategy reads. */
+ * slice (pipe_state.c writes the optimizer-state file from them, by global
+ * name, in the format every strategy reads). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,7 +22,7 @@ static bool sharded(const fsc_pipe *p) {
 }
 
 fsc_group *pipe_dp_norm_group(fsc_pipe *p) {
-    return sharded(p) ? p->opt.mesh : p->g;
+    return sharded(p) ? p->opt.mesh : p->replica;
 }
 
 /* Counts and displacements of chunk c's slices, per dp rank. */
@@ -46,22 +46,10 @@ static int locate(const fsc_pipe *p, const char *name, int *chunk, int64_t *offs
     return fsc_error(FSC_ERR_INVALID, "pipeline: parameter '%s' not on rank %d", name, p->rank);
 }
 
-/* The owned ranges cut to this rank's slices, and every mesh rank's pieces
- * (whole-model entry, begin, count) gathered into mesh_part. */
+/* The owned ranges cut to this rank's slices (pipe_state.c lists them as
+ * the state file's pieces). */
 static int cut_ranges(fsc_pipe *p) {
-    const int own = p->part.nranges[p->rank], M = fsc_group_size(p->opt.mesh);
-    int64_t *mine = calloc((size_t)(own ? own : 1) * 3, sizeof *mine);
-    fsc_partition *q = &p->mesh_part;
-    q->world = M, q->policy = FSC_PARTITION_EVEN;
-    q->nranges = calloc((size_t)M, sizeof *q->nranges);
-    q->ranges = calloc((size_t)M, sizeof *q->ranges);
-    q->elems = calloc((size_t)M, sizeof *q->elems);
-    int64_t *counts = calloc((size_t)M, sizeof *counts),
-            *displs = calloc((size_t)M, sizeof *displs);
-    if (!mine || !q->nranges || !q->ranges || !q->elems || !counts || !displs) {
-        free(mine), free(counts), free(displs);
-        return fsc_error(FSC_ERR_NOMEM, "pipeline: out of memory");
-    }
+    const int own = p->part.nranges[p->rank];
     int k = 0, rc = FSC_OK;
     for (int i = 0; !rc && i < own; i++) {
         const fsc_shard_range *w = &p->part.ranges[p->rank][i];
@@ -73,34 +61,26 @@ static int cut_ranges(fsc_pipe *p) {
         const int64_t hi = p->slice[c].hi < off + r.n ? p->slice[c].hi : off + r.n;
         if (hi <= lo) continue;
         r.param += lo - off, r.grad += lo - off, r.n = hi - lo;
-        p->ranges[k] = r;
-        mine[3 * k] = w->entry, mine[3 * k + 1] = lo - off, mine[3 * k + 2] = hi - lo;
-        k++;
+        p->ranges[k++] = r;
     }
     p->nranges = k;
-    int32_t n32 = k, *all32 = calloc((size_t)M, sizeof *all32);
-    if (!rc && !all32) rc = fsc_error(FSC_ERR_NOMEM, "pipeline: out of memory");
-    if (!rc) rc = fsc_group_allgather(p->opt.mesh, &n32, all32, 1, FSC_DTYPE_I32);
-    int64_t total = 0;
-    for (int r = 0; !rc && r < M; r++)
-        counts[r] = 3 * (int64_t)all32[r], displs[r] = total, total += counts[r];
-    int64_t *every = rc ? NULL : calloc((size_t)(total ? total : 1), sizeof *every);
-    if (!rc && !every) rc = fsc_error(FSC_ERR_NOMEM, "pipeline: out of memory");
-    if (!rc) rc = fsc_group_allgatherv(p->opt.mesh, mine, every, counts, displs, FSC_DTYPE_I64);
-    for (int r = 0; !rc && r < M; r++) {
-        q->nranges[r] = all32[r];
-        if (!(q->ranges[r] = calloc((size_t)(all32[r] ? all32[r] : 1), sizeof **q->ranges))) {
-            rc = fsc_error(FSC_ERR_NOMEM, "pipeline: out of memory");
-            break;
-        }
-        for (int i = 0; i < all32[r]; i++) {
-            const int64_t *t = every + displs[r] + 3 * i;
-            q->ranges[r][i] = (fsc_shard_range){.entry = (int)t[0], .begin = t[1], .count = t[2]};
-            q->elems[r] += t[2];
-        }
-    }
-    free(mine), free(counts), free(displs), free(all32), free(every);
     return rc;
+}
+
+/* The ranks of this replica: the pipeline's group, or with TP stages the
+ * mesh (one replica) or its part with this replica's index. */
+static int make_replica_group(fsc_pipe *p) {
+    if (!p->opt.tp) {
+        p->replica = p->g;
+        return FSC_OK;
+    }
+    if (p->dp_size == 1) {
+        p->replica = p->opt.mesh;
+        return FSC_OK;
+    }
+    p->replica_owned = true;
+    return fsc_group_split(p->opt.mesh, p->dp_rank, fsc_group_rank(p->opt.mesh), "pipe-replica",
+                           &p->replica);
 }
 
 int pipe_dp_setup(fsc_pipe *p) {
@@ -110,13 +90,22 @@ int pipe_dp_setup(fsc_pipe *p) {
     p->gathered = true;
     if ((unsigned)p->opt.sharding > FSC_PIPE_SHARD_PARAMS)
         return fsc_error(FSC_ERR_INVALID, "pipeline: unknown sharding %d", (int)p->opt.sharding);
-    if (dp && !mesh)
-        return fsc_error(FSC_ERR_INVALID, "pipeline: replicas (dp) need the mesh group too");
-    if (dp && (fsc_group_size(mesh) != p->dp_size * p->cfg.ranks ||
-               fsc_group_rank(mesh) != p->dp_rank * p->cfg.ranks + p->rank))
-        return fsc_error(
-            FSC_ERR_INVALID, "pipeline: mesh rank %d of %d is not replica %d x %d ranks + rank %d",
-            fsc_group_rank(mesh), fsc_group_size(mesh), p->dp_rank, p->cfg.ranks, p->rank);
+    p->tp_size = p->opt.tp ? fsc_group_size(p->opt.tp) : 1;
+    p->tp_rank = p->opt.tp ? fsc_group_rank(p->opt.tp) : 0;
+    if ((dp || p->opt.tp) && !mesh)
+        return fsc_error(FSC_ERR_INVALID, "pipeline: %s need the mesh group too",
+                         dp ? "replicas (dp)" : "tensor-parallel stages (tp)");
+    const int T = p->tp_size;
+    if ((dp || p->opt.tp) &&
+        (fsc_group_size(mesh) != p->dp_size * p->cfg.ranks * T ||
+         fsc_group_rank(mesh) != (p->dp_rank * p->cfg.ranks + p->rank) * T + p->tp_rank))
+        return fsc_error(FSC_ERR_INVALID,
+                         "pipeline: mesh rank %d of %d is not (replica %d x %d ranks + rank %d) "
+                         "x tp %d + tp rank %d",
+                         fsc_group_rank(mesh), fsc_group_size(mesh), p->dp_rank, p->cfg.ranks,
+                         p->rank, T, p->tp_rank);
+    int rc = make_replica_group(p);
+    if (rc) return rc;
     if (!(p->slice = calloc((size_t)p->nchunks, sizeof *p->slice)))
         return fsc_error(FSC_ERR_NOMEM, "pipeline: out of memory");
     for (int c = 0; c < p->nchunks; c++) {
@@ -129,16 +118,14 @@ int pipe_dp_setup(fsc_pipe *p) {
         s->hi = s->lo + s->shard < s->numel ? s->lo + s->shard : s->numel;
     }
     if (!sharded(p)) return FSC_OK;
-    int rc = cut_ranges(p);
+    rc = cut_ranges(p);
     if (!rc && p->opt.sharding == FSC_PIPE_SHARD_PARAMS) rc = pipe_dp_release(p);
     return rc;
 }
 
 void pipe_dp_free(fsc_pipe *p) {
-    fsc_partition *q = &p->mesh_part;
-    for (int r = 0; q->ranges && r < q->world; r++) free(q->ranges[r]);
-    free(q->ranges), free(q->nranges), free(q->elems);
-    memset(q, 0, sizeof *q);
+    if (p->replica_owned) fsc_group_free(p->replica);
+    p->replica = NULL, p->replica_owned = false;
     free(p->slice);
     p->slice = NULL;
 }
@@ -246,7 +233,9 @@ static int allreduce_grads(fsc_pipe *p, int c) {
 }
 
 int pipe_dp_reduce(fsc_pipe *p) {
-    if (p->dp_size < 2 || fsc_fault_is(FSC_FAULT_DROP_GRAD)) return FSC_OK;
+    if (p->dp_size < 2) return FSC_OK;
+    /* test-only: the replicas' gradients never meet, the memory kept as ever */
+    if (fsc_fault_is(FSC_FAULT_DROP_GRAD)) return pipe_dp_release(p);
     const double t0 = fsc_now();
     const int D = p->dp_size;
     int64_t *counts = calloc((size_t)D * 2, sizeof *counts), *displs = counts + D;
@@ -278,4 +267,19 @@ void pipe_dp_zero_grad(fsc_pipe *p) {
             memset(p->params[c].grad + s->lo, 0, (size_t)(s->hi - s->lo) * 4);
         }
     }
+}
+
+/* ---- one stage run outside a schedule (fsc/pipe.h) ---------------------------------- */
+
+int fsc_pipe_unshard(fsc_pipe *p) {
+    return pipe_dp_gather(p);
+}
+
+int fsc_pipe_reshard(fsc_pipe *p) {
+    return pipe_dp_release(p);
+}
+
+int fsc_pipe_reduce_grads(fsc_pipe *p) {
+    int rc = pipe_sum_shared(p);
+    return rc ? rc : pipe_dp_reduce(p);
 }

@@ -23,6 +23,19 @@ typedef struct {
     int64_t numel, shard, lo, hi;
 } pipe_slice;
 
+/* The optimizer state's view by global name (pipe_state.c): the whole
+ * model's parameter list in global shapes (no storage), and every rank of
+ * the norm group's pieces of it (global entry, first element, count), with
+ * this rank's piece k in optimizer range map[k] from element off[k]. Saving
+ * lists a parameter every TP rank holds on TP rank 0 only; loading on all. */
+typedef struct {
+    fsc_params whole;
+    fsc_param *gparams;
+    fsc_partition save, load;
+    int *save_map, *load_map;
+    int64_t *save_off, *load_off;
+} pipe_pieces;
+
 struct fsc_pipe {
     fsc_group *g; /* borrowed */
     const fsc_pipe_schedule *sched;
@@ -46,13 +59,21 @@ struct fsc_pipe {
     fsc_params whole_ps;
     fsc_partition part;
     /* Replicas (pipe_dp.c): groups borrowed from the options; per chunk,
-     * this rank's slice; the mesh's pieces of the whole model (sharded
-     * modes: what each mesh rank's optimizer steps, by whole-model entry);
-     * whether the sharded parameters are gathered now (SHARD_PARAMS). */
-    int dp_rank, dp_size;
+     * this rank's slice; whether the sharded parameters are gathered now
+     * (SHARD_PARAMS). replica: the ranks of this replica (every stage and
+     * TP rank): g without TP, else the mesh or a part of it (owned when
+     * replica_owned). */
+    int dp_rank, dp_size, tp_rank, tp_size;
     pipe_slice *slice;
-    fsc_partition mesh_part;
     bool gathered;
+    fsc_group *replica;
+    bool replica_owned;
+    /* pipe_state.c: the optimizer's ranges that count in the gradient norm
+     * on this rank (a parameter every TP rank holds: TP rank 0's only), and
+     * the optimizer state's pieces by global name. */
+    fsc_optim_range *counted;
+    int ncounted;
+    pipe_pieces pieces;
     int64_t act_numel;
     fsc_arena **arena; /* per micro-batch of the step */
     int narena;
@@ -92,7 +113,16 @@ int pipe_dp_reduce(fsc_pipe *p);
 int pipe_dp_share_update(fsc_pipe *p);
 /* Zeroes the gradients this rank keeps between steps. */
 void pipe_dp_zero_grad(fsc_pipe *p);
-/* The group over which the optimizer's ranges are disjoint (clip, state). */
+/* The group over which the optimizer's ranges are disjoint (clip, state):
+ * the mesh when replicas shard, else this replica. */
 fsc_group *pipe_dp_norm_group(fsc_pipe *p);
+
+/* The first replica's outcome rc on every replica (an error there is named
+ * on the others as `what`). Collective over dp. */
+int pipe_replicas_agree(fsc_pipe *p, int rc, const char *what);
+/* pipe_state.c: after the ranges are final, the ranges that count in the
+ * norm and the state's pieces (collective over the norm group). */
+int pipe_state_setup(fsc_pipe *p);
+void pipe_state_free(fsc_pipe *p);
 
 #endif

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "core/fault.h"
+#include "fsc/tp.h"
 #include "fsc/weights.h"
 #include "pipe_exec_internal.h"
 #include "sharded_internal.h"
@@ -215,22 +216,20 @@ int pipe_sum_shared(fsc_pipe *p) {
     return FSC_OK;
 }
 
-/* The first replica's outcome rc on every replica (an error there is named
- * on the others as `what`). Collective over dp. */
-static int replicas_agree(fsc_pipe *p, int rc, const char *what) {
-    if (p->dp_size < 2) return rc;
-    int32_t status = rc;
-    if (fsc_group_broadcast(p->opt.dp, &status, 1, FSC_DTYPE_I32, 0)) return FSC_ERR_MPI;
-    return status && !rc ? fsc_error(status, "pipeline: the first replica %s", what) : rc;
-}
-
 /* The optimizer's ranges are the parameters this rank owns (cut to its
  * slice among sharded replicas), each element owned by one rank of the
  * norm's group, so the sharded norm counts a shared parameter once; its
- * copies are not scaled: they receive the owner's update. */
+ * copies are not scaled: they receive the owner's update. Of a parameter
+ * every TP rank holds, TP rank 0's ranges count (pipe_state.c); every
+ * rank scales all of its own. */
 int fsc_pipe_clip_grad_norm(fsc_pipe *p, float max_norm, float *total) {
-    return sharded_clip_grad_norm(pipe_dp_norm_group(p), p->ranges, p->nranges,
-                                  max_norm > 0 ? max_norm : FLT_MAX, false, total, "pipeline clip");
+    float norm = 0;
+    int rc = sharded_clip_grad_norm(pipe_dp_norm_group(p), p->counted, p->ncounted, FLT_MAX, false,
+                                    &norm, "pipeline clip");
+    if (total) *total = norm;
+    return rc ? rc
+              : fsc_clip_grads_scale(p->ranges, p->nranges, max_norm > 0 ? max_norm : FLT_MAX,
+                                     norm);
 }
 
 int fsc_pipe_set_lr(fsc_pipe *p, double lr) {
@@ -246,30 +245,6 @@ int fsc_pipe_step(fsc_pipe *p) {
     return rc;
 }
 
-/* The file's view of the state: this pipeline's ranks, or with sharded
- * replicas the whole mesh and its pieces. */
-static optim_shards state_view(fsc_pipe *p, const char *who) {
-    const bool mesh = pipe_dp_norm_group(p) != p->g;
-    return (optim_shards){.ps = &p->whole_ps,
-                          .part = mesh ? &p->mesh_part : &p->part,
-                          .local = p->optim,
-                          .g = pipe_dp_norm_group(p),
-                          .policy = "pipe",
-                          .who = who};
-}
-
-/* Replicated state: the first replica writes, the others learn its outcome. */
-int fsc_pipe_save_optim(fsc_pipe *p, const char *path, int root) {
-    optim_shards v = state_view(p, "pipeline save_optim");
-    if (v.g != p->g || p->dp_size < 2) return optim_shards_save(&v, path, root);
-    int rc = p->dp_rank == 0 ? optim_shards_save(&v, path, root) : FSC_OK;
-    return replicas_agree(p, rc, "could not save its optimizer state");
-}
-
-int fsc_pipe_load_optim(fsc_pipe *p, const char *path) {
-    optim_shards v = state_view(p, "pipeline load_optim");
-    return optim_shards_load(&v, path);
-}
 fsc_optim *fsc_pipe_optim(fsc_pipe *p) {
     return p->optim;
 }
@@ -280,7 +255,8 @@ int fsc_pipe_load_weights(fsc_pipe *p, const char *path) {
     int rc = pipe_dp_commit(p);
     for (int c = 0; !rc && c < p->nchunks; c++) {
         int unused = 0;
-        rc = fsc_weights_load(path, &p->params[c], &unused);
+        rc = p->opt.tp ? fsc_tp_weights_load(path, p->chunk[c], &p->params[c], &unused)
+                       : fsc_weights_load(path, &p->params[c], &unused);
         if (rc) fsc_error_context(rc, "pipeline stage %d: ", fsc_pipe_chunk_stage(p, c));
     }
     int rrc = was_gathered ? FSC_OK : pipe_dp_release(p);
@@ -313,6 +289,26 @@ static int receive_rank(fsc_pipe *p, int r, fsc_params *whole) {
     return rc;
 }
 
+/* With TP stages: the root stage's TP group, each rank holding its slices
+ * of the whole model, writes the one-process file together (the path is TP
+ * rank 0's), once every one of them has assembled its part. */
+static int save_tp(fsc_pipe *p, const char *path, fsc_module *whole, const fsc_params *all,
+                   int n_meta, const char *const *keys, const char *const *values, int rc) {
+    int32_t worst = -rc, n = path ? (int32_t)strlen(path) : -1;
+    char where[4096]; /* a multiple of 4 bytes: it travels as int32 words */
+    if (fsc_group_allreduce(p->opt.tp, &worst, 1, FSC_DTYPE_I32, FSC_REDUCE_MAX))
+        return FSC_ERR_MPI;
+    if (rc) return rc;
+    if (worst) return fsc_error(-worst, "pipeline save: another TP rank could not assemble");
+    if (p->tp_rank == 0 && (size_t)n >= sizeof where) n = -1;
+    if (fsc_group_broadcast(p->opt.tp, &n, 1, FSC_DTYPE_I32, 0)) return FSC_ERR_MPI;
+    if (n < 0)
+        return fsc_error(FSC_ERR_INVALID, "pipeline save: no path (or too long) on the root");
+    if (p->tp_rank == 0) memcpy(where, path, (size_t)n + 1);
+    if (fsc_group_broadcast(p->opt.tp, where, (n + 4) / 4, FSC_DTYPE_I32, 0)) return FSC_ERR_MPI;
+    return fsc_tp_weights_save(where, whole, all, p->opt.tp, n_meta, keys, values);
+}
+
 static int save_replica(fsc_pipe *p, const char *path, int root, int n_meta,
                         const char *const *keys, const char *const *values) {
     int rc = FSC_OK;
@@ -324,7 +320,7 @@ static int save_replica(fsc_pipe *p, const char *path, int root, int n_meta,
             }
     } else {
         fsc_module *whole = p->opt.make_stage(p->opt.stage_user, 0, p->opt.layers);
-        fsc_params all;
+        fsc_params all = {0};
         rc = whole ? fsc_params_bind(whole, 0, false, &all) : FSC_ERR_INVALID;
         for (int c = 0; !rc && c < p->nchunks; c++)
             for (int e = 0; e < p->params[c].count; e++) {
@@ -334,7 +330,10 @@ static int save_replica(fsc_pipe *p, const char *path, int root, int n_meta,
             }
         for (int r = 0; !rc && r < p->cfg.ranks; r++)
             if (r != root) rc = receive_rank(p, r, &all);
-        if (!rc) rc = fsc_weights_save(path, &all, n_meta, keys, values);
+        if (p->opt.tp)
+            rc = save_tp(p, path, whole, &all, n_meta, keys, values, rc);
+        else if (!rc)
+            rc = fsc_weights_save(path, &all, n_meta, keys, values);
         if (whole) fsc_params_free(&all);
         fsc_module_free(whole);
     }
@@ -352,7 +351,7 @@ int fsc_pipe_save_weights(fsc_pipe *p, const char *path, int root, int n_meta,
     int rc = pipe_dp_gather(p);
     if (!rc && p->dp_rank == 0) rc = save_replica(p, path, root, n_meta, keys, values);
     int rrc = was_gathered ? FSC_OK : pipe_dp_release(p);
-    return replicas_agree(p, rc ? rc : rrc, "could not save the weights");
+    return pipe_replicas_agree(p, rc ? rc : rrc, "could not save the weights");
 }
 
 /* ---- the last run as a Chrome trace ------------------------------------------------------ */

@@ -352,6 +352,21 @@ static int gen_zbh1(fsc_pipe_schedule *s) {
     return rc;
 }
 
+/* Forward only (an evaluation pass), in Megatron's interleaved order: groups
+ * of p micro-batches go through chunk 0, then chunk 1, ... (the last group
+ * may be shorter). Every list follows one global order of (group, chunk,
+ * micro), in which each forward comes after its input's, so none can
+ * deadlock; with whole groups no rank idles once its first input came. */
+static int gen_forward(fsc_pipe_schedule *s) {
+    int p = s->cfg.ranks, v = s->cfg.chunks, m = s->cfg.micros, rc = 0;
+    for (int r = 0; r < p; r++)
+        for (int g = 0; g < m; g += p)
+            for (int c = 0; c < v; c++)
+                for (int i = g; i < g + p && i < m && !rc; i++)
+                    rc = fsc_pipe_sched_push(s, r, FSC_PIPE_F, c * p + r, i);
+    return rc;
+}
+
 /* ---- lowering ---------------------------------------------------------------------------- */
 
 int fsc_pipe_schedule_lower(fsc_pipe_schedule *s) {
@@ -393,6 +408,38 @@ int fsc_pipe_schedule_lower(fsc_pipe_schedule *s) {
 
 /* ---- make -------------------------------------------------------------------------------- */
 
+/* Lowers and validates a generated s; frees it on failure. */
+static int finish(fsc_pipe_schedule *s, const char *name, fsc_pipe_schedule **out) {
+    int rc = fsc_pipe_schedule_lower(s);
+    if (!rc) {
+        rc = fsc_pipe_schedule_validate(s, NULL, NULL, NULL);
+        if (rc) /* a generator bug: say which */
+            rc = fsc_error_context(FSC_ERR_INTERNAL, "generated %s (p %d, v %d, m %d): ", name,
+                                   s->cfg.ranks, s->cfg.chunks, s->cfg.micros);
+    }
+    if (rc) {
+        fsc_pipe_schedule_free(s);
+        return rc;
+    }
+    *out = s;
+    return FSC_OK;
+}
+
+int fsc_pipe_schedule_make_forward(int ranks, int chunks, int micros, fsc_pipe_schedule **out) {
+    if (!out) return fsc_error(FSC_ERR_INVALID, "fsc_pipe_schedule_make_forward: out is NULL");
+    fsc_pipe_config cfg = {
+        .ranks = ranks, .chunks = chunks ? chunks : 1, .micros = micros, .forward_only = true};
+    fsc_pipe_schedule *s = NULL;
+    int rc = fsc_pipe_sched_check_config(cfg);
+    if (!rc) rc = fsc_pipe_sched_alloc(cfg, -1, &s);
+    if (!rc) rc = gen_forward(s);
+    if (rc) {
+        if (s) fsc_pipe_schedule_free(s);
+        return rc;
+    }
+    return finish(s, "forward-only", out);
+}
+
 int fsc_pipe_schedule_make(fsc_pipe_kind kind, int ranks, int chunks, int micros,
                            fsc_pipe_schedule **out) {
     if (!out) return fsc_error(FSC_ERR_INVALID, "fsc_pipe_schedule_make: out is NULL");
@@ -407,7 +454,10 @@ int fsc_pipe_schedule_make(fsc_pipe_kind kind, int ranks, int chunks, int micros
         return fsc_error(FSC_ERR_INVALID,
                          "%s runs one chunk per rank (got chunks %d); interleaved runs several",
                          fsc_pipe_kind_name(kind), chunks);
-    fsc_pipe_config cfg = {ranks, chunks, micros, kind == FSC_PIPE_ZB_H1};
+    fsc_pipe_config cfg = {.ranks = ranks,
+                           .chunks = chunks,
+                           .micros = micros,
+                           .split_backward = kind == FSC_PIPE_ZB_H1};
     int rc = fsc_pipe_sched_check_config(cfg);
     if (rc) return rc;
     if (inter && micros % ranks != 0)
@@ -431,18 +481,9 @@ int fsc_pipe_schedule_make(fsc_pipe_kind kind, int ranks, int chunks, int micros
         rc = gen_zbh1(s);
         break;
     }
-    if (!rc) rc = fsc_pipe_schedule_lower(s);
-    if (!rc) {
-        rc = fsc_pipe_schedule_validate(s, NULL, NULL, NULL);
-        if (rc) /* a generator bug: say which */
-            rc = fsc_error_context(FSC_ERR_INTERNAL,
-                                   "generated %s (p %d, v %d, m %d): ", fsc_pipe_kind_name(kind),
-                                   ranks, chunks, micros);
-    }
     if (rc) {
         fsc_pipe_schedule_free(s);
         return rc;
     }
-    *out = s;
-    return FSC_OK;
+    return finish(s, fsc_pipe_kind_name(kind), out);
 }

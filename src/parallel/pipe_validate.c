@@ -74,6 +74,13 @@ static int check_actions(vctx *c) {
                 return fsc_error(FSC_ERR_INVALID,
                                  "rank %d, action %d (%s): stage %d runs on rank %d", r, k,
                                  txt(a, t), a.stage, a.stage % c->p);
+            const bool backward = a.op == FSC_PIPE_B || a.op == FSC_PIPE_W ||
+                                  a.op == FSC_PIPE_SEND_B || a.op == FSC_PIPE_RECV_B;
+            if (backward && s->cfg.forward_only)
+                return fsc_error(FSC_ERR_INVALID,
+                                 "rank %d, action %d (%s): a forward-only schedule has no "
+                                 "backward",
+                                 r, k, txt(a, t));
             if (a.op == FSC_PIPE_W && !s->cfg.split_backward)
                 return fsc_error(FSC_ERR_INVALID,
                                  "rank %d, action %d (%s): W in a schedule without split "
@@ -98,7 +105,7 @@ static int check_actions(vctx *c) {
 /* Step 2: one F, B (and W) per (stage, micro); both ends of every message. */
 static int check_complete(const vctx *c) {
     char t[FSC_PIPE_ACTION_TEXT], u[FSC_PIPE_ACTION_TEXT];
-    int nops = c->s->cfg.split_backward ? 3 : 2;
+    int nops = c->s->cfg.forward_only ? 1 : c->s->cfg.split_backward ? 3 : 2;
     for (int st = 0; st < c->S; st++) {
         for (int i = 0; i < c->m; i++) {
             for (int op = 0; op < nops; op++) {
@@ -233,7 +240,8 @@ static int simulate(const vctx *c, const fsc_pipe_costs *cost, fsc_pipe_stats *s
                 int *in = &cur[2 * r], *in_w = &cur[2 * r + 1];
                 bool last_use =
                     a.op == FSC_PIPE_W || (a.op == FSC_PIPE_B && !s->cfg.split_backward);
-                if (a.op == FSC_PIPE_F) ++*in, ++*in_w;
+                /* forward only: nothing is kept for a backward */
+                if (a.op == FSC_PIPE_F && !s->cfg.forward_only) ++*in, ++*in_w;
                 if (a.op == FSC_PIPE_B) --*in;
                 if (last_use) --*in_w;
                 if (*in > rs[r].peak_inflight) rs[r].peak_inflight = *in;

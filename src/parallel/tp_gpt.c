@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "../nn/layers_internal.h"
+#include "../nn/moe_internal.h"
 #include "tp_internal.h"
 
 typedef struct {
@@ -158,6 +159,7 @@ fsc_module *fsc_tp_gpt_new(const fsc_gpt_config *cfg, const fsc_tp_options *tp) 
         return NULL;
     }
     if (fsc_gpt_config_check(cfg)) return NULL;
+    if (moe_refuse(cfg->moe, "fsc_tp_gpt_new (tensor parallelism)")) return NULL;
     tp_gpt *g = tp_module_alloc(sizeof *g, &gpt_ops, "gpt", tp);
     if (!g) return NULL;
     g->cfg = *cfg;

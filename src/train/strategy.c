@@ -111,18 +111,18 @@ static int check_options(const strategy_ops *ops, const fsc_strategy_options *o)
     return FSC_OK;
 }
 
-/* Under a pipeline the named row's own options (buckets, partition policy,
- * FSDP units...) have no meaning: its ZeRO stage is applied to each stage's
- * flat buffers whole. */
-static int refuse_row_options_under_pipe(const fsc_strategy_options *o, const char *name) {
+/* Under a pipeline (and fsdp over TP replicas, a pipeline of one stage)
+ * the named row's own options (buckets, partition policy, FSDP units...)
+ * have no meaning: its ZeRO stage is applied to each stage's flat buffers
+ * whole. */
+static int refuse_row_options_under_pipe(const fsc_strategy_options *o, const char *name,
+                                         const char *under) {
     option_use uses[24] = {{0}};
     int n = option_uses(o, uses);
     for (int i = 0; i < n; i++)
         if (uses[i].set)
-            return fsc_error(FSC_ERR_INVALID,
-                             "strategy %s: option %s does not apply under a pipeline (each "
-                             "stage's parameters are reduced and sharded whole)",
-                             name, uses[i].name);
+            return fsc_error(FSC_ERR_INVALID, "strategy %s: option %s does not apply %s", name,
+                             uses[i].name, under);
     return FSC_OK;
 }
 
@@ -155,24 +155,34 @@ fsc_strategy *fsc_strategy_new(fsc_module *model, const fsc_optim_config *optim,
                   "strategy %s: does not run with a pipeline (ddp, oss, sdp and fsdp do)", name);
         return NULL;
     }
-    if (piped && refuse_row_options_under_pipe(opt, name)) return NULL;
+    if (piped && refuse_row_options_under_pipe(opt, name,
+                                               "under a pipeline (each stage's parameters are "
+                                               "reduced and sharded whole)"))
+        return NULL;
     const int replica_zero = ops->zero_stage; /* between a pipeline's replicas */
     if (!piped && opt->pipe.make_stage) {
         fsc_error(FSC_ERR_INVALID, "strategy %s: pipeline options need pipe.stages >= 2", name);
         return NULL;
     }
     const bool tensor = opt->tp.size > 1;
-    if (tensor && (piped || ops->zero_stage > 2 || !ops->spans_ranks)) {
+    if (tensor && !piped && !ops->spans_ranks) {
         fsc_error(FSC_ERR_INVALID,
-                  "strategy %s: does not run with tensor parallelism%s (ddp, oss and sdp do)", name,
-                  piped ? " and a pipeline together yet" : "");
+                  "strategy %s: does not run with tensor parallelism (ddp, oss, sdp and fsdp do)",
+                  name);
         return NULL;
     }
-    if (!tensor && opt->tp.make_model) {
+    /* fsdp over TP replicas: a pipeline of one stage, the whole TP model */
+    const bool whole = tensor && !piped && ops->zero_stage == 3;
+    if (whole && refuse_row_options_under_pipe(opt, name,
+                                               "with tensor parallelism (the model's parameters "
+                                               "are sharded whole, as one pipeline stage)"))
+        return NULL;
+    if (!tensor && (opt->tp.make_model || opt->tp.make_stage)) {
         fsc_error(FSC_ERR_INVALID, "strategy %s: tensor-parallel options need tp.size >= 2", name);
         return NULL;
     }
     if (piped) ops = &fsc_strategy_pipe;
+    if (whole) ops = &fsc_strategy_pipe_whole;
     if (!optim || (!model) != (piped || tensor)) {
         fsc_error(FSC_ERR_INVALID, "strategy %s: %s", name,
                   !optim   ? "optim is NULL"
@@ -190,7 +200,7 @@ fsc_strategy *fsc_strategy_new(fsc_module *model, const fsc_optim_config *optim,
     s->ops = ops;
     s->opt = *opt;
     s->opt.name = ops->name;
-    s->pipe_zero = piped ? replica_zero : 0;
+    s->pipe_zero = piped || whole ? replica_zero : 0;
     s->model = s->module = model;
     s->group = ops->spans_ranks ? (opt->group ? opt->group : fsc_group_world()) : fsc_group_self();
     s->all = s->group;
@@ -198,7 +208,7 @@ fsc_strategy *fsc_strategy_new(fsc_module *model, const fsc_optim_config *optim,
     s->world = fsc_group_size(s->group);
     /* tensor parallelism makes the model and narrows group, rank, world to
      * the replicas before the row sets up over them */
-    int rc = tensor ? strategy_tp_begin(s, ops) : FSC_OK;
+    int rc = tensor && !piped && !whole ? strategy_tp_begin(s, ops) : FSC_OK;
     if (!rc) rc = s->ops->setup(s, optim); /* a pipeline narrows them to its replicas */
     if (!rc) rc = strategy_collect_ranges(s);
     if (rc) {
@@ -284,7 +294,7 @@ int fsc_strategy_write_trace(fsc_strategy *s, const char *path) {
 }
 
 fsc_pipe *fsc_strategy_get_pipe(const fsc_strategy *s) {
-    return s ? s->pipe : NULL;
+    return s && s->ops->run_pipeline ? s->pipe : NULL; /* not fsdp's one stage over TP */
 }
 
 int fsc_strategy_clip_grad_norm(fsc_strategy *s, float max_norm, float *total) {

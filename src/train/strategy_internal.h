@@ -74,7 +74,8 @@ struct fsc_strategy {
     fsc_pipe *pipe;
     fsc_pipe_schedule *sched;
     fsc_group *pp_group, *dp_group;
-    int pipe_zero; /* the named row's ZeRO stage, applied between the replicas */
+    int pipe_zero;     /* the named row's ZeRO stage, applied between the replicas */
+    bool pipe_no_sync; /* fsdp over TP replicas: not the step's last micro-batch */
     /* tensor parallelism (strategy_tp.c): the TP group (one replica), the
      * data-parallel group across replicas, the row's operations with TP's
      * overrides, the options the model was made with (it keeps a pointer),
@@ -103,8 +104,10 @@ int strategy_bind(fsc_strategy *s, fsc_params *out);
 /* The rows, defined beside their code. */
 extern const strategy_ops fsc_strategy_single, fsc_strategy_dp, fsc_strategy_ddp, fsc_strategy_oss,
     fsc_strategy_sdp, fsc_strategy_fsdp, fsc_strategy_slowmo;
-/* Not in the table: what a row that composes with a pipeline becomes. */
-extern const strategy_ops fsc_strategy_pipe;
+/* Not in the table: what a row that composes with a pipeline becomes, and
+ * what fsdp becomes with tp.size > 1 and no pipeline (strategy_pipe.c: a
+ * pipeline of one stage, the whole TP model, run micro-step by micro-step). */
+extern const strategy_ops fsc_strategy_pipe, fsc_strategy_pipe_whole;
 
 /* Copies the optimizer's ranges into s->ranges (after setup). */
 int strategy_collect_ranges(fsc_strategy *s);

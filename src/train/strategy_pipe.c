@@ -6,36 +6,83 @@
  * optimizer state; sdp: and gradients; fsdp: and parameters between
  * steps), after the pipeline rather than overlapped with it. The
  * strategy's group, rank and world are then the data-parallel ones, which
- * is what the trainer's data order and loss normaliser need. */
+ * is what the trainer's data order and loss normaliser need. With
+ * tp.size > 1 each stage is itself split over a TP group of adjacent ranks
+ * (the full dp x pp x tp mesh): one pipeline per TP rank of a replica.
+ * fsdp with tp.size > 1 and no pipeline is this row with one stage, the
+ * whole TP model (fsc_strategy_pipe_whole, at the end). */
 #include <stdlib.h>
 
 #include "strategy_internal.h"
 
+/* With TP stages: the user's stage over this rank's TP group; one stage
+ * (no pipeline: fsc_strategy_pipe_whole) is the user's whole model. */
+static fsc_module *tp_stage(void *user, int first, int end) {
+    fsc_strategy *s = user;
+    if (s->opt.pipe.stages < 2) return s->opt.tp.make_model(s->opt.tp.user, &s->tp_options);
+    return s->opt.tp.make_stage(s->opt.tp.user, first, end, &s->tp_options);
+}
+
+/* The TP options: tp.make_stage in place of pipe.make_stage and make_model;
+ * without a pipeline tp.make_model, as under ddp. */
+static int check_tp(const fsc_strategy *s) {
+    const fsc_tp_strategy_options *o = &s->opt.tp;
+    if (s->opt.pipe.stages < 2)
+        return o->make_model && !o->make_stage
+                   ? FSC_OK
+                   : fsc_error(FSC_ERR_INVALID,
+                               "tensor parallelism without a pipeline: give tp.make_model, not "
+                               "tp.make_stage (%s)",
+                               o->make_model ? "tp.make_stage is set" : "tp.make_model is NULL");
+    if (!o->make_stage || o->make_model || s->opt.pipe.make_stage)
+        return fsc_error(FSC_ERR_INVALID,
+                         "tensor-parallel stages: give tp.make_stage, and neither tp.make_model "
+                         "nor pipe.make_stage (%s)",
+                         !o->make_stage  ? "tp.make_stage is NULL"
+                         : o->make_model ? "tp.make_model is set"
+                                         : "pipe.make_stage is set");
+    return FSC_OK;
+}
+
 static int setup(fsc_strategy *s, const fsc_optim_config *optim) {
-    const int P = s->opt.pipe.stages, N = s->world, r = s->rank;
-    if (N % P)
-        return fsc_error(FSC_ERR_INVALID, "%d ranks cannot form pipelines of %d stages", N, P);
-    fsc_group *all = s->group;
-    /* replica r / P holds ranks [P * (r / P), P * (r / P) + P): stage ranks adjacent */
-    int rc = fsc_group_split(all, r / P, r % P, "pipe", &s->pp_group);
-    if (!rc) rc = fsc_group_split(all, r % P, r / P, "pipe-dp", &s->dp_group);
+    const int P = s->opt.pipe.stages > 1 ? s->opt.pipe.stages : 1, N = s->world, r = s->rank;
+    const int T = s->opt.tp.size > 1 ? s->opt.tp.size : 1, PT = P * T;
+    if (N % PT)
+        return fsc_error(FSC_ERR_INVALID,
+                         T > 1 ? "%d ranks cannot form pipelines of %d stages x %d tensor-parallel "
+                                 "ranks"
+                               : "%d ranks cannot form pipelines of %d stages",
+                         N, P, T);
+    int rc = T > 1 ? check_tp(s) : FSC_OK;
     if (rc) return rc;
-    const fsc_pipe_kind kind = s->opt.pipe.schedule;
+    fsc_group *all = s->group;
+    /* rank = (replica * P + stage) * T + TP rank (src/dist/mesh.c): a TP
+     * group is T adjacent ranks, a replica PT; a pipeline joins the ranks of
+     * one replica with the same TP rank */
+    if (T > 1) rc = fsc_group_split(all, r / T, r % T, "tp", &s->tp_group);
+    if (!rc) rc = fsc_group_split(all, r / PT * T + r % T, r / T % P, "pipe", &s->pp_group);
+    if (!rc) rc = fsc_group_split(all, r % PT, r / PT, "pipe-dp", &s->dp_group);
+    if (rc) return rc;
+    s->tp_options =
+        (fsc_tp_options){.group = s->tp_group, .sequence_parallel = s->opt.tp.sequence_parallel};
+    const fsc_pipe_kind kind = P > 1 ? s->opt.pipe.schedule : FSC_PIPE_GPIPE;
     const int chunks =
         kind == FSC_PIPE_INTERLEAVED ? (s->opt.pipe.chunks ? s->opt.pipe.chunks : 2) : 1;
     const int micros = s->opt.pipe.micros > 0 ? s->opt.pipe.micros : 1;
     if ((rc = fsc_pipe_schedule_make(kind, P, chunks, micros, &s->sched))) return rc;
-    fsc_pipe_options po = {.layers = s->opt.pipe.layers,
-                           .make_stage = s->opt.pipe.make_stage,
-                           .stage_user = s->opt.pipe.stage_user,
+    /* one stage: the whole model is its one layer, and no activation crosses */
+    fsc_pipe_options po = {.layers = P > 1 ? s->opt.pipe.layers : 1,
+                           .make_stage = T > 1 ? tp_stage : s->opt.pipe.make_stage,
+                           .stage_user = T > 1 ? (void *)s : s->opt.pipe.stage_user,
                            .balance = s->opt.pipe.balance,
-                           .act_ndim = s->opt.pipe.act_ndim,
+                           .act_ndim = P > 1 ? s->opt.pipe.act_ndim : 1,
                            .seed = s->opt.seed,
                            .checkpoint = s->opt.pipe.checkpoint,
-                           .dp = N > P ? s->dp_group : NULL,
+                           .dp = N > PT ? s->dp_group : NULL,
                            .mesh = all,
-                           .sharding = (fsc_pipe_sharding)s->pipe_zero};
-    for (int d = 0; d < FSC_MAX_DIMS; d++) po.act_shape[d] = s->opt.pipe.act_shape[d];
+                           .sharding = (fsc_pipe_sharding)s->pipe_zero,
+                           .tp = s->tp_group};
+    for (int d = 0; d < FSC_MAX_DIMS; d++) po.act_shape[d] = P > 1 ? s->opt.pipe.act_shape[d] : 1;
     if (!(s->pipe = fsc_pipe_new(s->pp_group, s->sched, optim, &po))) return FSC_ERR_INVALID;
     s->optim = fsc_pipe_optim(s->pipe);
     s->group = s->dp_group;
@@ -56,6 +103,8 @@ static void zero_grad(fsc_strategy *s) {
 }
 
 static int run_pipeline(fsc_strategy *s, const fsc_ctx *ctx, const fsc_pipe_io *io, float *loss) {
+    if (ctx && !ctx->training) /* evaluation: forward only, not a step (no figures) */
+        return fsc_pipe_eval(s->pipe, ctx, io, loss);
     int rc = fsc_pipe_run(s->pipe, ctx, io, loss);
     const fsc_pipe_run_stats st = fsc_pipe_get_stats(s->pipe);
     s->pipe_wait_s += st.wait_s + st.replica_s;
@@ -96,10 +145,14 @@ static int load_optim(fsc_strategy *s, const char *path) {
     return fsc_pipe_load_optim(s->pipe, path);
 }
 
-/* Replica 0's pipeline: the others have the same schedule. */
+/* Replica 0's pipeline (of TP rank 0): the others have the same schedule;
+ * the outcome goes over the TP group, then over the replicas. */
 static int write_trace(fsc_strategy *s, const char *path) {
-    int rc = s->rank == 0 ? fsc_pipe_write_trace(s->pipe, path) : FSC_OK;
+    const int tp_rank = s->tp_group ? fsc_group_rank(s->tp_group) : 0;
+    int rc = s->rank == 0 && tp_rank == 0 ? fsc_pipe_write_trace(s->pipe, path) : FSC_OK;
     int32_t status = rc;
+    if (s->tp_group && fsc_group_broadcast(s->tp_group, &status, 1, FSC_DTYPE_I32, 0))
+        return FSC_ERR_MPI;
     if (s->world > 1 && fsc_group_broadcast(s->dp_group, &status, 1, FSC_DTYPE_I32, 0))
         return FSC_ERR_MPI;
     return status && !rc ? fsc_error(status, "pipeline: replica 0 could not write %s", path) : rc;
@@ -109,6 +162,7 @@ static void stats(const fsc_strategy *s, fsc_strategy_stats *out) {
     out->wait_s = s->pipe_wait_s;
     out->reductions = s->dp_allreduces;
     out->messages = s->pipe_messages;
+    if (s->tp_group) out->tp_wait_s = fsc_group_get_stats(s->tp_group).wait_s;
 }
 
 const strategy_ops fsc_strategy_pipe = {
@@ -128,4 +182,78 @@ const strategy_ops fsc_strategy_pipe = {
     .load_optim = load_optim,
     .stats = stats,
     .write_trace = write_trace,
+};
+
+/* ---- fsdp over tensor-parallel replicas, without a pipeline ------------------------------ */
+/* The pipeline of one stage: the whole TP model (tp.make_model), kept as
+ * this rank's 1/dp slices between steps as a stage is under fsdp x pp. The
+ * trainer runs it micro-step by micro-step like any row's module: a hook
+ * makes it whole before its forward (evaluating, gives the rest back after
+ * it), and the step's last micro-batch reduce-scatters the gradients. */
+
+static int whole_hook(fsc_module *m, fsc_hook_kind kind, const fsc_ctx *ctx, const fsc_tensor *t,
+                      void *user) {
+    (void)m, (void)t;
+    if (kind == FSC_HOOK_PRE_FORWARD) return fsc_pipe_unshard(user);
+    return ctx->training ? FSC_OK : fsc_pipe_reshard(user); /* evaluating: no backward follows */
+}
+
+static int whole_setup(fsc_strategy *s, const fsc_optim_config *optim) {
+    int rc = setup(s, optim);
+    if (rc) return rc;
+    s->model = s->module = fsc_pipe_chunk_module(s->pipe, 0);
+    rc = fsc_module_add_hook(s->module, FSC_HOOK_PRE_FORWARD, whole_hook, s->pipe);
+    return rc ? rc : fsc_module_add_hook(s->module, FSC_HOOK_POST_FORWARD, whole_hook, s->pipe);
+}
+
+static void whole_teardown(fsc_strategy *s) {
+    teardown(s);
+    s->model = s->module = NULL; /* the pipe's, freed with it */
+}
+
+static void whole_set_no_sync(fsc_strategy *s, bool no_sync) {
+    s->pipe_no_sync = no_sync;
+}
+
+/* Gradients accumulate whole over the micro-batches; the last reduces them. */
+static int whole_run(fsc_strategy *s, const fsc_ctx *ctx, int rows, fsc_dp_work_fn fn, void *user,
+                     float *loss) {
+    if (!ctx->arena) return fsc_error(FSC_ERR_INVALID, "strategy fsdp: ctx->arena is NULL");
+    fsc_arena_reset(ctx->arena);
+    int rc = fn(s->module, ctx, 0, rows, user, loss);
+    if (rc || s->pipe_no_sync) return rc;
+    rc = fsc_pipe_reduce_grads(s->pipe);
+    s->pipe_wait_s = fsc_pipe_get_stats(s->pipe).replica_s; /* gathers and reductions so far */
+    if (s->world > 1) s->dp_allreduces++;
+    return rc;
+}
+
+/* fsc-consolidate reads FSDP's flat shards; these are TP slices cut by dp. */
+static int whole_save_sharded(fsc_strategy *s, const char *path, int n_meta,
+                              const char *const *keys, const char *const *values) {
+    (void)s, (void)n_meta, (void)keys, (void)values;
+    return fsc_error(FSC_ERR_UNSUPPORTED,
+                     "%s: fsdp with tensor parallelism writes no shard files; save the weights "
+                     "(the one-process file) or a checkpoint instead",
+                     path ? path : "(no path)");
+}
+
+const strategy_ops fsc_strategy_pipe_whole = {
+    .name = "fsdp",
+    .summary = "ZeRO-3 over the replicas of a tensor-parallel model: one pipeline stage each",
+    .spans_ranks = true,
+    .zero_stage = 3,
+    .setup = whole_setup,
+    .teardown = whole_teardown,
+    .zero_grad = zero_grad,
+    .set_no_sync = whole_set_no_sync,
+    .run = whole_run,
+    .clip = clip,
+    .step = step,
+    .save_weights = save_weights,
+    .load_weights = load_weights,
+    .save_optim = save_optim,
+    .load_optim = load_optim,
+    .save_sharded = whole_save_sharded,
+    .stats = stats,
 };

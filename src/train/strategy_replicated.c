@@ -6,6 +6,7 @@
  * world size. The rows differ only in the wrapper that reduces gradients. */
 #include <stdlib.h>
 
+#include "fsc/moe.h"
 #include "fsc/weights.h"
 #include "strategy_internal.h"
 
@@ -15,10 +16,27 @@ static size_t bucket_bytes(const fsc_strategy *s) {
     return s->opt.bucket_bytes ? s->opt.bucket_bytes : DEFAULT_BUCKET_BYTES;
 }
 
+/* Experts sharded over ranks (fsc/moe.h) need ddp over exactly their group. */
+static int check_experts(fsc_strategy *s) {
+    if (!fsc_moe_params_sharded(&s->params)) return FSC_OK;
+    if (s->ops != &fsc_strategy_ddp)
+        return fsc_error(FSC_ERR_INVALID,
+                         "experts sharded over ranks (--moe-experts with more than one rank) "
+                         "run under ddp only, not %s",
+                         s->ops->name);
+    int ep = fsc_moe_ep_size(s->model);
+    if (ep != s->world)
+        return fsc_error(FSC_ERR_INVALID,
+                         "the experts are sharded over %d ranks but the data-parallel group has "
+                         "%d: expert parallelism must span the ddp group",
+                         ep, s->world);
+    return FSC_OK;
+}
+
 static int bind(fsc_strategy *s) {
     int rc = strategy_bind(s, &s->params);
     s->bound = !rc;
-    return rc;
+    return rc ? rc : check_experts(s);
 }
 
 /* The OSS optimizer, over the group when `sharded`, else over this process. */
@@ -109,6 +127,8 @@ static int dp_run(fsc_strategy *s, const fsc_ctx *ctx, int rows, fsc_dp_work_fn 
 }
 
 static int clip(fsc_strategy *s, float max_norm, float *total) {
+    if (fsc_moe_params_sharded(&s->params)) /* each expert's norm counted once, on its rank */
+        return fsc_moe_clip_grad_norm(&s->params, s->group, max_norm, total);
     return fsc_oss_clip_grad_norm(s->oss, max_norm, false, total);
 }
 
@@ -120,6 +140,8 @@ static int step(fsc_strategy *s) {
  * (FSC_PARALLEL_IO=0, one process); the same bytes either way. */
 static int save_weights(fsc_strategy *s, const char *path, int root, int n_meta,
                         const char *const *keys, const char *const *values) {
+    if (fsc_moe_params_sharded(&s->params)) /* every rank's experts, by global name */
+        return fsc_moe_save_weights(&s->params, s->group, path, root, n_meta, keys, values);
     return fsc_weights_save_group(s->group, root, path, &s->params, n_meta, keys, values);
 }
 
@@ -127,8 +149,11 @@ static int load_weights(fsc_strategy *s, const char *path, int *n_unused) {
     return fsc_weights_load(path, &s->params, n_unused);
 }
 
-/* Unsharded state, alike on every rank: saved as the weights are. */
+/* Unsharded state, alike on every rank: saved as the weights are; with
+ * experts over the ranks, each expert's state by its global name. */
 static int save_optim_local(fsc_strategy *s, const char *path, int root) {
+    if (fsc_moe_params_sharded(&s->params))
+        return fsc_moe_save_optim(&s->params, s->optim, s->group, path, root);
     return fsc_oss_save_state_replicated(s->oss, s->group, path, root);
 }
 
@@ -139,6 +164,8 @@ static int save_optim_sharded(fsc_strategy *s, const char *path, int root) {
 }
 
 static int load_optim(fsc_strategy *s, const char *path) {
+    if (fsc_moe_params_sharded(&s->params)) /* this rank's experts, by global name */
+        return fsc_moe_load_optim(&s->params, s->optim, s->group, path);
     return fsc_oss_load_state(s->oss, path);
 }
 

@@ -4,7 +4,8 @@ PyTorch is present) its models and losses agree with PyTorch.
 
 usage: train_e2e.py FSC_TRAIN {learns|accum|strategies|watchdog|resume|bad-input|torch|
                               fsdp|fsdp-precision|fsdp-files|validation|sample|config|
-                              signals|progress}
+                              signals|optimizers|consistency|plot}
+(the progress output is tests/tools/progress_e2e.py)
 Exit 0 = pass, 1 = fail, 77 = skipped (no PyTorch).
 """
 import json
@@ -33,6 +34,47 @@ def run(*args, expect_ok=True):
 def metrics(path):
     with open(path) as f:
         return [json.loads(line) for line in f]
+
+
+def tree(root):
+    """{relative path: (kind, sha256 of a file's bytes or a link's target)} under root:
+    a fault case compares it before and after to show that nothing saved changed."""
+    import hashlib
+    out = {}
+    for d, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = os.path.join(d, name)
+            rel = os.path.relpath(path, root)
+            if os.path.islink(path):
+                out[rel] = ("link", os.readlink(path))
+            elif os.path.isfile(path):
+                with open(path, "rb") as f:
+                    out[rel] = ("file", hashlib.sha256(f.read()).hexdigest())
+            else:
+                out[rel] = ("dir" if os.path.isdir(path) else "other", "")
+    return out
+
+
+def same_tree(what, root, before):
+    after = tree(root)
+    if after != before:
+        changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+        sys.exit(f"FAIL: {what}: files under {root} changed: {changed}")
+
+
+def verify_checkpoint(ck):
+    """The step of ck's `latest` checkpoint after checking every member's size and
+    CRC-32 against its state.json, as fsc's reader does; exits on a mismatch."""
+    import zlib
+    name = open(os.path.join(ck, "latest")).read().strip()
+    step_dir = os.path.join(ck, name)
+    state = json.load(open(os.path.join(step_dir, "state.json")))
+    for member, rec in state["files"].items():
+        data = open(os.path.join(step_dir, member), "rb").read()
+        if len(data) != rec["size"] or zlib.crc32(data) != rec["crc32"]:
+            sys.exit(f"FAIL: {step_dir}/{member}: {len(data)} bytes, crc32 {zlib.crc32(data)}; "
+                     f"state.json says {rec['size']} bytes, crc32 {rec['crc32']}")
+    return state["step"]
 
 
 def learns():
@@ -75,7 +117,10 @@ def accumulation():
 def mpiexec(n, *args, expect_ok=True, env=None):
     launcher = os.environ.get("FSC_MPIEXEC", "mpiexec")
     cmd = [launcher, "-n", str(n), "--oversubscribe", FSC_TRAIN, *map(str, args)]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    # a new session: no controlling terminal, so progress lines come on stderr even when the
+    # tests run from a terminal (rank 0 would draw its live line on /dev/tty)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env,
+                       start_new_session=True)
     if expect_ok and p.returncode != 0:
         sys.exit(f"FAIL: {' '.join(cmd)} exited {p.returncode}:\n{p.stderr}")
     return p
@@ -130,9 +175,10 @@ def strategies():
             sys.exit(f"FAIL: --trace {sched}: {len(events)} actions on ranks "
                      f"{sorted({e['tid'] for e in events})}, expected {want} on 0 and 1")
     # tensor parallelism: 2 ranks as one replica (ddp, oss), and dp 2 x tp 2 with sequence
-    # parallelism under sdp
+    # parallelism under sdp, and under fsdp (the TP model one pipeline stage, sharded over dp)
     for n, strat, extra in ((2, "ddp", ["--batch", "8"]), (2, "oss", ["--batch", "8"]),
-                            (4, "sdp", ["--batch", "4", "--sequence-parallel"])):
+                            (4, "sdp", ["--batch", "4", "--sequence-parallel"]),
+                            (4, "fsdp", ["--batch", "2", "--grad-accum", "2"])):
         m = os.path.join(TMP, f"tp{n}{strat}.jsonl")
         mpiexec(n, *common, *extra, "--strategy", strat, "--tp", "2", "--metrics", m)
         out[f"{strat} x{n // 2} tp 2 {' '.join(extra[2:])}"] = metrics(m)
@@ -152,10 +198,11 @@ def strategies():
     if p.returncode == 0 or "bucket_bytes does not apply under a pipeline" not in p.stderr:
         sys.exit(f"FAIL: --bucket-mb under --pp: {p.returncode} {p.stderr}")
     print("ok  a row's own option under --pp is refused by name")
-    p = mpiexec(2, *common, "--strategy", "fsdp", "--tp", "2", expect_ok=False)
-    if p.returncode == 0 or "does not run with tensor parallelism" not in p.stderr:
-        sys.exit(f"FAIL: fsdp --tp 2: {p.returncode} {p.stderr}")
-    print("ok  --strategy fsdp --tp 2 is refused (not there yet)")
+    p = mpiexec(2, *common, "--strategy", "fsdp", "--tp", "2", "--min-params", "100",
+                expect_ok=False)
+    if p.returncode == 0 or "min_params does not apply with tensor parallelism" not in p.stderr:
+        sys.exit(f"FAIL: fsdp --tp 2 --min-params: {p.returncode} {p.stderr}")
+    print("ok  fsdp's own option under --tp is refused by name")
 
 
 def watchdog():
@@ -167,8 +214,10 @@ def watchdog():
     for fault in ("sleep@1:3", "exit@1:3"):
         env = dict(os.environ, FSC_TIMEOUT_S="3", FSC_FAULT=fault)
         launcher = os.environ.get("FSC_MPIEXEC", "mpiexec")
+        ck = os.path.join(TMP, f"wd-{fault[:5]}")  # step 2's checkpoint must outlive the fault
         t0 = time.time()
-        p = subprocess.run([launcher, "-n", "2", "--oversubscribe", FSC_TRAIN, *common],
+        p = subprocess.run([launcher, "-n", "2", "--oversubscribe", FSC_TRAIN, *common,
+                            "--checkpoint-dir", ck, "--save-every", "2"],
                            capture_output=True, text=True, timeout=120, env=env)
         took = time.time() - t0
         if p.returncode == 0:
@@ -177,8 +226,11 @@ def watchdog():
             sys.exit(f"FAIL: {fault}: the job took {took:.0f} s to fail")
         if fault.startswith("sleep") and not ("never joined" in p.stderr and "rank 1" in p.stderr):
             sys.exit(f"FAIL: {fault}: no watchdog message naming rank 1:\n{p.stderr}")
+        if verify_checkpoint(ck) != 2:
+            sys.exit(f"FAIL: {fault}: the latest checkpoint is not step 2's:\n{p.stderr}")
         line = next((l for l in p.stderr.splitlines() if "never joined" in l), "(launcher ended the job)")
-        print(f"ok  FSC_FAULT={fault}: exit {p.returncode} after {took:.1f} s: {line.strip()[:150]}")
+        print(f"ok  FSC_FAULT={fault}: exit {p.returncode} after {took:.1f} s: {line.strip()[:150]}"
+              "; step 2's checkpoint verifies")
     # a pipeline stage that stops mid-step: its peer's receive or send times
     # out, naming this rank, the action and the rank it waits for
     env = dict(os.environ, FSC_TIMEOUT_S="3", FSC_FAULT="sleep@1:3")
@@ -241,6 +293,7 @@ def resume():
     step_dir = os.path.join(ck, "step-000005")
     optim = os.path.join(step_dir, "optim.safetensors")
     good = open(optim, "rb").read()
+    saved = tree(ck)
     with open(optim, "wb") as f:
         f.write(good[: len(good) // 2])
     p = run(*common, "--steps", "10", "--resume", ck, expect_ok=False)
@@ -254,7 +307,9 @@ def resume():
     if p.returncode == 0 or "another model" not in p.stderr:
         sys.exit(f"FAIL: other-model checkpoint accepted or unclear:\n{p.stderr}")
     print("ok  other model ->", p.stderr.strip().splitlines()[-1][:140])
+    same_tree("refused resumes", ck, saved)
     run(*common, "--steps", "6", "--resume", ck)  # still loadable after both refusals
+    print("ok  the refused resumes left every file of the checkpoint as it was")
 
 
 def bad_input():
@@ -536,7 +591,7 @@ def val_rows(path):
 
 def validation():
     """Validation loss: the same under every strategy and layout with the same global batch
-    (fsdp without gathering the model); llm.c's *_val shards are held out of a --data glob and
+    (fsdp without gathering the model; a pipeline by a forward-only schedule); llm.c's *_val shards are held out of a --data glob and
     evaluated; without them the tail of the data is held out of training; refusals are clear."""
     common = ["--layers", "2", "--d-model", "64", "--heads", "4", "--seq", "32", "--steps", "6",
               "--dropout", "0.1", "--quiet", "--eval-every", "3", "--eval-batches", "2"]
@@ -550,7 +605,11 @@ def validation():
     for n, strat, extra in ((2, "ddp", ["--batch", "4"]), (2, "fsdp", ["--batch", "4"]),
                             (4, "fsdp", ["--batch", "1", "--grad-accum", "2"]),
                             (4, "sdp", ["--batch", "1", "--grad-accum", "2"]),
-                            (2, "ddp", ["--batch", "8", "--tp", "2"])):
+                            (2, "ddp", ["--batch", "8", "--tp", "2"]),
+                            (2, "ddp", ["--batch", "4", "--grad-accum", "2", "--pp", "2"]),
+                            (2, "ddp", ["--batch", "4", "--grad-accum", "2", "--pp", "2",
+                                        "--pipe-schedule", "zb1"]),
+                            (4, "fsdp", ["--batch", "2", "--grad-accum", "2", "--pp", "2"])):
         m = os.path.join(TMP, f"v-{strat}{n}{len(runs)}.jsonl")
         mpiexec(n, *common, "--strategy", strat, *extra, "--metrics", m)
         runs[f"{strat} x{n} {' '.join(extra)}"] = val_rows(m)
@@ -608,11 +667,6 @@ def validation():
         if p.returncode == 0 or needle not in p.stderr:
             sys.exit(f"FAIL: {args}: exit {p.returncode}, expected {needle!r} in:\n{p.stderr}")
         print(f"ok  {' '.join(args):28s} -> {p.stderr.strip().splitlines()[-1][:110]}")
-    p = mpiexec(2, *common, "--strategy", "ddp", "--pp", "2", "--grad-accum", "2",
-                expect_ok=False)
-    if p.returncode == 0 or "not available with --pp" not in p.stderr:
-        sys.exit(f"FAIL: --eval-every under --pp: exit {p.returncode}:\n{p.stderr}")
-    print("ok  --eval-every with --pp 2 is refused by name")
 
 
 def formats():
@@ -852,6 +906,39 @@ def config():
     if len(set(losses.values())) != 1:
         sys.exit(f"FAIL: --init-from gave other losses by source: {losses}")
     print(f"ok  --init-from with no model flags (metadata, config.json, shapes): loss {losses}")
+    # MoE: experts over 2 ranks checkpoint (their optimizer state by global name) and resume
+    # to the uninterrupted losses; config.json records the MoE settings, so --init-from and
+    # --resume rebuild the model with no --moe-* flags; another --moe-experts is refused
+    moe = ["--moe-experts", "4", "--moe-every", "1", "--moe-capacity", "1.5", "--moe-aux-coef",
+           "0.02", "--moe-hidden", "96"]
+    mout = os.path.join(TMP, "moe")
+    os.mkdir(mout)
+    mw, mck = os.path.join(mout, "model.safetensors"), os.path.join(TMP, "moe-ck")
+    mfull, mres = os.path.join(TMP, "moe-full.jsonl"), os.path.join(TMP, "moe-res.jsonl")
+    mpiexec(2, "--config", cfg, "--strategy", "ddp", *moe, "--save", mw, "--metrics", mfull,
+            "--checkpoint-dir", mck, "--save-every", "4")
+    step4 = sorted(d for d in os.listdir(mck) if d != "latest" and "4" in d)[0]
+    p = mpiexec(2, "--resume", os.path.join(mck, step4), "--metrics", mres)
+    full, res = [r["loss"] for r in metrics(mfull)], [r["loss"] for r in metrics(mres)]
+    if res != full[4:]:
+        sys.exit(f"FAIL: MoE resume on 2 ranks: {res} vs uninterrupted {full[4:]}\n{p.stderr}")
+    print(f"ok  MoE over 2 ranks resumed at step 4: losses {res} as uninterrupted")
+    hf = json.load(open(os.path.join(mout, "config.json")))
+    want = {"num_experts": 4, "decoder_sparse_step": 1, "moe_intermediate_size": 96,
+            "moe_capacity_factor": 1.5, "router_aux_loss_coef": 0.02, "num_experts_per_tok": 2}
+    if any(hf.get(k) != v for k, v in want.items()):
+        sys.exit(f"FAIL: MoE config.json beside --save: {hf}")
+    mi = [os.path.join(TMP, f"moe-init{i}.jsonl") for i in range(2)]
+    run("--init-from", mw, "--steps", "1", "--lr", "0", "--batch", "4", "--metrics", mi[0], *moe)
+    p = run("--init-from", mw, "--steps", "1", "--lr", "0", "--batch", "4", "--metrics", mi[1])
+    if "--moe-experts 4" not in p.stderr or "--moe-capacity 1.5" not in p.stderr or \
+            metrics(mi[0])[0]["loss"] != metrics(mi[1])[0]["loss"]:
+        sys.exit(f"FAIL: --init-from an MoE model without --moe-* flags:\n{p.stderr}")
+    p = run("--resume", mck, "--quiet", "--moe-experts", "2", expect_ok=False)
+    if p.returncode == 0 or "--moe-experts 4 there, 2 given" not in p.stderr:
+        sys.exit(f"FAIL: --resume with another --moe-experts:\n{p.stderr}")
+    print("ok  config.json records the MoE settings; --init-from takes them:",
+          {k: hf[k] for k in want})
 
 
 def find_rank(launcher_pid, rank):
@@ -932,57 +1019,6 @@ def signals():
     print("ok  SIGINT, one process:", err.strip().splitlines()[-1])
 
 
-def progress():
-    """The progress line: live on a terminal (a pseudo-terminal here) with elapsed time and ETA;
-    through a pipe under mpirun a line at least every --log-seconds even with a large
-    --log-every; metrics rows carry wall-clock time and elapsed seconds."""
-    import pty
-    import time
-    args = ["--layers", "2", "--d-model", "128", "--heads", "4", "--seq", "64", "--batch", "8"]
-    m = os.path.join(TMP, "m.jsonl")
-    t0 = time.time()
-    p = mpiexec(2, "--strategy", "ddp", *args, "--steps", "40", "--log-every", "100000",
-                "--log-seconds", "0.2", "--metrics", m)
-    t1 = time.time()
-    lines = [l for l in p.stderr.splitlines() if l.startswith("step ")]
-    rows = metrics(m)
-    elapsed = {r["step"]: r["elapsed_s"] for r in rows}
-    printed = [int(l.split()[1].split("/")[0]) for l in lines]
-    # a line after step b, the previous one after step a: by step b - 1 no 0.2 s had passed
-    gap = max(elapsed[b - 1] - elapsed[a] for a, b in zip(printed, printed[1:]))
-    print(f"under mpirun, {elapsed[40]:.2f} s of training: {len(lines)} progress lines, "
-          f"at most {gap:.2f} s without one (--log-seconds 0.2)")
-    print("   " + lines[-1])
-    if printed[0] != 1 or printed[-1] != 40 or gap > 0.35 or \
-            (elapsed[40] > 0.6 and len(printed) < 3) or \
-            not all("elapsed, ETA" in l for l in lines):
-        sys.exit("FAIL: progress lines through a pipe too rare, or no elapsed/ETA:\n" + p.stderr)
-    if not all(t0 - 1 <= r["time"] <= t1 + 1 for r in rows) or \
-            any(b["elapsed_s"] < a["elapsed_s"] for a, b in zip(rows, rows[1:])):
-        sys.exit(f"FAIL: metrics time/elapsed_s wrong: {rows[0]} ... {rows[-1]}")
-    print(f"ok  metrics rows carry time ({rows[0]['time']:.0f}) and elapsed_s")
-    master, slave = pty.openpty()
-    q = subprocess.Popen([FSC_TRAIN, *TINY, "--steps", "30", "--log-every", "100000"],
-                         stdout=subprocess.DEVNULL, stderr=slave)
-    os.close(slave)
-    out = b""
-    while True:
-        try:
-            chunk = os.read(master, 65536)
-        except OSError:
-            break
-        if not chunk:
-            break
-        out += chunk
-    q.wait()
-    os.close(master)
-    text = out.decode(errors="replace")
-    redraws = text.count("\r\x1b[Kstep ")
-    print(f"on a terminal: {redraws} redraws of the live line")
-    if q.returncode != 0 or redraws < 30 or "ETA" not in text or "step 30/30" not in text:
-        sys.exit(f"FAIL: no live line on a terminal:\n{text[-2000:]}")
-
-
 def optimizers():
     """--adascale: the gain stays in [1, S] (S = ranks x micro-batches), --steps counts
     scale-invariant steps (fewer real ones when the gain exceeds 1), and one process with one
@@ -1037,7 +1073,13 @@ def consistency():
         cmd = [launcher, "--oversubscribe", *apps]
         return subprocess.run(cmd, capture_output=True, text=True, timeout=300), " ".join(cmd)
 
-    p, cmd = mpmd(small, [*small, "--lr", "0.1"])
+    # a checkpoint saved before; the refused launch would save into the same directory
+    ck = os.path.join(TMP, "cons-ck")
+    run(*TINY, "--steps", "1", "--quiet", "--checkpoint-dir", ck, "--save-every", "1")
+    saved = tree(ck)
+    keep = ["--checkpoint-dir", ck, "--save-every", "1"]
+    p, cmd = mpmd([*small, *keep], [*small, *keep, "--lr", "0.1"])
+    same_tree("a launch refused for differing flags", ck, saved)
     for needle in ("rank 0: the ranks were launched with different settings",
                    "rank 1: the ranks were launched with different settings",
                    "--lr: rank 0 vs rank 1"):
@@ -1159,6 +1201,6 @@ def plot():
  "torch": torch_cross_check,
  "fsdp": fsdp, "fsdp-precision": fsdp_precision, "fsdp-files": fsdp_files,
  "validation": validation, "formats": formats, "sample": sample, "config": config, "signals": signals,
- "progress": progress, "optimizers": optimizers, "consistency": consistency,
+ "optimizers": optimizers, "consistency": consistency,
  "plot": plot}[sys.argv[2]]()
 print("PASS")
