@@ -7,7 +7,10 @@
  * mu = m, and the gain is (D sigma^2/B + D m^2) / (D sigma^2/(B S) + D m^2).
  * Identical micro-batches give 1; m = 0 gives S. Then a least-squares
  * problem trained at S = world reaches the one-rank run's error at the same
- * scale-invariant step, and at one rank AdaScale is exactly the optimizer. */
+ * scale-invariant step, and at one rank AdaScale is exactly the optimizer.
+ * On a tiny GPT the gain equals the closed form from the step's micro-batch
+ * gradients computed one by one. Checkpoints carry the estimates and the
+ * progress: a resumed run takes the uninterrupted run's gains bit for bit. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -16,8 +19,11 @@
 #include <math.h>
 #include <string.h>
 
+#include "fsc/gpt.h"
+#include "fsc/io.h"
 #include "fsc/trainer.h"
 #include "mpi_test.h"
+#include "train/trainer_internal.h" /* the checkpoint entry's reader, tried directly */
 
 static int world;
 
@@ -86,9 +92,9 @@ typedef struct run_cfg {
     const char *strategy;
     int accum;
     bool adascale, local;
-    double lr, smoothing;
-    int steps;          /* steps to run, or with until > 0 ... */
-    double until;       /* > 0: run until the scale-invariant step reaches it */
+    double lr, smoothing, momentum;
+    int steps;    /* steps to run, or with until > 0 ... */
+    double until; /* > 0: run until the scale-invariant step reaches it */
     problem p;
 } run_cfg;
 
@@ -98,21 +104,27 @@ typedef struct run_out {
     float *w; /* final weights (caller frees) */
 } run_out;
 
-static run_out run(const run_cfg *c) {
-    fsc_module *m = model_new();
-    problem p = c->p;
+/* p must outlive the trainer (the loss reads it). */
+static fsc_trainer *trainer_new(const run_cfg *c, fsc_module *m, problem *p) {
     fsc_trainer_config cfg = {
         .strategy = {.name = c->strategy, .seed = 3},
-        .optim = {.kind = FSC_OPTIM_SGD, .lr = c->lr},
+        .optim = {.kind = FSC_OPTIM_SGD, .lr = c->lr, .momentum = c->momentum},
         .batch = B,
         .grad_accum = c->accum,
         .loss = loss_fn,
-        .user = &p,
+        .user = p,
         .adascale = c->adascale,
         .adascale_cfg = {.smoothing = c->smoothing},
     };
     fsc_trainer *t = fsc_trainer_new(m, &cfg);
     if (!t) fail_msg("%s: %s", c->strategy, fsc_last_error());
+    return t;
+}
+
+static run_out run(const run_cfg *c) {
+    fsc_module *m = model_new();
+    problem p = c->p;
+    fsc_trainer *t = trainer_new(c, m, &p);
     run_out o = {.gain = 1};
     fsc_step_result r;
     while (c->until > 0 ? fsc_trainer_progress(t) < c->until : o.steps < c->steps) {
@@ -148,8 +160,13 @@ static void each_layout(void (*check)(const char *name, int accum, bool local)) 
 static void check_known_variance(const char *name, int accum, bool local) {
     const problem p = {.m = 0.05, .sigma = 0.5};
     const int S = accum * (local ? 1 : world);
-    run_out o = run(&(run_cfg){.strategy = name, .accum = accum, .adascale = true, .lr = 1e-3, .smoothing = 0.98,
-                               .steps = 300, .p = p});
+    run_out o = run(&(run_cfg){.strategy = name,
+                               .accum = accum,
+                               .adascale = true,
+                               .lr = 1e-3,
+                               .smoothing = 0.98,
+                               .steps = 300,
+                               .p = p});
     const double var = D * p.sigma * p.sigma / B, sqr = D * p.m * p.m;
     const double expect = (var + sqr) / (var / S + sqr);
     if (fsc_dist_rank() == 0)
@@ -163,7 +180,11 @@ static void check_known_variance(const char *name, int accum, bool local) {
 
 static void check_identical(const char *name, int accum, bool local) {
     (void)local;
-    run_out o = run(&(run_cfg){.strategy = name, .accum = accum, .adascale = true, .lr = 1e-3, .steps = 5,
+    run_out o = run(&(run_cfg){.strategy = name,
+                               .accum = accum,
+                               .adascale = true,
+                               .lr = 1e-3,
+                               .steps = 5,
                                .p = {.m = 0.1, .sigma = 0.5, .same_rows = true}});
     /* variance 0 up to float rounding of the sums (~1e-7 relative) */
     if (o.gain - 1 > 1e-4) fail_msg("%s x%d: identical samples, gain %.9g", name, accum, o.gain);
@@ -172,8 +193,13 @@ static void check_identical(const char *name, int accum, bool local) {
 
 static void check_noise(const char *name, int accum, bool local) {
     const int S = accum * (local ? 1 : world);
-    run_out o = run(&(run_cfg){.strategy = name, .accum = accum, .adascale = true, .lr = 1e-3, .smoothing = 0.98,
-                               .steps = 100, .p = {.sigma = 0.5}});
+    run_out o = run(&(run_cfg){.strategy = name,
+                               .accum = accum,
+                               .adascale = true,
+                               .lr = 1e-3,
+                               .smoothing = 0.98,
+                               .steps = 100,
+                               .p = {.sigma = 0.5}});
     /* mu = 0: r -> S; clamping each step's mu^2 estimate at 0 biases it up by
      * ~0.4 sqrt(2/D) sigma^2/S, a few percent of S at D = 1024 */
     if (o.gain < 0.9 * S) fail_msg("%s x%d: pure noise, gain %g, S %d", name, accum, o.gain, S);
@@ -216,7 +242,8 @@ static void test_training_matches_one_rank(void **state) {
     const problem p = {.sigma = 1.0, .regression = true};
     const double lr = 1e-3;
     run_out one = run(&(run_cfg){.strategy = "single", .lr = lr, .steps = T, .p = p});
-    run_out ada = run(&(run_cfg){.strategy = "ddp", .lr = lr, .adascale = true, .until = T, .p = p});
+    run_out ada =
+        run(&(run_cfg){.strategy = "ddp", .lr = lr, .adascale = true, .until = T, .p = p});
     run_out ddp = run(&(run_cfg){.strategy = "ddp", .lr = lr, .steps = ada.steps, .p = p});
     if (fsc_dist_rank() == 0)
         print_message("||w - w*||^2 after %d scale-invariant steps: one rank %.4f (%d steps), "
@@ -230,6 +257,245 @@ static void test_training_matches_one_rank(void **state) {
     assert_true(ada.steps < T);
     assert_true(ddp.err > ada.err);
     free(one.w), free(ada.w), free(ddp.w);
+}
+
+/* K steps, a checkpoint, a new trainer resumed from it, N - K more: the
+ * uninterrupted run's gains, learning rates, losses and scale-invariant
+ * progress, bit for bit (the estimates travel as %.17g, the weights and
+ * momentum as float32). A fresh estimator would restart at gain 1. */
+static void test_checkpoint_resume(void **state) {
+    (void)state;
+    enum { N = 8, K = 4 };
+    const run_cfg c = {.strategy = world == 1 ? "single" : "ddp",
+                       .accum = world == 1 ? 2 : 1,
+                       .adascale = true,
+                       .lr = 1e-3,
+                       .momentum = 0.9,
+                       .smoothing = 0.5,
+                       .p = {.m = 0.02, .sigma = 1.0, .regression = true}};
+    char dir[64];
+    if (mpi_scratch_dir(dir, "fsc_adascale")) fail_msg("scratch dir");
+    problem p = c.p;
+    fsc_step_result whole[N], part[N];
+    for (int pass = 0; pass < 2; pass++) {
+        fsc_module *m = model_new();
+        fsc_trainer *t = trainer_new(&c, m, &p);
+        for (int s = 0; s < N; s++) {
+            if (pass == 1 && s == K) { /* a new process's view: nothing but the files */
+                if (fsc_trainer_save_checkpoint(t, dir, 0, NULL, NULL))
+                    fail_msg("save: %s", fsc_last_error());
+                fsc_trainer_free(t), fsc_module_free(m);
+                m = model_new();
+                t = trainer_new(&c, m, &p);
+                if (fsc_trainer_resume(t, dir, 0, NULL, NULL))
+                    fail_msg("resume: %s", fsc_last_error());
+                assert_int_equal(fsc_trainer_get_step(t), K);
+                assert_true(fsc_trainer_progress(t) == part[K - 1].progress);
+            }
+            if (fsc_trainer_step(t, pass ? &part[s] : &whole[s]))
+                fail_msg("step %d: %s", s, fsc_last_error());
+        }
+        fsc_trainer_free(t), fsc_module_free(m);
+    }
+    for (int s = 0; s < N; s++) {
+        if (whole[s].gain != part[s].gain || whole[s].lr != part[s].lr ||
+            whole[s].loss != part[s].loss || whole[s].progress != part[s].progress)
+            fail_msg("step %d: gain %.17g / %.17g, lr %.17g / %.17g, loss %.9g / %.9g, progress "
+                     "%.17g / %.17g (uninterrupted / resumed at %d)",
+                     s + 1, whole[s].gain, part[s].gain, whole[s].lr, part[s].lr, whole[s].loss,
+                     part[s].loss, whole[s].progress, part[s].progress, K);
+    }
+    assert_true(whole[N - 1].gain > 1.05); /* the estimate matters to the test */
+    mpi_scratch_dir_remove(dir);
+}
+
+/* A checkpoint saved without AdaScale: every step so far counted 1. */
+static void test_resume_from_plain_run(void **state) {
+    (void)state;
+    run_cfg c = {.strategy = world == 1 ? "single" : "ddp",
+                 .accum = world == 1 ? 2 : 1,
+                 .lr = 1e-3,
+                 .p = {.sigma = 1.0, .regression = true}};
+    char dir[64];
+    if (mpi_scratch_dir(dir, "fsc_adascale")) fail_msg("scratch dir");
+    problem p = c.p;
+    fsc_module *m = model_new();
+    fsc_trainer *t = trainer_new(&c, m, &p);
+    fsc_step_result r;
+    for (int s = 0; s < 3; s++)
+        if (fsc_trainer_step(t, &r)) fail_msg("step: %s", fsc_last_error());
+    if (fsc_trainer_save_checkpoint(t, dir, 0, NULL, NULL)) fail_msg("save: %s", fsc_last_error());
+    fsc_trainer_free(t), fsc_module_free(m);
+    c.adascale = true;
+    m = model_new();
+    t = trainer_new(&c, m, &p);
+    if (fsc_trainer_resume(t, dir, 0, NULL, NULL)) fail_msg("resume: %s", fsc_last_error());
+    assert_true(fsc_trainer_progress(t) == 3.0);
+    if (fsc_trainer_step(t, &r)) fail_msg("step: %s", fsc_last_error());
+    assert_true(r.progress == 3.0 + r.gain);
+    fsc_trainer_free(t), fsc_module_free(m);
+    mpi_scratch_dir_remove(dir);
+}
+
+/* Real model gradients: a tiny GPT (dropout on) under the
+ * trainer with no smoothing (the gain is each step's own estimate), against
+ * the closed form from the step's n micro-batch gradients computed one by
+ * one here, at the trainer's weights before the step:
+ * sigma^2 = (sum ||g_i||^2 - n ||mean||^2) / (n - 1), mu^2 = ||mean||^2 -
+ * sigma^2 / n, r = (sigma^2 + mu^2) / (sigma^2 / n + mu^2). */
+static const fsc_gpt_config GPT = {
+    .vocab = 64, .seq = 16, .layers = 2, .d_model = 32, .heads = 4, .dropout = 0.1f};
+static fsc_tokens gpt_tk;
+
+static void gpt_tokens(void) {
+    enum { N = 4096 };
+    static int32_t tok[N];
+    /* 16 of the 64 ids: a mean gradient well above the samples' spread, so no
+     * estimate is clamped and the comparison sees both figures */
+    for (int i = 0; i < N; i++) tok[i] = (int32_t)((i * 7 + (i / 5) * 3) % 16);
+    if (fsc_tokens_from_i32(tok, N, GPT.vocab, &gpt_tk)) fail_msg("tokens: %s", fsc_last_error());
+}
+
+static int gpt_loss(fsc_module *m, const fsc_ctx *ctx, const fsc_micro_batch *mb, void *user,
+                    float *loss) {
+    (void)user;
+    const int T = GPT.seq;
+    int32_t x[4 * 16], y[4 * 16];
+    int rc = fsc_tokens_batch(&gpt_tk, mb->step, mb->micro, mb->rank, mb->batch, mb->micros,
+                              mb->world, T, x, y);
+    return rc ? rc : fsc_gpt_train_micro(m, ctx, x, y, mb->batch, T, -1, mb->norm, loss);
+}
+
+/* The closed-form gain of step `step` at weights w, one micro-batch at a time. */
+static double gpt_closed_form(const float *w, int64_t step, int K, int GB) {
+    fsc_module *m = fsc_gpt_new(&GPT);
+    fsc_params ps;
+    if (!m || fsc_params_bind(m, 5, true, &ps)) fail_msg("bind: %s", fsc_last_error());
+    memcpy(ps.data, w, sizeof(float) * (size_t)ps.numel);
+    fsc_arena *arena = fsc_arena_new(FSC_MEM_ACTIV, 1 << 20);
+    double *mean = calloc((size_t)ps.numel, sizeof(double)), sum_sq = 0, mean_sq = 0;
+    const int T = GPT.seq, n = K * world;
+    int32_t x[4 * 16], y[4 * 16];
+    for (int r = 0; r < world; r++)
+        for (int k = 0; k < K; k++) {
+            fsc_params_zero_grad(&ps);
+            fsc_arena_reset(arena);
+            fsc_tokens_batch(&gpt_tk, step, k, r, GB, K, world, T, x, y);
+            fsc_ctx ctx = {.arena = arena,
+                           .training = true,
+                           .keyed = true,
+                           .seed = 5,
+                           .step = step,
+                           .sample0 = fsc_batch_first_sample(step, k, r, GB, K, world)};
+            float loss;
+            if (fsc_gpt_train_micro(m, &ctx, x, y, GB, T, -1, (double)GB * T, &loss))
+                fail_msg("hand micro-batch: %s", fsc_last_error());
+            for (int64_t i = 0; i < ps.numel; i++)
+                sum_sq += (double)ps.grad[i] * ps.grad[i], mean[i] += ps.grad[i] / (double)n;
+        }
+    for (int64_t i = 0; i < ps.numel; i++) mean_sq += mean[i] * mean[i];
+    double var = (sum_sq - n * mean_sq) / (n - 1), sqr = mean_sq - var / n;
+    if (sqr < 0)
+        fail_msg("step %lld: mu^2 estimate %g < 0 (sigma^2 %g)", (long long)step, sqr, var);
+    free(mean), fsc_arena_free(arena), fsc_params_free(&ps), fsc_module_free(m);
+    return (var + sqr) / (var / n + sqr);
+}
+
+static void check_gpt_gain(const char *name, int K) {
+    enum { GB = 4, STEPS = 4 };
+    fsc_module *m = fsc_gpt_new(&GPT);
+    fsc_trainer_config cfg = {
+        .strategy = {.name = name, .seed = 5},
+        .optim = {.kind = FSC_OPTIM_SGD, .lr = 0.1},
+        .batch = GB,
+        .grad_accum = K,
+        .targets_per_sample = GPT.seq,
+        .loss = gpt_loss,
+        .adascale = true,
+        .adascale_cfg = {.smoothing = -1},
+    };
+    fsc_trainer *t = fsc_trainer_new(m, &cfg);
+    if (!t) fail_msg("%s: %s", name, fsc_last_error());
+    const fsc_params *ps = fsc_strategy_params(fsc_trainer_strategy(t));
+    double worst = 0;
+    for (int s = 0; s < STEPS; s++) {
+        const double want = gpt_closed_form(ps->data, s, K, GB);
+        fsc_step_result r;
+        if (fsc_trainer_step(t, &r)) fail_msg("%s: %s", name, fsc_last_error());
+        const double err = fabs(r.gain - want) / want;
+        if (err > worst) worst = err;
+        if (err > 1e-4)
+            fail_msg("%s x%d step %d: trainer's gain %.6f, closed form %.6f", name, K, s + 1,
+                     r.gain, want);
+        if (s == STEPS - 1 && fsc_dist_rank() == 0)
+            print_message("GPT, %s x%d (S = %d): gain %.4f, closed form %.4f; worst relative "
+                          "difference over %d steps %.1e\n",
+                          name, K, K * world, r.gain, want, STEPS, worst);
+    }
+    fsc_trainer_free(t);
+    fsc_module_free(m);
+}
+
+static void test_gain_on_gpt_gradients(void **state) {
+    (void)state;
+    gpt_tokens();
+    if (world == 1) {
+        check_gpt_gain("single", 4);
+    } else {
+        check_gpt_gain("ddp", 1);
+        check_gpt_gain("sdp", 2);
+    }
+}
+
+/* state.json's "adascale" entry: another S rescales the variance estimate
+ * (FairScale's set_scale), and a bad entry is refused naming its field. */
+static double json_number(const char *json, const char *key) {
+    char k[64];
+    snprintf(k, sizeof k, "\"%s\": ", key);
+    const char *at = strstr(json, k);
+    if (!at) fail_msg("%s not in %s", key, json);
+    return strtod(at + strlen(k), NULL);
+}
+
+static void test_state_entry(void **state) {
+    (void)state;
+    run_cfg c = {.strategy = world == 1 ? "single" : "ddp",
+                 .accum = world == 1 ? 2 : 1,
+                 .adascale = true,
+                 .lr = 1e-3,
+                 .smoothing = 0.5,
+                 .p = {.m = 0.02, .sigma = 1.0, .regression = true}};
+    problem p = c.p;
+    fsc_module *m = model_new(), *m2 = model_new();
+    fsc_trainer *t = trainer_new(&c, m, &p);
+    fsc_step_result r;
+    for (int s = 0; s < 3; s++)
+        if (fsc_trainer_step(t, &r)) fail_msg("step: %s", fsc_last_error());
+    char a[1024], b[1024];
+    assert_int_equal(trainer_ada_state_json(t, a, sizeof a), FSC_OK);
+    c.accum *= 2; /* S doubles */
+    fsc_trainer *t2 = trainer_new(&c, m2, &p);
+    assert_int_equal(trainer_ada_load_json(t2, a, 3), FSC_OK);
+    assert_int_equal(trainer_ada_state_json(t2, b, sizeof b), FSC_OK);
+    assert_true(json_number(b, "scale") == 2 * json_number(a, "scale"));
+    assert_true(json_number(b, "var_avg") == json_number(a, "var_avg") / 2);
+    assert_true(json_number(b, "sqr_avg") == json_number(a, "sqr_avg"));
+    assert_true(json_number(b, "progress") == r.progress);
+    const char *bad[][2] = {{"{\"progress\": 1", "JSON object"},
+                            {"{\"progress\": 1}", "scale"},
+                            {"{\"progress\": -1}", "progress"}};
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(trainer_ada_load_json(t2, bad[i][0], 3), FSC_ERR_FORMAT);
+        if (!strstr(fsc_last_error(), bad[i][1])) fail_msg("%s: %s", bad[i][0], fsc_last_error());
+    }
+    char e[1024]; /* a fractional update count, a scale below 1 */
+    snprintf(e, sizeof e, "%.*s1.5}", (int)(strstr(a, "\"updates\": ") - a + 11), a);
+    assert_int_equal(trainer_ada_load_json(t2, e, 3), FSC_ERR_FORMAT);
+    assert_non_null(strstr(fsc_last_error(), "updates"));
+    snprintf(e, sizeof e, "{\"progress\": 1, \"scale\": 0.5, %s", strstr(a, "\"sqr_avg\""));
+    assert_int_equal(trainer_ada_load_json(t2, e, 3), FSC_ERR_FORMAT);
+    assert_non_null(strstr(fsc_last_error(), "no valid scale"));
+    fsc_trainer_free(t), fsc_trainer_free(t2), fsc_module_free(m), fsc_module_free(m2);
 }
 
 static void test_refusals(void **state) {
@@ -254,12 +520,17 @@ static void test_refusals(void **state) {
 int main(int argc, char **argv) {
     if (fsc_dist_init(&argc, &argv, NULL)) return 1;
     world = fsc_dist_size();
+    if (getenv("FSC_TEST_FILTER")) cmocka_set_test_filter(getenv("FSC_TEST_FILTER")); /* by hand */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gain_known_variance),
         cmocka_unit_test(test_gain_identical_is_one),
         cmocka_unit_test(test_gain_noise_is_s),
         cmocka_unit_test(test_one_rank_is_the_optimizer),
         cmocka_unit_test(test_training_matches_one_rank),
+        cmocka_unit_test(test_gain_on_gpt_gradients),
+        cmocka_unit_test(test_checkpoint_resume),
+        cmocka_unit_test(test_resume_from_plain_run),
+        cmocka_unit_test(test_state_entry),
         cmocka_unit_test(test_refusals),
     };
     return mpi_test_finish(cmocka_run_group_tests(tests, NULL, NULL));

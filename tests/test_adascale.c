@@ -3,13 +3,18 @@
  * zero mean give S, Gaussian samples of known mean and variance give
  * (sigma^2 + mu^2) / (sigma^2 / S + mu^2) once averaged; FairScale's
  * averages (debiased EWMA, the paper's mean-then-EWMA, the rescale on a new
- * scale) are recomputed here by hand. */
+ * scale) are recomputed here by hand. With --replay it is the C side of
+ * tests/reference/adascale_ref.py, FairScale's AdaScale re-derived in
+ * PyTorch, on the same gradients. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <cmocka.h>
 #include <math.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "fsc/adascale.h"
 
@@ -50,8 +55,8 @@ static void test_orthogonal_noise_gain_s(void **state) {
     assert_int_equal(fsc_adascale_init(&a, &(fsc_adascale_config){0}), FSC_OK);
     assert_close(fsc_adascale_gain(&a), 1.0, 0); /* before any scale or update */
     assert_int_equal(fsc_adascale_set_scale(&a, n), FSC_OK);
-    assert_close(a.smoothing, 1 - n / 1000.0, 1e-15); /* FairScale's default */
     assert_int_equal(fsc_adascale_update(&a, sum, n, mean), FSC_OK);
+    assert_close(a.smoothing, 1 - n / 1000.0, 1e-15); /* FairScale's default, from the samples */
     /* sigma^2 = (4 - 4 / 4) / 3 = 1, mu^2 = 1/4 - 1/4 = 0: r = 1 / (1/4) */
     assert_close(fsc_adascale_gain(&a), 4.0, 1e-12);
 }
@@ -99,8 +104,8 @@ static void test_averages_by_hand(void **state) {
     for (int paper = 0; paper < 2; paper++) {
         fsc_adascale a;
         assert_int_equal(
-            fsc_adascale_init(&a, &(fsc_adascale_config){
-                                      .scale = S, .smoothing = f, .paper_average = paper}),
+            fsc_adascale_init(
+                &a, &(fsc_adascale_config){.scale = S, .smoothing = f, .paper_average = paper}),
             0);
         double bs = 0, bv = 0, w = 0, sq = 1, vr = 0, ts = 0, tv = 0;
         for (int s = 0; s < 3; s++) {
@@ -132,8 +137,7 @@ static void test_scale_one_and_refusals(void **state) {
     assert_int_equal(fsc_adascale_init(&a, &(fsc_adascale_config){.scale = 1}), FSC_OK);
     assert_int_equal(fsc_adascale_update(&a, 5, 2, 0.1), FSC_OK);
     assert_true(fsc_adascale_gain(&a) == 1.0); /* exactly the wrapped optimizer */
-    assert_int_equal(fsc_adascale_init(&a, &(fsc_adascale_config){.scale = 0.5}),
-                     FSC_ERR_INVALID);
+    assert_int_equal(fsc_adascale_init(&a, &(fsc_adascale_config){.scale = 0.5}), FSC_ERR_INVALID);
     assert_int_equal(fsc_adascale_init(&a, &(fsc_adascale_config){.smoothing = 1}),
                      FSC_ERR_INVALID);
     assert_int_equal(fsc_adascale_init(&a, &(fsc_adascale_config){0}), FSC_OK);
@@ -145,7 +149,54 @@ static void test_scale_one_and_refusals(void **state) {
     assert_int_equal(a.updates, 0);
 }
 
-int main(void) {
+/* --replay GRADS SCALE SMOOTHING PAPER SWITCH NEW_SCALE: the cross-check
+ * with tests/reference/adascale_ref.py. GRADS holds int32 T, N, D, then T
+ * steps of N gradient samples of D float32s; each step's sum of squared
+ * norms and squared norm of the mean go to the estimator, whose gain after
+ * the step is printed (%.17g, a line a step). Before step SWITCH (0: never)
+ * the scale becomes NEW_SCALE. SCALE 0 is the sample count N. */
+static int replay(int argc, char **argv) {
+    if (argc != 8) {
+        fprintf(stderr, "usage: %s --replay GRADS SCALE SMOOTHING PAPER SWITCH NEW_SCALE\n",
+                argv[0]);
+        return 2;
+    }
+    FILE *f = fopen(argv[2], "rb");
+    int32_t hdr[3];
+    if (!f || fread(hdr, sizeof hdr, 1, f) != 1 || hdr[0] < 1 || hdr[1] < 2 || hdr[2] < 1) {
+        fprintf(stderr, "replay: %s: cannot read a header of T >= 1, N >= 2, D >= 1\n", argv[2]);
+        if (f) fclose(f);
+        return 1;
+    }
+    const int T = hdr[0], N = hdr[1], D = hdr[2], sw = atoi(argv[6]);
+    fsc_adascale a;
+    fsc_adascale_config cfg = {
+        .scale = atof(argv[3]), .smoothing = atof(argv[4]), .paper_average = atoi(argv[5])};
+    float *g = malloc(sizeof(float) * (size_t)N * D);
+    double *gd = malloc(sizeof(double) * (size_t)N * D);
+    int rc = !g || !gd || fsc_adascale_init(&a, &cfg) ||
+             (cfg.scale == 0 && fsc_adascale_set_scale(&a, N));
+    for (int t = 0; t < T && !rc; t++) {
+        if (fread(g, sizeof(float), (size_t)N * D, f) != (size_t)N * D) {
+            fprintf(stderr, "replay: %s: truncated at step %d\n", argv[2], t);
+            rc = 1;
+            break;
+        }
+        for (int i = 0; i < N * D; i++) gd[i] = g[i];
+        double sum_sq, mean_sq;
+        figures(gd, N, D, &sum_sq, &mean_sq);
+        if (t + 1 == sw) rc = fsc_adascale_set_scale(&a, atof(argv[7]));
+        if (!rc) rc = fsc_adascale_update(&a, sum_sq, N, mean_sq);
+        if (!rc) printf("%.17g\n", fsc_adascale_gain(&a));
+    }
+    if (rc) fprintf(stderr, "replay: %s\n", fsc_last_error());
+    free(g), free(gd);
+    fclose(f);
+    return rc ? 1 : 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "--replay")) return replay(argc, argv);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_identical_samples_gain_one),
         cmocka_unit_test(test_orthogonal_noise_gain_s),

@@ -37,8 +37,9 @@ typedef struct fsc_adascale_config {
      * world x grad_accum). */
     double scale;
     /* EWMA factor in [0, 1) for both estimates: 0 means FairScale's default
-     * max(1 - S / 1000, 0); a negative value means none (each step's own
-     * estimate). */
+     * max(1 - n / 1000, 0), n the samples an update averages (world x
+     * accumulation, whatever the scale); a negative value means none (each
+     * step's own estimate). */
     double smoothing;
     /* false (FairScale's default, debias_ewma=True): a debiased EWMA. true:
      * the paper's Appendix B.3 average, a plain mean of the first
@@ -49,22 +50,23 @@ typedef struct fsc_adascale_config {
 /* The estimator's whole state: a plain struct, copied to save it. */
 typedef struct fsc_adascale {
     double scale, smoothing; /* S (0: not set yet) and the EWMA factor in use */
-    bool auto_smoothing;     /* smoothing follows S (the config's 0) */
+    bool auto_smoothing;     /* smoothing follows the sample count (the config's 0) */
     bool paper_average;
-    double sqr_avg, var_avg;         /* mu^2 and sigma^2 estimates (start 1 and 0: gain 1) */
-    double sqr_biased, var_biased;   /* debiased EWMA: the biased averages */
-    double unbias;                   /* ... and the weight they carry (1 - smoothing^n) */
-    double sqr_total, var_total;     /* paper average: running sums */
-    int64_t updates;                 /* fsc_adascale_update calls so far */
+    double sqr_avg, var_avg;       /* mu^2 and sigma^2 estimates (start 1 and 0: gain 1) */
+    double sqr_biased, var_biased; /* debiased EWMA: the biased averages */
+    double unbias;                 /* ... and the weight they carry (1 - smoothing^n) */
+    double sqr_total, var_total;   /* paper average: running sums */
+    int64_t updates;               /* fsc_adascale_update calls so far */
 } fsc_adascale;
 
-/* Resolves the defaults (scale 0 stays 0 until fsc_adascale_set_scale) and
- * zeroes the estimates. FSC_ERR_INVALID naming the field for a NULL
+/* Resolves the defaults (scale 0 stays 0 until fsc_adascale_set_scale; a
+ * smoothing of 0 follows each update's sample count) and zeroes the
+ * estimates. FSC_ERR_INVALID naming the field for a NULL
  * argument, scale in (0, 1) or not finite, smoothing >= 1 or not finite. */
 FSC_API int fsc_adascale_init(fsc_adascale *a, const fsc_adascale_config *cfg);
-/* Sets S (>= 1, finite) when the config left it 0, and the default
- * smoothing with it; a later change rescales the variance estimate by
- * old / new as FairScale's set_scale does. FSC_ERR_INVALID otherwise. */
+/* Sets S (>= 1, finite) when the config left it 0; a later change rescales
+ * the variance estimate by old / new as FairScale's set_scale does.
+ * FSC_ERR_INVALID otherwise. */
 FSC_API int fsc_adascale_set_scale(fsc_adascale *a, double scale);
 /* One step's figures: sum_sq, the sum over `samples` (>= 2) gradient
  * samples of their squared 2-norms; mean_sq, the squared 2-norm of their

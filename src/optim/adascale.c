@@ -10,16 +10,16 @@
 
 #include "fsc/adascale.h"
 
-static double default_smoothing(double scale) {
-    double s = 1.0 - scale / 1000.0;
+static double default_smoothing(int samples) {
+    double s = 1.0 - samples / 1000.0;
     return s > 0 ? s : 0;
 }
 
 int fsc_adascale_init(fsc_adascale *a, const fsc_adascale_config *cfg) {
     if (!a || !cfg) return fsc_error(FSC_ERR_INVALID, "adascale: NULL state or config");
     if (!isfinite(cfg->scale) || (cfg->scale != 0 && cfg->scale < 1))
-        return fsc_error(FSC_ERR_INVALID, "adascale: scale %g must be >= 1 (or 0: the sample count)",
-                         cfg->scale);
+        return fsc_error(FSC_ERR_INVALID,
+                         "adascale: scale %g must be >= 1 (or 0: the sample count)", cfg->scale);
     if (!isfinite(cfg->smoothing) || cfg->smoothing >= 1)
         return fsc_error(FSC_ERR_INVALID, "adascale: smoothing %g must be < 1", cfg->smoothing);
     *a = (fsc_adascale){.scale = cfg->scale,
@@ -28,14 +28,12 @@ int fsc_adascale_init(fsc_adascale *a, const fsc_adascale_config *cfg) {
                         .paper_average = cfg->paper_average,
                         .sqr_avg = 1.0,
                         .var_avg = 0.0};
-    if (a->auto_smoothing && cfg->scale >= 1) a->smoothing = default_smoothing(cfg->scale);
     return FSC_OK;
 }
 
 int fsc_adascale_set_scale(fsc_adascale *a, double scale) {
     if (!a || !isfinite(scale) || scale < 1)
         return fsc_error(FSC_ERR_INVALID, "adascale: scale %g must be finite and >= 1", scale);
-    if (a->auto_smoothing) a->smoothing = default_smoothing(scale);
     if (a->scale >= 1 && a->scale != scale) { /* FairScale's set_scale(update_estimate=True) */
         const double f = a->scale / scale;
         a->var_avg *= f, a->var_biased *= f, a->var_total *= f;
@@ -68,6 +66,9 @@ int fsc_adascale_update(fsc_adascale *a, double sum_sq, int samples, double mean
         return fsc_error(FSC_ERR_INVALID,
                          "adascale: squared norms must be finite and >= 0 (sum %g, mean %g)",
                          sum_sq, mean_sq);
+    /* FairScale's default follows the samples (world x accumulation), which
+     * set how noisy each step's estimate is, not the scale */
+    if (a->auto_smoothing) a->smoothing = default_smoothing(samples);
     const double S = a->scale, n = samples;
     double var = sum_sq * (S / n) / (n - 1) - mean_sq * S / (n - 1);
     double sqr = mean_sq - var / S;

@@ -2,6 +2,9 @@
  * measured where the strategy is about to reduce them, the gain that scales
  * the learning rate, and the scale-invariant step the schedule is read at
  * (fsc/adascale.h has the estimator). */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -119,6 +122,69 @@ void trainer_ada_advance(fsc_trainer *t, double gain) {
 
 double trainer_ada_progress(const fsc_trainer *t) {
     return t->ada->progress;
+}
+
+/* The estimates a checkpoint carries, in the order of STATE_KEYS. The
+ * config-derived fields (smoothing, paper_average) come from the resuming
+ * run's config instead; S is saved so a new S rescales the variance. */
+static const char *const STATE_KEYS[] = {"progress", "scale",      "sqr_avg",
+                                         "var_avg",  "sqr_biased", "var_biased",
+                                         "unbias",   "sqr_total",  "var_total"};
+enum { NSTATE = sizeof STATE_KEYS / sizeof *STATE_KEYS };
+
+static void state_fields(struct trainer_adascale *a, double *f[NSTATE]) {
+    fsc_adascale *e = &a->est;
+    double *all[NSTATE] = {&a->progress,   &e->scale,  &e->sqr_avg,   &e->var_avg,  &e->sqr_biased,
+                           &e->var_biased, &e->unbias, &e->sqr_total, &e->var_total};
+    memcpy(f, all, sizeof all);
+}
+
+int trainer_ada_state_json(const fsc_trainer *t, char *buf, size_t n) {
+    double *f[NSTATE];
+    state_fields(t->ada, f);
+    size_t at = (size_t)snprintf(buf, n, "{");
+    for (int i = 0; i < NSTATE && at < n; i++) /* %.17g: doubles come back bit for bit */
+        at += (size_t)snprintf(buf + at, n - at, "\"%s\": %.17g, ", STATE_KEYS[i], *f[i]);
+    if (at < n)
+        at += (size_t)snprintf(buf + at, n - at, "\"updates\": %lld}",
+                               (long long)t->ada->est.updates);
+    if (at >= n) return fsc_error(FSC_ERR_INVALID, "trainer: AdaScale state exceeds %zu bytes", n);
+    return FSC_OK;
+}
+
+int trainer_ada_load_json(fsc_trainer *t, const char *json, int64_t step) {
+    struct trainer_adascale *a = t->ada;
+    if (!json) { /* saved without AdaScale: every step so far had gain 1 */
+        const double scale = a->est.scale;
+        int rc = fsc_adascale_init(&a->est, &t->cfg.adascale_cfg);
+        if (!rc && scale >= 1) rc = fsc_adascale_set_scale(&a->est, scale);
+        a->progress = (double)step;
+        return rc;
+    }
+    cJSON *j = cJSON_Parse(json);
+    double v[NSTATE + 1];
+    const char *bad = j ? NULL : "JSON object";
+    for (int i = 0; i <= NSTATE && !bad; i++) {
+        const char *key = i < NSTATE ? STATE_KEYS[i] : "updates";
+        const cJSON *x = cJSON_GetObjectItemCaseSensitive(j, key);
+        v[i] = cJSON_IsNumber(x) ? x->valuedouble : NAN;
+        /* every field is >= 0; the scale >= 1; updates a whole count */
+        if (!(v[i] >= 0) || isinf(v[i]) || (i == 1 && v[i] < 1) ||
+            (i == NSTATE && (v[i] != floor(v[i]) || v[i] > 9e15)))
+            bad = key;
+    }
+    cJSON_Delete(j);
+    if (bad)
+        return fsc_error(FSC_ERR_FORMAT, "the checkpoint's adascale entry has no valid %s (%s)",
+                         bad, json);
+    const double scale = a->est.scale; /* this run's S */
+    double *f[NSTATE];
+    state_fields(a, f);
+    for (int i = 0; i < NSTATE; i++) *f[i] = v[i];
+    a->est.updates = (int64_t)v[NSTATE];
+    /* another world x accumulation: the variance estimate follows S, as
+     * FairScale's set_scale does */
+    return scale >= 1 ? fsc_adascale_set_scale(&a->est, scale) : FSC_OK;
 }
 
 void trainer_ada_free(fsc_trainer *t) {

@@ -1,8 +1,9 @@
 /* Checkpoints of a trainer: weights and optimizer state by global name (the
  * strategy writes them, whatever its sharding), plus the seed, the fp16
- * loss scale, who saved it and the caller's state. The data order and the
- * dropout masks are functions of (seed, step), so the step is the whole
- * data position: a run resumes under any strategy and world size. */
+ * loss scale, AdaScale's estimates and progress, who saved it and the
+ * caller's state. The data order and the dropout masks are functions of
+ * (seed, step), so the step is the whole data position: a run resumes under
+ * any strategy and world size. */
 #include <cjson/cJSON.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -38,6 +39,11 @@ static int set_state(fsc_trainer *t, fsc_ckpt_writer *w, int n, const char *cons
         snprintf(v, sizeof v, "\"%.17g %lld %lld\"", st.scale, (long long)st.growth_tracker,
                  (long long)st.skipped_steps);
         rc = fsc_ckpt_set(w, "grad_scaler", v);
+    }
+    if (!rc && t->ada) { /* the gain's estimates and the scale-invariant step */
+        char ada[1024];
+        rc = trainer_ada_state_json(t, ada, sizeof ada);
+        if (!rc) rc = fsc_ckpt_set(w, "adascale", ada);
     }
     for (int i = 0; i < n && !rc; i++) rc = fsc_ckpt_set(w, keys[i], values[i]);
     return rc;
@@ -131,6 +137,7 @@ int fsc_trainer_resume(fsc_trainer *t, const char *dir, int n_expect, const char
     /* a run without fp16 loss scaling may continue one that had it, and back */
     if (!rc && t->scaler && fsc_ckpt_get(c, "grad_scaler"))
         rc = load_scaler(t->scaler, fsc_ckpt_get(c, "grad_scaler"));
+    if (!rc && t->ada) rc = trainer_ada_load_json(t, fsc_ckpt_get(c, "adascale"), fsc_ckpt_step(c));
     if (!rc) t->step = fsc_ckpt_step(c);
     fsc_ckpt_close(c);
     return rc;

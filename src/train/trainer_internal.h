@@ -25,6 +25,12 @@ void trainer_ada_after_micro(fsc_trainer *t, int k); /* micro-step k has run */
 int trainer_ada_update(fsc_trainer *t, double grad_norm, double loss_scale, double *gain);
 void trainer_ada_advance(fsc_trainer *t, double gain); /* after the update */
 double trainer_ada_progress(const fsc_trainer *t);     /* scale-invariant steps so far */
+/* Checkpoints: the estimates and the progress as a JSON object (state.json's
+ * "adascale"), and back. Load with json NULL (a checkpoint saved without
+ * AdaScale): fresh estimates, progress = step. A different S rescales the
+ * variance estimate. FSC_ERR_FORMAT naming a missing or bad field. */
+int trainer_ada_state_json(const fsc_trainer *t, char *buf, size_t n);
+int trainer_ada_load_json(fsc_trainer *t, const char *json, int64_t step);
 void trainer_ada_free(fsc_trainer *t);
 
 #endif
