@@ -8,7 +8,8 @@
  *    two Linears, within forward/backward error bounds computed in the test;
  *  - the TP GPT trained 5 steps of AdamW with dropout on, with and without
  *    sequence parallelism, V divisible and not, with clipping biting = one
- *    process on the same global batch, by the noise floor of equivalence.h.
+ *    process on the same global batch, by the noise floor of equivalence.h;
+ *    also with the attention probabilities recomputed in backward.
  * The fault row "tp:drop-grad" reruns this program with the last rank's
  * share of every TP gradient reduction lost; each GPT comparison must catch
  * it (non-SP: the all-reduce of a column layer's input gradient; SP: the
@@ -265,6 +266,7 @@ typedef struct {
     bool sp;
     float max_norm;
     bool checkpoint; /* the blocks activation-checkpointed */
+    bool recompute;  /* fsc_tp_options.recompute_attention */
 } gpt_run;
 
 /* The whole model's parameters as the file at path holds them, in the
@@ -280,7 +282,8 @@ static float *read_whole(const fsc_gpt_config *cfg, const char *path, int64_t *n
 static float *run_tp(const gpt_run *c, int t, int64_t *numel) {
     int color;
     fsc_group *g = tp_group(t, &color);
-    fsc_tp_options opt = {.group = g, .sequence_parallel = c->sp};
+    fsc_tp_options opt = {
+        .group = g, .sequence_parallel = c->sp, .recompute_attention = c->recompute};
     fsc_module *m = fsc_tp_gpt_new(&c->model, &opt);
     if (!m) fail_msg("fsc_tp_gpt_new: %s", fsc_last_error());
     if (c->checkpoint)
@@ -347,10 +350,10 @@ static void expect_one_process(const gpt_run *runs, int n) {
             float *got = run_tp(&runs[i], t, &numel);
             assert_int_equal(numel, ref_n);
             char label[160];
-            snprintf(label, sizeof label, "TP %d%s, V %d%s%s, rank %d", t,
+            snprintf(label, sizeof label, "TP %d%s, V %d%s%s%s, rank %d", t,
                      runs[i].sp ? " + SP" : "", runs[i].model.vocab,
                      runs[i].max_norm > 0 ? ", clipped" : "", runs[i].checkpoint ? ", ckpt" : "",
-                     rank);
+                     runs[i].recompute ? ", recompute" : "", rank);
             assert_int_equal(eq_compare(label, got, ref, ref_n), 0);
             free(got);
         }
@@ -359,8 +362,10 @@ static void expect_one_process(const gpt_run *runs, int n) {
 
 static void test_gpt_equals_one_process(void **state) {
     (void)state;
-    gpt_run runs[2] = {{.model = EQ_MODEL}, {.model = EQ_MODEL, .sp = true}};
-    expect_one_process(runs, 2);
+    gpt_run runs[3] = {{.model = EQ_MODEL},
+                       {.model = EQ_MODEL, .sp = true},
+                       {.model = EQ_MODEL, .sp = true, .recompute = true}};
+    expect_one_process(runs, 3);
 }
 
 static void test_gpt_padded_vocab(void **state) {

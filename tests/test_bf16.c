@@ -79,22 +79,25 @@ static float *abs_gemm(bool ta, bool tb, int M, int N, int K, const float *A, co
     return s;
 }
 
-/* Every transpose, padded leading dimensions, alpha and beta: oneDNN's result
- * is the GEMM of the ROUNDED inputs up to fp32 accumulation (so the rounding
- * really happens, and only there), and within e(K) of the fp32 GEMM. */
+/* Every transpose, padded leading dimensions, alpha and beta (staged through
+ * a buffer; C = AB written by oneDNN; C += AB accumulated by oneDNN's sum
+ * post-op): oneDNN's result is the GEMM of the ROUNDED inputs up to fp32
+ * accumulation (so the rounding really happens, and only there), and within
+ * e(K) of the fp32 GEMM. */
 static void test_gemm_bf16_semantics(void **state) {
     (void)state;
     NEED_ONEDNN();
     fsc_bf16_gemm_set_mode(FSC_BF16_GEMM_ON);
     const int M = 37, N = 29, K = 53;
-    for (int t = 0; t < 8; t++) {
-        bool ta = t & 1, tb = t & 2, plain = t & 4; /* plain: alpha 1, beta 0 (direct write) */
+    for (int t = 0; t < 12; t++) {
+        bool ta = t & 1, tb = t & 2;
+        int kind = t / 4; /* 0: alpha 0.75, beta 0.5; 1: C = AB; 2: C += AB */
         int lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 5, ldc = N + 2;
         size_t na = (size_t)lda * (ta ? K : M), nb = (size_t)ldb * (tb ? N : K);
         float *A = filled(na, 1 + t, -1, 1), *B = filled(nb, 7 + t, -1, 1);
         float *C = filled((size_t)M * ldc, 9, -1, 1), *R = malloc((size_t)M * ldc * 4);
         memcpy(R, C, (size_t)M * ldc * 4);
-        float alpha = plain ? 1.f : 0.75f, beta = plain ? 0.f : 0.5f;
+        float alpha = kind ? 1.f : 0.75f, beta = kind == 0 ? 0.5f : kind == 1 ? 0.f : 1.f;
         fsc_gemm(FSC_GEMM_BF16, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         double w_rounded = 0, w_exact = 0, seen_rounding = 0;
         for (int i = 0; i < M; i++)
@@ -124,7 +127,7 @@ static void test_gemm_bf16_semantics(void **state) {
         free(A), free(B), free(C), free(R);
     }
     fsc_bf16_gemm_stats st = fsc_bf16_gemm_get_stats();
-    assert_true(st.calls_bf16 >= 8);
+    assert_true(st.calls_bf16 >= 12);
     assert_non_null(strstr(fsc_blas_describe(), "bf16 GEMM: oneDNN"));
 }
 
@@ -376,6 +379,78 @@ static void test_bound_catches_wrong_layout_and_scale(void **state) {
         free(att);
 }
 
+/* The view table: what it finds, what it refuses, and that a removed view
+ * is gone. Needs no oneDNN. */
+static void test_bf16_views(void **state) {
+    (void)state;
+    float a[100] = {0}, b[10] = {0};
+    uint16_t ha[100] = {0}, hb[10] = {0};
+    assert_int_equal(fsc_bf16_view_add(NULL, ha, 100), FSC_ERR_INVALID);
+    assert_int_equal(fsc_bf16_view_add(a, NULL, 100), FSC_ERR_INVALID);
+    assert_int_equal(fsc_bf16_view_add(a, ha, 0), FSC_ERR_INVALID);
+    assert_int_equal(fsc_bf16_view_add(a, ha, 100), FSC_OK);
+    assert_int_equal(fsc_bf16_view_add(a + 50, hb, 10), FSC_ERR_INVALID); /* overlaps */
+    assert_non_null(strstr(fsc_last_error(), "overlaps"));
+    assert_int_equal(fsc_bf16_view_add(b, hb, 10), FSC_OK);
+    assert_ptr_equal(fsc_bf16_view_find(a, 100), ha);
+    assert_ptr_equal(fsc_bf16_view_find(a + 10, 20), ha + 10);
+    assert_ptr_equal(fsc_bf16_view_find(b + 9, 1), hb + 9);
+    assert_null(fsc_bf16_view_find(a + 90, 20)); /* runs past the end */
+    assert_null(fsc_bf16_view_find(a, 0));
+    fsc_bf16_view_remove(a);
+    assert_null(fsc_bf16_view_find(a + 10, 20));
+    assert_ptr_equal(fsc_bf16_view_find(b, 10), hb);
+    fsc_bf16_view_remove(b);
+    assert_null(fsc_bf16_view_find(b, 10));
+}
+
+/* Linear's bf16 GEMMs read a weight's registered view, and only while it is
+ * registered: a view of 2W doubles y and dx (exactly: a power of two), and
+ * once removed, a changed W (4W, as a load or an optimizer step would
+ * change it) is what the next forward and backward use. A cache that kept
+ * serving the old bf16 weight gives 2x, not 4x, and fails. Also: backward
+ * rounding dy once for dx and dW gives what the two GEMMs give alone. */
+static void test_linear_reads_view_never_stale(void **state) {
+    (void)state;
+    NEED_ONEDNN();
+    fsc_bf16_gemm_set_mode(FSC_BF16_GEMM_ON);
+    enum { N = 32, C = 48, OC = 40 };
+    float *x = filled((size_t)N * C, 21, -1, 1), *W = filled((size_t)C * OC, 22, -1, 1);
+    float *dy = filled((size_t)N * OC, 23, -1, 1), *W2 = malloc((size_t)C * OC * 4);
+    uint16_t *h2 = malloc((size_t)C * OC * 2);
+    float *y[3], *dx[3], *dw[3];
+    for (int k = 0; k < 3; k++) {
+        y[k] = calloc((size_t)N * OC, 4), dx[k] = calloc((size_t)N * C, 4);
+        dw[k] = calloc((size_t)C * OC, 4);
+    }
+    for (int i = 0; i < C * OC; i++) W2[i] = 2 * W[i], h2[i] = fsc_f32_to_bf16(W2[i]);
+    const fsc_weight_layout L = FSC_WEIGHT_IN_OUT;
+    /* 0: plain; 1: with the view of 2W; 2: after removal, W changed to 4W in place */
+    fsc_matmul_forward_prec(y[0], x, W, NULL, N, C, OC, L, FSC_GEMM_BF16);
+    fsc_matmul_backward_prec(dx[0], dw[0], NULL, dy, x, W, N, C, OC, L, FSC_GEMM_BF16);
+    assert_int_equal(fsc_bf16_view_add(W, h2, (int64_t)C * OC), FSC_OK);
+    fsc_matmul_forward_prec(y[1], x, W, NULL, N, C, OC, L, FSC_GEMM_BF16);
+    fsc_matmul_backward_prec(dx[1], dw[1], NULL, dy, x, W, N, C, OC, L, FSC_GEMM_BF16);
+    fsc_bf16_view_remove(W);
+    for (int i = 0; i < C * OC; i++) W[i] = 2 * W2[i];
+    fsc_matmul_forward_prec(y[2], x, W, NULL, N, C, OC, L, FSC_GEMM_BF16);
+    fsc_matmul_backward_prec(dx[2], NULL, NULL, dy, x, W, N, C, OC, L, FSC_GEMM_BF16);
+    fsc_matmul_backward_prec(NULL, dw[2], NULL, dy, x, W, N, C, OC, L, FSC_GEMM_BF16);
+    for (int i = 0; i < N * OC; i++) {
+        assert_float_equal(y[1][i], 2 * y[0][i], 1e-6 * fabsf(y[0][i]));
+        assert_float_equal(y[2][i], 4 * y[0][i], 1e-6 * fabsf(y[0][i]));
+    }
+    for (int i = 0; i < N * C; i++) {
+        assert_float_equal(dx[1][i], 2 * dx[0][i], 1e-6 * fabsf(dx[0][i]));
+        assert_float_equal(dx[2][i], 4 * dx[0][i], 1e-6 * fabsf(dx[0][i]));
+    }
+    /* dW reads no weight; computed with and without the shared rounding of dy */
+    assert_memory_equal(dw[1], dw[0], (size_t)C * OC * 4);
+    assert_memory_equal(dw[2], dw[0], (size_t)C * OC * 4);
+    for (int k = 0; k < 3; k++) free(y[k]), free(dx[k]), free(dw[k]);
+    free(x), free(W), free(dy), free(W2), free(h2);
+}
+
 int main(void) {
     /* The environment variable decides the starting mode: off here. */
     setenv("FSC_BF16_GEMM", "off", 1);
@@ -389,6 +464,8 @@ int main(void) {
         cmocka_unit_test(test_bound_catches_wrong_layout_and_scale),
         cmocka_unit_test(test_gemm_bf16_semantics),
         cmocka_unit_test(test_linear_bf16),
+        cmocka_unit_test(test_bf16_views),
+        cmocka_unit_test(test_linear_reads_view_never_stale),
         cmocka_unit_test(test_attention_forward_bf16),
         cmocka_unit_test(test_attention_backward_bf16),
     };

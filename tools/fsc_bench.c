@@ -51,6 +51,7 @@ static bool checkpoint_activations;
 static int pp = 1, chunks = 1, virtual_stages = 0;
 static int tp = 1;                      /* --tp: tensor-parallel ranks per replica */
 static bool sequence_parallel = false; /* --sequence-parallel */
+static bool recompute_attention;       /* --recompute-attention */
 static const char *pipe_schedule = "1f1b", *balance = NULL;
 static const char *trace = NULL; /* --trace: the last step's pipeline as a Chrome trace */
 /* --moe-experts: an MoE GPT (fsc/moe.h), its experts over the ranks under ddp */
@@ -95,7 +96,8 @@ static int measure(const bench_config *c, const char *strategy, int steps, int w
     o.moe_experts = moe_experts, o.moe_every = moe_every, o.moe_hidden = moe_hidden;
     o.moe_capacity = moe_capacity;
     if (tp > 1 && strcmp(strategy, "single")) /* the baseline stays one process */
-        o.tp = tp, o.sequence_parallel = sequence_parallel;
+        o.tp = tp, o.sequence_parallel = sequence_parallel,
+        o.recompute_attention = recompute_attention;
     if (pp > 1 && strcmp(strategy, "single")) { /* the baseline stays one process */
         o.pp = pp, o.grad_accum = chunks, o.pipe_schedule = pipe_schedule;
         o.virtual_stages = virtual_stages, o.balance = balance;
@@ -404,6 +406,8 @@ int main(int argc, char **argv) {
         {.name = "tp", .kind = ARG_INT, .ptr = &tp, .help = "tensor-parallel ranks per replica"},
         {.name = "sequence-parallel", .kind = ARG_FLAG, .ptr = &sequence_parallel,
          .help = "with --tp: LayerNorm and dropout on sequence shards"},
+        {.name = "recompute-attention", .kind = ARG_FLAG, .ptr = &recompute_attention,
+         .help = "with --tp: attention probabilities recomputed in backward"},
         {.name = "moe-experts", .kind = ARG_INT, .ptr = &moe_experts,
          .help = "an MoE GPT: E experts per MoE MLP (ddp: spread over the ranks)"},
         {.name = "moe-every", .kind = ARG_INT, .ptr = &moe_every,

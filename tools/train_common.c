@@ -298,6 +298,7 @@ static int strategy_options(trainer *t, fsc_strategy_options *so, fsc_module ***
     if (o->tp > 1)
         so->tp = (fsc_tp_strategy_options){.size = o->tp,
                                            .sequence_parallel = o->sequence_parallel,
+                                           .recompute_attention = o->recompute_attention,
                                            .make_model = o->pp > 1 ? NULL : make_tp_model,
                                            .make_stage = o->pp > 1 ? make_tp_stage : NULL,
                                            .user = t};

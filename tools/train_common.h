@@ -37,6 +37,7 @@ typedef struct train_options {
     int pp;                      /* pipeline stages (1: none) */
     int tp;                      /* tensor-parallel ranks per replica (1: none) */
     bool sequence_parallel;      /* with --tp: LayerNorm/dropout regions on sequence shards */
+    bool recompute_attention;    /* with --tp: attention probabilities recomputed in backward */
     bool adascale;               /* AdaScale: lr x gain, --steps counts scale-invariant steps */
     int localsgd_frequency;      /* slowmo: average parameters every N steps (0: 3) */
     int slowmo_frequency;        /* slowmo: the slow-momentum update every N steps (0: 48) */

@@ -109,6 +109,9 @@ static const flag flags[] = {
       "ranks / (tp x pp) replicas under ddp, oss, sdp or fsdp"),
     F("sequence-parallel", ARG_FLAG, sequence_parallel,
       "with --tp: LayerNorm, dropout and residuals on sequence shards (less activation memory)"),
+    F("recompute-attention", ARG_FLAG, recompute_attention,
+      "with --tp: attention keeps q, k, v only and recomputes its softmax probabilities in "
+      "backward (selective recomputation: B x heads/tp x T x T floats less per layer)"),
     F("adascale", ARG_FLAG, adascale,
       "AdaScale (ddp, oss, sdp, single): the lr times the gain measured from the ranks' and "
       "micro-batches' gradients; --steps then counts scale-invariant steps"),
@@ -457,6 +460,8 @@ int train_options_check(const train_options *o) {
     if (o->tp < 1) return fsc_error(FSC_ERR_INVALID, "--tp %d must be >= 1", o->tp);
     if (o->sequence_parallel && o->tp < 2)
         return fsc_error(FSC_ERR_INVALID, "--sequence-parallel needs --tp >= 2");
+    if (o->recompute_attention && o->tp < 2)
+        return fsc_error(FSC_ERR_INVALID, "--recompute-attention needs --tp >= 2");
     if (o->localsgd_frequency < 0 || o->slowmo_frequency < 0)
         return fsc_error(FSC_ERR_INVALID,
                          "--localsgd-frequency and --slowmo-frequency must be >= 0");

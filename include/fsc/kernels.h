@@ -120,6 +120,23 @@ FSC_API double fsc_bf16_gemm_peak_gflops(int n, int reps);
  * widened back: the values a bf16 GEMM multiplies. dst may equal src. */
 FSC_API void fsc_round_bf16(float *dst, const float *src, int64_t n);
 
+/* ---- bf16 views of fp32 arrays ------------------------------------------------ */
+#define FSC_BF16_VIEWS_MAX 64 /* views registered at once */
+/* Says that bf16[0, n) holds fp32[0, n) rounded as fsc_f32_to_bf16 rounds,
+ * so that the bf16 GEMMs of fsc_matmul_forward_prec/backward_prec take a
+ * weight lying in fp32[0, n) from bf16 instead of rounding it again (FSDP
+ * registers the parameters it gathered in bf16). Both arrays are borrowed:
+ * the caller keeps them alive and unchanged, and calls
+ * fsc_bf16_view_remove(fp32) before either changes or goes; a view left in
+ * place while fp32 changes serves stale weights. FSC_ERR_INVALID for a NULL
+ * array, n <= 0 or a range overlapping one registered; FSC_ERR_NOMEM when
+ * FSC_BF16_VIEWS_MAX are registered. Thread-safe. */
+FSC_API int fsc_bf16_view_add(const float *fp32, const uint16_t *bf16, int64_t n);
+/* Removes the view registered at fp32 (its first element); none: no-op. */
+FSC_API void fsc_bf16_view_remove(const float *fp32);
+/* The bf16 rounding of p[0, n) if a registered view holds all of it, else NULL. */
+FSC_API const uint16_t *fsc_bf16_view_find(const float *p, int64_t n);
+
 /* ---- matmul (Linear) ------------------------------------------------------- */
 /* Weight layouts: torch nn.Linear keeps weight as (OC, C); Hugging Face GPT-2's
  * Conv1D keeps it as (C, OC). Both are supported without copies. */
@@ -132,13 +149,16 @@ FSC_API void fsc_matmul_forward(float *out, const float *inp, const float *weigh
 FSC_API void fsc_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                                  const float *inp, const float *weight, int N, int C, int OC,
                                  fsc_weight_layout layout);
-/* fsc_matmul_forward with its GEMM at precision prec (bias added in fp32). */
+/* fsc_matmul_forward with its GEMM at precision prec (bias added in fp32).
+ * Under FSC_GEMM_BF16 a weight with a bf16 view (fsc_bf16_view_find) is
+ * read from it; the products are the same, without rounding it again. */
 FSC_API void fsc_matmul_forward_prec(float *out, const float *inp, const float *weight,
                                      const float *bias, int N, int C, int OC,
                                      fsc_weight_layout layout, fsc_gemm_prec prec);
 /* fsc_matmul_backward with both GEMMs (dinp, dweight) at precision prec:
  * under FSC_GEMM_BF16, dout, inp and weight are rounded to bf16 as GEMM
- * inputs; dweight accumulates in fp32; dbias is an fp32 sum. */
+ * inputs (dout once for both GEMMs, the weight not at all where it has a
+ * bf16 view); dweight accumulates in fp32; dbias is an fp32 sum. */
 FSC_API void fsc_matmul_backward_prec(float *dinp, float *dweight, float *dbias, const float *dout,
                                       const float *inp, const float *weight, int N, int C, int OC,
                                       fsc_weight_layout layout, fsc_gemm_prec prec);

@@ -40,19 +40,26 @@ void fsc_softmax_forward(float *out, const float *inp, int N, int V) {
 /* In-place causal softmax of rows [r0, r0+rows) of a score matrix with row
  * stride T, over columns 0..ncols-1: row t keeps columns 0..t, the rest of the
  * block is zeroed (it takes part in the block's dense sgemm). */
+/* Softmax of row[0, n) in place. Its own function, so that GCC vectorises
+ * the loops (inlined into the row loop it kept them scalar: 5% of a bf16
+ * training step). */
+static __attribute__((noinline)) void softmax_row(float *row, int n) {
+    float m = -INFINITY, sum = 0.f;
+#pragma omp simd reduction(max : m)
+    for (int u = 0; u < n; u++) m = fmaxf(m, row[u]);
+#pragma omp simd
+    for (int u = 0; u < n; u++) row[u] = fsc_fast_expf(row[u] - m);
+#pragma omp simd reduction(+ : sum)
+    for (int u = 0; u < n; u++) sum += row[u];
+    float inv = 1.f / sum;
+#pragma omp simd
+    for (int u = 0; u < n; u++) row[u] *= inv;
+}
+
 static void causal_softmax(float *s, int T, int r0, int rows, int ncols) {
     for (int t = r0; t < r0 + rows; t++) {
         float *row = s + (size_t)t * T;
-        float m = -INFINITY, sum = 0.f;
-        for (int u = 0; u <= t; u++) m = row[u] > m ? row[u] : m;
-#pragma omp simd reduction(+ : sum)
-        for (int u = 0; u <= t; u++) {
-            row[u] = fsc_fast_expf(row[u] - m);
-            sum += row[u];
-        }
-        float inv = 1.f / sum;
-#pragma omp simd
-        for (int u = 0; u <= t; u++) row[u] *= inv;
+        softmax_row(row, t + 1);
         memset(row + t + 1, 0, (size_t)(ncols - t - 1) * sizeof(float));
     }
 }

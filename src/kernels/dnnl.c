@@ -54,6 +54,10 @@ typedef int (*matmul_pd_v3_fn)(void **, void *, const void *, const void *, cons
                                const void *, const void *);
 typedef int (*attr_create_fn)(void **);
 typedef int (*attr_set_scratchpad_fn)(void *, int);
+typedef int (*post_ops_create_fn)(void **);
+typedef int (*sum_v2_fn)(void *, float);               /* 2.x: (post_ops, scale) */
+typedef int (*sum_v3_fn)(void *, float, int32_t, int); /* 3.x: + zero point, data type */
+typedef int (*attr_set_post_ops_fn)(void *, const void *);
 typedef const void *(*query_md_fn)(const void *, int, int);
 typedef int (*query_fn)(const void *, int, int, void *);
 typedef size_t (*md_size_fn)(const void *);
@@ -72,7 +76,11 @@ static struct {
     engine_create_fn engine_create;
     stream_create_fn stream_create;
     handle_fn stream_wait, stream_destroy, attr_destroy, pd_destroy, prim_destroy, mem_destroy,
-        md_destroy_v3;
+        md_destroy_v3, post_ops_destroy;
+    post_ops_create_fn post_ops_create;
+    sum_v2_fn sum_v2;
+    sum_v3_fn sum_v3;
+    attr_set_post_ops_fn attr_set_post_ops;
     md_init_v2_fn md_init_v2;
     md_create_v3_fn md_create_v3;
     matmul_desc_v2_fn matmul_desc_v2;
@@ -136,7 +144,15 @@ static void load_once(void) {
         SYM(md_size, "dnnl_memory_desc_get_size") && SYM(prim_create, "dnnl_primitive_create") &&
         SYM(prim_destroy, "dnnl_primitive_destroy") && SYM(mem_create, "dnnl_memory_create") &&
         SYM(mem_destroy, "dnnl_memory_destroy") && SYM(execute, "dnnl_primitive_execute") &&
+        SYM(post_ops_create, "dnnl_post_ops_create") &&
+        SYM(post_ops_destroy, "dnnl_post_ops_destroy") &&
+        SYM(attr_set_post_ops, "dnnl_primitive_attr_set_post_ops") &&
         sym(lib, "dnnl_version", &version, sizeof version, true);
+    /* the same name, one argument pair more in 3.x */
+    if (ok && v3)
+        ok = SYM(sum_v3, "dnnl_post_ops_append_sum");
+    else if (ok)
+        ok = SYM(sum_v2, "dnnl_post_ops_append_sum");
     if (ok && v3)
         ok = SYM(md_create_v3, "dnnl_memory_desc_create_with_strides") &&
              SYM(md_destroy_v3, "dnnl_memory_desc_destroy") &&
@@ -210,8 +226,19 @@ static void threads_leave(int old) {
 #endif
 }
 
-fsc_dnnl_matmul *fsc_dnnl_matmul_new(bool ta, bool tb, int M, int N, int K, int ldc, int threads,
-                                     char *why, size_t size) {
+/* Makes the primitive add into C (a sum post-op with scale 1) instead of
+ * overwriting it. */
+static int set_accumulate(void *attr) {
+    void *po = NULL;
+    int st = dnnl.post_ops_create(&po);
+    if (!st) st = dnnl.sum_v3 ? dnnl.sum_v3(po, 1.f, 0, 0) : dnnl.sum_v2(po, 1.f);
+    if (!st) st = dnnl.attr_set_post_ops(attr, po);
+    if (po) dnnl.post_ops_destroy(po);
+    return st;
+}
+
+fsc_dnnl_matmul *fsc_dnnl_matmul_new(bool ta, bool tb, int M, int N, int K, int ldc,
+                                     bool accumulate, int threads, char *why, size_t size) {
     if (size) why[0] = '\0';
     if (!fsc_dnnl_load(why, size)) return NULL;
     fsc_dnnl_matmul *mm = calloc(1, sizeof *mm);
@@ -225,6 +252,7 @@ fsc_dnnl_matmul *fsc_dnnl_matmul_new(bool ta, bool tb, int M, int N, int K, int 
     if (!st) st = make_md(mm, 2, M, N, false, ldc, DNNL_F32);
     if (!st) st = dnnl.attr_create(&attr);
     if (!st) st = dnnl.attr_set_scratchpad(attr, DNNL_SCRATCHPAD_USER);
+    if (!st && accumulate) st = set_accumulate(attr);
     int old = threads_enter(threads);
     if (!st && dnnl.matmul_pd_v3) {
         st = dnnl.matmul_pd_v3(&mm->pd, dnnl.engine, mm->md[0], mm->md[1], NULL, mm->md[2], attr);
@@ -237,7 +265,8 @@ fsc_dnnl_matmul *fsc_dnnl_matmul_new(bool ta, bool tb, int M, int N, int K, int 
     threads_leave(old);
     if (attr) dnnl.attr_destroy(attr);
     if (st) {
-        snprintf(why, size, "oneDNN refused a bf16 matmul %dx%dx%d (status %d)", M, N, K, st);
+        snprintf(why, size, "oneDNN refused a bf16 matmul %dx%dx%d%s (status %d)", M, N, K,
+                 accumulate ? " accumulating" : "", st);
         fsc_dnnl_matmul_free(mm);
         return NULL;
     }

@@ -9,7 +9,11 @@
  * shape's first call, and kept with its oneDNN primitive. The fallback is
  * plain fsc_sgemm on the unrounded inputs: never slower, and more accurate.
  * FSC_BF16_GEMM=off|on|auto (or fsc_bf16_gemm_set_mode) overrides the
- * choice; fsc_bf16_gemm_describe says which paths run and why. */
+ * choice; fsc_bf16_gemm_describe says which paths run and why. Two costs
+ * beyond oneDNN's are avoided where they can be: a C += product (weight
+ * gradients) accumulates inside oneDNN (a sum post-op) rather than through
+ * a staging copy, and an operand the caller already holds in bf16 (a
+ * gathered FSDP weight, a gradient two GEMMs share) is not rounded again. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -24,6 +28,7 @@
 #include "fsc/kernels.h"
 #include "kernels/blas_internal.h"
 #include "kernels/dnnl_internal.h"
+#include "kernels/gemm_bf16_internal.h"
 
 enum { UNDECIDED = 0, PICK_BF16, PICK_F32 };
 
@@ -31,6 +36,7 @@ enum { UNDECIDED = 0, PICK_BF16, PICK_F32 };
 typedef struct {
     bool ta, tb;
     int M, N, K, ldc; /* ldc: C's row stride when oneDNN writes C itself, else N */
+    bool acc;         /* oneDNN adds into C (alpha 1, beta 1) */
     bool tried;       /* primitive creation attempted */
     fsc_dnnl_matmul *mm;
     int pick;
@@ -80,14 +86,18 @@ void fsc_round_bf16(float *dst, const float *src, int64_t n) {
 
 /* ---- per-thread workspace (FSC_MEM_WORK, kept for reuse) ----------------- */
 
+static void init_once(void);
+
+enum { WS_A, WS_B, WS_C, WS_SCRATCH, WS_CALLER, WS_COUNT = WS_CALLER + FSC_BF16_WS_SLOTS };
+
 typedef struct {
-    void *buf[4]; /* packed A, packed B, C staging, oneDNN scratch */
-    size_t cap[4];
+    void *buf[WS_COUNT]; /* packed A, packed B, C staging, oneDNN scratch, the callers' */
+    size_t cap[WS_COUNT];
 } workspace;
 
 static void ws_free(void *p) {
     workspace *w = p;
-    for (int i = 0; i < 4; i++) fsc_mem_free(w->buf[i]);
+    for (int i = 0; i < WS_COUNT; i++) fsc_mem_free(w->buf[i]);
     free(w);
 }
 
@@ -108,6 +118,16 @@ static void *ws_get(int i, size_t bytes) {
         w->cap[i] = w->buf[i] ? cap : 0;
     }
     return w->buf[i] ? w->buf[i] : (bytes ? NULL : w);
+}
+
+uint16_t *fsc_bf16_ws(int slot, size_t elems) {
+    pthread_once(&g.once, init_once);
+    if (slot < 0 || slot >= FSC_BF16_WS_SLOTS) return NULL;
+    return ws_get(WS_CALLER + slot, elems * sizeof(uint16_t));
+}
+
+void fsc_pack_bf16(uint16_t *dst, const float *src, int rows, int cols, int ld) {
+    pack_bf16(dst, src, rows, cols, ld);
 }
 
 /* ---- modes and the CPU ---------------------------------------------------- */
@@ -188,20 +208,21 @@ bool fsc_bf16_gemm_available(void) {
 
 /* ---- shapes -------------------------------------------------------------- */
 
-static shape *find_shape(bool ta, bool tb, int M, int N, int K, int ldc) {
+static shape *find_shape(bool ta, bool tb, int M, int N, int K, int ldc, bool acc) {
     uint64_t h = ((((uint64_t)M * 1000003u + (uint64_t)N) * 1000003u + (uint64_t)K) * 1000003u +
                   (uint64_t)ldc) *
-                     4u +
-                 (uint64_t)ta * 2u + (uint64_t)tb;
+                     8u +
+                 (uint64_t)acc * 4u + (uint64_t)ta * 2u + (uint64_t)tb;
     h ^= h >> 29, h *= 0x9e3779b97f4a7c15ull;
     for (size_t i = 0; i < SLOTS; i++) {
         shape **slot = &g.slots[(h + i) % SLOTS];
         shape *s = *slot;
-        if (s && s->ta == ta && s->tb == tb && s->M == M && s->N == N && s->K == K && s->ldc == ldc)
+        if (s && s->ta == ta && s->tb == tb && s->M == M && s->N == N && s->K == K &&
+            s->ldc == ldc && s->acc == acc)
             return s;
         if (!s) {
             if (g.nshapes >= SLOTS / 2 || !(s = calloc(1, sizeof *s))) return NULL;
-            *s = (shape){.ta = ta, .tb = tb, .M = M, .N = N, .K = K, .ldc = ldc};
+            *s = (shape){.ta = ta, .tb = tb, .M = M, .N = N, .K = K, .ldc = ldc, .acc = acc};
             g.nshapes++;
             return *slot = s;
         }
@@ -209,24 +230,21 @@ static shape *find_shape(bool ta, bool tb, int M, int N, int K, int ldc) {
     return NULL;
 }
 
-/* The bf16 path for one call: C = alpha * op(A) op(B) + beta * C. Returns
- * false (C untouched) if the workspace cannot be had or oneDNN fails. */
-static bool run_bf16(const shape *s, float alpha, const float *A, int lda, const float *B, int ldb,
-                     float beta, float *C, int ldc) {
+/* The bf16 path for one call: C = alpha * op(A) op(B) + beta * C, with A
+ * (B) taken from Ah (Bh) when given, else rounded into the workspace.
+ * Returns false (C untouched) if the workspace cannot be had or oneDNN
+ * fails. */
+static bool run_bf16(const shape *s, float alpha, const float *A, const uint16_t *Ah, int lda,
+                     const float *B, const uint16_t *Bh, int ldb, float beta, float *C, int ldc) {
     const int M = s->M, N = s->N, K = s->K;
-    uint16_t *a = ws_get(0, (size_t)M * K * 2), *b = ws_get(1, (size_t)K * N * 2);
-    bool direct = alpha == 1.f && beta == 0.f && ldc == s->ldc;
-    float *c = direct ? C : ws_get(2, (size_t)M * s->ldc * sizeof(float));
-    void *scratch = ws_get(3, fsc_dnnl_matmul_scratch(s->mm));
+    const uint16_t *a = Ah ? Ah : ws_get(WS_A, (size_t)M * K * 2);
+    const uint16_t *b = Bh ? Bh : ws_get(WS_B, (size_t)K * N * 2);
+    bool direct = alpha == 1.f && beta == (s->acc ? 1.f : 0.f) && ldc == s->ldc;
+    float *c = direct ? C : ws_get(WS_C, (size_t)M * s->ldc * sizeof(float));
+    void *scratch = ws_get(WS_SCRATCH, fsc_dnnl_matmul_scratch(s->mm));
     if (!a || !b || !c || !scratch) return false;
-    if (s->ta)
-        pack_bf16(a, A, K, M, lda);
-    else
-        pack_bf16(a, A, M, K, lda);
-    if (s->tb)
-        pack_bf16(b, B, N, K, ldb);
-    else
-        pack_bf16(b, B, K, N, ldb);
+    if (!Ah) pack_bf16((uint16_t *)a, A, s->ta ? K : M, s->ta ? M : K, lda);
+    if (!Bh) pack_bf16((uint16_t *)b, B, s->tb ? N : K, s->tb ? K : N, ldb);
     if (fsc_dnnl_matmul_run(s->mm, a, b, c, scratch, fsc_blas_threads())) return false;
     if (direct) return true;
     for (int i = 0; i < M; i++) { /* BLAS semantics: beta 0 never reads C */
@@ -248,15 +266,15 @@ enum { BF16_MARGIN_PERCENT = 110 };
 /* Times both paths as this call runs them (same operands, alpha and beta),
  * each at its best of 3 after a warm-up, into staging memory (C is not
  * touched), and keeps the faster. */
-static void measure(shape *s, float alpha, const float *A, int lda, const float *B, int ldb,
-                    float beta) {
+static void measure(shape *s, float alpha, const float *A, const uint16_t *Ah, int lda,
+                    const float *B, const uint16_t *Bh, int ldb, float beta) {
     size_t bytes = (size_t)s->M * s->ldc * sizeof(float);
     float *tmp = fsc_mem_alloc(FSC_MEM_WORK, bytes);
     s->t_bf16 = s->t_f32 = 1e30;
     if (tmp) memset(tmp, 0, bytes);
     for (int r = 0; tmp && r < 4; r++) {
         double t0 = fsc_now();
-        if (!run_bf16(s, alpha, A, lda, B, ldb, beta, tmp, s->ldc)) break;
+        if (!run_bf16(s, alpha, A, Ah, lda, B, Bh, ldb, beta, tmp, s->ldc)) break;
         double t1 = fsc_now();
         fsc_sgemm(s->ta, s->tb, s->M, s->N, s->K, alpha, A, lda, B, ldb, beta, tmp, s->ldc);
         double t2 = fsc_now();
@@ -274,39 +292,58 @@ static void measure(shape *s, float alpha, const float *A, int lda, const float 
 
 /* The shape's path under the current mode, creating and measuring on first
  * use; NULL means sgemm. */
-static shape *choose(bool ta, bool tb, int M, int N, int K, int ldc, float alpha, const float *A,
-                     int lda, const float *B, int ldb, float beta) {
+static shape *choose(bool ta, bool tb, int M, int N, int K, float alpha, const float *A,
+                     const uint16_t *Ah, int lda, const float *B, const uint16_t *Bh, int ldb,
+                     float beta, int ldc) {
     fsc_bf16_gemm_mode mode = fsc_bf16_gemm_get_mode();
     pthread_once(&g.once, init_once);
     if (mode == FSC_BF16_GEMM_OFF || (mode == FSC_BF16_GEMM_AUTO && !g.cpu_bf16)) return NULL;
+    /* oneDNN writes C itself for C = AB and C += AB; other alpha and beta
+     * go through a staging C of row stride N */
+    bool direct = alpha == 1.f && (beta == 0.f || beta == 1.f), acc = direct && beta == 1.f;
+    if (!direct) ldc = N;
     pthread_mutex_lock(&g.lock);
-    shape *s = find_shape(ta, tb, M, N, K, ldc);
+    shape *s = find_shape(ta, tb, M, N, K, ldc, acc);
     if (s && !s->tried) {
         char why[256];
         s->tried = true;
-        s->mm = fsc_dnnl_matmul_new(ta, tb, M, N, K, ldc, fsc_blas_threads(), why, sizeof why);
+        s->mm = fsc_dnnl_matmul_new(ta, tb, M, N, K, ldc, acc, fsc_blas_threads(), why, sizeof why);
     }
     if (s && s->mm && mode == FSC_BF16_GEMM_AUTO && s->pick == UNDECIDED)
-        measure(s, alpha, A, lda, B, ldb, beta);
+        measure(s, alpha, A, Ah, lda, B, Bh, ldb, beta);
     pthread_mutex_unlock(&g.lock);
     if (!s || !s->mm) return NULL;
     return mode == FSC_BF16_GEMM_ON || s->pick == PICK_BF16 ? s : NULL;
 }
 
-void fsc_gemm(fsc_gemm_prec prec, bool ta, bool tb, int M, int N, int K, float alpha,
-              const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc) {
-    if (prec != FSC_GEMM_BF16 || M <= 0 || N <= 0 || K <= 0) {
+bool fsc_gemm_bf16_runs(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
+                        const float *B, int ldb, float beta, int ldc) {
+    if (M <= 0 || N <= 0 || K <= 0) return false;
+    return choose(ta, tb, M, N, K, alpha, A, NULL, lda, B, NULL, ldb, beta, ldc) != NULL;
+}
+
+void fsc_gemm_bf16(bool ta, bool tb, int M, int N, int K, float alpha, const float *A,
+                   const uint16_t *Ah, int lda, const float *B, const uint16_t *Bh, int ldb,
+                   float beta, float *C, int ldc) {
+    if (M <= 0 || N <= 0 || K <= 0) {
         fsc_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
     double t0 = fsc_now();
-    bool direct = alpha == 1.f && beta == 0.f;
-    shape *s = choose(ta, tb, M, N, K, direct ? ldc : N, alpha, A, lda, B, ldb, beta);
-    int path = s && run_bf16(s, alpha, A, lda, B, ldb, beta, C, ldc) ? 0 : 1;
+    shape *s = choose(ta, tb, M, N, K, alpha, A, Ah, lda, B, Bh, ldb, beta, ldc);
+    int path = s && run_bf16(s, alpha, A, Ah, lda, B, Bh, ldb, beta, C, ldc) ? 0 : 1;
     if (path) fsc_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     atomic_fetch_add(&g.calls[path], 1);
     atomic_fetch_add(&g.ns[path], (int64_t)((fsc_now() - t0) * 1e9));
     atomic_fetch_add(&g.mflop[path], (int64_t)(2e-6 * M * N * (double)K));
+}
+
+void fsc_gemm(fsc_gemm_prec prec, bool ta, bool tb, int M, int N, int K, float alpha,
+              const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc) {
+    if (prec != FSC_GEMM_BF16)
+        fsc_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    else
+        fsc_gemm_bf16(ta, tb, M, N, K, alpha, A, NULL, lda, B, NULL, ldb, beta, C, ldc);
 }
 
 /* ---- reports ---------------------------------------------------------------- */
@@ -368,9 +405,9 @@ const char *fsc_bf16_gemm_describe(void) {
 
 double fsc_bf16_gemm_peak_gflops(int n, int reps) {
     char why[256];
-    fsc_dnnl_matmul *mm =
-        n > 0 ? fsc_dnnl_matmul_new(false, false, n, n, n, n, fsc_blas_threads(), why, sizeof why)
-              : NULL;
+    fsc_dnnl_matmul *mm = n > 0 ? fsc_dnnl_matmul_new(false, false, n, n, n, n, false,
+                                                      fsc_blas_threads(), why, sizeof why)
+                                : NULL;
     size_t e = (size_t)n * n;
     uint16_t *a = mm ? fsc_mem_alloc(FSC_MEM_WORK, 4 * e) : NULL;
     float *c = mm ? fsc_mem_alloc(FSC_MEM_WORK, 4 * e) : NULL;

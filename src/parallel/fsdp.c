@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "core/fault.h"
+#include "fsc/kernels.h"
 #include "fsdp_internal.h"
 
 #define ALIGN 16 /* floats: every parameter and shard starts on 64 bytes */
@@ -131,7 +132,11 @@ static int gather_start(fsc_fsdp *f, fsdp_unit *u, bool exact) {
 }
 
 /* Waits for the unit's gather (if in flight), widens a half-precision one and
- * binds the model's views to the full parameters. */
+ * binds the model's views to the full parameters. A bf16 gather is kept
+ * beside its widening as the full parameters' bf16 view: the bf16 GEMMs
+ * (Linear, the tied head) read the gathered values instead of rounding the
+ * widened ones back, and fp32 consumers (LayerNorm, biases, embeddings)
+ * read the widened. The view goes in fsdp_release, before the buffers. */
 static int gather_finish(fsc_fsdp *f, fsdp_unit *u) {
     if (u->gather_req) {
         double t0 = fsc_now();
@@ -139,15 +144,21 @@ static int gather_finish(fsc_fsdp *f, fsdp_unit *u) {
         f->stats.wait_s += fsc_now() - t0;
         if (rc) return fsc_error_context(rc, "FSDP gather of unit '%s': ", u->name);
     }
-    if (u->recv_half) {
+    /* a unit still gathered (the root) comes here again with its view in place */
+    bool view = u->recv_half && fsc_bf16_view_find(u->full, u->padded) == u->recv_half;
+    if (u->recv_half && !view) {
         widen(u->full, u->recv_half, u->padded, f->opt.compute_dtype, false);
-        fsc_mem_free(u->recv_half);
+        view = f->opt.compute_dtype == FSC_DTYPE_BF16 &&
+               fsc_bf16_view_add(u->full, u->recv_half, u->padded) == FSC_OK;
+        if (!view) fsc_mem_free(u->recv_half), u->recv_half = NULL;
         fsc_mem_free(u->send_half);
-        u->recv_half = u->send_half = NULL;
+        u->send_half = NULL;
     }
-    if (fsc_fault_is(FSC_FAULT_SHARD_OFFSET) && f->world > 1) {
+    if (fsc_fault_is(FSC_FAULT_SHARD_OFFSET) && f->world > 1) { /* both copies, as one */
         float *last = u->full + (f->world - 1) * u->shard;
         memmove(last + 1, last, sizeof(float) * (size_t)(u->shard - 1));
+        uint16_t *h = view ? (uint16_t *)u->recv_half + (f->world - 1) * u->shard : NULL;
+        if (h) memmove(h + 1, h, sizeof(uint16_t) * (size_t)(u->shard - 1));
     }
     bind_params(f, u, u->full);
     return FSC_OK;
@@ -162,6 +173,7 @@ void fsdp_release(fsdp_unit *u) {
     /* a buffer MPI may still write into is never freed: after a failed wait
      * (timeout) it is left to the process's end */
     if (u->gather_req && fsc_request_wait(&u->gather_req)) return;
+    if (u->full) fsc_bf16_view_remove(u->full);
     bind_params(u->f, u, NULL);
     buf_put(u->f, u->full, u->full_cap);
     fsc_mem_free(u->recv_half);

@@ -17,8 +17,48 @@
 typedef struct {
     tp_module tp;
     int C, NH; /* global sizes */
+    bool recompute;
     fsc_module *c_attn, *c_proj, *drop;
 } tp_attention;
+
+/* fsc_attention_parts_forward, keeping no probabilities: they are made in
+ * a buffer given back once the attention output is computed (s->att NULL). */
+static int attn_forward_recompute(fsc_module *const parts[3], const fsc_ctx *ctx,
+                                  const fsc_tensor *x, fsc_tensor *y, void **saved, int C, int NH) {
+    fsc_attn_saved *s = fsc_arena_calloc(ctx->arena, sizeof *s);
+    if (!s) return FSC_ERR_NOMEM;
+    int rc = fsc_module_forward(parts[0], ctx, x, &s->qkv, &s->c_attn);
+    fsc_tensor h;
+    if (!rc) rc = fsc_alloc_like(ctx->arena, &s->qkv, C, &h);
+    if (rc) return rc;
+    int B = (int)s->qkv.shape[0], T = (int)s->qkv.shape[1];
+    fsc_arena_mark_t mark = fsc_arena_mark(ctx->arena);
+    float *att = fsc_arena_alloc(ctx->arena, (size_t)B * NH * T * T * sizeof(float));
+    if (!att) return FSC_ERR_NOMEM;
+    fsc_attention_forward_prec(h.data, att, s->qkv.data, B, T, C, NH, fsc_ctx_prec(ctx));
+    fsc_arena_release(ctx->arena, mark);
+    fsc_tensor p;
+    rc = fsc_module_forward(parts[1], ctx, &h, &p, &s->c_proj);
+    if (!rc) rc = fsc_module_forward(parts[2], ctx, &p, y, &s->drop);
+    *saved = s;
+    return rc;
+}
+
+/* The probabilities again, from the saved q and k by the same kernel at the
+ * same precision, hence the same floats as the forward's. */
+static int attn_recompute(const fsc_ctx *ctx, const fsc_attn_saved *s, int C, int NH,
+                          fsc_attn_saved *out) {
+    int B = (int)s->qkv.shape[0], T = (int)s->qkv.shape[1];
+    *out = *s;
+    out->att = fsc_arena_alloc(ctx->arena, (size_t)B * NH * T * T * sizeof(float));
+    if (!out->att) return FSC_ERR_NOMEM;
+    fsc_arena_mark_t mark = fsc_arena_mark(ctx->arena);
+    float *h = fsc_arena_alloc(ctx->arena, (size_t)B * T * C * sizeof(float)); /* unused output */
+    if (!h) return FSC_ERR_NOMEM;
+    fsc_attention_forward_prec(h, out->att, s->qkv.data, B, T, C, NH, fsc_ctx_prec(ctx));
+    fsc_arena_release(ctx->arena, mark);
+    return FSC_OK;
+}
 
 static int attn_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, fsc_tensor *y,
                         void **saved) {
@@ -27,8 +67,9 @@ static int attn_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, 
         return tp_shape_error(m, "expected f32 (B, T, C) input (T/t under sequence parallelism)",
                               x);
     fsc_module *parts[3] = {a->c_attn, a->c_proj, a->drop};
-    return fsc_attention_parts_forward(parts, ctx, x, y, saved, a->C / a->tp.size,
-                                       a->NH / a->tp.size);
+    int C = a->C / a->tp.size, NH = a->NH / a->tp.size;
+    if (a->recompute) return attn_forward_recompute(parts, ctx, x, y, saved, C, NH);
+    return fsc_attention_parts_forward(parts, ctx, x, y, saved, C, NH);
 }
 
 static int attn_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fsc_tensor *dy,
@@ -40,8 +81,13 @@ static int attn_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const f
     int64_t B = s->qkv.shape[0], T = s->qkv.shape[1], S = a->tp.sp ? T / a->tp.size : T;
     if ((rc = fsc_module_check_dy(m, dy, 3, (int64_t[]){B, S, a->C}))) return rc;
     fsc_module *parts[3] = {a->c_attn, a->c_proj, a->drop};
-    return fsc_attention_parts_backward(parts, ctx, s, dy, dx, a->C / a->tp.size,
-                                        a->NH / a->tp.size);
+    int C = a->C / a->tp.size, NH = a->NH / a->tp.size;
+    fsc_attn_saved again;
+    if (!s->att) { /* recompute_attention */
+        if ((rc = attn_recompute(ctx, s, C, NH, &again))) return rc;
+        s = &again;
+    }
+    return fsc_attention_parts_backward(parts, ctx, s, dy, dx, C, NH);
 }
 
 static const fsc_module_ops attn_ops = {TP_KIND_ATTENTION, attn_forward, attn_backward, NULL};
@@ -59,7 +105,7 @@ fsc_module *fsc_tp_attention_new(const char *name, int C, int NH, float dropout,
         fsc_module_free(&a->tp.base);
         return NULL;
     }
-    a->C = C, a->NH = NH;
+    a->C = C, a->NH = NH, a->recompute = tp && tp->recompute_attention;
     a->c_attn =
         fsc_tp_column_linear_new("c_attn", C, 3 * C, true, FSC_WEIGHT_IN_OUT, init_std, false, tp);
     a->c_proj = fsc_tp_row_linear_new("c_proj", C, C, true, FSC_WEIGHT_IN_OUT, proj_std, true, tp);
@@ -103,10 +149,59 @@ fsc_module *fsc_tp_mlp_new(const char *name, int C, float dropout, uint32_t laye
 }
 
 /* ---- block ----------------------------------------------------------------------------- */
-/* fsc_block_forward / fsc_block_backward over TP children: the residual adds
- * run on whatever the activations are, whole tensors or sequence shards. */
-static const fsc_module_ops block_ops = {TP_KIND_BLOCK, fsc_block_forward, fsc_block_backward,
-                                         NULL};
+/* fsc_block_forward / fsc_block_backward's arithmetic over TP children (the
+ * residual adds run on whole tensors or sequence shards alike), with the
+ * sums written in place: the TP attention and MLP outputs and LayerNorm's
+ * input gradient are this block's own and dead after the add, so the
+ * residual stream costs no buffer of its own (x + a and a + x are the same
+ * float, so the results are fsc_block_forward's bit for bit). */
+typedef struct {
+    void *ln_1, *attn, *ln_2, *mlp;
+} block_saved;
+
+enum { LN_1, ATTN, LN_2, MLP };
+
+static int block_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, fsc_tensor *y,
+                         void **saved) {
+    block_saved *s = fsc_arena_alloc(ctx->arena, sizeof *s);
+    if (!s) return FSC_ERR_NOMEM;
+    fsc_tensor h, r, f;
+    int rc = fsc_module_forward(m->children[LN_1], ctx, x, &h, &s->ln_1);
+    if (!rc) rc = fsc_module_forward(m->children[ATTN], ctx, &h, &r, &s->attn);
+    if (rc) return rc;
+    int64_t n = fsc_tensor_numel(x);
+    fsc_add_inplace(r.data, x->data, n); /* r = x + attn(ln_1(x)) */
+    rc = fsc_module_forward(m->children[LN_2], ctx, &r, &h, &s->ln_2);
+    if (!rc) rc = fsc_module_forward(m->children[MLP], ctx, &h, &f, &s->mlp);
+    if (rc) return rc;
+    fsc_add_inplace(f.data, r.data, n); /* y = r + mlp(ln_2(r)) */
+    *y = f;
+    *saved = s;
+    return FSC_OK;
+}
+
+static int block_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fsc_tensor *dy,
+                          fsc_tensor *dx) {
+    block_saved *s = saved;
+    int rc = fsc_check_saved(m, saved);
+    if (rc) return rc;
+    fsc_tensor dh, dr, da, dln;
+    /* dr = dy + ln_2'(mlp'(dy)), summed into ln_2's input gradient */
+    rc = fsc_module_backward(m->children[MLP], ctx, s->mlp, dy, &dh);
+    if (!rc) rc = fsc_module_backward(m->children[LN_2], ctx, s->ln_2, &dh, &dr);
+    if (rc) return rc;
+    int64_t n = fsc_tensor_numel(dy);
+    fsc_add_inplace(dr.data, dy->data, n);
+    /* dx = dr + ln_1'(attn'(dr)) */
+    rc = fsc_module_backward(m->children[ATTN], ctx, s->attn, &dr, &da);
+    if (!rc) rc = fsc_module_backward(m->children[LN_1], ctx, s->ln_1, &da, &dln);
+    if (rc || !dx) return rc;
+    *dx = dr;
+    fsc_add_inplace(dx->data, dln.data, n);
+    return FSC_OK;
+}
+
+static const fsc_module_ops block_ops = {TP_KIND_BLOCK, block_forward, block_backward, NULL};
 
 fsc_module *fsc_tp_block_new(const char *name, int C, int NH, float dropout, uint32_t layer_id,
                              int n_layers, const fsc_tp_options *tp) {

@@ -55,10 +55,16 @@ static int column_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const
     if (l->tp.sp) out.shape[1] *= l->tp.size;
     if ((rc = fsc_check_dy_like(m, dy, &out, l->gather ? l->out_local * l->tp.size : l->out_local)))
         return rc;
-    fsc_tensor dyl, dxin = {0}, xin;
+    fsc_tensor dyl, dxin = {0}, xin, shard = {0};
     rc = l->gather ? tp_last_split(&l->tp, ctx->arena, dy, &dyl) : (dyl = *dy, FSC_OK);
-    if (!rc && dx) rc = fsc_alloc_like(ctx->arena, &out, l->in, &dxin);
+    /* Under SP dx is the (B, T/t, in) shard of a whole-sequence partial sum:
+     * the shard is placed first so that the sum, dead once scattered, goes
+     * back to the arena with the gathered input (as row_forward does). */
+    bool drop_full = dx && l->tp.sp && l->tp.size > 1 && !ctx->defer;
+    if (!rc && drop_full) rc = fsc_alloc_like(ctx->arena, x, l->in, &shard);
     if (rc) return rc;
+    fsc_arena_mark_t full_mark = fsc_arena_mark(ctx->arena);
+    if (dx && (rc = fsc_alloc_like(ctx->arena, &out, l->in, &dxin))) return rc;
     fsc_arena_mark_t mark = fsc_arena_mark(ctx->arena);
     if ((rc = tp_enter_forward(&l->tp, ctx->arena, x, &xin))) return rc;
     float *dw = m->params[0].grad, *db = l->bias ? m->params[1].grad : NULL;
@@ -78,7 +84,11 @@ static int column_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const
     }
     if (!dx) return FSC_OK;
     *dx = dxin;
-    return tp_enter_backward(&l->tp, ctx->arena, dx);
+    if ((rc = tp_enter_backward(&l->tp, ctx->arena, dx)) || !drop_full) return rc;
+    memcpy(shard.data, dx->data, fsc_tensor_nbytes(&shard));
+    fsc_arena_release(ctx->arena, full_mark);
+    *dx = shard;
+    return FSC_OK;
 }
 
 static const fsc_module_ops column_ops = {TP_KIND_COLUMN, column_forward, column_backward, NULL};
@@ -130,6 +140,26 @@ fsc_module *fsc_tp_column_linear_new(const char *name, int in, int out, bool bia
 }
 
 /* ---- row-parallel linear -------------------------------------------------------- */
+/* The row layer's bias, added after the sum and summed from dy rows, in
+ * plain loops: per-row fsc_add_inplace calls cost an OpenMP region entry
+ * per row (~1% of a TP step at B*T = 1024 rows). Each element sees the
+ * same additions in the same order as there. */
+static void bias_add_rows(float *y, const float *b, int64_t rows, int n) {
+    for (int64_t i = 0; i < rows; i++) {
+        float *o = y + i * n;
+#pragma omp simd
+        for (int j = 0; j < n; j++) o[j] += b[j];
+    }
+}
+
+static void bias_grad_rows(float *db, const float *dy, int64_t rows, int n) {
+    for (int64_t i = 0; i < rows; i++) {
+        const float *d = dy + i * n;
+#pragma omp simd
+        for (int j = 0; j < n; j++) db[j] += d[j];
+    }
+}
+
 typedef struct {
     tp_module tp;
     int in_local, out;
@@ -163,11 +193,8 @@ static int row_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, f
         fsc_arena_release(ctx->arena, mark);
         *y = shard;
     }
-    if (l->bias) { /* after the sum: the bias is whole on every rank */
-        float *o = y->data;
-        const float *b = m->params[1].data;
-        for (int64_t i = 0, n = fsc_rows(y); i < n; i++) fsc_add_inplace(o + i * l->out, b, l->out);
-    }
+    if (l->bias) /* after the sum: the bias is whole on every rank */
+        bias_add_rows(y->data, m->params[1].data, fsc_rows(y), l->out);
     return fsc_save_input(ctx->arena, &xl, saved);
 }
 
@@ -181,18 +208,18 @@ static int row_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fs
     if (l->tp.sp) out.shape[1] /= l->tp.size;
     if ((rc = fsc_check_dy_like(m, dy, &out, l->out))) return rc;
     if (l->bias) { /* dbias: rows of dy; under SP a shard's rows, summed over the group */
-        int64_t n = fsc_rows(dy);
-        const float *d = dy->data;
         float *part = m->params[1].grad;
         if (l->tp.sp && !(part = fsc_arena_calloc(ctx->arena, (size_t)l->out * sizeof(float))))
             return FSC_ERR_NOMEM;
-        for (int64_t i = 0; i < n; i++) fsc_add_inplace(part, d + i * l->out, l->out);
+        bias_grad_rows(part, dy->data, fsc_rows(dy), l->out);
         if (l->tp.sp && (rc = tp_accumulate_replicated(&l->tp, m->params[1].grad, part, l->out)))
             return rc;
     }
+    /* dx first: under SP the gathered dy below is dead after the GEMMs */
     fsc_tensor dyf, dxl = {0};
-    if ((rc = tp_leave_backward(&l->tp, ctx->arena, dy, &dyf))) return rc;
     if (dx && (rc = fsc_alloc_like(ctx->arena, xl, l->in_local, &dxl))) return rc;
+    fsc_arena_mark_t mark = fsc_arena_mark(ctx->arena);
+    if ((rc = tp_leave_backward(&l->tp, ctx->arena, dy, &dyf))) return rc;
     int N = (int)fsc_rows(xl);
     if (ctx->defer) {
         fsc_matmul_backward_prec(dx ? dxl.data : NULL, NULL, NULL, dyf.data, xl->data,
@@ -206,6 +233,7 @@ static int row_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fs
         fsc_matmul_backward_prec(dx ? dxl.data : NULL, m->params[0].grad, NULL, dyf.data, xl->data,
                                  m->params[0].data, N, l->in_local, l->out, l->layout,
                                  fsc_ctx_prec(ctx));
+        fsc_arena_release(ctx->arena, mark);
     }
     if (!dx) return FSC_OK;
     if (l->input_parallel) {

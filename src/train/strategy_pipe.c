@@ -63,8 +63,9 @@ static int setup(fsc_strategy *s, const fsc_optim_config *optim) {
     if (!rc) rc = fsc_group_split(all, r / PT * T + r % T, r / T % P, "pipe", &s->pp_group);
     if (!rc) rc = fsc_group_split(all, r % PT, r / PT, "pipe-dp", &s->dp_group);
     if (rc) return rc;
-    s->tp_options =
-        (fsc_tp_options){.group = s->tp_group, .sequence_parallel = s->opt.tp.sequence_parallel};
+    s->tp_options = (fsc_tp_options){.group = s->tp_group,
+                                     .sequence_parallel = s->opt.tp.sequence_parallel,
+                                     .recompute_attention = s->opt.tp.recompute_attention};
     const fsc_pipe_kind kind = P > 1 ? s->opt.pipe.schedule : FSC_PIPE_GPIPE;
     const int chunks =
         kind == FSC_PIPE_INTERLEAVED ? (s->opt.pipe.chunks ? s->opt.pipe.chunks : 2) : 1;

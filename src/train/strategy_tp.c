@@ -153,7 +153,8 @@ int strategy_tp_begin(fsc_strategy *s, const strategy_ops *row) {
     if (!rc) rc = fsc_group_split(s->group, r % T, r / T, "tp-dp", &s->tp_dp_group);
     if (rc) return rc;
     s->tp_options = (fsc_tp_options){.group = s->tp_group,
-                                     .sequence_parallel = o->sequence_parallel};
+                                     .sequence_parallel = o->sequence_parallel,
+                                     .recompute_attention = o->recompute_attention};
     if (!(s->model = s->module = o->make_model(o->user, &s->tp_options)))
         return fsc_error_context(FSC_ERR_INVALID, "tensor parallel: the model: ");
     s->group = s->tp_dp_group;

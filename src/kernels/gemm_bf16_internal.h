@@ -1,0 +1,36 @@
+/* Internal to the kernels: the bf16 GEMM with operands a caller already
+ * holds in bf16, so that a value rounded once serves every GEMM that reads
+ * it (a gradient feeding both dX and dW, a weight FSDP gathered in bf16).
+ */
+#ifndef FSC_KERNELS_GEMM_BF16_INTERNAL_H
+#define FSC_KERNELS_GEMM_BF16_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* fsc_gemm(FSC_GEMM_BF16, ...), where Ah (Bh), when not NULL, is op's A (B)
+ * already rounded to bf16 as fsc_f32_to_bf16 rounds it, dense: (M,K) rows,
+ * or (K,M) when ta; B's (K,N), or (N,K) when tb. A and B are always given
+ * (a shape that runs on sgemm reads them, unrounded), and Ah (Bh) must hold
+ * exactly their rounding, or the two paths compute different products. */
+void fsc_gemm_bf16(bool ta, bool tb, int M, int N, int K, float alpha, const float *A,
+                   const uint16_t *Ah, int lda, const float *B, const uint16_t *Bh, int ldb,
+                   float beta, float *C, int ldc);
+
+/* Whether fsc_gemm_bf16 with this shape, alpha, beta and ldc runs on oneDNN
+ * (so that rounding an operand ahead pays); chooses the shape's path on its
+ * first call, timing both on A and B. */
+bool fsc_gemm_bf16_runs(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
+                        const float *B, int ldb, float beta, int ldc);
+
+/* This thread's bf16 buffer `slot` (0 .. FSC_BF16_WS_SLOTS-1) of at least
+ * elems elements (FSC_MEM_WORK, kept and grown for reuse, never shared with
+ * fsc_gemm_bf16's own); NULL if out of memory. */
+#define FSC_BF16_WS_SLOTS 2
+uint16_t *fsc_bf16_ws(int slot, size_t elems);
+
+/* dst (rows, cols) dense = bf16(src), src rows of stride ld. */
+void fsc_pack_bf16(uint16_t *dst, const float *src, int rows, int cols, int ld);
+
+#endif

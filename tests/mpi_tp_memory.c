@@ -1,0 +1,151 @@
+/* Activation memory of the tensor-parallel layers, from the arena's byte
+ * counts (deterministic: every buffer is a multiple of the arena's 64-byte
+ * alignment at these sizes), over the world as one TP group of t ranks:
+ *  - what a block keeps from forward to backward falls under sequence
+ *    parallelism by exactly the count of the tensors that run on sequence
+ *    shards: (1 - 1/t) of B*T*C floats for ln_1's and ln_2's outputs, the
+ *    attention and MLP outputs (the residual sums are written into them)
+ *    and, with dropout on, each row layer's output, plus LayerNorm's mean
+ *    and rstd (2 * B*T floats each); the TP-region tensors (q|k|v, the
+ *    probabilities, the GELU in/out) are the same size either way;
+ *  - recompute_attention keeps exactly B * NH/t * T*T floats fewer per
+ *    block, and its gradients equal the stored-probability ones bit for bit;
+ *  - over a whole TP GPT training micro-step the arena's high water falls
+ *    under SP and again (by at least L-1 blocks' probabilities: backward
+ *    holds one recomputed copy) with recompute_attention. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+#include <string.h>
+
+#include "fsc/tp.h"
+#include "mpi_test.h"
+
+static int rank, world;
+
+enum { B = 2, T = 32, C = 64, NH = 4 }; /* B*T/t = 16 floats for t = 4: 64 bytes */
+
+typedef struct {
+    int64_t kept; /* arena bytes a block's forward leaves in place */
+    size_t high;  /* arena high water over forward + backward */
+    float *grads; /* the block's gradients after backward (caller frees) */
+    int64_t n_grads;
+} block_run;
+
+/* One TP block's forward and backward on a fixed input (the whole (B,T,C)
+ * tensor, or this rank's sequence shard under SP). */
+static block_run run_block(bool sp, bool recompute, float dropout) {
+    fsc_tp_options opt = {
+        .group = fsc_group_world(), .sequence_parallel = sp, .recompute_attention = recompute};
+    fsc_module *m = fsc_tp_block_new("h.0", C, NH, dropout, 0, 2, &opt);
+    if (!m) fail_msg("fsc_tp_block_new: %s", fsc_last_error());
+    fsc_params ps;
+    assert_int_equal(fsc_tp_params_bind(m, 7, true, &ps), FSC_OK);
+    fsc_params_zero_grad(&ps);
+    const int S = sp ? T / world : T, t0 = sp ? rank * S : 0;
+    float *x = malloc(sizeof(float) * B * S * C), *dy = malloc(sizeof(float) * B * S * C);
+    for (int b = 0; b < B; b++) /* values of the whole tensor: every layout sees the same */
+        for (int i = 0; i < S; i++)
+            for (int c = 0; c < C; c++) {
+                int64_t g = ((int64_t)b * T + t0 + i) * C + c, l = ((int64_t)b * S + i) * C + c;
+                x[l] = (float)((g * 37 % 101) - 50) / 50.f;
+                dy[l] = (float)((g * 53 % 89) - 44) / 440.f;
+            }
+    fsc_tensor xt = fsc_tensor_3d(x, FSC_DTYPE_F32, B, S, C), dyt = xt, y, dx;
+    dyt.data = dy;
+    fsc_arena *arena = fsc_arena_new(FSC_MEM_ACTIV, 1 << 20);
+    fsc_ctx ctx = {.arena = arena, .training = true, .keyed = true, .seed = 3, .step = 1};
+    void *saved = NULL;
+    size_t before = fsc_arena_used(arena);
+    assert_int_equal(fsc_module_forward(m, &ctx, &xt, &y, &saved), FSC_OK);
+    block_run r = {.kept = (int64_t)(fsc_arena_used(arena) - before)};
+    assert_int_equal(fsc_module_backward(m, &ctx, saved, &dyt, &dx), FSC_OK);
+    r.high = fsc_arena_high_water(arena);
+    r.n_grads = (int64_t)ps.numel;
+    r.grads = malloc(sizeof(float) * (size_t)ps.numel);
+    memcpy(r.grads, ps.grad, sizeof(float) * (size_t)ps.numel);
+    fsc_arena_free(arena);
+    free(x), free(dy);
+    fsc_params_free(&ps);
+    fsc_module_free(m);
+    return r;
+}
+
+static void test_block_counts(void **state) {
+    (void)state;
+    const int t = world;
+    const int64_t unit = (int64_t)B * T * C * 4, stats = (int64_t)B * T * 4;
+    for (int k = 0; k < 2; k++) {
+        const float p = k ? 0.1f : 0.f;
+        block_run full = run_block(false, false, p), sp = run_block(true, false, p);
+        /* ln_1, ln_2 outputs; attention and MLP outputs; with dropout the
+         * row layers' outputs too; mean and rstd of the two LayerNorms */
+        const int64_t shard_units = p > 0 ? 6 : 4;
+        const int64_t want = (shard_units * unit + 4 * stats) * (t - 1) / t;
+        if (full.kept - sp.kept != want)
+            fail_msg("p %g, t %d: SP keeps %lld bytes fewer, the count says %lld", (double)p, t,
+                     (long long)(full.kept - sp.kept), (long long)want);
+        if (t > 1) assert_true(sp.high < full.high);
+        /* selective recomputation: the probabilities, exactly; same gradients */
+        block_run rc = run_block(true, true, p);
+        const int64_t att = (int64_t)B * (NH / t) * T * T * 4;
+        if (sp.kept - rc.kept != att)
+            fail_msg("recompute keeps %lld bytes fewer, expected %lld",
+                     (long long)(sp.kept - rc.kept), (long long)att);
+        assert_int_equal(rc.n_grads, sp.n_grads);
+        assert_memory_equal(rc.grads, sp.grads, sizeof(float) * (size_t)sp.n_grads);
+        free(full.grads), free(sp.grads), free(rc.grads);
+    }
+}
+
+/* A TP GPT training micro-step on fixed tokens: the arena's high water
+ * (bytes in use). */
+static size_t gpt_high(bool sp, bool recompute, float *loss) {
+    enum { GB = 8, GT = 16 };
+    fsc_gpt_config cfg = {.vocab = 64, .seq = GT, .layers = 4, .d_model = 64, .heads = 4};
+    fsc_tp_options opt = {
+        .group = fsc_group_world(), .sequence_parallel = sp, .recompute_attention = recompute};
+    fsc_module *m = fsc_tp_gpt_new(&cfg, &opt);
+    if (!m) fail_msg("fsc_tp_gpt_new: %s", fsc_last_error());
+    fsc_params ps;
+    assert_int_equal(fsc_tp_params_bind(m, 5, true, &ps), FSC_OK);
+    fsc_params_zero_grad(&ps);
+    int32_t x[GB * GT], y[GB * GT];
+    for (int i = 0; i < GB * GT; i++)
+        x[i] = (i * 7 + 3) % cfg.vocab, y[i] = (i * 11 + 5) % cfg.vocab;
+    fsc_arena *arena = fsc_arena_new(FSC_MEM_ACTIV, 1 << 20);
+    fsc_ctx ctx = {.arena = arena, .training = true, .keyed = true, .seed = 5};
+    if (fsc_tp_gpt_train_micro(m, &ctx, x, y, GB, GT, -1, (double)GB * GT, loss))
+        fail_msg("rank %d: %s", rank, fsc_last_error());
+    size_t high = fsc_arena_high_water(arena);
+    fsc_arena_free(arena);
+    fsc_params_free(&ps);
+    fsc_module_free(m);
+    return high;
+}
+
+static void test_gpt_high_water(void **state) {
+    (void)state;
+    float l0, l1, l2;
+    size_t full = gpt_high(false, false, &l0), sp = gpt_high(true, false, &l1);
+    size_t rc = gpt_high(true, true, &l2);
+    const size_t att = (size_t)8 * (4 / world) * 16 * 16 * 4;
+    if (world > 1 && !(sp < full)) fail_msg("SP high water %zu, without %zu", sp, full);
+    if (!(rc + 3 * att <= sp)) fail_msg("recompute high water %zu, SP %zu", rc, sp);
+    assert_memory_equal(&l2, &l1, sizeof l1); /* recomputation changes no float */
+    if (rank == 0)
+        printf("# TP GPT micro-step arena high water, t = %d: %zu bytes, SP %zu (%.3f), "
+               "SP + recompute_attention %zu (%.3f)\n",
+               world, full, sp, (double)sp / (double)full, rc, (double)rc / (double)full);
+}
+
+int main(int argc, char **argv) {
+    if (fsc_dist_init(&argc, &argv, NULL)) return 1;
+    rank = fsc_dist_rank(), world = fsc_dist_size();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_block_counts),
+        cmocka_unit_test(test_gpt_high_water),
+    };
+    return mpi_test_finish(cmocka_run_group_tests(tests, NULL, NULL));
+}
