@@ -33,11 +33,12 @@
  * fsc_fsdp_summon_full_params to read or change the full parameters.
  *
  * Mixed precision: compute_dtype BF16/F16 gathers full parameters in that
- * dtype (half the traffic) and computes with fp32 kernels on the rounded
- * values (on this CPU fp32 GEMM on rounded inputs is the fastest correct
- * path: no bf16 GEMM in OpenBLAS 0.3.21, bf16 dot products at half the fp32
- * rate); the shards, their gradients and the optimizer stay fp32 (the master
- * copy). reduce_dtype BF16/F16 reduce-scatters gradients in half precision;
+ * dtype (half the traffic) and widens them to fp32 for the non-GEMM
+ * readers (LayerNorm, biases, embeddings); under bf16 autocast
+ * (fsc_ctx.autocast) the gathered bf16 buffer itself feeds the bf16 GEMMs
+ * (a bf16 view, fsc_bf16_view_add, removed before the weights can change),
+ * so weights are not rounded twice; the shards, their gradients and the
+ * optimizer stay fp32 (the master copy). reduce_dtype BF16/F16 reduce-scatters gradients in half precision;
  * F32 is FairScale's fp32_reduce_scatter. F16 needs loss scaling: see
  * fsc/grad_scaler.h and fsc/sharded_grad_scaler.h.
  *
