@@ -426,7 +426,10 @@ int main(int argc, char **argv) {
         if (s == first_step) first_loss = r.loss;
         last_loss = r.loss;
         double tok_s = tokens_per_step / r.seconds;
-        const bool eval_now = val.on && ((s + 1) % o.eval_every == 0 || s + 1 == o.steps);
+        /* the last step: under --adascale the one that carries progress to --steps */
+        const bool last_step = o.adascale ? fsc_trainer_progress(t.tr) >= (double)o.steps
+                                          : s + 1 == o.steps;
+        const bool eval_now = val.on && ((s + 1) % o.eval_every == 0 || last_step);
         if (eval_now && (rc = evaluate(&t, &val, s + 1))) {
             fprintf(stderr, "\nfsc-train: validation after step %" PRId64 ": %s\n", s + 1,
                     fsc_last_error());
