@@ -135,7 +135,8 @@ static const flag flags[] = {
     F("virtual", ARG_INT, virtual_stages, "with --pipe-schedule interleaved: stages per rank"),
     F("balance", ARG_STR, balance,
       "with --pp: layers per stage, e.g. 3,6 (the GPT has L + 2 layers: embedding, blocks, "
-      "head), or auto (each layer timed, the slowest stage made fastest within "
+      "head; a .5 ends a stage between a block's attention and MLP halves, e.g. 5.5,4.5), or "
+      "auto (each layer, each half block, timed, the slowest stage made fastest within "
       "FSC_MEM_LIMIT_MB); default even"),
     F("pipe-checkpoint", ARG_STR, pipe_checkpoint,
       "with --pp: recompute the stages' activations in backward for every micro-batch "

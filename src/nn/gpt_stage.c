@@ -1,6 +1,9 @@
 /* A contiguous range of the GPT's layers as one module, for a pipeline
  * stage: layer 0 is the embedding (wte, wpe, dropout), layers 1..L the
  * blocks h.0..h.L-1, layer L+1 the head (ln_f and the LM head tied to wte).
+ * Underneath, the range is one of parts, each block two of them (its
+ * attention and MLP halves), so a stage may end inside a block: a block
+ * wholly in range is one child, a block cut by the range a half of it.
  * Children and parameters keep the full model's names, so a stage reads and
  * writes its part of the one-process weights file, and its dropout masks
  * (keyed by layer, step and global sample) are the full model's. A stage
@@ -17,11 +20,10 @@
 typedef struct {
     fsc_module base;
     fsc_gpt_config cfg;
-    int first, end; /* layers [first, end) */
     bool embed, head;
     fsc_module *wte, *wpe, *drop, *ln_f;
-    fsc_module **h; /* blocks first .. end-1 of the model, as they fall in the range */
-    int nh, h0;     /* count, and the model index of the first */
+    fsc_module **h; /* the blocks and half blocks in range, in order: (B,T,C) -> (B,T,C) */
+    int nh;
 } gpt_stage;
 
 typedef struct {
@@ -39,8 +41,8 @@ static int stage_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x,
     if (g->embed) {
         if (x->dtype != FSC_DTYPE_I32 || x->ndim != 2 || x->shape[1] < 1 ||
             x->shape[1] > g->cfg.seq)
-            return fsc_error(FSC_ERR_SHAPE, "GPT stage %d-%d: expected int32 (B,T) ids, T <= %d",
-                             g->first, g->end - 1, g->cfg.seq);
+            return fsc_error(FSC_ERR_SHAPE, "GPT stage %s: expected int32 (B,T) ids, T <= %d",
+                             m->name, g->cfg.seq);
         B = (int)x->shape[0], T = (int)x->shape[1];
         const int32_t *ids = x->data;
         for (int64_t i = 0; i < (int64_t)B * T; i++)
@@ -50,8 +52,8 @@ static int stage_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x,
                                  (long long)i, V);
     } else {
         if (x->dtype != FSC_DTYPE_F32 || x->ndim != 3 || x->shape[2] != C)
-            return fsc_error(FSC_ERR_SHAPE, "GPT stage %d-%d: expected F32 (B,T,%d) activations",
-                             g->first, g->end - 1, C);
+            return fsc_error(FSC_ERR_SHAPE, "GPT stage %s: expected F32 (B,T,%d) activations",
+                             m->name, C);
         B = (int)x->shape[0], T = (int)x->shape[1];
     }
     stage_saved *s = fsc_arena_alloc(ctx->arena, sizeof *s);
@@ -141,6 +143,32 @@ int fsc_gpt_num_layers(const fsc_gpt_config *cfg) {
     return cfg->layers + 2;
 }
 
+int fsc_gpt_num_parts(const fsc_gpt_config *cfg) {
+    return 2 * cfg->layers + 2;
+}
+
+/* Part p (embedding 0, block halves 1..2L, head 2L+1) starts p + 1 halves
+ * in, but for the embedding (0) and the end (2L+2 parts, 2L+4 halves). */
+int fsc_gpt_cut_of_part(const fsc_gpt_config *cfg, int part) {
+    const int n = fsc_gpt_num_parts(cfg);
+    return part <= 0 ? 0 : part >= n ? n + 2 : part + 1;
+}
+
+int fsc_gpt_part_of_cut(const fsc_gpt_config *cfg, int halves, int *part) {
+    const int L = cfg->layers, n = fsc_gpt_num_parts(cfg);
+    if (halves < 0 || halves > 2 * (L + 2))
+        return fsc_error(FSC_ERR_INVALID, "GPT: a cut after %g layers is outside [0, %d]",
+                         halves / 2.0, L + 2);
+    if (halves == 1 || halves == 2 * L + 3)
+        return fsc_error(FSC_ERR_INVALID,
+                         "GPT: a cut after %g layers falls inside the %s, which cannot be split "
+                         "(only blocks 1..%d split, between attention and MLP)",
+                         halves / 2.0,
+                         halves == 1 ? "embedding (layer 0)" : "head (the last layer)", L);
+    *part = halves == 0 ? 0 : halves == 2 * (L + 2) ? n : halves - 1;
+    return FSC_OK;
+}
+
 /* Adds a child made by the caller; frees it and fails if it is NULL or rc is set. */
 static int adopt(gpt_stage *g, fsc_module *child, fsc_module **slot, int rc) {
     if (rc || !child) {
@@ -152,25 +180,38 @@ static int adopt(gpt_stage *g, fsc_module *child, fsc_module **slot, int rc) {
 }
 
 fsc_module *fsc_gpt_stage_new(const fsc_gpt_config *cfg, int first, int end) {
-    if (fsc_gpt_config_check(cfg) || moe_refuse(cfg->moe, "fsc_gpt_stage_new (pipeline stages)"))
-        return NULL;
+    if (fsc_gpt_config_check(cfg)) return NULL;
     const int n = cfg->layers + 2;
     if (first < 0 || end > n || first >= end) {
         fsc_error(FSC_ERR_INVALID, "GPT stage: layers [%d, %d) outside [0, %d) or empty", first,
                   end, n);
         return NULL;
     }
-    char name[32];
-    snprintf(name, sizeof name, "gpt[%d:%d]", first, end);
+    int pf, pe; /* whole layers: cuts at even half counts, never inside a layer */
+    if (fsc_gpt_part_of_cut(cfg, 2 * first, &pf) || fsc_gpt_part_of_cut(cfg, 2 * end, &pe))
+        return NULL;
+    return fsc_gpt_stage_parts_new(cfg, pf, pe);
+}
+
+fsc_module *fsc_gpt_stage_parts_new(const fsc_gpt_config *cfg, int first, int end) {
+    if (fsc_gpt_config_check(cfg) || moe_refuse(cfg->moe, "fsc_gpt_stage_new (pipeline stages)"))
+        return NULL;
+    const int n = fsc_gpt_num_parts(cfg);
+    if (first < 0 || end > n || first >= end) {
+        fsc_error(FSC_ERR_INVALID, "GPT stage: parts [%d, %d) outside [0, %d) or empty", first, end,
+                  n);
+        return NULL;
+    }
+    char name[48];
+    snprintf(name, sizeof name, "gpt[%g:%g]", fsc_gpt_cut_of_part(cfg, first) / 2.0,
+             fsc_gpt_cut_of_part(cfg, end) / 2.0);
     gpt_stage *g = fsc_module_alloc(sizeof *g, &stage_ops, name);
     if (!g) return NULL;
     g->cfg = *cfg;
-    g->first = first, g->end = end;
     g->embed = first == 0, g->head = end == n;
-    g->h0 = first > 0 ? first - 1 : 0;
-    int hend = end - 1 < cfg->layers ? end - 1 : cfg->layers;
-    g->nh = hend - g->h0 > 0 ? hend - g->h0 : 0;
-    g->h = calloc((size_t)(g->nh ? g->nh : 1), sizeof *g->h);
+    /* block parts 2b+1 (attention half) and 2b+2 (MLP half) within [first, end) */
+    const int p0 = first > 1 ? first : 1, p1 = end < n - 1 ? end : n - 1;
+    g->h = calloc((size_t)(p1 > p0 ? p1 - p0 : 1), sizeof *g->h);
     int rc = g->h ? FSC_OK : fsc_error(FSC_ERR_NOMEM, "out of memory creating a GPT stage");
     /* the full model's children, in its order, so names and init match it */
     if (g->embed || g->head) {
@@ -182,12 +223,16 @@ fsc_module *fsc_gpt_stage_new(const fsc_gpt_config *cfg, int first, int end) {
         if (!rc) g->wpe->params_used_by_parent = true;
         rc = adopt(g, fsc_dropout_new("drop", cfg->dropout, 0), &g->drop, rc);
     }
-    for (int l = 0; l < g->nh; l++) {
-        snprintf(name, sizeof name, "h.%d", g->h0 + l);
-        rc = adopt(g,
-                   fsc_block_new(name, cfg->d_model, cfg->heads, cfg->dropout,
-                                 (uint32_t)(g->h0 + l), cfg->layers),
-                   &g->h[l], rc);
+    for (int p = p0; p < p1;) {
+        const int b = (p - 1) / 2;
+        const bool whole = p % 2 == 1 && p + 1 < p1, mlp = p % 2 == 0;
+        snprintf(name, sizeof name, "h.%d", b);
+        fsc_module *blk = whole ? fsc_block_new(name, cfg->d_model, cfg->heads, cfg->dropout,
+                                                (uint32_t)b, cfg->layers)
+                                : fsc_block_half_new(name, cfg->d_model, cfg->heads, cfg->dropout,
+                                                     (uint32_t)b, cfg->layers, mlp);
+        rc = adopt(g, blk, &g->h[g->nh++], rc);
+        p += whole ? 2 : 1;
     }
     if (g->head) rc = adopt(g, fsc_layernorm_new("ln_f", cfg->d_model, 1e-5f), &g->ln_f, rc);
     if (rc) {

@@ -105,14 +105,17 @@ int fsc_attention_parts_backward(fsc_module *const parts[3], const fsc_ctx *ctx,
                                  int C, int NH);
 
 /* A pre-LN block's forward and backward over its children ln_1, attn, ln_2,
- * mlp (in that order): x + attn(ln_1(x)), then + mlp(ln_2(.)). The residual
- * adds work on whatever the children produce, so the tensor-parallel block
- * (its children TP layers, its activations maybe sequence shards) runs them
- * too. */
+ * mlp (in that order): x + attn(ln_1(x)), then + mlp(ln_2(.)). */
 int fsc_block_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, fsc_tensor *y,
                       void **saved);
 int fsc_block_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fsc_tensor *dy,
                        fsc_tensor *dx);
+/* Half of fsc_block_new's block, named like it (the full model's names,
+ * init and dropout keys): x + attn(ln_1(x)) (children ln_1, attn) or, with
+ * mlp, x + mlp(ln_2(x)) (children ln_2, mlp); (B,T,C) to (B,T,C). A
+ * pipeline stage may end between the two. NULL (error set) on bad sizes. */
+fsc_module *fsc_block_half_new(const char *name, int C, int NH, float dropout, uint32_t layer_id,
+                               int n_layers, bool mlp);
 
 /* Backward through blocks h[n-1] .. h[0] (saved records saved[l]) from *cur,
  * which ends as the input gradient of h[0]. Each block's input gradient

@@ -1,4 +1,5 @@
-/* Automatic balance: each layer of the model is built alone, timed through
+/* Automatic balance: each layer of the model (for the GPT under fsc-train,
+ * each part: the embedding, each half block, the head) is built alone, timed through
  * forward and backward on one micro-batch of the planned activation shape,
  * and weighed (parameters, gradients and optimizer state; activations kept
  * for backward). Every rank profiles and the times are averaged over the
