@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Fuzzes fsc's file readers with libFuzzer (issue 13, item 8): the safetensors
-# reader, the token-shard reader, the checkpoint state.json reader and the
-# flat-shard metadata reader (tests/fuzz/).
+# reader, the token readers (llm.c shards v1 and v7, nanoGPT, bytes), the
+# checkpoint state.json reader, the flat-shard metadata reader, the GPT-2 BPE
+# vocabulary/merges reader and encoder, and fsc-train's --config and
+# config.json readers (tests/fuzz/).
 #
 #   scripts/fuzz.sh [SECONDS] [HARNESS...]
 #
@@ -12,25 +14,34 @@
 # inputs collect in build-fuzz/corpus/<harness> (kept between runs; copy the
 # interesting ones into tests/fuzz/corpus/ by hand); a crash leaves
 # build-fuzz/artifacts/<harness>-crash-* and makes the script exit 1.
-# HARNESS: safetensors tokens state_json flat_layout (default: all).
+# HARNESS: safetensors tokens state_json flat_layout bpe config (default: all).
 # FSC_FUZZ_BUILD names another build directory (default build-fuzz).
+# Invocations may run side by side, one harness each (`nice -n 19
+# scripts/fuzz.sh 1800 bpe & nice -n 19 scripts/fuzz.sh 1800 config`): they
+# take turns at the build step.
 # Prints one line per harness: executions, seconds, new corpus size, crashes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-60}
 shift || true
 harnesses=("$@")
-[ ${#harnesses[@]} -eq 0 ] && harnesses=(safetensors tokens state_json flat_layout)
+[ ${#harnesses[@]} -eq 0 ] && harnesses=(safetensors tokens state_json flat_layout bpe config)
 if ! command -v clang >/dev/null; then
   echo "fuzz: clang not found (scripts/install-deps.sh installs it)" >&2
   exit 77
 fi
 build=${FSC_FUZZ_BUILD:-build-fuzz}
-CC=clang cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DFSC_WERROR=ON -DFSC_FUZZ=ON \
-  -DFSC_BUILD_TESTS=OFF >/dev/null
+mkdir -p "$build"
 targets=()
 for h in "${harnesses[@]}"; do targets+=("fsc_fuzz_$h"); done
+# One build at a time: several invocations (one harness each, run side by
+# side for the long runs) share the build directory.
+exec 9>"$build/.fuzz-build.lock"
+flock 9
+CC=clang cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DFSC_WERROR=ON -DFSC_FUZZ=ON \
+  -DFSC_BUILD_TESTS=OFF >/dev/null
 cmake --build "$build" -j "$(nproc)" --target "${targets[@]}" >/dev/null
+flock -u 9
 mkdir -p "$build/artifacts"
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}

@@ -5,7 +5,9 @@
  * FSC_CKPT_POINT_* of core/fault.h) leaves a directory from which the next
  * open finds the newest complete checkpoint and the next save succeeds.
  * state.json is checked end to end: its own checksum, numbers in range, no
- * trailing bytes. Special files and links are refused, never read. */
+ * trailing bytes. Special files and links are refused, never read. Every
+ * refusal and every killed or aborted save is also checked to leave what was
+ * saved before it byte for byte as it was (tree_sum.h). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -19,6 +21,7 @@
 #include "fsc/checkpoint.h"
 #include "fsc/io.h"
 #include "tmpdir.h"
+#include "tree_sum.h"
 
 static void write_text(const char *path, const char *text) {
     write_raw(path, text, strlen(text));
@@ -32,6 +35,28 @@ static char *read_all(const char *path) {
     fclose(f);
     buf[n] = '\0';
     return buf;
+}
+
+/* tree_sum of d, which must exist (a sum of nothing would compare equal to nothing). */
+static uint64_t fingerprint(const char *d) {
+    const uint64_t sum = tree_sum(d);
+    if (!sum) fail_msg("%s: cannot be walked", d);
+    return sum;
+}
+
+/* Opening d fails with want_rc and a message containing needle, and
+ * leaves every file under d as it was: a reader never repairs or removes. */
+static void expect_refused(const char *d, int want_rc, const char *needle) {
+    char dir_copy[512];
+    snprintf(dir_copy, sizeof dir_copy, "%s", d); /* d may be a tmp() buffer */
+    const uint64_t before = fingerprint(dir_copy);
+    fsc_ckpt *c = NULL;
+    int rc = fsc_ckpt_open(dir_copy, &c);
+    if (rc != want_rc || !strstr(fsc_last_error(), needle))
+        fail_msg("%s: expected %d with \"%s\", got %d: %s", dir_copy, want_rc, needle, rc,
+                 fsc_last_error());
+    assert_null(c);
+    assert_int_equal(tree_sum(dir_copy), before);
 }
 
 /* One save of step `step` into dir, pruning to keep_last (0: keep all). */
@@ -68,12 +93,14 @@ static void test_round_trip_and_latest(void **state) {
     assert_int_equal(fsc_ckpt_open(tmp("ck/step-000005"), &c), FSC_OK);
     assert_int_equal(fsc_ckpt_step(c), 5);
     fsc_ckpt_close(c);
-    /* the same step is never overwritten */
+    /* the same step is never overwritten, and the refused save leaves no trace */
+    const uint64_t saved = fingerprint(tmp("ck"));
     fsc_ckpt_writer *w;
     assert_int_equal(fsc_ckpt_begin(tmp("ck"), 10, &w), FSC_OK);
     write_text(fsc_ckpt_member(w, "model.bin"), "other");
     assert_int_equal(fsc_ckpt_commit(w), FSC_ERR_IO);
     assert_non_null(strstr(fsc_last_error(), "already exists"));
+    assert_int_equal(tree_sum(tmp("ck")), saved);
     assert_int_equal(fsc_ckpt_open(tmp("ck"), &c), FSC_OK);
     assert_int_equal(fsc_ckpt_step(c), 10);
     fsc_ckpt_close(c);
@@ -85,21 +112,17 @@ static void test_damage_is_refused(void **state) {
     fsc_ckpt *c;
     /* torn: truncated member */
     assert_int_equal(truncate(tmp("ck/step-000020/model.bin"), 5), 0);
-    assert_int_equal(fsc_ckpt_open(tmp("ck"), &c), FSC_ERR_FORMAT);
-    assert_non_null(strstr(fsc_last_error(), "model.bin has 5 bytes"));
+    expect_refused(tmp("ck"), FSC_ERR_FORMAT, "model.bin has 5 bytes");
     /* same size, one byte changed */
     write_text(tmp("ck/step-000020/model.bin"), "weights at 20, longeR");
-    assert_int_equal(fsc_ckpt_open(tmp("ck"), &c), FSC_ERR_FORMAT);
-    assert_non_null(strstr(fsc_last_error(), "fails its checksum"));
+    expect_refused(tmp("ck"), FSC_ERR_FORMAT, "fails its checksum");
     /* a member missing */
     unlink(tmp("ck/step-000020/optim.bin"));
     write_text(tmp("ck/step-000020/model.bin"), "weights at 20, longer");
-    assert_int_equal(fsc_ckpt_open(tmp("ck"), &c), FSC_ERR_FORMAT);
-    assert_non_null(strstr(fsc_last_error(), "optim.bin"));
+    expect_refused(tmp("ck"), FSC_ERR_FORMAT, "optim.bin");
     /* not JSON */
     write_text(tmp("ck/step-000020/state.json"), "{ nope");
-    assert_int_equal(fsc_ckpt_open(tmp("ck"), &c), FSC_ERR_FORMAT);
-    assert_non_null(strstr(fsc_last_error(), "state.json"));
+    expect_refused(tmp("ck"), FSC_ERR_FORMAT, "state.json");
     /* no checkpoint at all */
     assert_int_equal(fsc_ckpt_open(tmp("nothing-here"), &c), FSC_ERR_NOT_FOUND);
 }
@@ -107,10 +130,12 @@ static void test_damage_is_refused(void **state) {
 static void test_abort_keeps_previous(void **state) {
     (void)state;
     save(30, "good");
+    const uint64_t saved = fingerprint(tmp("ck"));
     fsc_ckpt_writer *w;
     assert_int_equal(fsc_ckpt_begin(tmp("ck"), 31, &w), FSC_OK);
     write_text(fsc_ckpt_member(w, "model.bin"), "half writ");
     fsc_ckpt_abort(w);
+    assert_int_equal(tree_sum(tmp("ck")), saved); /* no temporary left, nothing touched */
     struct stat st;
     assert_int_not_equal(stat(tmp("ck/step-000031"), &st), 0);
     fsc_ckpt *c;
@@ -164,6 +189,9 @@ static void test_kill_at_every_commit_point(void **state) {
         snprintf(d, sizeof d, "%s", tmp(name));
         assert_int_equal(save_in(d, 1, "w1", 2), FSC_OK);
         assert_int_equal(save_in(d, 2, "w2", 2), FSC_OK);
+        char step2[600];
+        snprintf(step2, sizeof step2, "%s/step-000002", d);
+        const uint64_t saved2 = fingerprint(step2);
         fflush(NULL);
         pid_t pid = fork();
         assert_true(pid >= 0);
@@ -181,6 +209,9 @@ static void test_kill_at_every_commit_point(void **state) {
         } else {
             assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
         }
+        /* whatever the point, step 2 (kept by keep_last 2) is byte for byte as saved */
+        if (tree_sum(step2) != saved2) print_error("k=%d: step-000002 changed\n", k);
+        assert_int_equal(tree_sum(step2), saved2);
         /* the dead writer's step 3 is complete once renamed into place */
         fsc_ckpt *c;
         assert_int_equal(fsc_ckpt_open(d, &c), FSC_OK);
@@ -208,13 +239,17 @@ static void test_newer_incomplete_set_aside(void **state) {
     write_text(tmp("aside/latest"), "step-000001\n");     /* as if the save of 2 was cut short */
     write_text(tmp("aside/step-000002/model.bin"), "w9"); /* ... and 2 then damaged */
     expect_step(d, 1);
+    const uint64_t saved1 = fingerprint(tmp("aside/step-000001"));
     assert_int_equal(save_in(d, 2, "w2", 0), FSC_OK);
     expect_step(d, 2);
+    assert_int_equal(tree_sum(tmp("aside/step-000001")), saved1);
     const char *names = listing(d);
     assert_non_null(strstr(names, "step-000002.aside-"));
     /* the checkpoint `latest` names is still never overwritten */
+    const uint64_t saved = fingerprint(d);
     assert_int_equal(save_in(d, 2, "w2", 0), FSC_ERR_IO);
     assert_non_null(strstr(fsc_last_error(), "already exists"));
+    assert_int_equal(tree_sum(d), saved);
     free((void *)d);
 }
 
@@ -247,7 +282,9 @@ static void test_stale_temporaries(void **state) {
         if (*h == '-') *h = '_';
     snprintf(live, sizeof live, "%s/.step-000007.tmp-1-%s-abcdefabcdef", d, host);
     assert_int_equal(mkdir(live, 0777), 0);
+    const uint64_t saved1 = fingerprint(tmp("stale/step-000001"));
     assert_int_equal(save_in(d, 2, "w2", 0), FSC_OK);
+    assert_int_equal(tree_sum(tmp("stale/step-000001")), saved1);
     assert_null(strstr(listing(d), ".step-000002.tmp-"));
     assert_non_null(strstr(listing(d), ".step-000007.tmp-1-"));
     assert_string_equal(read_all(tmp("victim/precious")), "keep me");
@@ -301,45 +338,38 @@ static void test_state_integrity(void **state) {
     char good[1 << 16];
     snprintf(good, sizeof good, "%s", read_all(sj));
     assert_non_null(strstr(good, "\"state_crc32\""));
-    fsc_ckpt *c;
     /* the step edited 6 -> 2: its own checksum catches it */
     edit(sj, "\"step\":\t6", "\"step\":\t2");
-    assert_int_equal(fsc_ckpt_open(d, &c), FSC_ERR_FORMAT);
-    assert_non_null(strstr(fsc_last_error(), "state.json: fails its own checksum"));
+    expect_refused(d, FSC_ERR_FORMAT, "state.json: fails its own checksum");
     /* an old checkpoint without the checksum still opens ... */
     write_text(sj, good);
     strip_sum(sj);
     expect_step(d, 6);
     /* ... but its step must be the directory's, and in range */
     edit(sj, "\"step\":\t6", "\"step\":\t2");
-    assert_int_equal(fsc_ckpt_open(d, &c), FSC_ERR_FORMAT);
-    assert_non_null(strstr(fsc_last_error(), "says step 2 but the directory is step 6"));
+    expect_refused(d, FSC_ERR_FORMAT, "says step 2 but the directory is step 6");
     edit(sj, "\"step\":\t2", "\"step\":\t61e300");
-    assert_int_equal(fsc_ckpt_open(d, &c), FSC_ERR_FORMAT);
-    assert_non_null(strstr(fsc_last_error(), "\"step\" must be an integer in [0, 2^53]"));
+    expect_refused(d, FSC_ERR_FORMAT, "\"step\" must be an integer in [0, 2^53]");
     edit(sj, "\"step\":\t61e300", "\"step\":\t-1");
-    assert_int_equal(fsc_ckpt_open(d, &c), FSC_ERR_FORMAT);
+    expect_refused(d, FSC_ERR_FORMAT, "\"step\" must be an integer in [0, 2^53]");
     edit(sj, "\"step\":\t-1", "\"step\":\t6.5");
-    assert_int_equal(fsc_ckpt_open(d, &c), FSC_ERR_FORMAT);
+    expect_refused(d, FSC_ERR_FORMAT, "\"step\" must be an integer in [0, 2^53]");
     edit(sj, "\"step\":\t6.5", "\"step\":\t6");
     edit(sj, "\"size\":\t", "\"size\":\t1e30+");
-    assert_int_equal(fsc_ckpt_open(d, &c), FSC_ERR_FORMAT);
+    expect_refused(d, FSC_ERR_FORMAT, "state.json");
     write_text(sj, good);
     strip_sum(sj);
     edit(sj, "\"crc32\":\t", "\"crc32\":\t9999999999");
-    assert_int_equal(fsc_ckpt_open(d, &c), FSC_ERR_FORMAT);
-    assert_non_null(strstr(fsc_last_error(), "bad entry for"));
+    expect_refused(d, FSC_ERR_FORMAT, "bad entry for");
     /* trailing garbage after the object */
     write_text(sj, good);
     edit(sj, "\"\n}\n", "\"\n}\n{}");
-    assert_int_equal(fsc_ckpt_open(d, &c), FSC_ERR_FORMAT);
-    assert_non_null(strstr(fsc_last_error(), "unexpected bytes after the JSON object"));
+    expect_refused(d, FSC_ERR_FORMAT, "unexpected bytes after the JSON object");
     /* a `latest` that names something else */
     write_text(sj, good);
     expect_step(d, 6);
     write_text(tmp("integ/latest"), "../../etc\n");
-    assert_int_equal(fsc_ckpt_open(d, &c), FSC_ERR_FORMAT);
-    assert_non_null(strstr(fsc_last_error(), "latest: does not name a step directory"));
+    expect_refused(d, FSC_ERR_FORMAT, "latest: does not name a step directory");
     free((void *)d), free((void *)sj);
 }
 
@@ -368,12 +398,10 @@ static void test_member_step_agrees(void **state) {
     assert_int_equal(fsc_ckpt_step(c), 8);
     fsc_ckpt_close(c);
     assert_int_equal(save_with_member(tmp("mem-step"), "5", "\"a\""), FSC_OK);
-    assert_int_equal(fsc_ckpt_open(tmp("mem-step"), &c), FSC_ERR_FORMAT);
-    assert_non_null(
-        strstr(fsc_last_error(), "model.safetensors records step 5 but state.json says step 8"));
+    expect_refused(tmp("mem-step"), FSC_ERR_FORMAT,
+                   "model.safetensors records step 5 but state.json says step 8");
     assert_int_equal(save_with_member(tmp("mem-run"), "8", "\"b\""), FSC_OK);
-    assert_int_equal(fsc_ckpt_open(tmp("mem-run"), &c), FSC_ERR_FORMAT);
-    assert_non_null(strstr(fsc_last_error(), "model.safetensors records fsc.run = \"b\""));
+    expect_refused(tmp("mem-run"), FSC_ERR_FORMAT, "model.safetensors records fsc.run = \"b\"");
 }
 
 /* A member that is a FIFO (open would block, reads would wait) or a link to
@@ -384,21 +412,17 @@ static void test_special_files_refused(void **state) {
     const char *d = strdup(tmp("special")), *m = strdup(tmp("special/step-000001/model.bin"));
     assert_int_equal(save_in(d, 1, "w1", 0), FSC_OK);
     alarm(20);
-    fsc_ckpt *c;
     unlink(m);
     assert_int_equal(mkfifo(m, 0666), 0);
-    assert_int_equal(fsc_ckpt_open(d, &c), FSC_ERR_FORMAT);
-    assert_non_null(strstr(fsc_last_error(), "model.bin: is a FIFO, not a regular file"));
+    expect_refused(d, FSC_ERR_FORMAT, "model.bin: is a FIFO, not a regular file");
     unlink(m);
     assert_int_equal(symlink("/dev/zero", m), 0);
-    assert_int_equal(fsc_ckpt_open(d, &c), FSC_ERR_FORMAT);
-    assert_non_null(strstr(fsc_last_error(), "model.bin: is a symbolic link"));
+    expect_refused(d, FSC_ERR_FORMAT, "model.bin: is a symbolic link");
     unlink(m);
     const char *sj = tmp("special/step-000001/state.json");
     unlink(sj);
     assert_int_equal(mkfifo(sj, 0666), 0);
-    assert_int_not_equal(fsc_ckpt_open(d, &c), FSC_OK);
-    assert_non_null(strstr(fsc_last_error(), "state.json: is a FIFO"));
+    expect_refused(d, FSC_ERR_IO, "state.json: is a FIFO");
     alarm(0);
     free((void *)d), free((void *)m);
 }

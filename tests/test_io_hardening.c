@@ -4,7 +4,9 @@
  * it runs: a dense 99 MB header is refused cheaply (peak memory measured in a
  * child process against 2x the header + 16 MiB), and the price counts
  * against the memory budget (FSC_MEM_LIMIT_MB). A regression that would hang
- * fails by alarm() instead. */
+ * fails by alarm() instead. Every refusal names the file and leaves the
+ * scratch directory, a file saved before it included, exactly as it was
+ * (tree_sum.h). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -17,19 +19,44 @@
 
 #include "fsc/io.h"
 #include "tmpdir.h"
+#include "tree_sum.h"
+
+/* The fingerprint of the whole scratch directory (FIFOs are never opened). */
+static uint64_t scratch_sum(void) {
+    const uint64_t sum = tree_sum(dir);
+    assert_true(sum != 0);
+    return sum;
+}
 
 static void expect_st_refused(const char *path, const char *needle) {
+    const uint64_t before = scratch_sum();
     int rc = 0;
     fsc_st_file *f = fsc_st_open(path, &rc);
     if (f || rc == FSC_OK || !strstr(fsc_last_error(), needle))
         fail_msg("%s: expected refusal with \"%s\", got %d: %s", path, needle, rc,
                  fsc_last_error());
     assert_non_null(strstr(fsc_last_error(), path));
+    assert_int_equal(scratch_sum(), before);
+}
+
+static void expect_tokens_refused(const char *path, const char *needle) {
+    const uint64_t before = scratch_sum();
+    fsc_tokens tk;
+    int rc = fsc_tokens_load(path, &tk);
+    if (rc == FSC_OK || !strstr(fsc_last_error(), needle))
+        fail_msg("%s: expected refusal with \"%s\", got %d: %s", path, needle, rc,
+                 fsc_last_error());
+    assert_int_equal(scratch_sum(), before);
 }
 
 static void test_special_inputs_refused(void **state) {
     (void)state;
     alarm(20); /* a FIFO opened without O_NONBLOCK would block here forever */
+    /* saved before: must survive every refusal below */
+    float x[2] = {1, 2};
+    fsc_tensor t = fsc_tensor_1d(x, FSC_DTYPE_F32, 2);
+    const char *names[] = {"x"};
+    assert_int_equal(fsc_st_save(tmp("saved.safetensors"), 1, names, &t, NULL), FSC_OK);
     assert_int_equal(mkfifo(tmp("pipe.safetensors"), 0666), 0);
     expect_st_refused(tmp("pipe.safetensors"), "is a FIFO, not a regular file");
     assert_int_equal(symlink("/dev/zero", tmp("zero.safetensors")), 0);
@@ -37,17 +64,18 @@ static void test_special_inputs_refused(void **state) {
     assert_int_equal(mkdir(tmp("adir.safetensors"), 0777), 0);
     expect_st_refused(tmp("adir.safetensors"), "is a directory");
     /* token data: llm.c shards and byte files alike */
-    fsc_tokens tk;
     assert_int_equal(mkfifo(tmp("pipe.bin"), 0666), 0);
-    assert_int_not_equal(fsc_tokens_load(tmp("pipe.bin"), &tk), FSC_OK);
-    assert_non_null(strstr(fsc_last_error(), "pipe.bin: is a FIFO"));
+    expect_tokens_refused(tmp("pipe.bin"), "pipe.bin: is a FIFO");
     assert_int_equal(mkfifo(tmp("pipe.txt"), 0666), 0);
-    assert_int_not_equal(fsc_tokens_load(tmp("pipe.txt"), &tk), FSC_OK);
-    assert_non_null(strstr(fsc_last_error(), "pipe.txt: is a FIFO"));
+    expect_tokens_refused(tmp("pipe.txt"), "pipe.txt: is a FIFO");
     assert_int_equal(symlink("/dev/zero", tmp("zero.txt")), 0);
-    assert_int_not_equal(fsc_tokens_load(tmp("zero.txt"), &tk), FSC_OK);
-    assert_non_null(strstr(fsc_last_error(), "zero.txt: is a character device"));
+    expect_tokens_refused(tmp("zero.txt"), "zero.txt: is a character device");
     alarm(0);
+    int rc;
+    fsc_st_file *f = fsc_st_open(tmp("saved.safetensors"), &rc);
+    assert_non_null(f);
+    fsc_st_close(f);
+    unlink(tmp("saved.safetensors"));
 }
 
 /* The temporary of a save has an unpredictable name created with O_EXCL: a
@@ -69,6 +97,9 @@ static void test_planted_temporary_ignored(void **state) {
     assert_int_equal(fread(buf, 1, sizeof buf, f), 8);
     fclose(f);
     assert_memory_equal(buf, "precious", 8);
+    char target[512] = ""; /* the planted link itself is left alone too */
+    assert_true(readlink(planted, target, sizeof target - 1) > 0);
+    assert_string_equal(target, tmp("victim"));
     int rc;
     fsc_st_file *st = fsc_st_open(tmp("out.safetensors"), &rc);
     assert_non_null(st);

@@ -69,6 +69,12 @@ static int member_text(const cJSON *item, const char **out) {
     if (cJSON_IsNull(item)) return FSC_OK;
     if (cJSON_IsString(item)) {
         *out = keep(item->valuestring);
+    } else if (cJSON_IsNumber(item) && item->valuedouble > -9007199254740992.0 &&
+               item->valuedouble < 9007199254740992.0 &&
+               item->valuedouble == (double)(long long)item->valuedouble) {
+        char digits[32]; /* cJSON would print 2e+15, which an integer flag refuses */
+        snprintf(digits, sizeof digits, "%lld", (long long)item->valuedouble);
+        *out = keep(digits);
     } else if (cJSON_IsNumber(item) || cJSON_IsBool(item)) {
         char *p = cJSON_PrintUnformatted(item);
         *out = p ? keep(p) : NULL;
@@ -322,7 +328,8 @@ static void dims_from_json(const cJSON *j, model_dims *d) {
  * its gate (E, C) the experts, expert 0's c_fc (C, H) the width. */
 static void moe_from_shapes(fsc_st_file *f, model_dims *d) {
     char name[96];
-    for (int l = 0; l < d->layers && !d->experts; l++) {
+    /* a config.json may claim any number of layers; the file has no more than its tensors */
+    for (int l = 0; l < d->layers && l < fsc_st_count(f) && !d->experts; l++) {
         snprintf(name, sizeof name, "h.%d.mlp.gate.weight", l);
         const fsc_st_entry *gate = fsc_weights_find(f, name);
         snprintf(name, sizeof name, "h.%d.mlp.experts.0.c_fc.weight", l);

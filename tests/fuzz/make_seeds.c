@@ -2,6 +2,7 @@
  * `build-fuzz/tests/fuzz/fsc_fuzz_make_seeds tests/fuzz/corpus`), each seed a
  * small file the library itself wrote, plus hand-made variants: the readers'
  * formats as they really are, so the fuzzer starts past the first checks.
+ * The BPE seeds are tests/data/bpe_tiny's files (found beside CORPUS_ROOT).
  */
 #include <ftw.h>
 #include <stdio.h>
@@ -81,6 +82,73 @@ static void tokens(const char *tmp) {
     put("tokens", "seed-shard", buf, n);
     free(buf);
     put("tokens", "seed-text", "hello, fsc\n", 11);
+    /* version 7 (uint32 tokens): magic 20240801, 3 tokens; and nanoGPT's raw uint16 */
+    unsigned char v7[1024 + 12] = {0xa1, 0xd9, 0x34, 0x01, 7, 0, 0, 0, 3, 0, 0, 0};
+    /* 1, 50257 and the largest id a stream may hold, 2^31 - 2 */
+    const unsigned char ids[12] = {1, 0, 0, 0, 0x51, 0xc4, 0, 0, 0xfe, 0xff, 0xff, 0x7f};
+    memcpy(v7 + 1024, ids, sizeof ids);
+    put("tokens", "seed-v7", v7, sizeof v7);
+    put("tokens", "seed-nanogpt", "\x01\x00\x50\xc4\xff\xff\x09\x00", 8);
+}
+
+/* tests/data/bpe_tiny's files as the harness's parts (FF FF between). */
+static void bpe(void) {
+    char path[1100];
+    size_t ne, nm;
+    snprintf(path, sizeof path, "%s/../../data/bpe_tiny/encoder.json", out_root);
+    char *enc = slurp(path, &ne);
+    snprintf(path, sizeof path, "%s/../../data/bpe_tiny/vocab.bpe", out_root);
+    char *merges = slurp(path, &nm);
+    const char text[] = "hello world, it's 2020: aaaaa  b\xc3\xa9\xff\n\t \xe2\x80\x83x";
+    char *buf = malloc(ne + nm + sizeof text + 8);
+    if (!buf) die("bpe seed");
+    size_t k = 0;
+#define ADD(p, n) (memcpy(buf + k, p, n), k += (n))
+    ADD(enc, ne), ADD("\xff\xff", 2), ADD(merges, nm), ADD("\xff\xff", 2);
+    ADD(text, sizeof text - 1);
+    put("bpe", "seed-tiny", buf, k);
+    /* "+": the harness writes the 256 byte tokens; the seed gives the rest */
+    const char *tail = strstr(enc, ", \"ll\": 256");
+    if (!tail) die("bpe_tiny encoder.json without \"ll\": 256");
+    k = 0;
+    ADD("+", 1), ADD(tail, strlen(tail)), ADD("\xff\xff", 2), ADD(merges, nm);
+    ADD("\xff\xff", 2), ADD(text, sizeof text - 1);
+    put("bpe", "seed-base", buf, k);
+    k = 0;
+    const char empty[] = "+}\xff\xff#version: 0.2\n\xff\xff";
+    ADD(empty, sizeof empty - 1), ADD(text, sizeof text - 1);
+    put("bpe", "seed-bytes-only", buf, k);
+#undef ADD
+    free(buf), free(enc), free(merges);
+}
+
+/* A --config file and, after FF FF, a Hugging Face config.json (fsc-train --save's). */
+static void config(void) {
+    const char flags[] =
+        "{\"strategy\": \"fsdp\", \"layers\": 2, \"d_model\": 64, \"heads\": 2, \"seq\": 32,\n"
+        " \"vocab\": 256, \"dropout\": 0.1, \"lr\": 3e-4, \"schedule\": \"cosine\",\n"
+        " \"warmup\": 10,"
+        " \"steps\": 100, \"seed\": \"18446744073709551615\", \"checkpoint-activations\": true,\n"
+        " \"mixed-precision\": \"bf16\", \"balance\": null, \"data\": \"a \\\"q\\\" \\\\ b\"}";
+    const char hf[] =
+        "{\n  \"architectures\": [\"GPT2LMHeadModel\"],\n  \"model_type\": \"gpt2\",\n"
+        "  \"vocab_size\": 8,\n  \"n_positions\": 32,\n  \"n_ctx\": 32,\n  \"n_embd\": 4,\n"
+        "  \"n_layer\": 1,\n  \"n_head\": 2,\n  \"n_inner\": null\n}\n";
+    char buf[2048];
+    int k = snprintf(buf, sizeof buf, "%s\xff\xff%s", flags, hf);
+    put("config", "seed-flags-hf", buf, (size_t)k);
+    k = snprintf(buf, sizeof buf,
+                 "{\"optimizer\": \"sgd\", \"momentum\": 0.9}\xff\xff"
+                 "{\"n_embd\": 4, \"n_layer\": 3}");
+    put("config", "seed-no-heads", buf, (size_t)k);
+    /* regression (issue 13): "n_layer": 61e40064 (INT_MAX layers) made --init-from look
+     * for a MoE gate in each of 2^31 blocks */
+    k = snprintf(buf, sizeof buf, "{}\xff\xff{\"n_embd\": 4, \"n_layer\": 61e40064}");
+    put("config", "regress-layers-61e40064", buf, (size_t)k);
+    /* regression (issue 13): a --seed of 1e15 or more was stored as a JSON number that
+     * read back as "2e+15", so a checkpoint's flags did not load */
+    k = snprintf(buf, sizeof buf, "{\"seed\": \"2000000000000000\"}\xff\xff{}");
+    put("config", "regress-seed-2e15", buf, (size_t)k);
 }
 
 static void state_json(const char *tmp) {
@@ -160,6 +228,8 @@ int main(int argc, char **argv) {
     tokens(tmp);
     state_json(tmp);
     flat_layout(tmp);
+    bpe();
+    config();
     nftw(tmp, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
     printf("seeds written under %s\n", out_root);
     return 0;

@@ -16,6 +16,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "reference"))
+import saved_state  # noqa: E402 (beside this file)
 
 FSC_TRAIN = sys.argv[1]
 TMP = tempfile.mkdtemp(prefix="fsc-e2e-")
@@ -36,45 +37,19 @@ def metrics(path):
         return [json.loads(line) for line in f]
 
 
-def tree(root):
-    """{relative path: (kind, sha256 of a file's bytes or a link's target)} under root:
-    a fault case compares it before and after to show that nothing saved changed."""
-    import hashlib
-    out = {}
-    for d, dirs, files in os.walk(root):
-        for name in dirs + files:
-            path = os.path.join(d, name)
-            rel = os.path.relpath(path, root)
-            if os.path.islink(path):
-                out[rel] = ("link", os.readlink(path))
-            elif os.path.isfile(path):
-                with open(path, "rb") as f:
-                    out[rel] = ("file", hashlib.sha256(f.read()).hexdigest())
-            else:
-                out[rel] = ("dir" if os.path.isdir(path) else "other", "")
-    return out
-
-
 def same_tree(what, root, before):
-    after = tree(root)
-    if after != before:
-        changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
-        sys.exit(f"FAIL: {what}: files under {root} changed: {changed}")
+    """Exits unless every file under root is as the fingerprint `before` (saved_state.tree)."""
+    diff = saved_state.changed(root, before)
+    if diff:
+        sys.exit(f"FAIL: {what}: files under {root} changed: {diff}")
 
 
 def verify_checkpoint(ck):
-    """The step of ck's `latest` checkpoint after checking every member's size and
-    CRC-32 against its state.json, as fsc's reader does; exits on a mismatch."""
-    import zlib
-    name = open(os.path.join(ck, "latest")).read().strip()
-    step_dir = os.path.join(ck, name)
-    state = json.load(open(os.path.join(step_dir, "state.json")))
-    for member, rec in state["files"].items():
-        data = open(os.path.join(step_dir, member), "rb").read()
-        if len(data) != rec["size"] or zlib.crc32(data) != rec["crc32"]:
-            sys.exit(f"FAIL: {step_dir}/{member}: {len(data)} bytes, crc32 {zlib.crc32(data)}; "
-                     f"state.json says {rec['size']} bytes, crc32 {rec['crc32']}")
-    return state["step"]
+    """The step of ck's `latest` checkpoint once each member matches its state.json."""
+    step, problem = saved_state.checkpoint_problem(ck)
+    if problem:
+        sys.exit(f"FAIL: {problem}")
+    return step
 
 
 def learns():
@@ -293,7 +268,7 @@ def resume():
     step_dir = os.path.join(ck, "step-000005")
     optim = os.path.join(step_dir, "optim.safetensors")
     good = open(optim, "rb").read()
-    saved = tree(ck)
+    saved = saved_state.tree(ck)
     with open(optim, "wb") as f:
         f.write(good[: len(good) // 2])
     p = run(*common, "--steps", "10", "--resume", ck, expect_ok=False)
@@ -1076,7 +1051,7 @@ def consistency():
     # a checkpoint saved before; the refused launch would save into the same directory
     ck = os.path.join(TMP, "cons-ck")
     run(*TINY, "--steps", "1", "--quiet", "--checkpoint-dir", ck, "--save-every", "1")
-    saved = tree(ck)
+    saved = saved_state.tree(ck)
     keep = ["--checkpoint-dir", ck, "--save-every", "1"]
     p, cmd = mpmd([*small, *keep], [*small, *keep, "--lr", "0.1"])
     same_tree("a launch refused for differing flags", ck, saved)

@@ -2,7 +2,7 @@
 """Fault injection against fsc's watchdog (issue 13, item 3): does every
 survivor name the lost rank, the same way, in time?
 
-    watchdog_faults.py FSC_TRAIN [--kills 20] [--stops 20] [--timeout 3] [--seed 1]
+    watchdog_faults.py FSC_TRAIN [--kills 20] [--stops 20] [--timeout 3] [--seed 1] [--checkpoint]
     watchdog_faults.py FSC_TRAIN --fast [--lifecycle MPI_LIFECYCLE]   (the ctest, < 60 s)
 
 Each case starts fsc-train (ddp or fsdp, 2-4 ranks, alternating) under
@@ -12,10 +12,14 @@ random step, then sends one rank SIGKILL (a death) or SIGSTOP (a stall) at a
 random moment of that step, and times the survivors until they exit. A case
 counts as named when every survivor printed a verdict, the verdicts are one
 text, and the ranks it blames ("world rank R is lost|stalled") are exactly
-the victim. The exit time is from the signal to the last survivor's exit,
-against FSC_TIMEOUT_S + 1 s. With --init-stall, a rank also stops itself
-before MPI_Init: its peers must end with a message (exit 124) instead of
-hanging; --as-remote makes ranks see each other as remote peers (the
+the victim; with --checkpoint the run saves every step (so a signal may land
+mid-save) and its last committed checkpoint must still verify: every
+member's size and CRC-32 as its state.json records (not in --fast yet: a
+rank killed inside a parallel MPI-IO save leaves its peers in
+MPI_File_close, which no fsc deadline covers). The exit time is from the
+signal to the last survivor's exit, against FSC_TIMEOUT_S + 1 s. With
+--init-stall, a rank also stops itself before MPI_Init: its peers must end
+with a message (exit 124) instead of hanging; --as-remote makes ranks see each other as remote peers (the
 heartbeat alone decides, without /proc); with --lifecycle (tests/mpi_lifecycle built), a rank stops itself
 just before MPI_Finalize and the others must end with a message naming it.
 Standard library only (Debian's python3). Exit status 1 if any case
@@ -30,6 +34,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+import saved_state  # beside this file: the checkpoint check
 
 MODEL = ["--layers", "1", "--d-model", "32", "--heads", "2", "--seq", "16", "--batch", "2",
          "--steps", "1000000", "--quiet"]
@@ -79,14 +85,18 @@ def gone(pid):
     return stat[stat.rindex(")") + 2] in "ZX"
 
 
-def run_case(train, kind, strategy, np, victim, step, timeout, tmp, exe, flags, rng):
+def run_case(train, kind, strategy, np, victim, step, timeout, tmp, exe, flags, rng, checkpoint):
     tag = f"{os.getpid()}-{time.time_ns()}"
     metrics = os.path.join(tmp, f"m-{tag}.jsonl")
+    ck = os.path.join(tmp, f"ck-{tag}")
     env = dict(os.environ, FSC_TIMEOUT_S=str(timeout), FSC_WDF_TAG=tag)
     env.pop("FSC_FAULT", None)
     log = open(os.path.join(tmp, f"err-{tag}.txt"), "w+")
     p = subprocess.Popen([exe, "-n", str(np), *flags, train, *MODEL, "--strategy", strategy,
-                          "--metrics", metrics], stdout=subprocess.DEVNULL, stderr=log, env=env)
+                          "--metrics", metrics,
+                          *(["--checkpoint-dir", ck, "--save-every", "1", "--keep-last", "2"]
+                            if checkpoint else [])],
+                         stdout=subprocess.DEVNULL, stderr=log, env=env)
     res = {"kind": kind, "strategy": strategy, "np": np, "victim": victim, "step": step}
     try:
         t_start = time.time()
@@ -128,9 +138,12 @@ def run_case(train, kind, strategy, np, victim, step, timeout, tmp, exe, flags, 
     verdicts = {m.group(1) for l in lines for m in [VERDICT.search(l)] if m}
     blamed = {int(x) for v in verdicts for x in BLAME.findall(v)}
     named = (not hung and len(lines) == np - 1 and len(verdicts) == 1 and blamed == {victim})
-    res.update(ok=named, took=took, hung=hung, message=next(iter(verdicts), lines[0] if lines else ""),
-               why="" if named else f"{len(lines)} survivor messages, {len(verdicts)} verdicts, "
-               f"blamed {sorted(blamed)}" + (", HUNG" if hung else "") + "\n" + err[-3000:])
+    damaged = saved_state.checkpoint_problem(ck)[1] if checkpoint else ""
+    res.update(ok=named and not damaged, took=took, hung=hung,
+               message=next(iter(verdicts), lines[0] if lines else ""),
+               why="" if named and not damaged else f"{len(lines)} survivor messages, "
+               f"{len(verdicts)} verdicts, blamed {sorted(blamed)}" + (", HUNG" if hung else "")
+               + (f", checkpoint damaged: {damaged}" if damaged else "") + "\n" + err[-3000:])
     return res
 
 
@@ -186,6 +199,8 @@ def main():
     ap.add_argument("--init-stall", action="store_true")
     ap.add_argument("--as-remote", action="store_true",
                     help="FSC_HEARTBEAT_PROC=0: peers as if on other hosts (heartbeat alone, no /proc)")
+    ap.add_argument("--checkpoint", action="store_true",
+                    help="save every step; the last committed checkpoint must survive the signal")
     ap.add_argument("--lifecycle", help="tests/mpi_lifecycle: also stall a rank before MPI_Finalize")
     a = ap.parse_args()
     if a.fast:
@@ -206,7 +221,8 @@ def main():
     stats = {}
     with tempfile.TemporaryDirectory(prefix="fsc_wdf_") as tmp:
         for kind, strategy, np, victim, step in plan:
-            r = run_case(a.train, kind, strategy, np, victim, step, a.timeout, tmp, exe, flags, rng)
+            r = run_case(a.train, kind, strategy, np, victim, step, a.timeout, tmp, exe, flags, rng,
+                         a.checkpoint)
             took = r.get("took", float("nan"))
             in_time = took <= a.timeout + 1.0
             s = stats.setdefault(kind, [0, 0, 0, 0.0])
