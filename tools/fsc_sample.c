@@ -16,6 +16,7 @@
 
 #include "fsc/checkpoint.h"
 #include "fsc/gpt.h"
+#include "fsc/moe.h"
 #include "fsc/tokenizer.h"
 #include "fsc/version.h"
 #include "fsc/weights.h"
@@ -130,6 +131,42 @@ static int config_from_tensors(const fsc_st_file *f, int heads, fsc_gpt_config *
     return FSC_OK;
 }
 
+/* A Mixture-of-Experts model (fsc-train --moe-experts): the experts, their
+ * spacing and width from the first block with a gate; the capacity factor
+ * from the config.json fsc-train writes beside the weights (else 2.0, its
+ * default), since it decides which tokens an expert drops. */
+static fsc_moe_options sample_moe;
+
+static void moe_from_file(const fsc_st_file *f, const char *weights, fsc_gpt_config *cfg) {
+    char name[96];
+    for (int l = 0; l < cfg->layers && l < fsc_st_count(f); l++) {
+        snprintf(name, sizeof name, "h.%d.mlp.gate.weight", l);
+        const fsc_st_entry *gate = fsc_weights_find(f, name);
+        snprintf(name, sizeof name, "h.%d.mlp.experts.0.c_fc.weight", l);
+        const fsc_st_entry *fc = fsc_weights_find(f, name);
+        if (!gate || gate->ndim != 2 || !fc || fc->ndim != 2) continue;
+        sample_moe = (fsc_moe_options){.experts = (int)gate->shape[0],
+                                       .every = l + 1,
+                                       .hidden = (int)fc->shape[1]};
+        break;
+    }
+    if (!sample_moe.experts) return;
+    char path[4096];
+    const char *slash = strrchr(weights, '/');
+    snprintf(path, sizeof path, "%.*sconfig.json", slash ? (int)(slash - weights + 1) : 0, weights);
+    FILE *fp = fopen(path, "rb");
+    char text[16384];
+    size_t n = fp ? fread(text, 1, sizeof text - 1, fp) : 0;
+    if (fp) fclose(fp);
+    text[n] = '\0';
+    cJSON *j = n ? cJSON_Parse(text) : NULL;
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, "moe_capacity_factor");
+    if (cJSON_IsNumber(v) && v->valuedouble > 0 && v->valuedouble < 1e6)
+        sample_moe.capacity_factor = (float)v->valuedouble;
+    cJSON_Delete(j);
+    cfg->moe = &sample_moe;
+}
+
 /* The weights file of PATH and the model's shape. *weights is malloc'ed. */
 static int resolve(const sample_options *o, char **weights, fsc_gpt_config *cfg) {
     struct stat st;
@@ -157,6 +194,7 @@ static int resolve(const sample_options *o, char **weights, fsc_gpt_config *cfg)
         if (!meta) meta = from_ckpt;
         if (!meta || config_from_json(meta, cfg)) rc = config_from_tensors(f, o->heads, cfg);
         if (!rc && o->heads) cfg->heads = o->heads;
+        if (!rc) moe_from_file(f, *weights, cfg);
     }
     fsc_st_close(f);
     fsc_ckpt_close(c);
@@ -275,6 +313,12 @@ int main(int argc, char **argv) {
     int np = 0, unused = 0;
     float *work = NULL;
     if ((rc = resolve(&o, &weights, &g.cfg))) goto done;
+    if (g.cfg.moe && !o.no_cache) { /* the KV cache runs dense blocks only */
+        fprintf(stderr, "fsc-sample: a Mixture-of-Experts model (%d experts): the KV cache does "
+                        "not run MoE layers yet, so every token takes a full forward\n",
+                g.cfg.moe->experts);
+        o.no_cache = true;
+    }
     if (o.tokenizer && (rc = fsc_bpe_load(o.tokenizer, &bpe))) goto done;
     if (bpe && fsc_bpe_vocab_size(bpe) > g.cfg.vocab) {
         rc = fsc_error(FSC_ERR_INVALID, "--tokenizer has %d tokens, the model %d",
