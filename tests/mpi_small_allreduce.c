@@ -36,7 +36,8 @@ static void fill(void *buf, fsc_dtype dt, int64_t n, int r) {
         double v = ((double)((r * 131 + i * 17) % 1000) - 500.0) / 7.0;
         if (dt == FSC_DTYPE_F32) ((float *)buf)[i] = (float)v;
         if (dt == FSC_DTYPE_I32) ((int32_t *)buf)[i] = (int32_t)(v * 7);
-        if (dt == FSC_DTYPE_I64) ((int64_t *)buf)[i] = (int64_t)(v * 7) << 20;
+        if (dt == FSC_DTYPE_I64) /* times 2^20: a shift of a negative is undefined */
+            ((int64_t *)buf)[i] = (int64_t)(v * 7) * ((int64_t)1 << 20);
     }
 }
 
