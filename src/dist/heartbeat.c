@@ -315,10 +315,14 @@ static void agree(const hb_peer *st, const char *proposal, double grace, char *o
 
 /* ---- the thread ----------------------------------------------------------------- */
 
-static void deadline_passed(void) {
+/* early: a peer was found lost before the deadline (armed_peer_lost) */
+static void deadline_passed(bool early) {
     char msg[HB_TEXT], proposal[HB_TEXT];
-    int len = snprintf(proposal, sizeof proposal, "fsc: %s did not return within %g s",
-                       hb.armed_what, hb.deadline - hb.armed_at);
+    int len = early ? snprintf(proposal, sizeof proposal,
+                               "fsc: %s cannot complete (after %.1f s of its %g s deadline)",
+                               hb.armed_what, fsc_now() - hb.armed_at, hb.deadline - hb.armed_at)
+                    : snprintf(proposal, sizeof proposal, "fsc: %s did not return within %g s",
+                               hb.armed_what, hb.deadline - hb.armed_at);
     hb_peer *st = connected() && hb.size > 1 ? calloc((size_t)hb.size, sizeof *st) : NULL;
     /* MPI_Finalize, or a blocking call while running (a group split) */
     bool at_finalize = atomic_load(&hb.phase) == FSC_HB_FINALIZE;
@@ -346,20 +350,56 @@ static void deadline_passed(void) {
     _exit(FSC_DIST_DEADLINE_EXIT);
 }
 
+/* Whether a peer is lost while a blocking call of the running phase is
+ * armed (a group split, an MPI-IO save under FSC_IO_TIMEOUT_S): such a call
+ * would otherwise wait for its whole deadline on a dead peer. A peer counts
+ * as lost when its process on this host has exited, or when it misses two
+ * probes in a row (a loaded peer may miss one). */
+static bool armed_peer_lost(int *missed) {
+    if (!connected() || hb.size < 2 || atomic_load(&hb.phase) != FSC_HB_RUN) return false;
+    hb_peer *st = calloc((size_t)hb.size, sizeof *st);
+    if (!st) return false;
+    probe(st, 2.0, true);
+    bool lost = false;
+    for (int q = 0; q < hb.size; q++) {
+        const hb_peer *p = &st[q];
+        const bool gone = !p->alive && p->same_host && (p->state == 'X' || p->state == 'Z');
+        const bool silent = !p->alive && (p->known || p->same_host);
+        missed[q] = silent ? missed[q] + 1 : 0;
+        lost = lost || gone || missed[q] >= 2;
+    }
+    free(st);
+    return lost;
+}
+
 static void *thread_main(void *arg) {
     (void)arg;
+    int *missed = NULL; /* per peer: probes missed in a row while armed */
+    double checked = 0; /* when armed_peer_lost last ran */
     while (!atomic_load(&hb.stop)) {
         pump(50);
         pthread_mutex_lock(&hb.mu);
-        double d = hb.deadline;
+        double d = hb.deadline, at = hb.armed_at;
         pthread_mutex_unlock(&hb.mu);
-        if (d > 0 && fsc_now() > d) deadline_passed();
+        /* a probe a second (at most every timeout): a lost peer ends the wait
+         * within the communication timeout, as the watchdog does elsewhere */
+        const double t = fsc_dist_rt.timeout_s > 0 ? fsc_dist_rt.timeout_s : 300;
+        const double now = fsc_now(), every = t < 1.0 ? t : 1.0;
+        if (d > 0 && now > d) deadline_passed(false);
+        if (d > 0 && now - at >= every && now - checked >= every && connected() && hb.size > 1) {
+            if (!missed) missed = calloc((size_t)hb.size, sizeof *missed);
+            checked = now;
+            if (missed && armed_peer_lost(missed)) deadline_passed(true);
+        } else if (d <= 0 && missed) {
+            memset(missed, 0, sizeof *missed * (size_t)hb.size);
+        }
         /* learn, a peer at a time, which remote peers the heartbeat reaches */
         if (connected() && hb.size > 1) {
             int q = hb.next_hello++ % hb.size;
             if (q != hb.rank && !hb.reachable[q]) send_type(q, HB_PING, "");
         }
     }
+    free(missed);
     return NULL;
 }
 

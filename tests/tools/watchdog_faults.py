@@ -14,9 +14,11 @@ counts as named when every survivor printed a verdict, the verdicts are one
 text, and the ranks it blames ("world rank R is lost|stalled") are exactly
 the victim; with --checkpoint the run saves every step (so a signal may land
 mid-save) and its last committed checkpoint must still verify: every
-member's size and CRC-32 as its state.json records (not in --fast yet: a
-rank killed inside a parallel MPI-IO save leaves its peers in
-MPI_File_close, which no fsc deadline covers). The exit time is from the
+member's size and CRC-32 as its state.json records (a rank killed inside a
+parallel MPI-IO save is found by the heartbeat thread while its peers sit
+in MPI-IO's blocking calls: their line is "fsc: the MPI-IO save of ...
+cannot complete ..."; the ctest watchdog_faults_checkpoint runs --fast
+--checkpoint). The exit time is from the
 signal to the last survivor's exit, against FSC_TIMEOUT_S + 1 s. With
 --init-stall, a rank also stops itself before MPI_Init: its peers must end
 with a message (exit 124) instead of hanging; --as-remote makes ranks see each other as remote peers (the
@@ -40,6 +42,7 @@ import saved_state  # beside this file: the checkpoint check
 MODEL = ["--layers", "1", "--d-model", "32", "--heads", "2", "--seq", "16", "--batch", "2",
          "--steps", "1000000", "--quiet"]
 BLAME = re.compile(r"world rank (\d+) (?:is lost|is stalled|has not reached)")
+EARLY = re.compile(r"^fsc: .* cannot complete \(after [^)]*\): (.*); ending this process")
 VERDICT = re.compile(r"(\S+ (?:#\d+ on group|of \d+ \S+ (?:to|from)) .*answer the heartbeat\))")
 
 
@@ -134,8 +137,12 @@ def run_case(train, kind, strategy, np, victim, step, timeout, tmp, exe, flags, 
     log.seek(0)
     err = log.read()
     log.close()
-    lines = [l for l in err.splitlines() if "fsc-train (a rank)" in l]
-    verdicts = {m.group(1) for l in lines for m in [VERDICT.search(l)] if m}
+    # a rank lost while the survivors sit in a blocking MPI call (an MPI-IO
+    # save): the heartbeat thread ends them with its own line
+    # (a verdict met inside a checkpoint save reads "fsc-train: checkpoint at step N: ...")
+    lines = [l for l in err.splitlines() if "fsc-train (a rank)" in l or EARLY.search(l)
+             or (l.startswith("fsc-train: checkpoint at step") and VERDICT.search(l))]
+    verdicts = {m.group(1) for l in lines for m in [VERDICT.search(l) or EARLY.search(l)] if m}
     blamed = {int(x) for v in verdicts for x in BLAME.findall(v)}
     named = (not hung and len(lines) == np - 1 and len(verdicts) == 1 and blamed == {victim})
     damaged = saved_state.checkpoint_problem(ck)[1] if checkpoint else ""
