@@ -17,83 +17,10 @@
 #include <cmocka.h>
 #include <string.h>
 
-#include "equivalence.h"
-#include "fsc/trainer.h"
-#include "mpi_test.h"
+#include "trainer_test.h"
 
 static int rank, world;
 static char dir[64];
-
-typedef struct {
-    fsc_tokens tk;
-    fsc_gpt_config cfg;
-    fsc_group *tp; /* the last stage's TP group, for the vocab-parallel loss */
-    int T;
-    int32_t x[64 * 16], y[64 * 16], ids[64 * 16];
-} tdata;
-
-static int t_load(const fsc_micro_batch *mb, void *user) {
-    tdata *d = user;
-    return fsc_tokens_batch(&d->tk, mb->step, mb->micro, mb->rank, mb->batch, mb->micros, mb->world,
-                            d->T, d->x, d->y);
-}
-
-static int t_input(const fsc_micro_batch *mb, void *user, fsc_tensor *x) {
-    tdata *d = user; /* stage 0 keeps every micro-batch's ids until its backward */
-    int32_t *ids = d->ids + (size_t)mb->micro * mb->batch * d->T;
-    memcpy(ids, d->x, sizeof *ids * (size_t)mb->batch * d->T);
-    *x = fsc_tensor_2d(ids, FSC_DTYPE_I32, mb->batch, d->T);
-    return FSC_OK;
-}
-
-static int t_loss(const fsc_micro_batch *mb, void *user, fsc_tensor *y, fsc_arena *arena,
-                  float *out) {
-    tdata *d = user;
-    fsc_tensor t = fsc_tensor_2d(d->y, FSC_DTYPE_I32, mb->batch, d->T);
-    return d->tp ? fsc_tp_cross_entropy(out, y, &t, d->cfg.vocab, -1, mb->norm, d->tp, arena)
-                 : fsc_cross_entropy(out, y, &t, -1, mb->norm, arena);
-}
-
-static int t_gpt_loss(fsc_module *m, const fsc_ctx *ctx, const fsc_micro_batch *mb, void *user,
-                      float *loss) {
-    tdata *d = user;
-    return fsc_gpt_train_micro(m, ctx, d->x + (size_t)mb->row0 * d->T,
-                               d->y + (size_t)mb->row0 * d->T, mb->rows, d->T, -1, mb->norm, loss);
-}
-
-/* Without a pipeline: the whole TP model, trained through fsc_tp_gpt_train_micro. */
-static fsc_module *make_tp_model(void *user, const fsc_tp_options *tp) {
-    tdata *d = user;
-    return fsc_tp_gpt_new(&d->cfg, tp);
-}
-
-static int t_tp_gpt_loss(fsc_module *m, const fsc_ctx *ctx, const fsc_micro_batch *mb, void *user,
-                         float *loss) {
-    tdata *d = user;
-    return fsc_tp_gpt_train_micro(m, ctx, d->x + (size_t)mb->row0 * d->T,
-                                  d->y + (size_t)mb->row0 * d->T, mb->rows, d->T, -1, mb->norm,
-                                  loss);
-}
-
-static fsc_module *make_tp_stage(void *user, int first, int end, const fsc_tp_options *tp) {
-    tdata *d = user;
-    d->tp = tp->group;
-    return fsc_tp_gpt_stage_new(&d->cfg, first, end, tp);
-}
-
-typedef struct {
-    const char *strategy;
-    int pp, tp; /* 0 or 1: none */
-    bool sp;
-    fsc_group *group;   /* NULL: the world (single: this process) */
-    float clip;         /* > 0: clip the global norm */
-    int save_at;        /* > 0: checkpoint after this step and stop */
-    const char *resume; /* resume from this checkpoint directory first */
-    const char *ckpt;   /* where save_at saves */
-    const char *out;    /* the weights file written at the end */
-    double *norms;      /* if set: each step's gradient norm */
-    bool slices;        /* expect 1/dp of the parameters and gradients between steps */
-} mesh_run;
 
 static int64_t module_numel(const fsc_module *m) {
     int64_t n = 0;
@@ -123,75 +50,24 @@ static void expect_slices(fsc_strategy *s, int dp) {
 }
 
 /* Trains the EQ model EQ_STEPS steps through the trainer (2 micro-batches
- * of the global batch per replica) and returns the saved weights. */
-static float *train(const mesh_run *c, int64_t *numel) {
-    const int pp = c->pp > 1 ? c->pp : 1, tp = c->tp > 1 ? c->tp : 1, m = 2;
-    const bool single = !strcmp(c->strategy, "single");
-    fsc_group *g = single ? fsc_group_self() : c->group ? c->group : fsc_group_world();
-    const int dp = single ? 1 : fsc_group_size(g) / (pp * tp), B = EQ_GLOBAL_BATCH / (dp * m);
-    tdata *d = calloc(1, sizeof *d);
-    eq_tokens(&d->tk);
-    d->cfg = EQ_MODEL, d->T = EQ_MODEL.seq;
-    fsc_trainer_config tc = {.strategy = {.name = c->strategy, .group = c->group, .seed = 5},
-                             .optim = EQ_ADAMW,
-                             .batch = B,
-                             .grad_accum = m,
-                             .targets_per_sample = d->T,
-                             .clip = c->clip,
-                             .load = t_load,
-                             .loss = t_gpt_loss,
-                             .pipe_input = t_input,
-                             .pipe_loss = t_loss,
-                             .user = d};
-    if (pp > 1)
-        tc.strategy.pipe =
-            (fsc_pipe_strategy_options){.stages = pp,
-                                        .schedule = FSC_PIPE_1F1B,
-                                        .layers = fsc_gpt_num_layers(&d->cfg),
-                                        .act_ndim = 3,
-                                        .act_shape = {B, d->T / (c->sp ? tp : 1), d->cfg.d_model}};
-    if (tp > 1)
-        tc.strategy.tp = (fsc_tp_strategy_options){
-            .size = tp, .sequence_parallel = c->sp, .make_stage = make_tp_stage, .user = d};
-    if (tp > 1 && pp == 1) /* the whole TP model */
-        tc.loss = t_tp_gpt_loss, tc.strategy.tp.make_stage = NULL,
-        tc.strategy.tp.make_model = make_tp_model;
-    fsc_module *model = pp > 1 || tp > 1 ? NULL : fsc_gpt_new(&d->cfg);
-    fsc_trainer *t = fsc_trainer_new(model, &tc);
-    if (!t) fail_msg("rank %d: %s", rank, fsc_last_error());
-    assert_int_equal(fsc_strategy_world(fsc_trainer_strategy(t)), dp);
-    if (c->resume && fsc_trainer_resume(t, c->resume, 0, NULL, NULL))
-        fail_msg("rank %d: resume: %s", rank, fsc_last_error());
-    for (int64_t s = fsc_trainer_get_step(t); s < EQ_STEPS; s++) {
-        fsc_step_result r;
-        if (fsc_trainer_step(t, &r)) fail_msg("rank %d: %s", rank, fsc_last_error());
-        if (c->norms) c->norms[s] = r.grad_norm;
-        if (c->save_at && fsc_trainer_get_step(t) == c->save_at) {
-            if (fsc_trainer_save_checkpoint(t, c->ckpt, 0, NULL, NULL))
-                fail_msg("rank %d: checkpoint: %s", rank, fsc_last_error());
-            break;
-        }
-    }
-    if (c->slices) expect_slices(fsc_trainer_strategy(t), dp);
-    assert_int_equal(fsc_trainer_save_weights(t, c->out, 0, NULL, NULL), FSC_OK);
-    fsc_trainer_free(t);
-    fsc_module_free(model);
-    fsc_group_barrier(g); /* the file is complete */
-    float *out = eq_read_weights(&EQ_MODEL, c->out, numel);
-    if (!out) fail_msg("rank %d: %s: %s", rank, c->out, fsc_last_error());
-    fsc_tokens_free(&d->tk);
-    free(d);
+ * of the global batch per replica) and returns the saved weights; with
+ * `slices`, checks that the model is kept in 1/dp slices between steps. */
+static float *train_ex(const tt_run *c, bool slices, int64_t *numel) {
+    tt_data *d = tt_data_new();
+    fsc_module *model;
+    fsc_trainer *t = tt_trainer_new(c, d, &model);
+    tt_train(t, c);
+    fsc_strategy *s = fsc_trainer_strategy(t);
+    if (slices) expect_slices(s, fsc_strategy_world(s));
+    tt_save_and_free(t, model, c->out);
+    fsc_group_barrier(tt_ranks(c)); /* the file is complete */
+    float *out = tt_read_weights(&EQ_MODEL, c->out, numel);
+    tt_data_free(d);
     return out;
 }
 
-static void expect_reference(const eq_options *o, const char *what, float *got, int64_t numel) {
-    int64_t n;
-    float *ref = eq_reference_ex(o, &n);
-    assert_int_equal(n, numel);
-    char label[160];
-    snprintf(label, sizeof label, "%s, %d ranks, rank %d", what, world, rank);
-    assert_int_equal(eq_compare(label, got, ref, n), 0);
-    free(ref), free(got);
+static float *train(const tt_run *c, int64_t *numel) {
+    return train_ex(c, false, numel);
 }
 
 static void path(char *buf, const char *name) {
@@ -211,24 +87,15 @@ static void test_mesh_ddp_clipped(void **state) {
     /* the one-process norms; every rank runs it alone and writes its own file */
     char mine[128];
     snprintf(mine, sizeof mine, "%s/single-%d.safetensors", dir, rank);
-    free(train(&(mesh_run){.strategy = "single", .clip = clip, .out = mine, .norms = ref},
+    free(train(&(tt_run){.strategy = "single", .clip = clip, .out = mine, .norms = ref},
                &(int64_t){0}));
     int64_t n;
     float *w = train(
-        &(mesh_run){.strategy = "ddp", .pp = 2, .tp = 2, .clip = clip, .out = out, .norms = got},
-        &n);
+        &(tt_run){.strategy = "ddp", .pp = 2, .tp = 2, .clip = clip, .out = out, .norms = got}, &n);
     char what[96];
     snprintf(what, sizeof what, "ddp x pp 2 x tp 2 (dp %d), clip %.2f", world / 4, (double)clip);
-    expect_reference(&(eq_options){.max_norm = clip}, what, w, n);
-    for (int k = 0; k < EQ_STEPS; k++) {
-        if (!(ref[k] > clip))
-            fail_msg("step %d: norm %.4g does not clip at %.2f", k + 1, ref[k], (double)clip);
-        /* counting a TP-replicated parameter twice or dropping a stage's
-         * share moves the norm by far more than summation order */
-        if (fabs(got[k] - ref[k]) > 1e-5 * ref[k])
-            fail_msg("%s step %d: gradient norm %.8g, one process %.8g", what, k + 1, got[k],
-                     ref[k]);
-    }
+    tt_expect_reference(&(eq_options){.max_norm = clip}, what, w, n);
+    tt_expect_norms(what, got, ref, clip); /* a TP-replicated parameter once, every stage's share */
 }
 
 /* Sequence parallelism inside the stages: the activations between them are
@@ -239,8 +106,8 @@ static void test_mesh_sequence_parallel(void **state) {
     char out[128];
     path(out, "sp.safetensors");
     int64_t n;
-    float *w = train(&(mesh_run){.strategy = "ddp", .pp = 2, .tp = 2, .sp = true, .out = out}, &n);
-    expect_reference(&(eq_options){0}, "ddp x pp 2 x tp 2 (sp)", w, n);
+    float *w = train(&(tt_run){.strategy = "ddp", .pp = 2, .tp = 2, .sp = true, .out = out}, &n);
+    tt_expect_reference(&(eq_options){0}, "ddp x pp 2 x tp 2 (sp)", w, n);
 }
 
 /* The ZeRO rows between the replicas of the mesh (dp 2 on 8 ranks). */
@@ -252,9 +119,9 @@ static void test_mesh_zero_rows(void **state) {
         char out[128], what[64];
         path(out, "zero.safetensors");
         int64_t n;
-        float *w = train(&(mesh_run){.strategy = rows[i], .pp = 2, .tp = 2, .out = out}, &n);
+        float *w = train(&(tt_run){.strategy = rows[i], .pp = 2, .tp = 2, .out = out}, &n);
         snprintf(what, sizeof what, "%s x pp 2 x tp 2 (dp 2)", rows[i]);
-        expect_reference(&(eq_options){0}, what, w, n);
+        tt_expect_reference(&(eq_options){0}, what, w, n);
         fsc_group_barrier(fsc_group_world()); /* every rank read it before the next run */
     }
 }
@@ -270,22 +137,21 @@ static void test_mesh_resume(void **state) {
     path(ckpt, "ckpt-mesh");
     path(out, "resume.safetensors");
     int64_t n;
-    free(train(
-        &(mesh_run){.strategy = row, .pp = 2, .tp = 2, .save_at = 2, .ckpt = ckpt, .out = out},
-        &n));
+    free(train(&(tt_run){.strategy = row, .pp = 2, .tp = 2, .save_at = 2, .ckpt = ckpt, .out = out},
+               &n));
     fsc_group_barrier(fsc_group_world());
     char mine[128];
     snprintf(mine, sizeof mine, "%s/resumed-%d.safetensors", dir, rank);
-    float *w = train(&(mesh_run){.strategy = "single", .resume = ckpt, .out = mine}, &n);
+    float *w = train(&(tt_run){.strategy = "single", .resume = ckpt, .out = mine}, &n);
     snprintf(what, sizeof what, "%s x pp 2 x tp 2 -> checkpoint -> one process", row);
-    expect_reference(&(eq_options){0}, what, w, n);
+    tt_expect_reference(&(eq_options){0}, what, w, n);
     /* fsdp on 4 ranks: each half of 8 ranks resumes on its own */
     fsc_group *half;
     assert_int_equal(fsc_group_split(fsc_group_world(), rank / 4, rank % 4, "half", &half), FSC_OK);
     snprintf(mine, sizeof mine, "%s/fsdp-%d.safetensors", dir, rank / 4);
-    w = train(&(mesh_run){.strategy = "fsdp", .group = half, .resume = ckpt, .out = mine}, &n);
+    w = train(&(tt_run){.strategy = "fsdp", .group = half, .resume = ckpt, .out = mine}, &n);
     snprintf(what, sizeof what, "%s x pp 2 x tp 2 -> checkpoint -> fsdp on 4", row);
-    expect_reference(&(eq_options){0}, what, w, n);
+    tt_expect_reference(&(eq_options){0}, what, w, n);
     fsc_group_free(half);
     fsc_group_barrier(fsc_group_world());
     /* and back: one process's checkpoint into the mesh */
@@ -293,12 +159,11 @@ static void test_mesh_resume(void **state) {
     path(ckpt1, "ckpt-single");
     snprintf(mine, sizeof mine, "%s/single-save-%d.safetensors", dir, rank);
     if (rank == 0)
-        free(
-            train(&(mesh_run){.strategy = "single", .save_at = 3, .ckpt = ckpt1, .out = mine}, &n));
+        free(train(&(tt_run){.strategy = "single", .save_at = 3, .ckpt = ckpt1, .out = mine}, &n));
     fsc_group_barrier(fsc_group_world());
-    w = train(&(mesh_run){.strategy = row, .pp = 2, .tp = 2, .resume = ckpt1, .out = out}, &n);
+    w = train(&(tt_run){.strategy = row, .pp = 2, .tp = 2, .resume = ckpt1, .out = out}, &n);
     snprintf(what, sizeof what, "one process -> checkpoint -> %s x pp 2 x tp 2", row);
-    expect_reference(&(eq_options){0}, what, w, n);
+    tt_expect_reference(&(eq_options){0}, what, w, n);
 }
 
 /* fsdp over the replicas of a TP model without a pipeline, dp 2 x tp 2 =
@@ -313,29 +178,19 @@ static void test_fsdp_tp(void **state) {
     double ref[EQ_STEPS], got[EQ_STEPS];
     char mine[128], out[128], what[96];
     snprintf(mine, sizeof mine, "%s/fsdp-tp-single-%d.safetensors", dir, rank);
-    free(train(&(mesh_run){.strategy = "single", .clip = clip, .out = mine, .norms = ref},
+    free(train(&(tt_run){.strategy = "single", .clip = clip, .out = mine, .norms = ref},
                &(int64_t){0}));
     path(out, "fsdp-tp.safetensors");
     for (int sp = 0; sp < 2; sp++) {
         int64_t n;
-        float *w = train(&(mesh_run){.strategy = "fsdp",
-                                     .tp = 2,
-                                     .sp = sp,
-                                     .clip = clip,
-                                     .out = out,
-                                     .norms = got,
-                                     .slices = true},
-                         &n);
+        float *w = train_ex(
+            &(tt_run){
+                .strategy = "fsdp", .tp = 2, .sp = sp, .clip = clip, .out = out, .norms = got},
+            true, &n);
         snprintf(what, sizeof what, "fsdp x tp 2 (dp 2%s), clip %.2f", sp ? ", sp" : "",
                  (double)clip);
-        expect_reference(&(eq_options){.max_norm = clip}, what, w, n);
-        for (int k = 0; k < EQ_STEPS; k++) {
-            if (!(ref[k] > clip))
-                fail_msg("step %d: norm %.4g does not clip at %.2f", k + 1, ref[k], (double)clip);
-            if (fabs(got[k] - ref[k]) > 1e-5 * ref[k])
-                fail_msg("%s step %d: gradient norm %.8g, one process %.8g", what, k + 1, got[k],
-                         ref[k]);
-        }
+        tt_expect_reference(&(eq_options){.max_norm = clip}, what, w, n);
+        tt_expect_norms(what, got, ref, clip);
         fsc_group_barrier(fsc_group_world()); /* every rank read it before the next run */
     }
 }
@@ -350,24 +205,22 @@ static void test_fsdp_tp_resume(void **state) {
     path(ckpt, "ckpt-fsdp-tp");
     path(out, "fsdp-tp-resume.safetensors");
     int64_t n;
-    free(train(&(mesh_run){.strategy = "fsdp", .tp = 2, .save_at = 2, .ckpt = ckpt, .out = out},
-               &n));
+    free(train(&(tt_run){.strategy = "fsdp", .tp = 2, .save_at = 2, .ckpt = ckpt, .out = out}, &n));
     fsc_group_barrier(fsc_group_world());
     snprintf(mine, sizeof mine, "%s/fsdp-tp-resumed-%d.safetensors", dir, rank);
-    float *w = train(&(mesh_run){.strategy = "single", .resume = ckpt, .out = mine}, &n);
-    expect_reference(&(eq_options){0}, "fsdp x tp 2 -> checkpoint -> one process", w, n);
-    w = train(&(mesh_run){.strategy = "ddp", .resume = ckpt, .out = out}, &n);
-    expect_reference(&(eq_options){0}, "fsdp x tp 2 -> checkpoint -> ddp on 4", w, n);
+    float *w = train(&(tt_run){.strategy = "single", .resume = ckpt, .out = mine}, &n);
+    tt_expect_reference(&(eq_options){0}, "fsdp x tp 2 -> checkpoint -> one process", w, n);
+    w = train(&(tt_run){.strategy = "ddp", .resume = ckpt, .out = out}, &n);
+    tt_expect_reference(&(eq_options){0}, "fsdp x tp 2 -> checkpoint -> ddp on 4", w, n);
     fsc_group_barrier(fsc_group_world());
     char ckpt1[128];
     path(ckpt1, "ckpt-fsdp-tp-single");
     snprintf(mine, sizeof mine, "%s/fsdp-tp-single-save-%d.safetensors", dir, rank);
     if (rank == 0)
-        free(
-            train(&(mesh_run){.strategy = "single", .save_at = 3, .ckpt = ckpt1, .out = mine}, &n));
+        free(train(&(tt_run){.strategy = "single", .save_at = 3, .ckpt = ckpt1, .out = mine}, &n));
     fsc_group_barrier(fsc_group_world());
-    w = train(&(mesh_run){.strategy = "fsdp", .tp = 2, .resume = ckpt1, .out = out}, &n);
-    expect_reference(&(eq_options){0}, "one process -> checkpoint -> fsdp x tp 2", w, n);
+    w = train(&(tt_run){.strategy = "fsdp", .tp = 2, .resume = ckpt1, .out = out}, &n);
+    tt_expect_reference(&(eq_options){0}, "one process -> checkpoint -> fsdp x tp 2", w, n);
 }
 
 /* What the mesh refuses, by name. */
@@ -391,9 +244,9 @@ static void test_mesh_refusals(void **state) {
     /* TP without a pipeline: not under a row of this process alone; fsdp's
      * own options have no meaning (the model is sharded whole); the whole
      * model comes from tp.make_model */
-    tdata d = {.cfg = cfg, .T = cfg.seq};
+    tt_data d = {.cfg = cfg, .T = cfg.seq};
     fsc_strategy_options tp = {.name = "dp",
-                               .tp = {.size = 2, .make_model = make_tp_model, .user = &d}};
+                               .tp = {.size = 2, .make_model = tt_make_tp_model, .user = &d}};
     assert_null(fsc_strategy_new(NULL, &EQ_ADAMW, &tp));
     if (!strstr(fsc_last_error(), "does not run with tensor parallelism (ddp, oss, sdp and fsdp"))
         fail_msg("rank %d: %s", rank, fsc_last_error());
@@ -402,26 +255,14 @@ static void test_mesh_refusals(void **state) {
     if (!strstr(fsc_last_error(), "option min_params does not apply with tensor parallelism"))
         fail_msg("rank %d: %s", rank, fsc_last_error());
     if (world % 2) return;
-    tp.min_params = 0, tp.tp.make_model = NULL, tp.tp.make_stage = make_tp_stage;
+    tp.min_params = 0, tp.tp.make_model = NULL, tp.tp.make_stage = tt_make_tp_stage;
     assert_null(fsc_strategy_new(NULL, &EQ_ADAMW, &tp));
     if (!strstr(fsc_last_error(), "without a pipeline: give tp.make_model"))
         fail_msg("rank %d: %s", rank, fsc_last_error());
 }
 
-static int setup_dir(void **state) {
-    (void)state;
-    return mpi_scratch_dir(dir, "fsc_mesh");
-}
-
-static int teardown_dir(void **state) {
-    (void)state;
-    return mpi_scratch_dir_remove(dir);
-}
-
 int main(int argc, char **argv) {
-    if (fsc_dist_init(&argc, &argv, NULL)) return 1;
-    rank = fsc_dist_rank(), world = fsc_dist_size();
-    eq_fault_from_env();
+    if (tt_init(&argc, &argv, &rank, &world)) return 1;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mesh_refusals),
         cmocka_unit_test(test_mesh_ddp_clipped),
@@ -431,5 +272,5 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_fsdp_tp),
         cmocka_unit_test(test_fsdp_tp_resume),
     };
-    return mpi_test_finish(cmocka_run_group_tests(tests, setup_dir, teardown_dir));
+    return tt_run_tests(tests, "fsc_mesh", dir);
 }

@@ -14,10 +14,8 @@
 #include <cmocka.h>
 #include <string.h>
 
-#include "equivalence.h"
-#include "mpi_test.h"
 #include "fsc/moe.h"
-#include "fsc/strategy.h"
+#include "trainer_test.h"
 
 static int rank, world;
 static char dir[64];
@@ -127,15 +125,10 @@ static void test_same_as_one_process(void **state) {
     fsc_module_free(model);
     if (rank == 0) {
         const fsc_gpt_config one = with_moe(&one_moe);
-        int64_t n, m;
-        float *ref = eq_reference_ex(&(eq_options){.model = &one, .max_norm = MAX_NORM}, &n);
-        float *got = eq_read_weights(&one, path, &m);
-        assert_non_null(got);
-        assert_int_equal(n, m);
-        char label[96];
-        snprintf(label, sizeof label, "MoE GPT, experts over %d ranks", world);
-        assert_int_equal(eq_compare(label, got, ref, n), 0);
-        free(ref), free(got);
+        int64_t n;
+        float *got = tt_read_weights(&one, path, &n);
+        tt_expect_reference(&(eq_options){.model = &one, .max_norm = MAX_NORM},
+                            "MoE GPT, experts over the ranks", got, n);
     }
     fsc_group_barrier(fsc_group_world());
 }
@@ -186,9 +179,7 @@ static float *read_final(const char *prefix, int64_t *n) {
     char path[160];
     snprintf(path, sizeof path, "%s.final.safetensors", prefix);
     const fsc_gpt_config one = with_moe(&one_moe);
-    float *w = eq_read_weights(&one, path, n);
-    assert_non_null(w);
-    return w;
+    return tt_read_weights(&one, path, n);
 }
 
 /* A checkpoint at step AT with the experts over the ranks (their optimizer
@@ -237,13 +228,8 @@ static void test_checkpoint_resume(void **state) {
         int64_t n, m, k;
         float *ref = eq_reference_ex(&(eq_options){.model = &cfg1, .max_norm = MAX_NORM}, &n);
         float *got = read_final(ck, &m), *back = read_final(one, &k);
-        assert_int_equal(n, m);
-        assert_int_equal(n, k);
-        char label[96];
-        snprintf(label, sizeof label, "resumed in one process from %d ranks", world);
-        assert_int_equal(eq_compare(label, got, ref, n), 0);
-        snprintf(label, sizeof label, "resumed on %d ranks from one process", world);
-        assert_int_equal(eq_compare(label, back, ref, n), 0);
+        tt_expect_close("resumed in one process from the ranks", got, m, ref, n);
+        tt_expect_close("resumed on the ranks from one process", back, k, ref, n);
         free(ref), free(got), free(back);
     }
     fsc_group_barrier(fsc_group_world());
@@ -289,25 +275,13 @@ static void test_mismatch_is_desync(void **state) {
     fsc_module_free(m);
 }
 
-static int setup(void **state) {
-    (void)state;
-    return mpi_scratch_dir(dir, "fsc_moe");
-}
-
-static int teardown(void **state) {
-    (void)state;
-    return mpi_scratch_dir_remove(dir);
-}
-
 int main(int argc, char **argv) {
-    if (fsc_dist_init(&argc, &argv, NULL)) return 1;
-    rank = fsc_dist_rank(), world = fsc_dist_size();
-    eq_fault_from_env();
+    if (tt_init(&argc, &argv, &rank, &world)) return 1;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_same_as_one_process),
         cmocka_unit_test(test_checkpoint_resume),
         cmocka_unit_test(test_other_strategies_refused),
         cmocka_unit_test(test_mismatch_is_desync),
     };
-    return mpi_test_finish(cmocka_run_group_tests(tests, setup, teardown));
+    return tt_run_tests(tests, "fsc_moe", dir);
 }

@@ -19,18 +19,11 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "equivalence.h"
 #include "fsc/pipe.h"
-#include "fsc/trainer.h"
-#include "fsc/weights.h"
-#include "mpi_test.h"
+#include "trainer_test.h"
 
 static int rank, world;
 static char dir[64];
-
-static fsc_module *make_stage(void *user, int first, int end) {
-    return fsc_gpt_stage_new(user, first, end);
-}
 
 typedef struct {
     fsc_tokens tk;
@@ -62,15 +55,6 @@ static int64_t sample0(void *user, int micro) {
     return fsc_batch_first_sample(d->step, micro, 0, d->B, d->m, 1);
 }
 
-/* The whole EQ model's parameters as a weights file holds them, in its flat
- * layout (caller frees). */
-static float *read_whole(const char *path, int64_t *numel) {
-    fsc_gpt_config cfg = EQ_MODEL;
-    float *out = eq_read_weights(&cfg, path, numel);
-    if (!out) fail_msg("rank %d: %s: %s", rank, path, fsc_last_error());
-    return out;
-}
-
 typedef struct {
     fsc_pipe_kind kind;
     int chunks, m, B;
@@ -88,7 +72,7 @@ static float *run_pipe(pipe_cfg *c, int64_t *numel) {
     assert_int_equal(fsc_pipe_schedule_validate(sched, NULL, NULL, per), FSC_OK);
     fsc_gpt_config cfg = EQ_MODEL;
     fsc_pipe_options opt = {.layers = fsc_gpt_num_layers(&cfg),
-                            .make_stage = make_stage,
+                            .make_stage = tt_make_stage,
                             .stage_user = &cfg,
                             .balance = c->balance,
                             .act_ndim = 3,
@@ -115,7 +99,7 @@ static float *run_pipe(pipe_cfg *c, int64_t *numel) {
     char path[128];
     snprintf(path, sizeof path, "%s/pipe.safetensors", dir);
     assert_int_equal(fsc_pipe_save_weights(p, path, 0, 0, NULL, NULL), FSC_OK);
-    float *out = read_whole(path, numel);
+    float *out = tt_read_weights(&EQ_MODEL, path, numel);
     fsc_tokens_free(&d->tk);
     free(d), free(per);
     fsc_pipe_free(p);
@@ -125,16 +109,12 @@ static float *run_pipe(pipe_cfg *c, int64_t *numel) {
 }
 
 static void expect_one_process(pipe_cfg *c) {
-    int64_t n, numel;
-    float *ref = eq_reference_ex(&(eq_options){.global_batch = c->B * c->m}, &n);
+    int64_t numel;
     float *got = run_pipe(c, &numel);
-    assert_int_equal(n, numel);
-    char label[160];
-    snprintf(label, sizeof label, "pipeline %s, %d ranks x %d chunks, m %d, B %d%s, rank %d",
-             fsc_pipe_kind_name(c->kind), world, c->chunks ? c->chunks : 1, c->m, c->B,
-             c->balance ? ", uneven" : "", rank);
-    assert_int_equal(eq_compare(label, got, ref, n), 0);
-    free(ref), free(got);
+    char what[128];
+    snprintf(what, sizeof what, "pipeline %s, %d chunks, m %d, B %d%s", fsc_pipe_kind_name(c->kind),
+             c->chunks ? c->chunks : 1, c->m, c->B, c->balance ? ", uneven" : "");
+    tt_expect_reference(&(eq_options){.global_batch = c->B * c->m}, what, got, numel);
 }
 
 static void test_gpipe_1f1b_zbh1(void **state) {
@@ -196,6 +176,16 @@ static void test_pipe_checkpoint(void **state) {
     for (int i = 0; i < 3; i++) free(got[i]);
 }
 
+/* A pipeline of cfg's GPT (4 layers) cut at whole layers, micro-batches of 2. */
+static fsc_pipe_options layer_options(fsc_gpt_config *cfg) {
+    return (fsc_pipe_options){.layers = 4,
+                              .make_stage = tt_make_stage,
+                              .stage_user = cfg,
+                              .act_ndim = 3,
+                              .act_shape = {2, cfg->seq, cfg->d_model},
+                              .seed = 5};
+}
+
 /* A plan of the wrong activation shape: the sender and the receiver both
  * fail at once (2 ranks: a third would wait for the second under the
  * watchdog, which mpi_watchdog covers). */
@@ -205,12 +195,8 @@ static void test_shape_mismatch(void **state) {
     fsc_pipe_schedule *sched;
     assert_int_equal(fsc_pipe_schedule_make(FSC_PIPE_1F1B, 2, 1, 2, &sched), FSC_OK);
     fsc_gpt_config cfg = EQ_MODEL;
-    fsc_pipe_options opt = {.layers = 4,
-                            .make_stage = make_stage,
-                            .stage_user = &cfg,
-                            .act_ndim = 3,
-                            .act_shape = {2, cfg.seq, cfg.d_model + 1},
-                            .seed = 5};
+    fsc_pipe_options opt = layer_options(&cfg);
+    opt.act_shape[2] += 1; /* one more feature than the stages send */
     fsc_pipe *p = fsc_pipe_new(fsc_group_world(), sched, &EQ_ADAMW, &opt);
     assert_non_null(p);
     data *d = calloc(1, sizeof *d);
@@ -232,12 +218,7 @@ static void test_shape_mismatch(void **state) {
 static void test_bad_setups(void **state) {
     (void)state;
     fsc_gpt_config cfg = EQ_MODEL;
-    fsc_pipe_options opt = {.layers = 4,
-                            .make_stage = make_stage,
-                            .stage_user = &cfg,
-                            .act_ndim = 3,
-                            .act_shape = {2, cfg.seq, cfg.d_model},
-                            .seed = 5};
+    fsc_pipe_options opt = layer_options(&cfg);
     fsc_pipe_schedule *sched;
     /* a schedule for another number of ranks */
     assert_int_equal(fsc_pipe_schedule_make(FSC_PIPE_GPIPE, world + 1, 1, 2, &sched), FSC_OK);
@@ -268,12 +249,7 @@ static void test_balance_auto(void **state) {
     fsc_gpt_config cfg = EQ_MODEL;
     fsc_pipe_schedule *sched;
     assert_int_equal(fsc_pipe_schedule_make(FSC_PIPE_1F1B, world, 1, 4, &sched), FSC_OK);
-    fsc_pipe_options opt = {.layers = 4,
-                            .make_stage = make_stage,
-                            .stage_user = &cfg,
-                            .act_ndim = 3,
-                            .act_shape = {2, cfg.seq, cfg.d_model},
-                            .seed = 5};
+    fsc_pipe_options opt = layer_options(&cfg);
     int b[4] = {0}, all[16] = {0};
     fsc_pipe_balance_report rep;
     assert_int_equal(fsc_pipe_balance_auto(fsc_group_world(), &opt, sched, cfg.vocab, 2, b, &rep),
@@ -296,117 +272,22 @@ static void test_balance_auto(void **state) {
 
 /* ---- through the trainer: ddp x pipeline on the world (dp = world / 2) ------------------ */
 
-typedef struct {
-    fsc_tokens tk;
-    int T;
-    int32_t x[64 * 16], y[64 * 16], ids[64 * 16];
-} tdata;
-
-static int t_load(const fsc_micro_batch *mb, void *user) {
-    tdata *d = user;
-    return fsc_tokens_batch(&d->tk, mb->step, mb->micro, mb->rank, mb->batch, mb->micros, mb->world,
-                            d->T, d->x, d->y);
-}
-
-static int t_input(const fsc_micro_batch *mb, void *user, fsc_tensor *x) {
-    tdata *d = user; /* stage 0 keeps every micro-batch's ids until its backward */
-    int32_t *ids = d->ids + (size_t)mb->micro * mb->batch * d->T;
-    memcpy(ids, d->x, sizeof *ids * (size_t)mb->batch * d->T);
-    *x = fsc_tensor_2d(ids, FSC_DTYPE_I32, mb->batch, d->T);
-    return FSC_OK;
-}
-
-static int t_loss(const fsc_micro_batch *mb, void *user, fsc_tensor *y, fsc_arena *arena,
-                  float *out) {
-    tdata *d = user;
-    fsc_tensor t = fsc_tensor_2d(d->y, FSC_DTYPE_I32, mb->batch, d->T);
-    return fsc_cross_entropy(out, y, &t, -1, mb->norm, arena);
-}
-
-static int t_gpt_loss(fsc_module *m, const fsc_ctx *ctx, const fsc_micro_batch *mb, void *user,
-                      float *loss) {
-    tdata *d = user;
-    return fsc_gpt_train_micro(m, ctx, d->x + (size_t)mb->row0 * d->T,
-                               d->y + (size_t)mb->row0 * d->T, mb->rows, d->T, -1, mb->norm, loss);
-}
-
-static int t_tp_loss(fsc_module *m, const fsc_ctx *ctx, const fsc_micro_batch *mb, void *user,
-                     float *loss) {
-    tdata *d = user;
-    return fsc_tp_gpt_train_micro(m, ctx, d->x + (size_t)mb->row0 * d->T,
-                                  d->y + (size_t)mb->row0 * d->T, mb->rows, d->T, -1, mb->norm,
-                                  loss);
-}
-
-static fsc_module *make_tp_gpt(void *user, const fsc_tp_options *tp) {
-    return fsc_tp_gpt_new(user, tp);
-}
-
-typedef struct {
-    const char *strategy;
-    int pp;             /* 0: no pipeline */
-    int tp;             /* 0: no tensor parallelism */
-    bool sp;            /* with tp: sequence parallelism */
-    int save_at;        /* > 0: checkpoint after this step and stop */
-    const char *resume; /* resume from this checkpoint directory first */
-    const char *ckpt;   /* where save_at saves (NULL: <dir>/ckpt) */
-    double *norms;      /* if set: each step's gradient norm (EQ_STEPS entries) */
-} gpt_run;
-
 /* Trains the EQ model EQ_STEPS steps through the trainer (2 micro-batches
- * of the global batch per replica) and returns the saved weights. */
-static float *train_gpt(const gpt_run *c, int64_t *numel) {
-    fsc_gpt_config cfg = EQ_MODEL;
-    const int m = 2, dp = world / (c->pp ? c->pp : 1) / (c->tp ? c->tp : 1),
-              B = EQ_GLOBAL_BATCH / (dp * m);
-    tdata *d = calloc(1, sizeof *d);
-    eq_tokens(&d->tk);
-    d->T = cfg.seq;
-    fsc_trainer_config tc = {.strategy = {.name = c->strategy, .seed = 5},
-                             .optim = EQ_ADAMW,
-                             .batch = B,
-                             .grad_accum = m,
-                             .targets_per_sample = cfg.seq,
-                             .load = t_load,
-                             .loss = t_gpt_loss,
-                             .pipe_input = t_input,
-                             .pipe_loss = t_loss,
-                             .user = d};
-    if (c->pp > 1)
-        tc.strategy.pipe = (fsc_pipe_strategy_options){.stages = c->pp,
-                                                       .schedule = FSC_PIPE_1F1B,
-                                                       .layers = fsc_gpt_num_layers(&cfg),
-                                                       .make_stage = make_stage,
-                                                       .stage_user = &cfg,
-                                                       .act_ndim = 3,
-                                                       .act_shape = {B, cfg.seq, cfg.d_model}};
-    if (c->tp > 1) {
-        tc.loss = t_tp_loss;
-        tc.strategy.tp = (fsc_tp_strategy_options){
-            .size = c->tp, .sequence_parallel = c->sp, .make_model = make_tp_gpt, .user = &cfg};
-    }
-    fsc_module *model = c->pp > 1 || c->tp > 1 ? NULL : fsc_gpt_new(&cfg);
-    fsc_trainer *t = fsc_trainer_new(model, &tc);
-    if (!t) fail_msg("%s", fsc_last_error());
-    assert_int_equal(fsc_strategy_world(fsc_trainer_strategy(t)), dp);
+ * of the global batch per replica; checkpoints in c->ckpt, else <dir>/ckpt)
+ * and returns the saved weights. */
+static float *train_gpt(const tt_run *c, int64_t *numel) {
+    tt_data *d = tt_data_new();
+    fsc_module *model;
+    fsc_trainer *t = tt_trainer_new(c, d, &model);
     char ckpt[96];
-    snprintf(ckpt, sizeof ckpt, "%s", c->ckpt ? c->ckpt : "");
-    if (!c->ckpt) snprintf(ckpt, sizeof ckpt, "%s/ckpt", dir);
-    if (c->resume && fsc_trainer_resume(t, c->resume, 0, NULL, NULL))
-        fail_msg("rank %d: resume: %s", rank, fsc_last_error());
-    for (int64_t s = fsc_trainer_get_step(t); s < EQ_STEPS; s++) {
-        fsc_step_result r;
-        if (fsc_trainer_step(t, &r)) fail_msg("rank %d: %s", rank, fsc_last_error());
-        if (c->norms) c->norms[s] = r.grad_norm;
-        if (c->save_at && fsc_trainer_get_step(t) == c->save_at) {
-            if (fsc_trainer_save_checkpoint(t, ckpt, 0, NULL, NULL))
-                fail_msg("rank %d: checkpoint: %s", rank, fsc_last_error());
-            break;
-        }
-    }
+    snprintf(ckpt, sizeof ckpt, "%s/ckpt", dir);
+    tt_run steps = *c;
+    if (!steps.ckpt) steps.ckpt = ckpt;
+    tt_train(t, &steps);
     if (c->pp > 1 && !strcmp(c->strategy, "fsdp")) { /* between steps: this rank's slices */
         fsc_strategy *st = fsc_trainer_strategy(t);
         fsc_pipe *p = fsc_strategy_get_pipe(st);
+        const int dp = fsc_strategy_world(st);
         int64_t stage = 0;
         for (int k = 0; k < fsc_pipe_chunks(p); k++) stage += fsc_pipe_chunk_params(p, k)->numel;
         const size_t slice = (size_t)((stage + dp - 1) / dp + 16) * sizeof(float);
@@ -416,28 +297,13 @@ static float *train_gpt(const gpt_run *c, int64_t *numel) {
     }
     char path[128];
     snprintf(path, sizeof path, "%s/trainer.safetensors", dir);
-    assert_int_equal(fsc_trainer_save_weights(t, path, 0, NULL, NULL), FSC_OK);
-    fsc_trainer_free(t);
-    fsc_module_free(model);
-    float *out = read_whole(path, numel);
-    fsc_tokens_free(&d->tk);
-    free(d);
+    tt_save_and_free(t, model, path);
+    float *out = tt_read_weights(&EQ_MODEL, path, numel);
+    tt_data_free(d);
     fsc_group_barrier(fsc_group_world()); /* every rank read the file */
     return out;
 }
 
-static void expect_reference(const char *what, float *got, int64_t numel) {
-    int64_t n;
-    float *ref = eq_reference(&n);
-    assert_int_equal(n, numel);
-    char label[128];
-    snprintf(label, sizeof label, "%s, %d ranks, rank %d", what, world, rank);
-    assert_int_equal(eq_compare(label, got, ref, n), 0);
-    free(ref), free(got);
-}
-
-/* ddp x pipeline through the trainer = one process; a checkpoint written
- * under it resumes under plain ddp, fsdp and another pipeline depth. */
 /* oss, sdp and fsdp between the replicas of a pipeline (dp = world / 2)
  * = one process; a checkpoint of fsdp x pp 2 resumes under plain ddp and
  * under oss x pp 2, and a plain fsdp one under sdp x pp 2. */
@@ -447,21 +313,21 @@ static void test_trainer_zero_pipeline(void **state) {
     int64_t n;
     const char *rows[] = {"oss", "sdp", "fsdp"};
     for (int i = 0; i < 3; i++) {
-        float *got = train_gpt(&(gpt_run){.strategy = rows[i], .pp = 2}, &n);
+        float *got = train_gpt(&(tt_run){.strategy = rows[i], .pp = 2}, &n);
         char what[64];
         snprintf(what, sizeof what, "trainer %s x pp 2 (1f1b, m 2)", rows[i]);
-        expect_reference(what, got, n);
+        tt_expect_reference(NULL, what, got, n);
     }
     char ckpt[96];
     snprintf(ckpt, sizeof ckpt, "%s/ckpt-zero", dir);
-    free(train_gpt(&(gpt_run){.strategy = "fsdp", .pp = 2, .save_at = 2, .ckpt = ckpt}, &n));
-    float *got = train_gpt(&(gpt_run){.strategy = "ddp", .resume = ckpt}, &n);
-    expect_reference("fsdp x pp 2 -> checkpoint -> ddp", got, n);
-    got = train_gpt(&(gpt_run){.strategy = "oss", .pp = 2, .resume = ckpt}, &n);
-    expect_reference("fsdp x pp 2 -> checkpoint -> oss x pp 2", got, n);
-    free(train_gpt(&(gpt_run){.strategy = "fsdp", .save_at = 3, .ckpt = ckpt}, &n));
-    got = train_gpt(&(gpt_run){.strategy = "sdp", .pp = 2, .resume = ckpt}, &n);
-    expect_reference("fsdp -> checkpoint -> sdp x pp 2", got, n);
+    free(train_gpt(&(tt_run){.strategy = "fsdp", .pp = 2, .save_at = 2, .ckpt = ckpt}, &n));
+    float *got = train_gpt(&(tt_run){.strategy = "ddp", .resume = ckpt}, &n);
+    tt_expect_reference(NULL, "fsdp x pp 2 -> checkpoint -> ddp", got, n);
+    got = train_gpt(&(tt_run){.strategy = "oss", .pp = 2, .resume = ckpt}, &n);
+    tt_expect_reference(NULL, "fsdp x pp 2 -> checkpoint -> oss x pp 2", got, n);
+    free(train_gpt(&(tt_run){.strategy = "fsdp", .save_at = 3, .ckpt = ckpt}, &n));
+    got = train_gpt(&(tt_run){.strategy = "sdp", .pp = 2, .resume = ckpt}, &n);
+    tt_expect_reference(NULL, "fsdp -> checkpoint -> sdp x pp 2", got, n);
 }
 
 /* Tensor parallelism through the trainer, the data-parallel rows between
@@ -472,81 +338,70 @@ static void test_trainer_tensor_parallel(void **state) {
     if (world % 2) skip();
     int64_t n;
     double ref[EQ_STEPS], got_norm[EQ_STEPS];
-    free(train_gpt(&(gpt_run){.strategy = "ddp", .norms = ref}, &n));
+    free(train_gpt(&(tt_run){.strategy = "ddp", .norms = ref}, &n));
     const char *rows[] = {"ddp", "oss", "sdp"};
     for (int i = 0; i < 3; i++)
         for (int sp = 0; sp < 2; sp++) {
-            float *got = train_gpt(
-                &(gpt_run){.strategy = rows[i], .tp = 2, .sp = sp, .norms = got_norm}, &n);
+            float *got =
+                train_gpt(&(tt_run){.strategy = rows[i], .tp = 2, .sp = sp, .norms = got_norm}, &n);
             char what[64];
             snprintf(what, sizeof what, "trainer %s x tp 2%s", rows[i], sp ? " (sp)" : "");
-            expect_reference(what, got, n);
-            /* each parameter counted once over the mesh: the one-process norm (counting
-             * replicated ones t times would be off by far more than summation order) */
-            for (int k = 0; k < EQ_STEPS; k++)
-                if (fabs(got_norm[k] - ref[k]) > 1e-5 * ref[k])
-                    fail_msg("%s step %d: gradient norm %.8g, one process %.8g", what, k + 1,
-                             got_norm[k], ref[k]);
+            tt_expect_reference(NULL, what, got, n);
+            tt_expect_norms(what, got_norm, ref, 0); /* each parameter counted once */
         }
     if (world == 4) {
-        float *got = train_gpt(&(gpt_run){.strategy = "ddp", .tp = 4, .sp = true}, &n);
-        expect_reference("trainer tp 4 (sp)", got, n);
+        float *got = train_gpt(&(tt_run){.strategy = "ddp", .tp = 4, .sp = true}, &n);
+        tt_expect_reference(NULL, "trainer tp 4 (sp)", got, n);
     }
     /* checkpoints by global name: tp 2 -> plain ddp, and a ddp one -> tp 2 */
     char ckpt[96];
     snprintf(ckpt, sizeof ckpt, "%s/ckpt-tp", dir);
-    free(train_gpt(&(gpt_run){.strategy = "ddp", .tp = 2, .save_at = 2, .ckpt = ckpt}, &n));
-    float *got = train_gpt(&(gpt_run){.strategy = "ddp", .resume = ckpt}, &n);
-    expect_reference("tp 2 -> checkpoint -> ddp", got, n);
-    free(train_gpt(&(gpt_run){.strategy = "ddp", .save_at = 3, .ckpt = ckpt}, &n));
-    got = train_gpt(&(gpt_run){.strategy = "ddp", .tp = 2, .sp = true, .resume = ckpt}, &n);
-    expect_reference("ddp -> checkpoint -> tp 2 (sp)", got, n);
+    free(train_gpt(&(tt_run){.strategy = "ddp", .tp = 2, .save_at = 2, .ckpt = ckpt}, &n));
+    float *got = train_gpt(&(tt_run){.strategy = "ddp", .resume = ckpt}, &n);
+    tt_expect_reference(NULL, "tp 2 -> checkpoint -> ddp", got, n);
+    free(train_gpt(&(tt_run){.strategy = "ddp", .save_at = 3, .ckpt = ckpt}, &n));
+    got = train_gpt(&(tt_run){.strategy = "ddp", .tp = 2, .sp = true, .resume = ckpt}, &n);
+    tt_expect_reference(NULL, "ddp -> checkpoint -> tp 2 (sp)", got, n);
 }
 
+/* ddp x pipeline through the trainer = one process; a checkpoint written
+ * under it resumes under plain ddp, fsdp and another pipeline depth. */
 static void test_trainer_ddp_pipeline(void **state) {
     (void)state;
     if (world % 2) skip();
     int64_t n;
-    float *got = train_gpt(&(gpt_run){.strategy = "ddp", .pp = 2}, &n);
-    expect_reference("trainer ddp x pp 2 (1f1b, m 2)", got, n);
+    float *got = train_gpt(&(tt_run){.strategy = "ddp", .pp = 2}, &n);
+    tt_expect_reference(NULL, "trainer ddp x pp 2 (1f1b, m 2)", got, n);
     char ckpt[96];
     snprintf(ckpt, sizeof ckpt, "%s/ckpt", dir);
-    free(train_gpt(&(gpt_run){.strategy = "ddp", .pp = 2, .save_at = 2}, &n));
-    got = train_gpt(&(gpt_run){.strategy = "ddp", .resume = ckpt}, &n);
-    expect_reference("pp 2 -> checkpoint -> ddp", got, n);
-    got = train_gpt(&(gpt_run){.strategy = "fsdp", .resume = ckpt}, &n);
-    expect_reference("pp 2 -> checkpoint -> fsdp", got, n);
+    free(train_gpt(&(tt_run){.strategy = "ddp", .pp = 2, .save_at = 2}, &n));
+    got = train_gpt(&(tt_run){.strategy = "ddp", .resume = ckpt}, &n);
+    tt_expect_reference(NULL, "pp 2 -> checkpoint -> ddp", got, n);
+    got = train_gpt(&(tt_run){.strategy = "fsdp", .resume = ckpt}, &n);
+    tt_expect_reference(NULL, "pp 2 -> checkpoint -> fsdp", got, n);
     if (world == 4) {
-        got = train_gpt(&(gpt_run){.strategy = "ddp", .pp = 4, .resume = ckpt}, &n);
-        expect_reference("pp 2 -> checkpoint -> pp 4", got, n);
+        got = train_gpt(&(tt_run){.strategy = "ddp", .pp = 4, .resume = ckpt}, &n);
+        tt_expect_reference(NULL, "pp 2 -> checkpoint -> pp 4", got, n);
     }
     /* and back: a ddp checkpoint resumed by a pipeline */
-    free(train_gpt(&(gpt_run){.strategy = "ddp", .save_at = 3}, &n));
-    got = train_gpt(&(gpt_run){.strategy = "ddp", .pp = 2, .resume = ckpt}, &n);
-    expect_reference("ddp -> checkpoint -> pp 2", got, n);
-}
-
-static int setup_dir(void **state) {
-    (void)state;
-    return mpi_scratch_dir(dir, "fsc_pipe");
-}
-
-static int teardown_dir(void **state) {
-    (void)state;
-    return mpi_scratch_dir_remove(dir);
+    free(train_gpt(&(tt_run){.strategy = "ddp", .save_at = 3}, &n));
+    got = train_gpt(&(tt_run){.strategy = "ddp", .pp = 2, .resume = ckpt}, &n);
+    tt_expect_reference(NULL, "ddp -> checkpoint -> pp 2", got, n);
 }
 
 int main(int argc, char **argv) {
-    if (fsc_dist_init(&argc, &argv, NULL)) return 1;
-    rank = fsc_dist_rank(), world = fsc_dist_size();
-    eq_fault_from_env();
+    if (tt_init(&argc, &argv, &rank, &world)) return 1;
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_gpipe_1f1b_zbh1), cmocka_unit_test(test_interleaved),
-        cmocka_unit_test(test_uneven_balance),  cmocka_unit_test(test_shape_mismatch),
-        cmocka_unit_test(test_bad_setups),      cmocka_unit_test(test_trainer_ddp_pipeline),
-        cmocka_unit_test(test_balance_auto),    cmocka_unit_test(test_pipe_checkpoint),
+        cmocka_unit_test(test_gpipe_1f1b_zbh1),
+        cmocka_unit_test(test_interleaved),
+        cmocka_unit_test(test_uneven_balance),
+        cmocka_unit_test(test_shape_mismatch),
+        cmocka_unit_test(test_bad_setups),
+        cmocka_unit_test(test_trainer_ddp_pipeline),
+        cmocka_unit_test(test_balance_auto),
+        cmocka_unit_test(test_pipe_checkpoint),
         cmocka_unit_test(test_trainer_zero_pipeline),
         cmocka_unit_test(test_trainer_tensor_parallel),
     };
-    return mpi_test_finish(cmocka_run_group_tests(tests, setup_dir, teardown_dir));
+    return tt_run_tests(tests, "fsc_pipe", dir);
 }

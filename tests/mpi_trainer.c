@@ -13,10 +13,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "equivalence.h"
-#include "fsc/trainer.h"
 #include "fsc/weights.h"
-#include "mpi_test.h"
+#include "trainer_test.h"
 
 static int rank, world;
 static char dir[64]; /* rank 0's scratch directory, known to every rank */
@@ -85,8 +83,7 @@ typedef struct run_cfg {
     bool local;             /* the whole global batch on this process (single, dp, references) */
     float clip;             /* 0: off */
     int threads;            /* dp */
-    int steps;              /* 0: STEPS */
-    int64_t save_at;        /* > 0: checkpoint after this many steps, then stop */
+    int save_at;            /* > 0: checkpoint after this many steps, then stop */
     const char *resume_dir; /* resume from here first */
 } run_cfg;
 
@@ -116,26 +113,19 @@ static float *run(const run_cfg *c, double *losses) {
     fsc_trainer_config cfg = trainer_config(c);
     fsc_trainer *t = fsc_trainer_new(m, &cfg);
     if (!t) fail_msg("%s: %s", c->strategy, fsc_last_error());
-    if (c->resume_dir)
-        assert_int_equal(fsc_trainer_resume(t, c->resume_dir, 0, NULL, NULL), FSC_OK);
-    int steps = c->steps ? c->steps : STEPS;
-    for (int64_t s = fsc_trainer_get_step(t); s < steps; s++) {
-        fsc_step_result r;
-        assert_int_equal(fsc_trainer_step(t, &r), FSC_OK);
-        if (losses) losses[s] = r.loss;
-        if (c->clip > 0 && s == 0) assert_true(r.grad_norm > c->clip); /* clipping bites */
-        if (c->save_at && fsc_trainer_get_step(t) == c->save_at) {
-            assert_int_equal(fsc_trainer_save_checkpoint(t, ckpt_dir(), 0, NULL, NULL), FSC_OK);
-            break;
-        }
-    }
+    double norms[STEPS];
+    const int64_t first = tt_train(t, &(tt_run){.steps = STEPS,
+                                                .resume = c->resume_dir,
+                                                .save_at = c->save_at,
+                                                .ckpt = ckpt_dir(),
+                                                .losses = losses,
+                                                .norms = norms});
+    if (c->clip > 0 && first == 0) assert_true(norms[0] > c->clip); /* clipping bites */
     /* local runs: every process writes its own file; otherwise rank 0 does
      * and the others read it once the collective save returns */
     char path[128];
     snprintf(path, sizeof path, "%s/%s-%d.safetensors", dir, c->strategy, c->local ? rank : -1);
-    assert_int_equal(fsc_trainer_save_weights(t, path, 0, NULL, NULL), FSC_OK);
-    fsc_trainer_free(t);
-    fsc_module_free(m);
+    tt_save_and_free(t, m, path);
     /* a fresh layout of the same model reads them back */
     fsc_module *fresh = resmlp_new(NULL);
     fsc_params ps;
@@ -185,6 +175,18 @@ static int64_t numel(void) {
     return n;
 }
 
+/* Each step's loss is the reference's within its noise (two other
+ * summation orders) and some ulps of it. */
+static void expect_losses(const char *label, const double *losses, const double *ref_losses,
+                          double loss_noise) {
+    for (int s = 0; s < STEPS; s++) {
+        double bound = EQ_NOISE_K * loss_noise + EQ_FLOOR_ULPS * FLT_EPSILON * fabs(ref_losses[s]);
+        if (fabs(losses[s] - ref_losses[s]) > bound)
+            fail_msg("%s: step %d loss %.9g vs reference %.9g (bound %.2e)", label, s + 1,
+                     losses[s], ref_losses[s], bound);
+    }
+}
+
 /* c's parameters and losses equal the reference's within the noise floor. */
 static void expect_reference(const run_cfg *c) {
     if (!c->local && G % (world * (c->accum ? c->accum : 1))) skip();
@@ -196,12 +198,7 @@ static void expect_reference(const run_cfg *c) {
              c->strategy, c->accum ? c->accum : 1, c->clip, c->local ? 1 : world, rank);
     assert_int_equal(eq_compare(label, got, ref, numel()), 0);
     /* under a fault switch the parameters' comparison is what is proven */
-    for (int s = 0; fsc_fault_active == FSC_FAULT_NONE && s < STEPS; s++) {
-        double bound = EQ_NOISE_K * loss_noise + EQ_FLOOR_ULPS * FLT_EPSILON * fabs(ref_losses[s]);
-        if (fabs(losses[s] - ref_losses[s]) > bound)
-            fail_msg("%s: step %d loss %.9g vs reference %.9g (bound %.2e)", label, s + 1,
-                     losses[s], ref_losses[s], bound);
-    }
+    if (fsc_fault_active == FSC_FAULT_NONE) expect_losses(label, losses, ref_losses, loss_noise);
     free(ref), free(got);
 }
 
@@ -242,9 +239,7 @@ static void test_resume_across_strategies(void **state) {
     snprintf(label, sizeof label, "trainer ddp -> checkpoint -> fsdp, %d ranks, rank %d", world,
              rank);
     assert_int_equal(eq_compare(label, got, ref, numel()), 0);
-    for (int s = 0; s < STEPS; s++)
-        assert_true(fabs(losses[s] - ref_losses[s]) <=
-                    EQ_NOISE_K * loss_noise + EQ_FLOOR_ULPS * FLT_EPSILON * fabs(ref_losses[s]));
+    expect_losses(label, losses, ref_losses, loss_noise);
     free(ref), free(got);
 }
 
@@ -290,25 +285,13 @@ static void test_bad_configs(void **state) {
     fsc_module_free(m);
 }
 
-static int setup_dir(void **state) {
-    (void)state;
-    return mpi_scratch_dir(dir, "fsc_trainer");
-}
-
-static int teardown_dir(void **state) {
-    (void)state;
-    return mpi_scratch_dir_remove(dir);
-}
-
 int main(int argc, char **argv) {
-    if (fsc_dist_init(&argc, &argv, NULL)) return 1;
-    rank = fsc_dist_rank(), world = fsc_dist_size();
-    eq_fault_from_env();
+    if (tt_init(&argc, &argv, &rank, &world)) return 1;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_strategy),
         cmocka_unit_test(test_accumulation_and_clipping),
         cmocka_unit_test(test_resume_across_strategies),
         cmocka_unit_test(test_bad_configs),
     };
-    return mpi_test_finish(cmocka_run_group_tests(tests, setup_dir, teardown_dir));
+    return tt_run_tests(tests, "fsc_trainer", dir);
 }

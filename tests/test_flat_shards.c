@@ -10,18 +10,17 @@
 #include <stddef.h>
 #include <cmocka.h>
 #include <dirent.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "fsc/flat_shards.h"
 #include "fsc/io.h"
 #include "fsc/weights.h"
 
+#include "run_tool.h"
 #include "tmpdir.h"
 
 static const char *tool_path; /* fsc-consolidate, in --tool mode */
@@ -661,30 +660,7 @@ static void test_layout_numbers_exact(void **state) {
 
 /* Runs the tool with argv (NULL-terminated, argv[0] omitted); output to tool.log. */
 static int run_tool(const char *const *args, char *log, size_t cap) {
-    const char *argv[16] = {tool_path};
-    int n = 1;
-    for (; args[n - 1]; n++) argv[n] = args[n - 1];
-    argv[n] = NULL;
-    const char *logp = tmp("tool.log");
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        int fd = open(logp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd < 0) _exit(99);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        execv(tool_path, (char *const *)argv);
-        _exit(98);
-    }
-    int st = 0;
-    assert_int_equal(waitpid(pid, &st, 0), pid);
-    assert_true(WIFEXITED(st));
-    FILE *fp = fopen(logp, "rb");
-    assert_non_null(fp);
-    size_t got = fread(log, 1, cap - 1, fp);
-    log[got] = '\0';
-    fclose(fp);
-    return WEXITSTATUS(st);
+    return run_tool_logged(tool_path, args, tmp("tool.log"), log, cap);
 }
 
 static void test_tool(void **state) {

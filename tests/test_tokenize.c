@@ -7,7 +7,6 @@
  * vocabulary of tests/data/bpe_tiny always; GPT-2's own files when
  * scripts/fetch_gpt2_bpe.sh installed them (skipped otherwise). */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp */
-#include <fcntl.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -18,12 +17,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "fsc/io.h"
 #include "fsc/tokenizer.h"
 
+#include "run_tool.h"
 #include "tmpdir.h"
 
 static char log_text[8192];
@@ -32,31 +31,9 @@ static char log_text[8192];
 static int run_tool(const char *const *args) {
     const char *tool = getenv("FSC_TOKENIZE");
     assert_non_null(tool);
-    const char *argv[32] = {tool};
-    int n = 1;
-    for (; args[n - 1]; n++) argv[n] = args[n - 1];
-    argv[n] = NULL;
     char logp[600];
     snprintf(logp, sizeof logp, "%s", tmp("tool.log"));
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        int fd = open(logp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd < 0) _exit(99);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        execv(tool, (char *const *)argv);
-        _exit(98);
-    }
-    int st = 0;
-    assert_int_equal(waitpid(pid, &st, 0), pid);
-    assert_true(WIFEXITED(st));
-    FILE *fp = fopen(logp, "rb");
-    assert_non_null(fp);
-    size_t got = fread(log_text, 1, sizeof log_text - 1, fp);
-    log_text[got] = '\0';
-    fclose(fp);
-    return WEXITSTATUS(st);
+    return run_tool_logged(tool, args, logp, log_text, sizeof log_text);
 }
 
 static int expect_ok(const char *const *args) {

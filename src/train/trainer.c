@@ -117,18 +117,17 @@ static int run_rows(fsc_module *m, const fsc_ctx *ctx, int row0, int rows, void 
     return c->t->cfg.loss(m, ctx, &mb, c->t->cfg.user, loss);
 }
 
-/* Micro-batch k of this step as the callbacks see it (rows: all of it). */
-static fsc_micro_batch micro_batch(const fsc_trainer *t, int k, double norm) {
+fsc_micro_batch trainer_micro_batch(const fsc_trainer *t, int64_t step, int k, double norm) {
     const int B = t->cfg.batch, K = t->cfg.grad_accum;
     const int rank = fsc_strategy_rank(t->s), world = fsc_strategy_world(t->s);
-    return (fsc_micro_batch){.step = t->step,
+    return (fsc_micro_batch){.step = step,
                              .micro = k,
                              .micros = K,
                              .rank = rank,
                              .world = world,
                              .batch = B,
                              .rows = B,
-                             .sample0 = fsc_batch_first_sample(t->step, k, rank, B, K, world),
+                             .sample0 = fsc_batch_first_sample(step, k, rank, B, K, world),
                              .norm = norm};
 }
 
@@ -139,7 +138,7 @@ typedef struct {
 } pipe_call;
 
 static fsc_micro_batch pipe_micro(const pipe_call *c, int k) {
-    return micro_batch(c->t, k, c->norm);
+    return trainer_micro_batch(c->t, c->t->step, k, c->norm);
 }
 
 static int pipe_input(void *user, int k, fsc_tensor *x) {
@@ -191,7 +190,7 @@ static int micro_steps(fsc_trainer *t, double scale, double *loss) {
     const int B = c->batch, K = c->grad_accum, world = fsc_strategy_world(t->s);
     const double targets = (double)B * K * world * c->targets_per_sample;
     for (int k = 0; k < K; k++) {
-        micro_call call = {.t = t, .mb = micro_batch(t, k, targets / scale)};
+        micro_call call = {.t = t, .mb = trainer_micro_batch(t, t->step, k, targets / scale)};
         int rc = c->load ? c->load(&call.mb, c->user) : FSC_OK;
         if (rc) return rc;
         fsc_ctx ctx = {.arena = t->arena,

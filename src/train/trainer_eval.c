@@ -23,17 +23,7 @@ typedef struct {
 } eval_call;
 
 static fsc_micro_batch eval_micro(const eval_call *c, int j) {
-    const int B = c->t->cfg.batch, K = c->t->cfg.grad_accum;
-    const int rank = fsc_strategy_rank(c->t->s), world = fsc_strategy_world(c->t->s);
-    return (fsc_micro_batch){.step = c->k,
-                             .micro = j,
-                             .micros = K,
-                             .rank = rank,
-                             .world = world,
-                             .batch = B,
-                             .rows = B,
-                             .sample0 = fsc_batch_first_sample(c->k, j, rank, B, K, world),
-                             .norm = c->norm};
+    return trainer_micro_batch(c->t, c->k, j, c->norm);
 }
 
 static int eval_input(void *user, int j, fsc_tensor *x) {

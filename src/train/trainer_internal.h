@@ -1,5 +1,6 @@
-/* The trainer's state, shared by trainer.c (steps) and trainer_checkpoint.c
- * (checkpoints and resume). Only src/train/ sees this. */
+/* The trainer's state, shared by trainer.c (steps), trainer_eval.c
+ * (evaluation), trainer_checkpoint.c (checkpoints and resume) and
+ * trainer_adascale.c. Only src/train/ sees this. */
 #ifndef FSC_TRAIN_TRAINER_INTERNAL_H
 #define FSC_TRAIN_TRAINER_INTERNAL_H
 
@@ -13,6 +14,10 @@ struct fsc_trainer {
     int64_t step;                 /* next step to run, 0-based */
     struct trainer_adascale *ada; /* AdaScale (cfg.adascale), else NULL */
 };
+
+/* Micro-batch k of step `step` as the callbacks see it (rows: all of it):
+ * training runs its current step, evaluation batch k laid out as step k. */
+fsc_micro_batch trainer_micro_batch(const fsc_trainer *t, int64_t step, int k, double norm);
 
 /* trainer_adascale.c. Begin: refuses what AdaScale cannot see into and
  * wires its gradient probe into so; ready: after the strategy exists. */

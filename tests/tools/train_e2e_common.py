@@ -1,0 +1,77 @@
+"""What the fsc-train end-to-end scripts (train_e2e.py and its train_e2e_*.py
+modules) share: the binary under test (argv[1]), one scratch directory per run, a
+tiny model's flags, and running fsc-train alone or under mpiexec."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "reference"))
+import saved_state  # noqa: E402 (beside this file)
+
+FSC_TRAIN = sys.argv[1]
+TMP = tempfile.mkdtemp(prefix="fsc-e2e-")
+TINY = ["--layers", "2", "--d-model", "64", "--heads", "4", "--seq", "32", "--batch", "4"]
+
+
+def run(*args, expect_ok=True):
+    p = subprocess.run([FSC_TRAIN, *map(str, args)], capture_output=True, text=True, timeout=600)
+    if p.returncode < 0:
+        sys.exit(f"FAIL: fsc-train {' '.join(map(str, args))} crashed with signal {-p.returncode}")
+    if expect_ok and p.returncode != 0:
+        sys.exit(f"FAIL: fsc-train {' '.join(map(str, args))} exited {p.returncode}:\n{p.stderr}")
+    return p
+
+
+def metrics(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+def same_tree(what, root, before):
+    """Exits unless every file under root is as the fingerprint `before` (saved_state.tree)."""
+    diff = saved_state.changed(root, before)
+    if diff:
+        sys.exit(f"FAIL: {what}: files under {root} changed: {diff}")
+
+
+def verify_checkpoint(ck):
+    """The step of ck's `latest` checkpoint once each member matches its state.json."""
+    step, problem = saved_state.checkpoint_problem(ck)
+    if problem:
+        sys.exit(f"FAIL: {problem}")
+    return step
+
+
+def mpiexec(n, *args, expect_ok=True, env=None):
+    launcher = os.environ.get("FSC_MPIEXEC", "mpiexec")
+    cmd = [launcher, "-n", str(n), "--oversubscribe", FSC_TRAIN, *map(str, args)]
+    # a new session: no controlling terminal, so progress lines come on stderr even when the
+    # tests run from a terminal (rank 0 would draw its live line on /dev/tty)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env,
+                       start_new_session=True)
+    if expect_ok and p.returncode != 0:
+        sys.exit(f"FAIL: {' '.join(cmd)} exited {p.returncode}:\n{p.stderr}")
+    return p
+
+
+def expect_refused(p, needle, what):
+    """Exits unless the finished run p failed with needle in its stderr; what names the run."""
+    if p.returncode == 0 or needle not in p.stderr:
+        sys.exit(f"FAIL: {what}: exit {p.returncode}, expected {needle!r} in:\n{p.stderr}")
+
+
+def expect_torch_losses(what, model, tokens, fsc_eval):
+    """Exits unless the PyTorch model (tests/reference/torch_gpt.py, weights loaded) gives
+    fsc's losses fsc_eval on the batches of steps 0-2 (batch 4, seq 32), within 1e-5."""
+    import torch
+    import torch_gpt
+    with torch.no_grad():
+        torch_eval = [model.loss(*torch_gpt.batch(tokens, s, 0, 0, 4, 1, 1, 32)).item()
+                      for s in range(3)]
+    rel = max(abs(a - b) / abs(b) for a, b in zip(fsc_eval, torch_eval))
+    print(f"{what} in PyTorch: losses {torch_eval} vs fsc {fsc_eval} (rel {rel:.1e})")
+    if rel > 1e-5:
+        sys.exit(f"FAIL: the {what} gives different losses in PyTorch ({rel:.2e})")

@@ -1,0 +1,265 @@
+/* Shared by the programs that train on a layout of ranks and compare with
+ * one process (mpi_pipe.c, mpi_mesh.c, mpi_moe.c, mpi_trainer.c): the EQ
+ * GPT's callbacks for the trainer under any layout (whole model, pipeline
+ * stages, tensor parallelism, both), the step loop with its resume and
+ * checkpoint, the weights read back and compared with tests/equivalence.h's
+ * reference, and the program's main with one scratch directory for the
+ * world. Include after cmocka.h. */
+#ifndef FSC_TEST_TRAINER_TEST_H
+#define FSC_TEST_TRAINER_TEST_H
+
+#include "equivalence.h"
+#include "fsc/trainer.h"
+#include "mpi_test.h"
+
+/* ---- the EQ GPT's data through the trainer's callbacks ----------------------------------- */
+
+typedef struct tt_data {
+    fsc_tokens tk;
+    fsc_gpt_config cfg; /* EQ_MODEL */
+    fsc_group *tp;      /* the last stage's TP group, for the vocab-parallel loss */
+    int T;
+    int32_t x[64 * 16], y[64 * 16], ids[64 * 16];
+} tt_data;
+
+static inline tt_data *tt_data_new(void) {
+    tt_data *d = calloc(1, sizeof *d);
+    assert_non_null(d);
+    eq_tokens(&d->tk);
+    d->cfg = EQ_MODEL, d->T = EQ_MODEL.seq;
+    return d;
+}
+
+static inline void tt_data_free(tt_data *d) {
+    fsc_tokens_free(&d->tk);
+    free(d);
+}
+
+static inline int tt_load(const fsc_micro_batch *mb, void *user) {
+    tt_data *d = user;
+    return fsc_tokens_batch(&d->tk, mb->step, mb->micro, mb->rank, mb->batch, mb->micros, mb->world,
+                            d->T, d->x, d->y);
+}
+
+static inline int tt_pipe_input(const fsc_micro_batch *mb, void *user, fsc_tensor *x) {
+    tt_data *d = user; /* stage 0 keeps every micro-batch's ids until its backward */
+    int32_t *ids = d->ids + (size_t)mb->micro * mb->batch * d->T;
+    memcpy(ids, d->x, sizeof *ids * (size_t)mb->batch * d->T);
+    *x = fsc_tensor_2d(ids, FSC_DTYPE_I32, mb->batch, d->T);
+    return FSC_OK;
+}
+
+static inline int tt_pipe_loss(const fsc_micro_batch *mb, void *user, fsc_tensor *y,
+                               fsc_arena *arena, float *out) {
+    tt_data *d = user;
+    fsc_tensor t = fsc_tensor_2d(d->y, FSC_DTYPE_I32, mb->batch, d->T);
+    return d->tp ? fsc_tp_cross_entropy(out, y, &t, d->cfg.vocab, -1, mb->norm, d->tp, arena)
+                 : fsc_cross_entropy(out, y, &t, -1, mb->norm, arena);
+}
+
+static inline int tt_gpt_loss(fsc_module *m, const fsc_ctx *ctx, const fsc_micro_batch *mb,
+                              void *user, float *loss) {
+    tt_data *d = user;
+    return fsc_gpt_train_micro(m, ctx, d->x + (size_t)mb->row0 * d->T,
+                               d->y + (size_t)mb->row0 * d->T, mb->rows, d->T, -1, mb->norm, loss);
+}
+
+static inline int tt_tp_gpt_loss(fsc_module *m, const fsc_ctx *ctx, const fsc_micro_batch *mb,
+                                 void *user, float *loss) {
+    tt_data *d = user;
+    return fsc_tp_gpt_train_micro(m, ctx, d->x + (size_t)mb->row0 * d->T,
+                                  d->y + (size_t)mb->row0 * d->T, mb->rows, d->T, -1, mb->norm,
+                                  loss);
+}
+
+/* Layers [first, end) of the GPT whose config is user. */
+static inline fsc_module *tt_make_stage(void *user, int first, int end) {
+    return fsc_gpt_stage_new(user, first, end);
+}
+
+/* Without a pipeline: the whole TP model, trained through fsc_tp_gpt_train_micro. */
+static inline fsc_module *tt_make_tp_model(void *user, const fsc_tp_options *tp) {
+    tt_data *d = user;
+    return fsc_tp_gpt_new(&d->cfg, tp);
+}
+
+static inline fsc_module *tt_make_tp_stage(void *user, int first, int end,
+                                           const fsc_tp_options *tp) {
+    tt_data *d = user;
+    d->tp = tp->group;
+    return fsc_tp_gpt_stage_new(&d->cfg, first, end, tp);
+}
+
+/* ---- a run: the layout, the steps around it ---------------------------------------------- */
+
+typedef struct tt_run {
+    const char *strategy;
+    fsc_group *group;       /* NULL: the world (single: this process) */
+    int pp, tp;             /* pipeline stages, tensor-parallel size (0 or 1: none) */
+    bool sp;                /* with tp: sequence parallelism */
+    float clip;             /* > 0: clip the global norm */
+    int steps;              /* train up to this step (0: EQ_STEPS) */
+    const char *resume;     /* resume from this checkpoint directory first */
+    int save_at;            /* > 0: checkpoint into ckpt after this step and stop */
+    const char *ckpt;       /* where save_at saves */
+    const char *out;        /* the weights file written at the end */
+    double *losses, *norms; /* if set: each step's loss and gradient norm, by step */
+} tt_run;
+
+/* Every rank of c's run: this process alone under single, else its group. */
+static inline fsc_group *tt_ranks(const tt_run *c) {
+    return !strcmp(c->strategy, "single") ? fsc_group_self()
+           : c->group                     ? c->group
+                                          : fsc_group_world();
+}
+
+/* A trainer of d's EQ GPT under c's layout, the global batch per step as 2
+ * micro-batches per replica; *model is the whole model where the layout has
+ * one (else NULL), the caller's to free after the trainer. Pipeline stages
+ * are GPT stages, or TP stages under tp; tp without a pipeline is the whole
+ * TP model. A refusal fails the test, naming the rank. */
+static inline fsc_trainer *tt_trainer_new(const tt_run *c, tt_data *d, fsc_module **model) {
+    const int pp = c->pp > 1 ? c->pp : 1, tp = c->tp > 1 ? c->tp : 1, m = 2;
+    const bool single = !strcmp(c->strategy, "single");
+    const int dp = single ? 1 : fsc_group_size(tt_ranks(c)) / (pp * tp);
+    const int B = EQ_GLOBAL_BATCH / (dp * m);
+    fsc_trainer_config tc = {.strategy = {.name = c->strategy, .group = c->group, .seed = 5},
+                             .optim = EQ_ADAMW,
+                             .batch = B,
+                             .grad_accum = m,
+                             .targets_per_sample = d->T,
+                             .clip = c->clip,
+                             .load = tt_load,
+                             .loss = tt_gpt_loss,
+                             .pipe_input = tt_pipe_input,
+                             .pipe_loss = tt_pipe_loss,
+                             .user = d};
+    if (pp > 1)
+        tc.strategy.pipe =
+            (fsc_pipe_strategy_options){.stages = pp,
+                                        .schedule = FSC_PIPE_1F1B,
+                                        .layers = fsc_gpt_num_layers(&d->cfg),
+                                        .act_ndim = 3,
+                                        .act_shape = {B, d->T / (c->sp ? tp : 1), d->cfg.d_model}};
+    if (pp > 1 && tp == 1)
+        tc.strategy.pipe.make_stage = tt_make_stage, tc.strategy.pipe.stage_user = &d->cfg;
+    if (tp > 1)
+        tc.strategy.tp =
+            (fsc_tp_strategy_options){.size = tp, .sequence_parallel = c->sp, .user = d};
+    if (tp > 1 && pp > 1) tc.strategy.tp.make_stage = tt_make_tp_stage;
+    if (tp > 1 && pp == 1) tc.loss = tt_tp_gpt_loss, tc.strategy.tp.make_model = tt_make_tp_model;
+    *model = pp > 1 || tp > 1 ? NULL : fsc_gpt_new(&d->cfg);
+    fsc_trainer *t = fsc_trainer_new(*model, &tc);
+    if (!t) fail_msg("rank %d: %s", fsc_dist_rank(), fsc_last_error());
+    assert_int_equal(fsc_strategy_world(fsc_trainer_strategy(t)), dp);
+    return t;
+}
+
+/* Resumes t from c->resume when set, then steps it up to c->steps, keeping
+ * each step's loss and norm, until the checkpoint c->save_at asks for.
+ * Returns the step it started from. A failure fails the test, naming the
+ * rank and the error. */
+static inline int64_t tt_train(fsc_trainer *t, const tt_run *c) {
+    const int rank = fsc_dist_rank();
+    if (c->resume && fsc_trainer_resume(t, c->resume, 0, NULL, NULL))
+        fail_msg("rank %d: resume: %s", rank, fsc_last_error());
+    const int64_t first = fsc_trainer_get_step(t), steps = c->steps ? c->steps : EQ_STEPS;
+    for (int64_t s = first; s < steps; s++) {
+        fsc_step_result r;
+        if (fsc_trainer_step(t, &r)) fail_msg("rank %d: %s", rank, fsc_last_error());
+        if (c->losses) c->losses[s] = r.loss;
+        if (c->norms) c->norms[s] = r.grad_norm;
+        if (c->save_at && fsc_trainer_get_step(t) == c->save_at) {
+            if (fsc_trainer_save_checkpoint(t, c->ckpt, 0, NULL, NULL))
+                fail_msg("rank %d: checkpoint: %s", rank, fsc_last_error());
+            break;
+        }
+    }
+    return first;
+}
+
+/* Saves t's weights to path (every rank of its strategy calls), then frees
+ * t and model. */
+static inline void tt_save_and_free(fsc_trainer *t, fsc_module *model, const char *path) {
+    assert_int_equal(fsc_trainer_save_weights(t, path, 0, NULL, NULL), FSC_OK);
+    fsc_trainer_free(t);
+    fsc_module_free(model);
+}
+
+/* ---- against one process ----------------------------------------------------------------- */
+
+/* A weights file in the one-process flat layout of cfg's GPT (the caller
+ * frees it); a file that does not read fails the test. */
+static inline float *tt_read_weights(const fsc_gpt_config *cfg, const char *path, int64_t *numel) {
+    *numel = 0;
+    float *out = eq_read_weights(cfg, path, numel);
+    if (!out) fail_msg("rank %d: %s: %s", fsc_dist_rank(), path, fsc_last_error());
+    return out;
+}
+
+/* got equals ref (n elements each) within the noise floor that computing
+ * ref set; the label is what, the world's size and this rank. */
+static inline void tt_expect_close(const char *what, const float *got, int64_t numel,
+                                   const float *ref, int64_t n) {
+    assert_int_equal(n, numel);
+    char label[192];
+    snprintf(label, sizeof label, "%s, %d ranks, rank %d", what, fsc_dist_size(), fsc_dist_rank());
+    assert_int_equal(eq_compare(label, got, ref, n), 0);
+}
+
+/* got (freed here) equals one process's run under o (NULL: the defaults). */
+static inline void tt_expect_reference(const eq_options *o, const char *what, float *got,
+                                       int64_t numel) {
+    int64_t n;
+    float *ref = eq_reference_ex(o ? o : &(eq_options){0}, &n);
+    tt_expect_close(what, got, numel, ref, n);
+    free(ref), free(got);
+}
+
+/* Each step's gradient norm is one process's, ref (EQ_STEPS of them):
+ * counting a replicated parameter twice or dropping a rank's share moves it
+ * by far more than summation order. With clip > 0, clipping acts on every
+ * step of the reference. */
+static inline void tt_expect_norms(const char *what, const double *got, const double *ref,
+                                   float clip) {
+    for (int k = 0; k < EQ_STEPS; k++) {
+        if (clip > 0 && !(ref[k] > clip))
+            fail_msg("step %d: norm %.4g does not clip at %.2f", k + 1, ref[k], (double)clip);
+        if (fabs(got[k] - ref[k]) > 1e-5 * ref[k])
+            fail_msg("%s step %d: gradient norm %.8g, one process %.8g", what, k + 1, got[k],
+                     ref[k]);
+    }
+}
+
+/* ---- the program --------------------------------------------------------------------------- */
+
+static char *tt_scratch;              /* the program's scratch directory (64 bytes) */
+static const char *tt_scratch_prefix; /* /tmp/<prefix>_XXXXXX */
+
+static inline int tt_setup(void **state) {
+    (void)state;
+    return mpi_scratch_dir(tt_scratch, tt_scratch_prefix);
+}
+
+static inline int tt_teardown(void **state) {
+    (void)state;
+    return mpi_scratch_dir_remove(tt_scratch);
+}
+
+/* MPI up, this process's rank and the world's size, and the fault switch
+ * from FSC_TEST_FAULT; non-zero when MPI did not start. */
+static inline int tt_init(int *argc, char ***argv, int *rank, int *world) {
+    if (fsc_dist_init(argc, argv, NULL)) return 1;
+    *rank = fsc_dist_rank(), *world = fsc_dist_size();
+    eq_fault_from_env();
+    return 0;
+}
+
+/* Runs the cmocka array `tests` with one scratch directory for the world in
+ * dir (64 bytes; /tmp/<prefix>_XXXXXX, made before the first test and
+ * removed after the last), then ends MPI with one verdict for every rank. */
+#define tt_run_tests(tests, prefix, dir)                                                           \
+    (tt_scratch_prefix = (prefix), tt_scratch = (dir),                                             \
+     mpi_test_finish(cmocka_run_group_tests(tests, tt_setup, tt_teardown)))
+
+#endif
