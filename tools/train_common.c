@@ -114,7 +114,7 @@ static fsc_module *make_tp_model(void *user, const fsc_tp_options *tp) {
     return m;
 }
 
-/* Stages in parts (two per block), so a stage may end inside a block. */
+/* Stages in parts (three per block), so a stage may end inside a block. */
 static fsc_module *make_stage(void *user, int first, int end) {
     return fsc_gpt_stage_parts_new(user, first, end);
 }
@@ -124,84 +124,6 @@ static fsc_module *make_tp_stage(void *user, int first, int end, const fsc_tp_op
     trainer *t = user;
     t->tp_group = tp->group;
     return fsc_tp_gpt_stage_new(&t->opt.model, first, end, tp);
-}
-
-/* "5.5,4.5" -> {11, 9}: exactly n positive counts of whole or half layers,
- * in half layers (a .5 ends a stage after the attention half of a block). */
-static int parse_balance(const char *text, int n, int **out) {
-    int *b = calloc((size_t)n, sizeof *b), k = 0;
-    if (!b) return fsc_error(FSC_ERR_NOMEM, "out of memory");
-    for (const char *p = text; *p && k <= n;) {
-        char *end;
-        double v = strtod(p, &end);
-        if (end == p || (*end && *end != ',')) break;
-        if (!(v >= 0.5 && v <= 1 << 20) || 2 * v != floor(2 * v)) {
-            free(b);
-            return fsc_error(FSC_ERR_INVALID,
-                             "--balance \"%s\": stage %d's \"%.*s\" is not a positive whole or "
-                             "half layer count (a .5 ends the stage between the attention and "
-                             "MLP halves of a block)",
-                             text, k, (int)(end - p), p);
-        }
-        if (k < n) b[k] = (int)(2 * v);
-        k++;
-        p = *end ? end + 1 : end;
-    }
-    if (k != n || b[n - 1] < 1) {
-        free(b);
-        return fsc_error(FSC_ERR_INVALID,
-                         "--balance \"%s\": expected %d positive layer counts separated by commas "
-                         "(one per stage, whole or .5)",
-                         text, n);
-    }
-    *out = b;
-    return FSC_OK;
-}
-
-/* Stage sizes in half layers (t->balance, or the even whole-layer split
- * when not given) into the units the stages are made of: parts (two per
- * block) for fsc_gpt_stage_parts_new, whole layers for the TP stages, which
- * do not split a block yet (their default is the pipe's even split). */
-static int balance_units(trainer *t, int S) {
-    const fsc_gpt_config *cfg = &t->opt.model;
-    const int n = fsc_gpt_num_layers(cfg);
-    const bool tp = t->opt.tp > 1;
-    if (!t->balance && tp) return FSC_OK;
-    if (!t->balance) {
-        if (n < S)
-            return fsc_error(FSC_ERR_INVALID,
-                             "--pp: %d layers cannot fill %d stages evenly; give --balance "
-                             "(half blocks count, e.g. 1.5,0.5,...)",
-                             n, S);
-        if (!(t->balance = calloc((size_t)S, sizeof *t->balance)))
-            return fsc_error(FSC_ERR_NOMEM, "out of memory");
-        for (int s = 0; s < S; s++) t->balance[s] = 2 * (n / S + (s < n % S));
-    }
-    const char *text = t->opt.balance ? t->opt.balance : "even";
-    int sum = 0, cut = 0, prev = 0, rc = FSC_OK;
-    for (int s = 0; s < S; s++) sum += t->balance[s];
-    if (sum != 2 * n)
-        return fsc_error(FSC_ERR_INVALID,
-                         "--balance \"%s\": the stages hold %g layers, the model has %d (the "
-                         "embedding, %d blocks, the head)",
-                         text, sum / 2.0, n, cfg->layers);
-    for (int s = 0; s < S; s++) {
-        if (tp && t->balance[s] % 2)
-            return fsc_error(FSC_ERR_INVALID,
-                             "--balance \"%s\": stage %d's %g layers: half-block cuts are not "
-                             "there with --tp yet",
-                             text, s, t->balance[s] / 2.0);
-        cut += t->balance[s];
-        if (tp) {
-            t->balance[s] /= 2;
-            continue;
-        }
-        int part;
-        if ((rc = fsc_gpt_part_of_cut(cfg, cut, &part)))
-            return fsc_error_context(rc, "--balance \"%s\", the end of stage %d: ", text, s);
-        t->balance[s] = part - prev, prev = part;
-    }
-    return FSC_OK;
 }
 
 /* --balance auto: profile every layer, cut where the slowest stage is
@@ -220,6 +142,7 @@ static int auto_balance(trainer *t, fsc_strategy_options *so) {
                            .make_stage = so->pipe.make_stage,
                            .stage_user = so->pipe.stage_user,
                            .act_ndim = so->pipe.act_ndim,
+                           .act_shape_at = so->pipe.act_shape_at,
                            .seed = o->seed};
     memcpy(po.act_shape, so->pipe.act_shape, sizeof po.act_shape);
     fsc_pipe_balance_report rep;
@@ -231,25 +154,7 @@ static int auto_balance(trainer *t, fsc_strategy_options *so) {
     fsc_pipe_schedule_free(sched);
     if (rc) return rc;
     so->pipe.balance = t->balance;
-    if (fsc_dist_rank() == 0 && !o->quiet) {
-        double worst = 0, sum = 0;
-        for (int s = 0; s < S && s < FSC_PIPE_MAX_STAGES; s++) {
-            sum += rep.stage_seconds[s];
-            if (rep.stage_seconds[s] > worst) worst = rep.stage_seconds[s];
-        }
-        fprintf(stderr, "--balance auto:");
-        for (int s = 0, part = 0; s < S; s++) { /* parts back to layers, .5 inside a block */
-            const int h0 = fsc_gpt_cut_of_part(&o->model, part);
-            part += t->balance[s];
-            fprintf(stderr, "%s%g", s ? "," : " ",
-                    (fsc_gpt_cut_of_part(&o->model, part) - h0) / 2.0);
-        }
-        fprintf(stderr, " layers per stage; predicted per micro-batch:");
-        for (int s = 0; s < S && s < FSC_PIPE_MAX_STAGES; s++)
-            fprintf(stderr, " %.1f ms / %.0f MiB", 1e3 * rep.stage_seconds[s],
-                    rep.stage_bytes[s] / 1048576.0);
-        fprintf(stderr, "; slowest stage %.2f x the mean\n", worst / (sum / S));
-    }
+    if (fsc_dist_rank() == 0 && !o->quiet) train_balance_print(stderr, &o->model, t->balance, S, &rep);
     return FSC_OK;
 }
 
@@ -264,9 +169,7 @@ static int pipe_options(trainer *t, fsc_strategy_options *so) {
     const bool autobalance = o->balance && !strcmp(o->balance, "auto");
     if (autobalance && o->tp > 1)
         return fsc_error(FSC_ERR_INVALID, "--balance auto is not there with --tp yet (it times "
-                                          "whole layers); give the layers per stage");
-    if (o->balance && !autobalance && (rc = parse_balance(o->balance, o->pp * chunks, &t->balance)))
-        return rc;
+                                          "parts of blocks); give the layers per stage");
     static const char *const modes[] = {"never", "always", "except_last"};
     int mode = -1;
     for (int i = 0; i < 3; i++)
@@ -280,7 +183,9 @@ static int pipe_options(trainer *t, fsc_strategy_options *so) {
     so->pipe.stages = o->pp;
     so->pipe.schedule = kind;
     so->pipe.chunks = chunks;
-    if (!autobalance && (rc = balance_units(t, o->pp * chunks))) return rc;
+    if (!autobalance &&
+        (rc = train_balance_parts(o->balance, &o->model, o->pp * chunks, o->tp > 1, &t->balance)))
+        return rc;
     so->pipe.balance = t->balance;
     so->pipe.layers = o->tp > 1 ? fsc_gpt_num_layers(&o->model) : fsc_gpt_num_parts(&o->model);
     so->pipe.make_stage = o->tp > 1 ? NULL : make_stage; /* else tp.make_stage */
@@ -290,6 +195,7 @@ static int pipe_options(trainer *t, fsc_strategy_options *so) {
     so->pipe.act_shape[0] = o->batch;
     so->pipe.act_shape[1] = o->model.seq / (o->sequence_parallel ? o->tp : 1);
     so->pipe.act_shape[2] = o->model.d_model;
+    so->pipe.act_shape_at = o->tp > 1 ? NULL : train_balance_parts_act_shape;
     if (autobalance && (rc = auto_balance(t, so))) return fsc_error_context(rc, "--balance auto: ");
     if (o->print_schedule && fsc_dist_rank() == 0) {
         fsc_pipe_schedule *sched;

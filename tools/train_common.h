@@ -147,6 +147,19 @@ int train_moe_setup(trainer *t);
 /* One summary line: drops, mean l_aux and the all-to-all share of `seconds`. */
 void train_moe_report(const trainer *t, double seconds, FILE *f);
 
+/* train_balance.c: --balance text (NULL: an even split of whole layers)
+ * for S stages into *out (malloc'ed): parts per stage for
+ * fsc_gpt_stage_parts_new, or with whole_layers (--tp) layers per stage
+ * (NULL for an even split). Errors name the value and the rule. */
+int train_balance_parts(const char *text, const fsc_gpt_config *cfg, int S, bool whole_layers,
+                        int **out);
+/* fsc_pipe_options.act_shape_at for stages of parts (cfg: the model):
+ * (B, T, 5C) before a block's c_proj part. */
+void train_balance_parts_act_shape(void *cfg, int part, int64_t shape[FSC_MAX_DIMS]);
+/* --balance auto's choice in layers per stage, predicted time and memory. */
+void train_balance_print(FILE *f, const fsc_gpt_config *cfg, const int *parts, int S,
+                         const fsc_pipe_balance_report *rep);
+
 /* Builds everything from the options; on error returns a status with the message set. */
 int trainer_init(trainer *t, const train_options *o);
 /* Trains the next step with all its micro-batches, then the optimizer update. */

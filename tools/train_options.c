@@ -135,9 +135,9 @@ static const flag flags[] = {
     F("virtual", ARG_INT, virtual_stages, "with --pipe-schedule interleaved: stages per rank"),
     F("balance", ARG_STR, balance,
       "with --pp: layers per stage, e.g. 3,6 (the GPT has L + 2 layers: embedding, blocks, "
-      "head; a .5 ends a stage between a block's attention and MLP halves, e.g. 5.5,4.5), or "
-      "auto (each layer, each half block, timed, the slowest stage made fastest within "
-      "FSC_MEM_LIMIT_MB); default even"),
+      "head; a block splits at .5, after its attention half, e.g. 5.5,4.5, and at .75, after "
+      "its MLP's c_fc and GELU, e.g. 5.75,4.25), or auto (each part of each block timed, the "
+      "slowest stage made fastest within FSC_MEM_LIMIT_MB); default even"),
     F("pipe-checkpoint", ARG_STR, pipe_checkpoint,
       "with --pp: recompute the stages' activations in backward for every micro-batch "
       "(always), every one but the last (except_last), or none (never; "

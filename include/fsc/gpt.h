@@ -44,22 +44,32 @@ FSC_API int fsc_gpt_num_layers(const fsc_gpt_config *cfg);
  * stage with the head but not the embedding has its own wte (the tied
  * copy). NULL (error set) for a bad cfg or range. The caller owns it. */
 FSC_API fsc_module *fsc_gpt_stage_new(const fsc_gpt_config *cfg, int first, int end);
-/* The same model in 2L + 2 parts, so a pipeline stage may end inside a
- * block: part 0 the embedding, parts 2b+1 and 2b+2 block b's attention half
- * x + attn(ln_1(x)) and MLP half x + mlp(ln_2(x)), part 2L+1 the head.
- * Parts [first, end) as one module, as fsc_gpt_stage_new (names, dropout
- * keys, input and output); a block cut by the range is a child "h.b" with
- * that half's children only. NULL (error set) for a bad cfg or range. */
+/* The same model in 3L + 2 parts, so a pipeline stage may end inside a
+ * block: part 0 the embedding; block b's parts 3b+1, the attention half x +
+ * attn(ln_1(x)), 3b+2, its MLP's ln_2, c_fc and GELU, and 3b+3, the MLP's
+ * c_proj and dropout with the residual sum; part 3L+1 the head. Parts
+ * [first, end) as one module, as fsc_gpt_stage_new (names, dropout keys,
+ * input and output); a block cut by the range is a child "h.b" with the
+ * children of its parts in range only (checkpoints by global name work at
+ * any cut). Between parts 3b+2 and 3b+3 the activation is (B,T,5C), per
+ * token the residual stream then the GELU output (fsc_gpt_part_width).
+ * NULL (error set) for a bad cfg or range. */
 FSC_API fsc_module *fsc_gpt_stage_parts_new(const fsc_gpt_config *cfg, int first, int end);
-FSC_API int fsc_gpt_num_parts(const fsc_gpt_config *cfg); /* 2L + 2 (no checks) */
-/* Cuts counted in half layers (layers as fsc_gpt_stage_new counts them): a
- * cut after k layers is 2k halves, one after k layers and the attention
- * half of the next (a block) 2k + 1. *part gets the part the cut falls
- * before (parts [0, *part) precede it). FSC_ERR_INVALID, naming the cut in
- * layers, for one outside [0, L + 2] or inside the embedding or head. */
-FSC_API int fsc_gpt_part_of_cut(const fsc_gpt_config *cfg, int halves, int *part);
-/* The reverse: half layers before part `part` (0 .. 2L + 2). */
+FSC_API int fsc_gpt_num_parts(const fsc_gpt_config *cfg); /* 3L + 2 (no checks) */
+/* Cuts counted in quarter layers (layers as fsc_gpt_stage_new counts them;
+ * a block is four quarters: its attention half two, its MLP's c_fc + GELU
+ * one, its c_proj one): a cut after k layers is 4k, after k layers and the
+ * next block's attention half (k.5) 4k + 2, after that block's c_fc and
+ * GELU too (k.75) 4k + 3. *part gets the part the cut falls before (parts
+ * [0, *part) precede it). FSC_ERR_INVALID, naming the cut in layers, for
+ * one outside [0, L + 2], inside the embedding or head, or at k.25 (inside
+ * attention). */
+FSC_API int fsc_gpt_part_of_cut(const fsc_gpt_config *cfg, int quarters, int *part);
+/* The reverse: quarter layers before part `part` (0 .. 3L + 2). */
 FSC_API int fsc_gpt_cut_of_part(const fsc_gpt_config *cfg, int part);
+/* Channels per token of the activation entering part `part` (1 .. 3L + 1):
+ * 5C before a block's c_proj part, else C (no checks). */
+FSC_API int fsc_gpt_part_width(const fsc_gpt_config *cfg, int part);
 /* Parameters, counting the tied head once and every expert of an MoE
  * model (on all ranks together; no checks: a valid cfg). */
 FSC_API int64_t fsc_gpt_num_params(const fsc_gpt_config *cfg);

@@ -75,6 +75,12 @@ typedef struct fsc_pipe_options {
      * every message is checked against it. */
     int act_ndim;
     int64_t act_shape[FSC_MAX_DIMS];
+    /* Where a cut passes another shape (the GPT's cut between a block's
+     * c_fc + GELU and its c_proj passes (B, T, 5C)): the activation entering
+     * layer `layer` (0 < layer < layers), written over shape, which holds
+     * act_shape on entry (act_ndim dimensions). Called with stage_user.
+     * NULL: act_shape at every cut. */
+    void (*act_shape_at)(void *user, int layer, int64_t shape[FSC_MAX_DIMS]);
     uint64_t seed; /* initial weights by (seed, name, element) */
     /* Recompute in backward: each stage's children that hold parameters of
      * their own (not used by the stage directly) are checkpointed in place.
@@ -205,8 +211,9 @@ typedef struct fsc_pipe_balance_report {
 } fsc_pipe_balance_report;
 /* Chooses layers per stage for schedule s (ranks x chunks stages) into
  * balance[]: each of opt's layers is built alone and timed through forward
- * and backward on one micro-batch of opt->act_shape (ids in [0, vocab) for
- * layer 0), the times averaged over group g (NULL: this process) so every
+ * and backward on one micro-batch of opt->act_shape (act_shape_at's where
+ * it says; ids in [0, vocab) for layer 0; the last layer's logits over
+ * vocab, if that is its output, through a cross-entropy), the times averaged over group g (NULL: this process) so every
  * rank chooses alike; the contiguous cut that minimises the slowest stage
  * wins among those whose parameters, gradients, optim_floats optimizer
  * floats per parameter and activations held by the schedule fit the

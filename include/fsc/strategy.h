@@ -49,6 +49,8 @@ typedef struct fsc_pipe_strategy_options {
     fsc_pipe_checkpoint checkpoint; /* recompute activations in backward */
     int act_ndim;                   /* the activation between stages, per micro-batch */
     int64_t act_shape[FSC_MAX_DIMS];
+    /* cuts that pass another shape (fsc_pipe_options.act_shape_at); NULL: none */
+    void (*act_shape_at)(void *user, int layer, int64_t shape[FSC_MAX_DIMS]);
 } fsc_pipe_strategy_options;
 
 /* A tensor-parallel dimension (see fsc_strategy_options.tp). */

@@ -1,8 +1,12 @@
 /* Pre-LN transformer block (GPT-2): x + attn(ln_1(x)), then + mlp(ln_2(.)).
- * Children are named as in Hugging Face GPT-2: ln_1, attn, ln_2, mlp. The
- * block is two residual halves, x + f(ln(x)), each also offered alone (a
- * module of two children with the block's name) so a pipeline stage may end
- * between attention and MLP. */
+ * Children are named as in Hugging Face GPT-2: ln_1, attn, ln_2, mlp. So a
+ * pipeline stage may end inside a block, the block is also offered as a
+ * range of its three segments, each range a module with the block's name
+ * and only the children it runs: the attention half x + attn(ln_1(x)); the
+ * MLP's c_fc and GELU after ln_2; its c_proj and dropout, plus the residual.
+ * A cut between the MLP's two segments must pass on both the residual
+ * stream and the GELU output, so that boundary is packed per token, (B,T,5C)
+ * with rows [x | gelu(c_fc(ln_2(x)))]. */
 #include <math.h>
 #include <string.h>
 
@@ -39,6 +43,84 @@ static int residual_backward(fsc_module *ln, fsc_module *f, const fsc_ctx *ctx, 
     return FSC_OK;
 }
 
+/* ---- the packed boundary between the MLP's c_fc + GELU and its c_proj -------------------- */
+
+/* out rows [a | b]: a (rows, na), b (rows, nb), out (rows, na + nb) */
+static void pack_rows(float *out, const float *a, int na, const float *b, int nb, int64_t rows) {
+    for (int64_t r = 0; r < rows; r++) {
+        memcpy(out + r * (na + nb), a + r * na, sizeof(float) * (size_t)na);
+        memcpy(out + r * (na + nb) + na, b + r * nb, sizeof(float) * (size_t)nb);
+    }
+}
+
+/* The GELU output of packed rows p (rows, 5C), contiguous (c_proj keeps it
+ * for its weight gradient). */
+static int unpack_hidden(fsc_arena *a, const fsc_tensor *p, int C, fsc_tensor *h) {
+    int rc = fsc_alloc_like(a, p, 4 * C, h);
+    if (rc) return rc;
+    const float *src = p->data;
+    float *dst = h->data;
+    for (int64_t r = 0, rows = fsc_rows(p); r < rows; r++)
+        memcpy(dst + r * 4 * C, src + r * 5 * C + C, sizeof(float) * 4 * (size_t)C);
+    return FSC_OK;
+}
+
+/* x (B,T,C) -> p (B,T,5C): [x | f(ln(x))] */
+static int fc_forward(fsc_module *ln, fsc_module *f, const fsc_ctx *ctx, const fsc_tensor *x,
+                      fsc_tensor *p, half_saved *s, int C) {
+    fsc_tensor h, a;
+    int rc = fsc_module_forward(ln, ctx, x, &h, &s->ln);
+    if (!rc) rc = fsc_module_forward(f, ctx, &h, &a, &s->f);
+    if (!rc) rc = fsc_alloc_like(ctx->arena, x, 5 * C, p);
+    if (rc) return rc;
+    pack_rows(p->data, x->data, C, a.data, 4 * C, fsc_rows(x));
+    return FSC_OK;
+}
+
+/* dp (B,T,5C) -> dx = dp[:, :C] + ln'(f'(dp[:, C:])) */
+static int fc_backward(fsc_module *ln, fsc_module *f, const fsc_ctx *ctx, const half_saved *s,
+                       const fsc_tensor *dp, fsc_tensor *dx, int C) {
+    fsc_tensor da, dh, dln;
+    int rc = unpack_hidden(ctx->arena, dp, C, &da);
+    if (!rc) rc = fsc_module_backward(f, ctx, s->f, &da, &dh);
+    if (!rc) rc = fsc_module_backward(ln, ctx, s->ln, &dh, &dln);
+    if (rc || !dx) return rc;
+    const float *g = dp->data;
+    float *d = dln.data;
+    for (int64_t r = 0, rows = fsc_rows(dp); r < rows; r++)
+        for (int c = 0; c < C; c++) d[r * C + c] += g[r * 5 * C + c];
+    *dx = dln;
+    return FSC_OK;
+}
+
+/* p (B,T,5C) -> y = p[:, :C] + f(p[:, C:]), (B,T,C) */
+static int proj_forward(fsc_module *f, const fsc_ctx *ctx, const fsc_tensor *p, fsc_tensor *y,
+                        half_saved *s, int C) {
+    fsc_tensor h, a;
+    int rc = unpack_hidden(ctx->arena, p, C, &h);
+    if (!rc) rc = fsc_module_forward(f, ctx, &h, &a, &s->f);
+    if (!rc) rc = fsc_alloc_like(ctx->arena, p, C, y);
+    if (rc) return rc;
+    const float *x = p->data, *o = a.data;
+    float *out = y->data;
+    for (int64_t r = 0, rows = fsc_rows(p); r < rows; r++)
+        for (int c = 0; c < C; c++) out[r * C + c] = x[r * 5 * C + c] + o[r * C + c];
+    return FSC_OK;
+}
+
+/* dy (B,T,C) -> dp (B,T,5C): [dy | f'(dy)]. f checks dy. */
+static int proj_backward(fsc_module *f, const fsc_ctx *ctx, const half_saved *s,
+                         const fsc_tensor *dy, fsc_tensor *dp, int C) {
+    fsc_tensor da;
+    int rc = fsc_module_backward(f, ctx, s->f, dy, &da);
+    if (rc || !dp) return rc;
+    if ((rc = fsc_alloc_like(ctx->arena, dy, 5 * C, dp))) return rc;
+    pack_rows(dp->data, dy->data, C, da.data, 4 * C, fsc_rows(dy));
+    return FSC_OK;
+}
+
+/* ---- the whole block ----------------------------------------------------------------------- */
+
 enum { LN_1, ATTN, LN_2, MLP };
 
 int fsc_block_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, fsc_tensor *y,
@@ -68,51 +150,105 @@ int fsc_block_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fsc
 static const fsc_module_ops block_ops = {"TransformerBlock", fsc_block_forward, fsc_block_backward,
                                          NULL};
 
-/* A half: children ln and f (ln_1, attn or ln_2, mlp). */
-static int half_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, fsc_tensor *y,
+/* ---- a range of segments ------------------------------------------------------------------- */
+
+typedef struct {
+    fsc_module base;
+    int from, to, C; /* segments [from, to) */
+} block_part;
+
+typedef struct {
+    half_saved attn, mlp;
+    fsc_tensor in;
+} part_saved;
+
+/* The MLP's segments in range: [mf, to); none when mf >= to. */
+static int mlp_from(const block_part *b) {
+    return b->from > FSC_BLOCK_FC ? b->from : FSC_BLOCK_FC;
+}
+
+static int part_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, fsc_tensor *y,
                         void **saved) {
-    half_saved *s = fsc_arena_alloc(ctx->arena, sizeof *s);
-    if (!s) return FSC_ERR_NOMEM;
-    int rc = residual_forward(m->children[0], m->children[1], ctx, x, y, s);
-    if (!rc) *saved = s;
-    return rc;
+    const block_part *b = (const block_part *)m;
+    const int mf = mlp_from(b), C = b->C;
+    int rc = b->from == FSC_BLOCK_PROJ ? fsc_check_last(m, x, 5 * C) : FSC_OK;
+    part_saved *s = rc ? NULL : fsc_arena_alloc(ctx->arena, sizeof *s);
+    if (rc || !s) return rc ? rc : FSC_ERR_NOMEM;
+    memset(s, 0, sizeof *s);
+    s->in = *x;
+    fsc_module *const *c = m->children;
+    fsc_tensor cur = *x, next;
+    if (b->from == FSC_BLOCK_ATTN) {
+        if ((rc = residual_forward(c[0], c[1], ctx, &cur, &next, &s->attn))) return rc;
+        cur = next, c += 2;
+    }
+    if (mf < b->to)
+        rc = mf == FSC_BLOCK_PROJ      ? proj_forward(c[0], ctx, &cur, &next, &s->mlp, C)
+             : b->to == FSC_BLOCK_PROJ ? fc_forward(c[0], c[1], ctx, &cur, &next, &s->mlp, C)
+                                       : residual_forward(c[0], c[1], ctx, &cur, &next, &s->mlp);
+    if (rc) return rc;
+    *y = mf < b->to ? next : cur;
+    *saved = s;
+    return FSC_OK;
 }
 
-static int half_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fsc_tensor *dy,
+static int part_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fsc_tensor *dy,
                          fsc_tensor *dx) {
+    const block_part *b = (const block_part *)m;
+    const part_saved *s = saved;
+    const int mf = mlp_from(b), C = b->C;
     int rc = fsc_check_saved(m, saved);
-    return rc ? rc : residual_backward(m->children[0], m->children[1], ctx, saved, dy, dx);
+    if (!rc) rc = fsc_check_dy_like(m, dy, &s->in, b->to == FSC_BLOCK_PROJ ? 5 * C : C);
+    if (rc) return rc;
+    fsc_module *const *c = m->children + (b->from == FSC_BLOCK_ATTN ? 2 : 0);
+    const bool attn = b->from == FSC_BLOCK_ATTN;
+    fsc_tensor cur = *dy, next, *out = attn ? &next : dx;
+    if (mf < b->to) {
+        rc = mf == FSC_BLOCK_PROJ      ? proj_backward(c[0], ctx, &s->mlp, &cur, out, C)
+             : b->to == FSC_BLOCK_PROJ ? fc_backward(c[0], c[1], ctx, &s->mlp, &cur, out, C)
+                                       : residual_backward(c[0], c[1], ctx, &s->mlp, &cur, out);
+        if (rc) return rc;
+        if (!attn) return FSC_OK;
+        cur = next;
+    }
+    return residual_backward(m->children[0], m->children[1], ctx, &s->attn, &cur, dx);
 }
 
-static const fsc_module_ops attn_half_ops = {"TransformerBlockAttnHalf", half_forward,
-                                             half_backward, NULL};
-static const fsc_module_ops mlp_half_ops = {"TransformerBlockMLPHalf", half_forward, half_backward,
-                                            NULL};
+static const fsc_module_ops part_ops = {"TransformerBlockPart", part_forward, part_backward, NULL};
 
-/* Children [from, to) of the block, made and adopted as fsc_block_new makes them. */
-static fsc_module *block_parts_new(const fsc_module_ops *ops, const char *name, int C, int NH,
-                                   float dropout, uint32_t layer_id, int n_layers, int from,
-                                   int to) {
-    if (n_layers <= 0) {
-        fsc_error(FSC_ERR_INVALID, "%s %s: n_layers %d must be positive", ops->kind, name,
-                  n_layers);
+/* The block's children for segments [from, to), made and adopted as the
+ * whole block makes them (same names and init), into a module of `size`
+ * bytes. */
+static fsc_module *block_make(const fsc_module_ops *ops, size_t size, const char *name, int C,
+                              int NH, float dropout, uint32_t layer_id, int n_layers, int from,
+                              int to) {
+    if (n_layers <= 0 || from < FSC_BLOCK_ATTN || to > FSC_BLOCK_SEGMENTS || from >= to) {
+        fsc_error(FSC_ERR_INVALID,
+                  "%s %s: n_layers %d must be positive, segments [%d, %d) in [0, 3)", ops->kind,
+                  name, n_layers, from, to);
         return NULL;
     }
     /* GPT-2 init: N(0, 0.02); residual projections scaled by 1/sqrt(2 * n_layers). */
     float std = 0.02f, proj_std = 0.02f / sqrtf(2.0f * (float)n_layers);
-    fsc_module *m = fsc_module_alloc(sizeof *m, ops, name);
+    fsc_module *m = fsc_module_alloc(size, ops, name);
     fsc_module *parts[4] = {NULL};
-    for (int i = from; i < to; i++)
-        parts[i] = i == LN_1 ? fsc_layernorm_new("ln_1", C, 1e-5f)
-                   : i == ATTN
-                       ? fsc_attention_new("attn", C, NH, dropout, 2 * layer_id + 1, std, proj_std)
-                   : i == LN_2 ? fsc_layernorm_new("ln_2", C, 1e-5f)
-                               : fsc_mlp_new("mlp", C, dropout, 2 * layer_id + 2, std, proj_std);
+    int n = 0;
+    if (from == FSC_BLOCK_ATTN) {
+        parts[n++] = fsc_layernorm_new("ln_1", C, 1e-5f);
+        parts[n++] = fsc_attention_new("attn", C, NH, dropout, 2 * layer_id + 1, std, proj_std);
+    }
+    const int mf = from > FSC_BLOCK_FC ? from : FSC_BLOCK_FC;
+    if (mf < to) { /* MLP children [0, 2) are c_fc, act; [2, 4) c_proj, dropout */
+        if (mf == FSC_BLOCK_FC) parts[n++] = fsc_layernorm_new("ln_2", C, 1e-5f);
+        parts[n++] = fsc_mlp_parts_new("mlp", C, dropout, 2 * layer_id + 2, std, proj_std,
+                                       mf == FSC_BLOCK_FC ? 0 : 2, to == FSC_BLOCK_PROJ ? 2 : 4);
+    }
     bool ok = m != NULL;
-    for (int i = from; i < to; i++) ok = ok && parts[i];
-    for (int i = from; ok && i < to; i++) ok = fsc_module_add_child(m, parts[i]) == FSC_OK;
+    for (int i = 0; i < n; i++) ok = ok && parts[i];
+    int adopted = 0;
+    for (; ok && adopted < n; adopted++) ok = fsc_module_add_child(m, parts[adopted]) == FSC_OK;
     if (!ok) { /* the adopted ones go with m */
-        for (int i = from + (m ? m->nchildren : 0); i < to; i++) fsc_module_free(parts[i]);
+        for (int i = adopted; i < n; i++) fsc_module_free(parts[i]);
         fsc_module_free(m);
         return NULL;
     }
@@ -121,16 +257,18 @@ static fsc_module *block_parts_new(const fsc_module_ops *ops, const char *name, 
 
 fsc_module *fsc_block_new(const char *name, int C, int NH, float dropout, uint32_t layer_id,
                           int n_layers) {
-    return block_parts_new(&block_ops, name, C, NH, dropout, layer_id, n_layers, LN_1, MLP + 1);
+    return block_make(&block_ops, sizeof(fsc_module), name, C, NH, dropout, layer_id, n_layers,
+                      FSC_BLOCK_ATTN, FSC_BLOCK_SEGMENTS);
 }
 
-fsc_module *fsc_block_half_new(const char *name, int C, int NH, float dropout, uint32_t layer_id,
-                               int n_layers, bool mlp) {
-    return mlp ? block_parts_new(&mlp_half_ops, name, C, NH, dropout, layer_id, n_layers, LN_2,
-                                 MLP + 1)
-               : block_parts_new(&attn_half_ops, name, C, NH, dropout, layer_id, n_layers, LN_1,
-                                 ATTN + 1);
+fsc_module *fsc_block_part_new(const char *name, int C, int NH, float dropout, uint32_t layer_id,
+                               int n_layers, int from, int to) {
+    block_part *b = (block_part *)block_make(&part_ops, sizeof(block_part), name, C, NH, dropout,
+                                             layer_id, n_layers, from, to);
+    if (b) b->from = from, b->to = to, b->C = C;
+    return b ? &b->base : NULL;
 }
+
 int fsc_blocks_backward(fsc_module *const *h, void *const *saved, int n, const fsc_ctx *ctx,
                         fsc_tensor *cur, fsc_tensor pingpong[2]) {
     int rc = FSC_OK;
@@ -139,7 +277,10 @@ int fsc_blocks_backward(fsc_module *const *h, void *const *saved, int n, const f
         fsc_arena_mark_t mark = fsc_arena_mark(ctx->arena);
         rc = fsc_module_backward(h[l], ctx, saved[l], cur, &next);
         if (rc) break;
-        if (ctx->defer) { /* deferred weight gradients still read this block's buffers */
+        /* deferred weight gradients still read this block's buffers; a part
+         * that begins at the MLP's c_proj returns a packed gradient wider
+         * than pingpong's (the last one here: kept where it is) */
+        if (ctx->defer || fsc_tensor_nbytes(&next) > fsc_tensor_nbytes(&pingpong[0])) {
             *cur = next;
             continue;
         }

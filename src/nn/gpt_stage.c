@@ -1,9 +1,10 @@
 /* A contiguous range of the GPT's layers as one module, for a pipeline
  * stage: layer 0 is the embedding (wte, wpe, dropout), layers 1..L the
  * blocks h.0..h.L-1, layer L+1 the head (ln_f and the LM head tied to wte).
- * Underneath, the range is one of parts, each block two of them (its
- * attention and MLP halves), so a stage may end inside a block: a block
- * wholly in range is one child, a block cut by the range a half of it.
+ * Underneath, the range is one of parts, each block three of them (its
+ * attention half, its MLP's c_fc + GELU, its c_proj), so a stage may end
+ * inside a block: a block wholly in range is one child, a block cut by the
+ * range the segments of it in range (fsc_block_part_new).
  * Children and parameters keep the full model's names, so a stage reads and
  * writes its part of the one-process weights file, and its dropout masks
  * (keyed by layer, step and global sample) are the full model's. A stage
@@ -21,6 +22,7 @@ typedef struct {
     fsc_module base;
     fsc_gpt_config cfg;
     bool embed, head;
+    int in_w, out_w; /* channels of the activation in and out (C, or 5C inside an MLP) */
     fsc_module *wte, *wpe, *drop, *ln_f;
     fsc_module **h; /* the blocks and half blocks in range, in order: (B,T,C) -> (B,T,C) */
     int nh;
@@ -51,9 +53,9 @@ static int stage_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x,
                                  "GPT: token %d at position %lld outside vocab [0,%d)", ids[i],
                                  (long long)i, V);
     } else {
-        if (x->dtype != FSC_DTYPE_F32 || x->ndim != 3 || x->shape[2] != C)
+        if (x->dtype != FSC_DTYPE_F32 || x->ndim != 3 || x->shape[2] != g->in_w)
             return fsc_error(FSC_ERR_SHAPE, "GPT stage %s: expected F32 (B,T,%d) activations",
-                             m->name, C);
+                             m->name, g->in_w);
         B = (int)x->shape[0], T = (int)x->shape[1];
     }
     stage_saved *s = fsc_arena_alloc(ctx->arena, sizeof *s);
@@ -98,7 +100,7 @@ static int stage_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const 
     if (rc) return rc;
     const int B = (int)s->in.shape[0], T = (int)s->in.shape[1], C = g->cfg.d_model;
     const int V = g->cfg.vocab;
-    if ((rc = fsc_module_check_dy(m, dy, 3, (int64_t[]){B, T, g->head ? V : C}))) return rc;
+    if ((rc = fsc_module_check_dy(m, dy, 3, (int64_t[]){B, T, g->head ? V : g->out_w}))) return rc;
     fsc_tensor cur = *dy;
     if (g->head) {
         fsc_param *wte = &g->wte->params[0];
@@ -144,29 +146,50 @@ int fsc_gpt_num_layers(const fsc_gpt_config *cfg) {
 }
 
 int fsc_gpt_num_parts(const fsc_gpt_config *cfg) {
-    return 2 * cfg->layers + 2;
+    return 3 * cfg->layers + 2;
 }
 
-/* Part p (embedding 0, block halves 1..2L, head 2L+1) starts p + 1 halves
- * in, but for the embedding (0) and the end (2L+2 parts, 2L+4 halves). */
+/* Where each of a block's three parts starts, in quarters of the block. */
+static const int seg_quarter[3] = {0, 2, 3};
+
+/* Part p (embedding 0, block b's parts 3b+1..3b+3, head 3L+1) starts at
+ * the quarter its block starts (4 (b + 1)) plus its segment's offset. */
 int fsc_gpt_cut_of_part(const fsc_gpt_config *cfg, int part) {
-    const int n = fsc_gpt_num_parts(cfg);
-    return part <= 0 ? 0 : part >= n ? n + 2 : part + 1;
+    const int L = cfg->layers;
+    if (part <= 0) return 0;
+    if (part > 3 * L) return part == 3 * L + 1 ? 4 * (L + 1) : 4 * (L + 2);
+    return 4 * ((part - 1) / 3 + 1) + seg_quarter[(part - 1) % 3];
 }
 
-int fsc_gpt_part_of_cut(const fsc_gpt_config *cfg, int halves, int *part) {
+int fsc_gpt_part_of_cut(const fsc_gpt_config *cfg, int quarters, int *part) {
     const int L = cfg->layers, n = fsc_gpt_num_parts(cfg);
-    if (halves < 0 || halves > 2 * (L + 2))
+    if (quarters < 0 || quarters > 4 * (L + 2))
         return fsc_error(FSC_ERR_INVALID, "GPT: a cut after %g layers is outside [0, %d]",
-                         halves / 2.0, L + 2);
-    if (halves == 1 || halves == 2 * L + 3)
+                         quarters / 4.0, L + 2);
+    const int layer = quarters / 4, q = quarters % 4;
+    if (q && (layer == 0 || layer == L + 1))
         return fsc_error(FSC_ERR_INVALID,
                          "GPT: a cut after %g layers falls inside the %s, which cannot be split "
-                         "(only blocks 1..%d split, between attention and MLP)",
-                         halves / 2.0,
-                         halves == 1 ? "embedding (layer 0)" : "head (the last layer)", L);
-    *part = halves == 0 ? 0 : halves == 2 * (L + 2) ? n : halves - 1;
+                         "(only blocks 1..%d split: after attention, .5, or after the MLP's "
+                         "c_fc and GELU, .75)",
+                         quarters / 4.0,
+                         layer == 0 ? "embedding (layer 0)" : "head (the last layer)", L);
+    if (q == 1)
+        return fsc_error(FSC_ERR_INVALID,
+                         "GPT: a cut after %g layers falls inside block %d's attention (a block "
+                         "splits after its attention, .5, or after its MLP's c_fc and GELU, .75)",
+                         quarters / 4.0, layer - 1);
+    const int seg = q ? q - 1 : 0; /* in block layer - 1: k -> 0, k.5 -> 1, k.75 -> 2 */
+    *part = quarters == 0    ? 0
+            : layer == L + 2 ? n
+            : layer == L + 1 ? 3 * L + 1
+                             : 3 * layer - 2 + seg;
     return FSC_OK;
+}
+
+int fsc_gpt_part_width(const fsc_gpt_config *cfg, int part) {
+    const bool proj = part >= 1 && part <= 3 * cfg->layers && (part - 1) % 3 == FSC_BLOCK_PROJ;
+    return proj ? 5 * cfg->d_model : cfg->d_model;
 }
 
 /* Adds a child made by the caller; frees it and fails if it is NULL or rc is set. */
@@ -187,8 +210,8 @@ fsc_module *fsc_gpt_stage_new(const fsc_gpt_config *cfg, int first, int end) {
                   end, n);
         return NULL;
     }
-    int pf, pe; /* whole layers: cuts at even half counts, never inside a layer */
-    if (fsc_gpt_part_of_cut(cfg, 2 * first, &pf) || fsc_gpt_part_of_cut(cfg, 2 * end, &pe))
+    int pf, pe; /* whole layers: cuts at whole quarters, never inside a layer */
+    if (fsc_gpt_part_of_cut(cfg, 4 * first, &pf) || fsc_gpt_part_of_cut(cfg, 4 * end, &pe))
         return NULL;
     return fsc_gpt_stage_parts_new(cfg, pf, pe);
 }
@@ -203,13 +226,14 @@ fsc_module *fsc_gpt_stage_parts_new(const fsc_gpt_config *cfg, int first, int en
         return NULL;
     }
     char name[48];
-    snprintf(name, sizeof name, "gpt[%g:%g]", fsc_gpt_cut_of_part(cfg, first) / 2.0,
-             fsc_gpt_cut_of_part(cfg, end) / 2.0);
+    snprintf(name, sizeof name, "gpt[%g:%g]", fsc_gpt_cut_of_part(cfg, first) / 4.0,
+             fsc_gpt_cut_of_part(cfg, end) / 4.0);
     gpt_stage *g = fsc_module_alloc(sizeof *g, &stage_ops, name);
     if (!g) return NULL;
     g->cfg = *cfg;
     g->embed = first == 0, g->head = end == n;
-    /* block parts 2b+1 (attention half) and 2b+2 (MLP half) within [first, end) */
+    g->in_w = fsc_gpt_part_width(cfg, first), g->out_w = fsc_gpt_part_width(cfg, end);
+    /* block b's parts 3b+1 .. 3b+3 within [first, end) */
     const int p0 = first > 1 ? first : 1, p1 = end < n - 1 ? end : n - 1;
     g->h = calloc((size_t)(p1 > p0 ? p1 - p0 : 1), sizeof *g->h);
     int rc = g->h ? FSC_OK : fsc_error(FSC_ERR_NOMEM, "out of memory creating a GPT stage");
@@ -224,15 +248,16 @@ fsc_module *fsc_gpt_stage_parts_new(const fsc_gpt_config *cfg, int first, int en
         rc = adopt(g, fsc_dropout_new("drop", cfg->dropout, 0), &g->drop, rc);
     }
     for (int p = p0; p < p1;) {
-        const int b = (p - 1) / 2;
-        const bool whole = p % 2 == 1 && p + 1 < p1, mlp = p % 2 == 0;
+        const int b = (p - 1) / 3, from = (p - 1) % 3;
+        const int to = p1 - 3 * b - 1 < FSC_BLOCK_SEGMENTS ? p1 - 3 * b - 1 : FSC_BLOCK_SEGMENTS;
+        const bool whole = from == FSC_BLOCK_ATTN && to == FSC_BLOCK_SEGMENTS;
         snprintf(name, sizeof name, "h.%d", b);
         fsc_module *blk = whole ? fsc_block_new(name, cfg->d_model, cfg->heads, cfg->dropout,
                                                 (uint32_t)b, cfg->layers)
-                                : fsc_block_half_new(name, cfg->d_model, cfg->heads, cfg->dropout,
-                                                     (uint32_t)b, cfg->layers, mlp);
+                                : fsc_block_part_new(name, cfg->d_model, cfg->heads, cfg->dropout,
+                                                     (uint32_t)b, cfg->layers, from, to);
         rc = adopt(g, blk, &g->h[g->nh++], rc);
-        p += whole ? 2 : 1;
+        p += to - from;
     }
     if (g->head) rc = adopt(g, fsc_layernorm_new("ln_f", cfg->d_model, 1e-5f), &g->ln_f, rc);
     if (rc) {

@@ -110,12 +110,21 @@ int fsc_block_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, fs
                       void **saved);
 int fsc_block_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fsc_tensor *dy,
                        fsc_tensor *dx);
-/* Half of fsc_block_new's block, named like it (the full model's names,
- * init and dropout keys): x + attn(ln_1(x)) (children ln_1, attn) or, with
- * mlp, x + mlp(ln_2(x)) (children ln_2, mlp); (B,T,C) to (B,T,C). A
- * pipeline stage may end between the two. NULL (error set) on bad sizes. */
-fsc_module *fsc_block_half_new(const char *name, int C, int NH, float dropout, uint32_t layer_id,
-                               int n_layers, bool mlp);
+/* A block's segments, in order: its attention half x + attn(ln_1(x)); the
+ * MLP's ln_2, c_fc and GELU; its c_proj and dropout with the residual sum. */
+enum { FSC_BLOCK_ATTN, FSC_BLOCK_FC, FSC_BLOCK_PROJ, FSC_BLOCK_SEGMENTS };
+/* Segments [from, to) of fsc_block_new's block, named like it (the full
+ * model's names, init and dropout keys), with the children they run (ln_1,
+ * attn; ln_2, mlp with c_fc, act and/or c_proj, dropout). (B,T,C) in and
+ * out, but for the packed boundary between FC and PROJ: a range ending
+ * with FC returns, and one beginning with PROJ takes, (B,T,5C) rows [x |
+ * gelu(c_fc(ln_2(x)))]. NULL (error set) on bad sizes or range. */
+fsc_module *fsc_block_part_new(const char *name, int C, int NH, float dropout, uint32_t layer_id,
+                               int n_layers, int from, int to);
+/* Children [from, to) of fsc_mlp_new's MLP (c_fc, act, c_proj, dropout) as
+ * a Sequential of its name: the two sides of a cut inside the MLP. */
+fsc_module *fsc_mlp_parts_new(const char *name, int C, float dropout, uint32_t layer_id,
+                              float init_std, float proj_std, int from, int to);
 
 /* Backward through blocks h[n-1] .. h[0] (saved records saved[l]) from *cur,
  * which ends as the input gradient of h[0]. Each block's input gradient

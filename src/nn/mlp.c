@@ -1,23 +1,31 @@
 /* GPT-2 MLP: c_fc (C -> 4C), GELU, c_proj (4C -> C), dropout; a Sequential with
- * the Hugging Face child names. */
+ * the Hugging Face child names. A pipeline cut between GELU and c_proj makes
+ * each side from a range of the same children, so both keep the MLP's names. */
 #include "layers_internal.h"
+
+fsc_module *fsc_mlp_parts_new(const char *name, int C, float dropout, uint32_t layer_id,
+                              float init_std, float proj_std, int from, int to) {
+    if (C <= 0 || from < 0 || to > 4 || from >= to) {
+        fsc_error(FSC_ERR_INVALID,
+                  "MLP %s: d_model %d must be positive, children [%d, %d) in [0, 4)", name, C, from,
+                  to);
+        return NULL;
+    }
+    fsc_module *parts[4] = {NULL};
+    for (int i = from; i < to; i++)
+        parts[i] = i == 0   ? fsc_linear_new("c_fc", C, 4 * C, true, FSC_WEIGHT_IN_OUT, init_std)
+                   : i == 1 ? fsc_gelu_new("act")
+                   : i == 2 ? fsc_linear_new("c_proj", 4 * C, C, true, FSC_WEIGHT_IN_OUT, proj_std)
+                            : fsc_dropout_new("dropout", dropout, layer_id);
+    for (int i = from; i < to; i++)
+        if (!parts[i]) {
+            for (int j = from; j < to; j++) fsc_module_free(parts[j]);
+            return NULL;
+        }
+    return fsc_sequential_new(name, to - from, parts + from);
+}
 
 fsc_module *fsc_mlp_new(const char *name, int C, float dropout, uint32_t layer_id, float init_std,
                         float proj_std) {
-    if (C <= 0) {
-        fsc_error(FSC_ERR_INVALID, "MLP %s: d_model %d must be positive", name, C);
-        return NULL;
-    }
-    fsc_module *parts[4] = {
-        fsc_linear_new("c_fc", C, 4 * C, true, FSC_WEIGHT_IN_OUT, init_std),
-        fsc_gelu_new("act"),
-        fsc_linear_new("c_proj", 4 * C, C, true, FSC_WEIGHT_IN_OUT, proj_std),
-        fsc_dropout_new("dropout", dropout, layer_id),
-    };
-    for (int i = 0; i < 4; i++)
-        if (!parts[i]) {
-            for (int j = 0; j < 4; j++) fsc_module_free(parts[j]);
-            return NULL;
-        }
-    return fsc_sequential_new(name, 4, parts);
+    return fsc_mlp_parts_new(name, C, dropout, layer_id, init_std, proj_std, 0, 4);
 }

@@ -2,84 +2,17 @@
  * action list from the schedule, in order, and makes no decision of its own.
  * Every micro-batch's activations and saved state live in an arena taken
  * from a pool at its first action on this rank and given back (memory kept
- * for the next) when its last backward here is done: the schedule alone
- * decides how many are held at once, and the pool never grows past that. Sends are non-blocking
- * (completed before their arena is reused); a receive is posted and waited
- * for where the schedule places it, which the validator proved cannot
- * deadlock. Each message carries a small header with its shape, so a stage
+ * for the next) after its last action here: the schedule alone decides how
+ * many are held at once, and the pool never grows past that. Sends are
+ * non-blocking, waited for before their arena goes back (unless that wait
+ * could hang, pipe_release.c); a receive is posted and waited for where
+ * the schedule places it, which the validator proved cannot deadlock. Each message carries a small header with its shape, so a stage
  * that produces the wrong shape fails on both ends instead of hanging. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "fsc/tp.h"
 #include "pipe_exec_internal.h"
-
-static int even_balance(fsc_pipe *p, int *out) {
-    const int S = p->stages, L = p->opt.layers;
-    if (L < S) return fsc_error(FSC_ERR_INVALID, "pipeline: %d layers cannot fill %d stages", L, S);
-    for (int s = 0; s < S; s++) out[s] = L / S + (s < L % S);
-    return FSC_OK;
-}
-
-static int check_balance(const fsc_pipe *p, const int *b) {
-    int sum = 0;
-    for (int s = 0; s < p->stages; s++) {
-        if (b[s] < 1)
-            return fsc_error(FSC_ERR_INVALID, "pipeline balance: stage %d has %d layers (>= 1)", s,
-                             b[s]);
-        sum += b[s];
-    }
-    if (sum != p->opt.layers)
-        return fsc_error(FSC_ERR_INVALID,
-                         "pipeline balance: the stages hold %d layers, the model has %d", sum,
-                         p->opt.layers);
-    return FSC_OK;
-}
-
-/* Checkpoints the children of a stage that compute with parameters of their
- * own (the GPT stage's blocks and ln_f; not wte/wpe, which the stage reads
- * itself, nor parameter-free ones). */
-static int checkpoint_parts(fsc_module *stage) {
-    for (int i = 0; i < stage->nchildren; i++) {
-        fsc_module *m = stage->children[i];
-        if (m->params_used_by_parent || (m->nparams == 0 && m->nchildren == 0)) continue;
-        int rc = fsc_checkpoint_wrap(m);
-        if (rc) return rc;
-    }
-    return FSC_OK;
-}
-
-/* Stages, their modules and parameters on this rank. */
-static int make_chunks(fsc_pipe *p) {
-    const int S = p->stages;
-    int *b = malloc(sizeof(int) * (size_t)S);
-    p->first = calloc((size_t)S + 1, sizeof(int));
-    if (!b || !p->first) return free(b), fsc_error(FSC_ERR_NOMEM, "pipeline: out of memory");
-    int rc = p->opt.balance ? FSC_OK : even_balance(p, b);
-    if (p->opt.balance) memcpy(b, p->opt.balance, sizeof(int) * (size_t)S);
-    if (!rc) rc = check_balance(p, b);
-    for (int s = 0; !rc && s < S; s++) p->first[s + 1] = p->first[s] + b[s];
-    free(b);
-    if (rc) return rc;
-    p->nchunks = p->cfg.chunks;
-    p->chunk = calloc((size_t)p->nchunks, sizeof *p->chunk);
-    p->params = calloc((size_t)p->nchunks, sizeof *p->params);
-    if (!p->chunk || !p->params) return fsc_error(FSC_ERR_NOMEM, "pipeline: out of memory");
-    for (int c = 0; c < p->nchunks; c++) {
-        int s = c * p->cfg.ranks + p->rank;
-        p->chunk[c] = p->opt.make_stage(p->opt.stage_user, p->first[s], p->first[s + 1]);
-        if (!p->chunk[c])
-            return fsc_error_context(FSC_ERR_INVALID, "pipeline stage %d (layers %d..%d): ", s,
-                                     p->first[s], p->first[s + 1] - 1);
-        if (p->opt.checkpoint != FSC_PIPE_CKPT_NEVER && (rc = checkpoint_parts(p->chunk[c])))
-            return fsc_error_context(rc, "pipeline stage %d: ", s);
-        rc = p->opt.tp ? fsc_tp_params_bind(p->chunk[c], p->opt.seed, true, &p->params[c])
-                       : fsc_params_bind(p->chunk[c], p->opt.seed, true, &p->params[c]);
-        if (rc) return fsc_error_context(rc, "pipeline stage %d: ", s);
-    }
-    return FSC_OK;
-}
 
 /* One optimizer over the parameters this rank owns (a shared parameter's
  * copies are updated by its owner and sent to them). */
@@ -128,15 +61,14 @@ fsc_pipe *fsc_pipe_new(fsc_group *g, const fsc_pipe_schedule *schedule,
                        "pipeline: %d stages x %d micro-batches need more message "
                        "tags than MPI guarantees",
                        p->stages, p->cfg.micros);
-    p->act_numel = 1;
-    for (int d = 0; d < opt->act_ndim; d++) p->act_numel *= opt->act_shape[d];
     if (!rc && opt->balance) {
         int *b = malloc(sizeof(int) * (size_t)p->stages);
         if (b) memcpy(b, opt->balance, sizeof(int) * (size_t)p->stages);
         p->opt.balance = b;
         if (!b) rc = fsc_error(FSC_ERR_NOMEM, "pipeline: out of memory");
     }
-    if (!rc) rc = make_chunks(p);
+    if (!rc) rc = pipe_make_stages(p);
+    if (!rc) rc = pipe_plan_release(p);
     if (!rc) rc = pipe_find_shared(p);
     if (!rc) rc = make_optim(p, optim);
     if (rc) {
@@ -160,6 +92,8 @@ void fsc_pipe_free(fsc_pipe *p) {
     free(p->params);
     free(p->chunk);
     free(p->first);
+    free(p->cut);
+    free(p->lazy);
     free(p->trace_t0), free(p->trace_t1);
     free((void *)p->opt.balance);
     free(p);
@@ -204,13 +138,14 @@ typedef struct {
     const fsc_ctx *base;
     const fsc_pipe_io *io;
     slot *slots;                 /* nchunks x micros */
-    int *bdone;                  /* per micro: backwards done on this rank */
+    int *finished;               /* per micro: 1 when done here, its arena back once sent */
     fsc_request **sends;         /* per action index: a send in flight */
     int *send_micro;             /* per action index: its micro-batch */
     const fsc_pipe_action *acts; /* this rank's list */
     int nacts, inflight;
     double loss;
     int *held;      /* per micro: its arena in p->arena, or -1 */
+    int *last;      /* per micro: the index of its last action here, or -1 */
     int *free_list; /* arenas of the pool not in use */
     int nfree;
 } run_state;
@@ -246,18 +181,23 @@ static void shape_text(const float *h, char *buf, size_t n) {
     if (at < (int)n) snprintf(buf + at, n - (size_t)at, ")");
 }
 
-static void plan_header(const fsc_pipe *p, float *h) {
+/* The cut action a's message crosses: a forward's output and the gradient
+ * that comes back for it are at its stage's end, the rest at its start. */
+static const pipe_cut *cut_of(const fsc_pipe *p, fsc_pipe_action a) {
+    return &p->cut[a.stage + (a.op == FSC_PIPE_SEND_F || a.op == FSC_PIPE_RECV_B)];
+}
+
+static void plan_header(const fsc_pipe *p, const pipe_cut *c, float *h) {
     memset(h, 0, sizeof(float) * PIPE_HEADER);
     h[0] = 7.f, h[2] = (float)p->opt.act_ndim;
-    for (int d = 0; d < p->opt.act_ndim && d < 4; d++) h[3 + d] = (float)p->opt.act_shape[d];
+    for (int d = 0; d < p->opt.act_ndim && d < 4; d++) h[3 + d] = (float)c->shape[d];
 }
 
 /* A message's header and payload, in micro-batch i's arena; NULL (error
  * set) when out of memory. */
-static float *message_buffer(run_state *r, int micro) {
+static float *message_buffer(run_state *r, int micro, const pipe_cut *c) {
     fsc_arena *ar = arena_of(r, micro);
-    float *buf =
-        ar ? fsc_arena_alloc(ar, sizeof(float) * (size_t)(PIPE_HEADER + r->p->act_numel)) : NULL;
+    float *buf = ar ? fsc_arena_alloc(ar, sizeof(float) * (size_t)(PIPE_HEADER + c->numel)) : NULL;
     if (!buf) fsc_error(FSC_ERR_NOMEM, "pipeline: out of memory for a message");
     return buf;
 }
@@ -265,23 +205,24 @@ static float *message_buffer(run_state *r, int micro) {
 /* Posts the send of t (header + data) for action a. */
 static int post_send(run_state *r, int k, fsc_pipe_action a, const fsc_tensor *t) {
     fsc_pipe *p = r->p;
-    float *buf = message_buffer(r, a.micro);
+    const pipe_cut *c = cut_of(p, a);
+    float *buf = message_buffer(r, a.micro, c);
     if (!buf) return FSC_ERR_NOMEM;
     float plan[PIPE_HEADER];
-    plan_header(p, plan);
+    plan_header(p, c, plan);
     memset(buf, 0, sizeof(float) * PIPE_HEADER);
     buf[0] = 7.f, buf[2] = (float)t->ndim;
     bool same = t->ndim == p->opt.act_ndim && t->dtype == FSC_DTYPE_F32;
     for (int d = 0; d < t->ndim && d < 4; d++) {
         buf[3 + d] = (float)t->shape[d];
-        same = same && t->shape[d] == p->opt.act_shape[d];
+        same = same && t->shape[d] == c->shape[d];
     }
     buf[1] = same ? 0.f : 1.f;
     if (same)
-        memcpy(buf + PIPE_HEADER, t->data, sizeof(float) * (size_t)p->act_numel);
+        memcpy(buf + PIPE_HEADER, t->data, sizeof(float) * (size_t)c->numel);
     else
-        memset(buf + PIPE_HEADER, 0, sizeof(float) * (size_t)p->act_numel);
-    int rc = fsc_group_isend(p->g, buf, PIPE_HEADER + p->act_numel, FSC_DTYPE_F32,
+        memset(buf + PIPE_HEADER, 0, sizeof(float) * (size_t)c->numel);
+    int rc = fsc_group_isend(p->g, buf, PIPE_HEADER + c->numel, FSC_DTYPE_F32,
                              fsc_pipe_action_peer(p->sched, a), fsc_pipe_action_tag(p->sched, a),
                              &r->sends[k]);
     r->send_micro[k] = a.micro;
@@ -302,14 +243,15 @@ static int post_send(run_state *r, int k, fsc_pipe_action a, const fsc_tensor *t
 /* Receives the message of action a into a tensor of the planned shape. */
 static int receive(run_state *r, fsc_pipe_action a, fsc_tensor *out) {
     fsc_pipe *p = r->p;
-    float *buf = message_buffer(r, a.micro);
+    const pipe_cut *c = cut_of(p, a);
+    float *buf = message_buffer(r, a.micro, c);
     if (!buf) return FSC_ERR_NOMEM;
     char what[FSC_PIPE_ACTION_TEXT];
     describe(a, what);
     const int peer = fsc_pipe_action_peer(p->sched, a);
     fsc_request *req;
     double t0 = fsc_now();
-    int rc = fsc_group_irecv(p->g, buf, PIPE_HEADER + p->act_numel, FSC_DTYPE_F32, peer,
+    int rc = fsc_group_irecv(p->g, buf, PIPE_HEADER + c->numel, FSC_DTYPE_F32, peer,
                              fsc_pipe_action_tag(p->sched, a), &req);
     if (!rc) rc = fsc_request_wait(&req);
     p->stats.wait_s += fsc_now() - t0;
@@ -319,7 +261,7 @@ static int receive(run_state *r, fsc_pipe_action a, fsc_tensor *out) {
                                  "for rank %d: ",
                                  p->rank, what, a.stage, a.micro, peer);
     float plan[PIPE_HEADER];
-    plan_header(p, plan);
+    plan_header(p, c, plan);
     if (buf[1] != 0.f || memcmp(buf + 2, plan + 2, sizeof(float) * 5)) {
         char got[64], want[64];
         shape_text(buf, got, sizeof got), shape_text(plan, want, sizeof want);
@@ -329,7 +271,7 @@ static int receive(run_state *r, fsc_pipe_action a, fsc_tensor *out) {
                          p->rank, what, a.stage, a.micro, peer, got, want);
     }
     *out = (fsc_tensor){.data = buf + PIPE_HEADER, .dtype = FSC_DTYPE_F32, .ndim = p->opt.act_ndim};
-    memcpy(out->shape, p->opt.act_shape, sizeof out->shape);
+    memcpy(out->shape, c->shape, sizeof out->shape);
     return FSC_OK;
 }
 
@@ -351,8 +293,6 @@ static int forward(run_state *r, fsc_pipe_action a) {
     if (rc) return rc;
     /* held activations: (stage, micro-batch) pairs forwarded, not yet backward */
     if (++r->inflight > p->stats.peak_inflight) p->stats.peak_inflight = r->inflight;
-    /* counts up to 0 as this rank's backwards (and W's) of the micro-batch end */
-    if (!r->bdone[a.micro]) r->bdone[a.micro] = -p->nchunks * (p->cfg.split_backward ? 2 : 1);
     double t0 = fsc_now();
     rc = fsc_module_forward(p->chunk[a.stage / p->cfg.ranks], &ctx, &sl->in, &sl->out, &sl->saved);
     if (!rc && a.stage == p->stages - 1) {
@@ -395,9 +335,10 @@ static int release_micro(run_state *r, int micro) {
     return rc;
 }
 
-/* Forward only: micro-batch i's arena back if its sends are taken, tested
- * and never waited for (a rank waiting for a send before a later receive
- * can deadlock: the forward-only order needs the receive first). */
+/* Micro-batch i's arena back if its sends are taken, tested and never
+ * waited for (a rank waiting for a send before a later receive can
+ * deadlock: the forward-only order needs the receive first, and so may a
+ * hand-written training order, pipe_release.c). */
 static int release_if_sent(run_state *r, int micro) {
     for (int k = 0; k < r->nacts; k++)
         if (r->sends[k] && r->send_micro[k] == micro) {
@@ -421,7 +362,6 @@ static int backward(run_state *r, fsc_pipe_action a) {
                                  a.stage == 0 ? NULL : &sl->dx);
     p->stats.compute_s += fsc_now() - t0;
     if (rc) return rc;
-    r->bdone[a.micro]++;
     r->inflight--;
     return FSC_OK;
 }
@@ -433,7 +373,6 @@ static int weights(run_state *r, fsc_pipe_action a) {
     fsc_deferred_run(sl->deferred);
     r->p->stats.compute_s += fsc_now() - t0;
     sl->deferred = NULL;
-    r->bdone[a.micro]++;
     return FSC_OK;
 }
 
@@ -477,14 +416,17 @@ static int run_list(fsc_pipe *p, const fsc_pipe_schedule *sched, const fsc_ctx *
     fsc_pipe_schedule_config(sched, &cfg);
     run_state r = {.p = p, .base = ctx, .io = io, .acts = acts, .nacts = n};
     r.slots = calloc((size_t)p->nchunks * (size_t)m, sizeof *r.slots);
-    r.bdone = calloc((size_t)m, sizeof *r.bdone);
+    r.finished = calloc((size_t)m, sizeof *r.finished);
     r.sends = calloc((size_t)n + 1, sizeof *r.sends);
     r.send_micro = calloc((size_t)n + 1, sizeof *r.send_micro);
     r.held = malloc(sizeof *r.held * (size_t)m);
+    r.last = malloc(sizeof *r.last * (size_t)m);
+    for (int i = 0; r.last && i < m; i++) r.last[i] = -1;
+    for (int k = 0; r.last && k < n; k++) r.last[acts[k].micro] = k;
     r.free_list = malloc(sizeof *r.free_list * (size_t)(p->narena + m));
     for (int i = 0; r.held && i < m; i++) r.held[i] = -1;
     for (int i = 0; r.free_list && i < p->narena; i++) r.free_list[r.nfree++] = i;
-    if (!r.slots || !r.bdone || !r.sends || !r.send_micro || !r.held || !r.free_list)
+    if (!r.slots || !r.finished || !r.sends || !r.send_micro || !r.held || !r.last || !r.free_list)
         rc = fsc_error(FSC_ERR_NOMEM, "pipeline: out of memory");
     p->stats = (fsc_pipe_run_stats){0};
     if (!rc) rc = pipe_dp_gather(p); /* sharded parameters: the stages whole for the step */
@@ -497,7 +439,7 @@ static int run_list(fsc_pipe *p, const fsc_pipe_schedule *sched, const fsc_ctx *
     const double start = fsc_now();
     for (int k = 0; !rc && k < n; k++) {
         const fsc_pipe_action a = acts[k];
-        if (cfg.forward_only) r.bdone[a.micro] = 0; /* in use again (a later chunk) */
+        if (cfg.forward_only) r.finished[a.micro] = 0; /* in use again (a later chunk) */
         p->trace_t0[k] = fsc_now() - start;
         rc = run_action(&r, k, a);
         p->trace_t1[k] = fsc_now() - start;
@@ -508,21 +450,20 @@ static int run_list(fsc_pipe *p, const fsc_pipe_schedule *sched, const fsc_ctx *
                 if (r.held[i] >= 0) held += fsc_arena_used(p->arena[r.held[i]]);
             if (held > p->stats.peak_held_bytes) p->stats.peak_held_bytes = held;
         }
-        /* a micro-batch's arena is given back after its last backward here,
-         * and after the send of that backward's input gradient (next action) */
-        bool last = (a.op == FSC_PIPE_B || a.op == FSC_PIPE_W || a.op == FSC_PIPE_SEND_B) &&
-                    r.bdone[a.micro] == 0;
         bool sends_next =
             k + 1 < n && (acts[k + 1].op == FSC_PIPE_SEND_B || acts[k + 1].op == FSC_PIPE_SEND_F) &&
             acts[k + 1].micro == a.micro && acts[k + 1].stage == a.stage;
         if (cfg.forward_only) { /* done here after its forward (and send): back once sent */
             if (!sends_next && (a.op == FSC_PIPE_F || a.op == FSC_PIPE_SEND_F))
-                r.bdone[a.micro] = 1;
-            for (int i = 0; !rc && i < m; i++)
-                if (r.bdone[i] == 1 && r.held[i] >= 0) rc = release_if_sent(&r, i);
-            continue;
+                r.finished[a.micro] = 1;
+        } else if (!rc && k == r.last[a.micro]) { /* its last action here: its arena back */
+            if (p->lazy[a.micro])
+                r.finished[a.micro] = 1; /* once its sends are taken (pipe_release.c) */
+            else
+                rc = release_micro(&r, a.micro);
         }
-        if (!rc && last && !sends_next) rc = release_micro(&r, a.micro);
+        for (int i = 0; !rc && i < m; i++)
+            if (r.finished[i] == 1 && r.held[i] >= 0) rc = release_if_sent(&r, i);
     }
     /* every send completes, even after an error, so no buffer is left to MPI */
     double t0 = fsc_now();
@@ -542,7 +483,7 @@ static int run_list(fsc_pipe *p, const fsc_pipe_schedule *sched, const fsc_ctx *
     if (!rc) rc = cfg.forward_only ? pipe_dp_release(p) : pipe_dp_reduce(p);
     for (int i = 0; r.held && i < m; i++) /* after an error: every arena back */
         if (r.held[i] >= 0) fsc_arena_reset(p->arena[r.held[i]]);
-    free(r.slots), free(r.bdone), free(r.sends), free(r.send_micro), free(r.held),
+    free(r.slots), free(r.finished), free(r.sends), free(r.send_micro), free(r.held), free(r.last),
         free(r.free_list);
     return rc;
 }

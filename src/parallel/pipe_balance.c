@@ -1,7 +1,8 @@
 /* Automatic balance: each layer of the model (for the GPT under fsc-train,
- * each part: the embedding, each half block, the head) is built alone, timed through
- * forward and backward on one micro-batch of the planned activation shape,
- * and weighed (parameters, gradients and optimizer state; activations kept
+ * each part: the embedding, each block's three, the head) is built alone,
+ * timed through forward and backward on one micro-batch of the activation
+ * planned at its cut (the last layer with the loss the pipeline runs
+ * there, so the head's stage is not undercounted), and weighed (parameters, gradients and optimizer state; activations kept
  * for backward). Every rank profiles and the times are averaged over the
  * group, so all ranks choose the same cut. The cut is the contiguous split
  * into stages that minimises the slowest stage, among those whose memory
@@ -15,7 +16,7 @@
 
 enum { REPS = 3 };
 
-/* Fills a tensor of the planned shape (or ids for the first layer). */
+/* Fills a tensor of the shape planned at layer's cut (or ids for the first layer). */
 static fsc_tensor input_for(const fsc_pipe_options *opt, int layer, fsc_arena *a, int vocab) {
     if (layer == 0) {
         fsc_tensor x = fsc_tensor_arena(a, FSC_DTYPE_I32, 2,
@@ -25,10 +26,32 @@ static fsc_tensor input_for(const fsc_pipe_options *opt, int layer, fsc_arena *a
             ids[i] = (int32_t)((i * 7919) % vocab);
         return x;
     }
-    fsc_tensor x = fsc_tensor_arena(a, FSC_DTYPE_F32, opt->act_ndim, opt->act_shape);
+    int64_t shape[FSC_MAX_DIMS];
+    memcpy(shape, opt->act_shape, sizeof shape);
+    if (opt->act_shape_at) opt->act_shape_at(opt->stage_user, layer, shape);
+    fsc_tensor x = fsc_tensor_arena(a, FSC_DTYPE_F32, opt->act_ndim, shape);
     float *v = x.data;
     for (int64_t i = 0; v && i < fsc_tensor_numel(&x); i++) v[i] = (float)((i % 17) - 8) / 16.f;
     return x;
+}
+
+/* dloss/dy written over y: the last layer's logits over vocab get the
+ * cross-entropy the pipeline's loss computes there (timed with it), other
+ * outputs small values. */
+static int output_gradient(const fsc_pipe_options *opt, int l, int vocab, fsc_arena *a,
+                           fsc_tensor *y) {
+    const int64_t n = fsc_tensor_numel(y), last = y->ndim ? y->shape[y->ndim - 1] : 0;
+    float *d = y->data;
+    if (l < opt->layers - 1 || y->dtype != FSC_DTYPE_F32 || y->ndim < 2 || last != vocab) {
+        for (int64_t i = 0; i < n; i++) d[i] = 1e-3f;
+        return FSC_OK;
+    }
+    fsc_tensor t = fsc_tensor_arena(a, FSC_DTYPE_I32, y->ndim - 1, y->shape);
+    int32_t *ids = t.data;
+    if (!ids) return fsc_error(FSC_ERR_NOMEM, "balance: out of memory");
+    for (int64_t i = 0; i < n / vocab; i++) ids[i] = (int32_t)((i * 104729) % vocab);
+    float loss;
+    return fsc_cross_entropy(&loss, y, &t, -1, (double)(n / vocab), a);
 }
 
 /* Times layer l's forward + backward (best of REPS); *act_bytes gets what
@@ -52,11 +75,8 @@ static int profile_layer(const fsc_pipe_options *opt, int l, int vocab, double *
         rc = x.data ? fsc_module_forward(m, &ctx, &x, &y, &saved) : FSC_ERR_NOMEM;
         const size_t kept = fsc_arena_used(a);
         *act_bytes = (double)(kept - before);
-        if (!rc) { /* dy of y's shape: small values */
-            float *d = y.data;
-            for (int64_t i = 0; i < fsc_tensor_numel(&y); i++) d[i] = 1e-3f;
-            rc = fsc_module_backward(m, &ctx, saved, &y, l == 0 ? NULL : &dx);
-        }
+        if (!rc) rc = output_gradient(opt, l, vocab, a, &y);
+        if (!rc) rc = fsc_module_backward(m, &ctx, saved, &y, l == 0 ? NULL : &dx);
         double dt = fsc_now() - t0;
         if (dt < *seconds) *seconds = dt;
         *work_bytes = (double)(fsc_arena_high_water(a) - kept);

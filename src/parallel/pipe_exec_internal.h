@@ -36,6 +36,11 @@ typedef struct {
     int64_t *save_off, *load_off;
 } pipe_pieces;
 
+/* The activation crossing one cut between stages, per micro-batch. */
+typedef struct {
+    int64_t shape[FSC_MAX_DIMS], numel;
+} pipe_cut;
+
 struct fsc_pipe {
     fsc_group *g; /* borrowed */
     const fsc_pipe_schedule *sched;
@@ -74,7 +79,8 @@ struct fsc_pipe {
     fsc_optim_range *counted;
     int ncounted;
     pipe_pieces pieces;
-    int64_t act_numel;
+    pipe_cut *cut; /* stages + 1: cut[s] enters stage s (0 and stages unused) */
+    bool *lazy;    /* per micro-batch: its arena back once its sends are seen taken */
     fsc_arena **arena; /* per micro-batch of the step */
     int narena;
     fsc_pipe_run_stats stats;
@@ -82,6 +88,15 @@ struct fsc_pipe {
     double *trace_t0, *trace_t1;
     int ntrace;
 };
+
+/* pipe_stages.c: p->first (the balance, or an even one), p->cut, and this
+ * rank's chunks: modules (checkpointed as the options say) and parameters. */
+int pipe_make_stages(fsc_pipe *p);
+
+/* pipe_release.c: p->lazy, for the training schedule: the micro-batches
+ * whose sends this rank must not wait for at their last action here (the
+ * wait could hang on a hand-written order; generated ones wait for all). */
+int pipe_plan_release(fsc_pipe *p);
 
 /* pipe_params.c: finds parameters held by several ranks, makes their groups,
  * and the whole model's listing with every entry's owner. */

@@ -77,6 +77,7 @@ static int setup(fsc_strategy *s, const fsc_optim_config *optim) {
                            .stage_user = T > 1 ? (void *)s : s->opt.pipe.stage_user,
                            .balance = s->opt.pipe.balance,
                            .act_ndim = P > 1 ? s->opt.pipe.act_ndim : 1,
+                           .act_shape_at = P > 1 && T == 1 ? s->opt.pipe.act_shape_at : NULL,
                            .seed = s->opt.seed,
                            .checkpoint = s->opt.pipe.checkpoint,
                            .dp = N > PT ? s->dp_group : NULL,
