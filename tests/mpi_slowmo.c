@@ -13,7 +13,10 @@
  *  - communication per step (fsc_group_get_stats bytes) at localsgd
  *    frequency 4 is at most 0.3x DDP's, slow momentum every 48 steps
  *    included (its reduce + broadcast moves twice an average's bytes:
- *    (11 + 2) / 48 = 0.27x). */
+ *    (11 + 2) / 48 = 0.27x).
+ * With --dump it is the C side of tests/reference/slowmo_ref.py instead: the
+ * row runs through the trainer and every rank writes its gradients and
+ * parameters after each step for the PyTorch replay of FairScale's update. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -216,10 +219,107 @@ static void test_refusals(void **state) {
     fsc_module_free(m);
 }
 
+/* Captures the step's local-mean gradient, before the optimizer sees it. */
+static int copy_grad(fsc_trainer *t, void *user) {
+    const fsc_params *ps = fsc_strategy_params(fsc_trainer_strategy(t));
+    memcpy(*(float **)user, ps->grad, sizeof(float) * (size_t)ps->numel);
+    return 0;
+}
+
+static bool put(FILE *f, const void *p, size_t size, int64_t n) {
+    return fwrite(p, size, (size_t)n, f) == (size_t)n;
+}
+
+/* --dump DIR OPTIM LOCALSGD SLOWMO MOMENTUM SLOWMO_LR STEPS: the row through
+ * the trainer (OPTIM sgd: EQ_SGD_MOMENTUM, adamw: EQ_ADAMW; a warm-up cosine
+ * schedule, so the outer update sees a changing lr). DIR/rank<r>.bin, little
+ * endian: int32 P, steps, world, rank; float64 optimizer config (kind, lr,
+ * momentum, dampening, nesterov, weight_decay, beta1, beta2, eps); P uint8
+ * decay flags; P float32 initial parameters; then per step float64 lr, P
+ * float32 gradient (the local mean the optimizer steps on), P float32
+ * parameters after the step and any averaging. */
+static int dump(int argc, char **argv) {
+    if (argc != 9 || (strcmp(argv[3], "sgd") && strcmp(argv[3], "adamw"))) {
+        fprintf(stderr, "usage: %s --dump DIR sgd|adamw LOCALSGD SLOWMO MOMENTUM SLOWMO_LR STEPS\n",
+                argv[0]);
+        return mpi_test_finish(1);
+    }
+    const int steps = atoi(argv[8]);
+    fsc_optim_config optim;
+    if (fsc_optim_config_resolve(strcmp(argv[3], "sgd") ? &EQ_ADAMW : &EQ_SGD_MOMENTUM, &optim))
+        return fprintf(stderr, "dump: %s\n", fsc_last_error()), mpi_test_finish(1);
+    fsc_module *m = fsc_gpt_new(&EQ_MODEL);
+    float *grad = NULL; /* sized once the row has bound the parameters */
+    fsc_trainer_config cfg = {
+        .strategy = {.name = "slowmo",
+                     .seed = 5,
+                     .localsgd_frequency = atoi(argv[4]),
+                     .slowmo_frequency = atoi(argv[5]),
+                     .slowmo_momentum = atof(argv[6]),
+                     .slowmo_lr = atof(argv[7])},
+        .optim = optim,
+        .schedule = {.kind = FSC_LR_WARMUP_COSINE,
+                     .max_lr = (float)optim.lr,
+                     .warmup_steps = 2,
+                     .total_steps = steps,
+                     .min_lr_ratio = 0.1f},
+        .batch = EQ_GLOBAL_BATCH / world,
+        .targets_per_sample = EQ_MODEL.seq,
+        .loss = gpt_loss,
+        .after_backward = copy_grad,
+        .user = &grad,
+    };
+    fsc_trainer *t = m && steps > 0 ? fsc_trainer_new(m, &cfg) : NULL;
+    if (!t) {
+        fprintf(stderr, "dump: %s\n", fsc_last_error());
+        fsc_module_free(m);
+        return mpi_test_finish(1);
+    }
+    fsc_strategy *s = fsc_trainer_strategy(t);
+    const fsc_params *ps = fsc_strategy_params(s);
+    const int32_t P = (int32_t)ps->numel;
+    grad = malloc(sizeof(float) * (size_t)P);
+    uint8_t *decay = calloc((size_t)P, 1);
+    int nr = 0;
+    const fsc_optim_range *r = fsc_strategy_grad_ranges(s, &nr);
+    for (int i = 0; i < nr && decay; i++)
+        if (r[i].decay) memset(decay + (r[i].param - ps->data), 1, (size_t)r[i].n);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/rank%d.bin", argv[2], rank);
+    FILE *f = fopen(path, "wb");
+    const int32_t hdr[4] = {P, steps, world, rank};
+    const double oc[9] = {optim.kind == FSC_OPTIM_SGD ? 0 : 1,
+                          optim.lr,
+                          optim.momentum,
+                          optim.dampening,
+                          optim.nesterov,
+                          optim.weight_decay,
+                          optim.beta1,
+                          optim.beta2,
+                          optim.eps};
+    bool ok = f && grad && decay && put(f, hdr, 4, 4) && put(f, oc, 8, 9) && put(f, decay, 1, P) &&
+              put(f, ps->data, 4, P);
+    int rc = 0;
+    for (int k = 0; k < steps && ok && !rc; k++) {
+        fsc_step_result res;
+        rc = fsc_trainer_step(t, &res);
+        ok = put(f, &res.lr, 8, 1) && put(f, grad, 4, P) && put(f, ps->data, 4, P);
+    }
+    if (f && fclose(f)) ok = false;
+    if (rc) fprintf(stderr, "dump: %s\n", fsc_last_error());
+    if (!ok) fprintf(stderr, "dump: cannot write %s\n", path);
+    free(grad), free(decay);
+    fsc_trainer_free(t);
+    fsc_module_free(m);
+    fsc_tokens_free(&tk);
+    return mpi_test_finish(rc || !ok);
+}
+
 int main(int argc, char **argv) {
     if (fsc_dist_init(&argc, &argv, NULL)) return 1;
     rank = fsc_dist_rank(), world = fsc_dist_size();
     eq_tokens(&tk);
+    if (argc > 1 && !strcmp(argv[1], "--dump")) return dump(argc, argv);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_frequency_one_is_ddp),
         cmocka_unit_test(test_local_sgd_by_hand),

@@ -91,12 +91,13 @@ static int moe_forward(fsc_module *mod, const fsc_ctx *ctx, const fsc_tensor *x,
     if (rc) return rc;
     const moe_route *r = &s->route;
     const int64_t slots = (int64_t)B * cap, all = (int64_t)E * slots * C;
-    float *disp = fsc_arena_alloc(ctx->arena, sizeof(float) * (size_t)all);
+    /* xin (the experts' saved input) and out live until backward; the
+     * send-side buffers are given back as soon as their exchange is done */
     float *xin = fsc_arena_alloc(ctx->arena, sizeof(float) * (size_t)all);
-    float *yout = fsc_arena_alloc(ctx->arena, sizeof(float) * (size_t)all);
     s->out = fsc_arena_alloc(ctx->arena, sizeof(float) * (size_t)all);
-    if (!disp || !xin || !yout || !s->out) return FSC_ERR_NOMEM;
-    memset(disp, 0, sizeof(float) * (size_t)all);
+    fsc_arena_mark_t mark = fsc_arena_mark(ctx->arena);
+    float *disp = fsc_arena_calloc(ctx->arena, sizeof(float) * (size_t)all);
+    if (!xin || !s->out || !disp) return FSC_ERR_NOMEM;
     const float *xd = x->data;
     for (int64_t t = 0; t < N; t++) {
         if (r->loc1[t] >= 0)
@@ -105,13 +106,21 @@ static int moe_forward(fsc_module *mod, const fsc_ctx *ctx, const fsc_tensor *x,
             memcpy(disp + slot(r, t, r->e2[t], r->loc2[t]) * C, xd + t * C, sizeof(float) * C);
     }
     if ((rc = exchange(m, disp, xin, slots, ctx->arena, false))) return rc;
+    fsc_arena_release(ctx->arena, mark);
     const int64_t rows = (int64_t)m->P * slots; /* per local expert */
+    fsc_tensor *outs = fsc_arena_alloc(ctx->arena, sizeof(fsc_tensor) * (size_t)m->El);
+    if (!outs) return FSC_ERR_NOMEM;
     for (int e = 0; e < m->El; e++) {
-        fsc_tensor in = fsc_tensor_2d(xin + e * rows * C, FSC_DTYPE_F32, rows, C), out;
-        if ((rc = fsc_module_forward(m->experts[e], ctx, &in, &out, &s->experts[e]))) return rc;
-        memcpy(yout + e * rows * C, out.data, sizeof(float) * (size_t)(rows * C));
+        fsc_tensor in = fsc_tensor_2d(xin + e * rows * C, FSC_DTYPE_F32, rows, C);
+        if ((rc = fsc_module_forward(m->experts[e], ctx, &in, &outs[e], &s->experts[e]))) return rc;
     }
+    mark = fsc_arena_mark(ctx->arena);
+    float *yout = fsc_arena_alloc(ctx->arena, sizeof(float) * (size_t)all);
+    if (!yout) return FSC_ERR_NOMEM;
+    for (int e = 0; e < m->El; e++)
+        memcpy(yout + e * rows * C, outs[e].data, sizeof(float) * (size_t)(rows * C));
     if ((rc = exchange(m, yout, s->out, slots, ctx->arena, true))) return rc;
+    fsc_arena_release(ctx->arena, mark);
     fsc_tensor comb;
     if ((rc = fsc_alloc_like(ctx->arena, x, C, &comb))) return rc;
     float *yc = comb.data;
@@ -137,6 +146,13 @@ static int moe_forward(fsc_module *mod, const fsc_ctx *ctx, const fsc_tensor *x,
     return FSC_OK;
 }
 
+/* Gives back the backward's buffers from mark m on, unless weight gradients
+ * are deferred (a zero-bubble W pass): their records, and the dY and
+ * activations they point at, stay in the arena until W runs. */
+static void give_back(const fsc_ctx *ctx, fsc_arena_mark_t m) {
+    if (!ctx->defer) fsc_arena_release(ctx->arena, m);
+}
+
 static int moe_backward(fsc_module *mod, const fsc_ctx *ctx, void *saved, const fsc_tensor *dy,
                         fsc_tensor *dx) {
     moe *m = (moe *)mod;
@@ -148,16 +164,24 @@ static int moe_backward(fsc_module *mod, const fsc_ctx *ctx, void *saved, const 
     const int C = m->C, E = m->E;
     const int64_t N = (int64_t)r->B * r->T, slots = (int64_t)r->B * r->cap;
     const int64_t all = (int64_t)E * slots * C, rows = (int64_t)m->P * slots;
-    fsc_tensor dcomb;
-    if ((rc = fsc_module_backward(m->drop, ctx, s->drop, dy, &dcomb))) return rc;
-    float *dout = fsc_arena_alloc(ctx->arena, sizeof(float) * (size_t)all);
-    float *dyin = fsc_arena_alloc(ctx->arena, sizeof(float) * (size_t)all);
-    float *dxout = fsc_arena_alloc(ctx->arena, sizeof(float) * (size_t)all);
+    /* Buffers live only as long as backward reads them (arena marks): ddisp,
+     * dc and dlogits until the gate's backward; dyin and dxout through the
+     * experts'; the combine's gradient and the send-side buffers until
+     * their exchange is done; each expert's temporaries until its input
+     * gradient is copied out. */
     float *ddisp = fsc_arena_alloc(ctx->arena, sizeof(float) * (size_t)all);
     float *dc = fsc_arena_alloc(ctx->arena, sizeof(float) * (size_t)(2 * N));
     float *dlogits = fsc_arena_alloc(ctx->arena, sizeof(float) * (size_t)(N * E));
-    if (!dout || !dyin || !dxout || !ddisp || !dc || !dlogits) return FSC_ERR_NOMEM;
-    memset(dout, 0, sizeof(float) * (size_t)all);
+    if (!ddisp || !dc || !dlogits) return FSC_ERR_NOMEM;
+    const fsc_arena_mark_t mark = fsc_arena_mark(ctx->arena);
+    float *dyin = fsc_arena_alloc(ctx->arena, sizeof(float) * (size_t)all);
+    float *dxout = fsc_arena_alloc(ctx->arena, sizeof(float) * (size_t)all);
+    if (!dyin || !dxout) return FSC_ERR_NOMEM;
+    const fsc_arena_mark_t inner = fsc_arena_mark(ctx->arena);
+    fsc_tensor dcomb;
+    if ((rc = fsc_module_backward(m->drop, ctx, s->drop, dy, &dcomb))) return rc;
+    float *dout = fsc_arena_calloc(ctx->arena, sizeof(float) * (size_t)all);
+    if (!dout) return FSC_ERR_NOMEM;
     const float *dz = dcomb.data;
     for (int64_t t = 0; t < N; t++) { /* y_t = c1 o1 + c2 o2 */
         const float *dzt = dz + t * C;
@@ -176,12 +200,15 @@ static int moe_backward(fsc_module *mod, const fsc_ctx *ctx, void *saved, const 
         }
     }
     if ((rc = exchange(m, dout, dyin, slots, ctx->arena, false))) return rc;
+    give_back(ctx, inner);
     for (int e = 0; e < m->El; e++) {
         fsc_tensor d = fsc_tensor_2d(dyin + e * rows * C, FSC_DTYPE_F32, rows, C), di;
         if ((rc = fsc_module_backward(m->experts[e], ctx, s->experts[e], &d, &di))) return rc;
         memcpy(dxout + e * rows * C, di.data, sizeof(float) * (size_t)(rows * C));
+        give_back(ctx, inner);
     }
     if ((rc = exchange(m, dxout, ddisp, slots, ctx->arena, true))) return rc;
+    give_back(ctx, mark);
     /* the gate: routing gradients, then its Linear (fp32) */
     const double norm = m->loss_norm > 0 ? m->loss_norm : (double)N;
     const float aux_scale = ctx->training ? (float)(m->opt.aux_coef * r->T / norm) : 0.f;
