@@ -1,7 +1,8 @@
 /* Benchmark (not a test): fsc's collectives against MPI's own, F32, to pick
  * each algorithm from measurements on this machine. Run it by hand:
  *   mpiexec -n 2 build/tests/bench_dist           every collective, 4 B..100 MB
- *   mpiexec -n 2 build/tests/bench_dist --small   allreduce 4 KiB..4 MiB only
+ *   mpiexec -n 2 build/tests/bench_dist --small [rounds]   allreduce 4 KiB..4 MiB
+ *     (BENCH_FROM / BENCH_TOP: first and last size in bytes, steps of 4x)
  * The full run prints per size: milliseconds and algorithm bandwidth (buffer
  * bytes / time). "fsc ring" / "fsc mpi" is fsc_group_allreduce forced onto the
  * ring or onto MPI_Iallreduce (fsc_dist_rt.ring_min_bytes), both including
@@ -13,7 +14,8 @@
  * --small answers "is fsc's allreduce as fast as MPI_Allreduce?" on a shared
  * machine, where one timing is noise: the contenders are timed in turns,
  * round after round, and each row gives the median of the rounds and the
- * ratio of medians against MPI_Allreduce.
+ * ratio of medians against MPI_Allreduce, then the fastest round of each
+ * (under load, the closest to a quiet machine's figure).
  */
 #include <mpi.h>
 #include <stdio.h>
@@ -79,15 +81,22 @@ static void full(int me, int P) {
     }
 }
 
-/* --small: the contenders of one size, timed in turns. */
-enum { C_DEFAULT, C_RING, C_EAGER, C_MPI, C_RAW, NC };
-static const char *const cname[NC] = {"fsc", "fsc-ring", "fsc-eager", "fsc-mpi", "MPI_Allreduce"};
+/* --small: the contenders of one size, timed in turns: fsc's default choice;
+ * the ring with its first step sent beside the check (ring-e) and after it
+ * (ring-l); recursive doubling (rd; at 2 ranks one exchange); MPI_Iallreduce
+ * under the check; and MPI_Allreduce itself. */
+enum { C_DEFAULT, C_RING, C_RING_LATE, C_RD, C_MPI, C_RAW, NC };
+static const char *const cname[NC] = {"fsc", "ring-e", "ring-l", "rd", "fsc-mpi", "MPI"};
 
 static double once(int which, float *a, int64_t n, int k) {
     fsc_group *w = fsc_group_world();
-    int64_t saved_ring = fsc_dist_rt.ring_min_bytes, saved_eager = fsc_dist_rt.eager_max_bytes;
-    if (which == C_RING) fsc_dist_rt.ring_min_bytes = 0, fsc_dist_rt.eager_max_bytes = 0;
-    if (which == C_EAGER) fsc_dist_rt.eager_max_bytes = INT64_MAX;
+    fsc_dist_runtime saved = fsc_dist_rt;
+    if (which == C_RING || which == C_RING_LATE)
+        fsc_dist_rt.ring_min_bytes = 0, fsc_dist_rt.eager_max_bytes = 0;
+    fsc_dist_rt.early_max_bytes = which == C_RING        ? INT64_MAX
+                                  : which == C_RING_LATE ? 0
+                                                         : saved.early_max_bytes;
+    if (which == C_RD) fsc_dist_rt.eager_max_bytes = INT64_MAX;
     if (which == C_MPI) fsc_dist_rt.ring_min_bytes = INT64_MAX, fsc_dist_rt.eager_max_bytes = 0;
     MPI_Barrier(MPI_COMM_WORLD);
     double t0 = MPI_Wtime();
@@ -98,8 +107,9 @@ static double once(int which, float *a, int64_t n, int k) {
             fprintf(stderr, "bench_dist: %s\n", fsc_last_error()), exit(1);
     }
     double dt = (MPI_Wtime() - t0) / k, worst = 0;
-    fsc_dist_rt.ring_min_bytes = saved_ring;
-    fsc_dist_rt.eager_max_bytes = saved_eager;
+    fsc_dist_rt.ring_min_bytes = saved.ring_min_bytes;
+    fsc_dist_rt.eager_max_bytes = saved.eager_max_bytes;
+    fsc_dist_rt.early_max_bytes = saved.early_max_bytes;
     MPI_Allreduce(&dt, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD); /* the slowest rank's */
     return worst;
 }
@@ -111,12 +121,14 @@ static int cmp_double(const void *x, const void *y) {
 
 static void small(int me, int rounds) {
     if (me == 0)
-        printf("allreduce F32, median us per call over %d alternated rounds; ratio: fsc / "
-               "MPI_Allreduce\n%10s %9s %9s %9s %9s %9s %7s\n",
-               rounds, "bytes", cname[C_DEFAULT], cname[C_RING], cname[C_EAGER], cname[C_MPI],
-               "MPI", "ratio");
+        printf("allreduce F32, median us per call over %d alternated rounds (then the fastest "
+               "round's); ratio: fsc / MPI_Allreduce\n%10s",
+               rounds, "bytes");
+    for (int c = 0; me == 0 && c < NC; c++) printf(" %9.9s", cname[c]);
+    if (me == 0) printf(" %7s\n", "ratio");
     size_t top = getenv("BENCH_TOP") ? (size_t)atol(getenv("BENCH_TOP")) : (4u << 20);
-    for (size_t bytes = 4096; bytes <= top; bytes *= 4) {
+    size_t from = getenv("BENCH_FROM") ? (size_t)atol(getenv("BENCH_FROM")) : 4096;
+    for (size_t bytes = from; bytes <= top; bytes *= 4) {
         int64_t n = (int64_t)(bytes / 4);
         float *a = calloc((size_t)n, 4);
         int k = bytes >= (1u << 20) ? 10 : 200;
@@ -132,12 +144,13 @@ static void small(int me, int rounds) {
             med[c] = t[(size_t)c * rounds + rounds / 2] * 1e6;
             lo[c] = t[(size_t)c * rounds] * 1e6;
         }
-        if (me == 0)
-            printf(
-                "%10zu %9.1f %9.1f %9.1f %9.1f %9.1f %7.2f   min: %.1f %.1f %.1f %.1f %.1f %.2f\n",
-                bytes, med[C_DEFAULT], med[C_RING], med[C_EAGER], med[C_MPI], med[C_RAW],
-                med[C_DEFAULT] / med[C_RAW], lo[C_DEFAULT], lo[C_RING], lo[C_EAGER], lo[C_MPI],
-                lo[C_RAW], lo[C_DEFAULT] / lo[C_RAW]);
+        if (me == 0) {
+            printf("%10zu", bytes);
+            for (int c = 0; c < NC; c++) printf(" %9.1f", med[c]);
+            printf(" %7.2f   min:", med[C_DEFAULT] / med[C_RAW]);
+            for (int c = 0; c < NC; c++) printf(" %.1f", lo[c]);
+            printf(" %.2f\n", lo[C_DEFAULT] / lo[C_RAW]);
+        }
         fflush(stdout);
         free(t);
         free(a);

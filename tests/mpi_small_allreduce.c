@@ -1,17 +1,22 @@
-/* Small allreduces that move beside the desync check (src/dist/eager.c), and
- * the runtime's refusal of out-of-range settings.
+/* Allreduces whose first messages move beside the desync check
+ * (src/dist/eager.c: recursive doubling, and the ring's first step), and the
+ * runtime's refusal of out-of-range settings.
  *
- * What would be wrong if the early path were: results differing from the
- * ring's (bits, every dtype and op, counts around the message pieces); the
- * caller's buffer written before the check passed (a desynced rank's data
- * then leaks into it); early messages left undelivered after a desync (the
- * runtime would have to abandon them, and the world would be harmed). Runs
- * at 1, 2 and 4 ranks; the early path needs a power-of-two group of 2+.
+ * What would be wrong if the early paths were: results differing from the
+ * algorithm's own order (bits, every dtype and op, counts around the message
+ * pieces and around every crossover between algorithms), or differing
+ * between ranks; the caller's buffer written before the check passed (a
+ * desynced rank's data then leaks into it); early messages left undelivered
+ * after a desync, also between ranks on different algorithms (the runtime
+ * would have to abandon them, and the world would be harmed). Runs at 1, 2,
+ * 3 and 4 ranks; recursive doubling needs a power-of-two group of 2+.
  */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <cmocka.h>
+#include <math.h>
+#include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,13 +36,22 @@ static void expect_substr(const char *what) {
 }
 
 /* Rank r's element i: inexact F32 values, so summation order shows in the bits. */
+static double value(fsc_dtype dt, int64_t i, int r) {
+    double v = ((double)((r * 131 + i * 17) % 1000) - 500.0) / 7.0;
+    if (dt == FSC_DTYPE_BF16) return fsc_bf16_to_f32(fsc_f32_to_bf16((float)v));
+    if (dt == FSC_DTYPE_I32) return (int32_t)(v * 7);
+    if (dt == FSC_DTYPE_I64) /* times 2^20: a shift of a negative is undefined */
+        return (double)((int64_t)(v * 7) * ((int64_t)1 << 20));
+    return (float)v;
+}
+
 static void fill(void *buf, fsc_dtype dt, int64_t n, int r) {
     for (int64_t i = 0; i < n; i++) {
-        double v = ((double)((r * 131 + i * 17) % 1000) - 500.0) / 7.0;
+        double v = value(dt, i, r);
         if (dt == FSC_DTYPE_F32) ((float *)buf)[i] = (float)v;
-        if (dt == FSC_DTYPE_I32) ((int32_t *)buf)[i] = (int32_t)(v * 7);
-        if (dt == FSC_DTYPE_I64) /* times 2^20: a shift of a negative is undefined */
-            ((int64_t *)buf)[i] = (int64_t)(v * 7) * ((int64_t)1 << 20);
+        if (dt == FSC_DTYPE_BF16) ((uint16_t *)buf)[i] = fsc_f32_to_bf16((float)v);
+        if (dt == FSC_DTYPE_I32) ((int32_t *)buf)[i] = (int32_t)v;
+        if (dt == FSC_DTYPE_I64) ((int64_t *)buf)[i] = (int64_t)v;
     }
 }
 
@@ -51,14 +65,8 @@ static double reference(fsc_dtype dt, fsc_reduce_op op, int64_t i, int64_t n, in
     double v[64];
     char one[8];
     float *f = (float *)one;
-    for (int r = 0; r < P; r++) {
-        void *tmp = malloc((size_t)n * 8);
-        fill(tmp, dt, n, r);
-        v[r] = dt == FSC_DTYPE_F32   ? ((float *)tmp)[i]
-               : dt == FSC_DTYPE_I32 ? ((int32_t *)tmp)[i]
-                                     : (double)((int64_t *)tmp)[i];
-        free(tmp);
-    }
+    (void)n;
+    for (int r = 0; r < P; r++) v[r] = value(dt, i, r);
     for (int s = 1; s < P; s *= 2)
         for (int r = 0; r + s < P; r += 2 * s) {
             if (op == FSC_REDUCE_MAX)
@@ -74,9 +82,10 @@ static double reference(fsc_dtype dt, fsc_reduce_op op, int64_t i, int64_t n, in
 }
 
 static double get(const void *buf, fsc_dtype dt, int64_t i) {
-    return dt == FSC_DTYPE_F32   ? ((const float *)buf)[i]
-           : dt == FSC_DTYPE_I32 ? ((const int32_t *)buf)[i]
-                                 : (double)((const int64_t *)buf)[i];
+    return dt == FSC_DTYPE_F32    ? ((const float *)buf)[i]
+           : dt == FSC_DTYPE_BF16 ? fsc_bf16_to_f32(((const uint16_t *)buf)[i])
+           : dt == FSC_DTYPE_I32  ? ((const int32_t *)buf)[i]
+                                  : (double)((const int64_t *)buf)[i];
 }
 
 /* F32, I32 and I64, sum, avg and max: exactly recursive doubling's result,
@@ -85,6 +94,7 @@ static void test_exact_order(void **state) {
     (void)state;
     fsc_group *g = fsc_group_world();
     int P = fsc_dist_size();
+    if (P & (P - 1)) skip(); /* no recursive doubling: test_crossovers covers the ring */
     const fsc_dtype dts[3] = {FSC_DTYPE_F32, FSC_DTYPE_I32, FSC_DTYPE_I64};
     const fsc_reduce_op ops[3] = {FSC_REDUCE_SUM, FSC_REDUCE_AVG, FSC_REDUCE_MAX};
     int64_t eager_max = fsc_dist_rt.eager_max_bytes, ring_min = fsc_dist_rt.ring_min_bytes;
@@ -116,6 +126,100 @@ static void test_exact_order(void **state) {
             }
 }
 
+/* ---- every algorithm, around every crossover ------------------------------------------- */
+
+enum { ALG_MPI, ALG_RD, ALG_RING };
+
+/* The algorithm the MPI backend picks (backend_mpi.c, eager.c). */
+static int algorithm(int P, int64_t n, fsc_dtype dt) {
+    int64_t bytes = n * (int64_t)fsc_dtype_size(dt);
+    bool wide = dt != FSC_DTYPE_BF16 && dt != FSC_DTYPE_F16;
+    if (P > 1 && !(P & (P - 1)) && wide && bytes <= fsc_dist_rt.eager_max_bytes) return ALG_RD;
+    return wide && (bytes < fsc_dist_rt.ring_min_bytes || P == 1) ? ALG_MPI : ALG_RING;
+}
+
+/* a + b as the wire adds: F32 in F32, BF16 widened and rounded once. */
+static double add(fsc_dtype dt, double a, double b) {
+    if (dt == FSC_DTYPE_F32) return (float)a + (float)b;
+    if (dt == FSC_DTYPE_BF16) return fsc_bf16_to_f32(fsc_f32_to_bf16((float)a + (float)b));
+    return a + b;
+}
+
+/* Element i of a SUM in the ring's order: chunk c (even split) starts as
+ * rank c+1's value and each rank round the ring adds its own, rank c last. */
+static double ring_reference(fsc_dtype dt, int64_t i, int64_t n, int P) {
+    int c = 0;
+    for (int64_t end = 0; c < P; c++) {
+        end += n / P + (c < n % P);
+        if (i < end) break;
+    }
+    double acc = value(dt, i, (c + 1) % P);
+    for (int k = 2; k <= P; k++) acc = add(dt, acc, value(dt, i, (c + k) % P));
+    return acc;
+}
+
+/* The same bits on every rank: every rank's FNV-1a hash of buf, compared. */
+static void expect_same_bits(const void *buf, size_t bytes, const char *what) {
+    uint64_t h = 1469598103934665603ull, all[64];
+    for (size_t k = 0; k < bytes; k++) h = (h ^ ((const unsigned char *)buf)[k]) * 1099511628211ull;
+    MPI_Allgather(&h, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, MPI_COMM_WORLD);
+    for (int r = 1; r < fsc_dist_size(); r++)
+        if (all[r] != all[0]) fail_msg("%s: rank %d's bits differ from rank 0's", what, r);
+}
+
+/* F32, BF16 and I32 sums at counts just below, at and above each crossover
+ * (MPI below ring_min_bytes, recursive doubling up to eager_max_bytes, the
+ * early ring up to early_max_bytes, the ring after the check above), each
+ * against the sum in its algorithm's order, bit for bit, the same on every
+ * rank, and the same bits with every early path off. */
+static void test_crossovers(void **state) {
+    (void)state;
+    fsc_group *g = fsc_group_world();
+    int P = fsc_dist_size(), me = fsc_dist_rank();
+    int64_t saved_early = fsc_dist_rt.early_max_bytes;
+    fsc_dist_rt.early_max_bytes = 256 << 10; /* the default, or the test would take long */
+    const int64_t crossings[] = {fsc_dist_rt.ring_min_bytes, fsc_dist_rt.eager_max_bytes,
+                                 fsc_dist_rt.early_max_bytes};
+    const fsc_dtype dts[3] = {FSC_DTYPE_F32, FSC_DTYPE_BF16, FSC_DTYPE_I32};
+    for (int d = 0; d < 3; d++)
+        for (int x = 0; x < 3; x++)
+            for (int64_t delta = -1; delta <= 1; delta++) {
+                fsc_dtype dt = dts[d];
+                int64_t n = crossings[x] / (int64_t)fsc_dtype_size(dt) + delta;
+                size_t bytes = (size_t)n * fsc_dtype_size(dt);
+                char *early = malloc(bytes), *late = malloc(bytes);
+                fill(early, dt, n, me);
+                fill(late, dt, n, me);
+                int alg = algorithm(P, n, dt);
+                CHECK_RC(fsc_group_allreduce(g, early, n, dt, FSC_REDUCE_SUM));
+                fsc_dist_rt.early_max_bytes = 0; /* the ring waits for the check */
+                CHECK_RC(fsc_group_allreduce(g, late, n, dt, FSC_REDUCE_SUM));
+                fsc_dist_rt.early_max_bytes = 256 << 10;
+                for (int64_t i = 0; i < n; i += 1 + n / 997) {
+                    double want = alg == ALG_RING ? ring_reference(dt, i, n, P)
+                                                  : reference(dt, FSC_REDUCE_SUM, i, n, P);
+                    double got = get(early, dt, i);
+                    /* MPI's own order is its own: F32 within a rounding or two */
+                    bool ok = alg == ALG_MPI && dt == FSC_DTYPE_F32
+                                  ? fabs(got - want) <= 1e-5 * (fabs(want) + 1)
+                                  : got == want;
+                    if (!ok)
+                        fail_msg("%d ranks, %s count %lld (algorithm %d) element %lld: %.9g, "
+                                 "expected %.9g",
+                                 P, fsc_dtype_name(dt), (long long)n, alg, (long long)i, got, want);
+                }
+                char what[96];
+                snprintf(what, sizeof what, "%s count %lld", fsc_dtype_name(dt), (long long)n);
+                if (alg != ALG_MPI) expect_same_bits(early, bytes, what);
+                if (memcmp(early, late, bytes))
+                    fail_msg("%s: the early path's bits differ from the checked-first ring's",
+                             what);
+                free(early);
+                free(late);
+            }
+    fsc_dist_rt.early_max_bytes = saved_early;
+}
+
 /* Many early allreduces in flight at once: each finds its own messages. */
 static void test_many_in_flight(void **state) {
     (void)state;
@@ -143,28 +247,30 @@ static void test_many_in_flight(void **state) {
  * named on every rank; the caller's buffer is untouched (nothing was
  * reduced into it before the check); every early message was delivered
  * (nothing abandoned) and the world still works. */
-static void desync_case(int64_t n_last, bool last_broadcasts) {
+static void desync_case(int64_t n_others, int64_t n_last, bool last_broadcasts) {
     if (fsc_dist_size() == 1) skip();
     fsc_group *g = NULL;
     CHECK_RC(fsc_group_split(fsc_group_world(), 0, fsc_dist_rank(), "early", &g));
     int P = fsc_dist_size(), me = fsc_dist_rank();
     bool last = me == P - 1;
-    int64_t n = last ? n_last : 8;
-    float *x = malloc((size_t)n_last * sizeof *x), *orig = malloc((size_t)n_last * sizeof *x);
-    fill(x, FSC_DTYPE_F32, n_last, me);
-    memcpy(orig, x, (size_t)n_last * sizeof *x);
+    int64_t n = last ? n_last : n_others;
+    int64_t cap = n_last > n_others ? n_last : n_others;
+    float *x = malloc((size_t)cap * sizeof *x), *orig = malloc((size_t)cap * sizeof *x);
+    fill(x, FSC_DTYPE_F32, cap, me);
+    memcpy(orig, x, (size_t)cap * sizeof *x);
     int rc = last && last_broadcasts ? fsc_group_broadcast(g, x, n, FSC_DTYPE_F32, 0)
                                      : fsc_group_allreduce(g, x, n, FSC_DTYPE_F32, FSC_REDUCE_SUM);
     assert_int_equal(rc, FSC_ERR_DESYNC);
     expect_substr("desync on group early");
-    expect_substr("allreduce(F32, count 8, sum)");
     char other[64];
+    snprintf(other, sizeof other, "allreduce(F32, count %lld, sum)", (long long)n_others);
+    expect_substr(other);
     snprintf(other, sizeof other,
              last_broadcasts ? "broadcast(F32, count %lld, root 0)"
                              : "allreduce(F32, count %lld, sum)",
              (long long)n_last);
     expect_substr(other);
-    if (memcmp(x, orig, (size_t)n_last * sizeof *x))
+    if (memcmp(x, orig, (size_t)cap * sizeof *x))
         fail_msg("rank %d: the buffer was written although the check failed", me);
     assert_false(fsc_dist_rt.abandoned);
     fsc_group_free(g);
@@ -178,12 +284,27 @@ static void desync_case(int64_t n_last, bool last_broadcasts) {
 
 static void test_desync_sizes(void **state) {
     (void)state;
-    desync_case(3001, false); /* 12004 bytes: four pieces against one */
+    desync_case(8, 3001, false); /* 12004 bytes: four pieces against one */
 }
 
 static void test_desync_kinds(void **state) {
     (void)state;
-    desync_case(3001, true); /* the broadcasting rank drains four pieces */
+    desync_case(8, 3001, true); /* the broadcasting rank drains four pieces */
+}
+
+/* Ranks on different algorithms: the last one's early ring step goes to
+ * rank 0, which expected recursive doubling's (2, 4 ranks) or MPI's own (3);
+ * then early rings whose chunks differ by an element, in one piece and, with
+ * messages cut to 7000 elements, in several; then a broadcast against them. */
+static void test_desync_algorithms(void **state) {
+    (void)state;
+    desync_case(8, 300001, false);
+    desync_case(100000, 100001, false);
+    int64_t max_msg = fsc_dist_rt.max_msg;
+    fsc_dist_rt.max_msg = 7000;
+    desync_case(100000, 100003, false);
+    fsc_dist_rt.max_msg = max_msg;
+    desync_case(100000, 4, true);
 }
 
 /* Out-of-range settings are refused before anything starts, with the range. */
@@ -226,7 +347,8 @@ int main(int argc, char **argv) {
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_exact_order),      cmocka_unit_test(test_many_in_flight),
-        cmocka_unit_test(test_desync_sizes),     cmocka_unit_test(test_desync_kinds),
+        cmocka_unit_test(test_crossovers),       cmocka_unit_test(test_desync_sizes),
+        cmocka_unit_test(test_desync_kinds),     cmocka_unit_test(test_desync_algorithms),
         cmocka_unit_test(test_settings_refused),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);

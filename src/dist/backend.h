@@ -59,23 +59,24 @@ typedef struct fsc_backend_ops {
                 fsc_bop **out);
     int (*recv)(void *ctx, void *buf, int64_t count, fsc_dtype dt, int src, int tag, fsc_bop **out);
 
-    /* Optional, all three or none: allreduces small enough to move beside the
-     * desync check instead of after it. early_bytes: the bytes rank `from`
-     * sends rank `to` the moment it issues an allreduce of `count` elements of
-     * `dt` (0: none; a pure function, equal on every rank). allreduce_early
-     * posts this rank's such messages at issue, before the check, and sets
-     * *out (NULL when it sends none: the front end then starts `allreduce` as
-     * usual); it must not write `buf` until `test` is called, which the front
-     * end does only once every signature agreed. When the check fails
-     * instead, early_settle completes what was posted: sent[q] is what rank q
-     * sent this rank (early_bytes of q's announcement), received and dropped;
-     * `mine` (may be NULL) is freed. It polls until `deadline` (fsc_now), then
-     * returns FSC_ERR_TIMEOUT with the messages left in flight. */
-    int64_t (*early_bytes)(void *ctx, int from, int to, int64_t count, fsc_dtype dt);
+    /* Optional, both or none: allreduces whose first messages move beside
+     * the desync check instead of after it. allreduce_early posts this rank's
+     * first messages at issue, before the check, and sets *out (NULL when it
+     * sends none: the front end then starts `allreduce` as usual); it must
+     * not write `buf` until `test` is called, which the front end does only
+     * once every signature agreed. What rank q sends rank r early must be a
+     * pure function of q's (count, dt) and the group, equal on every rank.
+     * When the check fails instead, early_settle completes what was posted:
+     * count[q], dt[q] are rank q's announced allreduce (count[q] < 0: q
+     * announced another kind and sent nothing early; count[rank] is this
+     * rank's own); everything q sent this rank is received and dropped, and
+     * `mine` (may be NULL) is completed and freed. It polls until `deadline`
+     * (fsc_now), then returns FSC_ERR_TIMEOUT with the messages left in
+     * flight. */
     int (*allreduce_early)(void *ctx, void *buf, int64_t count, fsc_dtype dt, fsc_reduce_op op,
                            int64_t seq, fsc_bop **out);
-    int (*early_settle)(void *ctx, fsc_bop *mine, const int64_t *sent, int64_t seq,
-                        double deadline);
+    int (*early_settle)(void *ctx, fsc_bop *mine, const int64_t *count, const fsc_dtype *dt,
+                        int64_t seq, double deadline);
 
     /* Drives `op` as far as it can go without blocking; *done once finished. */
     int (*test)(fsc_bop *op, bool *done);

@@ -2,10 +2,11 @@
  *
  * The one idea: pick, per operation, what measured fastest here and keep it
  * non-blocking so the front end can poll under the watchdog. Small
- * allreduces (F32 and integers, a power-of-two group) move beside the desync
- * check by recursive doubling (eager.c); larger
- * allreduces and every reduce-scatter / allgather run as rings of
- * point-to-point steps (ring.c); small allreduces, reduce, broadcast and
+ * allreduces (F32 and integers, a power-of-two group) run by recursive
+ * doubling (eager.c); larger allreduces and every reduce-scatter /
+ * allgather run as rings of point-to-point steps (ring.c); allreduces by
+ * either algorithm send their first step beside the desync check (eager.c);
+ * the smallest allreduces of other groups, reduce, broadcast and
  * barrier use MPI's own non-blocking collectives; alltoall and send/recv are
  * point-to-point. BF16/F16 reductions always take the rings: MPI has no
  * half-precision sum, and the ring's fixed order is what makes an
@@ -54,15 +55,19 @@ int fsc_mpi_bop_new(mpi_ctx *c, bop_kind kind, fsc_bop **out) {
     return FSC_OK;
 }
 
-static int reserve(fsc_bop *b, int more) {
-    if (b->nreq + more <= b->cap) return FSC_OK;
-    int cap = b->cap ? b->cap : 4;
-    while (cap < b->nreq + more) cap *= 2;
-    MPI_Request *r = realloc(b->reqs, (size_t)cap * sizeof *r);
+static int grow(MPI_Request **reqs, int n, int *cap, int more) {
+    if (n + more <= *cap) return FSC_OK;
+    int c = *cap ? *cap : 4;
+    while (c < n + more) c *= 2;
+    MPI_Request *r = realloc(*reqs, (size_t)c * sizeof *r);
     if (!r) return fsc_error(FSC_ERR_NOMEM, "out of memory for MPI requests");
-    b->reqs = r;
-    b->cap = cap;
+    *reqs = r;
+    *cap = c;
     return FSC_OK;
+}
+
+static int reserve(fsc_bop *b, int more) {
+    return grow(&b->reqs, b->nreq, &b->cap, more);
 }
 
 static int npieces(int64_t n) {
@@ -71,15 +76,15 @@ static int npieces(int64_t n) {
 
 int fsc_mpi_post_send(fsc_bop *b, MPI_Comm comm, const void *buf, int64_t n, fsc_dtype dt, int peer,
                       int tag) {
-    int rc = reserve(b, npieces(n));
+    int rc = grow(&b->sreqs, b->nsreq, &b->scap, npieces(n));
     if (rc) return rc;
     size_t esz = fsc_dtype_size(dt);
     for (int64_t off = 0; off < n; off += fsc_dist_rt.max_msg) {
         int k = (int)(n - off < fsc_dist_rt.max_msg ? n - off : fsc_dist_rt.max_msg);
         rc = MPI_Isend((const char *)buf + (size_t)off * esz, k, fsc_mpi_dtype(dt), peer, tag, comm,
-                       &b->reqs[b->nreq]);
+                       &b->sreqs[b->nsreq]);
         if (rc != MPI_SUCCESS) return fsc_dist_mpi_error(rc, "MPI_Isend");
-        b->nreq++;
+        b->nsreq++;
         fsc_dist_rt.sent_bytes += (int64_t)k * (int64_t)esz;
     }
     return FSC_OK;
@@ -202,17 +207,27 @@ static int even_split(int P, int64_t count, int64_t **counts) {
     return FSC_OK;
 }
 
+bool fsc_mpi_allreduce_rings(const mpi_ctx *c, int64_t count, fsc_dtype dt) {
+    return !use_mpi_reduction(c, count, dt);
+}
+
+int fsc_ring_allreduce(mpi_ctx *c, void *buf, int64_t count, fsc_dtype dt, fsc_reduce_op op,
+                       bool sends_only, int64_t seq, fsc_bop **out) {
+    int64_t *counts;
+    int rc = even_split(c->size, count, &counts);
+    if (rc) return rc;
+    rc = fsc_ring_start(c, buf, buf, counts, counts + c->size, dt, op, RING_RS, true, sends_only,
+                        seq, out);
+    free(counts);
+    return rc;
+}
+
 static int mpi_allreduce(void *ctx, void *buf, int64_t count, fsc_dtype dt, fsc_reduce_op op,
                          int64_t seq, fsc_bop **out) {
     mpi_ctx *c = ctx;
     if (use_mpi_reduction(c, count, dt))
         return pieces(c, COLL_ALLREDUCE, buf, count, dt, op, 0, out);
-    int64_t *counts;
-    int rc = even_split(c->size, count, &counts);
-    if (rc) return rc;
-    rc = fsc_ring_start(c, buf, buf, counts, counts + c->size, dt, op, RING_RS, true, seq, out);
-    free(counts);
-    return rc;
+    return fsc_ring_allreduce(c, buf, count, dt, op, false, seq, out);
 }
 
 /* Large reduces run as a ring reduce-scatter in which only the root's chunk
@@ -227,8 +242,8 @@ static int mpi_reduce(void *ctx, void *buf, int64_t count, fsc_dtype dt, fsc_red
     int64_t *counts = calloc(2 * (size_t)c->size, sizeof *counts); /* displs all 0 */
     if (!counts) return fsc_error(FSC_ERR_NOMEM, "out of memory starting a reduce");
     counts[root] = count;
-    int rc =
-        fsc_ring_start(c, buf, buf, counts, counts + c->size, dt, op, RING_RS, false, seq, out);
+    int rc = fsc_ring_start(c, buf, buf, counts, counts + c->size, dt, op, RING_RS, false, false,
+                            seq, out);
     free(counts);
     return rc;
 }
@@ -241,14 +256,14 @@ static int mpi_broadcast(void *ctx, void *buf, int64_t count, fsc_dtype dt, int 
 
 static int mpi_allgatherv(void *ctx, const void *in, void *out, const int64_t *counts,
                           const int64_t *displs, fsc_dtype dt, int64_t seq, fsc_bop **out_op) {
-    return fsc_ring_start(ctx, in, out, counts, displs, dt, FSC_REDUCE_SUM, RING_AG, false, seq,
-                          out_op);
+    return fsc_ring_start(ctx, in, out, counts, displs, dt, FSC_REDUCE_SUM, RING_AG, false, false,
+                          seq, out_op);
 }
 
 static int mpi_reduce_scatterv(void *ctx, const void *in, void *out, const int64_t *counts,
                                const int64_t *displs, fsc_dtype dt, fsc_reduce_op op, int64_t seq,
                                fsc_bop **out_op) {
-    return fsc_ring_start(ctx, in, out, counts, displs, dt, op, RING_RS, false, seq, out_op);
+    return fsc_ring_start(ctx, in, out, counts, displs, dt, op, RING_RS, false, false, seq, out_op);
 }
 
 static int mpi_alltoall(void *ctx, const void *in, void *out, int64_t count, fsc_dtype dt,
@@ -305,20 +320,25 @@ static int mpi_recv(void *ctx, void *buf, int64_t count, fsc_dtype dt, int src, 
 static int mpi_test(fsc_bop *b, bool *done) {
     if (b->kind == BOP_RING) return fsc_ring_test(b, done);
     if (b->kind == BOP_EAGER) return fsc_eager_test(b, done);
-    int flag = 1;
+    int flag = 1, sflag = 1;
     if (b->nreq > 0) {
         int rc = MPI_Testall(b->nreq, b->reqs, &flag, MPI_STATUSES_IGNORE);
         if (rc != MPI_SUCCESS) return fsc_dist_mpi_error(rc, "MPI_Testall");
     }
-    *done = flag != 0;
+    if (b->nsreq > 0) {
+        int rc = MPI_Testall(b->nsreq, b->sreqs, &sflag, MPI_STATUSES_IGNORE);
+        if (rc != MPI_SUCCESS) return fsc_dist_mpi_error(rc, "MPI_Testall");
+    }
+    *done = flag && sflag;
     return FSC_OK;
 }
 
-static void mpi_release(fsc_bop *b) {
+void fsc_mpi_bop_free(fsc_bop *b) {
     if (!b) return;
     fsc_dist_buf_put(b->tmp);
     free(b->counts);
     free(b->reqs);
+    free(b->sreqs);
     free(b);
 }
 
@@ -337,9 +357,8 @@ const fsc_backend_ops fsc_backend_mpi = {
     .barrier = mpi_barrier,
     .send = mpi_send,
     .recv = mpi_recv,
-    .early_bytes = fsc_eager_bytes,
     .allreduce_early = fsc_eager_start,
     .early_settle = fsc_eager_settle,
     .test = mpi_test,
-    .release = mpi_release,
+    .release = fsc_mpi_bop_free,
 };

@@ -463,20 +463,31 @@ int fsc_coll_settle_early(fsc_request *r) {
     fsc_group *g = r->g;
     const fsc_backend_ops *be = g->be;
     if (!be->early_settle || !r->inbox || !r->peers) return FSC_OK;
-    int64_t *sent = calloc((size_t)g->size, sizeof *sent);
-    if (!sent) return fsc_error(FSC_ERR_NOMEM, "out of memory settling a desynced collective");
+    if (r->a.kind == FSC_COLL_SEND || r->a.kind == FSC_COLL_RECV) return FSC_OK; /* one peer */
+    int64_t *count = malloc((size_t)g->size * sizeof *count);
+    fsc_dtype *dt = malloc((size_t)g->size * sizeof *dt);
+    if (!count || !dt) {
+        free(count);
+        free(dt);
+        return fsc_error(FSC_ERR_NOMEM, "out of memory settling a desynced collective");
+    }
+    bool mine_ar = r->a.kind == FSC_COLL_ALLREDUCE;
+    count[g->rank] = mine_ar ? r->a.count : -1;
+    dt[g->rank] = r->a.dt;
     for (int i = 0; i < g->size - 1; i++) { /* every peer announced: the check completed */
         const int64_t *s = r->inbox + (size_t)i * SIG_WORDS;
-        if (s[SIG_KIND] == FSC_COLL_ALLREDUCE && s[SIG_DTYPE] >= 0 &&
-            s[SIG_DTYPE] < FSC_DTYPE_COUNT)
-            sent[r->peers[i]] = be->early_bytes(g->be_ctx, r->peers[i], g->rank, s[SIG_COUNT],
-                                                (fsc_dtype)s[SIG_DTYPE]);
+        bool ar = s[SIG_KIND] == FSC_COLL_ALLREDUCE && s[SIG_DTYPE] >= 0 &&
+                  s[SIG_DTYPE] < FSC_DTYPE_COUNT && s[SIG_COUNT] >= 0;
+        count[r->peers[i]] = ar ? s[SIG_COUNT] : -1;
+        dt[r->peers[i]] = ar ? (fsc_dtype)s[SIG_DTYPE] : FSC_DTYPE_F32;
     }
     fsc_bop *mine = r->early ? r->bop : NULL;
     if (mine) r->bop = NULL;
     r->early = false;
-    int rc = be->early_settle(g->be_ctx, mine, sent, r->seq, r->t_start + fsc_dist_rt.timeout_s);
-    free(sent);
+    int rc =
+        be->early_settle(g->be_ctx, mine, count, dt, r->seq, r->t_start + fsc_dist_rt.timeout_s);
+    free(count);
+    free(dt);
     if (rc == FSC_ERR_TIMEOUT) { /* left in flight: keep the group's communicators */
         g->broken = FSC_ERR_TIMEOUT;
         fsc_dist_rt.abandoned = true;

@@ -8,7 +8,7 @@
  * for theirs; that proves every peer joined and issued the same collective
  * (the desync check), or names who did not. DATA: the backend operation runs,
  * polled under the same deadline. Blocking calls are a request plus a wait.
- * A small allreduce's first data messages leave with the announcement
+ * An allreduce's first data messages leave with the announcement
  * (eager.c), so it pays no round trip for the check; its buffer is written
  * only once the check passed.
  */
@@ -38,8 +38,11 @@ typedef struct fsc_dist_runtime {
     bool full_check;
     int64_t max_msg;         /* largest message in elements (INT_MAX; lowered by tests) */
     int64_t ring_min_bytes;  /* allreduces this large use the ring (benchmarks move it) */
-    int64_t eager_max_bytes; /* allreduces up to this large move beside the desync check
-                                (eager.c; benchmarks and tests move it, on every rank) */
+    int64_t eager_max_bytes; /* allreduces up to this large run by recursive doubling on
+                                a power-of-two group (eager.c) */
+    int64_t early_max_bytes; /* ring allreduces up to this large send their first step
+                                beside the desync check (eager.c). Benchmarks and tests
+                                move all three thresholds, on every rank alike */
     int64_t sent_bytes;      /* bytes posted in point-to-point sends (rings, alltoall, send):
                                 what really went on the wire, for tests */
     fsc_group *world;
@@ -138,7 +141,7 @@ void fsc_request_abandon(fsc_request *r);
 int fsc_coll_start(fsc_request *r);
 int fsc_coll_finish(fsc_request *r);
 void fsc_coll_release(fsc_request *r);
-/* Small allreduces beside the desync check (backend.h's early entries): post
+/* Allreduces beside the desync check (backend.h's early entries): post
  * the first messages at issue (sets r->bop and r->early when the backend
  * does), and after a failed check or a group broken before the data phase,
  * complete every early message this rank sent or was sent (needs every

@@ -1,27 +1,35 @@
-/* Small allreduces that travel beside the desync check (MPI backend).
+/* Allreduces whose first messages travel beside the desync check (MPI
+ * backend).
  *
- * The one idea: a small allreduce costs one message latency, so waiting a
- * whole round trip for the watchdog's announcements before moving the data
- * made fsc 20% slower than MPI_Allreduce at 4 KiB. Here the first data
- * messages leave at issue, in the same instant as the announcements, into a
- * scratch buffer; the caller's buffer is touched only once the front end has
- * every rank's signature and they agree. The algorithm is recursive
- * doubling (P a power of two): at step s rank r swaps its partial sum with
- * rank r ^ 2^s, so P = 2 is one exchange, as MPI's own. Both partners add
- * (lower rank's, higher rank's), so every rank ends bit-identical.
+ * The one idea: waiting a whole round trip for the watchdog's announcements
+ * before moving any data made fsc slower than MPI_Allreduce wherever an
+ * allreduce costs a few message latencies (4 KiB to a few MiB). So the
+ * first step's sends leave at issue, in the same instant as the
+ * announcements (they only read the caller's buffer); the receives are
+ * posted, into scratch, once the front end has every rank's signature and
+ * they agree, so a receive never meets a message of another size (Open MPI
+ * 4.1's shared-memory transport was seen to crash after truncating a
+ * rendezvous-sized one). Small pieces wait as MPI's unexpected messages,
+ * large ones as a rendezvous request ready to be pulled. Two algorithms
+ * start this way:
+ *   - recursive doubling (P a power of two, up to eager_max_bytes): at step
+ *     s rank r swaps its partial sum with rank r ^ 2^s, so P = 2 is one
+ *     exchange, as MPI's own; both partners add (lower rank's, higher
+ *     rank's), so every rank ends bit-identical;
+ *   - the ring (ring.c, up to early_max_bytes): its first reduce-scatter
+ *     step (chunk r-1 to the right neighbour) writes only scratch.
  *
  * When the check fails, the messages already sent must still be received,
  * or they would sit in MPI forever: each rank learns from a peer's
- * announcement whether that peer sent it an early message, and how large
- * (fsc_eager_bytes is a pure function of it), and settles: receives and
- * drops what was sent, cancels receives nothing will match.
+ * announcement exactly what that peer sent it early (plan_of is a pure
+ * function of it), receives it at its own size and drops it.
  */
 #include <limits.h>
 #include <stdlib.h>
 
 #include "mpi_backend.h"
 
-static bool eligible(const mpi_ctx *c, int64_t count, fsc_dtype dt) {
+static bool rd_eligible(const mpi_ctx *c, int64_t count, fsc_dtype dt) {
     int64_t bytes = count * (int64_t)fsc_dtype_size(dt);
     bool pow2 = c->size > 1 && (c->size & (c->size - 1)) == 0;
     /* halves stay on the ring, whose per-hop rounding the tests pin down */
@@ -29,10 +37,9 @@ static bool eligible(const mpi_ctx *c, int64_t count, fsc_dtype dt) {
     return pow2 && wide && count > 0 && bytes <= fsc_dist_rt.eager_max_bytes && bytes <= INT_MAX;
 }
 
-int64_t fsc_eager_bytes(void *ctx, int from, int to, int64_t count, fsc_dtype dt) {
-    mpi_ctx *c = ctx;
-    if ((from ^ 1) != to || !eligible(c, count, dt)) return 0;
-    return count * (int64_t)fsc_dtype_size(dt);
+static bool ring_early(const mpi_ctx *c, int64_t count, fsc_dtype dt) {
+    return c->size > 1 && count > 0 && fsc_mpi_allreduce_rings(c, count, dt) &&
+           count * (int64_t)fsc_dtype_size(dt) <= fsc_dist_rt.early_max_bytes;
 }
 
 /* Messages go in pieces small enough for the shared-memory transport's eager
@@ -43,51 +50,84 @@ int64_t fsc_eager_bytes(void *ctx, int from, int to, int64_t count, fsc_dtype dt
 /* Above this the pieces' overhead outweighs the acknowledgement: one message. */
 #define PIECES_MAX (16 << 10)
 
-static int npieces(int64_t bytes) {
-    return bytes <= PIECES_MAX ? (int)((bytes + PIECE - 1) / PIECE) : 1;
+/* What rank `from` sends rank `to` at issue of an allreduce of count x dt:
+ * n pieces of `elems` elements of `type` (the last one `last`). */
+typedef struct plan {
+    int n;
+    int64_t elems, last;
+    MPI_Datatype type;
+    size_t esz;
+} plan;
+
+/* Every step of recursive doubling sends the whole partial sum so. */
+static plan rd_pieces(int64_t bytes) {
+    plan p = {.type = MPI_BYTE, .esz = 1};
+    p.elems = bytes <= PIECES_MAX ? PIECE : bytes;
+    p.n = (int)((bytes + p.elems - 1) / p.elems);
+    p.last = bytes - (int64_t)(p.n - 1) * p.elems;
+    return p;
 }
 
-static int piece_len(int64_t bytes, int k) {
-    if (bytes > PIECES_MAX) return (int)bytes;
-    int64_t left = bytes - (int64_t)k * PIECE;
-    return (int)(left < PIECE ? left : PIECE);
+static plan plan_of(const mpi_ctx *c, int from, int to, int64_t count, fsc_dtype dt) {
+    plan p = {.n = 0, .type = MPI_BYTE, .esz = 1};
+    int P = c->size;
+    if (count <= 0 || from == to) return p;
+    if (rd_eligible(c, count, dt)) {
+        if ((from ^ 1) == to) p = rd_pieces(count * (int64_t)fsc_dtype_size(dt));
+    } else if (ring_early(c, count, dt)) {
+        if ((from + 1) % P != to) return p;
+        int cs = (from - 1 + P) % P; /* ring.c's step 0 chunk, of even_split's sizes */
+        int64_t chunk = count / P + (cs < count % P);
+        if (chunk == 0) return p;
+        p.type = fsc_mpi_dtype(dt);
+        p.esz = fsc_dtype_size(dt);
+        p.elems = fsc_dist_rt.max_msg;
+        p.n = (int)((chunk + p.elems - 1) / p.elems);
+        p.last = chunk - (int64_t)(p.n - 1) * p.elems;
+    }
+    return p;
 }
 
-static int post_step(fsc_bop *b) {
+static int post_recvs(fsc_bop *b) {
     int partner = b->c->rank ^ (1 << b->step);
-    int64_t bytes = b->tmp_elems * (int64_t)b->esz;
-    int n = npieces(bytes), rc;
+    plan p = rd_pieces(b->tmp_elems * (int64_t)b->esz);
     b->nreq = 0;
-    for (int k = 0; k < n; k++, b->nreq++) {
-        rc = MPI_Irecv(b->tmp + (size_t)k * PIECE, piece_len(bytes, k), MPI_BYTE, partner, b->tag,
-                       b->c->data, &b->reqs[b->nreq]);
+    b->recv_posted = true;
+    for (int k = 0; k < p.n; k++, b->nreq++) {
+        int len = (int)(k + 1 < p.n ? p.elems : p.last);
+        int rc = MPI_Irecv(b->tmp + (size_t)k * (size_t)p.elems, len, MPI_BYTE, partner, b->tag,
+                           b->c->data, &b->reqs[b->nreq]);
         if (rc != MPI_SUCCESS) return fsc_dist_mpi_error(rc, "MPI_Irecv(allreduce step)");
     }
-    for (int k = 0; k < n; k++, b->nreq++) {
-        rc = MPI_Isend(b->out + (size_t)k * PIECE, piece_len(bytes, k), MPI_BYTE, partner, b->tag,
-                       b->c->data, &b->reqs[b->nreq]);
-        if (rc != MPI_SUCCESS) return fsc_dist_mpi_error(rc, "MPI_Isend(allreduce step)");
-    }
-    fsc_dist_rt.sent_bytes += bytes;
     return FSC_OK;
 }
 
-int fsc_eager_start(void *ctx, void *buf, int64_t count, fsc_dtype dt, fsc_reduce_op op,
+static int post_sends(fsc_bop *b) {
+    int partner = b->c->rank ^ (1 << b->step);
+    plan p = rd_pieces(b->tmp_elems * (int64_t)b->esz);
+    b->nsreq = 0;
+    for (int k = 0; k < p.n; k++, b->nsreq++) {
+        int len = (int)(k + 1 < p.n ? p.elems : p.last);
+        int rc = MPI_Isend(b->out + (size_t)k * (size_t)p.elems, len, MPI_BYTE, partner, b->tag,
+                           b->c->data, &b->sreqs[b->nsreq]);
+        if (rc != MPI_SUCCESS) return fsc_dist_mpi_error(rc, "MPI_Isend(allreduce step)");
+    }
+    fsc_dist_rt.sent_bytes += b->tmp_elems * (int64_t)b->esz;
+    return FSC_OK;
+}
+
+static int rd_start(mpi_ctx *c, void *buf, int64_t count, fsc_dtype dt, fsc_reduce_op op,
                     int64_t seq, fsc_bop **out) {
-    mpi_ctx *c = ctx;
-    *out = NULL;
-    if (!eligible(c, count, dt)) return FSC_OK;
     fsc_bop *b = NULL;
     int rc = fsc_mpi_bop_new(c, BOP_EAGER, &b);
     if (rc) return rc;
     b->esz = fsc_dtype_size(dt);
-    b->cap = 2 * npieces(count * (int64_t)b->esz);
+    b->cap = b->scap = rd_pieces(count * (int64_t)b->esz).n;
     b->reqs = malloc((size_t)b->cap * sizeof *b->reqs);
+    b->sreqs = malloc((size_t)b->scap * sizeof *b->sreqs);
     b->tmp = fsc_dist_buf_get((size_t)count * b->esz);
-    if (!b->reqs || !b->tmp) {
-        fsc_dist_buf_put(b->tmp);
-        free(b->reqs);
-        free(b);
+    if (!b->reqs || !b->sreqs || !b->tmp) {
+        fsc_mpi_bop_free(b);
         return fsc_error(FSC_ERR_NOMEM, "out of memory starting an allreduce of %lld elements",
                          (long long)count);
     }
@@ -96,90 +136,104 @@ int fsc_eager_start(void *ctx, void *buf, int64_t count, fsc_dtype dt, fsc_reduc
     b->dt = dt;
     b->op = op;
     b->tag = (int)(seq % FSC_CTRL_P2P_BASE);
-    *out = b; /* from here on, posted messages are the front end's to settle */
-    return post_step(b);
+    *out = b;             /* from here on, posted messages are the front end's to settle */
+    return post_sends(b); /* receives: once the check passed (fsc_eager_test) */
 }
 
-/* Called only once the desync check has passed. */
+int fsc_eager_start(void *ctx, void *buf, int64_t count, fsc_dtype dt, fsc_reduce_op op,
+                    int64_t seq, fsc_bop **out) {
+    mpi_ctx *c = ctx;
+    *out = NULL;
+    if (rd_eligible(c, count, dt)) return rd_start(c, buf, count, dt, op, seq, out);
+    if (ring_early(c, count, dt)) return fsc_ring_allreduce(c, buf, count, dt, op, true, seq, out);
+    return FSC_OK;
+}
+
+/* Called only once the desync check has passed. The sum goes into the buffer
+ * the step's send reads, so it waits for both. */
 int fsc_eager_test(fsc_bop *b, bool *done) {
     *done = false;
     for (;;) {
-        int flag = 0;
-        int rc = MPI_Testall(b->nreq, b->reqs, &flag, MPI_STATUSES_IGNORE);
+        int flag = 0, sflag = 0, rc;
+        if (!b->recv_posted && (rc = post_recvs(b)) != FSC_OK) return rc;
+        rc = MPI_Testall(b->nreq, b->reqs, &flag, MPI_STATUSES_IGNORE);
+        if (rc == MPI_SUCCESS) rc = MPI_Testall(b->nsreq, b->sreqs, &sflag, MPI_STATUSES_IGNORE);
         if (rc != MPI_SUCCESS) return fsc_dist_mpi_error(rc, "MPI_Testall(allreduce step)");
-        if (!flag) return FSC_OK;
-        b->nreq = 0;
+        if (!flag || !sflag) return FSC_OK;
+        b->nreq = b->nsreq = 0;
         bool low = b->c->rank < (b->c->rank ^ (1 << b->step));
         fsc_dist_accumulate(b->out, low ? b->out : b->tmp, low ? b->tmp : b->out, b->tmp_elems,
                             b->dt, b->op);
         if ((1 << ++b->step) >= b->c->size) break;
-        rc = post_step(b);
+        rc = post_recvs(b);
+        if (!rc) rc = post_sends(b);
         if (rc) return rc;
     }
     *done = true;
     return FSC_OK;
 }
 
-/* Tests one request to completion, whatever its outcome (a receive of a
- * peer's differently sized piece ends in a truncation error: it is dropped
- * all the same). */
+/* Drives r to completion, whatever its outcome. */
 static bool settled(MPI_Request *r) {
     if (*r == MPI_REQUEST_NULL) return true;
     int flag = 0;
-    if (MPI_Test(r, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) flag = 1;
+    if (MPI_Test(r, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) flag = 1; /* an error ends it too */
     if (flag) *r = MPI_REQUEST_NULL;
     return flag != 0;
 }
 
-/* The partner's k-th piece matches this rank's k-th posted receive (MPI keeps
- * a sender's order): receives beyond its pieces are cancelled, pieces beyond
- * the receives are drained into scratch. */
-int fsc_eager_settle(void *ctx, fsc_bop *mine, const int64_t *sent, int64_t seq, double deadline) {
-    mpi_ctx *c = ctx;
-    int partner = c->rank ^ 1; /* the only rank that sends this one anything early */
-    int64_t theirs = partner < c->size ? sent[partner] : 0;
-    int nthem = theirs > 0 ? npieces(theirs) : 0;
-    int nrecv = mine ? mine->nreq / 2 : 0, ndrain = nthem > nrecv ? nthem - nrecv : 0;
-    int nreq = (mine ? mine->nreq : 0) + ndrain, tag = (int)(seq % FSC_CTRL_P2P_BASE);
-    MPI_Request *req = malloc((size_t)(nreq ? nreq : 1) * sizeof *req);
-    char *drop = ndrain ? malloc((size_t)ndrain * (size_t)piece_len(theirs, 0)) : NULL;
-    if (!req || (ndrain && !drop)) {
-        free(req);
-        free(drop);
+/* Every piece the peers sent this rank early, received at its own size into
+ * one scratch block. */
+typedef struct drain {
+    MPI_Request *req;
+    int n;
+    char *block;
+} drain;
+
+static int post_drains(mpi_ctx *c, const int64_t *count, const fsc_dtype *dt, int tag, drain *d) {
+    size_t bytes = 0;
+    int n = 0;
+    for (int q = 0; q < c->size; q++) {
+        plan p = count[q] < 0 ? (plan){0} : plan_of(c, q, c->rank, count[q], dt[q]);
+        for (int k = 0; k < p.n; k++, n++)
+            bytes += (size_t)(k + 1 < p.n ? p.elems : p.last) * p.esz;
+    }
+    d->req = malloc((size_t)(n ? n : 1) * sizeof *d->req);
+    d->block = malloc(bytes ? bytes : 1);
+    if (!d->req || !d->block)
         return fsc_error(FSC_ERR_NOMEM, "out of memory settling a desynced allreduce");
-    }
-    int k = 0;
-    for (int i = 0; mine && i < mine->nreq; i++) {
-        req[k] = mine->reqs[i];
-        if (i >= nthem && i < nrecv) MPI_Cancel(&req[k]); /* a receive nothing will match */
-        k++;
-    }
-    for (int i = 0; i < ndrain; i++, k++) {
-        int len = piece_len(theirs, 0);
-        int rc = MPI_Irecv(drop + (size_t)i * (size_t)len, len, MPI_BYTE, partner, tag, c->data,
-                           &req[k]);
-        if (rc != MPI_SUCCESS) {
-            nreq = k; /* what was posted is still settled below */
-            fsc_dist_mpi_error(rc, "MPI_Irecv(drain)");
-            break;
+    char *at = d->block;
+    for (int q = 0; q < c->size; q++) {
+        plan p = count[q] < 0 ? (plan){0} : plan_of(c, q, c->rank, count[q], dt[q]);
+        for (int k = 0; k < p.n; k++) {
+            int64_t len = k + 1 < p.n ? p.elems : p.last;
+            int rc = MPI_Irecv(at, (int)len, p.type, q, tag, c->data, &d->req[d->n]);
+            if (rc != MPI_SUCCESS) return fsc_dist_mpi_error(rc, "MPI_Irecv(drain)");
+            d->n++;
+            at += (size_t)len * p.esz;
         }
     }
+    return FSC_OK;
+}
+
+int fsc_eager_settle(void *ctx, fsc_bop *mine, const int64_t *count, const fsc_dtype *dt,
+                     int64_t seq, double deadline) {
+    mpi_ctx *c = ctx;
+    drain d = {0};
+    int rc = post_drains(c, count, dt, (int)(seq % FSC_CTRL_P2P_BASE), &d);
     bool done = false;
-    while (!done) {
+    while (!done) { /* what was posted is settled even when posting failed part way */
         done = true;
-        for (int i = 0; i < nreq; i++) done = settled(&req[i]) && done;
+        for (int i = 0; i < d.n; i++) done = settled(&d.req[i]) && done;
+        for (int i = 0; mine && i < mine->nsreq; i++) done = settled(&mine->sreqs[i]) && done;
         if (!done && fsc_now() > deadline)
             return fsc_error(FSC_ERR_TIMEOUT,
-                             "the early messages of a desynced allreduce on "
-                             "rank %d were not delivered in time",
+                             "the early messages of a desynced allreduce on rank %d were not "
+                             "delivered in time",
                              c->rank); /* left in flight: the caller abandons them */
     }
-    free(req);
-    free(drop);
-    if (mine) {
-        fsc_dist_buf_put(mine->tmp);
-        free(mine->reqs);
-        free(mine);
-    }
-    return FSC_OK;
+    free(d.req);
+    free(d.block);
+    if (mine) fsc_mpi_bop_free(mine); /* it posted no receive: nothing of it is in flight */
+    return rc;
 }

@@ -3,7 +3,7 @@
  *
  * The one idea: an in-flight operation is either a batch of MPI requests
  * (MPI's own non-blocking collectives, or point-to-point pieces) or a ring
- * (or a small allreduce's exchanges, eager.c) whose steps are posted one at a
+ * (or recursive doubling's exchanges, eager.c) whose steps are posted one at a
  * time as `test` finds the previous one done.
  */
 #ifndef FSC_DIST_MPI_BACKEND_H
@@ -23,11 +23,15 @@ typedef enum { RING_RS = 0, RING_AG, RING_DONE } ring_phase;
 struct fsc_bop {
     bop_kind kind;
     mpi_ctx *c;
-    MPI_Request *reqs;
+    MPI_Request *reqs; /* receives and MPI's own collectives */
     int nreq, cap;
+    MPI_Request *sreqs; /* sends: a ring's next step may start before they end */
+    int nsreq, scap;
+    int nold; /* ring: the first nold sends are earlier steps' */
     /* ring */
     ring_phase phase;
-    bool then_ag; /* allreduce: reduce-scatter then allgather */
+    bool then_ag;     /* allreduce: reduce-scatter then allgather */
+    bool recv_posted; /* the current step's receives are posted */
     int step, tag;
     const char *in;
     char *out;
@@ -42,23 +46,33 @@ struct fsc_bop {
 
 MPI_Datatype fsc_mpi_dtype(fsc_dtype dt);
 int fsc_mpi_bop_new(mpi_ctx *c, bop_kind kind, fsc_bop **out);
-/* Posts n elements as pieces of at most fsc_dist_rt.max_msg (n == 0 posts nothing). */
+/* Frees b, its requests (completed or abandoned by then) and its scratch. */
+void fsc_mpi_bop_free(fsc_bop *b);
+/* Whether an allreduce of count x dt runs as a ring (else MPI_Iallreduce). */
+bool fsc_mpi_allreduce_rings(const mpi_ctx *c, int64_t count, fsc_dtype dt);
+/* An allreduce as a ring over even chunks; sends_only: as fsc_ring_start. */
+int fsc_ring_allreduce(mpi_ctx *c, void *buf, int64_t count, fsc_dtype dt, fsc_reduce_op op,
+                       bool sends_only, int64_t seq, fsc_bop **out);
+/* Posts n elements as pieces of at most fsc_dist_rt.max_msg (n == 0 posts
+ * nothing): sends into b->sreqs, receives into b->reqs. */
 int fsc_mpi_post_send(fsc_bop *b, MPI_Comm comm, const void *buf, int64_t n, fsc_dtype dt, int peer,
                       int tag);
 int fsc_mpi_post_recv(fsc_bop *b, MPI_Comm comm, void *buf, int64_t n, fsc_dtype dt, int peer,
                       int tag);
 
-/* ring.c: counts/displs are copied. in/out as in backend.h. */
+/* ring.c: counts/displs are copied. in/out as in backend.h. sends_only:
+ * post the first step's sends only (its receives at the first test), so
+ * that nothing is received before the desync check passed (eager.c). */
 int fsc_ring_start(mpi_ctx *c, const void *in, void *out, const int64_t *counts,
                    const int64_t *displs, fsc_dtype dt, fsc_reduce_op op, ring_phase first,
-                   bool then_ag, int64_t seq, fsc_bop **out_op);
+                   bool then_ag, bool sends_only, int64_t seq, fsc_bop **out_op);
 int fsc_ring_test(fsc_bop *b, bool *done);
 
 /* eager.c: the backend's early allreduce entries (backend.h). */
-int64_t fsc_eager_bytes(void *ctx, int from, int to, int64_t count, fsc_dtype dt);
 int fsc_eager_start(void *ctx, void *buf, int64_t count, fsc_dtype dt, fsc_reduce_op op,
                     int64_t seq, fsc_bop **out);
 int fsc_eager_test(fsc_bop *b, bool *done);
-int fsc_eager_settle(void *ctx, fsc_bop *mine, const int64_t *sent, int64_t seq, double deadline);
+int fsc_eager_settle(void *ctx, fsc_bop *mine, const int64_t *count, const fsc_dtype *dt,
+                     int64_t seq, double deadline);
 
 #endif

@@ -11,6 +11,13 @@
  * for large buffers (tests/bench_dist.c). BF16/F16 chunks travel as halves;
  * each step adds in F32 and rounds once (fsc_dist_accumulate), and the
  * allgather passes the finished bits on, so every rank ends identical.
+ *
+ * Overlap, as far as the dependencies allow: a step's sum needs only its
+ * receives, and the next step's send reads what that sum just wrote, so it
+ * leaves at once, while this rank's previous sends may still be draining;
+ * only the next receives wait for those sends, since they may land in the
+ * buffer a send still reads (at 2 ranks the allgather receives into the
+ * chunk the reduce-scatter sent from).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -25,27 +32,34 @@ static char *tmp_chunk(fsc_bop *b, int s) {
     return b->tmp + (size_t)(s & 1) * (size_t)b->tmp_elems * b->esz;
 }
 
-static int post_step(fsc_bop *b) {
-    int P = b->c->size, me = b->c->rank, left = mod(me - 1, P), right = mod(me + 1, P), s = b->step;
-    MPI_Comm comm = b->c->data;
-    int rc;
+/* The current step's receive from the left neighbour. */
+static int post_recv(fsc_bop *b) {
+    int P = b->c->size, me = b->c->rank, s = b->step;
+    b->recv_posted = true;
     if (b->phase == RING_RS) {
-        int cs = mod(me - s - 1, P), cr = mod(me - s - 2, P);
-        const void *src = s == 0 ? b->in + (size_t)b->displs[cs] * b->esz : tmp_chunk(b, s - 1);
-        rc = fsc_mpi_post_recv(b, comm, tmp_chunk(b, s), b->counts[cr], b->dt, left, b->tag);
-        if (!rc) rc = fsc_mpi_post_send(b, comm, src, b->counts[cs], b->dt, right, b->tag);
-    } else {
-        int cs = mod(me - s, P), cr = mod(me - s - 1, P);
-        rc = fsc_mpi_post_recv(b, comm, b->out + (size_t)b->displs[cr] * b->esz, b->counts[cr],
-                               b->dt, left, b->tag);
-        if (!rc)
-            rc = fsc_mpi_post_send(b, comm, b->out + (size_t)b->displs[cs] * b->esz, b->counts[cs],
-                                   b->dt, right, b->tag);
+        int cr = mod(me - s - 2, P);
+        return fsc_mpi_post_recv(b, b->c->data, tmp_chunk(b, s), b->counts[cr], b->dt,
+                                 mod(me - 1, P), b->tag);
     }
-    return rc;
+    int cr = mod(me - s - 1, P);
+    return fsc_mpi_post_recv(b, b->c->data, b->out + (size_t)b->displs[cr] * b->esz, b->counts[cr],
+                             b->dt, mod(me - 1, P), b->tag);
 }
 
-/* The step's messages have arrived: reduce (RS), then move to the next step
+/* The current step's send to the right neighbour. */
+static int post_send(fsc_bop *b) {
+    int P = b->c->size, me = b->c->rank, s = b->step;
+    if (b->phase == RING_RS) {
+        int cs = mod(me - s - 1, P);
+        const void *src = s == 0 ? b->in + (size_t)b->displs[cs] * b->esz : tmp_chunk(b, s - 1);
+        return fsc_mpi_post_send(b, b->c->data, src, b->counts[cs], b->dt, mod(me + 1, P), b->tag);
+    }
+    int cs = mod(me - s, P);
+    return fsc_mpi_post_send(b, b->c->data, b->out + (size_t)b->displs[cs] * b->esz, b->counts[cs],
+                             b->dt, mod(me + 1, P), b->tag);
+}
+
+/* The step's receives have arrived: reduce (RS), then move to the next step
  * or phase. Returns true when there is a next step to post. */
 static bool finish_step(fsc_bop *b) {
     int P = b->c->size, me = b->c->rank, s = b->step;
@@ -68,7 +82,7 @@ static bool finish_step(fsc_bop *b) {
 
 int fsc_ring_start(mpi_ctx *c, const void *in, void *out, const int64_t *counts,
                    const int64_t *displs, fsc_dtype dt, fsc_reduce_op op, ring_phase first,
-                   bool then_ag, int64_t seq, fsc_bop **out_op) {
+                   bool then_ag, bool sends_only, int64_t seq, fsc_bop **out_op) {
     *out_op = NULL;
     int P = c->size, me = c->rank;
     fsc_bop *b = NULL;
@@ -112,24 +126,49 @@ int fsc_ring_start(mpi_ctx *c, const void *in, void *out, const int64_t *counts,
         }
     }
     *out_op = b;
-    return post_step(b);
+    rc = sends_only ? FSC_OK : post_recv(b);
+    return rc ? rc : post_send(b);
+}
+
+/* Tests the first n of *total requests; once all n have completed, drops them
+ * (the rest move to the front) and sets *flag. */
+static int all_done(MPI_Request *reqs, int n, int *total, bool *flag) {
+    int f = 1;
+    if (n > 0) {
+        int rc = MPI_Testall(n, reqs, &f, MPI_STATUSES_IGNORE);
+        if (rc != MPI_SUCCESS) return fsc_dist_mpi_error(rc, "MPI_Testall(ring step)");
+    }
+    if (f && n > 0) {
+        memmove(reqs, reqs + n, (size_t)(*total - n) * sizeof *reqs);
+        *total -= n;
+    }
+    *flag = f != 0;
+    return FSC_OK;
 }
 
 int fsc_ring_test(fsc_bop *b, bool *done) {
     *done = false;
+    bool flag;
+    int rc;
     while (b->phase != RING_DONE) {
-        int flag = 0;
-        if (b->nreq > 0) {
-            int rc = MPI_Testall(b->nreq, b->reqs, &flag, MPI_STATUSES_IGNORE);
-            if (rc != MPI_SUCCESS) return fsc_dist_mpi_error(rc, "MPI_Testall(ring step)");
-            if (!flag) return FSC_OK;
-            b->nreq = 0;
+        if (!b->recv_posted) { /* its buffer may be what an earlier step's send reads */
+            rc = all_done(b->sreqs, b->nold, &b->nsreq, &flag);
+            if (rc || !flag) return rc;
+            b->nold = 0;
+            rc = post_recv(b);
+            if (rc) return rc;
         }
+        rc = all_done(b->reqs, b->nreq, &b->nreq, &flag);
+        if (rc || !flag) return rc;
+        b->recv_posted = false;
         if (finish_step(b)) {
-            int rc = post_step(b);
+            b->nold = b->nsreq; /* not this step's: it needs the neighbour's next receive */
+            rc = post_send(b);
             if (rc) return rc;
         }
     }
+    rc = all_done(b->sreqs, b->nsreq, &b->nsreq, &flag); /* the caller may reuse buffers now */
+    if (rc || !flag) return rc;
     *done = true;
     return FSC_OK;
 }
