@@ -9,7 +9,9 @@
  *  - the TP GPT trained 5 steps of AdamW with dropout on, with and without
  *    sequence parallelism, V divisible and not, with clipping biting = one
  *    process on the same global batch, by the noise floor of equivalence.h;
- *    also with the attention probabilities recomputed in backward.
+ *    also with the attention probabilities recomputed in backward, and with
+ *    the LM head fused with its loss over several chunks of rows (V 200)
+ *    and the GELU output recomputed.
  * The fault row "tp:drop-grad" reruns this program with the last rank's
  * share of every TP gradient reduction lost; each GPT comparison must catch
  * it (non-SP: the all-reduce of a column layer's input gradient; SP: the
@@ -265,8 +267,9 @@ typedef struct {
     fsc_gpt_config model;
     bool sp;
     float max_norm;
-    bool checkpoint; /* the blocks activation-checkpointed */
-    bool recompute;  /* fsc_tp_options.recompute_attention */
+    bool checkpoint;    /* the blocks activation-checkpointed */
+    bool recompute;     /* fsc_tp_options.recompute_attention */
+    bool recompute_act; /* fsc_tp_options.recompute_activation */
 } gpt_run;
 
 /* The whole model's parameters as the file at path holds them, in the
@@ -282,8 +285,10 @@ static float *read_whole(const fsc_gpt_config *cfg, const char *path, int64_t *n
 static float *run_tp(const gpt_run *c, int t, int64_t *numel) {
     int color;
     fsc_group *g = tp_group(t, &color);
-    fsc_tp_options opt = {
-        .group = g, .sequence_parallel = c->sp, .recompute_attention = c->recompute};
+    fsc_tp_options opt = {.group = g,
+                          .sequence_parallel = c->sp,
+                          .recompute_attention = c->recompute,
+                          .recompute_activation = c->recompute_act};
     fsc_module *m = fsc_tp_gpt_new(&c->model, &opt);
     if (!m) fail_msg("fsc_tp_gpt_new: %s", fsc_last_error());
     if (c->checkpoint)
@@ -350,10 +355,11 @@ static void expect_one_process(const gpt_run *runs, int n) {
             float *got = run_tp(&runs[i], t, &numel);
             assert_int_equal(numel, ref_n);
             char label[160];
-            snprintf(label, sizeof label, "TP %d%s, V %d%s%s%s, rank %d", t,
+            snprintf(label, sizeof label, "TP %d%s, V %d%s%s%s%s, rank %d", t,
                      runs[i].sp ? " + SP" : "", runs[i].model.vocab,
                      runs[i].max_norm > 0 ? ", clipped" : "", runs[i].checkpoint ? ", ckpt" : "",
-                     runs[i].recompute ? ", recompute" : "", rank);
+                     runs[i].recompute ? ", recompute" : "",
+                     runs[i].recompute_act ? ", GELU recomputed" : "", rank);
             assert_int_equal(eq_compare(label, got, ref, ref_n), 0);
             free(got);
         }
@@ -376,6 +382,20 @@ static void test_gpt_padded_vocab(void **state) {
     expect_one_process(runs, 2);
 }
 
+/* V 200 over C 32 and 128 rows: the fused head runs 4 chunks of 32 rows at
+ * t = 1, 40 + 40 + 40 + 8 at t = 2 (100 rows of the vocabulary each) and
+ * 81 + 47 at t = 4: chunk boundaries, a short last chunk and padding-free
+ * shards, with and without SP, the GELU output recomputed too. */
+static void test_gpt_chunked_head(void **state) {
+    (void)state;
+    fsc_gpt_config v200 = EQ_MODEL;
+    v200.vocab = 200;
+    gpt_run runs[3] = {{.model = v200},
+                       {.model = v200, .sp = true},
+                       {.model = v200, .sp = true, .recompute = true, .recompute_act = true}};
+    expect_one_process(runs, 3);
+}
+
 static void test_gpt_clipped(void **state) {
     (void)state;
     gpt_run runs[2] = {{.model = EQ_MODEL, .max_norm = 0.2f},
@@ -391,6 +411,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_vocab_range),      cmocka_unit_test(test_cross_entropy),
         cmocka_unit_test(test_column_row_pair),  cmocka_unit_test(test_gpt_equals_one_process),
         cmocka_unit_test(test_gpt_padded_vocab), cmocka_unit_test(test_gpt_clipped),
+        cmocka_unit_test(test_gpt_chunked_head),
     };
     return mpi_test_finish(cmocka_run_group_tests(tests, setup_dir, teardown_dir));
 }

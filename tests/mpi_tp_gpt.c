@@ -9,6 +9,8 @@
  *    floor of summation order, and counting replicated parameters t times
  *    (the recurring bug) would be caught by that bound;
  *  - activation checkpointing inside TP blocks changes nothing, bitwise;
+ *  - a training micro-step writes no gradient before backward begins (the
+ *    fused head runs there), as ShardedDDP's gradient memory needs;
  *  - bad configurations are refused with a message. */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp */
 #include <setjmp.h>
@@ -283,6 +285,54 @@ static void test_grad_norm(void **state) {
     check_grad_norm(true);
 }
 
+/* ---- gradients are written inside backward only ------------------------------------------ */
+/* ShardedDDP commits gradient memory in its pre-backward hooks and drops
+ * what was there: a gradient written during forward (the fused head's, if
+ * it ran there) would be lost under sdp alone. The root's pre-backward hook
+ * sees every gradient still zero, and the micro-step then writes them. */
+typedef struct {
+    const fsc_params *ps;
+    int calls, nonzero;
+} zero_probe;
+
+static int probe_zero(fsc_module *m, fsc_hook_kind kind, const fsc_ctx *ctx, const fsc_tensor *t,
+                      void *user) {
+    (void)m, (void)kind, (void)ctx, (void)t;
+    zero_probe *z = user;
+    z->calls++;
+    for (int64_t i = 0; i < z->ps->numel; i++) z->nonzero += z->ps->grad[i] != 0.f;
+    return FSC_OK;
+}
+
+static void test_grads_written_in_backward(void **state) {
+    (void)state;
+    for (int sp = 0; sp < 2; sp++) {
+        fsc_tp_options opt = {.group = fsc_group_world(), .sequence_parallel = sp};
+        fsc_module *m = fsc_tp_gpt_new(&EQ_MODEL, &opt);
+        fsc_params ps;
+        assert_int_equal(fsc_tp_params_bind(m, 5, true, &ps), FSC_OK);
+        zero_probe z = {.ps = &ps};
+        assert_int_equal(fsc_module_add_hook(m, FSC_HOOK_PRE_BACKWARD, probe_zero, &z), FSC_OK);
+        fsc_tokens tk;
+        eq_tokens(&tk);
+        fsc_arena *arena = fsc_arena_new(FSC_MEM_ACTIV, 1 << 20);
+        float loss;
+        if (tp_test_micro(m, &ps, arena, &tk, EQ_MODEL.seq, 0, &loss))
+            fail_msg("rank %d: %s", rank, fsc_last_error());
+        assert_int_equal(z.calls, 1);
+        if (z.nonzero)
+            fail_msg("SP %d: %d gradient elements written before backward began", sp, z.nonzero);
+        const fsc_param *wte = fsc_params_find(&ps, "wte.weight")->param;
+        bool any = false;
+        for (int64_t i = 0; i < wte->numel; i++) any |= wte->grad[i] != 0.f;
+        assert_true(any);
+        fsc_arena_free(arena);
+        fsc_tokens_free(&tk);
+        fsc_params_free(&ps);
+        fsc_module_free(m);
+    }
+}
+
 /* ---- checkpointing inside TP blocks ----------------------------------------------------- */
 static void test_checkpoint_bitwise(void **state) {
     (void)state;
@@ -340,6 +390,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_replicated_bitwise_sp),
         cmocka_unit_test(test_grad_norm),
         cmocka_unit_test(test_checkpoint_bitwise),
+        cmocka_unit_test(test_grads_written_in_backward),
         cmocka_unit_test(test_bad_configs),
     };
     return mpi_test_finish(cmocka_run_group_tests(tests, setup_dir, teardown_dir));

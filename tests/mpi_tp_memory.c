@@ -10,9 +10,15 @@
  *    probabilities, the GELU in/out) are the same size either way;
  *  - recompute_attention keeps exactly B * NH/t * T*T floats fewer per
  *    block, and its gradients equal the stored-probability ones bit for bit;
+ *  - recompute_activation keeps exactly the GELU output (B*T*4C/t floats)
+ *    and two tensor records fewer per block, with the same gradients;
  *  - over a whole TP GPT training micro-step the arena's high water falls
  *    under SP and again (by at least L-1 blocks' probabilities: backward
- *    holds one recomputed copy) with recompute_attention. */
+ *    holds one recomputed copy) with recompute_attention;
+ *  - the LM head fused with its loss (fsc_tp_gpt_train_micro) runs below the
+ *    unfused head (forward, fsc_tp_cross_entropy, backward) by at least the
+ *    logits less one chunk of them and one (B*T, C) tensor, with the same
+ *    loss bit for bit. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -35,9 +41,11 @@ typedef struct {
 
 /* One TP block's forward and backward on a fixed input (the whole (B,T,C)
  * tensor, or this rank's sequence shard under SP). */
-static block_run run_block(bool sp, bool recompute, float dropout) {
-    fsc_tp_options opt = {
-        .group = fsc_group_world(), .sequence_parallel = sp, .recompute_attention = recompute};
+static block_run run_block(bool sp, bool recompute, bool recompute_act, float dropout) {
+    fsc_tp_options opt = {.group = fsc_group_world(),
+                          .sequence_parallel = sp,
+                          .recompute_attention = recompute,
+                          .recompute_activation = recompute_act};
     fsc_module *m = fsc_tp_block_new("h.0", C, NH, dropout, 0, 2, &opt);
     if (!m) fail_msg("fsc_tp_block_new: %s", fsc_last_error());
     fsc_params ps;
@@ -78,7 +86,7 @@ static void test_block_counts(void **state) {
     const int64_t unit = (int64_t)B * T * C * 4, stats = (int64_t)B * T * 4;
     for (int k = 0; k < 2; k++) {
         const float p = k ? 0.1f : 0.f;
-        block_run full = run_block(false, false, p), sp = run_block(true, false, p);
+        block_run full = run_block(false, false, false, p), sp = run_block(true, false, false, p);
         /* ln_1, ln_2 outputs; attention and MLP outputs; with dropout the
          * row layers' outputs too; mean and rstd of the two LayerNorms */
         const int64_t shard_units = p > 0 ? 6 : 4;
@@ -88,14 +96,23 @@ static void test_block_counts(void **state) {
                      (long long)(full.kept - sp.kept), (long long)want);
         if (t > 1) assert_true(sp.high < full.high);
         /* selective recomputation: the probabilities, exactly; same gradients */
-        block_run rc = run_block(true, true, p);
+        block_run rc = run_block(true, true, false, p);
         const int64_t att = (int64_t)B * (NH / t) * T * T * 4;
         if (sp.kept - rc.kept != att)
             fail_msg("recompute keeps %lld bytes fewer, expected %lld",
                      (long long)(sp.kept - rc.kept), (long long)att);
         assert_int_equal(rc.n_grads, sp.n_grads);
         assert_memory_equal(rc.grads, sp.grads, sizeof(float) * (size_t)sp.n_grads);
-        free(full.grads), free(sp.grads), free(rc.grads);
+        /* GELU recomputed: its output, GELU's record and c_proj's (one
+         * fsc_tensor each) no longer kept; same gradients */
+        block_run ra = run_block(true, false, true, p);
+        const int64_t gelu = (int64_t)B * T * (4 * C / t) * 4;
+        const int64_t rec = (int64_t)(sizeof(fsc_tensor) + 63) / 64 * 64;
+        if (sp.kept - ra.kept != gelu + 2 * rec)
+            fail_msg("GELU recompute keeps %lld bytes fewer, expected %lld",
+                     (long long)(sp.kept - ra.kept), (long long)(gelu + 2 * rec));
+        assert_memory_equal(ra.grads, sp.grads, sizeof(float) * (size_t)sp.n_grads);
+        free(full.grads), free(sp.grads), free(rc.grads), free(ra.grads);
     }
 }
 
@@ -140,12 +157,72 @@ static void test_gpt_high_water(void **state) {
                world, full, sp, (double)sp / (double)full, rc, (double)rc / (double)full);
 }
 
+/* The head-heavy GPT's micro-step, head fused (fsc_tp_gpt_train_micro) or
+ * not (forward to logits, fsc_tp_cross_entropy, backward): the arena's high
+ * water. */
+enum { HB = 8, HT = 16, HV = 2048, HC = 32 };
+static size_t head_high(bool sp, bool fused, float *loss) {
+    fsc_gpt_config cfg = {.vocab = HV, .seq = HT, .layers = 2, .d_model = HC, .heads = 4};
+    fsc_tp_options opt = {.group = fsc_group_world(), .sequence_parallel = sp};
+    fsc_module *m = fsc_tp_gpt_new(&cfg, &opt);
+    if (!m) fail_msg("fsc_tp_gpt_new: %s", fsc_last_error());
+    fsc_params ps;
+    assert_int_equal(fsc_tp_params_bind(m, 5, true, &ps), FSC_OK);
+    fsc_params_zero_grad(&ps);
+    int32_t x[HB * HT], y[HB * HT];
+    for (int i = 0; i < HB * HT; i++) x[i] = (i * 7 + 3) % HV, y[i] = (i * 11 + 5) % HV;
+    fsc_arena *arena = fsc_arena_new(FSC_MEM_ACTIV, 1 << 20);
+    fsc_ctx ctx = {.arena = arena, .training = true, .keyed = true, .seed = 5};
+    const double norm = (double)HB * HT;
+    int rc;
+    if (fused) {
+        rc = fsc_tp_gpt_train_micro(m, &ctx, x, y, HB, HT, -1, norm, loss);
+    } else {
+        fsc_tensor ids = fsc_tensor_2d(x, FSC_DTYPE_I32, HB, HT), logits;
+        fsc_tensor tg = fsc_tensor_2d(y, FSC_DTYPE_I32, HB, HT);
+        void *saved = NULL;
+        rc = fsc_module_forward(m, &ctx, &ids, &logits, &saved);
+        if (!rc)
+            rc = fsc_tp_cross_entropy(loss, &logits, &tg, HV, -1, norm, fsc_group_world(), arena);
+        if (!rc) rc = fsc_module_backward(m, &ctx, saved, &logits, NULL);
+    }
+    if (rc) fail_msg("rank %d: %s", rank, fsc_last_error());
+    size_t high = fsc_arena_high_water(arena);
+    fsc_arena_free(arena);
+    fsc_params_free(&ps);
+    fsc_module_free(m);
+    return high;
+}
+
+static void test_fused_head(void **state) {
+    (void)state;
+    const int64_t N = (int64_t)HB * HT, vp = HV / world;
+    /* tp_head.c's rule: max(32, N*C/vp) rows per chunk */
+    const int64_t rows = N * HC / vp > 32 ? N * HC / vp : 32;
+    const int64_t logits = N * vp * 4, chunk = rows * vp * 4, act = N * HC * 4;
+    for (int k = 0; k < 2; k++) {
+        float lf, lu;
+        size_t fused = head_high(k, true, &lf), unfused = head_high(k, false, &lu);
+        if ((int64_t)unfused - (int64_t)fused < logits - chunk - act)
+            fail_msg("SP %d, t %d: the fused head's high water %zu is %lld bytes below the "
+                     "unfused %zu; the logits (%lld) less a chunk (%lld) and a (B*T, C) tensor "
+                     "(%lld) should be",
+                     k, world, fused, (long long)unfused - (long long)fused, unfused,
+                     (long long)logits, (long long)chunk, (long long)act);
+        assert_memory_equal(&lf, &lu, sizeof lf); /* per row the same arithmetic */
+        if (rank == 0)
+            printf("# fused head, t = %d, SP %d: high water %zu vs %zu unfused (logits %lld)\n",
+                   world, k, fused, unfused, (long long)logits);
+    }
+}
+
 int main(int argc, char **argv) {
     if (fsc_dist_init(&argc, &argv, NULL)) return 1;
     rank = fsc_dist_rank(), world = fsc_dist_size();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_block_counts),
         cmocka_unit_test(test_gpt_high_water),
+        cmocka_unit_test(test_fused_head),
     };
     return mpi_test_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -52,6 +52,7 @@ static int pp = 1, chunks = 1, virtual_stages = 0;
 static int tp = 1;                      /* --tp: tensor-parallel ranks per replica */
 static bool sequence_parallel = false; /* --sequence-parallel */
 static bool recompute_attention;       /* --recompute-attention */
+static bool recompute_activation;      /* --recompute-activation */
 static const char *pipe_schedule = "1f1b", *balance = NULL;
 static const char *trace = NULL; /* --trace: the last step's pipeline as a Chrome trace */
 /* --moe-experts: an MoE GPT (fsc/moe.h), its experts over the ranks under ddp */
@@ -97,7 +98,7 @@ static int measure(const bench_config *c, const char *strategy, int steps, int w
     o.moe_capacity = moe_capacity;
     if (tp > 1 && strcmp(strategy, "single")) /* the baseline stays one process */
         o.tp = tp, o.sequence_parallel = sequence_parallel,
-        o.recompute_attention = recompute_attention;
+        o.recompute_attention = recompute_attention, o.recompute_activation = recompute_activation;
     if (pp > 1 && strcmp(strategy, "single")) { /* the baseline stays one process */
         o.pp = pp, o.grad_accum = chunks, o.pipe_schedule = pipe_schedule;
         o.virtual_stages = virtual_stages, o.balance = balance;
@@ -124,6 +125,10 @@ static int measure(const bench_config *c, const char *strategy, int steps, int w
         if (s == warmup) { /* whole-run peaks so far; then the steady state alone */
             for (int tag = 0; tag < FSC_MEM_TAG_COUNT; tag++)
                 out->mem[tag] = (int64_t)fsc_mem_peak((fsc_mem_tag)tag);
+            /* The next step would first trade the arena's blocks (the first
+             * step's chained and spare ones) for one block of what a step
+             * uses; done here, they stay out of the steady peaks. */
+            if (t.step_arena) fsc_arena_reset(t.step_arena);
             fsc_mem_reset_peaks();
             fsc_bf16_gemm_reset_stats();
             tp_wait0 = fsc_strategy_get_stats(t.s).tp_wait_s;
@@ -408,6 +413,8 @@ int main(int argc, char **argv) {
          .help = "with --tp: LayerNorm and dropout on sequence shards"},
         {.name = "recompute-attention", .kind = ARG_FLAG, .ptr = &recompute_attention,
          .help = "with --tp: attention probabilities recomputed in backward"},
+        {.name = "recompute-activation", .kind = ARG_FLAG, .ptr = &recompute_activation,
+         .help = "with --tp: the MLP's GELU output recomputed in backward"},
         {.name = "moe-experts", .kind = ARG_INT, .ptr = &moe_experts,
          .help = "an MoE GPT: E experts per MoE MLP (ddp: spread over the ranks)"},
         {.name = "moe-every", .kind = ARG_INT, .ptr = &moe_every,

@@ -267,6 +267,7 @@ static int strategy_options(trainer *t, fsc_strategy_options *so, fsc_module ***
         so->tp = (fsc_tp_strategy_options){.size = o->tp,
                                            .sequence_parallel = o->sequence_parallel,
                                            .recompute_attention = o->recompute_attention,
+                                           .recompute_activation = o->recompute_activation,
                                            .make_model = o->pp > 1 ? NULL : make_tp_model,
                                            .make_stage = o->pp > 1 ? make_tp_stage : NULL,
                                            .user = t};
@@ -281,7 +282,8 @@ static int load_batch(const fsc_micro_batch *mb, void *user) {
 
 static int gpt_loss(fsc_module *m, const fsc_ctx *ctx, const fsc_micro_batch *mb, void *user,
                     float *loss) {
-    const trainer *t = user;
+    trainer *t = user;
+    t->step_arena = ctx->arena;
     const int T = t->opt.model.seq;
     const int32_t *x = t->x + (size_t)mb->row0 * T, *y = t->y + (size_t)mb->row0 * T;
     return t->opt.tp > 1 ? fsc_tp_gpt_train_micro(m, ctx, x, y, mb->rows, T, -1, mb->norm, loss)

@@ -38,6 +38,7 @@ typedef struct train_options {
     int tp;                      /* tensor-parallel ranks per replica (1: none) */
     bool sequence_parallel;      /* with --tp: LayerNorm/dropout regions on sequence shards */
     bool recompute_attention;    /* with --tp: attention probabilities recomputed in backward */
+    bool recompute_activation;   /* with --tp: the MLP's GELU output recomputed in backward */
     bool adascale;               /* AdaScale: lr x gain, --steps counts scale-invariant steps */
     int localsgd_frequency;      /* slowmo: average parameters every N steps (0: 3) */
     int slowmo_frequency;        /* slowmo: the slow-momentum update every N steps (0: 48) */
@@ -137,6 +138,9 @@ typedef struct trainer {
     fsc_group *tp_group; /* --tp with --pp: the last stage's TP group (its loss's) */
     int64_t poison_step; /* tests: this rank's gradient gets an inf at this step (1-based) */
     fsc_moe_options moe; /* --moe-experts: opt.model.moe points here */
+    /* the arena the trainer last gave the loss function (not under --pp),
+     * for fsc-bench to reset between its warm-up and timed steps */
+    fsc_arena *step_arena;
 } trainer;
 
 /* train_moe.c: --moe-* ranges and combinations (train_options_check calls it). */

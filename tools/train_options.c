@@ -112,6 +112,9 @@ static const flag flags[] = {
     F("recompute-attention", ARG_FLAG, recompute_attention,
       "with --tp: attention keeps q, k, v only and recomputes its softmax probabilities in "
       "backward (selective recomputation: B x heads/tp x T x T floats less per layer)"),
+    F("recompute-activation", ARG_FLAG, recompute_activation,
+      "with --tp: the MLP keeps GELU's input only and recomputes its output in backward (4 x "
+      "d_model/tp floats less per token per layer)"),
     F("adascale", ARG_FLAG, adascale,
       "AdaScale (ddp, oss, sdp, single): the lr times the gain measured from the ranks' and "
       "micro-batches' gradients; --steps then counts scale-invariant steps"),
@@ -463,6 +466,8 @@ int train_options_check(const train_options *o) {
         return fsc_error(FSC_ERR_INVALID, "--sequence-parallel needs --tp >= 2");
     if (o->recompute_attention && o->tp < 2)
         return fsc_error(FSC_ERR_INVALID, "--recompute-attention needs --tp >= 2");
+    if (o->recompute_activation && o->tp < 2)
+        return fsc_error(FSC_ERR_INVALID, "--recompute-activation needs --tp >= 2");
     if (o->localsgd_frequency < 0 || o->slowmo_frequency < 0)
         return fsc_error(FSC_ERR_INVALID,
                          "--localsgd-frequency and --slowmo-frequency must be >= 0");

@@ -64,6 +64,10 @@ typedef struct fsc_ctx {
      * default): fp32 throughout, bit for bit as without this field. Other
      * dtypes: fsc_module_forward/backward return FSC_ERR_UNSUPPORTED. */
     fsc_dtype autocast;
+    /* Internal to fsc_tp_gpt_train_micro and fsc_tp_gpt_eval_loss (fsc/tp.h),
+     * which set it so that the TP GPT runs its head and loss fused (the full
+     * logits never exist); every other caller leaves it NULL. */
+    const struct fsc_head_loss *head_loss;
 } fsc_ctx;
 
 typedef struct fsc_module fsc_module;

@@ -58,6 +58,7 @@ typedef struct fsc_tp_strategy_options {
     int size;               /* ranks per tensor-parallel group; > 1 turns the dimension on */
     bool sequence_parallel; /* fsc_tp_options.sequence_parallel */
     bool recompute_attention; /* fsc_tp_options.recompute_attention */
+    bool recompute_activation; /* fsc_tp_options.recompute_activation */
     /* Makes the model over the TP group it is given (fsc_tp_gpt_new for the
      * GPT; the options are valid while the strategy lives); fsc_strategy_new's
      * model is then NULL and the strategy owns what this returns. */

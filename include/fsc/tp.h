@@ -60,6 +60,11 @@ typedef struct fsc_tp_options {
      * recomputes them (one more q k^T per layer); the gradients are the same
      * bit for bit. Independent of sequence_parallel. */
     bool recompute_attention;
+    /* The MLP keeps GELU's input, not also its output (4C/t floats per token
+     * per layer), and backward recomputes the output from it by the same
+     * kernel; the gradients are the same bit for bit. Independent of the two
+     * above. */
+    bool recompute_activation;
 } fsc_tp_options;
 
 /* ---- the vocabulary padding rule --------------------------------------------- */
@@ -163,13 +168,19 @@ FSC_API fsc_module *fsc_tp_gpt_stage_new(const fsc_gpt_config *cfg, int first, i
                                          const fsc_tp_options *tp);
 /* fsc_gpt_train_micro for a TP GPT, or a wrapper around one (DDP,
  * ShardedDDP: found through fsc_module.wraps): forward, vocab-parallel
- * cross-entropy, backward (+=). *loss is the same on every rank. Errors as
+ * cross-entropy, backward (+=). The head runs fused with the loss, at the
+ * start of backward, over chunks of rows (each chunk's logits made,
+ * differentiated and folded into the head's input and weight gradients at
+ * once), so the (B,T,ceil(V/t)) logits never exist; per row the arithmetic
+ * is the unfused one, the weight gradient sums rows chunk by chunk (under
+ * ctx->defer the head runs unfused). *loss is the same on every rank. Errors as
  * fsc_gpt_train_micro's; FSC_ERR_INVALID for a module fsc_tp_gpt_new did not
  * make (nor wraps). */
 FSC_API int fsc_tp_gpt_train_micro(fsc_module *gpt, const fsc_ctx *ctx, const int32_t *x,
                                    const int32_t *y, int B, int T, int ignore_index, double norm,
                                    float *loss);
-/* fsc_gpt_eval_loss for a TP GPT (forward only). */
+/* fsc_gpt_eval_loss for a TP GPT (forward only, the head fused with the loss
+ * as above). */
 FSC_API int fsc_tp_gpt_eval_loss(fsc_module *gpt, const fsc_ctx *ctx, const int32_t *x,
                                  const int32_t *y, int B, int T, int ignore_index, float *loss);
 

@@ -120,6 +120,9 @@ void fsc_arena_release(fsc_arena *a, fsc_arena_mark_t m) {
 }
 
 void fsc_arena_reset(fsc_arena *a) {
+    /* Nothing allocated since the last reset: it is one still, and keeps its
+     * block (a second reset must not shrink it to block_bytes). */
+    if (!a->step_high) return;
     /* Several blocks, or one much larger than the last step needed: replace
      * them by one block of what the last step used. */
     size_t need = a->step_high > a->block_bytes ? a->step_high : a->block_bytes;

@@ -1,6 +1,6 @@
 /* Tensor-parallel transformer pieces: attention with heads split over the
- * group, the MLP (column -> GELU -> row) and the pre-LN block, with the
- * one-process modules' child names, initialisation and dropout keys.
+ * group and the pre-LN block (the MLP is tp_mlp.c), with the one-process
+ * modules' child names, initialisation and dropout keys.
  *
  * Attention: c_attn is column-parallel over 3C outputs laid out [q | k | v];
  * rank r holds the q, k and v columns of its heads, i.e. three blocks of
@@ -124,28 +124,6 @@ fsc_module *fsc_tp_attention_new(const char *name, int C, int NH, float dropout,
         return NULL;
     }
     return &a->tp.base;
-}
-
-/* ---- MLP ---------------------------------------------------------------------------- */
-fsc_module *fsc_tp_mlp_new(const char *name, int C, float dropout, uint32_t layer_id,
-                           float init_std, float proj_std, const fsc_tp_options *tp) {
-    if (C <= 0) {
-        fsc_error(FSC_ERR_INVALID, "tensor-parallel MLP %s: d_model %d must be positive",
-                  name ? name : "", C);
-        return NULL;
-    }
-    fsc_module *parts[4] = {
-        fsc_tp_column_linear_new("c_fc", C, 4 * C, true, FSC_WEIGHT_IN_OUT, init_std, false, tp),
-        fsc_gelu_new("act"),
-        fsc_tp_row_linear_new("c_proj", 4 * C, C, true, FSC_WEIGHT_IN_OUT, proj_std, true, tp),
-        fsc_tp_dropout_new("dropout", dropout, layer_id, tp),
-    };
-    for (int i = 0; i < 4; i++)
-        if (!parts[i]) {
-            for (int j = 0; j < 4; j++) fsc_module_free(parts[j]);
-            return NULL;
-        }
-    return fsc_sequential_new(name, 4, parts);
 }
 
 /* ---- block ----------------------------------------------------------------------------- */

@@ -8,7 +8,15 @@
  * the head enters a region again by sequence gather. wpe is replicated; its
  * gradient from a shard of positions is summed over the group in backward.
  * The embedding sum (a row of wte plus zeros from the other ranks) is exact,
- * so the embedded tokens are the one-process ones bit for bit. */
+ * so the embedded tokens are the one-process ones bit for bit.
+ *
+ * fsc_tp_gpt_train_micro and eval_loss run the head fused with its loss
+ * (tp_head.c): they pass the targets in fsc_ctx.head_loss, through any
+ * wrapper, and forward then outputs a (1,) loss instead of logits, which
+ * the head fills when it runs: in forward when evaluating, else first thing
+ * in backward, so that every gradient is written inside backward (as
+ * wrappers expect: ShardedDDP commits gradient memory at backward start). */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -29,7 +37,39 @@ typedef struct {
     void *drop, *ln_f;
     void **h;
     fsc_tensor final; /* ln_f's output (a shard under SP): the head's input */
+    /* fsc_ctx.head_loss: the head runs with its loss, in forward when
+     * evaluating, else first thing in backward (where wrappers expect
+     * gradients to be written: ShardedDDP commits their memory then) */
+    bool fused;
+    struct fsc_head_loss hl;
+    float *loss; /* the (1,) output, filled by backward in training */
 } tp_gpt_saved;
+
+/* The head and loss fused (tp_head.c) over ln_f's output: the loss into
+ * s->loss; in training also dW and the gradient at the head's input. */
+static int head_fused(tp_gpt *g, const fsc_ctx *ctx, const tp_gpt_saved *s, fsc_tensor *dfin) {
+    double sum = 0;
+    int rc = tp_head_loss(&g->tp, ctx, &s->final, &g->wte->params[0], g->first, g->count, g->vp,
+                          &s->hl, &sum, dfin);
+    if (!rc) *s->loss = (float)(sum / s->hl.norm);
+    return rc;
+}
+
+/* Fused: y is the (1,) loss, computed now when evaluating, by backward in
+ * training; the targets are checked now either way. */
+static int forward_fused(tp_gpt *g, const fsc_ctx *ctx, tp_gpt_saved *s, fsc_tensor *y) {
+    const struct fsc_head_loss *hl = ctx->head_loss;
+    int rc =
+        tp_check_targets(hl->targets, fsc_tensor_numel(&s->ids), g->cfg.vocab, hl->ignore_index);
+    if (rc) return rc;
+    if (!(hl->norm > 0))
+        return fsc_error(FSC_ERR_INVALID, "TP GPT: loss normaliser %g must be > 0", hl->norm);
+    *y = fsc_tensor_arena(ctx->arena, FSC_DTYPE_F32, 1, (int64_t[]){1});
+    if (!y->data) return FSC_ERR_NOMEM;
+    s->fused = true, s->hl = *hl, s->loss = y->data;
+    *s->loss = NAN;
+    return ctx->training ? FSC_OK : head_fused(g, ctx, s, NULL);
+}
 
 static int gpt_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, fsc_tensor *y,
                        void **saved) {
@@ -51,7 +91,7 @@ static int gpt_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, f
             return fsc_error(FSC_ERR_INVALID,
                              "TP GPT: token %d at position %lld outside vocab [0,%d)", ids[i],
                              (long long)i, c->vocab);
-    tp_gpt_saved *s = fsc_arena_alloc(ctx->arena, sizeof *s);
+    tp_gpt_saved *s = fsc_arena_calloc(ctx->arena, sizeof *s);
     if (!s) return FSC_ERR_NOMEM;
     s->ids = *x;
     s->h = fsc_arena_alloc(ctx->arena, sizeof(void *) * (size_t)c->layers);
@@ -75,6 +115,8 @@ static int gpt_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, f
     }
     if (!rc) rc = fsc_module_forward(g->ln_f, ctx, &cur, &s->final, &s->ln_f);
     if (rc) return rc;
+    *saved = s;
+    if (ctx->head_loss && !ctx->defer) return forward_fused(g, ctx, s, y);
     *y = fsc_tensor_arena(ctx->arena, FSC_DTYPE_F32, 3, (int64_t[]){B, T, g->vp});
     if (!y->data) return FSC_ERR_NOMEM;
     fsc_arena_mark_t mark = fsc_arena_mark(ctx->arena);
@@ -83,7 +125,6 @@ static int gpt_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, f
     fsc_matmul_forward_prec(y->data, fin.data, g->wte->params[0].data, NULL, B * T, C, g->vp,
                             FSC_WEIGHT_OUT_IN, fsc_ctx_prec(ctx));
     fsc_arena_release(ctx->arena, mark);
-    *saved = s;
     return FSC_OK;
 }
 
@@ -104,6 +145,37 @@ static int wpe_backward(tp_gpt *g, const fsc_ctx *ctx, const fsc_tensor *de, int
     return tp_accumulate_replicated(&g->tp, g->wpe->params[0].grad, dwpe, (int64_t)T * C);
 }
 
+/* The unfused head's backward: dy is d(loss)/d(logits) (B, T, vp). */
+static int head_backward(tp_gpt *g, const fsc_ctx *ctx, const tp_gpt_saved *s, const fsc_tensor *dy,
+                         fsc_tensor *dfin) {
+    int B = (int)s->ids.shape[0], T = (int)s->ids.shape[1], C = g->cfg.d_model;
+    int rc = fsc_module_check_dy(&g->tp.base, dy, 3, (int64_t[]){B, T, g->vp});
+    if (rc) return rc;
+    fsc_param *wte = &g->wte->params[0];
+    fsc_tensor fin;
+    *dfin = fsc_tensor_arena(ctx->arena, FSC_DTYPE_F32, 3, (int64_t[]){B, T, C});
+    if (!dfin->data) return FSC_ERR_NOMEM;
+    fsc_arena_mark_t mark = fsc_arena_mark(ctx->arena);
+    if ((rc = tp_enter_forward(&g->tp, ctx->arena, &s->final, &fin))) return rc;
+    fsc_matmul_backward_prec(dfin->data, wte->grad, NULL, dy->data, fin.data, wte->data, B * T, C,
+                             g->vp, FSC_WEIGHT_OUT_IN, fsc_ctx_prec(ctx));
+    fsc_arena_release(ctx->arena, mark);
+    return tp_enter_backward(&g->tp, ctx->arena, dfin); /* f / scatter */
+}
+
+/* The fused head's backward: dy is d(total)/d(loss), and the loss is
+ * differentiated at 1/norm, so only 1 is meaningful. */
+static int fused_backward(tp_gpt *g, const fsc_ctx *ctx, const tp_gpt_saved *s,
+                          const fsc_tensor *dy, fsc_tensor *dfin) {
+    int rc = fsc_module_check_dy(&g->tp.base, dy, 1, (int64_t[]){1});
+    if (rc) return rc;
+    if (*(const float *)dy->data != 1.f)
+        return fsc_error(FSC_ERR_INVALID,
+                         "TP GPT: backward after a fused head and loss needs dy = 1, got %g",
+                         (double)*(const float *)dy->data);
+    return head_fused(g, ctx, s, dfin);
+}
+
 static int gpt_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fsc_tensor *dy,
                         fsc_tensor *dx) {
     (void)dx; /* token ids have no gradient */
@@ -112,16 +184,10 @@ static int gpt_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fs
     int rc = fsc_check_saved(m, saved);
     if (rc) return rc;
     int B = (int)s->ids.shape[0], T = (int)s->ids.shape[1], C = g->cfg.d_model;
-    if ((rc = fsc_module_check_dy(m, dy, 3, (int64_t[]){B, T, g->vp}))) return rc;
     fsc_param *wte = &g->wte->params[0];
-    fsc_tensor dfin = fsc_tensor_arena(ctx->arena, FSC_DTYPE_F32, 3, (int64_t[]){B, T, C}), fin;
-    if (!dfin.data) return FSC_ERR_NOMEM;
-    fsc_arena_mark_t mark = fsc_arena_mark(ctx->arena);
-    if ((rc = tp_enter_forward(&g->tp, ctx->arena, &s->final, &fin))) return rc;
-    fsc_matmul_backward_prec(dfin.data, wte->grad, NULL, dy->data, fin.data, wte->data, B * T, C,
-                             g->vp, FSC_WEIGHT_OUT_IN, fsc_ctx_prec(ctx));
-    fsc_arena_release(ctx->arena, mark);
-    if ((rc = tp_enter_backward(&g->tp, ctx->arena, &dfin))) return rc; /* f / scatter */
+    fsc_tensor dfin;
+    rc = s->fused ? fused_backward(g, ctx, s, dy, &dfin) : head_backward(g, ctx, s, dy, &dfin);
+    if (rc) return rc;
     fsc_tensor cur;
     rc = fsc_module_backward(g->ln_f, ctx, s->ln_f, &dfin, &cur);
     fsc_tensor pingpong[2] = {dfin, cur};
@@ -215,15 +281,30 @@ static int gpt_loss(fsc_module *m, const fsc_ctx *ctx, const int32_t *x, const i
         return fsc_error(FSC_ERR_INVALID, "TP GPT loss: NULL argument or a module that "
                                           "fsc_tp_gpt_new did not make (nor wraps)");
     tp_gpt *g = (tp_gpt *)inner;
-    fsc_tensor ids = fsc_tensor_2d((void *)x, FSC_DTYPE_I32, B, T), logits;
-    fsc_tensor targets = fsc_tensor_2d((void *)y, FSC_DTYPE_I32, B, T);
+    fsc_tensor ids = fsc_tensor_2d((void *)x, FSC_DTYPE_I32, B, T), out;
     void *saved = NULL;
-    int rc = fsc_module_forward(m, ctx, &ids, &logits, &saved);
-    if (!rc)
-        rc = fsc_tp_cross_entropy(loss, &logits, &targets, g->cfg.vocab, ignore_index, norm,
-                                  g->tp.g, ctx->arena);
-    if (rc || !train) return rc;
-    return fsc_module_backward(m, ctx, saved, &logits, NULL); /* logits hold dloss/dlogits */
+    fsc_ctx plain = *ctx; /* what the modules below the head see, and backward */
+    plain.head_loss = NULL;
+    if (ctx->defer) { /* weight gradients wait: the head runs unfused, on whole logits */
+        fsc_tensor targets = fsc_tensor_2d((void *)y, FSC_DTYPE_I32, B, T);
+        int rc = fsc_module_forward(m, &plain, &ids, &out, &saved);
+        if (!rc)
+            rc = fsc_tp_cross_entropy(loss, &out, &targets, g->cfg.vocab, ignore_index, norm,
+                                      g->tp.g, ctx->arena);
+        if (rc || !train) return rc;
+        return fsc_module_backward(m, &plain, saved, &out, NULL); /* out holds dloss/dlogits */
+    }
+    const struct fsc_head_loss hl = {.targets = y, .ignore_index = ignore_index, .norm = norm};
+    fsc_ctx fused = plain;
+    fused.head_loss = &hl;
+    int rc = fsc_module_forward(m, &fused, &ids, &out, &saved);
+    if (!rc && train) {  /* the head and loss run first thing in backward */
+        float one = 1.f; /* d(loss)/d(loss) */
+        fsc_tensor dl = fsc_tensor_1d(&one, FSC_DTYPE_F32, 1);
+        rc = fsc_module_backward(m, &plain, saved, &dl, NULL);
+    }
+    if (!rc) *loss = *(const float *)out.data;
+    return rc;
 }
 
 int fsc_tp_gpt_train_micro(fsc_module *m, const fsc_ctx *ctx, const int32_t *x, const int32_t *y,

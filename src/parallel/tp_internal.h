@@ -36,7 +36,7 @@ typedef struct tp_module {
 } tp_module;
 
 extern const char TP_KIND_COLUMN[], TP_KIND_ROW[], TP_KIND_EMBEDDING[], TP_KIND_LAYERNORM[],
-    TP_KIND_DROPOUT[], TP_KIND_ATTENTION[], TP_KIND_BLOCK[], TP_KIND_GPT[];
+    TP_KIND_DROPOUT[], TP_KIND_ATTENTION[], TP_KIND_BLOCK[], TP_KIND_GPT[], TP_KIND_MLP[];
 
 /* The tp_module of m, or NULL when m is not a TP module. */
 tp_module *tp_module_of(const fsc_module *m);
@@ -110,6 +110,39 @@ void tp_vocab_lookup(float *y, const int32_t *ids, int64_t N, const float *table
 /* dtable rows += dy rows of the ids that fall in this rank's range. */
 void tp_vocab_lookup_backward(float *dtable, const float *dy, const int32_t *ids, int64_t N,
                               int first, int count, int C);
+
+/* FSC_ERR_INVALID naming the first target outside [0, vocab) that is not
+ * ignore_index (targets are replicated, so every rank fails alike). */
+int tp_check_targets(const int32_t *y, int64_t N, int vocab, int ignore_index);
+/* fsc_tp_cross_entropy's arithmetic on N rows of logits x (N, vp), targets
+ * checked: *sum += each row's loss (unnormalised); with grad, x becomes
+ * d(loss)/d(x) at 1/norm per target. Per row, the result does not depend on
+ * which rows share the call, so the head may run over chunks of rows. */
+int tp_cross_entropy_rows(double *sum, float *x, const int32_t *y, int64_t N, int vp, int first,
+                          int count, int ignore_index, double norm, bool grad, fsc_group *g,
+                          fsc_arena *arena);
+
+/* ---- the LM head fused with its loss (tp_head.c) ------------------------------ */
+/* What fsc_ctx.head_loss carries from fsc_tp_gpt_train_micro / eval_loss
+ * into the TP GPT's forward, through any wrapper (the GPT keeps a copy for
+ * its backward; the targets must live until then). */
+struct fsc_head_loss {
+    const int32_t *targets; /* (B, T), replicated over the TP group */
+    int ignore_index;
+    double norm;
+};
+
+/* The tied head (logits = fin W^T over this rank's vp vocabulary rows) and
+ * the vocab-parallel cross-entropy, over chunks of rows so that the logits
+ * of only one chunk exist at a time. in: the head's input, (B, T, C) or
+ * under SP this rank's (B, T/t, C) shard. *loss_sum gets the summed
+ * (unnormalised) loss. When ctx->training: dW += each chunk's weight
+ * gradient and *dfinal (arena, allocated before anything else here, shaped
+ * as in) the gradient at in after the region's backward (all-reduce,
+ * or under SP reduce-scatter), as the unfused head's backward gives them. */
+int tp_head_loss(const tp_module *m, const fsc_ctx *ctx, const fsc_tensor *in, fsc_param *wte,
+                 int first, int count, int vp, const struct fsc_head_loss *hl, double *loss_sum,
+                 fsc_tensor *dfinal);
 
 /* Sizes of a TP module for messages ("ColumnParallelLinear h.0.attn.c_attn"). */
 int tp_shape_error(const fsc_module *m, const char *what, const fsc_tensor *x);

@@ -110,6 +110,64 @@ static int reduce(fsc_group *g, float *buf, int64_t n, fsc_reduce_op op) {
     return rc ? fsc_error_context(rc, "vocab-parallel cross-entropy: ") : FSC_OK;
 }
 
+int tp_check_targets(const int32_t *y, int64_t N, int vocab, int ignore_index) {
+    for (int64_t i = 0; i < N; i++) /* targets are replicated: every rank fails alike */
+        if (y[i] != ignore_index && (y[i] < 0 || y[i] >= vocab))
+            return fsc_error(FSC_ERR_INVALID,
+                             "cross_entropy: target %d at position %lld outside [0,%d)", y[i],
+                             (long long)i, vocab);
+    return FSC_OK;
+}
+
+int tp_cross_entropy_rows(double *sum, float *x, const int32_t *y, int64_t N, int vp, int first,
+                          int count, int ignore_index, double norm, bool grad, fsc_group *g,
+                          fsc_arena *arena) {
+    fsc_arena_mark_t mark = fsc_arena_mark(arena);
+    float *mx = fsc_arena_alloc(arena, 3 * (size_t)N * sizeof(float));
+    if (!mx) return FSC_ERR_NOMEM;
+    float *tl = mx + N, *se = tl + N; /* target logit, sum of exps: adjacent, one all-reduce */
+    for (int64_t i = 0; i < N; i++) {
+        const float *r = x + i * vp;
+        float m = -INFINITY;
+        for (int v = 0; v < count; v++) m = r[v] > m ? r[v] : m;
+        mx[i] = m;
+    }
+    int rc = reduce(g, mx, N, FSC_REDUCE_MAX);
+    if (rc) return rc;
+    for (int64_t i = 0; i < N; i++) {
+        float *r = x + i * vp, m = mx[i], s = 0.f;
+        int64_t local = (int64_t)y[i] - first;
+        tl[i] = 0.f, se[i] = 0.f;
+        if (y[i] == ignore_index) continue;
+        if (local >= 0 && local < count) tl[i] = r[local];
+#pragma omp simd reduction(+ : s)
+        for (int v = 0; v < count; v++) {
+            r[v] = fsc_fast_expf(r[v] - m);
+            s += r[v];
+        }
+        se[i] = s;
+    }
+    if ((rc = reduce(g, tl, 2 * N, FSC_REDUCE_SUM))) return rc;
+    const float scale = (float)(1.0 / norm);
+    for (int64_t i = 0; i < N; i++) {
+        float *r = x + i * vp;
+        if (y[i] == ignore_index) {
+            if (grad) memset(r, 0, (size_t)vp * sizeof(float));
+            continue;
+        }
+        *sum += logf(se[i]) - (tl[i] - mx[i]);
+        if (!grad) continue;
+        float gs = scale / se[i];
+#pragma omp simd
+        for (int v = 0; v < count; v++) r[v] *= gs;
+        for (int v = count; v < vp; v++) r[v] = 0.f; /* padding */
+        int64_t local = (int64_t)y[i] - first;
+        if (local >= 0 && local < count) r[local] -= scale;
+    }
+    fsc_arena_release(arena, mark);
+    return FSC_OK;
+}
+
 int fsc_tp_cross_entropy(float *loss_out, fsc_tensor *logits, const fsc_tensor *targets, int vocab,
                          int ignore_index, double norm, fsc_group *g, fsc_arena *arena) {
     if (!loss_out || !logits || !targets || !arena)
@@ -131,52 +189,11 @@ int fsc_tp_cross_entropy(float *loss_out, fsc_tensor *logits, const fsc_tensor *
     if (!(norm > 0))
         return fsc_error(FSC_ERR_INVALID, "tp cross_entropy: norm %g must be > 0", norm);
     const int32_t *y = targets->data;
-    for (int64_t i = 0; i < N; i++) /* targets are replicated: every rank fails alike */
-        if (y[i] != ignore_index && (y[i] < 0 || y[i] >= vocab))
-            return fsc_error(FSC_ERR_INVALID,
-                             "cross_entropy: target %d at position %lld outside [0,%d)", y[i],
-                             (long long)i, vocab);
-    float *mx = fsc_arena_alloc(arena, 3 * (size_t)N * sizeof(float));
-    if (!mx) return FSC_ERR_NOMEM;
-    float *tl = mx + N, *se = tl + N; /* target logit, sum of exps: adjacent, one all-reduce */
-    float *x = logits->data;
-    for (int64_t i = 0; i < N; i++) {
-        const float *r = x + i * vp;
-        float m = -INFINITY;
-        for (int v = 0; v < count; v++) m = r[v] > m ? r[v] : m;
-        mx[i] = m;
-    }
-    if ((rc = reduce(g, mx, N, FSC_REDUCE_MAX))) return rc;
-    for (int64_t i = 0; i < N; i++) {
-        float *r = x + i * vp, m = mx[i], s = 0.f;
-        int64_t local = (int64_t)y[i] - first;
-        tl[i] = 0.f, se[i] = 0.f;
-        if (y[i] == ignore_index) continue;
-        if (local >= 0 && local < count) tl[i] = r[local];
-#pragma omp simd reduction(+ : s)
-        for (int v = 0; v < count; v++) {
-            r[v] = fsc_fast_expf(r[v] - m);
-            s += r[v];
-        }
-        se[i] = s;
-    }
-    if ((rc = reduce(g, tl, 2 * N, FSC_REDUCE_SUM))) return rc;
-    const float scale = (float)(1.0 / norm);
+    if ((rc = tp_check_targets(y, N, vocab, ignore_index))) return rc;
     double sum = 0;
-    for (int64_t i = 0; i < N; i++) {
-        float *r = x + i * vp;
-        if (y[i] == ignore_index) {
-            memset(r, 0, (size_t)vp * sizeof(float));
-            continue;
-        }
-        sum += logf(se[i]) - (tl[i] - mx[i]);
-        float gs = scale / se[i];
-#pragma omp simd
-        for (int v = 0; v < count; v++) r[v] *= gs;
-        for (int v = count; v < vp; v++) r[v] = 0.f; /* padding */
-        int64_t local = (int64_t)y[i] - first;
-        if (local >= 0 && local < count) r[local] -= scale;
-    }
+    if ((rc = tp_cross_entropy_rows(&sum, logits->data, y, N, vp, first, count, ignore_index, norm,
+                                    true, g, arena)))
+        return rc;
     *loss_out = (float)(sum / norm);
     return FSC_OK;
 }

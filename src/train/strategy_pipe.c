@@ -65,7 +65,8 @@ static int setup(fsc_strategy *s, const fsc_optim_config *optim) {
     if (rc) return rc;
     s->tp_options = (fsc_tp_options){.group = s->tp_group,
                                      .sequence_parallel = s->opt.tp.sequence_parallel,
-                                     .recompute_attention = s->opt.tp.recompute_attention};
+                                     .recompute_attention = s->opt.tp.recompute_attention,
+                                     .recompute_activation = s->opt.tp.recompute_activation};
     const fsc_pipe_kind kind = P > 1 ? s->opt.pipe.schedule : FSC_PIPE_GPIPE;
     const int chunks =
         kind == FSC_PIPE_INTERLEAVED ? (s->opt.pipe.chunks ? s->opt.pipe.chunks : 2) : 1;

@@ -154,7 +154,8 @@ int strategy_tp_begin(fsc_strategy *s, const strategy_ops *row) {
     if (rc) return rc;
     s->tp_options = (fsc_tp_options){.group = s->tp_group,
                                      .sequence_parallel = o->sequence_parallel,
-                                     .recompute_attention = o->recompute_attention};
+                                     .recompute_attention = o->recompute_attention,
+                                     .recompute_activation = o->recompute_activation};
     if (!(s->model = s->module = o->make_model(o->user, &s->tp_options)))
         return fsc_error_context(FSC_ERR_INVALID, "tensor parallel: the model: ");
     s->group = s->tp_dp_group;
