@@ -159,6 +159,8 @@ static void linear_check(fsc_weight_layout layout, bool expect_bf16) {
     fsc_module *lin = fsc_linear_new("lin", C, OC, true, layout, 0.5f);
     fsc_params ps;
     assert_int_equal(fsc_params_bind(lin, 3, true, &ps), FSC_OK);
+    float *bias = lin->params[1].data; /* not zero: a dropped or misplaced bias must show */
+    for (int o = 0; o < OC; o++) bias[o] = 0.25f * (float)(o % 7) - 0.75f;
     fsc_arena *arena = fsc_arena_new(FSC_MEM_ACTIV, 1 << 16);
     float *xd = filled((size_t)N * C, 11, -1, 1), *dyd = filled((size_t)N * OC, 12, -1, 1);
     fsc_tensor x = fsc_tensor_2d(xd, FSC_DTYPE_F32, N, C),
@@ -266,11 +268,17 @@ static void test_attention_forward_bf16(void **state) {
     (void)state;
     NEED_ONEDNN();
     fsc_bf16_gemm_set_mode(FSC_BF16_GEMM_ON);
-    enum { T = 80, C = 64, NH = 2 }; /* T > 64: two query blocks */
-    float *qkv = filled((size_t)T * 3 * C, 21, -1, 1);
-    float *out = calloc((size_t)T * C, 4), *att = calloc((size_t)NH * T * T, 4);
-    fsc_attention_forward_prec(out, att, qkv, 1, T, C, NH, FSC_GEMM_BF16);
-    assert_true(attention_ratio(out, qkv, qkv, T, C, NH) <= 1.0);
+    /* T > 64: two query blocks, the second partial; B = 2: the batched
+     * primitives must place every (batch, head) */
+    enum { B = 2, T = 80, C = 64, NH = 2 };
+    float *qkv = filled((size_t)B * T * 3 * C, 21, -1, 1);
+    float *out = calloc((size_t)B * T * C, 4), *att = calloc((size_t)B * NH * T * T, 4);
+    fsc_bf16_gemm_reset_stats();
+    fsc_attention_forward_prec(out, att, qkv, B, T, C, NH, FSC_GEMM_BF16);
+    assert_true(fsc_bf16_gemm_get_stats().calls_bf16 > 0);
+    for (int b = 0; b < B; b++)
+        assert_true(attention_ratio(out + (size_t)b * T * C, qkv + (size_t)b * T * 3 * C,
+                                    qkv + (size_t)b * T * 3 * C, T, C, NH) <= 1.0);
     free(qkv), free(out), free(att);
 }
 
@@ -285,54 +293,60 @@ static void test_attention_backward_bf16(void **state) {
     (void)state;
     NEED_ONEDNN();
     fsc_bf16_gemm_set_mode(FSC_BF16_GEMM_ON);
-    enum { T = 80, C = 64, NH = 2, hs = C / NH };
-    float *qkv = filled((size_t)T * 3 * C, 41, -1, 1), *dy = filled((size_t)T * C, 42, -1, 1);
-    float *out = calloc((size_t)T * C, 4), *att = calloc((size_t)NH * T * T, 4);
-    float *d32 = calloc((size_t)T * 3 * C, 4), *d16 = calloc((size_t)T * 3 * C, 4);
-    fsc_attention_forward(out, att, qkv, 1, T, C, NH);
-    fsc_attention_backward(d32, dy, qkv, att, 1, T, C, NH);
-    fsc_attention_backward_prec(d16, dy, qkv, att, 1, T, C, NH, FSC_GEMM_BF16);
+    enum { B = 2, T = 80, C = 64, NH = 2, hs = C / NH };
+    float *qkv_all = filled((size_t)B * T * 3 * C, 41, -1, 1),
+          *dy_all = filled((size_t)B * T * C, 42, -1, 1);
+    float *out = calloc((size_t)B * T * C, 4), *att_all = calloc((size_t)B * NH * T * T, 4);
+    float *d32_all = calloc((size_t)B * T * 3 * C, 4), *d16_all = calloc((size_t)B * T * 3 * C, 4);
+    fsc_attention_forward(out, att_all, qkv_all, B, T, C, NH);
+    fsc_attention_backward(d32_all, dy_all, qkv_all, att_all, B, T, C, NH);
+    fsc_attention_backward_prec(d16_all, dy_all, qkv_all, att_all, B, T, C, NH, FSC_GEMM_BF16);
     double scale = 1 / sqrt(hs), w = 0, *E = calloc((size_t)T * T, 8),
            *D = calloc((size_t)T * T, 8), *ds = calloc((size_t)T * T, 8);
+    for (int b = 0; b < B; b++) { /* each batch element against its own bound */
+        const float *qkv = qkv_all + (size_t)b * T * 3 * C, *dy = dy_all + (size_t)b * T * C;
+        const float *att = att_all + (size_t)b * NH * T * T;
+        const float *d32 = d32_all + (size_t)b * T * 3 * C, *d16 = d16_all + (size_t)b * T * 3 * C;
 #define Q(t, c) qkv[(size_t)(t)*3 * C + h * hs + (c)]
 #define K_(t, c) qkv[(size_t)(t)*3 * C + C + h * hs + (c)]
 #define V(t, c) qkv[(size_t)(t)*3 * C + 2 * C + h * hs + (c)]
 #define P(t, u) att[((size_t)h * T + (t)) * T + (u)]
-    for (int h = 0; h < NH; h++) {
-        for (int t = 0; t < T; t++) {
-            double pe = 0, pdp = 0;
-            for (int u = 0; u <= t; u++) {
-                double e = 0, dp = 0;
+        for (int h = 0; h < NH; h++) {
+            for (int t = 0; t < T; t++) {
+                double pe = 0, pdp = 0;
+                for (int u = 0; u <= t; u++) {
+                    double e = 0, dp = 0;
+                    for (int c = 0; c < hs; c++) {
+                        e += fabs((double)dy[(size_t)t * C + h * hs + c] * V(u, c));
+                        dp += (double)dy[(size_t)t * C + h * hs + c] * V(u, c);
+                    }
+                    E[(size_t)t * T + u] = e_bf16(hs) * e, ds[(size_t)t * T + u] = dp;
+                    pe += P(t, u) * E[(size_t)t * T + u], pdp += P(t, u) * dp;
+                }
+                for (int u = 0; u <= t; u++) {
+                    D[(size_t)t * T + u] = scale * P(t, u) * (E[(size_t)t * T + u] + pe);
+                    ds[(size_t)t * T + u] = scale * P(t, u) * (ds[(size_t)t * T + u] - pdp);
+                }
+            }
+            for (int i = 0; i < T; i++)
                 for (int c = 0; c < hs; c++) {
-                    e += fabs((double)dy[(size_t)t * C + h * hs + c] * V(u, c));
-                    dp += (double)dy[(size_t)t * C + h * hs + c] * V(u, c);
+                    double bq = 0, bk = 0, bv = 0;
+                    for (int j = 0; j <= i; j++) /* query i sees keys j <= i */
+                        bq += D[(size_t)i * T + j] * fabs(K_(j, c)) +
+                              e_bf16(T) * fabs(ds[(size_t)i * T + j] * K_(j, c));
+                    for (int j = i; j < T; j++) { /* key i is seen by queries j >= i */
+                        bk += D[(size_t)j * T + i] * fabs(Q(j, c)) +
+                              e_bf16(T) * fabs(ds[(size_t)j * T + i] * Q(j, c));
+                        bv += e_bf16(T) * P(j, i) * fabs(dy[(size_t)j * C + h * hs + c]);
+                    }
+                    double bound[3] = {bq, bk, bv};
+                    for (int part = 0; part < 3; part++) {
+                        size_t at = (size_t)i * 3 * C + part * C + h * hs + c;
+                        double r = fabs((double)d16[at] - d32[at]) / (1.01 * bound[part] + 1e-12);
+                        w = r > w ? r : w;
+                    }
                 }
-                E[(size_t)t * T + u] = e_bf16(hs) * e, ds[(size_t)t * T + u] = dp;
-                pe += P(t, u) * E[(size_t)t * T + u], pdp += P(t, u) * dp;
-            }
-            for (int u = 0; u <= t; u++) {
-                D[(size_t)t * T + u] = scale * P(t, u) * (E[(size_t)t * T + u] + pe);
-                ds[(size_t)t * T + u] = scale * P(t, u) * (ds[(size_t)t * T + u] - pdp);
-            }
         }
-        for (int i = 0; i < T; i++)
-            for (int c = 0; c < hs; c++) {
-                double bq = 0, bk = 0, bv = 0;
-                for (int j = 0; j <= i; j++) /* query i sees keys j <= i */
-                    bq += D[(size_t)i * T + j] * fabs(K_(j, c)) +
-                          e_bf16(T) * fabs(ds[(size_t)i * T + j] * K_(j, c));
-                for (int j = i; j < T; j++) { /* key i is seen by queries j >= i */
-                    bk += D[(size_t)j * T + i] * fabs(Q(j, c)) +
-                          e_bf16(T) * fabs(ds[(size_t)j * T + i] * Q(j, c));
-                    bv += e_bf16(T) * P(j, i) * fabs(dy[(size_t)j * C + h * hs + c]);
-                }
-                double bound[3] = {bq, bk, bv};
-                for (int part = 0; part < 3; part++) {
-                    size_t at = (size_t)i * 3 * C + part * C + h * hs + c;
-                    double r = fabs((double)d16[at] - d32[at]) / (1.01 * bound[part] + 1e-12);
-                    w = r > w ? r : w;
-                }
-            }
     }
 #undef Q
 #undef K_
@@ -340,8 +354,9 @@ static void test_attention_backward_bf16(void **state) {
 #undef P
     print_message("attention backward: worst error %.2f of the bound\n", w);
     assert_true(w <= 1.0);
-    assert_true(memcmp(d16, d32, (size_t)T * 3 * C * 4) != 0); /* bf16 really ran */
-    free(qkv), free(dy), free(out), free(att), free(d32), free(d16), free(E), free(D), free(ds);
+    assert_true(memcmp(d16_all, d32_all, (size_t)B * T * 3 * C * 4) != 0); /* bf16 really ran */
+    free(qkv_all), free(dy_all), free(out), free(att_all), free(d32_all), free(d16_all);
+    free(E), free(D), free(ds);
 }
 
 /* The bounds are tight enough to matter: a planted wrong transpose (Linear's

@@ -103,7 +103,8 @@ FSC_API const char *fsc_bf16_gemm_describe(void);
 
 /* Counters of the FSC_GEMM_BF16 calls since the last reset: those that ran
  * in bf16 (oneDNN) and those that fell back to sgemm, with their wall time
- * (packing and alpha/beta included) and their 2*M*N*K flops. */
+ * (packing and alpha/beta included) and their 2*M*N*K flops. Attention's
+ * batched bf16 primitives count one call per run, all heads' flops. */
 typedef struct fsc_bf16_gemm_stats {
     int64_t calls_bf16, calls_f32;
     double seconds_bf16, seconds_f32;
@@ -119,6 +120,8 @@ FSC_API double fsc_bf16_gemm_peak_gflops(int n, int reps);
 /* dst[i] = src[i] rounded to bf16 (nearest even, as fsc_f32_to_bf16) and
  * widened back: the values a bf16 GEMM multiplies. dst may equal src. */
 FSC_API void fsc_round_bf16(float *dst, const float *src, int64_t n);
+/* dst[i] = fsc_f32_to_bf16(src[i]), bit for bit, vectorised. */
+FSC_API void fsc_narrow_bf16(uint16_t *dst, const float *src, int64_t n);
 
 /* ---- bf16 views of fp32 arrays ------------------------------------------------ */
 #define FSC_BF16_VIEWS_MAX 64 /* views registered at once */
@@ -214,7 +217,12 @@ FSC_API void fsc_attention_forward(float *out, float *att, const float *qkv, int
 FSC_API void fsc_attention_backward(float *dqkv, const float *dout, const float *qkv,
                                     const float *att, int B, int T, int C, int NH);
 /* fsc_attention_forward with its GEMMs (q k^T, att v) at precision prec; the
- * softmax and its statistics stay fp32, and att keeps fp32 probabilities. */
+ * softmax and its statistics stay fp32, and att keeps fp32 probabilities.
+ * At FSC_GEMM_BF16, where the bf16 GEMM mode sends work to oneDNN, the
+ * GEMMs run batched over all B x NH heads on operands rounded once per
+ * call (this thread's bf16 copies of qkv, att and, backward, dout and an
+ * fp32 (B,NH,T,T) for the score gradients: FSC_MEM_WORK, kept for reuse);
+ * otherwise per head, through fsc_gemm. */
 FSC_API void fsc_attention_forward_prec(float *out, float *att, const float *qkv, int B, int T,
                                         int C, int NH, fsc_gemm_prec prec);
 /* fsc_attention_backward with its four GEMMs at precision prec. */

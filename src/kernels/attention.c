@@ -2,13 +2,15 @@
  * Each (batch, head) pair is three sgemm calls on strided views of the fused
  * qkv buffer (leading dimension 3C), so q, k, v are never copied out; the
  * (b,h) pairs are independent and run in parallel. At FSC_GEMM_BF16 the
- * GEMMs take bf16-rounded inputs (fsc_gemm); softmax stays fp32. */
+ * GEMMs run batched over all heads (attention_bf16.c) where oneDNN does
+ * bf16, else per head through fsc_gemm; softmax stays fp32 either way. */
 #include <math.h>
 #include <string.h>
 
 #include "fastmath.h"
 #include "fsc/core.h"
 #include "fsc/kernels.h"
+#include "kernels/attention_internal.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -31,22 +33,15 @@ void fsc_softmax_forward(float *out, const float *inp, int N, int V) {
     }
 }
 
-/* Queries are taken in blocks of ATT_BLOCK rows; block i needs keys up to its
- * last row only, so the upper triangle of the score matrix is computed and
- * multiplied only within diagonal blocks (3/4 of the work at T=128, 5/8 at
- * T=256). Entries of att right of a block's last key are never written or read. */
-#define ATT_BLOCK 64
+#define ATT_BLOCK FSC_ATT_BLOCK
 
-/* In-place causal softmax of rows [r0, r0+rows) of a score matrix with row
- * stride T, over columns 0..ncols-1: row t keeps columns 0..t, the rest of the
- * block is zeroed (it takes part in the block's dense sgemm). */
 /* Softmax of row[0, n) in place. Its own function, so that GCC vectorises
  * the loops (inlined into the row loop it kept them scalar: 5% of a bf16
  * training step). */
 static __attribute__((noinline)) void softmax_row(float *row, int n) {
     float m = -INFINITY, sum = 0.f;
 #pragma omp simd reduction(max : m)
-    for (int u = 0; u < n; u++) m = fmaxf(m, row[u]);
+    for (int u = 0; u < n; u++) m = row[u] > m ? row[u] : m; /* fmaxf: a libm call per element */
 #pragma omp simd
     for (int u = 0; u < n; u++) row[u] = fsc_fast_expf(row[u] - m);
 #pragma omp simd reduction(+ : sum)
@@ -56,17 +51,30 @@ static __attribute__((noinline)) void softmax_row(float *row, int n) {
     for (int u = 0; u < n; u++) row[u] *= inv;
 }
 
+void fsc_softmax_causal_row(float *row, int t, int ncols) {
+    softmax_row(row, t + 1);
+    memset(row + t + 1, 0, (size_t)(ncols - t - 1) * sizeof(float));
+}
+
+void fsc_softmax_causal_row_backward(float *dp, const float *p, int t, int ncols, float scale) {
+    float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+    for (int u = 0; u <= t; u++) dot += p[u] * dp[u];
+#pragma omp simd
+    for (int u = 0; u <= t; u++) dp[u] = p[u] * (dp[u] - dot) * scale;
+    memset(dp + t + 1, 0, (size_t)(ncols - t - 1) * sizeof(float));
+}
+
+/* In-place causal softmax of rows [r0, r0+rows) of a score matrix with row
+ * stride T, over columns 0..ncols-1. */
 static void causal_softmax(float *s, int T, int r0, int rows, int ncols) {
-    for (int t = r0; t < r0 + rows; t++) {
-        float *row = s + (size_t)t * T;
-        softmax_row(row, t + 1);
-        memset(row + t + 1, 0, (size_t)(ncols - t - 1) * sizeof(float));
-    }
+    for (int t = r0; t < r0 + rows; t++) fsc_softmax_causal_row(s + (size_t)t * T, t, ncols);
 }
 
 // out is (B,T,C); att is (B,NH,T,T); qkv is (B,T,3C) = [q | k | v], heads of size hs = C/NH
 void fsc_attention_forward_prec(float *out, float *att, const float *qkv, int B, int T, int C,
                                 int NH, fsc_gemm_prec prec) {
+    if (prec == FSC_GEMM_BF16 && fsc_attention_bf16_forward(out, att, qkv, B, T, C, NH)) return;
     int hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs);
 #pragma omp parallel for collapse(2) if (B * NH > 1 && (int64_t)T * T * hs >= (1 << 16))
@@ -91,6 +99,8 @@ void fsc_attention_forward_prec(float *out, float *att, const float *qkv, int B,
 
 void fsc_attention_backward_prec(float *dqkv, const float *dout, const float *qkv, const float *att,
                                  int B, int T, int C, int NH, fsc_gemm_prec prec) {
+    if (prec == FSC_GEMM_BF16 && fsc_attention_bf16_backward(dqkv, dout, qkv, att, B, T, C, NH))
+        return;
     int hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs);
     int threads = fsc_get_num_threads();
@@ -119,16 +129,9 @@ void fsc_attention_backward_prec(float *dqkv, const float *dout, const float *qk
                 float *db = dp + (size_t)r0 * T;
                 fsc_gemm(prec, false, true, rows, ncols, hs, 1.f, dy + (size_t)r0 * C, C, v, 3 * C,
                          0.f, db, T);
-                for (int t = r0; t < r0 + rows; t++) {
-                    const float *ar = a + (size_t)t * T;
-                    float *dr = dp + (size_t)t * T;
-                    float dot = 0.f;
-#pragma omp simd reduction(+ : dot)
-                    for (int u = 0; u <= t; u++) dot += ar[u] * dr[u];
-#pragma omp simd
-                    for (int u = 0; u <= t; u++) dr[u] = ar[u] * (dr[u] - dot) * scale;
-                    memset(dr + t + 1, 0, (size_t)(ncols - t - 1) * sizeof(float));
-                }
+                for (int t = r0; t < r0 + rows; t++)
+                    fsc_softmax_causal_row_backward(dp + (size_t)t * T, a + (size_t)t * T, t, ncols,
+                                                    scale);
                 fsc_gemm(prec, false, false, rows, hs, ncols, 1.f, db, T, k, 3 * C, 0.f,
                          dq + (size_t)r0 * 3 * C, 3 * C);
             }

@@ -27,7 +27,8 @@ enum { DNNL_CPU = 1 };                                                 /* dnnl_e
 enum { DNNL_STREAM_IN_ORDER = 1 };                                     /* dnnl_stream_flags_t */
 enum { DNNL_SCRATCHPAD_USER = 1 };                                     /* dnnl_scratchpad_mode_t */
 enum { DNNL_QUERY_IMPL_INFO_STR = 8, DNNL_QUERY_SCRATCHPAD_MD = 136 }; /* dnnl_query_t */
-enum { DNNL_ARG_SRC = 1, DNNL_ARG_DST = 17, DNNL_ARG_WEIGHTS = 33, DNNL_ARG_SCRATCHPAD = 80 };
+enum { DNNL_ARG_SRC = 1, DNNL_ARG_DST = 17, DNNL_ARG_WEIGHTS = 33, DNNL_ARG_BIAS = 41 };
+enum { DNNL_ARG_SCRATCHPAD = 80 };
 #define DNNL_MAX_NDIMS 12
 typedef int64_t dnnl_dims[DNNL_MAX_NDIMS];
 typedef struct {
@@ -98,11 +99,11 @@ static struct {
 
 struct fsc_dnnl_matmul {
     void *pd, *prim;
-    void *md[3]; /* A, B, C: the descriptors as the API takes them */
+    void *md[4]; /* A, B, C, bias (or NULL): the descriptors as the API takes them */
     const void *scratch_md;
     size_t scratch;
     const char *impl;
-    _Alignas(16) unsigned char md_v2[3][MD_BYTES]; /* 2.x: the structs md[] points at */
+    _Alignas(16) unsigned char md_v2[4][MD_BYTES]; /* 2.x: the structs md[] points at */
 };
 
 /* dlsym's object pointer into a function pointer: copied, as ISO C has no cast. */
@@ -195,14 +196,13 @@ const char *fsc_dnnl_version(void) {
     return dnnl.ok ? dnnl.version : "";
 }
 
-/* A 2-D descriptor of dims (r, c) with row stride ld (or column stride when
- * transposed: element (i, j) at j * ld + i). */
-static int make_md(fsc_dnnl_matmul *mm, int i, int64_t r, int64_t c, bool trans, int64_t ld,
-                   int dt) {
-    dnnl_dims dims = {r, c}, strides = {trans ? 1 : ld, trans ? ld : 1};
-    if (dnnl.md_create_v3) return dnnl.md_create_v3(&mm->md[i], 2, dims, dt, strides);
+/* Descriptor i from a layout (dims and strides in elements). */
+static int make_md(fsc_dnnl_matmul *mm, int i, const fsc_dnnl_layout *l, int dt) {
+    dnnl_dims dims = {0}, strides = {0};
+    for (int d = 0; d < l->ndims; d++) dims[d] = l->dims[d], strides[d] = l->strides[d];
+    if (dnnl.md_create_v3) return dnnl.md_create_v3(&mm->md[i], l->ndims, dims, dt, strides);
     mm->md[i] = mm->md_v2[i];
-    return dnnl.md_init_v2(mm->md[i], 2, dims, dt, strides);
+    return dnnl.md_init_v2(mm->md[i], l->ndims, dims, dt, strides);
 }
 
 /* oneDNN with the OpenMP runtime plans for and runs on omp_get_max_threads():
@@ -237,8 +237,9 @@ static int set_accumulate(void *attr) {
     return st;
 }
 
-fsc_dnnl_matmul *fsc_dnnl_matmul_new(bool ta, bool tb, int M, int N, int K, int ldc,
-                                     bool accumulate, int threads, char *why, size_t size) {
+fsc_dnnl_matmul *fsc_dnnl_matmul_new_nd(const fsc_dnnl_layout *a, const fsc_dnnl_layout *b,
+                                        const fsc_dnnl_layout *c, bool accumulate, bool bias,
+                                        int threads, char *why, size_t size) {
     if (size) why[0] = '\0';
     if (!fsc_dnnl_load(why, size)) return NULL;
     fsc_dnnl_matmul *mm = calloc(1, sizeof *mm);
@@ -247,26 +248,34 @@ fsc_dnnl_matmul *fsc_dnnl_matmul_new(bool ta, bool tb, int M, int N, int K, int 
         return NULL;
     }
     void *attr = NULL;
-    int st = make_md(mm, 0, M, K, ta, ta ? M : K, DNNL_BF16);
-    if (!st) st = make_md(mm, 1, K, N, tb, tb ? K : N, DNNL_BF16);
-    if (!st) st = make_md(mm, 2, M, N, false, ldc, DNNL_F32);
+    /* the bias is a row of N broadcast over every other dimension */
+    fsc_dnnl_layout lb = {c->ndims, {1, 1, 1, 1}, {0}};
+    lb.dims[c->ndims - 1] = c->dims[c->ndims - 1];
+    for (int d = c->ndims - 1, st = 1; d >= 0; st *= (int)lb.dims[d--]) lb.strides[d] = st;
+    int st = make_md(mm, 0, a, DNNL_BF16);
+    if (!st) st = make_md(mm, 1, b, DNNL_BF16);
+    if (!st) st = make_md(mm, 2, c, DNNL_F32);
+    if (!st && bias) st = make_md(mm, 3, &lb, DNNL_F32);
     if (!st) st = dnnl.attr_create(&attr);
     if (!st) st = dnnl.attr_set_scratchpad(attr, DNNL_SCRATCHPAD_USER);
     if (!st && accumulate) st = set_accumulate(attr);
     int old = threads_enter(threads);
     if (!st && dnnl.matmul_pd_v3) {
-        st = dnnl.matmul_pd_v3(&mm->pd, dnnl.engine, mm->md[0], mm->md[1], NULL, mm->md[2], attr);
+        st = dnnl.matmul_pd_v3(&mm->pd, dnnl.engine, mm->md[0], mm->md[1], mm->md[3], mm->md[2],
+                               attr);
     } else if (!st) {
         _Alignas(16) static _Thread_local unsigned char op[OPDESC_BYTES];
-        st = dnnl.matmul_desc_v2(op, mm->md[0], mm->md[1], NULL, mm->md[2]);
+        st = dnnl.matmul_desc_v2(op, mm->md[0], mm->md[1], mm->md[3], mm->md[2]);
         if (!st) st = dnnl.pd_create_v2(&mm->pd, op, attr, dnnl.engine, NULL);
     }
     if (!st) st = dnnl.prim_create(&mm->prim, mm->pd);
     threads_leave(old);
     if (attr) dnnl.attr_destroy(attr);
+    int n = c->ndims;
     if (st) {
-        snprintf(why, size, "oneDNN refused a bf16 matmul %dx%dx%d%s (status %d)", M, N, K,
-                 accumulate ? " accumulating" : "", st);
+        snprintf(why, size, "oneDNN refused a bf16 matmul %lldx%lldx%lld%s%s (status %d)",
+                 (long long)c->dims[n - 2], (long long)c->dims[n - 1], (long long)a->dims[n - 1],
+                 accumulate ? " accumulating" : "", bias ? " with bias" : "", st);
         fsc_dnnl_matmul_free(mm);
         return NULL;
     }
@@ -274,6 +283,20 @@ fsc_dnnl_matmul *fsc_dnnl_matmul_new(bool ta, bool tb, int M, int N, int K, int 
     mm->scratch = mm->scratch_md ? dnnl.md_size(mm->scratch_md) : 0;
     if (dnnl.query(mm->pd, DNNL_QUERY_IMPL_INFO_STR, 0, &mm->impl) || !mm->impl) mm->impl = "?";
     return mm;
+}
+
+fsc_dnnl_layout fsc_dnnl_matrix(int64_t rows, int64_t cols, bool trans, int64_t ld) {
+    /* element (i, j) at i * ld + j, or j * ld + i when transposed */
+    return (fsc_dnnl_layout){2, {rows, cols}, {trans ? 1 : ld, trans ? ld : 1}};
+}
+
+fsc_dnnl_matmul *fsc_dnnl_matmul_new(bool ta, bool tb, int M, int N, int K, int ldc,
+                                     bool accumulate, bool bias, int threads, char *why,
+                                     size_t size) {
+    fsc_dnnl_layout a = fsc_dnnl_matrix(M, K, ta, ta ? M : K);
+    fsc_dnnl_layout b = fsc_dnnl_matrix(K, N, tb, tb ? K : N);
+    fsc_dnnl_layout c = fsc_dnnl_matrix(M, N, false, ldc);
+    return fsc_dnnl_matmul_new_nd(&a, &b, &c, accumulate, bias, threads, why, size);
 }
 
 size_t fsc_dnnl_matmul_scratch(const fsc_dnnl_matmul *mm) {
@@ -295,26 +318,31 @@ static void *thread_stream(void) {
 }
 
 int fsc_dnnl_matmul_run(const fsc_dnnl_matmul *mm, const uint16_t *A, const uint16_t *B, float *C,
-                        void *scratch, int threads) {
-    void *stream = thread_stream(), *mem[4] = {0};
+                        const float *bias, void *scratch, int threads) {
+    void *stream = thread_stream(), *mem[5] = {0};
     if (!stream) return -1;
+    if (!bias != !mm->md[3]) return -1; /* a bias where the primitive has none, or none given */
+    dnnl_exec_arg args[5] = {{DNNL_ARG_SRC, NULL}, {DNNL_ARG_WEIGHTS, NULL}, {DNNL_ARG_DST, NULL}};
     int st = dnnl.mem_create(&mem[0], mm->md[0], dnnl.engine, (void *)A);
     if (!st) st = dnnl.mem_create(&mem[1], mm->md[1], dnnl.engine, (void *)B);
     if (!st) st = dnnl.mem_create(&mem[2], mm->md[2], dnnl.engine, C);
     int nargs = 3;
-    if (!st && mm->scratch)
+    if (!st && bias) {
+        args[nargs].arg = DNNL_ARG_BIAS;
+        st = dnnl.mem_create(&mem[nargs++], mm->md[3], dnnl.engine, (void *)bias);
+    }
+    if (!st && mm->scratch) {
+        args[nargs].arg = DNNL_ARG_SCRATCHPAD;
         st = dnnl.mem_create(&mem[nargs++], mm->scratch_md, dnnl.engine, scratch);
+    }
+    for (int i = 0; i < nargs; i++) args[i].memory = mem[i];
     if (!st) {
-        dnnl_exec_arg args[4] = {{DNNL_ARG_SRC, mem[0]},
-                                 {DNNL_ARG_WEIGHTS, mem[1]},
-                                 {DNNL_ARG_DST, mem[2]},
-                                 {DNNL_ARG_SCRATCHPAD, mem[3]}};
         int old = threads_enter(threads);
         st = dnnl.execute(mm->prim, stream, nargs, args);
         if (!st) st = dnnl.stream_wait(stream);
         threads_leave(old);
     }
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 5; i++)
         if (mem[i]) dnnl.mem_destroy(mem[i]);
     return st;
 }
@@ -323,7 +351,7 @@ void fsc_dnnl_matmul_free(fsc_dnnl_matmul *mm) {
     if (!mm) return;
     if (mm->prim) dnnl.prim_destroy(mm->prim);
     if (mm->pd) dnnl.pd_destroy(mm->pd);
-    for (int i = 0; i < 3 && dnnl.md_destroy_v3; i++)
+    for (int i = 0; i < 4 && dnnl.md_destroy_v3; i++)
         if (mm->md[i]) dnnl.md_destroy_v3(mm->md[i]);
     free(mm);
 }

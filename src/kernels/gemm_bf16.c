@@ -37,6 +37,7 @@ typedef struct {
     bool ta, tb;
     int M, N, K, ldc; /* ldc: C's row stride when oneDNN writes C itself, else N */
     bool acc;         /* oneDNN adds into C (alpha 1, beta 1) */
+    bool bias;        /* oneDNN adds a row of N to C (alpha 1, beta 0) */
     bool tried;       /* primitive creation attempted */
     fsc_dnnl_matmul *mm;
     int pick;
@@ -82,6 +83,11 @@ void fsc_round_bf16(float *dst, const float *src, int64_t n) {
         uint32_t u = (uint32_t)to_bf16(src[i]) << 16;
         memcpy(&dst[i], &u, 4);
     }
+}
+
+void fsc_narrow_bf16(uint16_t *dst, const float *src, int64_t n) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) dst[i] = to_bf16(src[i]);
 }
 
 /* ---- per-thread workspace (FSC_MEM_WORK, kept for reuse) ----------------- */
@@ -208,21 +214,22 @@ bool fsc_bf16_gemm_available(void) {
 
 /* ---- shapes -------------------------------------------------------------- */
 
-static shape *find_shape(bool ta, bool tb, int M, int N, int K, int ldc, bool acc) {
+static shape *find_shape(bool ta, bool tb, int M, int N, int K, int ldc, bool acc, bool bias) {
     uint64_t h = ((((uint64_t)M * 1000003u + (uint64_t)N) * 1000003u + (uint64_t)K) * 1000003u +
                   (uint64_t)ldc) *
-                     8u +
-                 (uint64_t)acc * 4u + (uint64_t)ta * 2u + (uint64_t)tb;
+                     16u +
+                 (uint64_t)bias * 8u + (uint64_t)acc * 4u + (uint64_t)ta * 2u + (uint64_t)tb;
     h ^= h >> 29, h *= 0x9e3779b97f4a7c15ull;
     for (size_t i = 0; i < SLOTS; i++) {
         shape **slot = &g.slots[(h + i) % SLOTS];
         shape *s = *slot;
         if (s && s->ta == ta && s->tb == tb && s->M == M && s->N == N && s->K == K &&
-            s->ldc == ldc && s->acc == acc)
+            s->ldc == ldc && s->acc == acc && s->bias == bias)
             return s;
         if (!s) {
             if (g.nshapes >= SLOTS / 2 || !(s = calloc(1, sizeof *s))) return NULL;
-            *s = (shape){.ta = ta, .tb = tb, .M = M, .N = N, .K = K, .ldc = ldc, .acc = acc};
+            *s = (shape){
+                .ta = ta, .tb = tb, .M = M, .N = N, .K = K, .ldc = ldc, .acc = acc, .bias = bias};
             g.nshapes++;
             return *slot = s;
         }
@@ -230,12 +237,13 @@ static shape *find_shape(bool ta, bool tb, int M, int N, int K, int ldc, bool ac
     return NULL;
 }
 
-/* The bf16 path for one call: C = alpha * op(A) op(B) + beta * C, with A
- * (B) taken from Ah (Bh) when given, else rounded into the workspace.
- * Returns false (C untouched) if the workspace cannot be had or oneDNN
- * fails. */
+/* The bf16 path for one call: C = alpha * op(A) op(B) + beta * C (+ the
+ * bias row, for a shape made with one), with A (B) taken from Ah (Bh) when
+ * given, else rounded into the workspace. Returns false (C untouched) if the
+ * workspace cannot be had or oneDNN fails. */
 static bool run_bf16(const shape *s, float alpha, const float *A, const uint16_t *Ah, int lda,
-                     const float *B, const uint16_t *Bh, int ldb, float beta, float *C, int ldc) {
+                     const float *B, const uint16_t *Bh, int ldb, float beta, float *C, int ldc,
+                     const float *bias) {
     const int M = s->M, N = s->N, K = s->K;
     const uint16_t *a = Ah ? Ah : ws_get(WS_A, (size_t)M * K * 2);
     const uint16_t *b = Bh ? Bh : ws_get(WS_B, (size_t)K * N * 2);
@@ -245,7 +253,7 @@ static bool run_bf16(const shape *s, float alpha, const float *A, const uint16_t
     if (!a || !b || !c || !scratch) return false;
     if (!Ah) pack_bf16((uint16_t *)a, A, s->ta ? K : M, s->ta ? M : K, lda);
     if (!Bh) pack_bf16((uint16_t *)b, B, s->tb ? N : K, s->tb ? K : N, ldb);
-    if (fsc_dnnl_matmul_run(s->mm, a, b, c, scratch, fsc_blas_threads())) return false;
+    if (fsc_dnnl_matmul_run(s->mm, a, b, c, bias, scratch, fsc_blas_threads())) return false;
     if (direct) return true;
     for (int i = 0; i < M; i++) { /* BLAS semantics: beta 0 never reads C */
         float *ci = C + (size_t)i * ldc;
@@ -260,6 +268,14 @@ static bool run_bf16(const shape *s, float alpha, const float *A, const uint16_t
     return true;
 }
 
+/* The fallback: sgemm on the unrounded inputs, the bias row first (as
+ * fsc_matmul_forward's fp32 path). */
+static void run_f32(const shape *s, float alpha, const float *A, int lda, const float *B, int ldb,
+                    float beta, float *C, int ldc, const float *bias) {
+    for (int i = 0; bias && i < s->M; i++) memcpy(C + (size_t)i * ldc, bias, (size_t)s->N * 4);
+    fsc_sgemm(s->ta, s->tb, s->M, s->N, s->K, alpha, A, lda, B, ldb, bias ? 1.f : beta, C, ldc);
+}
+
 enum { BF16_MARGIN_PERCENT = 110 };
 #define BF16_MARGIN (BF16_MARGIN_PERCENT / 100.0)
 
@@ -267,16 +283,16 @@ enum { BF16_MARGIN_PERCENT = 110 };
  * each at its best of 3 after a warm-up, into staging memory (C is not
  * touched), and keeps the faster. */
 static void measure(shape *s, float alpha, const float *A, const uint16_t *Ah, int lda,
-                    const float *B, const uint16_t *Bh, int ldb, float beta) {
+                    const float *B, const uint16_t *Bh, int ldb, float beta, const float *bias) {
     size_t bytes = (size_t)s->M * s->ldc * sizeof(float);
     float *tmp = fsc_mem_alloc(FSC_MEM_WORK, bytes);
     s->t_bf16 = s->t_f32 = 1e30;
     if (tmp) memset(tmp, 0, bytes);
     for (int r = 0; tmp && r < 4; r++) {
         double t0 = fsc_now();
-        if (!run_bf16(s, alpha, A, Ah, lda, B, Bh, ldb, beta, tmp, s->ldc)) break;
+        if (!run_bf16(s, alpha, A, Ah, lda, B, Bh, ldb, beta, tmp, s->ldc, bias)) break;
         double t1 = fsc_now();
-        fsc_sgemm(s->ta, s->tb, s->M, s->N, s->K, alpha, A, lda, B, ldb, beta, tmp, s->ldc);
+        run_f32(s, alpha, A, lda, B, ldb, beta, tmp, s->ldc, bias);
         double t2 = fsc_now();
         if (r == 0) continue; /* warm-up: first touches, oneDNN's lazy set-up */
         if (t1 - t0 < s->t_bf16) s->t_bf16 = t1 - t0;
@@ -294,7 +310,7 @@ static void measure(shape *s, float alpha, const float *A, const uint16_t *Ah, i
  * use; NULL means sgemm. */
 static shape *choose(bool ta, bool tb, int M, int N, int K, float alpha, const float *A,
                      const uint16_t *Ah, int lda, const float *B, const uint16_t *Bh, int ldb,
-                     float beta, int ldc) {
+                     float beta, int ldc, const float *bias) {
     fsc_bf16_gemm_mode mode = fsc_bf16_gemm_get_mode();
     pthread_once(&g.once, init_once);
     if (mode == FSC_BF16_GEMM_OFF || (mode == FSC_BF16_GEMM_AUTO && !g.cpu_bf16)) return NULL;
@@ -303,14 +319,15 @@ static shape *choose(bool ta, bool tb, int M, int N, int K, float alpha, const f
     bool direct = alpha == 1.f && (beta == 0.f || beta == 1.f), acc = direct && beta == 1.f;
     if (!direct) ldc = N;
     pthread_mutex_lock(&g.lock);
-    shape *s = find_shape(ta, tb, M, N, K, ldc, acc);
+    shape *s = find_shape(ta, tb, M, N, K, ldc, acc, bias != NULL);
     if (s && !s->tried) {
         char why[256];
         s->tried = true;
-        s->mm = fsc_dnnl_matmul_new(ta, tb, M, N, K, ldc, acc, fsc_blas_threads(), why, sizeof why);
+        s->mm = fsc_dnnl_matmul_new(ta, tb, M, N, K, ldc, acc, bias != NULL, fsc_blas_threads(),
+                                    why, sizeof why);
     }
     if (s && s->mm && mode == FSC_BF16_GEMM_AUTO && s->pick == UNDECIDED)
-        measure(s, alpha, A, Ah, lda, B, Bh, ldb, beta);
+        measure(s, alpha, A, Ah, lda, B, Bh, ldb, beta, bias);
     pthread_mutex_unlock(&g.lock);
     if (!s || !s->mm) return NULL;
     return mode == FSC_BF16_GEMM_ON || s->pick == PICK_BF16 ? s : NULL;
@@ -319,23 +336,52 @@ static shape *choose(bool ta, bool tb, int M, int N, int K, float alpha, const f
 bool fsc_gemm_bf16_runs(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
                         const float *B, int ldb, float beta, int ldc) {
     if (M <= 0 || N <= 0 || K <= 0) return false;
-    return choose(ta, tb, M, N, K, alpha, A, NULL, lda, B, NULL, ldb, beta, ldc) != NULL;
+    return choose(ta, tb, M, N, K, alpha, A, NULL, lda, B, NULL, ldb, beta, ldc, NULL) != NULL;
+}
+
+bool fsc_bf16_gemm_wanted(void) {
+    fsc_bf16_gemm_mode mode = fsc_bf16_gemm_get_mode();
+    pthread_once(&g.once, init_once);
+    if (mode == FSC_BF16_GEMM_OFF || (mode == FSC_BF16_GEMM_AUTO && !g.cpu_bf16)) return false;
+    char why[256];
+    return fsc_dnnl_load(why, sizeof why);
+}
+
+void fsc_gemm_bf16_count(bool bf16, double seconds, double flops) {
+    int path = bf16 ? 0 : 1;
+    atomic_fetch_add(&g.calls[path], 1);
+    atomic_fetch_add(&g.ns[path], (int64_t)(seconds * 1e9));
+    atomic_fetch_add(&g.mflop[path], (int64_t)(1e-6 * flops));
+}
+
+/* fsc_gemm_bf16, with a bias row when bias is not NULL (alpha 1, beta 0). */
+static void gemm_bf16(bool ta, bool tb, int M, int N, int K, float alpha, const float *A,
+                      const uint16_t *Ah, int lda, const float *B, const uint16_t *Bh, int ldb,
+                      float beta, float *C, int ldc, const float *bias) {
+    double t0 = fsc_now();
+    shape *s = choose(ta, tb, M, N, K, alpha, A, Ah, lda, B, Bh, ldb, beta, ldc, bias);
+    int path = s && run_bf16(s, alpha, A, Ah, lda, B, Bh, ldb, beta, C, ldc, bias) ? 0 : 1;
+    if (path)
+        run_f32(&(shape){.ta = ta, .tb = tb, .M = M, .N = N, .K = K}, alpha, A, lda, B, ldb, beta,
+                C, ldc, bias);
+    fsc_gemm_bf16_count(path == 0, fsc_now() - t0, 2.0 * M * N * (double)K);
 }
 
 void fsc_gemm_bf16(bool ta, bool tb, int M, int N, int K, float alpha, const float *A,
                    const uint16_t *Ah, int lda, const float *B, const uint16_t *Bh, int ldb,
                    float beta, float *C, int ldc) {
-    if (M <= 0 || N <= 0 || K <= 0) {
+    if (M <= 0 || N <= 0 || K <= 0)
         fsc_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-        return;
-    }
-    double t0 = fsc_now();
-    shape *s = choose(ta, tb, M, N, K, alpha, A, Ah, lda, B, Bh, ldb, beta, ldc);
-    int path = s && run_bf16(s, alpha, A, Ah, lda, B, Bh, ldb, beta, C, ldc) ? 0 : 1;
-    if (path) fsc_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-    atomic_fetch_add(&g.calls[path], 1);
-    atomic_fetch_add(&g.ns[path], (int64_t)((fsc_now() - t0) * 1e9));
-    atomic_fetch_add(&g.mflop[path], (int64_t)(2e-6 * M * N * (double)K));
+    else
+        gemm_bf16(ta, tb, M, N, K, alpha, A, Ah, lda, B, Bh, ldb, beta, C, ldc, NULL);
+}
+
+void fsc_gemm_bf16_bias(bool tb, int M, int N, int K, const float *A, int lda, const float *B,
+                        const uint16_t *Bh, int ldb, const float *bias, float *C, int ldc) {
+    if (M > 0 && N > 0 && K > 0)
+        gemm_bf16(false, tb, M, N, K, 1.f, A, NULL, lda, B, Bh, ldb, 0.f, C, ldc, bias);
+    else if (M > 0 && N > 0) /* K = 0: the product is empty, C is the bias */
+        for (int i = 0; i < M; i++) memcpy(C + (size_t)i * ldc, bias, (size_t)N * sizeof(float));
 }
 
 void fsc_gemm(fsc_gemm_prec prec, bool ta, bool tb, int M, int N, int K, float alpha,
@@ -405,7 +451,7 @@ const char *fsc_bf16_gemm_describe(void) {
 
 double fsc_bf16_gemm_peak_gflops(int n, int reps) {
     char why[256];
-    fsc_dnnl_matmul *mm = n > 0 ? fsc_dnnl_matmul_new(false, false, n, n, n, n, false,
+    fsc_dnnl_matmul *mm = n > 0 ? fsc_dnnl_matmul_new(false, false, n, n, n, n, false, false,
                                                       fsc_blas_threads(), why, sizeof why)
                                 : NULL;
     size_t e = (size_t)n * n;
@@ -417,7 +463,7 @@ double fsc_bf16_gemm_peak_gflops(int n, int reps) {
         for (size_t i = 0; i < 2 * e; i++) a[i] = to_bf16((float)(i % 17) * 0.01f);
         for (int r = -1; r < reps; r++) { /* r = -1: warm-up */
             double t = fsc_now();
-            if (fsc_dnnl_matmul_run(mm, a, a + e, c, scratch, fsc_blas_threads())) break;
+            if (fsc_dnnl_matmul_run(mm, a, a + e, c, NULL, scratch, fsc_blas_threads())) break;
             double gf = 2.0 * n * n * (double)n / (fsc_now() - t) / 1e9;
             if (r >= 0 && gf > best) best = gf;
         }

@@ -18,6 +18,14 @@ void fsc_gemm_bf16(bool ta, bool tb, int M, int N, int K, float alpha, const flo
                    const uint16_t *Ah, int lda, const float *B, const uint16_t *Bh, int ldb,
                    float beta, float *C, int ldc);
 
+/* C(M,N) = A @ op(B) + bias (the fp32 row bias added to every row of C),
+ * with A's rounding and the product as fsc_gemm_bf16's at alpha 1, beta 0;
+ * on oneDNN the bias is added inside the primitive rather than in a second
+ * pass over C; on sgemm C is first set to the bias rows, as the fp32 path
+ * does. Bh as in fsc_gemm_bf16. */
+void fsc_gemm_bf16_bias(bool tb, int M, int N, int K, const float *A, int lda, const float *B,
+                        const uint16_t *Bh, int ldb, const float *bias, float *C, int ldc);
+
 /* Whether fsc_gemm_bf16 with this shape, alpha, beta and ldc runs on oneDNN
  * (so that rounding an operand ahead pays); chooses the shape's path on its
  * first call, timing both on A and B. */
@@ -27,8 +35,16 @@ bool fsc_gemm_bf16_runs(bool ta, bool tb, int M, int N, int K, float alpha, cons
 /* This thread's bf16 buffer `slot` (0 .. FSC_BF16_WS_SLOTS-1) of at least
  * elems elements (FSC_MEM_WORK, kept and grown for reuse, never shared with
  * fsc_gemm_bf16's own); NULL if out of memory. */
-#define FSC_BF16_WS_SLOTS 2
+#define FSC_BF16_WS_SLOTS 5
 uint16_t *fsc_bf16_ws(int slot, size_t elems);
+
+/* Whether FSC_GEMM_BF16 work is to run on oneDNN at all here: the mode is
+ * on, or auto on a CPU with native bf16, and oneDNN loads. (Per-shape
+ * measurement, under auto, is fsc_gemm_bf16's own business.) */
+bool fsc_bf16_gemm_wanted(void);
+/* Adds a GEMM run outside fsc_gemm_bf16 (attention's batched ones) to the
+ * counters of fsc_bf16_gemm_get_stats: on oneDNN (bf16) or not. */
+void fsc_gemm_bf16_count(bool bf16, double seconds, double flops);
 
 /* dst (rows, cols) dense = bf16(src), src rows of stride ld. */
 void fsc_pack_bf16(uint16_t *dst, const float *src, int rows, int cols, int ld);

@@ -12,11 +12,14 @@
 void fsc_matmul_forward_prec(float *out, const float *inp, const float *weight, const float *bias,
                              int N, int C, int OC, fsc_weight_layout layout, fsc_gemm_prec prec) {
     bool in_out = layout == FSC_WEIGHT_IN_OUT;
-    if (prec == FSC_GEMM_BF16) { /* oneDNN writes out directly; the bias after, in fp32 */
+    if (prec == FSC_GEMM_BF16) { /* oneDNN writes out directly, adding the bias in fp32 */
         const uint16_t *wh = fsc_bf16_view_find(weight, (int64_t)C * OC);
-        fsc_gemm_bf16(false, !in_out, N, OC, C, 1.f, inp, NULL, C, weight, wh, in_out ? OC : C, 0.f,
-                      out, OC);
-        for (int i = 0; bias && i < N; i++) fsc_add_inplace(out + (size_t)i * OC, bias, OC);
+        if (bias)
+            fsc_gemm_bf16_bias(!in_out, N, OC, C, inp, C, weight, wh, in_out ? OC : C, bias, out,
+                               OC);
+        else
+            fsc_gemm_bf16(false, !in_out, N, OC, C, 1.f, inp, NULL, C, weight, wh, in_out ? OC : C,
+                          0.f, out, OC);
         return;
     }
     float beta = 0.f;

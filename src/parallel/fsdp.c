@@ -36,68 +36,6 @@ static fsc_param *member(const fsc_fsdp *f, const fsdp_unit *u, int i) {
     return f->ps.entries[u->entries[i]].param;
 }
 
-/* ---- element-wise helpers ----------------------------------------------------------- */
-
-/* dst[i] (+)= src[i] widened from dt (F32, BF16 or F16). */
-static void widen(float *dst, const void *src, int64_t n, fsc_dtype dt, bool add) {
-    if (dt == FSC_DTYPE_F32) {
-        const float *s = src;
-        if (add)
-            for (int64_t i = 0; i < n; i++) dst[i] += s[i];
-        else
-            memcpy(dst, s, (size_t)n * sizeof(float));
-        return;
-    }
-    const uint16_t *h = src;
-    if (dt == FSC_DTYPE_BF16) { /* bf16 is the top half of an f32: a shift, vectorised */
-        for (int64_t i = 0; i < n; i++) {
-            uint32_t bits = (uint32_t)h[i] << 16;
-            float v;
-            memcpy(&v, &bits, sizeof v);
-            dst[i] = add ? dst[i] + v : v;
-        }
-        return;
-    }
-    for (int64_t i = 0; i < n; i++)
-        dst[i] = add ? dst[i] + fsc_f16_to_f32(h[i]) : fsc_f16_to_f32(h[i]);
-}
-
-static void narrow(void *dst, const float *src, int64_t n, fsc_dtype dt) {
-    fsc_tensor s = fsc_tensor_1d((void *)src, FSC_DTYPE_F32, n), d = fsc_tensor_1d(dst, dt, n);
-    fsc_tensor_convert(&s, &d);
-}
-
-/* ---- gathered buffers ------------------------------------------------------------------ */
-
-/* Full-size buffers come from a small cache of released ones: a fresh mapping
- * costs a page fault and a zeroed page for every 4 KiB (or 2 MiB), which
- * measured 15% of an FSDP step; a cached one costs nothing (or a memset for
- * gradients). Cached buffers stay counted as FSC_MEM_GATHERED: the tag shows
- * what gathering holds, in use or ready. */
-static float *buf_get(fsc_fsdp *f, int64_t n, bool zero, int64_t *cap) {
-    int best = -1;
-    for (int i = 0; i < FSDP_CACHE; i++)
-        if (f->cache[i] && f->cache_n[i] >= n && (best < 0 || f->cache_n[i] < f->cache_n[best]))
-            best = i;
-    *cap = best < 0 ? n : f->cache_n[best];
-    if (best < 0) return fsc_mem_alloc(FSC_MEM_GATHERED, (size_t)n * sizeof(float));
-    float *p = f->cache[best];
-    f->cache[best] = NULL;
-    if (zero) memset(p, 0, (size_t)n * sizeof(float));
-    return p;
-}
-
-/* Returns a buffer of cap floats to the cache (or frees it if the cache is full). */
-static void buf_put(fsc_fsdp *f, float *p, int64_t cap) {
-    if (!p) return;
-    for (int i = 0; i < FSDP_CACHE; i++)
-        if (!f->cache[i]) {
-            f->cache[i] = p, f->cache_n[i] = cap;
-            return;
-        }
-    fsc_mem_free(p);
-}
-
 /* ---- views ---------------------------------------------------------------------------- */
 
 static void bind_params(fsc_fsdp *f, fsdp_unit *u, float *full) {
@@ -113,18 +51,18 @@ static void bind_grads(fsc_fsdp *f, fsdp_unit *u, float *full) {
 static int gather_start(fsc_fsdp *f, fsdp_unit *u, bool exact) {
     if (u->full || !u->padded) return FSC_OK; /* there, in flight, or nothing to gather */
     const fsc_dtype dt = exact ? FSC_DTYPE_F32 : f->opt.compute_dtype;
-    u->full = buf_get(f, u->padded, false, &u->full_cap);
+    u->full = fsdp_buf_get(f, u->padded, false, &u->full_cap);
     if (!u->full) return fsc_error_context(FSC_ERR_NOMEM, "FSDP unit '%s': ", u->name);
     int rc;
     if (dt == FSC_DTYPE_F32) {
         rc = fsc_group_iallgather(f->g, u->shard_data, u->full, u->shard, FSC_DTYPE_F32,
                                   &u->gather_req);
     } else {
-        u->send_half = fsc_mem_alloc(FSC_MEM_COMM, (size_t)u->shard * 2);
-        u->recv_half = fsc_mem_alloc(FSC_MEM_GATHERED, (size_t)u->padded * 2);
+        u->send_half = fsdp_half_get(f, FSC_MEM_COMM, (size_t)u->shard * 2);
+        u->recv_half = fsdp_half_get(f, FSC_MEM_GATHERED, (size_t)u->padded * 2);
         if (!u->send_half || !u->recv_half)
             return fsc_error_context(FSC_ERR_NOMEM, "FSDP unit '%s': ", u->name);
-        narrow(u->send_half, u->shard_data, u->shard, dt);
+        fsdp_narrow(u->send_half, u->shard_data, u->shard, dt);
         rc = fsc_group_iallgather(f->g, u->send_half, u->recv_half, u->shard, dt, &u->gather_req);
     }
     f->stats.allgathers++;
@@ -147,11 +85,12 @@ static int gather_finish(fsc_fsdp *f, fsdp_unit *u) {
     /* a unit still gathered (the root) comes here again with its view in place */
     bool view = u->recv_half && fsc_bf16_view_find(u->full, u->padded) == u->recv_half;
     if (u->recv_half && !view) {
-        widen(u->full, u->recv_half, u->padded, f->opt.compute_dtype, false);
+        fsdp_widen(u->full, u->recv_half, u->padded, f->opt.compute_dtype, false);
         view = f->opt.compute_dtype == FSC_DTYPE_BF16 &&
                fsc_bf16_view_add(u->full, u->recv_half, u->padded) == FSC_OK;
-        if (!view) fsc_mem_free(u->recv_half), u->recv_half = NULL;
-        fsc_mem_free(u->send_half);
+        if (!view) fsdp_half_put(f, u->recv_half, FSC_MEM_GATHERED, (size_t)u->padded * 2);
+        if (!view) u->recv_half = NULL;
+        fsdp_half_put(f, u->send_half, FSC_MEM_COMM, (size_t)u->shard * 2);
         u->send_half = NULL;
     }
     if (fsc_fault_is(FSC_FAULT_SHARD_OFFSET) && f->world > 1) { /* both copies, as one */
@@ -175,9 +114,9 @@ void fsdp_release(fsdp_unit *u) {
     if (u->gather_req && fsc_request_wait(&u->gather_req)) return;
     if (u->full) fsc_bf16_view_remove(u->full);
     bind_params(u->f, u, NULL);
-    buf_put(u->f, u->full, u->full_cap);
-    fsc_mem_free(u->recv_half);
-    fsc_mem_free(u->send_half);
+    fsdp_buf_put(u->f, u->full, u->full_cap);
+    fsdp_half_put(u->f, u->recv_half, FSC_MEM_GATHERED, (size_t)u->padded * 2);
+    fsdp_half_put(u->f, u->send_half, FSC_MEM_COMM, (size_t)u->shard * 2);
     u->full = NULL, u->recv_half = u->send_half = NULL;
 }
 
@@ -200,18 +139,18 @@ static int rs_start(fsc_fsdp *f, fsdp_unit *u) {
     if (u->index == f->nunits - 1 && fsc_fault_is(FSC_FAULT_DROP_GRAD) && f->rank == f->world - 1)
         memset(in, 0, sizeof(float) * (size_t)u->padded);
     if (dt != FSC_DTYPE_F32) { /* round, and give the fp32 buffer back at once */
-        if (!(u->rs_in = fsc_mem_alloc(FSC_MEM_COMM, (size_t)u->padded * 2)))
+        if (!(u->rs_in = fsdp_half_get(f, FSC_MEM_COMM, (size_t)u->padded * 2)))
             return fsc_error_context(FSC_ERR_NOMEM, "FSDP unit '%s': ", u->name);
-        narrow(u->rs_in, u->full_grad, u->padded, dt);
+        fsdp_narrow(u->rs_in, u->full_grad, u->padded, dt);
         bind_grads(f, u, NULL);
-        buf_put(f, u->full_grad, u->grad_cap);
+        fsdp_buf_put(f, u->full_grad, u->grad_cap);
         u->full_grad = NULL;
         in = u->rs_in;
     }
     /* straight into the shard when it is zero (the first micro-step) and fp32 */
     void *out = u->shard_grad;
     if (!(u->grad_zero && dt == FSC_DTYPE_F32) &&
-        !(out = u->rs_out = fsc_mem_alloc(FSC_MEM_COMM, (size_t)u->shard * fsc_dtype_size(dt))))
+        !(out = u->rs_out = fsdp_half_get(f, FSC_MEM_COMM, (size_t)u->shard * fsc_dtype_size(dt))))
         return fsc_error_context(FSC_ERR_NOMEM, "FSDP unit '%s': ", u->name);
     u->grad_zero = false;
     u->rs_pending = true;
@@ -237,15 +176,16 @@ static int rs_finish(fsc_fsdp *f, fsdp_unit *u, bool wait) {
         }
         if (rc) return fsc_error_context(rc, "FSDP reduce-scatter of unit '%s': ", u->name);
     }
-    if (u->rs_out) widen(u->shard_grad, u->rs_out, u->shard, f->opt.reduce_dtype, true);
+    if (u->rs_out) fsdp_widen(u->shard_grad, u->rs_out, u->shard, f->opt.reduce_dtype, true);
     if (u->index == f->nunits - 1 &&
         fsc_fault_fires(FSC_FAULT_REDUCE_TWICE)) /* the shard, accumulated or not */
         for (int64_t i = 0; i < u->shard / 2; i++) u->shard_grad[i] *= 2;
-    fsc_mem_free(u->rs_out);
-    fsc_mem_free(u->rs_in);
+    fsdp_half_put(f, u->rs_out, FSC_MEM_COMM,
+                  (size_t)u->shard * fsc_dtype_size(f->opt.reduce_dtype));
+    fsdp_half_put(f, u->rs_in, FSC_MEM_COMM, (size_t)u->padded * 2);
     u->rs_out = u->rs_in = NULL;
     bind_grads(f, u, NULL);
-    buf_put(f, u->full_grad, u->grad_cap);
+    fsdp_buf_put(f, u->full_grad, u->grad_cap);
     u->full_grad = NULL;
     u->rs_pending = false;
     return FSC_OK;
@@ -330,7 +270,7 @@ static int on_pre_backward(fsc_module *m, fsc_hook_kind kind, const fsc_ctx *ctx
         return rc;
     }
     if ((rc = make_room(f, f->newest_rs))) return rc;
-    u->full_grad = buf_get(f, u->padded, true, &u->grad_cap);
+    u->full_grad = fsdp_buf_get(f, u->padded, true, &u->grad_cap);
     if (!u->full_grad) return fsc_error_context(FSC_ERR_NOMEM, "FSDP unit '%s': ", u->name);
     bind_grads(f, u, u->full_grad);
     return FSC_OK;
@@ -648,7 +588,8 @@ void fsc_fsdp_free(fsc_fsdp *f) {
         if (!u->rs_req || !fsc_request_wait(&u->rs_req)) { /* never free what MPI may write */
             fsc_mem_free(u->rs_in);
             fsc_mem_free(u->rs_out);
-            buf_put(f, u->full_grad, u->grad_cap);
+            fsdp_buf_put(f, u->full_grad, u->grad_cap);
+            u->rs_in = u->rs_out = NULL;
         }
         if (u->entries) fsdp_release(u);
         if (u->entries) bind_grads(f, u, NULL);
@@ -659,7 +600,7 @@ void fsc_fsdp_free(fsc_fsdp *f) {
         fsc_module_remove_hook(f->hooked[i], FSC_HOOK_POST_FORWARD, on_progress, f);
         fsc_module_remove_hook(f->hooked[i], FSC_HOOK_POST_BACKWARD, on_progress, f);
     }
-    for (int i = 0; i < FSDP_CACHE; i++) fsc_mem_free(f->cache[i]);
+    fsdp_buffers_free(f);
     fsc_optim_free(f->optim);
     fsc_partition_free(f->part);
     free(f->ranges);
@@ -705,7 +646,7 @@ void fsc_fsdp_zero_grad(fsc_fsdp *f) {
         u->grad_zero = true;
         if (u->full_grad && !u->rs_pending) { /* kept by no_sync */
             bind_grads(f, u, NULL);
-            buf_put(f, u->full_grad, u->grad_cap);
+            fsdp_buf_put(f, u->full_grad, u->grad_cap);
             u->full_grad = NULL;
         }
     }

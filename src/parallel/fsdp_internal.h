@@ -59,10 +59,31 @@ struct fsc_fsdp {
     fsdp_unit *newest_rs;     /* the unit whose reduce-scatter launched last */
     float *cache[FSDP_CACHE]; /* released full-size buffers, ready for reuse */
     int64_t cache_n[FSDP_CACHE];
+    void *half[FSDP_CACHE]; /* released half-precision staging, ready for reuse */
+    fsc_mem_tag half_tag[FSDP_CACHE];
+    size_t half_bytes[FSDP_CACHE];
     fsc_module **hooked; /* modules carrying progress hooks */
     int nhooked;
     fsc_fsdp_stats stats;
 };
+
+/* fsdp_buffers.c. dst[i] (+)= src[i] widened from dt (F32, BF16 or F16). */
+void fsdp_widen(float *dst, const void *src, int64_t n, fsc_dtype dt, bool add);
+/* dst[i] = src[i] rounded to dt (BF16 or F16) as fsc_tensor_convert rounds. */
+void fsdp_narrow(void *dst, const float *src, int64_t n, fsc_dtype dt);
+/* A full-size buffer of at least n floats (FSC_MEM_GATHERED), from the cache
+ * of released ones when one fits (zeroed if zero); *cap gets its size. NULL
+ * when out of memory. */
+float *fsdp_buf_get(fsc_fsdp *f, int64_t n, bool zero, int64_t *cap);
+/* Gives back a buffer of cap floats to the cache (or frees it if full); NULL: no-op. */
+void fsdp_buf_put(fsc_fsdp *f, float *p, int64_t cap);
+/* A staging buffer of exactly bytes under tag, from the cache when one
+ * matches; NULL when out of memory. Contents undefined. */
+void *fsdp_half_get(fsc_fsdp *f, fsc_mem_tag tag, size_t bytes);
+/* Gives back a staging buffer got with the same tag and bytes; NULL: no-op. */
+void fsdp_half_put(fsc_fsdp *f, void *p, fsc_mem_tag tag, size_t bytes);
+/* Frees both caches (fsc_fsdp_free). */
+void fsdp_buffers_free(fsc_fsdp *f);
 
 /* Gathering, shared with the state-dict code: start (non-blocking) and
  * finish (wait, widen, bind the views) a unit's full parameters, in fp32 when
