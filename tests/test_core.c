@@ -4,7 +4,11 @@
 #include <stddef.h>
 #include <cmocka.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include "fsc/core.h"
 
@@ -104,6 +108,38 @@ static void test_arena_mark_release(void **state) {
     fsc_arena_free(a);
 }
 
+static long minor_faults(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_minflt;
+}
+
+/* The block a reset merges the first step's chain into is faulted in by the
+ * reset: the next step, using as much, maps no fresh page. Untouched, 48 MiB
+ * would take 12288 faults (4 KiB pages) or at least 24 (2 MiB huge pages). */
+static void test_arena_reset_block_resident(void **state) {
+    (void)state;
+    enum { PIECES = 48, PIECE = 1 << 20 };
+    fsc_arena *a = fsc_arena_new(FSC_MEM_ACTIV, PIECE);
+    for (int i = 0; i < PIECES; i++) memset(fsc_arena_alloc(a, PIECE), 1, PIECE); /* a chain */
+    fsc_arena_reset(a); /* one block of 48 MiB */
+    char *piece[PIECES];
+    for (int i = 0; i < PIECES; i++) assert_non_null(piece[i] = fsc_arena_alloc(a, PIECE));
+    for (int i = 1; i < PIECES; i++) assert_ptr_equal(piece[i], piece[0] + (size_t)i * PIECE);
+    size_t page = (size_t)sysconf(_SC_PAGESIZE), pages = (size_t)PIECES * PIECE / page;
+    unsigned char *in = malloc(pages);
+    assert_non_null(in);
+    assert_int_equal(mincore(piece[0], (size_t)PIECES * PIECE, in), 0); /* 2 MiB aligned */
+    size_t resident = 0;
+    for (size_t i = 0; i < pages; i++) resident += in[i] & 1;
+    assert_int_equal(resident, pages);
+    free(in);
+    long before = minor_faults();
+    for (int i = 0; i < PIECES; i++) memset(piece[i], 2, PIECE);
+    assert_true(minor_faults() - before < 8);
+    fsc_arena_free(a);
+}
+
 static void test_tensor_views(void **state) {
     (void)state;
     float buf[24];
@@ -149,6 +185,7 @@ int main(void) {
         cmocka_unit_test(test_mem_discard_recommit),
         cmocka_unit_test(test_arena_reuses_memory),
         cmocka_unit_test(test_arena_mark_release),
+        cmocka_unit_test(test_arena_reset_block_resident),
         cmocka_unit_test(test_tensor_views),
         cmocka_unit_test(test_philox_known_answer),
         cmocka_unit_test(test_normal_fill_slices_match),

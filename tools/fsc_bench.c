@@ -74,7 +74,16 @@ typedef struct {
     /* --moe-experts: share of the timed steps in all-to-all exchanges (this
      * rank) and of the choices dropped past capacity */
     double alltoall_share, dropped_share;
+    /* minor page faults (fresh pages) of this process: in the first timed
+     * step, and per step over the later ones */
+    double faults_first, faults_later;
 } bench_result;
+
+static long minor_faults(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_minflt;
+}
 
 static void print_json_string(const char *s);
 
@@ -136,8 +145,13 @@ static int measure(const bench_config *c, const char *strategy, int steps, int w
             if (t.world > 1) rc = fsc_group_barrier(fsc_group_world());
         }
         fsc_step_result r;
+        long faults0 = minor_faults();
         if (!rc) rc = trainer_step(&t, &r);
         if (rc) break;
+        if (s == warmup)
+            out->faults_first = (double)(minor_faults() - faults0);
+        else if (s > warmup)
+            out->faults_later += (double)(minor_faults() - faults0) / (steps - 1);
         if (s == 0) out->first = r.loss;
         out->last = r.loss;
         if (s >= warmup)
@@ -183,7 +197,8 @@ static int measure(const bench_config *c, const char *strategy, int steps, int w
 
 static void print_result(const bench_config *c, const char *strategy, int ranks, int threads,
                          int steps, const bench_result *r, const bench_result *single,
-                         const int64_t *stage_mem, const float *pipe_figs) {
+                         const int64_t *stage_mem, const float *pipe_figs, const float *faults,
+                         int fault_ranks) {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     fsc_strategy_info info;
@@ -273,6 +288,12 @@ static void print_result(const bench_config *c, const char *strategy, int ranks,
         print_json_string(fsc_bf16_gemm_describe());
         printf(", ");
     }
+    /* faults: first timed step, then per later step, for each rank */
+    printf("\"page_faults_first_step_by_rank\": [");
+    for (int q = 0; q < fault_ranks; q++) printf("%s%.0f", q ? ", " : "", faults[2 * q]);
+    printf("], \"page_faults_per_later_step_by_rank\": [");
+    for (int q = 0; q < fault_ranks; q++) printf("%s%.0f", q ? ", " : "", faults[2 * q + 1]);
+    printf("], ");
     printf("\"first_loss\": %.4f, \"last_loss\": %.4f, \"peak_rss_mib\": %.1f, \"peak_mem\": {",
            r->first, r->last, (double)ru.ru_maxrss / 1024.0);
     for (int tag = 0; tag < FSC_MEM_TAG_COUNT; tag++)
@@ -320,6 +341,13 @@ static int run(const bench_config *c, const char *strategy, int steps, int warmu
     if (!rc) rc = measure(&wide, strategy, steps, warmup, on_threads ? threads : 1, &r);
     int64_t *stage_mem = NULL; /* --pp: every rank's steady peaks, for rank 0 to print */
     float *pipe_figs = NULL;   /* --pp: every rank's wait, span and compute, timed steps */
+    float faults[2] = {(float)r.faults_first, (float)r.faults_later}, *all_faults = faults;
+    if (!rc && info.spans_ranks) { /* every rank's page faults, for rank 0 to print */
+        all_faults = calloc((size_t)world * 2, sizeof *all_faults);
+        rc = all_faults
+                 ? fsc_group_allgather(fsc_group_world(), faults, all_faults, 2, FSC_DTYPE_F32)
+                 : fsc_error(FSC_ERR_NOMEM, "out of memory");
+    }
     if (!rc && pp > 1 && info.spans_ranks) {
         float mine[3] = {(float)r.pipe_wait, (float)r.pipe_span, (float)r.pipe_compute};
         pipe_figs = calloc((size_t)world * 3, sizeof *pipe_figs);
@@ -334,8 +362,9 @@ static int run(const bench_config *c, const char *strategy, int steps, int warmu
     }
     if (!rc && rank == 0)
         print_result(c, strategy, world, threads, steps, &r, scaled ? &single : NULL, stage_mem,
-                     pipe_figs);
+                     pipe_figs, all_faults, info.spans_ranks ? world : 1);
     free(stage_mem), free(pipe_figs);
+    if (all_faults != faults) free(all_faults);
     return rc;
 }
 
@@ -405,7 +434,7 @@ int main(int argc, char **argv) {
         {.name = "virtual", .kind = ARG_INT, .ptr = &virtual_stages,
          .help = "with --pipe-schedule interleaved: stages per rank"},
         {.name = "balance", .kind = ARG_STR, .ptr = &balance, .meta = "3,7",
-         .help = "with --pp: layers per stage"},
+         .help = "with --pp: layers per stage (a block splits at .5 and .75, as fsc-train's), or auto"},
         {.name = "trace", .kind = ARG_STR, .ptr = &trace, .meta = "FILE",
          .help = "with --pp: the last step's pipeline as a Chrome trace"},
         {.name = "tp", .kind = ARG_INT, .ptr = &tp, .help = "tensor-parallel ranks per replica"},

@@ -184,8 +184,10 @@ FSC_API void *fsc_arena_alloc(fsc_arena *a, size_t bytes);
 /* Zero-filled variant. */
 FSC_API void *fsc_arena_calloc(fsc_arena *a, size_t bytes);
 /* Forgets every allocation; keeps the blocks. If the last step needed more than
- * one block, they are merged into one block of the high-water size. A reset
- * with nothing allocated since the last one changes nothing. */
+ * one block, they are merged into one block of the high-water size, whose
+ * pages the reset touches (maps) up to that size: the next step takes no page
+ * faults in it. A reset with nothing allocated since the last one changes
+ * nothing. */
 FSC_API void fsc_arena_reset(fsc_arena *a);
 /* A position to return to: everything allocated after fsc_arena_mark is given
  * back by fsc_arena_release (a stack discipline for short-lived buffers, such

@@ -167,6 +167,9 @@ typedef struct fsc_fsdp_stats {
     int64_t padding_elems; /* of which padding and alignment gaps */
     int64_t largest_unit;  /* elements of the largest unit's padded flat buffer */
     double wait_s;         /* blocked waiting for gathers and reductions */
+    /* full-size and half-precision buffers allocated fresh rather than reused:
+     * after the first step, each is a step mapping (and page-faulting) memory */
+    int64_t buffer_allocs;
 } fsc_fsdp_stats;
 /* What f has done so far. */
 FSC_API fsc_fsdp_stats fsc_fsdp_get_stats(const fsc_fsdp *f);

@@ -53,7 +53,10 @@ float *fsdp_buf_get(fsc_fsdp *f, int64_t n, bool zero, int64_t *cap) {
         if (f->cache[i] && f->cache_n[i] >= n && (best < 0 || f->cache_n[i] < f->cache_n[best]))
             best = i;
     *cap = best < 0 ? n : f->cache_n[best];
-    if (best < 0) return fsc_mem_alloc(FSC_MEM_GATHERED, (size_t)n * sizeof(float));
+    if (best < 0) {
+        f->stats.buffer_allocs++;
+        return fsc_mem_alloc(FSC_MEM_GATHERED, (size_t)n * sizeof(float));
+    }
     float *p = f->cache[best];
     f->cache[best] = NULL;
     if (zero) memset(p, 0, (size_t)n * sizeof(float));
@@ -73,18 +76,19 @@ void fsdp_buf_put(fsc_fsdp *f, float *p, int64_t cap) {
 /* Half-precision buffers are matched exactly (tag and size): a unit asks
  * for the same few sizes every step. */
 void *fsdp_half_get(fsc_fsdp *f, fsc_mem_tag tag, size_t bytes) {
-    for (int i = 0; i < FSDP_CACHE; i++)
+    for (int i = 0; i < FSDP_HALF_CACHE; i++)
         if (f->half[i] && f->half_tag[i] == tag && f->half_bytes[i] == bytes) {
             void *p = f->half[i];
             f->half[i] = NULL;
             return p;
         }
+    f->stats.buffer_allocs++;
     return fsc_mem_alloc(tag, bytes);
 }
 
 void fsdp_half_put(fsc_fsdp *f, void *p, fsc_mem_tag tag, size_t bytes) {
     if (!p) return;
-    for (int i = 0; i < FSDP_CACHE; i++)
+    for (int i = 0; i < FSDP_HALF_CACHE; i++)
         if (!f->half[i]) {
             f->half[i] = p, f->half_tag[i] = tag, f->half_bytes[i] = bytes;
             return;
@@ -93,8 +97,6 @@ void fsdp_half_put(fsc_fsdp *f, void *p, fsc_mem_tag tag, size_t bytes) {
 }
 
 void fsdp_buffers_free(fsc_fsdp *f) {
-    for (int i = 0; i < FSDP_CACHE; i++) {
-        fsc_mem_free(f->cache[i]), fsc_mem_free(f->half[i]);
-        f->cache[i] = NULL, f->half[i] = NULL;
-    }
+    for (int i = 0; i < FSDP_CACHE; i++) fsc_mem_free(f->cache[i]), f->cache[i] = NULL;
+    for (int i = 0; i < FSDP_HALF_CACHE; i++) fsc_mem_free(f->half[i]), f->half[i] = NULL;
 }

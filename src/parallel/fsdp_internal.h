@@ -11,6 +11,11 @@
 /* Released full-size buffers kept for reuse: the root's parameters and
  * gradients, two more units' of each, and room to spare. */
 #define FSDP_CACHE 8
+/* Released half-precision staging, matched exactly: six kinds (send, gather,
+ * reduce-in and reduce-out at two unit sizes), a few of each released close
+ * together at a step's end. Eight slots overflowed there, and the next step
+ * mapped (and page-faulted) one or two fresh 6-9 MB buffers. */
+#define FSDP_HALF_CACHE 16
 
 typedef struct fsdp_unit {
     struct fsc_fsdp *f;
@@ -59,9 +64,9 @@ struct fsc_fsdp {
     fsdp_unit *newest_rs;     /* the unit whose reduce-scatter launched last */
     float *cache[FSDP_CACHE]; /* released full-size buffers, ready for reuse */
     int64_t cache_n[FSDP_CACHE];
-    void *half[FSDP_CACHE]; /* released half-precision staging, ready for reuse */
-    fsc_mem_tag half_tag[FSDP_CACHE];
-    size_t half_bytes[FSDP_CACHE];
+    void *half[FSDP_HALF_CACHE]; /* released half-precision staging, ready for reuse */
+    fsc_mem_tag half_tag[FSDP_HALF_CACHE];
+    size_t half_bytes[FSDP_HALF_CACHE];
     fsc_module **hooked; /* modules carrying progress hooks */
     int nhooked;
     fsc_fsdp_stats stats;
