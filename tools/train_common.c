@@ -22,7 +22,11 @@
  * the rows' own options do not apply (only a given flag goes on, to be
  * refused by name). */
 static bool applies(const train_options *o, const char *flag, const char *option) {
-    return train_flag_given(o, flag) || (o->pp <= 1 && fsc_strategy_takes(o->strategy, option));
+    /* Under --pp, and under --tp for the sharded rows (oss, sdp, fsdp run the
+     * TP model as one pipeline stage), a row's own option is only what the
+     * user gives (and is then refused by name). */
+    const bool piped = o->pp > 1 || (o->tp > 1 && strcmp(o->strategy, "ddp"));
+    return train_flag_given(o, flag) || (!piped && fsc_strategy_takes(o->strategy, option));
 }
 
 static int optim_config(const train_options *o, fsc_optim_config *out) {

@@ -171,8 +171,9 @@ fsc_strategy *fsc_strategy_new(fsc_module *model, const fsc_optim_config *optim,
                   name);
         return NULL;
     }
-    /* fsdp over TP replicas: a pipeline of one stage, the whole TP model */
-    const bool whole = tensor && !piped && ops->zero_stage == 3;
+    /* oss, sdp and fsdp over TP replicas: a pipeline of one stage, the whole
+     * TP model, so its sharded state is saved by global name as a pipeline's */
+    const bool whole = tensor && !piped && ops->zero_stage >= 1;
     if (whole && refuse_row_options_under_pipe(opt, name,
                                                "with tensor parallelism (the model's parameters "
                                                "are sharded whole, as one pipeline stage)"))

@@ -83,7 +83,6 @@ struct fsc_strategy {
     fsc_group *tp_group, *tp_dp_group;
     strategy_ops tp_ops;
     fsc_tp_options tp_options;
-    int row_zero_stage;
     bool *tp_counted;
     fsc_tp_optim_state *tp_state; /* optimizer pieces by global name, made at first use */
     void (*tp_row_stats)(const fsc_strategy *s, fsc_strategy_stats *out);

@@ -1,11 +1,13 @@
-/* The tensor-parallel dimension of a strategy (fsc_strategy_options.tp):
- * groups of tp.size consecutive ranks each hold one replica of a model made
- * of fsc/tp.h's layers, and the named data-parallel row (ddp, oss, sdp)
- * runs unchanged over the ranks that share a TP rank. What the TP layout
- * changes is taken over here, in a copy of the row's operations: binding
- * (shards initialised as slices of the one-process tensors), the gradient
- * norm (each parameter counted once over the mesh), and files (weights and,
- * under ddp, optimizer state by global name: the one-process files). */
+/* The tensor-parallel dimension of ddp (fsc_strategy_options.tp): groups of
+ * tp.size consecutive ranks each hold one replica of a model made of
+ * fsc/tp.h's layers, and ddp runs unchanged over the ranks that share a TP
+ * rank. (oss, sdp and fsdp run the TP model as one pipeline stage instead,
+ * strategy_pipe.c, whose files already hold sharded state by global name.)
+ * What the TP layout changes is taken over here, in a copy of the row's
+ * operations: binding (shards initialised as slices of the one-process
+ * tensors), the gradient norm (each parameter counted once over the mesh),
+ * and files (weights and optimizer state by global name: the one-process
+ * files). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,8 +51,7 @@ static int sum_in_rank_order(fsc_group *g, double local, double *out) {
     return rc;
 }
 
-/* Replicas hold equal gradients (ddp): the norm of one replica's TP group;
- * sharded optimizer state (oss, sdp): each range is one rank's, so over all. */
+/* Replicas hold equal gradients (ddp): the norm of one replica's TP group. */
 static int tp_clip(fsc_strategy *s, float max_norm, float *total) {
     if (!s->tp_counted) {
         int rc = mark_counted(s);
@@ -60,7 +61,7 @@ static int tp_clip(fsc_strategy *s, float max_norm, float *total) {
     for (int i = 0; i < s->nranges; i++)
         if (s->tp_counted[i]) local += fsc_grad_norm_sq(&s->ranges[i], 1);
     double sq;
-    int rc = sum_in_rank_order(s->row_zero_stage ? s->all : s->tp_group, local, &sq);
+    int rc = sum_in_rank_order(s->tp_group, local, &sq);
     if (rc) return fsc_error_context(rc, "tensor-parallel clip: ");
     const float norm = (float)sqrt(sq);
     if (total) *total = norm;
@@ -101,15 +102,8 @@ static int tp_load_weights(fsc_strategy *s, const char *path, int *n_unused) {
 }
 
 /* The optimizer's pieces by global name over the TP group, made at first
- * use (collective over it). Replicated data parallelism only: under oss or
- * sdp each replica steps a part of its TP rank's pieces, which that file
- * format's listing over the TP group does not describe yet. */
-static int optim_state(fsc_strategy *s, const char *path) {
-    if (s->row_zero_stage)
-        return fsc_error(FSC_ERR_UNSUPPORTED,
-                         "%s: optimizer state of a tensor-parallel model sharded over its "
-                         "replicas (oss, sdp) is not saved by global name yet; ddp's is",
-                         path ? path : "(root's path)");
+ * use (collective over it); every replica holds the same ones (ddp). */
+static int optim_state(fsc_strategy *s) {
     if (!s->tp_state &&
         !(s->tp_state = fsc_tp_optim_state_new(s->model, &s->params, s->optim, s->tp_group)))
         return fsc_error_context(FSC_ERR_INVALID, "tensor-parallel optimizer state: ");
@@ -121,7 +115,7 @@ static int tp_save_optim(fsc_strategy *s, const char *path, int root) {
     if (root != 0)
         return fsc_error(FSC_ERR_INVALID, "tensor parallel: state is written by rank 0 (not %d)",
                          root);
-    int rc = optim_state(s, path);
+    int rc = optim_state(s);
     if (!rc && s->rank == 0) rc = fsc_tp_optim_save(s->tp_state, path, 0);
     int32_t status = rc;
     if (s->world > 1 && fsc_group_broadcast(s->group, &status, 1, FSC_DTYPE_I32, 0))
@@ -130,7 +124,7 @@ static int tp_save_optim(fsc_strategy *s, const char *path, int root) {
 }
 
 static int tp_load_optim(fsc_strategy *s, const char *path) {
-    int rc = optim_state(s, path);
+    int rc = optim_state(s);
     return rc ? rc : fsc_tp_optim_load(s->tp_state, path);
 }
 
@@ -161,7 +155,6 @@ int strategy_tp_begin(fsc_strategy *s, const strategy_ops *row) {
     s->group = s->tp_dp_group;
     s->rank = fsc_group_rank(s->group);
     s->world = fsc_group_size(s->group);
-    s->row_zero_stage = row->zero_stage;
     s->tp_ops = *row;
     s->tp_ops.clip = tp_clip;
     s->tp_ops.save_weights = tp_save_weights;

@@ -20,7 +20,8 @@ def compare(what, got, ref, tol):
 def fsdp():
     """FSDP over 2 and 4 ranks gives the single-process losses (dropout on): units
     per block or by --min-params, with and without resharding, both accumulation
-    modes, with activation checkpointing; and it resumes at other world sizes."""
+    modes, with activation checkpointing; and it resumes at other world sizes, as
+    do oss and sdp checkpoints under --tp."""
     common = ["--layers", "3", "--d-model", "64", "--heads", "4", "--seq", "32", "--quiet",
               "--dropout", "0.1", "--steps", "6"]
     ref_m = os.path.join(TMP, "single.jsonl")
@@ -64,6 +65,21 @@ def fsdp():
         assert [r["step"] for r in metrics(m)] == [4, 5, 6]
         compare(f"resumed with {n} rank(s) ({strategy})", [r["loss"] for r in metrics(m)], full,
                 1e-5)
+    # oss and sdp over 2 tensor-parallel replicas (4 ranks; the TP model runs as one
+    # pipeline stage) save their sharded optimizer state by global name as well: the
+    # checkpoint resumes in one process and under fsdp on 2 ranks
+    for strategy in ("oss", "sdp"):
+        ck_tp = os.path.join(TMP, f"ck-tp-{strategy}")
+        mpiexec(4, *common, "--strategy", strategy, "--tp", "2", "--batch", "6",
+                "--save-every", "3", "--checkpoint-dir", ck_tp, "--steps", "3")
+        for n, to in ((1, "single"), (2, "fsdp")):
+            m = os.path.join(TMP, f"resume-tp-{strategy}-{to}.jsonl")
+            args = (*common, "--strategy", to, "--tp", "1", "--batch", str(12 // n), "--resume",
+                    ck_tp, "--metrics", m)
+            run(*args) if n == 1 else mpiexec(n, *args)
+            assert [r["step"] for r in metrics(m)] == [4, 5, 6]
+            compare(f"{strategy} x tp 2 resumed with {n} rank(s) ({to})",
+                    [r["loss"] for r in metrics(m)], full, 1e-5)
 
 
 def fsdp_precision():
