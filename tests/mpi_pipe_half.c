@@ -17,22 +17,11 @@
 #include <cmocka.h>
 #include <string.h>
 
-#include "equivalence.h"
 #include "fsc/pipe.h"
-#include "fsc/trainer.h"
-#include "mpi_test.h"
+#include "trainer_test.h"
 
 static int rank, world;
 static char dir[64];
-
-static fsc_module *make_parts(void *user, int first, int end) {
-    return fsc_gpt_stage_parts_new(user, first, end);
-}
-
-/* The activation entering a part: (B,T,5C) before a block's c_proj. */
-static void part_shape(void *user, int part, int64_t shape[FSC_MAX_DIMS]) {
-    shape[2] = fsc_gpt_part_width(user, part);
-}
 
 /* Stage sizes in quarter layers (7 = 1.75 layers) -> parts per stage. */
 static void to_parts(const int *quarters, int S, int *parts) {
@@ -77,12 +66,12 @@ static int64_t sample0(void *user, int micro) {
 
 static fsc_pipe_options parts_options(fsc_gpt_config *cfg, const int *parts, int B) {
     return (fsc_pipe_options){.layers = fsc_gpt_num_parts(cfg),
-                              .make_stage = make_parts,
+                              .make_stage = tt_make_parts,
                               .stage_user = cfg,
                               .balance = parts,
                               .act_ndim = 3,
                               .act_shape = {B, cfg->seq, cfg->d_model},
-                              .act_shape_at = part_shape,
+                              .act_shape_at = tt_part_shape,
                               .seed = 5};
 }
 
@@ -119,8 +108,7 @@ static float *run_cut(fsc_pipe_kind kind, int chunks, const int *quarters, fsc_p
     char path[128];
     snprintf(path, sizeof path, "%s/half.safetensors", dir);
     assert_int_equal(fsc_pipe_save_weights(p, path, 0, 0, NULL, NULL), FSC_OK);
-    float *out = eq_read_weights(&cfg, path, numel);
-    if (!out) fail_msg("rank %d: %s: %s", rank, path, fsc_last_error());
+    float *out = tt_read_weights(&cfg, path, numel);
     fsc_tokens_free(&d->tk);
     free(d);
     fsc_pipe_free(p);
@@ -130,13 +118,7 @@ static float *run_cut(fsc_pipe_kind kind, int chunks, const int *quarters, fsc_p
 }
 
 static void expect_one_process(const char *what, float *got, int64_t numel, int global_batch) {
-    int64_t n;
-    float *ref = eq_reference_ex(&(eq_options){.global_batch = global_batch}, &n);
-    assert_int_equal(n, numel);
-    char label[160];
-    snprintf(label, sizeof label, "%s, %d ranks, rank %d", what, world, rank);
-    assert_int_equal(eq_compare(label, got, ref, n), 0);
-    free(ref), free(got);
+    tt_expect_reference(&(eq_options){.global_batch = global_batch}, what, got, numel);
 }
 
 /* 2 ranks: 1.5 | 2.5 and 2.5 | 1.5 (a block cut between attention and MLP),
@@ -307,96 +289,29 @@ static void test_names_and_refusals(void **state) {
 
 /* ---- through the trainer: a checkpoint at a half-block cut resumes elsewhere ---------- */
 
-typedef struct {
-    fsc_tokens tk;
-    int T;
-    int32_t x[64 * 16], y[64 * 16], ids[64 * 16];
-} tdata;
-
-static int t_load(const fsc_micro_batch *mb, void *user) {
-    tdata *d = user;
-    return fsc_tokens_batch(&d->tk, mb->step, mb->micro, mb->rank, mb->batch, mb->micros, mb->world,
-                            d->T, d->x, d->y);
-}
-
-static int t_input(const fsc_micro_batch *mb, void *user, fsc_tensor *x) {
-    tdata *d = user; /* stage 0 keeps every micro-batch's ids until its backward */
-    int32_t *ids = d->ids + (size_t)mb->micro * mb->batch * d->T;
-    memcpy(ids, d->x, sizeof *ids * (size_t)mb->batch * d->T);
-    *x = fsc_tensor_2d(ids, FSC_DTYPE_I32, mb->batch, d->T);
-    return FSC_OK;
-}
-
-static int t_loss(const fsc_micro_batch *mb, void *user, fsc_tensor *y, fsc_arena *arena,
-                  float *out) {
-    tdata *d = user;
-    fsc_tensor t = fsc_tensor_2d(d->y, FSC_DTYPE_I32, mb->batch, d->T);
-    return fsc_cross_entropy(out, y, &t, -1, mb->norm, arena);
-}
-
-static int t_gpt_loss(fsc_module *m, const fsc_ctx *ctx, const fsc_micro_batch *mb, void *user,
-                      float *loss) {
-    tdata *d = user;
-    return fsc_gpt_train_micro(m, ctx, d->x + (size_t)mb->row0 * d->T,
-                               d->y + (size_t)mb->row0 * d->T, mb->rows, d->T, -1, mb->norm, loss);
-}
-
 /* EQ_STEPS steps of ddp (x pp 2 at `quarters` when given; else one stage per
  * replica), resuming from `resume` and stopping at save_at with a
  * checkpoint in <dir>/ckpt when set; returns the saved weights. */
 static float *train(const int *quarters, int save_at, bool resume, int64_t *numel) {
-    fsc_gpt_config cfg = EQ_MODEL;
-    const int pp = quarters ? 2 : 1, m = 2, dp = world / pp, B = EQ_GLOBAL_BATCH / (dp * m);
-    tdata *d = calloc(1, sizeof *d);
-    eq_tokens(&d->tk);
-    d->T = cfg.seq;
-    int parts[2];
-    fsc_trainer_config tc = {.strategy = {.name = "ddp", .seed = 5},
-                             .optim = EQ_ADAMW,
-                             .batch = B,
-                             .grad_accum = m,
-                             .targets_per_sample = cfg.seq,
-                             .load = t_load,
-                             .loss = t_gpt_loss,
-                             .pipe_input = t_input,
-                             .pipe_loss = t_loss,
-                             .user = d};
-    if (quarters) {
-        to_parts(quarters, 2, parts);
-        tc.strategy.pipe = (fsc_pipe_strategy_options){.stages = 2,
-                                                       .schedule = FSC_PIPE_1F1B,
-                                                       .layers = fsc_gpt_num_parts(&cfg),
-                                                       .make_stage = make_parts,
-                                                       .stage_user = &cfg,
-                                                       .balance = parts,
-                                                       .act_ndim = 3,
-                                                       .act_shape = {B, cfg.seq, cfg.d_model},
-                                                       .act_shape_at = part_shape};
-    }
-    fsc_module *model = quarters ? NULL : fsc_gpt_new(&cfg);
-    fsc_trainer *t = fsc_trainer_new(model, &tc);
-    if (!t) fail_msg("%s", fsc_last_error());
     char ckpt[96], path[128];
     snprintf(ckpt, sizeof ckpt, "%s/ckpt", dir);
-    if (resume && fsc_trainer_resume(t, ckpt, 0, NULL, NULL))
-        fail_msg("rank %d: resume: %s", rank, fsc_last_error());
-    for (int64_t s = fsc_trainer_get_step(t); s < EQ_STEPS; s++) {
-        fsc_step_result r;
-        if (fsc_trainer_step(t, &r)) fail_msg("rank %d: %s", rank, fsc_last_error());
-        if (save_at && fsc_trainer_get_step(t) == save_at) {
-            if (fsc_trainer_save_checkpoint(t, ckpt, 0, NULL, NULL))
-                fail_msg("rank %d: checkpoint: %s", rank, fsc_last_error());
-            break;
-        }
-    }
     snprintf(path, sizeof path, "%s/trainer.safetensors", dir);
-    assert_int_equal(fsc_trainer_save_weights(t, path, 0, NULL, NULL), FSC_OK);
-    fsc_trainer_free(t);
-    fsc_module_free(model);
-    float *out = eq_read_weights(&cfg, path, numel);
-    if (!out) fail_msg("rank %d: %s: %s", rank, path, fsc_last_error());
-    fsc_tokens_free(&d->tk);
-    free(d);
+    int parts[2];
+    if (quarters) to_parts(quarters, 2, parts);
+    const tt_run c = {.strategy = "ddp",
+                      .pp = quarters ? 2 : 1,
+                      .parts = true,
+                      .balance = quarters ? parts : NULL,
+                      .resume = resume ? ckpt : NULL,
+                      .save_at = save_at,
+                      .ckpt = ckpt};
+    tt_data *d = tt_data_new();
+    fsc_module *model;
+    fsc_trainer *t = tt_trainer_new(&c, d, &model);
+    tt_train(t, &c);
+    tt_save_and_free(t, model, path);
+    float *out = tt_read_weights(&EQ_MODEL, path, numel);
+    tt_data_free(d);
     fsc_group_barrier(fsc_group_world()); /* every rank read the file */
     return out;
 }
@@ -417,20 +332,8 @@ static void test_cut_checkpoint_resumes(void **state) {
     expect_one_process("1.75,2.25 -> checkpoint -> pp 1", got, n, EQ_GLOBAL_BATCH);
 }
 
-static int setup_dir(void **state) {
-    (void)state;
-    return mpi_scratch_dir(dir, "fsc_pipe_half");
-}
-
-static int teardown_dir(void **state) {
-    (void)state;
-    return mpi_scratch_dir_remove(dir);
-}
-
 int main(int argc, char **argv) {
-    if (fsc_dist_init(&argc, &argv, NULL)) return 1;
-    rank = fsc_dist_rank(), world = fsc_dist_size();
-    eq_fault_from_env();
+    if (tt_init(&argc, &argv, &rank, &world)) return 1;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_names_and_refusals),
         cmocka_unit_test(test_cuts),
@@ -439,5 +342,5 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_unplanned_width),
         cmocka_unit_test(test_cut_checkpoint_resumes),
     };
-    return mpi_test_finish(cmocka_run_group_tests(tests, setup_dir, teardown_dir));
+    return tt_run_tests(tests, "fsc_pipe_half", dir);
 }

@@ -1,10 +1,11 @@
 /* Shared by the programs that train on a layout of ranks and compare with
- * one process (mpi_pipe.c, mpi_mesh.c, mpi_moe.c, mpi_trainer.c): the EQ
- * GPT's callbacks for the trainer under any layout (whole model, pipeline
- * stages, tensor parallelism, both), the step loop with its resume and
- * checkpoint, the weights read back and compared with tests/equivalence.h's
- * reference, and the program's main with one scratch directory for the
- * world. Include after cmocka.h. */
+ * one process (mpi_pipe.c, mpi_pipe_half.c, mpi_mesh.c, mpi_moe.c,
+ * mpi_trainer.c): the EQ GPT's callbacks for the trainer under any layout
+ * (whole model, pipeline stages of layers or of parts of blocks, tensor
+ * parallelism, both), the step loop with its resume and checkpoint, the
+ * weights read back and compared with tests/equivalence.h's reference, and
+ * the program's main with one scratch directory for the world. Include
+ * after cmocka.h. */
 #ifndef FSC_TEST_TRAINER_TEST_H
 #define FSC_TEST_TRAINER_TEST_H
 
@@ -77,6 +78,17 @@ static inline fsc_module *tt_make_stage(void *user, int first, int end) {
     return fsc_gpt_stage_new(user, first, end);
 }
 
+/* Parts [first, end) of the GPT whose config is user: stages that may end
+ * inside a block (fsc_gpt_stage_parts_new). */
+static inline fsc_module *tt_make_parts(void *user, int first, int end) {
+    return fsc_gpt_stage_parts_new(user, first, end);
+}
+
+/* The activation entering a part: (B,T,5C) before a block's c_proj. */
+static inline void tt_part_shape(void *user, int part, int64_t shape[FSC_MAX_DIMS]) {
+    shape[2] = fsc_gpt_part_width(user, part);
+}
+
 /* Without a pipeline: the whole TP model, trained through fsc_tp_gpt_train_micro. */
 static inline fsc_module *tt_make_tp_model(void *user, const fsc_tp_options *tp) {
     tt_data *d = user;
@@ -96,6 +108,8 @@ typedef struct tt_run {
     const char *strategy;
     fsc_group *group;       /* NULL: the world (single: this process) */
     int pp, tp;             /* pipeline stages, tensor-parallel size (0 or 1: none) */
+    bool parts;             /* with pp, no tp: stages of parts, cut inside blocks too */
+    const int *balance;     /* with pp: layers (parts) per stage (NULL: even) */
     bool sp;                /* with tp: sequence parallelism */
     float clip;             /* > 0: clip the global norm */
     int steps;              /* train up to this step (0: EQ_STEPS) */
@@ -116,8 +130,8 @@ static inline fsc_group *tt_ranks(const tt_run *c) {
 /* A trainer of d's EQ GPT under c's layout, the global batch per step as 2
  * micro-batches per replica; *model is the whole model where the layout has
  * one (else NULL), the caller's to free after the trainer. Pipeline stages
- * are GPT stages, or TP stages under tp; tp without a pipeline is the whole
- * TP model. A refusal fails the test, naming the rank. */
+ * are GPT stages (parts under c->parts), or TP stages under tp; tp without a
+ * pipeline is the whole TP model. A refusal fails the test, naming the rank. */
 static inline fsc_trainer *tt_trainer_new(const tt_run *c, tt_data *d, fsc_module **model) {
     const int pp = c->pp > 1 ? c->pp : 1, tp = c->tp > 1 ? c->tp : 1, m = 2;
     const bool single = !strcmp(c->strategy, "single");
@@ -138,11 +152,15 @@ static inline fsc_trainer *tt_trainer_new(const tt_run *c, tt_data *d, fsc_modul
         tc.strategy.pipe =
             (fsc_pipe_strategy_options){.stages = pp,
                                         .schedule = FSC_PIPE_1F1B,
+                                        .balance = c->balance,
                                         .layers = fsc_gpt_num_layers(&d->cfg),
                                         .act_ndim = 3,
                                         .act_shape = {B, d->T / (c->sp ? tp : 1), d->cfg.d_model}};
     if (pp > 1 && tp == 1)
         tc.strategy.pipe.make_stage = tt_make_stage, tc.strategy.pipe.stage_user = &d->cfg;
+    if (pp > 1 && tp == 1 && c->parts)
+        tc.strategy.pipe.layers = fsc_gpt_num_parts(&d->cfg),
+        tc.strategy.pipe.make_stage = tt_make_parts, tc.strategy.pipe.act_shape_at = tt_part_shape;
     if (tp > 1)
         tc.strategy.tp =
             (fsc_tp_strategy_options){.size = tp, .sequence_parallel = c->sp, .user = d};

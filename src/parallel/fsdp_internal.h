@@ -1,6 +1,6 @@
-/* The FSDP object, shared by fsdp.c (units, hooks, gathering and reducing)
- * and fsdp_state.c (full parameters between steps, state dicts). Not a
- * public header. */
+/* The FSDP object, shared by fsdp.c (units, hooks, gathering and reducing),
+ * fsdp_layout.c (the flat layout and shards, built once) and fsdp_state.c
+ * (full parameters between steps, state dicts). Not a public header. */
 #ifndef FSC_FSDP_INTERNAL_H
 #define FSC_FSDP_INTERNAL_H
 
@@ -71,6 +71,24 @@ struct fsc_fsdp {
     int nhooked;
     fsc_fsdp_stats stats;
 };
+
+static inline fsc_param *fsdp_member(const fsc_fsdp *f, const fsdp_unit *u, int i) {
+    return f->ps.entries[u->entries[i]].param;
+}
+
+/* fsdp_layout.c, called once by fsc_fsdp_new. Walks the tree in
+ * fsc_params_collect's order, giving each entry (*entry counts them) the
+ * unit of the innermost unit module around it and each unit its module path
+ * and module; seen[k] counts the visits of unit k. */
+int fsdp_assign(fsc_fsdp *f, fsc_module *m, const char *path, int cur, fsc_module *const *units,
+                int n, int *entry, int *seen);
+/* Each unit's members, their offsets in its flat buffer, its shard and padded
+ * sizes, and f->shard_total. */
+int fsdp_lay_out_units(fsc_fsdp *f);
+/* Initial values of this rank's shard of u, drawn as the full tensors would be. */
+void fsdp_init_shard(fsc_fsdp *f, fsdp_unit *u, uint64_t seed);
+/* f->ranges (the optimizer's) and f->part (every rank's pieces). */
+int fsdp_plan_ranges(fsc_fsdp *f);
 
 /* fsdp_buffers.c. dst[i] (+)= src[i] widened from dt (F32, BF16 or F16). */
 void fsdp_widen(float *dst, const void *src, int64_t n, fsc_dtype dt, bool add);
