@@ -19,41 +19,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "fsc/pipe.h"
-#include "trainer_test.h"
+#include "pipe_test.h"
 
 static int rank, world;
 static char dir[64];
-
-typedef struct {
-    fsc_tokens tk;
-    int64_t step;
-    int B, m, T;
-    int32_t x[64 * 16], y[64 * 16];
-    double norm;
-    fsc_tensor ids, targets;
-} data;
-
-static int input(void *user, int micro, fsc_tensor *x) {
-    data *d = user;
-    int32_t *xs = d->x + (size_t)micro * d->B * d->T, *ys = d->y + (size_t)micro * d->B * d->T;
-    int rc = fsc_tokens_batch(&d->tk, d->step, micro, 0, d->B, d->m, 1, d->T, xs, ys);
-    *x = fsc_tensor_2d(xs, FSC_DTYPE_I32, d->B, d->T);
-    return rc;
-}
-
-static int loss(void *user, int micro, fsc_tensor *y, fsc_arena *arena, float *out) {
-    data *d = user;
-    int32_t *xs = d->x + (size_t)micro * d->B * d->T, *ys = d->y + (size_t)micro * d->B * d->T;
-    int rc = fsc_tokens_batch(&d->tk, d->step, micro, 0, d->B, d->m, 1, d->T, xs, ys);
-    fsc_tensor t = fsc_tensor_2d(ys, FSC_DTYPE_I32, d->B, d->T);
-    return rc ? rc : fsc_cross_entropy(out, y, &t, -1, d->norm, arena);
-}
-
-static int64_t sample0(void *user, int micro) {
-    data *d = user;
-    return fsc_batch_first_sample(d->step, micro, 0, d->B, d->m, 1);
-}
 
 typedef struct {
     fsc_pipe_kind kind;
@@ -81,11 +50,11 @@ static float *run_pipe(pipe_cfg *c, int64_t *numel) {
                             .checkpoint = c->ckpt};
     fsc_pipe *p = fsc_pipe_new(fsc_group_world(), sched, &EQ_ADAMW, &opt);
     if (!p) fail_msg("fsc_pipe_new: %s", fsc_last_error());
-    data *d = calloc(1, sizeof *d);
+    pt_data *d = calloc(1, sizeof *d);
     eq_tokens(&d->tk);
     d->B = c->B, d->m = c->m, d->T = cfg.seq;
     d->norm = (double)c->B * c->m * cfg.seq;
-    fsc_pipe_io io = {.input = input, .loss = loss, .sample0 = sample0, .user = d};
+    fsc_pipe_io io = {.input = pt_input, .loss = pt_loss, .sample0 = pt_sample0, .user = d};
     for (int s = 0; s < EQ_STEPS; s++) {
         d->step = s;
         fsc_ctx ctx = {.training = true, .seed = 5, .step = s};
@@ -199,10 +168,10 @@ static void test_shape_mismatch(void **state) {
     opt.act_shape[2] += 1; /* one more feature than the stages send */
     fsc_pipe *p = fsc_pipe_new(fsc_group_world(), sched, &EQ_ADAMW, &opt);
     assert_non_null(p);
-    data *d = calloc(1, sizeof *d);
+    pt_data *d = calloc(1, sizeof *d);
     eq_tokens(&d->tk);
     d->B = 2, d->m = 2, d->T = cfg.seq, d->norm = 2.0 * 2 * cfg.seq;
-    fsc_pipe_io io = {.input = input, .loss = loss, .sample0 = sample0, .user = d};
+    fsc_pipe_io io = {.input = pt_input, .loss = pt_loss, .sample0 = pt_sample0, .user = d};
     fsc_ctx ctx = {.training = true, .seed = 5};
     float l;
     assert_int_equal(fsc_pipe_run(p, &ctx, &io, &l), FSC_ERR_SHAPE);

@@ -17,8 +17,7 @@
 #include <cmocka.h>
 #include <string.h>
 
-#include "fsc/pipe.h"
-#include "trainer_test.h"
+#include "pipe_test.h"
 
 static int rank, world;
 static char dir[64];
@@ -33,35 +32,6 @@ static void to_parts(const int *quarters, int S, int *parts) {
         if (fsc_gpt_part_of_cut(&cfg, cut, &part)) fail_msg("%s", fsc_last_error());
         parts[s] = part - prev, prev = part;
     }
-}
-
-typedef struct {
-    fsc_tokens tk;
-    int64_t step;
-    int B, m, T;
-    int32_t x[64 * 16], y[64 * 16];
-    double norm;
-} data;
-
-static int input(void *user, int micro, fsc_tensor *x) {
-    data *d = user;
-    int32_t *xs = d->x + (size_t)micro * d->B * d->T, *ys = d->y + (size_t)micro * d->B * d->T;
-    int rc = fsc_tokens_batch(&d->tk, d->step, micro, 0, d->B, d->m, 1, d->T, xs, ys);
-    *x = fsc_tensor_2d(xs, FSC_DTYPE_I32, d->B, d->T);
-    return rc;
-}
-
-static int loss(void *user, int micro, fsc_tensor *y, fsc_arena *arena, float *out) {
-    data *d = user;
-    int32_t *xs = d->x + (size_t)micro * d->B * d->T, *ys = d->y + (size_t)micro * d->B * d->T;
-    int rc = fsc_tokens_batch(&d->tk, d->step, micro, 0, d->B, d->m, 1, d->T, xs, ys);
-    fsc_tensor t = fsc_tensor_2d(ys, FSC_DTYPE_I32, d->B, d->T);
-    return rc ? rc : fsc_cross_entropy(out, y, &t, -1, d->norm, arena);
-}
-
-static int64_t sample0(void *user, int micro) {
-    data *d = user;
-    return fsc_batch_first_sample(d->step, micro, 0, d->B, d->m, 1);
 }
 
 static fsc_pipe_options parts_options(fsc_gpt_config *cfg, const int *parts, int B) {
@@ -93,10 +63,10 @@ static float *run_cut(fsc_pipe_kind kind, int chunks, const int *quarters, fsc_p
         fail_msg("rank %d: balance auto: %s", rank, fsc_last_error());
     fsc_pipe *p = fsc_pipe_new(fsc_group_world(), sched, &EQ_ADAMW, &opt);
     if (!p) fail_msg("fsc_pipe_new: %s", fsc_last_error());
-    data *d = calloc(1, sizeof *d);
+    pt_data *d = calloc(1, sizeof *d);
     eq_tokens(&d->tk);
     d->B = B, d->m = m, d->T = cfg.seq, d->norm = (double)B * m * cfg.seq;
-    fsc_pipe_io io = {.input = input, .loss = loss, .sample0 = sample0, .user = d};
+    fsc_pipe_io io = {.input = pt_input, .loss = pt_loss, .sample0 = pt_sample0, .user = d};
     for (int s = 0; s < EQ_STEPS; s++) {
         d->step = s;
         fsc_ctx ctx = {.training = true, .seed = 5, .step = s};
@@ -193,10 +163,10 @@ static void test_unplanned_width(void **state) {
     opt.act_shape_at = NULL;
     fsc_pipe *p = fsc_pipe_new(fsc_group_world(), sched, &EQ_ADAMW, &opt);
     if (!p) fail_msg("fsc_pipe_new: %s", fsc_last_error());
-    data *d = calloc(1, sizeof *d);
+    pt_data *d = calloc(1, sizeof *d);
     eq_tokens(&d->tk);
     d->B = 2, d->m = 2, d->T = cfg.seq, d->norm = 2.0 * 2 * cfg.seq;
-    fsc_pipe_io io = {.input = input, .loss = loss, .sample0 = sample0, .user = d};
+    fsc_pipe_io io = {.input = pt_input, .loss = pt_loss, .sample0 = pt_sample0, .user = d};
     fsc_ctx ctx = {.training = true, .seed = 5};
     float l;
     assert_int_equal(fsc_pipe_run(p, &ctx, &io, &l), FSC_ERR_SHAPE);

@@ -17,6 +17,7 @@
 
 #include "fsc/tokenizer.h"
 
+#include "gpt2_files.h"
 #include "tmpdir.h"
 
 static fsc_bpe *tiny;
@@ -176,19 +177,6 @@ static void test_malformed_files(void **state) {
 }
 
 /* ---- GPT-2's own files ------------------------------------------------------------------- */
-
-static const char *gpt2_dir(void) {
-    static char path[512];
-    const char *env = getenv("FSC_GPT2_BPE_DIR"), *home = getenv("HOME");
-    if (env)
-        snprintf(path, sizeof path, "%s", env);
-    else
-        snprintf(path, sizeof path, "%s/.cache/fsc/gpt2", home ? home : "");
-    char probe[600];
-    snprintf(probe, sizeof probe, "%s/vocab.bpe", path);
-    struct stat st;
-    return stat(probe, &st) ? NULL : path;
-}
 
 static void test_gpt2_known_ids(void **state) {
     (void)state;

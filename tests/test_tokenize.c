@@ -22,6 +22,7 @@
 #include "fsc/io.h"
 #include "fsc/tokenizer.h"
 
+#include "gpt2_files.h"
 #include "run_tool.h"
 #include "tmpdir.h"
 
@@ -210,18 +211,6 @@ static void test_bpe_tiny_round_trip(void **state) {
              getenv("FSC_TEST_DATA") ? getenv("FSC_TEST_DATA") : "tests/data");
     round_trip(path, false);
     round_trip(path, true);
-}
-
-static const char *gpt2_dir(void) {
-    static char path[512];
-    const char *env = getenv("FSC_GPT2_BPE_DIR"), *home = getenv("HOME");
-    if (env)
-        snprintf(path, sizeof path, "%s", env);
-    else
-        snprintf(path, sizeof path, "%s/.cache/fsc/gpt2", home ? home : "");
-    char probe[600];
-    snprintf(probe, sizeof probe, "%s/vocab.bpe", path);
-    return exists(probe) ? path : NULL;
 }
 
 static void test_gpt2_round_trip(void **state) {
