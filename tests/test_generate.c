@@ -1,7 +1,11 @@
 /* Generation: the KV cache's logits equal the full forward's at every
  * position (prefilled in one go or appended token by token), its limits are
  * refused clearly, and sampling is greedy at temperature 0, reproducible by
- * (seed, index) and confined to the top k. */
+ * (seed, index) and confined to the top k. A Mixture-of-Experts GPT (dense
+ * and MoE blocks, every token kept) gives the same logits through the cache
+ * within the forward's measured noise floor (tests/equivalence.h), and the
+ * same sampled ids; a layer that could drop tokens, or holds only some of
+ * its experts, is refused. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -10,23 +14,31 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "equivalence.h"
 #include "fsc/gpt.h"
+#include "fsc/moe.h"
 
 static const fsc_gpt_config CFG = {.vocab = 50, .seq = 16, .layers = 3, .d_model = 32, .heads = 4};
 
 typedef struct {
+    const fsc_gpt_config *cfg;
     fsc_module *gpt;
     fsc_params ps;
     fsc_arena *arena;
 } model;
 
-static void model_new(model *m) {
-    m->gpt = fsc_gpt_new(&CFG);
+static void model_new_cfg(model *m, const fsc_gpt_config *cfg) {
+    m->cfg = cfg;
+    m->gpt = fsc_gpt_new(cfg);
     assert_non_null(m->gpt);
     assert_int_equal(fsc_params_bind(m->gpt, 42, false, &m->ps), FSC_OK);
     /* larger weights than the init's 0.02 so attention is far from uniform */
     for (int64_t i = 0; i < m->ps.numel; i++) m->ps.data[i] *= 8.f;
     m->arena = fsc_arena_new(FSC_MEM_ACTIV, 1 << 20);
+}
+
+static void model_new(model *m) {
+    model_new_cfg(m, &CFG);
 }
 
 static void model_free(model *m) {
@@ -35,14 +47,19 @@ static void model_free(model *m) {
     fsc_module_free(m->gpt);
 }
 
-/* logits (T,V) of the module forward on ids[0..T). */
-static void full_forward(model *m, const int32_t *ids, int T, float *out) {
+/* logits (B,T,V) of the module forward on ids (B,T). */
+static void forward_batch(model *m, const int32_t *ids, int B, int T, float *out) {
     fsc_arena_reset(m->arena);
     fsc_ctx ctx = {.arena = m->arena, .training = false};
-    fsc_tensor x = fsc_tensor_2d((void *)ids, FSC_DTYPE_I32, 1, T), y;
+    fsc_tensor x = fsc_tensor_2d((void *)ids, FSC_DTYPE_I32, B, T), y;
     void *saved;
     assert_int_equal(fsc_module_forward(m->gpt, &ctx, &x, &y, &saved), FSC_OK);
-    memcpy(out, y.data, sizeof(float) * (size_t)T * CFG.vocab);
+    memcpy(out, y.data, sizeof(float) * (size_t)B * T * m->cfg->vocab);
+}
+
+/* logits (T,V) of the module forward on ids[0..T). */
+static void full_forward(model *m, const int32_t *ids, int T, float *out) {
+    forward_batch(m, ids, 1, T, out);
 }
 
 static void expect_close(const float *got, const float *want, int n, const char *what, int pos) {
@@ -133,11 +150,169 @@ static void test_sampling(void **state) {
     assert_true(differ > 10); /* another seed, other draws */
 }
 
+/* ---- Mixture of Experts ---------------------------------------------------------------------- */
+
+/* Blocks 1 and 3 are MoE (4 experts, 48 wide), 0 and 2 dense. Capacity
+ * factor = experts: capacity T per row, so the full forward drops nothing,
+ * as the cache never does (what fsc-sample builds). */
+static const fsc_moe_options MOE = {.experts = 4, .every = 2, .capacity_factor = 4.f, .hidden = 48};
+static const fsc_gpt_config MOE_CFG = {
+    .vocab = 50, .seq = 16, .layers = 4, .d_model = 32, .heads = 4, .moe = &MOE};
+
+/* Elements of got outside equivalence.h's bound around want (eq_noise set). */
+static int64_t outside(const float *got, const float *want, int64_t n) {
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; i++)
+        bad += fabs((double)got[i] - want[i]) > eq_tolerance(i, want[i]);
+    return bad;
+}
+
+/* eq_noise for the full forward's logits ref (T,V): the spread between it and
+ * two other legal evaluations of the same positions, the sequence as row 1 of
+ * a batch of two, and each position as the last of its own prefix (shorter
+ * attention and routing); per position the largest spread of its row, and at
+ * least the median row's, as equivalence.h does for parameters. */
+static void logits_noise(model *m, const int32_t *ids, int T, const float *ref) {
+    const int V = m->cfg->vocab;
+    float *batch = malloc(sizeof(float) * 2 * T * V), *prefix = malloc(sizeof(float) * T * V);
+    int32_t *two = malloc(sizeof(int32_t) * 2 * T);
+    float rows[64];
+    assert_true(batch && prefix && two && T <= 64 && (int64_t)T * V <= EQ_MAX_NUMEL);
+    for (int t = 0; t < T; t++) two[t] = (t * 5 + 1) % V, two[T + t] = ids[t];
+    forward_batch(m, two, 2, T, batch);
+    for (int t = 0; t < T; t++) {
+        full_forward(m, ids, t + 1, prefix);
+        float spread = 0;
+        for (int v = 0; v < V; v++) {
+            const float r = ref[t * V + v];
+            spread = fmaxf(spread, fabsf(batch[(T + t) * V + v] - r));
+            spread = fmaxf(spread, fabsf(prefix[t * V + v] - r));
+        }
+        rows[t] = spread;
+        for (int v = 0; v < V; v++) eq_noise[t * V + v] = spread;
+    }
+    qsort(rows, (size_t)T, sizeof *rows, eq_cmp_float);
+    for (int i = 0; i < T * V; i++) eq_noise[i] = fmaxf(eq_noise[i], rows[T / 2]);
+    free(batch), free(prefix), free(two);
+}
+
+static void test_moe_kv_matches_full_forward(void **state) {
+    (void)state;
+    model m;
+    model_new_cfg(&m, &MOE_CFG);
+    enum { T = 16 };
+    const int V = MOE_CFG.vocab;
+    int32_t ids[T];
+    for (int i = 0; i < T; i++) ids[i] = (i * 17 + 3) % V;
+    float *full = malloc(sizeof(float) * T * V), *got = malloc(sizeof(float) * T * V);
+    full_forward(&m, ids, T, full);
+    logits_noise(&m, ids, T, full);
+    fsc_gpt_kv *kv = fsc_gpt_kv_new(m.gpt, &MOE_CFG);
+    assert_non_null(kv);
+    /* token by token (one token per MoE step), a prefill of 5 then single
+     * tokens, and one prefill of all 16 (16 tokens routed at once) */
+    for (int t = 0; t < T; t++)
+        assert_int_equal(fsc_gpt_kv_append(kv, ids + t, 1, got + t * V, false), FSC_OK);
+    assert_int_equal(eq_compare("MoE KV cache, token by token", got, full, T * V), 0);
+    fsc_gpt_kv_reset(kv);
+    assert_int_equal(fsc_gpt_kv_append(kv, ids, 5, got, true), FSC_OK);
+    for (int t = 5; t < T; t++)
+        assert_int_equal(fsc_gpt_kv_append(kv, ids + t, 1, got + t * V, false), FSC_OK);
+    assert_int_equal(eq_compare("MoE KV cache, prefill 5 then 1 by 1", got, full, T * V), 0);
+    fsc_gpt_kv_reset(kv);
+    assert_int_equal(fsc_gpt_kv_append(kv, ids, T, got, true), FSC_OK);
+    assert_int_equal(eq_compare("MoE KV cache, prefill 16", got, full, T * V), 0);
+    /* the bound has power: every expert of every MoE layer is some token's
+     * choice here, so a nudge to any one expert's output bias moves the
+     * logits past it (a cache that skipped the MoE MLP or took another
+     * expert would be caught) */
+    for (int l = 1; l < MOE_CFG.layers; l += 2)
+        for (int e = 0; e < MOE.experts; e++) {
+            char name[64];
+            snprintf(name, sizeof name, "h.%d.mlp.experts.%d.c_proj.bias", l, e);
+            fsc_param_entry *pe = fsc_params_find(&m.ps, name);
+            assert_non_null(pe);
+            pe->param->data[0] += 0.5f;
+            full_forward(&m, ids, T, got);
+            pe->param->data[0] -= 0.5f;
+            if (!outside(got, full, T * V)) fail_msg("%s: no token reaches this expert", name);
+        }
+    fsc_gpt_kv_free(kv);
+    free(full), free(got);
+    model_free(&m);
+}
+
+/* Sampling at temperature 1 over all tokens from a 2-token prompt, through
+ * the cache or a full forward per token: the same ids for the same seed. */
+static void sample_ids(model *m, bool cache, uint64_t seed, int32_t *ctx, int n) {
+    const int V = m->cfg->vocab;
+    float *logits = malloc(sizeof(float) * (size_t)n * V), work[64];
+    assert_true(logits && V <= 64);
+    fsc_gpt_kv *kv = cache ? fsc_gpt_kv_new(m->gpt, m->cfg) : NULL;
+    assert_true(!cache || kv);
+    if (kv) assert_int_equal(fsc_gpt_kv_append(kv, ctx, 2, logits, false), FSC_OK);
+    for (int i = 2; i < n; i++) {
+        if (!kv) full_forward(m, ctx, i, logits); /* row i-1 is the next token's */
+        const float *next = kv ? logits : logits + (size_t)(i - 1) * V;
+        ctx[i] = fsc_gpt_sample(next, V, 1.f, 0, seed, i, work);
+        if (kv && i + 1 < n) assert_int_equal(fsc_gpt_kv_append(kv, ctx + i, 1, logits, false), 0);
+    }
+    fsc_gpt_kv_free(kv);
+    free(logits);
+}
+
+static void test_moe_sampling_same_ids(void **state) {
+    (void)state;
+    model m;
+    model_new_cfg(&m, &MOE_CFG);
+    enum { N = 16 };
+    int32_t a[N] = {7, 3}, b[N] = {7, 3}, c[N] = {7, 3};
+    sample_ids(&m, true, 11, a, N);
+    sample_ids(&m, false, 11, b, N);
+    sample_ids(&m, true, 12, c, N);
+    for (int i = 0; i < N; i++)
+        if (a[i] != b[i])
+            fail_msg("seed 11, token %d: %d with the cache, %d without", i, a[i], b[i]);
+    assert_memory_not_equal(a, c, sizeof a); /* and the seed matters */
+    model_free(&m);
+}
+
+static int refuse_alltoall(void *user, const float *in, float *out, int64_t n) {
+    (void)user, (void)in, (void)out, (void)n;
+    return FSC_ERR_UNSUPPORTED;
+}
+
+static void test_moe_kv_refusals(void **state) {
+    (void)state;
+    /* the default capacity factor (2) may drop tokens in the full forward */
+    fsc_moe_options drops = MOE;
+    drops.capacity_factor = 0;
+    fsc_gpt_config cfg = MOE_CFG;
+    cfg.moe = &drops;
+    model m;
+    model_new_cfg(&m, &cfg);
+    assert_null(fsc_gpt_kv_new(m.gpt, &cfg));
+    assert_non_null(strstr(fsc_last_error(), "h.1.mlp has capacity factor 2"));
+    assert_non_null(strstr(fsc_last_error(), "capacity_factor >= experts (4)"));
+    model_free(&m);
+    /* half the experts on this rank (expert parallel over 2) */
+    fsc_moe_options ep = MOE;
+    ep.ep = (fsc_moe_exchange){.ranks = 2, .rank = 1, .alltoall = refuse_alltoall};
+    cfg.moe = &ep;
+    model_new_cfg(&m, &cfg);
+    assert_null(fsc_gpt_kv_new(m.gpt, &cfg));
+    assert_non_null(strstr(fsc_last_error(), "holds 2 of its 4 experts"));
+    model_free(&m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kv_matches_full_forward),
         cmocka_unit_test(test_kv_refuses_other_models),
         cmocka_unit_test(test_sampling),
+        cmocka_unit_test(test_moe_kv_matches_full_forward),
+        cmocka_unit_test(test_moe_sampling_same_ids),
+        cmocka_unit_test(test_moe_kv_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

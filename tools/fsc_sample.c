@@ -5,7 +5,9 @@
  * the model's shape from the file (fsc's metadata, else the tensors'
  * shapes), and generates with a key/value cache (fsc/gpt.h), or with a
  * whole forward per token under --no-kv-cache, which draws the same tokens
- * for the same seed. Text goes to stdout as it is made; the speed to stderr. */
+ * for the same seed. A Mixture-of-Experts model samples with no expert
+ * capacity limit in both paths (see moe_from_file). Text goes to stdout as
+ * it is made; the speed to stderr. */
 #define _POSIX_C_SOURCE 200809L /* strdup */
 #include <cjson/cJSON.h>
 #include <inttypes.h>
@@ -132,12 +134,17 @@ static int config_from_tensors(const fsc_st_file *f, int heads, fsc_gpt_config *
 }
 
 /* A Mixture-of-Experts model (fsc-train --moe-experts): the experts, their
- * spacing and width from the first block with a gate; the capacity factor
- * from the config.json fsc-train writes beside the weights (else 2.0, its
- * default), since it decides which tokens an expert drops. */
+ * spacing and width from the first block with a gate. The capacity factor
+ * is the number of experts, whatever training used: capacity T per
+ * sequence, so no choice is dropped. Both paths must route alike to draw
+ * the same ids: the KV cache drops nothing (a token step fits any
+ * capacity; a prompt's prefill routes with capacity n), while a forward
+ * over the whole context at training's capacity may drop a token's choice
+ * (its place in an expert's queue even depends on later tokens); without
+ * drops they agree, and the cache refuses a model that could drop. */
 static fsc_moe_options sample_moe;
 
-static void moe_from_file(const fsc_st_file *f, const char *weights, fsc_gpt_config *cfg) {
+static void moe_from_file(const fsc_st_file *f, fsc_gpt_config *cfg) {
     char name[96];
     for (int l = 0; l < cfg->layers && l < fsc_st_count(f); l++) {
         snprintf(name, sizeof name, "h.%d.mlp.gate.weight", l);
@@ -147,24 +154,11 @@ static void moe_from_file(const fsc_st_file *f, const char *weights, fsc_gpt_con
         if (!gate || gate->ndim != 2 || !fc || fc->ndim != 2) continue;
         sample_moe = (fsc_moe_options){.experts = (int)gate->shape[0],
                                        .every = l + 1,
+                                       .capacity_factor = (float)gate->shape[0],
                                        .hidden = (int)fc->shape[1]};
-        break;
+        cfg->moe = &sample_moe;
+        return;
     }
-    if (!sample_moe.experts) return;
-    char path[4096];
-    const char *slash = strrchr(weights, '/');
-    snprintf(path, sizeof path, "%.*sconfig.json", slash ? (int)(slash - weights + 1) : 0, weights);
-    FILE *fp = fopen(path, "rb");
-    char text[16384];
-    size_t n = fp ? fread(text, 1, sizeof text - 1, fp) : 0;
-    if (fp) fclose(fp);
-    text[n] = '\0';
-    cJSON *j = n ? cJSON_Parse(text) : NULL;
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, "moe_capacity_factor");
-    if (cJSON_IsNumber(v) && v->valuedouble > 0 && v->valuedouble < 1e6)
-        sample_moe.capacity_factor = (float)v->valuedouble;
-    cJSON_Delete(j);
-    cfg->moe = &sample_moe;
 }
 
 /* The weights file of PATH and the model's shape. *weights is malloc'ed. */
@@ -194,7 +188,7 @@ static int resolve(const sample_options *o, char **weights, fsc_gpt_config *cfg)
         if (!meta) meta = from_ckpt;
         if (!meta || config_from_json(meta, cfg)) rc = config_from_tensors(f, o->heads, cfg);
         if (!rc && o->heads) cfg->heads = o->heads;
-        if (!rc) moe_from_file(f, *weights, cfg);
+        if (!rc) moe_from_file(f, cfg);
     }
     fsc_st_close(f);
     fsc_ckpt_close(c);
@@ -313,12 +307,6 @@ int main(int argc, char **argv) {
     int np = 0, unused = 0;
     float *work = NULL;
     if ((rc = resolve(&o, &weights, &g.cfg))) goto done;
-    if (g.cfg.moe && !o.no_cache) { /* the KV cache runs dense blocks only */
-        fprintf(stderr, "fsc-sample: a Mixture-of-Experts model (%d experts): the KV cache does "
-                        "not run MoE layers yet, so every token takes a full forward\n",
-                g.cfg.moe->experts);
-        o.no_cache = true;
-    }
     if (o.tokenizer && (rc = fsc_bpe_load(o.tokenizer, &bpe))) goto done;
     if (bpe && fsc_bpe_vocab_size(bpe) > g.cfg.vocab) {
         rc = fsc_error(FSC_ERR_INVALID, "--tokenizer has %d tokens, the model %d",
@@ -353,6 +341,11 @@ int main(int argc, char **argv) {
                 g.cfg.layers, g.cfg.d_model, g.cfg.heads, g.cfg.seq, V, weights,
                 unused ? " (some tensors unused)" : "", np,
                 o.no_cache ? "a full forward per token" : "KV cache");
+    if (!o.quiet && g.cfg.moe)
+        fprintf(stderr,
+                "fsc-sample: Mixture of Experts: %d experts in %d of %d blocks, no capacity "
+                "limit (every token reaches its two experts, with or without the KV cache)\n",
+                g.cfg.moe->experts, g.cfg.layers / g.cfg.moe->every, g.cfg.layers);
     if (!o.print_ids && o.prompt) fputs(o.prompt, stdout);
     double t0 = fsc_now();
     rc = next_logits(&g, g.n - g.start); /* the prompt: one prefill */

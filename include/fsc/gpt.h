@@ -100,7 +100,10 @@ FSC_API int fsc_gpt_eval_loss(fsc_module *gpt, const fsc_ctx *ctx, const int32_t
  * blocks on its own row and attends over the keys and values the earlier
  * tokens left in the cache, so a token costs O(params + t*C) instead of a
  * whole forward over the context. Logits equal the full forward's at the
- * same positions (to float rounding; tests/test_generate.c checks it).
+ * same positions (to float rounding; tests/test_generate.c checks it). An
+ * MoE block's MLP (fsc/moe.h) runs on the new tokens only, through the
+ * layer's own gate, router and experts, and never drops a token: a step of
+ * n tokens routes with capacity n.
  *
  *     fsc_gpt_kv *kv = fsc_gpt_kv_new(gpt, &cfg);
  *     fsc_gpt_kv_append(kv, prompt, n, logits, false);       // prefill
@@ -113,7 +116,11 @@ typedef struct fsc_gpt_kv fsc_gpt_kv;
  * parameters bound and loaded; borrowed: it must outlive the cache and its
  * weights must not move). Holds 2 * L * seq * C floats plus the scratch of
  * a seq-token prefill (FSC_MEM_ACTIV). NULL (error set) when gpt is not a
- * GPT of that config, is unbound, or memory runs out. */
+ * GPT of that config, is unbound, has an MoE layer that could drop tokens
+ * (capacity_factor < experts: its forward would then differ from the
+ * cache's, which drops none; build the model with capacity_factor >=
+ * experts to sample) or holds only some of its experts (expert parallel),
+ * or memory runs out. */
 FSC_API fsc_gpt_kv *fsc_gpt_kv_new(fsc_module *gpt, const fsc_gpt_config *cfg);
 /* Frees the cache (not the model). Accepts NULL. */
 FSC_API void fsc_gpt_kv_free(fsc_gpt_kv *kv);

@@ -20,7 +20,8 @@
  *  it. A choice at position >= cap is dropped and counted. Combine weights
  *  are the kept choices' gates normalised over the two (w_i = g_ei * kept_i,
  *  c_i = w_i / max(w1 + w2, FLT_EPSILON)); a token with both choices dropped
- *  gets y = 0 (the block's residual carries it).
+ *  gets y = 0 (the block's residual carries it). capacity_factor >= E
+ *  gives cap >= T: nothing is dropped (how a GPT is sampled, fsc/gpt.h).
  *
  *  load balancing: per row, l_aux = E * mean_e(ce_e * me_e) with ce_e the
  *  fraction of the row's tokens whose first choice is e (before drops) and

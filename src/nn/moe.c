@@ -296,6 +296,7 @@ fsc_module *fsc_moe_new(const char *name, int C, const fsc_moe_options *opt, flo
     m->C = C, m->E = opt->experts, m->P = opt->ep.ranks > 1 ? opt->ep.ranks : 1;
     m->rank = m->P > 1 ? opt->ep.rank : 0, m->El = m->E / m->P;
     const int H = opt->hidden ? opt->hidden : 4 * C;
+    m->opt.hidden = H;
     m->experts = calloc((size_t)m->El, sizeof *m->experts);
     fsc_module *experts = fsc_module_alloc(sizeof(fsc_module), &experts_ops, "experts");
     m->gate = fsc_linear_new("gate", C, m->E, false, FSC_WEIGHT_OUT_IN, init_std);
@@ -331,6 +332,10 @@ int moe_refuse(const fsc_moe_options *o, const char *who) {
 
 bool fsc_moe_is(const fsc_module *m) {
     return m && m->ops == &moe_ops;
+}
+
+const fsc_moe_options *moe_options(const fsc_module *m) {
+    return fsc_moe_is(m) ? &((const moe *)m)->opt : NULL;
 }
 
 int fsc_moe_ep_size(const fsc_module *root) {

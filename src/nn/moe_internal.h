@@ -1,5 +1,6 @@
-/* MoE internals shared by the layer (moe.c) and its top-2 router
- * (moe_route.c); not public. The rules are fsc/moe.h's. */
+/* MoE internals shared by the layer (moe.c), its top-2 router
+ * (moe_route.c) and the KV cache (gpt_generate.c), which runs the layer's
+ * weights on new tokens itself; not public. The rules are fsc/moe.h's. */
 #ifndef FSC_NN_MOE_INTERNAL_H
 #define FSC_NN_MOE_INTERNAL_H
 
@@ -21,6 +22,10 @@ typedef struct moe_route {
  * else FSC_OK: for the model builders that make dense MLPs only (pipeline
  * stages, tensor parallelism), so cfg->moe is refused, not ignored. */
 int moe_refuse(const fsc_moe_options *o, const char *who);
+
+/* The options MoE layer m was made with, the capacity factor and hidden
+ * width resolved (never 0); NULL when m is not an MoE layer. */
+const fsc_moe_options *moe_options(const fsc_module *m);
 
 /* The expert capacity of a row of T tokens: ceil(factor * T / E), >= 1. */
 int moe_capacity(float factor, int T, int E);

@@ -178,7 +178,8 @@ def sample():
           repr(a.stdout[:60]))
     print("   ", speed(a))
     # a Mixture-of-Experts model: its experts, spacing and width read from the file
-    # (a dense model would not load its tensors), the capacity from config.json
+    # (a dense model would not load its tensors); sampled with no capacity limit, so the
+    # KV cache and a full forward per token route alike and draw the same ids
     mw, mck = os.path.join(TMP, "moe", "w.safetensors"), os.path.join(TMP, "moe-ck")
     os.makedirs(os.path.dirname(mw), exist_ok=True)
     run("--layers", "2", "--d-model", "64", "--heads", "4", "--seq", "32", "--batch", "8",
@@ -186,12 +187,15 @@ def sample():
         "--save", mw, "--checkpoint-dir", mck, "--save-every", "4", "--quiet")
     margs = [*args, "--ids"]  # ids: a barely trained model's bytes need not be UTF-8
     m = gen("--model", mw, *margs)
-    if "Mixture-of-Experts model (4 experts)" not in m.stderr:
-        sys.exit(f"FAIL: no note that the MoE model samples without the KV cache:\n{m.stderr}")
+    if "Mixture of Experts: 4 experts in 2 of 2 blocks, no capacity limit" not in m.stderr:
+        sys.exit(f"FAIL: no note of the MoE model and its capacity:\n{m.stderr}")
+    if m.stdout != gen("--model", mw, *margs, "--no-kv-cache").stdout:
+        sys.exit("FAIL: the KV cache changed the MoE model's ids")
     if m.stdout != gen("--model", mw, *margs).stdout or \
             m.stdout != gen("--model", mck, *margs).stdout:
         sys.exit("FAIL: the MoE model's text is not reproducible, or differs from its checkpoint")
-    print("ok  an MoE model samples (full forward per token), the same from its checkpoint")
+    print("ok  an MoE model samples, the same with and without the KV cache and from its "
+          "checkpoint")
     # a Hugging Face style file: no metadata, "transformer." prefix, an unused lm_head
     raw = open(w, "rb").read()
     n = struct.unpack("<Q", raw[:8])[0]
