@@ -50,31 +50,14 @@ static float *run_pipe(pipe_cfg *c, int64_t *numel) {
                             .checkpoint = c->ckpt};
     fsc_pipe *p = fsc_pipe_new(fsc_group_world(), sched, &EQ_ADAMW, &opt);
     if (!p) fail_msg("fsc_pipe_new: %s", fsc_last_error());
-    pt_data *d = calloc(1, sizeof *d);
-    eq_tokens(&d->tk);
-    d->B = c->B, d->m = c->m, d->T = cfg.seq;
-    d->norm = (double)c->B * c->m * cfg.seq;
-    fsc_pipe_io io = {.input = pt_input, .loss = pt_loss, .sample0 = pt_sample0, .user = d};
-    for (int s = 0; s < EQ_STEPS; s++) {
-        d->step = s;
-        fsc_ctx ctx = {.training = true, .seed = 5, .step = s};
-        float l;
-        fsc_pipe_zero_grad(p);
-        if (fsc_pipe_run(p, &ctx, &io, &l)) fail_msg("rank %d: %s", rank, fsc_last_error());
-        assert_int_equal(fsc_pipe_step(p), FSC_OK);
-    }
+    pt_data *d = pt_data_new(c->B, c->m);
+    pt_train(p, d);
     assert_int_equal(fsc_pipe_get_stats(p).peak_inflight, per[rank].peak_inflight);
     c->activ_peak = fsc_pipe_get_stats(p).peak_held_bytes;
+    free(per);
     char path[128];
     snprintf(path, sizeof path, "%s/pipe.safetensors", dir);
-    assert_int_equal(fsc_pipe_save_weights(p, path, 0, 0, NULL, NULL), FSC_OK);
-    float *out = tt_read_weights(&EQ_MODEL, path, numel);
-    fsc_tokens_free(&d->tk);
-    free(d), free(per);
-    fsc_pipe_free(p);
-    fsc_pipe_schedule_free(sched);
-    fsc_group_barrier(fsc_group_world()); /* everyone read the file before the next run */
-    return out;
+    return pt_save_read_free(p, sched, d, path, numel);
 }
 
 static void expect_one_process(pipe_cfg *c) {
@@ -161,27 +144,11 @@ static fsc_pipe_options layer_options(fsc_gpt_config *cfg) {
 static void test_shape_mismatch(void **state) {
     (void)state;
     if (world != 2) skip();
-    fsc_pipe_schedule *sched;
-    assert_int_equal(fsc_pipe_schedule_make(FSC_PIPE_1F1B, 2, 1, 2, &sched), FSC_OK);
     fsc_gpt_config cfg = EQ_MODEL;
     fsc_pipe_options opt = layer_options(&cfg);
     opt.act_shape[2] += 1; /* one more feature than the stages send */
-    fsc_pipe *p = fsc_pipe_new(fsc_group_world(), sched, &EQ_ADAMW, &opt);
-    assert_non_null(p);
-    pt_data *d = calloc(1, sizeof *d);
-    eq_tokens(&d->tk);
-    d->B = 2, d->m = 2, d->T = cfg.seq, d->norm = 2.0 * 2 * cfg.seq;
-    fsc_pipe_io io = {.input = pt_input, .loss = pt_loss, .sample0 = pt_sample0, .user = d};
-    fsc_ctx ctx = {.training = true, .seed = 5};
-    float l;
-    assert_int_equal(fsc_pipe_run(p, &ctx, &io, &l), FSC_ERR_SHAPE);
-    const char *want = rank == 0 ? "the tensor to send is (2,16,32), the plan says (2,16,33)"
-                                 : "rank 0 sent (2,16,32), the plan says (2,16,33)";
-    if (!strstr(fsc_last_error(), want)) fail_msg("rank %d: %s", rank, fsc_last_error());
-    fsc_tokens_free(&d->tk);
-    free(d);
-    fsc_pipe_free(p);
-    fsc_pipe_schedule_free(sched);
+    pt_expect_shape_refused(&opt, "the tensor to send is (2,16,32), the plan says (2,16,33)",
+                            "rank 0 sent (2,16,32), the plan says (2,16,33)");
 }
 
 static void test_bad_setups(void **state) {
@@ -266,11 +233,7 @@ static float *train_gpt(const tt_run *c, int64_t *numel) {
     }
     char path[128];
     snprintf(path, sizeof path, "%s/trainer.safetensors", dir);
-    tt_save_and_free(t, model, path);
-    float *out = tt_read_weights(&EQ_MODEL, path, numel);
-    tt_data_free(d);
-    fsc_group_barrier(fsc_group_world()); /* every rank read the file */
-    return out;
+    return tt_save_read_free(t, model, d, path, numel);
 }
 
 /* oss, sdp and fsdp between the replicas of a pipeline (dp = world / 2)

@@ -63,28 +63,11 @@ static float *run_cut(fsc_pipe_kind kind, int chunks, const int *quarters, fsc_p
         fail_msg("rank %d: balance auto: %s", rank, fsc_last_error());
     fsc_pipe *p = fsc_pipe_new(fsc_group_world(), sched, &EQ_ADAMW, &opt);
     if (!p) fail_msg("fsc_pipe_new: %s", fsc_last_error());
-    pt_data *d = calloc(1, sizeof *d);
-    eq_tokens(&d->tk);
-    d->B = B, d->m = m, d->T = cfg.seq, d->norm = (double)B * m * cfg.seq;
-    fsc_pipe_io io = {.input = pt_input, .loss = pt_loss, .sample0 = pt_sample0, .user = d};
-    for (int s = 0; s < EQ_STEPS; s++) {
-        d->step = s;
-        fsc_ctx ctx = {.training = true, .seed = 5, .step = s};
-        float l;
-        fsc_pipe_zero_grad(p);
-        if (fsc_pipe_run(p, &ctx, &io, &l)) fail_msg("rank %d: %s", rank, fsc_last_error());
-        assert_int_equal(fsc_pipe_step(p), FSC_OK);
-    }
+    pt_data *d = pt_data_new(B, m);
+    pt_train(p, d);
     char path[128];
     snprintf(path, sizeof path, "%s/half.safetensors", dir);
-    assert_int_equal(fsc_pipe_save_weights(p, path, 0, 0, NULL, NULL), FSC_OK);
-    float *out = tt_read_weights(&cfg, path, numel);
-    fsc_tokens_free(&d->tk);
-    free(d);
-    fsc_pipe_free(p);
-    fsc_pipe_schedule_free(sched);
-    fsc_group_barrier(fsc_group_world()); /* everyone read the file before the next run */
-    return out;
+    return pt_save_read_free(p, sched, d, path, numel);
 }
 
 static void expect_one_process(const char *what, float *got, int64_t numel, int global_batch) {
@@ -129,8 +112,8 @@ static void test_auto_over_parts(void **state) {
     (void)state;
     if (world != 2 && world != 4) skip();
     int64_t n;
-    float *got = run_cut(world == 2 ? FSC_PIPE_ZB_H1 : FSC_PIPE_1F1B, 1, NULL, FSC_PIPE_CKPT_NEVER,
-                         &n);
+    float *got =
+        run_cut(world == 2 ? FSC_PIPE_ZB_H1 : FSC_PIPE_1F1B, 1, NULL, FSC_PIPE_CKPT_NEVER, &n);
     expect_one_process("balance auto over parts", got, n, 8);
 }
 
@@ -153,31 +136,14 @@ static void test_cut_checkpoint(void **state) {
 static void test_unplanned_width(void **state) {
     (void)state;
     if (world != 2) skip();
-    fsc_pipe_schedule *sched;
-    assert_int_equal(fsc_pipe_schedule_make(FSC_PIPE_1F1B, 2, 1, 2, &sched), FSC_OK);
     fsc_gpt_config cfg = EQ_MODEL;
     static const int q[2] = {7, 9};
     int parts[2];
     to_parts(q, 2, parts);
     fsc_pipe_options opt = parts_options(&cfg, parts, 2);
     opt.act_shape_at = NULL;
-    fsc_pipe *p = fsc_pipe_new(fsc_group_world(), sched, &EQ_ADAMW, &opt);
-    if (!p) fail_msg("fsc_pipe_new: %s", fsc_last_error());
-    pt_data *d = calloc(1, sizeof *d);
-    eq_tokens(&d->tk);
-    d->B = 2, d->m = 2, d->T = cfg.seq, d->norm = 2.0 * 2 * cfg.seq;
-    fsc_pipe_io io = {.input = pt_input, .loss = pt_loss, .sample0 = pt_sample0, .user = d};
-    fsc_ctx ctx = {.training = true, .seed = 5};
-    float l;
-    assert_int_equal(fsc_pipe_run(p, &ctx, &io, &l), FSC_ERR_SHAPE);
-    const char *want = rank == 0 ? "the tensor to send is (2,16,160), the plan says (2,16,32)"
-                                 : "rank 0 sent (2,16,160), the plan says (2,16,32)";
-    if (!strstr(fsc_last_error(), want))
-        fail_msg("rank %d: \"%s\" lacks \"%s\"", rank, fsc_last_error(), want);
-    fsc_tokens_free(&d->tk);
-    free(d);
-    fsc_pipe_free(p);
-    fsc_pipe_schedule_free(sched);
+    pt_expect_shape_refused(&opt, "the tensor to send is (2,16,160), the plan says (2,16,32)",
+                            "rank 0 sent (2,16,160), the plan says (2,16,32)");
 }
 
 /* The parts carry exactly the names of the layers they cut. */
@@ -279,11 +245,7 @@ static float *train(const int *quarters, int save_at, bool resume, int64_t *nume
     fsc_module *model;
     fsc_trainer *t = tt_trainer_new(&c, d, &model);
     tt_train(t, &c);
-    tt_save_and_free(t, model, path);
-    float *out = tt_read_weights(&EQ_MODEL, path, numel);
-    tt_data_free(d);
-    fsc_group_barrier(fsc_group_world()); /* every rank read the file */
-    return out;
+    return tt_save_read_free(t, model, d, path, numel);
 }
 
 /* Saved at a cut inside h.0's MLP (1.75 | 2.25), resumed between h.1's
@@ -305,12 +267,9 @@ static void test_cut_checkpoint_resumes(void **state) {
 int main(int argc, char **argv) {
     if (tt_init(&argc, &argv, &rank, &world)) return 1;
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_names_and_refusals),
-        cmocka_unit_test(test_cuts),
-        cmocka_unit_test(test_auto_over_parts),
-        cmocka_unit_test(test_cut_checkpoint),
-        cmocka_unit_test(test_unplanned_width),
-        cmocka_unit_test(test_cut_checkpoint_resumes),
+        cmocka_unit_test(test_names_and_refusals), cmocka_unit_test(test_cuts),
+        cmocka_unit_test(test_auto_over_parts),    cmocka_unit_test(test_cut_checkpoint),
+        cmocka_unit_test(test_unplanned_width),    cmocka_unit_test(test_cut_checkpoint_resumes),
     };
     return tt_run_tests(tests, "fsc_pipe_half", dir);
 }

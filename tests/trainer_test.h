@@ -215,6 +215,18 @@ static inline float *tt_read_weights(const fsc_gpt_config *cfg, const char *path
     return out;
 }
 
+/* A run's end on the world: saves t's weights to path, frees t, model and
+ * d, and returns the weights read back (the caller frees them). The barrier
+ * keeps the next run from writing path before every rank has read it. */
+static inline float *tt_save_read_free(fsc_trainer *t, fsc_module *model, tt_data *d,
+                                       const char *path, int64_t *numel) {
+    tt_save_and_free(t, model, path);
+    float *out = tt_read_weights(&EQ_MODEL, path, numel);
+    tt_data_free(d);
+    fsc_group_barrier(fsc_group_world());
+    return out;
+}
+
 /* got equals ref (n elements each) within the noise floor that computing
  * ref set; the label is what, the world's size and this rank. */
 static inline void tt_expect_close(const char *what, const float *got, int64_t numel,

@@ -189,40 +189,35 @@ static int build(layout *l, fsc_params *ps, fsc_optim *optim, fsc_group *g, bool
     return rc;
 }
 
-static optim_shards view(layout *l, fsc_optim *optim, fsc_group *g, const char *who) {
-    return (optim_shards){.ps = &l->whole,
-                          .part = &l->part,
-                          .local = optim,
-                          .g = g,
-                          .policy = "experts",
-                          .who = who,
-                          .local_of_piece = l->map,
-                          .offset_of_piece = l->off,
-                          .io = g};
+/* Saving and loading differ in two things only: the partition (saving shares
+ * each replicated tensor out over the ranks, loading gives every rank all of
+ * it) and the one optim_shards call; root is saving's. */
+static int transfer(fsc_params *ps, fsc_optim *optim, fsc_group *g, const char *path, int root,
+                    bool saving) {
+    const char *who = saving ? "MoE save_optim" : "MoE load_optim";
+    if (!ps || !optim || !g)
+        return fsc_error(FSC_ERR_INVALID, "%s: needs parameters, optimizer and group", who);
+    layout l;
+    int rc = build(&l, ps, optim, g, saving, who);
+    if (rc) return rc;
+    optim_shards v = {.ps = &l.whole,
+                      .part = &l.part,
+                      .local = optim,
+                      .g = g,
+                      .policy = "experts",
+                      .who = who,
+                      .local_of_piece = l.map,
+                      .offset_of_piece = l.off,
+                      .io = g};
+    rc = saving ? optim_shards_save(&v, path, root) : optim_shards_load(&v, path);
+    layout_free(&l);
+    return rc;
 }
 
 int fsc_moe_save_optim(fsc_params *ps, fsc_optim *optim, fsc_group *g, const char *path, int root) {
-    if (!ps || !optim || !g)
-        return fsc_error(FSC_ERR_INVALID, "MoE save_optim: needs parameters, optimizer and group");
-    const char *who = "MoE save_optim";
-    layout l;
-    int rc = build(&l, ps, optim, g, true, who);
-    if (rc) return rc;
-    optim_shards v = view(&l, optim, g, who);
-    rc = optim_shards_save(&v, path, root);
-    layout_free(&l);
-    return rc;
+    return transfer(ps, optim, g, path, root, true);
 }
 
 int fsc_moe_load_optim(fsc_params *ps, fsc_optim *optim, fsc_group *g, const char *path) {
-    if (!ps || !optim || !g)
-        return fsc_error(FSC_ERR_INVALID, "MoE load_optim: needs parameters, optimizer and group");
-    const char *who = "MoE load_optim";
-    layout l;
-    int rc = build(&l, ps, optim, g, false, who);
-    if (rc) return rc;
-    optim_shards v = view(&l, optim, g, who);
-    rc = optim_shards_load(&v, path);
-    layout_free(&l);
-    return rc;
+    return transfer(ps, optim, g, path, 0, false);
 }

@@ -28,18 +28,15 @@ Usage (ctest runs it; exit 77 when torch is missing):
 
     /usr/bin/python3 tests/reference/adascale_ref.py build/tests/test_adascale
 """
-import math
 import os
 import struct
 import subprocess
 import sys
 import tempfile
 
-try:
-    import torch
-except ImportError:
-    print("adascale_ref: torch is not installed; skipped")
-    sys.exit(77)
+import refcheck
+
+torch = refcheck.torch_or_skip("adascale_ref")
 
 TOL = 1e-9
 STEPS = 60
@@ -155,10 +152,7 @@ CASES = [
 
 
 def main():
-    if len(sys.argv) != 2:
-        print("usage: adascale_ref.py PATH/TO/test_adascale", file=sys.stderr)
-        return 2
-    exe = sys.argv[1]
+    exe, = refcheck.arguments("adascale_ref.py", "PATH/TO/test_adascale")
     failed = 0
     with tempfile.TemporaryDirectory(prefix="fsc_adascale_ref") as tmp:
         path = os.path.join(tmp, "grads.bin")
@@ -183,16 +177,13 @@ def main():
                 failed += 1
                 continue
             have = [float(v) for v in out.stdout.split()]
-            worst = max(abs(a - b) / b for a, b in zip(have, want)) if len(have) == T else math.inf
-            ok = worst <= TOL
-            failed += not ok
-            print(f"{name}: {T} steps, {n} samples of {D}, gains {min(want):.4f}..{max(want):.4f},"
-                  f" last {want[-1]:.6f} (C {have[-1] if have else float('nan'):.6f}),"
-                  f" worst relative difference {worst:.2e} {'ok' if ok else 'FAIL'}")
-    if failed:
-        print(f"adascale_ref: {failed} case(s) differ from FairScale's formulas by more than {TOL}")
-        return 1
-    return 0
+            worst, _ = refcheck.worst_ratio(have, want, [TOL * abs(w) for w in want])
+            failed += refcheck.report(
+                f"{name}: {T} steps, {n} samples of {D}, gains {min(want):.4f}..{max(want):.4f},"
+                f" last {want[-1]:.6f} (C {have[-1] if have else float('nan'):.6f}),"
+                f" worst relative difference {worst * TOL:.2e}", worst)
+    return refcheck.exit_status("adascale_ref", failed,
+                                f"case(s) differ from FairScale's formulas by more than {TOL}")
 
 
 if __name__ == "__main__":

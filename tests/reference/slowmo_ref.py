@@ -49,11 +49,9 @@ import subprocess
 import sys
 import tempfile
 
-try:
-    import torch
-except ImportError:
-    print("slowmo_ref: torch is not installed; skipped")
-    sys.exit(77)
+import refcheck
+
+torch = refcheck.torch_or_skip("slowmo_ref")
 
 NOISE_K = 8.0
 WINDOW = 32
@@ -192,16 +190,9 @@ def window_max(x):
     return w.repeat_interleave(WINDOW)[:n]
 
 
-def worst_ratio(dumps, want, tol):
-    """The largest |fsc - want| / tol over steps, ranks and elements, and where."""
-    worst = (0.0, 0, 0, 0)
-    for t, per_rank in enumerate(want):
-        for r, w in enumerate(per_rank):
-            got = dumps[r]["params"][t].double()
-            ratio = ((got - w.double()).abs() / tol[t][r]).max()
-            if ratio.item() > worst[0]:
-                worst = (ratio.item(), t + 1, r, int(((got - w.double()).abs() / tol[t][r]).argmax()))
-    return worst
+def by_step_and_rank(per_step):
+    """out[t][r] (vectors of P) as one (T, W, P) float64 tensor."""
+    return torch.stack([torch.stack([x.double() for x in per_rank]) for per_rank in per_step])
 
 
 def run_case(mpiexec, exe, case, tmp):
@@ -218,43 +209,35 @@ def run_case(mpiexec, exe, case, tmp):
     if any(d["W"] != W or d["T"] != T or d["rank"] != r for r, d in enumerate(dumps)):
         print(f"{name}: the dump's header does not match the run")
         return 1
-    ref64 = replay(dumps, case, torch.float64)
-    ref32 = replay(dumps, case, torch.float32)
+    got = by_step_and_rank([[d["params"][t] for d in dumps] for t in range(T)])
+    ref64 = by_step_and_rank(replay(dumps, case, torch.float64))
+    noise = (by_step_and_rank(replay(dumps, case, torch.float32)) - ref64).abs()
     ulp = torch.finfo(torch.float32).eps
-    tol = [[NOISE_K * window_max((a.double() - b).abs()) + FLOOR_ULPS * ulp * b.abs() + 1e-30
-            for a, b in zip(r32, r64)] for r32, r64 in zip(ref32, ref64)]
-    ratio, t, r, i = worst_ratio(dumps, ref64, tol)
-    noise = max(float((a.double() - b).abs().max()) for r32, r64 in zip(ref32, ref64)
-                for a, b in zip(r32, r64))
-    diff = max(float((dumps[r]["params"][t].double() - ref64[t][r]).abs().max())
-               for t in range(T) for r in range(W))
-    ok = ratio <= 1.0
-    failed = not ok
-    print(f"{name}: max |fsc - float64 replay| {diff:.2e}, float32 replay's own {noise:.2e}; "
-          f"worst {ratio:.3f} of the bound (step {t}, rank {r}, element {i}) "
-          f"{'ok' if ok else 'FAIL'}")
+    bound = torch.stack([torch.stack([NOISE_K * window_max(e) for e in per_rank])
+                         for per_rank in noise]) + FLOOR_ULPS * ulp * ref64.abs() + 1e-30
+    ratio, (t, r, i) = refcheck.worst_ratio(got, ref64, bound)
+    diff = float((got - ref64).abs().max())
+    failed = refcheck.report(
+        f"{name}: max |fsc - float64 replay| {diff:.2e}, float32 replay's own "
+        f"{float(noise.max()):.2e}; worst {ratio:.3f} of the bound (step {t + 1}, rank {r}, "
+        f"element {i})", ratio)
     for mutant in MUTANTS:
-        m_ratio, mt, mr, _ = worst_ratio(dumps, replay(dumps, case, torch.float64, mutant), tol)
-        caught = m_ratio > 1.0
-        failed += not caught
-        print(f"  mutant '{mutant}': {m_ratio:.3g}x the bound (step {mt}, rank {mr}) "
-              f"{'caught' if caught else 'NOT CAUGHT'}")
+        wrong = by_step_and_rank(replay(dumps, case, torch.float64, mutant))
+        m_ratio, (mt, mr, _) = refcheck.worst_ratio(got, wrong, bound)
+        failed += refcheck.report(
+            f"  mutant '{mutant}': {m_ratio:.3g}x the bound (step {mt + 1}, rank {mr})", m_ratio,
+            must_fail=True)
     return failed
 
 
 def main():
-    if len(sys.argv) != 3:
-        print("usage: slowmo_ref.py MPIEXEC PATH/TO/mpi_slowmo", file=sys.stderr)
-        return 2
+    mpiexec, exe = refcheck.arguments("slowmo_ref.py", "MPIEXEC", "PATH/TO/mpi_slowmo")
     torch.set_num_threads(1)
     failed = 0
     for case in CASES:
         with tempfile.TemporaryDirectory(prefix="fsc_slowmo_ref") as tmp:
-            failed += run_case(sys.argv[1], sys.argv[2], case, tmp)
-    if failed:
-        print(f"slowmo_ref: {failed} check(s) failed")
-        return 1
-    return 0
+            failed += run_case(mpiexec, exe, case, tmp)
+    return refcheck.exit_status("slowmo_ref", failed, "check(s) failed")
 
 
 if __name__ == "__main__":
