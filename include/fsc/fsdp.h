@@ -54,6 +54,7 @@
 #include "fsc/dist.h"
 #include "fsc/nn.h"
 #include "fsc/optim.h"
+#include "fsc/parallel.h" /* fsc_grad_probe_fn */
 
 #ifdef __cplusplus
 extern "C" {
@@ -69,6 +70,16 @@ typedef struct fsc_fsdp_options {
     fsc_dtype compute_dtype; /* F32 (default), BF16 or F16 */
     fsc_dtype reduce_dtype;  /* F32 (default), BF16 or F16 */
     bool no_prefetch;        /* do not start the next unit's gather early */
+    /* NULL: none. Sees this rank's full gradient of each unit from this
+     * backward alone, after the unit's backward (just before its
+     * reduce-scatter, when one follows), in fp32 (before rounding to
+     * reduce_dtype), one call per parameter, at the parameter's offset in
+     * fsc_params_bind's flat layout of the whole model (ddp's offsets).
+     * Under no_sync it is called too, and a unit's backward then writes into
+     * a separate full-size buffer that joins the kept sum after the call
+     * (fsc_grad_probe_fn, fsc/parallel.h). */
+    fsc_grad_probe_fn probe;
+    void *probe_user;
 } fsc_fsdp_options;
 
 /* Modules to make units of, FairScale's default auto-wrap policy: walking the

@@ -136,9 +136,11 @@ typedef struct fsc_strategy_options {
      * fsdp's own options are refused); optimizer state by global name.
      * Not with single or dp (refused). */
     fsc_tp_strategy_options tp;
-    /* ddp, oss, sdp: sees each stretch of this rank's own gradient just
-     * before it is reduced over the group (fsc_grad_probe_fn; AdaScale's
-     * per-rank squared norms). Not under a pipeline. */
+    /* ddp, oss, sdp, fsdp: sees each stretch of this rank's own gradient
+     * just before it is reduced over the group (fsc_grad_probe_fn; AdaScale's
+     * per-rank squared norms); fsdp's sees each unit's full gradient of the
+     * micro-step alone, before its reduce-scatter and under accum_no_sync
+     * too (fsc_fsdp_options.probe). Not under a pipeline. */
     fsc_grad_probe_fn grad_probe;
     void *grad_probe_user;
     /* slowmo (FairScale's SlowMoDistributedDataParallel with Local SGD):

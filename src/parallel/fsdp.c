@@ -6,12 +6,12 @@
  * why in place): pre-forward gathers (finishing a prefetch if one was
  * started) and starts the next unit's gather; post-forward frees; pre-backward
  * gathers again, starts the gather of the unit that backward reaches next and
- * binds a zeroed full gradient; post-backward launches the reduce-scatter and
- * frees. The root's post-backward closes the step: every reduction is waited
- * for and only shards remain. Progress hooks on every module keep
- * non-blocking collectives moving while layers compute (MPI does not move
- * them by itself). Every rank reaches the same hooks in the same order, so
- * the collectives match without any extra agreement.
+ * binds a zeroed full gradient; post-backward shows it to the probe (AdaScale),
+ * launches the reduce-scatter and frees. The root's post-backward closes the
+ * step: every reduction is waited for and only shards remain. Progress hooks
+ * on every module keep non-blocking collectives moving while layers compute
+ * (MPI does not move them by itself). Every rank reaches the same hooks in
+ * the same order, so the collectives match without any extra agreement.
  *
  * Wrapping in place leaves no inner model to call by mistake: the caller
  * trains the root itself. What remains is running backward on a submodule:
@@ -121,6 +121,29 @@ static fsdp_unit *neighbour(fsc_fsdp *f, const fsdp_unit *u, int step) {
 }
 
 /* ---- reducing --------------------------------------------------------------------------- */
+
+/* The probe sees each member of u's gradient g (unit layout) where the whole
+ * model's flat layout would hold it, so its offsets are ddp's, whatever the
+ * units. */
+static void probe_unit(const fsc_fsdp *f, const fsdp_unit *u, const float *g) {
+    for (int i = 0; i < u->n; i++) {
+        const fsc_param_entry *e = &f->ps.entries[u->entries[i]];
+        f->opt.probe(f->opt.probe_user, e->offset, g + u->offset[i], e->param->numel);
+    }
+}
+
+/* After u's backward: the probe sees this backward's gradient alone, in fp32
+ * (before any rounding to the reduce dtype); a separate one under no_sync
+ * then joins the kept sum. */
+static void probe_backward(fsc_fsdp *f, fsdp_unit *u) {
+    if (!f->opt.probe || !u->full_grad) return;
+    probe_unit(f, u, u->own_grad ? u->own_grad : u->full_grad);
+    if (!u->own_grad) return;
+    fsc_add_inplace(u->full_grad, u->own_grad, u->padded);
+    bind_grads(f, u, u->full_grad);
+    fsdp_buf_put(f, u->own_grad, u->own_cap);
+    u->own_grad = NULL;
+}
 
 static int rs_start(fsc_fsdp *f, fsdp_unit *u) {
     if (!u->padded) return FSC_OK;
@@ -255,6 +278,13 @@ static int on_pre_backward(fsc_module *m, fsc_hook_kind kind, const fsc_ctx *ctx
     int rc = fsdp_gather(f, u, false);
     fsdp_unit *next = neighbour(f, u, -1);
     if (!rc && next) rc = gather_start(f, next, false);
+    if (!rc && u->full_grad && f->opt.probe) {    /* kept by no_sync, joined after the probe */
+        fsdp_buf_put(f, u->own_grad, u->own_cap); /* a failed backward's */
+        if (!(u->own_grad = fsdp_buf_get(f, u->padded, true, &u->own_cap)))
+            return fsc_error_context(FSC_ERR_NOMEM, "FSDP unit '%s': ", u->name);
+        bind_grads(f, u, u->own_grad);
+        return FSC_OK;
+    }
     if (rc || u->full_grad || !u->padded) { /* kept by no_sync: accumulate into it */
         if (!rc) bind_grads(f, u, u->full_grad);
         return rc;
@@ -272,6 +302,7 @@ static int on_post_backward(fsc_module *m, fsc_hook_kind kind, const fsc_ctx *ct
     fsdp_unit *u = user;
     fsc_fsdp *f = u->f;
     int rc = FSC_OK;
+    probe_backward(f, u);
     if (!f->no_sync) {
         rc = rs_start(f, u);
         f->newest_rs = u;
@@ -439,6 +470,7 @@ void fsc_fsdp_free(fsc_fsdp *f) {
             fsdp_buf_put(f, u->full_grad, u->grad_cap);
             u->rs_in = u->rs_out = NULL;
         }
+        fsdp_buf_put(f, u->own_grad, u->own_cap);
         if (u->entries) fsdp_release(u);
         if (u->entries) bind_grads(f, u, NULL);
         free(u->entries);
@@ -497,6 +529,7 @@ void fsc_fsdp_zero_grad(fsc_fsdp *f) {
             fsdp_buf_put(f, u->full_grad, u->grad_cap);
             u->full_grad = NULL;
         }
+        fsdp_buf_put(f, u->own_grad, u->own_cap), u->own_grad = NULL; /* a failed backward's */
     }
 }
 

@@ -36,6 +36,8 @@ typedef struct fsdp_unit {
     void *send_half;            /* this rank's shard in the compute dtype (FSC_MEM_COMM) */
     fsc_request *gather_req;    /* a gather in flight into full / recv_half */
     float *full_grad;           /* full gradients while backward computes them */
+    float *own_grad;            /* with a probe under no_sync: this backward's alone */
+    int64_t own_cap;            /* floats in own_grad */
     void *rs_in;                /* reduce-dtype copy of full_grad (FSC_MEM_COMM) */
     void *rs_out;               /* the reduced shard before it is added (FSC_MEM_COMM) */
     fsc_request *rs_req;        /* a reduce-scatter in flight */

@@ -24,7 +24,9 @@ static int setup(fsc_strategy *s, const fsc_optim_config *optim) {
     const fsc_strategy_options *o = &s->opt;
     fsc_fsdp_options fo = {.keep_after_forward = o->keep_after_forward,
                            .compute_dtype = o->compute_dtype,
-                           .reduce_dtype = o->reduce_dtype};
+                           .reduce_dtype = o->reduce_dtype,
+                           .probe = o->grad_probe,
+                           .probe_user = o->grad_probe_user};
     /* FairScale's default: reduce in the compute dtype unless told otherwise */
     if (fo.reduce_dtype == FSC_DTYPE_F32 && !o->fp32_reduce_scatter)
         fo.reduce_dtype = fo.compute_dtype;
@@ -102,7 +104,7 @@ const strategy_ops fsc_strategy_fsdp = {
     .spans_ranks = true,
     .zero_stage = 3,
     .composes_with_pipe = true,
-    .accepts = OPT_REDUCE | OPT_FSDP,
+    .accepts = OPT_REDUCE | OPT_FSDP | OPT_PROBE,
     .setup = setup,
     .teardown = teardown,
     .zero_grad = zero_grad,

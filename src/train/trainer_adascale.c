@@ -13,11 +13,14 @@
 
 /* AdaScale's per-step figures. Each micro-batch of each rank is a gradient
  * sample; its squared norm is taken where the strategy is about to reduce
- * it (the grad_probe, inside backward, bucket by bucket) or, for a
- * micro-step that reduces nothing (no_sync, or a row of one process), from
- * the gradient buffer after it. Backward accumulates (+=), so with
- * grad_accum > 1 `prev` keeps the sum before the micro-step and a sample is
- * the difference. */
+ * it (the grad_probe, inside backward, bucket by bucket or fsdp's unit by
+ * unit) or, for a micro-step that reduces nothing (no_sync, or a row of one
+ * process), from the gradient buffer after it. Backward accumulates (+=),
+ * so with grad_accum > 1 `prev` keeps the sum before the micro-step and a
+ * sample is the difference. fsdp holds no unsharded gradient and needs no
+ * `prev`: its probe sees each unit's gradient of the micro-step alone
+ * (reduce-scattered every micro-step from a fresh full gradient, or under
+ * accum_no_sync computed apart from the kept sum). */
 struct trainer_adascale {
     fsc_adascale est;
     double progress; /* scale-invariant steps so far */
@@ -52,12 +55,11 @@ int trainer_ada_begin(fsc_trainer *t, fsc_strategy_options *so) {
         return fsc_error(FSC_ERR_UNSUPPORTED, "trainer: AdaScale does not run with a %s yet",
                          so->pipe.stages > 1 ? "pipeline" : "tensor-parallel dimension");
     if (info.spans_ranks && !fsc_strategy_takes(name, "grad_probe"))
-        return fsc_error(FSC_ERR_UNSUPPORTED,
-                         "trainer: AdaScale needs each rank's gradient before it is reduced, which "
-                         "strategy %s does not expose (%s); use ddp, oss or sdp",
-                         name,
-                         info.local_steps ? "it reduces no gradient"
-                                          : "its reduce-scatter takes no probe yet");
+        return fsc_error(
+            FSC_ERR_UNSUPPORTED,
+            "trainer: AdaScale needs each rank's gradient before it is reduced, which "
+            "strategy %s does not expose (%s); use ddp, oss, sdp or fsdp",
+            name, info.local_steps ? "it reduces no gradient" : "its reduction takes no probe");
     if (!(t->ada = calloc(1, sizeof *t->ada)))
         return fsc_error(FSC_ERR_NOMEM, "trainer: out of memory");
     rc = fsc_adascale_init(&t->ada->est, &c->adascale_cfg);
@@ -67,14 +69,15 @@ int trainer_ada_begin(fsc_trainer *t, fsc_strategy_options *so) {
 }
 
 /* After the strategy exists: the sample count sets S, and a copy of the
- * gradients tells micro-batches apart. */
+ * gradients tells micro-batches apart where they accumulate in one buffer
+ * (not under fsdp, which has no unsharded buffer: see above). */
 int trainer_ada_ready(fsc_trainer *t) {
     struct trainer_adascale *a = t->ada;
     const int n = t->cfg.grad_accum * fsc_strategy_world(t->s);
     if (a->est.scale == 0 && fsc_adascale_set_scale(&a->est, n))
         return fsc_error_context(FSC_ERR_INVALID, "trainer: ");
     const fsc_params *ps = fsc_strategy_params(t->s);
-    if (t->cfg.grad_accum > 1 &&
+    if (ps && t->cfg.grad_accum > 1 &&
         !(a->prev = fsc_mem_alloc(FSC_MEM_WORK, sizeof(float) * (size_t)ps->numel)))
         return fsc_error(FSC_ERR_NOMEM, "trainer: AdaScale: out of memory");
     return FSC_OK;
@@ -84,7 +87,7 @@ int trainer_ada_ready(fsc_trainer *t) {
 void trainer_ada_after_micro(fsc_trainer *t, int k) {
     struct trainer_adascale *a = t->ada;
     const fsc_params *ps = fsc_strategy_params(t->s);
-    if (!a->probed) /* nothing reduced: the gradient buffer is this rank's own */
+    if (!a->probed && ps) /* nothing reduced: the gradient buffer is this rank's own */
         probe(a, 0, ps->grad, ps->numel);
     a->sum_sq += a->micro_sq;
     if (a->prev && k + 1 < t->cfg.grad_accum) {
