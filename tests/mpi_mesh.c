@@ -1,6 +1,8 @@
 /* The full device mesh dp x pp x tp through the trainer: pipeline stages
  * split over tensor-parallel groups (fsc_tp_gpt_stage_new), TP fastest in
- * the rank layout. pp 2 x tp 2 on 4 ranks (with and without sequence
+ * the rank layout, the last stage's head fused with its loss (the trainer's
+ * pipe_targets: a wrong head gradient or input gradient there fails every
+ * comparison below). pp 2 x tp 2 on 4 ranks (with and without sequence
  * parallelism) and dp 2 x pp 2 x tp 2 on 8 (ddp, oss, sdp and fsdp between
  * the replicas) end with the parameters of one process on the same global
  * batch (fp32, dropout on) within the noise floor of tests/equivalence.h;

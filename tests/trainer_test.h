@@ -58,6 +58,14 @@ static inline int tt_pipe_loss(const fsc_micro_batch *mb, void *user, fsc_tensor
                  : fsc_cross_entropy(out, y, &t, -1, mb->norm, arena);
 }
 
+/* TP stages: the last one's head runs fused with the loss on these. */
+static inline int tt_pipe_targets(const fsc_micro_batch *mb, void *user, const int32_t **targets,
+                                  int *ignore_index) {
+    (void)mb;
+    *targets = ((tt_data *)user)->y, *ignore_index = -1;
+    return FSC_OK;
+}
+
 static inline int tt_gpt_loss(fsc_module *m, const fsc_ctx *ctx, const fsc_micro_batch *mb,
                               void *user, float *loss) {
     tt_data *d = user;
@@ -164,7 +172,8 @@ static inline fsc_trainer *tt_trainer_new(const tt_run *c, tt_data *d, fsc_modul
     if (tp > 1)
         tc.strategy.tp =
             (fsc_tp_strategy_options){.size = tp, .sequence_parallel = c->sp, .user = d};
-    if (tp > 1 && pp > 1) tc.strategy.tp.make_stage = tt_make_tp_stage;
+    if (tp > 1 && pp > 1)
+        tc.strategy.tp.make_stage = tt_make_tp_stage, tc.pipe_targets = tt_pipe_targets;
     if (tp > 1 && pp == 1) tc.loss = tt_tp_gpt_loss, tc.strategy.tp.make_model = tt_make_tp_model;
     *model = pp > 1 || tp > 1 ? NULL : fsc_gpt_new(&d->cfg);
     fsc_trainer *t = fsc_trainer_new(*model, &tc);

@@ -1,8 +1,8 @@
 /* --balance for fsc-train and fsc-bench: layers per pipeline stage, counted
  * in quarters of a block so a stage may end inside one (.5 after its
  * attention half, .75 after its MLP's c_fc and GELU), turned into the parts
- * fsc_gpt_stage_parts_new makes stages of; and --balance auto's choice
- * printed back in the same units. */
+ * fsc_gpt_stage_parts_new makes stages of; --balance auto's TP stages over
+ * a TP group of their own; and its choice printed back in the same units. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,11 +36,10 @@ static int parse_quarters(const char *text, int n, int *q) {
     return FSC_OK;
 }
 
-int train_balance_parts(const char *text, const fsc_gpt_config *cfg, int S, bool whole_layers,
+int train_balance_parts(const char *text, const fsc_gpt_config *cfg, int S, const char *no_mlp_cut,
                         int **out) {
     const int n = fsc_gpt_num_layers(cfg);
     *out = NULL;
-    if (!text && whole_layers) return FSC_OK; /* the pipe's even split of whole layers */
     if (!text && n < S)
         return fsc_error(FSC_ERR_INVALID,
                          "--pp: %d layers cannot fill %d stages evenly; give --balance "
@@ -61,18 +60,14 @@ int train_balance_parts(const char *text, const fsc_gpt_config *cfg, int S, bool
                        "embedding, %d blocks, the head)",
                        text, sum / 4.0, n, cfg->layers);
     for (int s = 0; !rc && s < S; s++) {
-        if (whole_layers && b[s] % 4)
-            rc = fsc_error(FSC_ERR_INVALID,
-                           "--balance \"%s\": stage %d's %g layers: cuts inside a block are not "
-                           "there with --tp yet",
-                           text, s, b[s] / 4.0);
         cut += b[s];
-        if (rc || whole_layers) {
-            b[s] /= 4;
-            continue;
-        }
         int part;
-        if ((rc = fsc_gpt_part_of_cut(cfg, cut, &part)))
+        if (no_mlp_cut && cut % 4 == 3)
+            rc = fsc_error(FSC_ERR_INVALID,
+                           "--balance \"%s\": stage %d ends after %g layers, inside a block's MLP "
+                           "(a .75 cut), which is not there with %s (cut at .5 or between blocks)",
+                           text, s, cut / 4.0, no_mlp_cut);
+        else if ((rc = fsc_gpt_part_of_cut(cfg, cut, &part)))
             rc = fsc_error_context(rc, "--balance \"%s\", the end of stage %d: ", text, s);
         else
             b[s] = part - prev, prev = part;
@@ -83,6 +78,60 @@ int train_balance_parts(const char *text, const fsc_gpt_config *cfg, int S, bool
     }
     *out = b;
     return FSC_OK;
+}
+
+/* A TP stage of layers [first, end) of the pipe (parts, or whole layers
+ * turned into parts), over the balance's own TP group. */
+static fsc_module *tp_stage(void *user, int first, int end) {
+    train_balance_tp *b = user;
+    if (b->whole_layers && (fsc_gpt_part_of_cut(b->cfg, 4 * first, &first) ||
+                            fsc_gpt_part_of_cut(b->cfg, 4 * end, &end)))
+        return NULL;
+    return b->tp->make_stage(b->tp->user, first, end, &b->opt);
+}
+
+static void tp_shape(void *user, int layer, int64_t shape[FSC_MAX_DIMS]) {
+    const train_balance_tp *b = user;
+    b->shape_at(b->shape_user, layer, shape);
+}
+
+int train_balance_tp_begin(train_balance_tp *b, const fsc_tp_strategy_options *tp,
+                           const fsc_gpt_config *cfg, fsc_pipe_options *po) {
+    const int r = fsc_dist_rank(), T = tp->size;
+    *b = (train_balance_tp){.tp = tp,
+                            .opt = {.sequence_parallel = tp->sequence_parallel,
+                                    .recompute_attention = tp->recompute_attention,
+                                    .recompute_activation = tp->recompute_activation},
+                            .cfg = cfg,
+                            .whole_layers = tp->sequence_parallel || tp->recompute_activation,
+                            .shape_at = po->act_shape_at,
+                            .shape_user = po->stage_user};
+    int rc = fsc_group_split(fsc_group_world(), r / T, r % T, "balance-tp", &b->opt.group);
+    if (rc) return rc;
+    if (b->whole_layers) /* no cut inside an MLP there: profile whole layers */
+        po->layers = fsc_gpt_num_layers(cfg), po->act_shape_at = NULL;
+    else if (po->act_shape_at)
+        po->act_shape_at = tp_shape;
+    po->make_stage = tp_stage, po->stage_user = b;
+    po->tp = b->opt.group, po->seq_len = cfg->seq;
+    return FSC_OK;
+}
+
+int train_balance_tp_end(train_balance_tp *b, int *balance, int S) {
+    fsc_group_free(b->opt.group);
+    b->opt.group = NULL;
+    int rc = FSC_OK;
+    for (int s = 0, cut = 0, prev = 0, part; balance && b->whole_layers && !rc && s < S; s++) {
+        cut += balance[s]; /* whole layers -> parts */
+        rc = fsc_gpt_part_of_cut(b->cfg, 4 * cut, &part);
+        if (!rc) balance[s] = part - prev, prev = part;
+    }
+    return rc;
+}
+
+void train_balance_tp_act_shape(void *trainer_, int part, int64_t shape[FSC_MAX_DIMS]) {
+    const trainer *t = trainer_;
+    shape[2] = fsc_tp_gpt_part_width(&t->opt.model, t->opt.tp, part);
 }
 
 void train_balance_parts_act_shape(void *cfg, int part, int64_t shape[FSC_MAX_DIMS]) {

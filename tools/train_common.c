@@ -127,7 +127,7 @@ static fsc_module *make_stage(void *user, int first, int end) {
 static fsc_module *make_tp_stage(void *user, int first, int end, const fsc_tp_options *tp) {
     trainer *t = user;
     t->tp_group = tp->group;
-    return fsc_tp_gpt_stage_new(&t->opt.model, first, end, tp);
+    return fsc_tp_gpt_stage_parts_new(&t->opt.model, first, end, tp);
 }
 
 /* --balance auto: profile every layer, cut where the slowest stage is
@@ -150,11 +150,17 @@ static int auto_balance(trainer *t, fsc_strategy_options *so) {
                            .seed = o->seed};
     memcpy(po.act_shape, so->pipe.act_shape, sizeof po.act_shape);
     fsc_pipe_balance_report rep;
+    train_balance_tp tp = {0};
     if (!(t->balance = calloc((size_t)S, sizeof *t->balance)))
         rc = fsc_error(FSC_ERR_NOMEM, "out of memory");
+    if (!rc && o->tp > 1) rc = train_balance_tp_begin(&tp, &so->tp, &o->model, &po);
     if (!rc)
         rc = fsc_pipe_balance_auto(fsc_group_world(), &po, sched, o->model.vocab,
                                    fsc_optim_state_count(&cfg), t->balance, &rep);
+    if (o->tp > 1) {
+        int end = train_balance_tp_end(&tp, rc ? NULL : t->balance, S);
+        rc = rc ? rc : end;
+    }
     fsc_pipe_schedule_free(sched);
     if (rc) return rc;
     so->pipe.balance = t->balance;
@@ -171,9 +177,6 @@ static int pipe_options(trainer *t, fsc_strategy_options *so) {
     const int chunks =
         kind == FSC_PIPE_INTERLEAVED ? (o->virtual_stages ? o->virtual_stages : 2) : 1;
     const bool autobalance = o->balance && !strcmp(o->balance, "auto");
-    if (autobalance && o->tp > 1)
-        return fsc_error(FSC_ERR_INVALID, "--balance auto is not there with --tp yet (it times "
-                                          "parts of blocks); give the layers per stage");
     static const char *const modes[] = {"never", "always", "except_last"};
     int mode = -1;
     for (int i = 0; i < 3; i++)
@@ -187,19 +190,26 @@ static int pipe_options(trainer *t, fsc_strategy_options *so) {
     so->pipe.stages = o->pp;
     so->pipe.schedule = kind;
     so->pipe.chunks = chunks;
+    /* TP stages cut inside an MLP pass the residual and a GELU shard: not
+     * under SP (the residual is a sequence shard) nor with the GELU output
+     * recomputed (tp_block_parts.c) */
+    const char *no_mlp_cut = o->tp < 2                 ? NULL
+                             : o->sequence_parallel    ? "--sequence-parallel"
+                             : o->recompute_activation ? "--recompute-activation"
+                                                       : NULL;
     if (!autobalance &&
-        (rc = train_balance_parts(o->balance, &o->model, o->pp * chunks, o->tp > 1, &t->balance)))
+        (rc = train_balance_parts(o->balance, &o->model, o->pp * chunks, no_mlp_cut, &t->balance)))
         return rc;
     so->pipe.balance = t->balance;
-    so->pipe.layers = o->tp > 1 ? fsc_gpt_num_layers(&o->model) : fsc_gpt_num_parts(&o->model);
+    so->pipe.layers = fsc_gpt_num_parts(&o->model);
     so->pipe.make_stage = o->tp > 1 ? NULL : make_stage; /* else tp.make_stage */
-    so->pipe.stage_user = &t->opt.model;
+    so->pipe.stage_user = o->tp > 1 ? (void *)t : &t->opt.model;
     so->pipe.act_ndim = 3;
     /* under sequence parallelism a stage passes on its TP rank's shard of the sequence */
     so->pipe.act_shape[0] = o->batch;
     so->pipe.act_shape[1] = o->model.seq / (o->sequence_parallel ? o->tp : 1);
     so->pipe.act_shape[2] = o->model.d_model;
-    so->pipe.act_shape_at = o->tp > 1 ? NULL : train_balance_parts_act_shape;
+    so->pipe.act_shape_at = o->tp > 1 ? train_balance_tp_act_shape : train_balance_parts_act_shape;
     if (autobalance && (rc = auto_balance(t, so))) return fsc_error_context(rc, "--balance auto: ");
     if (o->print_schedule && fsc_dist_rank() == 0) {
         fsc_pipe_schedule *sched;
@@ -313,6 +323,15 @@ static int pipe_loss(const fsc_micro_batch *mb, void *user, fsc_tensor *y, fsc_a
                          : fsc_cross_entropy(loss, y, &targets, -1, mb->norm, arena);
 }
 
+/* Under --tp --pp: the last stage's head runs fused with the loss on these. */
+static int pipe_targets(const fsc_micro_batch *mb, void *user, const int32_t **targets,
+                        int *ignore_index) {
+    (void)mb;
+    *targets = ((trainer *)user)->y;
+    *ignore_index = -1;
+    return FSC_OK;
+}
+
 /* Tests (FSC_FAULT=inf@R:S): an overflow in this rank's gradients alone. */
 static int poison(fsc_trainer *tr, void *user) {
     const trainer *t = user;
@@ -341,6 +360,7 @@ static int make_trainer(trainer *t) {
                               .loss = gpt_loss,
                               .pipe_input = pipe_input,
                               .pipe_loss = pipe_loss,
+                              .pipe_targets = o->tp > 1 ? pipe_targets : NULL,
                               .after_backward = poison,
                               .adascale = o->adascale,
                               .user = t};

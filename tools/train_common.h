@@ -151,11 +151,33 @@ int train_moe_setup(trainer *t);
 /* One summary line: drops, mean l_aux and the all-to-all share of `seconds`. */
 void train_moe_report(const trainer *t, double seconds, FILE *f);
 
+/* train_balance.c: --balance auto under --tp times the TP stages, each
+ * rank with its TP group as the strategy will lay it out (world rank / T):
+ * begin points po's stages at tp->make_stage over that group (made here)
+ * and sets seq_len; with --sequence-parallel or --recompute-activation,
+ * where no cut falls inside an MLP, it profiles whole layers, which end
+ * turns back into parts in balance[S]; end frees the group. */
+typedef struct train_balance_tp {
+    const fsc_tp_strategy_options *tp;
+    fsc_tp_options opt;
+    const fsc_gpt_config *cfg;
+    bool whole_layers;
+    void (*shape_at)(void *user, int layer, int64_t shape[FSC_MAX_DIMS]);
+    void *shape_user;
+} train_balance_tp;
+int train_balance_tp_begin(train_balance_tp *b, const fsc_tp_strategy_options *tp,
+                           const fsc_gpt_config *cfg, fsc_pipe_options *po);
+int train_balance_tp_end(train_balance_tp *b, int *balance, int S);
+/* fsc_pipe_strategy_options.act_shape_at under --tp (user: the trainer):
+ * (B, T, C + 4C/t) before a block's c_proj part. */
+void train_balance_tp_act_shape(void *trainer, int part, int64_t shape[FSC_MAX_DIMS]);
+
 /* train_balance.c: --balance text (NULL: an even split of whole layers)
  * for S stages into *out (malloc'ed): parts per stage for
- * fsc_gpt_stage_parts_new, or with whole_layers (--tp) layers per stage
- * (NULL for an even split). Errors name the value and the rule. */
-int train_balance_parts(const char *text, const fsc_gpt_config *cfg, int S, bool whole_layers,
+ * fsc_gpt_stage_parts_new and fsc_tp_gpt_stage_parts_new. no_mlp_cut (the
+ * flag that forbids them, or NULL) refuses cuts inside an MLP (.75). Errors
+ * name the value and the rule. */
+int train_balance_parts(const char *text, const fsc_gpt_config *cfg, int S, const char *no_mlp_cut,
                         int **out);
 /* fsc_pipe_options.act_shape_at for stages of parts (cfg: the model):
  * (B, T, 5C) before a block's c_proj part. */

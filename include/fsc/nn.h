@@ -64,11 +64,21 @@ typedef struct fsc_ctx {
      * default): fp32 throughout, bit for bit as without this field. Other
      * dtypes: fsc_module_forward/backward return FSC_ERR_UNSUPPORTED. */
     fsc_dtype autocast;
-    /* Internal to fsc_tp_gpt_train_micro and fsc_tp_gpt_eval_loss (fsc/tp.h),
-     * which set it so that the TP GPT runs its head and loss fused (the full
-     * logits never exist); every other caller leaves it NULL. */
+    /* The loss of a model whose last layer runs its head fused with it (the
+     * full logits never exist): set by fsc_tp_gpt_train_micro and
+     * fsc_tp_gpt_eval_loss (fsc/tp.h) for the TP GPT, and by the pipeline for
+     * a last TP stage (fsc_pipe_io.targets); such a module then outputs its
+     * (1,) loss. Modules without a fused head ignore it; NULL elsewhere. */
     const struct fsc_head_loss *head_loss;
 } fsc_ctx;
+
+/* fsc_ctx.head_loss: what a fused head needs besides its input. The module
+ * copies targets at forward, so they need to live only during that call. */
+typedef struct fsc_head_loss {
+    const int32_t *targets; /* (B, T), the output rows' targets (replicated over a TP group) */
+    int ignore_index;       /* targets equal to it count nothing */
+    double norm;            /* per-target losses are summed, then divided by this (> 0) */
+} fsc_head_loss;
 
 typedef struct fsc_module fsc_module;
 

@@ -81,6 +81,10 @@ typedef struct fsc_pipe_options {
      * act_shape on entry (act_ndim dimensions). Called with stage_user.
      * NULL: act_shape at every cut. */
     void (*act_shape_at)(void *user, int layer, int64_t shape[FSC_MAX_DIMS]);
+    /* Tokens per sample of the model's input, for fsc_pipe_balance_auto's
+     * ids (act_shape[0], seq_len) and a fused head's targets; 0: act_shape[1]
+     * (under sequence parallelism act_shape[1] is a TP rank's shard of it). */
+    int64_t seq_len;
     uint64_t seed; /* initial weights by (seed, name, element) */
     /* Recompute in backward: each stage's children that hold parameters of
      * their own (not used by the stage directly) are checkpointed in place.
@@ -128,6 +132,17 @@ typedef struct fsc_pipe_io {
      * of the global mean loss, and dloss/dy is written into y (in place, as
      * fsc_cross_entropy does). Called on the rank of the last stage only. */
     int (*loss)(void *user, int micro, fsc_tensor *y, fsc_arena *arena, float *loss);
+    /* Optional: micro-batch `micro`'s targets, ignore_index and norm (as
+     * loss's share divides by it) for a last stage that runs its head fused
+     * with the loss (fsc_tp_gpt_stage_new), so its logits never exist whole.
+     * Called on the last stage's rank before that stage's forward, which
+     * gets them in fsc_ctx.head_loss (hl->targets need live only during the
+     * call) and then outputs its (1,) loss share, computed at the start of
+     * its backward (in forward when evaluating); loss above is not called
+     * then. A stage that outputs anything else is given to loss as before,
+     * and so is every stage under a split backward (zero-bubble schedules:
+     * the head's weight gradient waits for W there). NULL: loss always. */
+    int (*targets)(void *user, int micro, fsc_head_loss *hl);
     /* The global index of micro-batch `micro`'s first sample (dropout keys). */
     int64_t (*sample0)(void *user, int micro);
     void *user;
@@ -213,11 +228,15 @@ typedef struct fsc_pipe_balance_report {
  * balance[]: each of opt's layers is built alone and timed through forward
  * and backward on one micro-batch of opt->act_shape (act_shape_at's where
  * it says; ids in [0, vocab) for layer 0; the last layer's logits over
- * vocab, if that is its output, through a cross-entropy), the times averaged over group g (NULL: this process) so every
- * rank chooses alike; the contiguous cut that minimises the slowest stage
- * wins among those whose parameters, gradients, optim_floats optimizer
- * floats per parameter and activations held by the schedule fit the
- * allocator's budget (fsc_mem_get_limit), if one is set. *rep (may be NULL)
+ * vocab, if that is its output, through a cross-entropy; a last layer that
+ * takes fsc_ctx.head_loss, with its fused loss), the times averaged over
+ * group g (NULL: this process) so every rank chooses alike. With opt->tp
+ * the layers are TP stages: every rank of g times every layer, the ranks of
+ * each TP group together (their collectives inside the timing). The
+ * contiguous cut that minimises the slowest stage wins among those whose
+ * parameters, gradients, optim_floats optimizer floats per parameter and
+ * activations held by the schedule fit the allocator's budget
+ * (fsc_mem_get_limit), if one is set. *rep (may be NULL)
  * gets the prediction. Collective over g. FSC_ERR_NOMEM (error names the
  * budget) when no cut fits; FSC_ERR_INVALID for bad arguments. */
 FSC_API int fsc_pipe_balance_auto(fsc_group *g, const fsc_pipe_options *opt,

@@ -49,7 +49,8 @@ typedef struct fsc_pipe_strategy_options {
     fsc_pipe_checkpoint checkpoint; /* recompute activations in backward */
     int act_ndim;                   /* the activation between stages, per micro-batch */
     int64_t act_shape[FSC_MAX_DIMS];
-    /* cuts that pass another shape (fsc_pipe_options.act_shape_at); NULL: none */
+    /* cuts that pass another shape (fsc_pipe_options.act_shape_at), called
+     * with stage_user, also with tp.make_stage's stages; NULL: none */
     void (*act_shape_at)(void *user, int layer, int64_t shape[FSC_MAX_DIMS]);
 } fsc_pipe_strategy_options;
 
@@ -129,7 +130,8 @@ typedef struct fsc_strategy_options {
      * rank layout, then the stages, then the replicas) under ddp, oss, sdp
      * or fsdp, each stage is split over its TP group (tp.make_stage); the
      * last stage's logits are then this TP rank's vocabulary rows, for
-     * fsc_tp_cross_entropy over that group. fsdp without a pipeline runs
+     * fsc_tp_cross_entropy over that group, or with the targets given
+     * (fsc_pipe_io.targets) its head runs fused with the loss. fsdp without a pipeline runs
      * the tp.make_model model as one pipeline stage whose parameters and
      * gradients each rank keeps 1/dp of between steps (gathered before the
      * first forward of a step, reduce-scattered after its last backward;

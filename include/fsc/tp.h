@@ -160,12 +160,34 @@ FSC_API fsc_module *fsc_tp_gpt_new(const fsc_gpt_config *cfg, const fsc_tp_optio
  * the (B,T,C) activation, equal on every TP rank (under sequence
  * parallelism this rank's (B,T/t,C) shard); output the same activation, or
  * on the head's stage this rank's logits (B,T,ceil(V/t)) for
- * fsc_tp_cross_entropy. A stage with the head and not the embedding holds
- * its own copy of this rank's wte rows (the pipeline keeps the copies equal).
- * NULL (error set) on a bad config or range, as fsc_gpt_stage_new and
- * fsc_tp_gpt_new. The caller owns the module. */
+ * fsc_tp_cross_entropy. Given fsc_ctx.head_loss (the pipeline's
+ * fsc_pipe_io.targets), the head's stage outputs its (1,) loss instead and
+ * runs the head fused with it, as fsc_tp_gpt_train_micro does: at the start
+ * of backward (which then takes dy = 1), or in forward when evaluating.
+ * A stage with the head and not the embedding holds its own copy of this
+ * rank's wte rows (the pipeline keeps the copies equal). NULL (error set)
+ * on a bad config or range, as fsc_gpt_stage_new and fsc_tp_gpt_new. The
+ * caller owns the module. */
 FSC_API fsc_module *fsc_tp_gpt_stage_new(const fsc_gpt_config *cfg, int first, int end,
                                          const fsc_tp_options *tp);
+/* The same stage in parts (fsc_gpt_stage_parts_new's 3L + 2: part 0 the
+ * embedding, block b's attention half 3b+1, its MLP's ln_2, c_fc and GELU
+ * 3b+2, its c_proj and dropout with the residual 3b+3, the head 3L+1), so
+ * a stage may end inside a block; names, init and dropout keys are the
+ * whole model's, so checkpoints resume at any cut. Between parts 3b+2 and
+ * 3b+3 the activation is (B,T,C + 4C/t) on each TP rank: the residual
+ * stream, then this rank's columns of the GELU output
+ * (fsc_tp_gpt_part_width). A range starting or ending there is refused
+ * (FSC_ERR_UNSUPPORTED, naming why) under sequence parallelism (the
+ * residual is a sequence shard there, the GELU output is not) and with
+ * recompute_activation; the cut after the attention half passes (B,T,C),
+ * or (B,T/t,C) under sequence parallelism. NULL (error set) otherwise as
+ * fsc_tp_gpt_stage_new. */
+FSC_API fsc_module *fsc_tp_gpt_stage_parts_new(const fsc_gpt_config *cfg, int first, int end,
+                                               const fsc_tp_options *tp);
+/* Channels per token entering part `part` of a TP stage over t ranks:
+ * C + 4C/t before a block's c_proj part, else C (no checks). */
+FSC_API int fsc_tp_gpt_part_width(const fsc_gpt_config *cfg, int t, int part);
 /* fsc_gpt_train_micro for a TP GPT, or a wrapper around one (DDP,
  * ShardedDDP: found through fsc_module.wraps): forward, vocab-parallel
  * cross-entropy, backward (+=). The head runs fused with the loss, at the

@@ -64,6 +64,12 @@ typedef int (*fsc_trainer_loss_fn)(fsc_module *m, const fsc_ctx *ctx, const fsc_
 typedef int (*fsc_trainer_input_fn)(const fsc_micro_batch *mb, void *user, fsc_tensor *x);
 typedef int (*fsc_trainer_head_loss_fn)(const fsc_micro_batch *mb, void *user, fsc_tensor *y,
                                         fsc_arena *arena, float *loss);
+/* Optional under a pipeline: mb's targets ((mb->batch, T) int32, read during
+ * the call only) and the index to ignore, for a last stage that runs its head
+ * fused with the loss (tensor-parallel stages: fsc_pipe_io.targets); its
+ * logits then never exist whole, and pipe_loss is left for other stages. */
+typedef int (*fsc_trainer_targets_fn)(const fsc_micro_batch *mb, void *user,
+                                      const int32_t **targets, int *ignore_index);
 /* Called after a step's last backward, before unscaling and clipping: look
  * at or change this rank's gradients (fsc_strategy_grad_ranges). */
 typedef int (*fsc_trainer_hook_fn)(fsc_trainer *t, void *user);
@@ -82,11 +88,12 @@ typedef struct fsc_trainer_config {
     /* fp16 (strategy.compute_dtype F16) always scales the loss dynamically;
      * grad_scaler tunes it (NULL: PyTorch's defaults). Borrowed. */
     const fsc_grad_scaler_config *grad_scaler;
-    fsc_trainer_load_fn load;           /* may be NULL */
-    fsc_trainer_loss_fn loss;           /* required, except under a pipeline */
-    fsc_trainer_input_fn pipe_input;    /* required under a pipeline */
-    fsc_trainer_head_loss_fn pipe_loss; /* required under a pipeline */
-    fsc_trainer_hook_fn after_backward; /* may be NULL */
+    fsc_trainer_load_fn load;            /* may be NULL */
+    fsc_trainer_loss_fn loss;            /* required, except under a pipeline */
+    fsc_trainer_input_fn pipe_input;     /* required under a pipeline */
+    fsc_trainer_head_loss_fn pipe_loss;  /* required under a pipeline */
+    fsc_trainer_targets_fn pipe_targets; /* may be NULL */
+    fsc_trainer_hook_fn after_backward;  /* may be NULL */
     void *user;
     /* AdaScale (fsc/adascale.h): the gain r from the step's world x
      * grad_accum gradient samples (each micro-batch of each rank is one,

@@ -131,6 +131,7 @@ typedef struct {
     void *saved;
     fsc_tensor in, out, dy, dx;
     fsc_deferred *deferred;
+    bool fused; /* the last stage ran its head with the loss (fsc_pipe_io.targets) */
 } slot;
 
 typedef struct {
@@ -285,22 +286,42 @@ static fsc_ctx micro_ctx(run_state *r, int micro) {
     return c;
 }
 
+/* The last stage's loss: from its fused head (its (1,) output, filled in
+ * backward when training), else io->loss on its output, which writes
+ * dloss/dy in place. */
+static int last_stage_loss(run_state *r, const fsc_ctx *ctx, int micro, slot *sl) {
+    sl->fused = ctx->head_loss && sl->out.ndim == 1 && sl->out.shape[0] == 1;
+    if (sl->fused) { /* dy = d(loss)/d(loss) */
+        sl->dy = fsc_tensor_arena(ctx->arena, FSC_DTYPE_F32, 1, (int64_t[]){1});
+        if (!sl->dy.data) return FSC_ERR_NOMEM;
+        *(float *)sl->dy.data = 1.f;
+        if (!ctx->training) r->loss += *(const float *)sl->out.data;
+        return FSC_OK;
+    }
+    float part = 0;
+    int rc = r->io->loss(r->io->user, micro, &sl->out, ctx->arena, &part);
+    r->loss += part;
+    sl->dy = sl->out;
+    return rc;
+}
+
 static int forward(run_state *r, fsc_pipe_action a) {
     fsc_pipe *p = r->p;
     slot *sl = slot_of(r, a.stage, a.micro);
     fsc_ctx ctx = micro_ctx(r, a.micro);
+    const bool last = a.stage == p->stages - 1;
     int rc = a.stage == 0 ? r->io->input(r->io->user, a.micro, &sl->in) : FSC_OK;
+    fsc_head_loss hl;
+    if (!rc && last && r->io->targets && !(ctx.training && p->cfg.split_backward)) {
+        rc = r->io->targets(r->io->user, a.micro, &hl);
+        ctx.head_loss = &hl;
+    }
     if (rc) return rc;
     /* held activations: (stage, micro-batch) pairs forwarded, not yet backward */
     if (++r->inflight > p->stats.peak_inflight) p->stats.peak_inflight = r->inflight;
     double t0 = fsc_now();
     rc = fsc_module_forward(p->chunk[a.stage / p->cfg.ranks], &ctx, &sl->in, &sl->out, &sl->saved);
-    if (!rc && a.stage == p->stages - 1) {
-        float part = 0;
-        rc = r->io->loss(r->io->user, a.micro, &sl->out, ctx.arena, &part);
-        r->loss += part;
-        sl->dy = sl->out; /* the loss wrote dloss/dy in place */
-    }
+    if (!rc && last) rc = last_stage_loss(r, &ctx, a.micro, sl);
     p->stats.compute_s += fsc_now() - t0;
     return rc;
 }
@@ -362,6 +383,7 @@ static int backward(run_state *r, fsc_pipe_action a) {
                                  a.stage == 0 ? NULL : &sl->dx);
     p->stats.compute_s += fsc_now() - t0;
     if (rc) return rc;
+    if (sl->fused) r->loss += *(const float *)sl->out.data; /* the head ran just now */
     r->inflight--;
     return FSC_OK;
 }

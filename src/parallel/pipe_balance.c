@@ -2,8 +2,11 @@
  * each part: the embedding, each block's three, the head) is built alone,
  * timed through forward and backward on one micro-batch of the activation
  * planned at its cut (the last layer with the loss the pipeline runs
- * there, so the head's stage is not undercounted), and weighed (parameters, gradients and optimizer state; activations kept
- * for backward). Every rank profiles and the times are averaged over the
+ * there, so the head's stage is not undercounted: fused into a TP head, else
+ * a cross-entropy on its logits), and weighed (parameters, gradients and
+ * optimizer state; activations kept for backward). Every rank profiles
+ * every layer in the same order, so the ranks of a TP group run each
+ * layer's collectives together, and the times are averaged over the
  * group, so all ranks choose the same cut. The cut is the contiguous split
  * into stages that minimises the slowest stage, among those whose memory
  * (state + the schedule's activations in flight on that stage's rank) fits
@@ -13,19 +16,23 @@
 #include <string.h>
 
 #include "fsc/pipe.h"
+#include "fsc/tp.h"
 
 enum { REPS = 3 };
 
+/* (B, T) token ids in [0, vocab): the first layer's input, a fused head's targets. */
+static fsc_tensor ids_for(const fsc_pipe_options *opt, fsc_arena *a, int vocab, int64_t mul) {
+    const int64_t T = opt->seq_len > 0 ? opt->seq_len : opt->act_shape[1];
+    fsc_tensor x = fsc_tensor_arena(a, FSC_DTYPE_I32, 2, (int64_t[]){opt->act_shape[0], T});
+    int32_t *ids = x.data;
+    for (int64_t i = 0; ids && i < opt->act_shape[0] * T; i++)
+        ids[i] = (int32_t)((i * mul) % vocab);
+    return x;
+}
+
 /* Fills a tensor of the shape planned at layer's cut (or ids for the first layer). */
 static fsc_tensor input_for(const fsc_pipe_options *opt, int layer, fsc_arena *a, int vocab) {
-    if (layer == 0) {
-        fsc_tensor x = fsc_tensor_arena(a, FSC_DTYPE_I32, 2,
-                                        (int64_t[]){opt->act_shape[0], opt->act_shape[1]});
-        int32_t *ids = x.data;
-        for (int64_t i = 0; ids && i < opt->act_shape[0] * opt->act_shape[1]; i++)
-            ids[i] = (int32_t)((i * 7919) % vocab);
-        return x;
-    }
+    if (layer == 0) return ids_for(opt, a, vocab, 7919);
     int64_t shape[FSC_MAX_DIMS];
     memcpy(shape, opt->act_shape, sizeof shape);
     if (opt->act_shape_at) opt->act_shape_at(opt->stage_user, layer, shape);
@@ -61,22 +68,41 @@ static int profile_layer(const fsc_pipe_options *opt, int l, int vocab, double *
     fsc_module *m = opt->make_stage(opt->stage_user, l, l + 1);
     if (!m) return fsc_error_context(FSC_ERR_INVALID, "balance: layer %d: ", l);
     fsc_params ps;
-    int rc = fsc_params_bind(m, opt->seed, true, &ps);
+    /* TP stages as the pipeline binds them: slices, padding rows zero */
+    int rc = opt->tp ? fsc_tp_params_bind(m, opt->seed, true, &ps)
+                     : fsc_params_bind(m, opt->seed, true, &ps);
     fsc_arena *a = rc ? NULL : fsc_arena_new(FSC_MEM_ACTIV, 1 << 20);
     if (!rc && !a) rc = fsc_error(FSC_ERR_NOMEM, "balance: out of memory");
     *seconds = DBL_MAX;
     for (int r = 0; !rc && r < REPS; r++) {
         fsc_arena_reset(a);
-        fsc_tensor x = input_for(opt, l, a, vocab), y, dx;
+        fsc_tensor x = input_for(opt, l, a, vocab), y = {0}, dy, dx;
+        /* the last layer gets the targets, as the pipeline's does when it fuses its head */
+        fsc_tensor targets = l == opt->layers - 1 ? ids_for(opt, a, vocab, 104729) : x;
+        const fsc_head_loss hl = {.targets = targets.data,
+                                  .ignore_index = -1,
+                                  .norm = (double)fsc_tensor_numel(&targets)};
         const size_t before = fsc_arena_used(a);
-        fsc_ctx ctx = {.arena = a, .training = true, .seed = opt->seed, .keyed = true};
+        fsc_ctx ctx = {.arena = a,
+                       .training = true,
+                       .seed = opt->seed,
+                       .keyed = true,
+                       .head_loss = l == opt->layers - 1 ? &hl : NULL};
         void *saved;
         double t0 = fsc_now();
-        rc = x.data ? fsc_module_forward(m, &ctx, &x, &y, &saved) : FSC_ERR_NOMEM;
+        rc = x.data && targets.data ? fsc_module_forward(m, &ctx, &x, &y, &saved) : FSC_ERR_NOMEM;
         const size_t kept = fsc_arena_used(a);
         *act_bytes = (double)(kept - before);
-        if (!rc) rc = output_gradient(opt, l, vocab, a, &y);
-        if (!rc) rc = fsc_module_backward(m, &ctx, saved, &y, l == 0 ? NULL : &dx);
+        dy = y;
+        if (!rc && ctx.head_loss && y.ndim == 1 && y.shape[0] == 1) { /* fused: its loss */
+            dy = fsc_tensor_arena(a, FSC_DTYPE_F32, 1, (int64_t[]){1});
+            rc = dy.data ? FSC_OK : fsc_error(FSC_ERR_NOMEM, "balance: out of memory");
+            if (!rc) *(float *)dy.data = 1.f; /* d(loss)/d(loss); the head runs in backward */
+        } else if (!rc) {
+            rc = output_gradient(opt, l, vocab, a, &y);
+        }
+        ctx.head_loss = NULL;
+        if (!rc) rc = fsc_module_backward(m, &ctx, saved, &dy, l == 0 ? NULL : &dx);
         double dt = fsc_now() - t0;
         if (dt < *seconds) *seconds = dt;
         *work_bytes = (double)(fsc_arena_high_water(a) - kept);

@@ -170,12 +170,14 @@ static int block_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const 
     if (rc) return rc;
     int64_t n = fsc_tensor_numel(dy);
     fsc_add_inplace(dr.data, dy->data, n);
-    /* dx = dr + ln_1'(attn'(dr)) */
+    /* dx = dr + ln_1'(attn'(dr)), summed into ln_1's input gradient: dr
+     * itself may still be read by attention's deferred weight gradients
+     * (a zero-bubble W; with dropout off, c_proj's dy is dr) */
     rc = fsc_module_backward(m->children[ATTN], ctx, s->attn, &dr, &da);
     if (!rc) rc = fsc_module_backward(m->children[LN_1], ctx, s->ln_1, &da, &dln);
     if (rc || !dx) return rc;
-    *dx = dr;
-    fsc_add_inplace(dx->data, dln.data, n);
+    fsc_add_inplace(dln.data, dr.data, n);
+    *dx = dln;
     return FSC_OK;
 }
 

@@ -16,7 +16,6 @@
  * the head fills when it runs: in forward when evaluating, else first thing
  * in backward, so that every gradient is written inside backward (as
  * wrappers expect: ShardedDDP commits gradient memory at backward start). */
-#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -41,8 +40,8 @@ typedef struct {
      * evaluating, else first thing in backward (where wrappers expect
      * gradients to be written: ShardedDDP commits their memory then) */
     bool fused;
-    struct fsc_head_loss hl;
-    float *loss; /* the (1,) output, filled by backward in training */
+    fsc_head_loss hl; /* its targets copied: the caller's need not outlive forward */
+    float *loss;      /* the (1,) output, filled by backward in training */
 } tp_gpt_saved;
 
 /* The head and loss fused (tp_head.c) over ln_f's output: the loss into
@@ -58,16 +57,10 @@ static int head_fused(tp_gpt *g, const fsc_ctx *ctx, const tp_gpt_saved *s, fsc_
 /* Fused: y is the (1,) loss, computed now when evaluating, by backward in
  * training; the targets are checked now either way. */
 static int forward_fused(tp_gpt *g, const fsc_ctx *ctx, tp_gpt_saved *s, fsc_tensor *y) {
-    const struct fsc_head_loss *hl = ctx->head_loss;
-    int rc =
-        tp_check_targets(hl->targets, fsc_tensor_numel(&s->ids), g->cfg.vocab, hl->ignore_index);
+    int rc = tp_head_loss_keep(&g->tp, ctx, fsc_tensor_numel(&s->ids), g->cfg.vocab, &s->hl, y,
+                               &s->loss);
     if (rc) return rc;
-    if (!(hl->norm > 0))
-        return fsc_error(FSC_ERR_INVALID, "TP GPT: loss normaliser %g must be > 0", hl->norm);
-    *y = fsc_tensor_arena(ctx->arena, FSC_DTYPE_F32, 1, (int64_t[]){1});
-    if (!y->data) return FSC_ERR_NOMEM;
-    s->fused = true, s->hl = *hl, s->loss = y->data;
-    *s->loss = NAN;
+    s->fused = true;
     return ctx->training ? FSC_OK : head_fused(g, ctx, s, NULL);
 }
 
@@ -167,13 +160,8 @@ static int head_backward(tp_gpt *g, const fsc_ctx *ctx, const tp_gpt_saved *s, c
  * differentiated at 1/norm, so only 1 is meaningful. */
 static int fused_backward(tp_gpt *g, const fsc_ctx *ctx, const tp_gpt_saved *s,
                           const fsc_tensor *dy, fsc_tensor *dfin) {
-    int rc = fsc_module_check_dy(&g->tp.base, dy, 1, (int64_t[]){1});
-    if (rc) return rc;
-    if (*(const float *)dy->data != 1.f)
-        return fsc_error(FSC_ERR_INVALID,
-                         "TP GPT: backward after a fused head and loss needs dy = 1, got %g",
-                         (double)*(const float *)dy->data);
-    return head_fused(g, ctx, s, dfin);
+    int rc = tp_head_loss_check_dy(&g->tp, dy);
+    return rc ? rc : head_fused(g, ctx, s, dfin);
 }
 
 static int gpt_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fsc_tensor *dy,
@@ -294,7 +282,7 @@ static int gpt_loss(fsc_module *m, const fsc_ctx *ctx, const int32_t *x, const i
         if (rc || !train) return rc;
         return fsc_module_backward(m, &plain, saved, &out, NULL); /* out holds dloss/dlogits */
     }
-    const struct fsc_head_loss hl = {.targets = y, .ignore_index = ignore_index, .norm = norm};
+    const fsc_head_loss hl = {.targets = y, .ignore_index = ignore_index, .norm = norm};
     fsc_ctx fused = plain;
     fused.head_loss = &hl;
     int rc = fsc_module_forward(m, &fused, &ids, &out, &saved);

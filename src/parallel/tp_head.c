@@ -11,10 +11,42 @@
  * GEMMs' sake). Per row the arithmetic is the unfused head's; only the
  * weight gradient's sum over rows runs in chunks (a summation order, like
  * micro-batches). */
+#include <math.h>
 #include <string.h>
 
 #include "../nn/layers_internal.h"
 #include "tp_internal.h"
+
+int tp_head_loss_keep(const tp_module *m, const fsc_ctx *ctx, int64_t n, int vocab,
+                      fsc_head_loss *kept, fsc_tensor *y, float **loss) {
+    const fsc_head_loss *hl = ctx->head_loss;
+    if (!hl->targets)
+        return fsc_error(FSC_ERR_INVALID, "%s: fused head and loss without targets", m->base.name);
+    int rc = tp_check_targets(hl->targets, n, vocab, hl->ignore_index);
+    if (rc) return rc;
+    if (!(hl->norm > 0))
+        return fsc_error(FSC_ERR_INVALID, "%s: loss normaliser %g must be > 0", m->base.name,
+                         hl->norm);
+    int32_t *targets = fsc_arena_alloc(ctx->arena, (size_t)n * sizeof *targets);
+    *y = fsc_tensor_arena(ctx->arena, FSC_DTYPE_F32, 1, (int64_t[]){1});
+    if (!targets || !y->data) return FSC_ERR_NOMEM;
+    memcpy(targets, hl->targets, (size_t)n * sizeof *targets);
+    *kept = *hl;
+    kept->targets = targets;
+    *loss = y->data;
+    **loss = NAN;
+    return FSC_OK;
+}
+
+int tp_head_loss_check_dy(const tp_module *m, const fsc_tensor *dy) {
+    int rc = fsc_module_check_dy(&m->base, dy, 1, (int64_t[]){1});
+    if (rc) return rc;
+    if (*(const float *)dy->data != 1.f)
+        return fsc_error(FSC_ERR_INVALID,
+                         "%s: backward after a fused head and loss needs dy = 1, got %g",
+                         m->base.name, (double)*(const float *)dy->data);
+    return FSC_OK;
+}
 
 enum { MIN_CHUNK_ROWS = 32 };
 

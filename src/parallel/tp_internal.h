@@ -123,14 +123,19 @@ int tp_cross_entropy_rows(double *sum, float *x, const int32_t *y, int64_t N, in
                           fsc_arena *arena);
 
 /* ---- the LM head fused with its loss (tp_head.c) ------------------------------ */
-/* What fsc_ctx.head_loss carries from fsc_tp_gpt_train_micro / eval_loss
- * into the TP GPT's forward, through any wrapper (the GPT keeps a copy for
- * its backward; the targets must live until then). */
-struct fsc_head_loss {
-    const int32_t *targets; /* (B, T), replicated over the TP group */
-    int ignore_index;
-    double norm;
-};
+/* fsc_ctx.head_loss comes from fsc_tp_gpt_train_micro / eval_loss into the
+ * TP GPT's forward, or from the pipeline into its last TP stage's. */
+
+/* Forward's half of a fused head over n = B*T rows: checks hl (targets in
+ * [0, vocab) or ignored, norm > 0; FSC_ERR_INVALID naming m otherwise),
+ * copies it into *kept with its targets in the arena (backward reads them
+ * after the caller's are gone), and makes y, the (1,) loss, NAN until the
+ * head runs into *loss. */
+int tp_head_loss_keep(const tp_module *m, const fsc_ctx *ctx, int64_t n, int vocab,
+                      fsc_head_loss *kept, fsc_tensor *y, float **loss);
+/* Backward's check of a fused head's dy: (1,) and 1 (the loss was
+ * differentiated at 1/norm already); FSC_ERR_SHAPE or FSC_ERR_INVALID. */
+int tp_head_loss_check_dy(const tp_module *m, const fsc_tensor *dy);
 
 /* The tied head (logits = fin W^T over this rank's vp vocabulary rows) and
  * the vocab-parallel cross-entropy, over chunks of rows so that the logits
@@ -143,6 +148,16 @@ struct fsc_head_loss {
 int tp_head_loss(const tp_module *m, const fsc_ctx *ctx, const fsc_tensor *in, fsc_param *wte,
                  int first, int count, int vp, const struct fsc_head_loss *hl, double *loss_sum,
                  fsc_tensor *dfinal);
+
+/* ---- a block's segments, for stages cut inside it (tp_block_parts.c) ---------- */
+/* Segments [from, to) of fsc_tp_block_new's block (FSC_BLOCK_ATTN, _FC,
+ * _PROJ; not all three), with its names, init and dropout keys. A range
+ * ending at _PROJ outputs (B,T,C + 4C/t), the residual then this rank's
+ * GELU columns, and one starting there takes it. NULL (error set) for a bad
+ * range, or for a cut at _PROJ with sequence parallelism or
+ * recompute_activation (FSC_ERR_UNSUPPORTED, naming why). */
+fsc_module *tp_block_part_new(const char *name, int C, int NH, float dropout, uint32_t layer_id,
+                              int n_layers, int from, int to, const fsc_tp_options *tp);
 
 /* Sizes of a TP module for messages ("ColumnParallelLinear h.0.attn.c_attn"). */
 int tp_shape_error(const fsc_module *m, const char *what, const fsc_tensor *x);

@@ -23,6 +23,13 @@ static fsc_module *tp_stage(void *user, int first, int end) {
     return s->opt.tp.make_stage(s->opt.tp.user, first, end, &s->tp_options);
 }
 
+/* With TP stages the pipe's stage_user is the strategy; the shape at a cut
+ * is still the user's to say (a cut inside a block's MLP is wider). */
+static void tp_act_shape(void *user, int layer, int64_t shape[FSC_MAX_DIMS]) {
+    const fsc_strategy *s = user;
+    s->opt.pipe.act_shape_at(s->opt.pipe.stage_user, layer, shape);
+}
+
 /* The TP options: tp.make_stage in place of pipe.make_stage and make_model;
  * without a pipeline tp.make_model, as under ddp. */
 static int check_tp(const fsc_strategy *s) {
@@ -78,7 +85,7 @@ static int setup(fsc_strategy *s, const fsc_optim_config *optim) {
                            .stage_user = T > 1 ? (void *)s : s->opt.pipe.stage_user,
                            .balance = s->opt.pipe.balance,
                            .act_ndim = P > 1 ? s->opt.pipe.act_ndim : 1,
-                           .act_shape_at = P > 1 && T == 1 ? s->opt.pipe.act_shape_at : NULL,
+                           .act_shape_at = P > 1 ? s->opt.pipe.act_shape_at : NULL,
                            .seed = s->opt.seed,
                            .checkpoint = s->opt.pipe.checkpoint,
                            .dp = N > PT ? s->dp_group : NULL,
@@ -86,6 +93,7 @@ static int setup(fsc_strategy *s, const fsc_optim_config *optim) {
                            .sharding = (fsc_pipe_sharding)s->pipe_zero,
                            .tp = s->tp_group};
     for (int d = 0; d < FSC_MAX_DIMS; d++) po.act_shape[d] = P > 1 ? s->opt.pipe.act_shape[d] : 1;
+    if (T > 1 && po.act_shape_at) po.act_shape_at = tp_act_shape; /* stage_user is s */
     if (!(s->pipe = fsc_pipe_new(s->pp_group, s->sched, optim, &po))) return FSC_ERR_INVALID;
     s->optim = fsc_pipe_optim(s->pipe);
     s->group = s->dp_group;

@@ -155,6 +155,14 @@ static int pipe_loss(void *user, int k, fsc_tensor *y, fsc_arena *arena, float *
     return rc ? rc : c->t->cfg.pipe_loss(&mb, c->t->cfg.user, y, arena, loss);
 }
 
+static int pipe_targets(void *user, int k, fsc_head_loss *hl) {
+    pipe_call *c = user;
+    fsc_micro_batch mb = pipe_micro(c, k);
+    int rc = c->t->cfg.load ? c->t->cfg.load(&mb, c->t->cfg.user) : FSC_OK;
+    hl->norm = mb.norm;
+    return rc ? rc : c->t->cfg.pipe_targets(&mb, c->t->cfg.user, &hl->targets, &hl->ignore_index);
+}
+
 static int64_t pipe_sample0(void *user, int k) {
     return pipe_micro(user, k).sample0;
 }
@@ -171,8 +179,11 @@ static int pipeline_step(fsc_trainer *t, double scale, double *loss) {
     const int world = fsc_strategy_world(t->s);
     pipe_call call = {
         .t = t, .norm = (double)c->batch * c->grad_accum * world * c->targets_per_sample / scale};
-    fsc_pipe_io io = {
-        .input = pipe_input, .loss = pipe_loss, .sample0 = pipe_sample0, .user = &call};
+    fsc_pipe_io io = {.input = pipe_input,
+                      .loss = pipe_loss,
+                      .targets = c->pipe_targets ? pipe_targets : NULL,
+                      .sample0 = pipe_sample0,
+                      .user = &call};
     fsc_ctx ctx = {.training = true,
                    .seed = c->strategy.seed,
                    .step = t->step,

@@ -7,8 +7,8 @@
  * hooks gather each unit for its forward and free it right after (no
  * backward follows), so a sharded model is never whole on any rank. A
  * pipeline has no whole module: each batch goes through its stages by a
- * forward-only schedule, the trainer's pipe_input and pipe_loss at its ends
- * as in training. */
+ * forward-only schedule, the trainer's pipe_input and pipe_loss (or
+ * pipe_targets) at its ends as in training. */
 #include <stdlib.h>
 
 #include "fsc/io.h"
@@ -40,6 +40,14 @@ static int eval_loss(void *user, int j, fsc_tensor *y, fsc_arena *arena, float *
     return rc ? rc : c->t->cfg.pipe_loss(&mb, c->t->cfg.user, y, arena, loss);
 }
 
+static int eval_targets(void *user, int j, fsc_head_loss *hl) {
+    const eval_call *c = user;
+    fsc_micro_batch mb = eval_micro(c, j);
+    int rc = c->cfg->load ? c->cfg->load(&mb, c->cfg->user) : FSC_OK;
+    hl->norm = mb.norm;
+    return rc ? rc : c->t->cfg.pipe_targets(&mb, c->t->cfg.user, &hl->targets, &hl->ignore_index);
+}
+
 static int64_t eval_sample0(void *user, int j) {
     return eval_micro(user, j).sample0;
 }
@@ -48,8 +56,11 @@ static int64_t eval_sample0(void *user, int j) {
 static int eval_pipeline(fsc_trainer *t, const fsc_trainer_eval_config *cfg, double norm,
                          double *sum) {
     eval_call call = {.t = t, .cfg = cfg, .norm = norm};
-    const fsc_pipe_io io = {
-        .input = eval_input, .loss = eval_loss, .sample0 = eval_sample0, .user = &call};
+    const fsc_pipe_io io = {.input = eval_input,
+                            .loss = eval_loss,
+                            .targets = t->cfg.pipe_targets ? eval_targets : NULL,
+                            .sample0 = eval_sample0,
+                            .user = &call};
     int rc = FSC_OK;
     for (call.k = 0; call.k < cfg->batches && !rc; call.k++) {
         fsc_ctx ctx = {
