@@ -116,9 +116,9 @@ static const flag flags[] = {
       "with --tp: the MLP keeps GELU's input only and recomputes its output in backward (4 x "
       "d_model/tp floats less per token per layer)"),
     F("adascale", ARG_FLAG, adascale,
-      "AdaScale (ddp, oss, sdp, fsdp, single; not with --tp or --pp): the lr times the gain "
-      "measured from the ranks' and micro-batches' gradients; --steps then counts "
-      "scale-invariant steps"),
+      "AdaScale (ddp, oss, sdp, fsdp, single; with --tp/--pp: ddp, oss, sdp, not zb1): the "
+      "lr times the gain measured from the replicas' and micro-batches' gradients; --steps "
+      "then counts scale-invariant steps"),
     F("localsgd-frequency", ARG_INT, localsgd_frequency,
       "slowmo: average the parameters every N local steps (default 3)"),
     F("slowmo-frequency", ARG_INT, slowmo_frequency,

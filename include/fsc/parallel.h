@@ -22,7 +22,10 @@ extern "C" {
  * it over the group (AdaScale takes each rank's squared norm here): its
  * first element's offset in the flat gradient buffer, and its n values, read
  * only. Called inside backward, once per stretch per synchronised backward;
- * the reduction starts when it returns. */
+ * the reduction starts when it returns. Where one replica spans ranks (TP
+ * groups, pipeline stages: fsc_strategy_options.grad_probe, fsc/pipe.h's
+ * probe) each rank is shown only what it counts in the global gradient
+ * norm, so the squares add up over all ranks to the replicas' norms. */
 typedef void (*fsc_grad_probe_fn)(void *user, int64_t offset, const float *grad, int64_t n);
 
 /* ---- DDP ------------------------------------------------------------------- */

@@ -28,6 +28,7 @@
 #include "fsc/dist.h"
 #include "fsc/nn.h"
 #include "fsc/optim.h"
+#include "fsc/parallel.h" /* fsc_grad_probe_fn */
 #include "fsc/pipe_schedule.h"
 
 #ifdef __cplusplus
@@ -108,6 +109,14 @@ typedef struct fsc_pipe_options {
      * ranks laid out (replica * ranks + pipeline rank) * tp size + tp rank.
      * Borrowed, outliving the pipe. */
     fsc_group *tp;
+    /* NULL: none. Sees each micro-batch's own gradient after its backward
+     * on this rank (AdaScale's samples), only what this rank counts in the
+     * norm: a parameter every TP rank holds on TP rank 0, a shared one on
+     * its owner after the schedule, summed over its holders (offset -1);
+     * else offset is into the stage's flat gradient (fsc_grad_probe_fn).
+     * Not with a schedule that splits backward (FSC_ERR_UNSUPPORTED). */
+    fsc_grad_probe_fn probe;
+    void *probe_user;
 } fsc_pipe_options;
 
 /* This rank's stages of opt's model over group g, run by `schedule`

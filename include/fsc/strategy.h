@@ -142,7 +142,11 @@ typedef struct fsc_strategy_options {
      * just before it is reduced over the group (fsc_grad_probe_fn; AdaScale's
      * per-rank squared norms); fsdp's sees each unit's full gradient of the
      * micro-step alone, before its reduce-scatter and under accum_no_sync
-     * too (fsc_fsdp_options.probe). Not under a pipeline. */
+     * too (fsc_fsdp_options.probe). With tp.size > 1 each rank sees what
+     * it counts in the global norm (a parameter every TP rank holds: on TP
+     * rank 0); a pipeline's ranks (and oss, sdp, fsdp over TP replicas, a
+     * pipeline of one stage) see each micro-batch's own gradient after its
+     * backward (fsc_pipe_options.probe), not with zb1. */
     fsc_grad_probe_fn grad_probe;
     void *grad_probe_user;
     /* slowmo (FairScale's SlowMoDistributedDataParallel with Local SGD):

@@ -117,13 +117,14 @@ int pipe_dp_setup(fsc_pipe *p) {
         s->lo = s->lo < s->numel ? s->lo : s->numel;
         s->hi = s->lo + s->shard < s->numel ? s->lo + s->shard : s->numel;
     }
-    if (!sharded(p)) return FSC_OK;
+    if ((rc = pipe_probe_setup(p)) || !sharded(p)) return rc;
     rc = cut_ranges(p);
     if (!rc && p->opt.sharding == FSC_PIPE_SHARD_PARAMS) rc = pipe_dp_release(p);
     return rc;
 }
 
 void pipe_dp_free(fsc_pipe *p) {
+    pipe_probe_free(p);
     if (p->replica_owned) fsc_group_free(p->replica);
     p->replica = NULL, p->replica_owned = false;
     free(p->slice);
@@ -233,13 +234,14 @@ static int allreduce_grads(fsc_pipe *p, int c) {
 }
 
 int pipe_dp_reduce(fsc_pipe *p) {
-    if (p->dp_size < 2) return FSC_OK;
+    int rc = pipe_probe_flush(p); /* each rank's own gradient, before it is summed away */
+    if (rc || p->dp_size < 2) return rc;
     /* test-only: the replicas' gradients never meet, the memory kept as ever */
     if (fsc_fault_is(FSC_FAULT_DROP_GRAD)) return pipe_dp_release(p);
     const double t0 = fsc_now();
     const int D = p->dp_size;
     int64_t *counts = calloc((size_t)D * 2, sizeof *counts), *displs = counts + D;
-    int rc = counts ? FSC_OK : fsc_error(FSC_ERR_NOMEM, "pipeline: out of memory");
+    rc = counts ? FSC_OK : fsc_error(FSC_ERR_NOMEM, "pipeline: out of memory");
     const bool scatter =
         p->opt.sharding == FSC_PIPE_SHARD_GRADS || p->opt.sharding == FSC_PIPE_SHARD_PARAMS;
     for (int c = 0; !rc && c < p->nchunks; c++)
@@ -259,6 +261,7 @@ int pipe_dp_share_update(fsc_pipe *p) {
 }
 
 void pipe_dp_zero_grad(fsc_pipe *p) {
+    pipe_probe_zero(p);
     for (int c = 0; c < p->nchunks; c++) {
         if (p->gathered || !p->slice) {
             fsc_params_zero_grad(&p->params[c]);

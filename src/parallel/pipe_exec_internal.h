@@ -80,6 +80,7 @@ struct fsc_pipe {
     int ncounted;
     pipe_pieces pieces;
     pipe_cut *cut; /* stages + 1: cut[s] enters stage s (0 and stages unused) */
+    struct pipe_probe *probe; /* pipe_probe.c: opt.probe's state, or NULL */
     bool *lazy;    /* per micro-batch: its arena back once its sends are seen taken */
     fsc_arena **arena; /* per micro-batch of the step */
     int narena;
@@ -131,6 +132,16 @@ void pipe_dp_zero_grad(fsc_pipe *p);
 /* The group over which the optimizer's ranges are disjoint (clip, state):
  * the mesh when replicas shard, else this replica. */
 fsc_group *pipe_dp_norm_group(fsc_pipe *p);
+
+/* pipe_probe.c: opt.probe on each micro-batch's gradient (hooks on the
+ * chunks' backward). Setup after pipe_find_shared and p->tp_rank; flush
+ * after pipe_sum_shared, before the replicas reduce: the shared
+ * parameters' micro-batches summed over their holders (collective over
+ * their groups). */
+int pipe_probe_setup(fsc_pipe *p);
+void pipe_probe_free(fsc_pipe *p);
+void pipe_probe_zero(fsc_pipe *p); /* with the gradients */
+int pipe_probe_flush(fsc_pipe *p);
 
 /* The first replica's outcome rc on every replica (an error there is named
  * on the others as `what`). Collective over dp. */

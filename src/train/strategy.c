@@ -120,7 +120,7 @@ static int refuse_row_options_under_pipe(const fsc_strategy_options *o, const ch
     option_use uses[24] = {{0}};
     int n = option_uses(o, uses);
     for (int i = 0; i < n; i++)
-        if (uses[i].set)
+        if (uses[i].set && uses[i].bit != OPT_PROBE) /* the pipe probes its stages */
             return fsc_error(FSC_ERR_INVALID, "strategy %s: option %s does not apply %s", name,
                              uses[i].name, under);
     return FSC_OK;

@@ -91,7 +91,9 @@ static int setup(fsc_strategy *s, const fsc_optim_config *optim) {
                            .dp = N > PT ? s->dp_group : NULL,
                            .mesh = all,
                            .sharding = (fsc_pipe_sharding)s->pipe_zero,
-                           .tp = s->tp_group};
+                           .tp = s->tp_group,
+                           .probe = s->opt.grad_probe,
+                           .probe_user = s->opt.grad_probe_user};
     for (int d = 0; d < FSC_MAX_DIMS; d++) po.act_shape[d] = P > 1 ? s->opt.pipe.act_shape[d] : 1;
     if (T > 1 && po.act_shape_at) po.act_shape_at = tp_act_shape; /* stage_user is s */
     if (!(s->pipe = fsc_pipe_new(s->pp_group, s->sched, optim, &po))) return FSC_ERR_INVALID;

@@ -68,6 +68,73 @@ static int tp_clip(fsc_strategy *s, float max_norm, float *total) {
     return fsc_clip_grads_scale(s->ranges, s->nranges, max_norm, norm);
 }
 
+/* ---- the gradient probe (AdaScale's samples) ---------------------------------------------- */
+/* ddp's probe sees buckets of this rank's flat gradient; passed on is what
+ * counts here in tp_clip's norm (a parameter every TP rank holds: on TP
+ * rank 0), so the squares add up over the mesh to each replica's norm of
+ * the whole model. A micro-step that reduces nothing (no_sync) is shown
+ * whole after it has run. The caller's probe and the row's entries the
+ * filter wraps live in s->opt.grad_probe_user. */
+typedef struct tp_probe {
+    fsc_strategy *s;
+    fsc_grad_probe_fn fn;
+    void *user;
+    int (*row_run)(fsc_strategy *s, const fsc_ctx *ctx, int rows, fsc_dp_work_fn fn, void *user,
+                   float *loss);
+    void (*row_set_no_sync)(fsc_strategy *s, bool no_sync);
+    bool no_sync;
+} tp_probe;
+
+static void filter_probe(void *user, int64_t offset, const float *grad, int64_t n) {
+    tp_probe *pr = user;
+    fsc_strategy *s = pr->s;
+    if (!s->tp_counted && mark_counted(s)) return; /* out of memory: nothing counts */
+    for (int i = 0; i < s->nranges; i++) {
+        if (!s->tp_counted[i]) continue;
+        const int64_t at = s->ranges[i].grad - s->params.grad;
+        const int64_t lo = at > offset ? at : offset;
+        const int64_t hi = at + s->ranges[i].n < offset + n ? at + s->ranges[i].n : offset + n;
+        if (hi > lo) pr->fn(pr->user, lo, grad + (lo - offset), hi - lo);
+    }
+}
+
+static void probe_set_no_sync(fsc_strategy *s, bool no_sync) {
+    tp_probe *pr = s->opt.grad_probe_user;
+    pr->no_sync = no_sync;
+    if (pr->row_set_no_sync) pr->row_set_no_sync(s, no_sync);
+}
+
+static int probe_run(fsc_strategy *s, const fsc_ctx *ctx, int rows, fsc_dp_work_fn fn, void *user,
+                     float *loss) {
+    tp_probe *pr = s->opt.grad_probe_user;
+    int rc;
+    if (pr->row_run) {
+        rc = pr->row_run(s, ctx, rows, fn, user, loss);
+    } else if (!ctx->arena) {
+        rc = fsc_error(FSC_ERR_INVALID, "strategy %s: ctx->arena is NULL", s->ops->name);
+    } else {
+        fsc_arena_reset(ctx->arena);
+        rc = fn(s->module, ctx, 0, rows, user, loss);
+    }
+    if (!rc && pr->no_sync) filter_probe(pr, 0, s->params.grad, s->params.numel);
+    return rc;
+}
+
+/* Before the row's setup hands the probe to its wrapper. */
+static int wrap_probe(fsc_strategy *s, const strategy_ops *row) {
+    if (!s->opt.grad_probe) return FSC_OK;
+    tp_probe *pr = malloc(sizeof *pr);
+    if (!pr) return fsc_error(FSC_ERR_NOMEM, "tensor parallel: out of memory");
+    *pr = (tp_probe){.s = s,
+                     .fn = s->opt.grad_probe,
+                     .user = s->opt.grad_probe_user,
+                     .row_run = row->run,
+                     .row_set_no_sync = row->set_no_sync};
+    s->opt.grad_probe = filter_probe, s->opt.grad_probe_user = pr;
+    s->tp_ops.run = probe_run, s->tp_ops.set_no_sync = probe_set_no_sync;
+    return FSC_OK;
+}
+
 /* Root's path on every rank of its TP group (callers pass it on root only). */
 static int share_path(fsc_strategy *s, const char *path, char *buf, size_t size) {
     int32_t n = path ? (int32_t)strlen(path) : -1;
@@ -164,10 +231,11 @@ int strategy_tp_begin(fsc_strategy *s, const strategy_ops *row) {
     s->tp_row_stats = row->stats;
     s->tp_ops.stats = tp_stats;
     s->ops = &s->tp_ops;
-    return FSC_OK;
+    return wrap_probe(s, row);
 }
 
 void strategy_tp_end(fsc_strategy *s) {
+    if (s->opt.grad_probe == filter_probe) free(s->opt.grad_probe_user);
     fsc_tp_optim_state_free(s->tp_state);
     fsc_module_free(s->tp_group ? s->model : NULL);
     free(s->tp_counted);

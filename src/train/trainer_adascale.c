@@ -11,22 +11,27 @@
 #include "fsc/kernels.h"
 #include "trainer_internal.h"
 
-/* AdaScale's per-step figures. Each micro-batch of each rank is a gradient
- * sample; its squared norm is taken where the strategy is about to reduce
- * it (the grad_probe, inside backward, bucket by bucket or fsdp's unit by
- * unit) or, for a micro-step that reduces nothing (no_sync, or a row of one
- * process), from the gradient buffer after it. Backward accumulates (+=),
- * so with grad_accum > 1 `prev` keeps the sum before the micro-step and a
- * sample is the difference. fsdp holds no unsharded gradient and needs no
- * `prev`: its probe sees each unit's gradient of the micro-step alone
- * (reduce-scattered every micro-step from a fresh full gradient, or under
- * accum_no_sync computed apart from the kept sum). */
+/* AdaScale's per-step figures. Each micro-batch of each data-parallel
+ * replica is a gradient sample; its squared norm is taken where the
+ * strategy is about to reduce it (the grad_probe, inside backward, bucket
+ * by bucket or fsdp's unit by unit) or, for a micro-step that reduces
+ * nothing (no_sync, or a row of one process), from the gradient buffer
+ * after it. Backward accumulates (+=), so with grad_accum > 1 `prev` keeps
+ * the sum before the micro-step and a sample is the difference. fsdp holds
+ * no unsharded gradient and needs no `prev`: its probe sees each unit's
+ * gradient of the micro-step alone (reduce-scattered every micro-step from
+ * a fresh full gradient, or under accum_no_sync computed apart from the
+ * kept sum). On the mesh a replica spans ranks: the probe sees each rank's
+ * part of it (a pipeline's stages each micro-batch's own, fsc/pipe.h; TP
+ * ranks their shards, a parameter every TP rank holds on one of them), so
+ * the parts add up over every rank of the strategy, not its group. */
 struct trainer_adascale {
     fsc_adascale est;
     double progress; /* scale-invariant steps so far */
     float *prev;     /* grad_accum > 1: the accumulated gradient (FSC_MEM_WORK) */
     bool use_prev;   /* prev holds this step's earlier micro-batches */
-    double micro_sq; /* the probe's sum over the micro-step being run */
+    double micro_sq; /* the probe's sum over the micro-step being run (a
+                        pipeline's: over its schedule, every micro-batch) */
     int64_t probed;  /* elements the probe saw in it */
     double sum_sq;   /* this rank's samples' squared norms, this step */
 };
@@ -51,9 +56,17 @@ int trainer_ada_begin(fsc_trainer *t, fsc_strategy_options *so) {
     fsc_strategy_info info;
     int rc = fsc_strategy_info_get(name, &info);
     if (rc) return rc;
-    if (so->pipe.stages > 1 || so->tp.size > 1)
-        return fsc_error(FSC_ERR_UNSUPPORTED, "trainer: AdaScale does not run with a %s yet",
+    const bool mesh = so->pipe.stages > 1 || so->tp.size > 1;
+    if (mesh && info.zero_stage == 3)
+        return fsc_error(FSC_ERR_UNSUPPORTED,
+                         "trainer: AdaScale does not run with fsdp over a %s yet (use ddp, oss "
+                         "or sdp between the replicas)",
                          so->pipe.stages > 1 ? "pipeline" : "tensor-parallel dimension");
+    if (so->pipe.stages > 1 && so->pipe.schedule == FSC_PIPE_ZB_H1)
+        return fsc_error(FSC_ERR_UNSUPPORTED,
+                         "trainer: AdaScale does not run with the zb1 schedule: its split "
+                         "backward computes weight gradients after the probe could see each "
+                         "micro-batch's (use gpipe, 1f1b or interleaved)");
     if (info.spans_ranks && !fsc_strategy_takes(name, "grad_probe"))
         return fsc_error(
             FSC_ERR_UNSUPPORTED,
@@ -90,6 +103,7 @@ void trainer_ada_after_micro(fsc_trainer *t, int k) {
     if (!a->probed && ps) /* nothing reduced: the gradient buffer is this rank's own */
         probe(a, 0, ps->grad, ps->numel);
     a->sum_sq += a->micro_sq;
+    a->micro_sq = 0;
     if (a->prev && k + 1 < t->cfg.grad_accum) {
         memcpy(a->prev, ps->grad, sizeof(float) * (size_t)ps->numel);
         a->use_prev = true;
@@ -98,13 +112,16 @@ void trainer_ada_after_micro(fsc_trainer *t, int k) {
 
 /* The step's samples against the averaged gradient's norm (global, before
  * clipping): the estimate, in the units of one sample's mean gradient (the
- * trainer's loss makes each micro-gradient 1/n of its micro-batch's mean). */
+ * trainer's loss makes each micro-gradient 1/n of its micro-batch's mean).
+ * n counts the data-parallel samples; the parts are summed over every rank
+ * (the mesh's stages and TP ranks hold parts of one sample). */
 int trainer_ada_update(fsc_trainer *t, double grad_norm, double loss_scale, double *gain) {
     struct trainer_adascale *a = t->ada;
     const int n = t->cfg.grad_accum * fsc_strategy_world(t->s);
-    float sum = (float)(a->sum_sq * (double)n * n / (loss_scale * loss_scale));
-    if (n > 1 &&
-        fsc_group_allreduce(fsc_strategy_group(t->s), &sum, 1, FSC_DTYPE_F32, FSC_REDUCE_SUM))
+    fsc_group *all = fsc_strategy_all(t->s);
+    float sum = (float)((a->sum_sq + a->micro_sq) * (double)n * n / (loss_scale * loss_scale));
+    if (n > 1 && fsc_group_size(all) > 1 &&
+        fsc_group_allreduce(all, &sum, 1, FSC_DTYPE_F32, FSC_REDUCE_SUM))
         return FSC_ERR_MPI;
     int rc = n < 2 ? FSC_OK : fsc_adascale_update(&a->est, sum, n, grad_norm * grad_norm);
     *gain = fsc_adascale_gain(&a->est);
@@ -116,7 +133,7 @@ void trainer_ada_before_micro(fsc_trainer *t) {
 }
 
 void trainer_ada_begin_step(fsc_trainer *t) {
-    t->ada->sum_sq = 0, t->ada->use_prev = false;
+    t->ada->sum_sq = t->ada->micro_sq = 0, t->ada->use_prev = false;
 }
 
 void trainer_ada_advance(fsc_trainer *t, double gain) {
