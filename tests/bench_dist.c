@@ -82,11 +82,13 @@ static void full(int me, int P) {
 }
 
 /* --small: the contenders of one size, timed in turns: fsc's default choice;
- * the ring with its first step sent beside the check (ring-e) and after it
- * (ring-l); recursive doubling (rd; at 2 ranks one exchange); MPI_Iallreduce
- * under the check; and MPI_Allreduce itself. */
-enum { C_DEFAULT, C_RING, C_RING_LATE, C_RD, C_MPI, C_RAW, NC };
-static const char *const cname[NC] = {"fsc", "ring-e", "ring-l", "rd", "fsc-mpi", "MPI"};
+ * the same with the signature announced beside the data rather than carried
+ * by it (ann: the full check's protocol, two messages per peer on two
+ * ranks); the ring with its first step sent beside the check (ring-e) and
+ * after it (ring-l); recursive doubling (rd; at 2 ranks one exchange);
+ * MPI_Iallreduce under the check; and MPI_Allreduce itself. */
+enum { C_DEFAULT, C_ANNOUNCED, C_RING, C_RING_LATE, C_RD, C_MPI, C_RAW, NC };
+static const char *const cname[NC] = {"fsc", "ann", "ring-e", "ring-l", "rd", "fsc-mpi", "MPI"};
 
 static double once(int which, float *a, int64_t n, int k) {
     fsc_group *w = fsc_group_world();
@@ -98,6 +100,7 @@ static double once(int which, float *a, int64_t n, int k) {
                                                          : saved.early_max_bytes;
     if (which == C_RD) fsc_dist_rt.eager_max_bytes = INT64_MAX;
     if (which == C_MPI) fsc_dist_rt.ring_min_bytes = INT64_MAX, fsc_dist_rt.eager_max_bytes = 0;
+    fsc_dist_rt.full_check = which == C_ANNOUNCED;
     MPI_Barrier(MPI_COMM_WORLD);
     double t0 = MPI_Wtime();
     for (int i = 0; i < k; i++) {
@@ -110,6 +113,7 @@ static double once(int which, float *a, int64_t n, int k) {
     fsc_dist_rt.ring_min_bytes = saved.ring_min_bytes;
     fsc_dist_rt.eager_max_bytes = saved.eager_max_bytes;
     fsc_dist_rt.early_max_bytes = saved.early_max_bytes;
+    fsc_dist_rt.full_check = saved.full_check;
     MPI_Allreduce(&dt, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD); /* the slowest rank's */
     return worst;
 }

@@ -8,8 +8,10 @@
  * between ranks; the caller's buffer written before the check passed (a
  * desynced rank's data then leaks into it); early messages left undelivered
  * after a desync, also between ranks on different algorithms (the runtime
- * would have to abandon them, and the world would be harmed). Runs at 1, 2,
- * 3 and 4 ranks; recursive doubling needs a power-of-two group of 2+.
+ * would have to abandon them, and the world would be harmed); on two ranks,
+ * an announcement sent beside the data that carries the signature, or a
+ * desync of equal-sized messages let through. Runs at 1, 2, 3 and 4 ranks;
+ * recursive doubling needs a power-of-two group of 2+.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -176,8 +178,7 @@ static void test_crossovers(void **state) {
     (void)state;
     fsc_group *g = fsc_group_world();
     int P = fsc_dist_size(), me = fsc_dist_rank();
-    int64_t saved_early = fsc_dist_rt.early_max_bytes;
-    fsc_dist_rt.early_max_bytes = 256 << 10; /* the default, or the test would take long */
+    int64_t saved_early = fsc_dist_rt.early_max_bytes; /* the default */
     const int64_t crossings[] = {fsc_dist_rt.ring_min_bytes, fsc_dist_rt.eager_max_bytes,
                                  fsc_dist_rt.early_max_bytes};
     const fsc_dtype dts[3] = {FSC_DTYPE_F32, FSC_DTYPE_BF16, FSC_DTYPE_I32};
@@ -194,7 +195,7 @@ static void test_crossovers(void **state) {
                 CHECK_RC(fsc_group_allreduce(g, early, n, dt, FSC_REDUCE_SUM));
                 fsc_dist_rt.early_max_bytes = 0; /* the ring waits for the check */
                 CHECK_RC(fsc_group_allreduce(g, late, n, dt, FSC_REDUCE_SUM));
-                fsc_dist_rt.early_max_bytes = 256 << 10;
+                fsc_dist_rt.early_max_bytes = saved_early;
                 for (int64_t i = 0; i < n; i += 1 + n / 997) {
                     double want = alg == ALG_RING ? ring_reference(dt, i, n, P)
                                                   : reference(dt, FSC_REDUCE_SUM, i, n, P);
@@ -242,35 +243,64 @@ static void test_many_in_flight(void **state) {
     free(x);
 }
 
+/* What the ranks of one side of a desync issue. */
+typedef struct side {
+    int64_t n;
+    fsc_dtype dt;
+    fsc_reduce_op op;
+    bool broadcast;
+} side;
+
+static side ar(int64_t n, fsc_dtype dt, fsc_reduce_op op) {
+    return (side){.n = n, .dt = dt, .op = op};
+}
+
+static side sum(int64_t n) {
+    return ar(n, FSC_DTYPE_F32, FSC_REDUCE_SUM);
+}
+
+static side bcast(int64_t n) {
+    return (side){.n = n, .dt = FSC_DTYPE_F32, .broadcast = true};
+}
+
+/* As the desync message names it: "allreduce(F32, count 8, sum)". */
+static void describe(side s, char *buf, size_t len) {
+    static const char *ops[] = {"sum", "avg", "max"};
+    if (s.broadcast)
+        snprintf(buf, len, "broadcast(%s, count %lld, root 0)", fsc_dtype_name(s.dt),
+                 (long long)s.n);
+    else
+        snprintf(buf, len, "allreduce(%s, count %lld, %s)", fsc_dtype_name(s.dt), (long long)s.n,
+                 ops[s.op]);
+}
+
 /* A desync between early allreduces of different sizes (one of several
- * pieces, one of one), or between an early allreduce and a broadcast, is
- * named on every rank; the caller's buffer is untouched (nothing was
- * reduced into it before the check); every early message was delivered
- * (nothing abandoned) and the world still works. */
-static void desync_case(int64_t n_others, int64_t n_last, bool last_broadcasts) {
+ * pieces, one of one), of equal sizes but other signatures (on two ranks
+ * only the hash in the first message's tag tells them apart), or between an
+ * early allreduce and a broadcast, is named on every rank with both sides'
+ * collectives; the caller's buffer is untouched (nothing was reduced into
+ * it before the check); every early message was delivered (nothing
+ * abandoned) and the world still works. */
+static void desync_case(side others, side last_side) {
     if (fsc_dist_size() == 1) skip();
     fsc_group *g = NULL;
     CHECK_RC(fsc_group_split(fsc_group_world(), 0, fsc_dist_rank(), "early", &g));
     int P = fsc_dist_size(), me = fsc_dist_rank();
-    bool last = me == P - 1;
-    int64_t n = last ? n_last : n_others;
-    int64_t cap = n_last > n_others ? n_last : n_others;
-    float *x = malloc((size_t)cap * sizeof *x), *orig = malloc((size_t)cap * sizeof *x);
-    fill(x, FSC_DTYPE_F32, cap, me);
-    memcpy(orig, x, (size_t)cap * sizeof *x);
-    int rc = last && last_broadcasts ? fsc_group_broadcast(g, x, n, FSC_DTYPE_F32, 0)
-                                     : fsc_group_allreduce(g, x, n, FSC_DTYPE_F32, FSC_REDUCE_SUM);
+    side mine = me == P - 1 ? last_side : others;
+    size_t cap = (size_t)(last_side.n > others.n ? last_side.n : others.n) * 8;
+    char *x = malloc(cap), *orig = malloc(cap);
+    fill(x, FSC_DTYPE_F32, (int64_t)(cap / 4), me);
+    memcpy(orig, x, cap);
+    int rc = mine.broadcast ? fsc_group_broadcast(g, x, mine.n, mine.dt, 0)
+                            : fsc_group_allreduce(g, x, mine.n, mine.dt, mine.op);
     assert_int_equal(rc, FSC_ERR_DESYNC);
     expect_substr("desync on group early");
-    char other[64];
-    snprintf(other, sizeof other, "allreduce(F32, count %lld, sum)", (long long)n_others);
-    expect_substr(other);
-    snprintf(other, sizeof other,
-             last_broadcasts ? "broadcast(F32, count %lld, root 0)"
-                             : "allreduce(F32, count %lld, sum)",
-             (long long)n_last);
-    expect_substr(other);
-    if (memcmp(x, orig, (size_t)cap * sizeof *x))
+    char name[96];
+    describe(others, name, sizeof name);
+    expect_substr(name);
+    describe(last_side, name, sizeof name);
+    expect_substr(name);
+    if (memcmp(x, orig, cap))
         fail_msg("rank %d: the buffer was written although the check failed", me);
     assert_false(fsc_dist_rt.abandoned);
     fsc_group_free(g);
@@ -284,12 +314,12 @@ static void desync_case(int64_t n_others, int64_t n_last, bool last_broadcasts) 
 
 static void test_desync_sizes(void **state) {
     (void)state;
-    desync_case(8, 3001, false); /* 12004 bytes: four pieces against one */
+    desync_case(sum(8), sum(3001)); /* 12004 bytes: four pieces against one */
 }
 
 static void test_desync_kinds(void **state) {
     (void)state;
-    desync_case(8, 3001, true); /* the broadcasting rank drains four pieces */
+    desync_case(sum(8), bcast(3001)); /* the broadcasting rank drains four pieces */
 }
 
 /* Ranks on different algorithms: the last one's early ring step goes to
@@ -298,13 +328,104 @@ static void test_desync_kinds(void **state) {
  * messages cut to 7000 elements, in several; then a broadcast against them. */
 static void test_desync_algorithms(void **state) {
     (void)state;
-    desync_case(8, 300001, false);
-    desync_case(100000, 100001, false);
+    desync_case(sum(8), sum(300001));
+    desync_case(sum(100000), sum(100001));
     int64_t max_msg = fsc_dist_rt.max_msg;
     fsc_dist_rt.max_msg = 7000;
-    desync_case(100000, 100003, false);
+    desync_case(sum(100000), sum(100003));
     fsc_dist_rt.max_msg = max_msg;
-    desync_case(100000, 4, true);
+    desync_case(sum(100000), bcast(4));
+}
+
+/* Messages of equal size, signatures that differ only in op or dtype: on
+ * two ranks the first message's tag is all that tells them apart (recursive
+ * doubling in one piece and in several, the early ring in F32 and BF16). */
+static void test_desync_same_size(void **state) {
+    (void)state;
+    desync_case(sum(8), ar(8, FSC_DTYPE_F32, FSC_REDUCE_AVG));
+    desync_case(sum(8), ar(8, FSC_DTYPE_I32, FSC_REDUCE_SUM));
+    desync_case(sum(3000), ar(3000, FSC_DTYPE_F32, FSC_REDUCE_MAX));
+    desync_case(sum(40000), ar(40000, FSC_DTYPE_F32, FSC_REDUCE_MAX));
+    desync_case(ar(3000, FSC_DTYPE_BF16, FSC_REDUCE_SUM), ar(3000, FSC_DTYPE_BF16, FSC_REDUCE_AVG));
+    desync_case(sum(16384), ar(16384, FSC_DTYPE_I32, FSC_REDUCE_MAX)); /* 64 KiB, one message */
+}
+
+/* Announcements one allreduce sends (fsc_dist_rt.announcements), its sum of
+ * rank + 1 checked. */
+static int64_t announcements(int64_t n, fsc_dtype dt) {
+    int P = fsc_dist_size();
+    size_t esz = fsc_dtype_size(dt);
+    char *x = malloc((size_t)n * esz);
+    for (int64_t i = 0; i < n; i++) {
+        float v = (float)(fsc_dist_rank() + 1);
+        if (dt == FSC_DTYPE_F32) ((float *)x)[i] = v;
+        if (dt == FSC_DTYPE_BF16) ((uint16_t *)x)[i] = fsc_f32_to_bf16(v);
+    }
+    int64_t before = fsc_dist_rt.announcements;
+    CHECK_RC(fsc_group_allreduce(fsc_group_world(), x, n, dt, FSC_REDUCE_SUM));
+    int64_t sent = fsc_dist_rt.announcements - before;
+    for (int64_t i = 0; i < n; i += 1 + n / 101)
+        if (get(x, dt, i) != (double)(P * (P + 1) / 2))
+            fail_msg("%s count %lld element %lld: %g, expected %d", fsc_dtype_name(dt),
+                     (long long)n, (long long)i, get(x, dt, i), P * (P + 1) / 2);
+    free(x);
+    return sent;
+}
+
+/* On two ranks an early allreduce sends its peer one message, the data
+ * carrying the signature, and no announcement: recursive doubling in pieces
+ * and whole, the early ring in F32 and BF16. Announced as before: a ring
+ * after the check, a ring whose chunk would be empty (count 1), any
+ * allreduce under the full check, and every allreduce on other groups. */
+static void test_signed_one_message(void **state) {
+    (void)state;
+    int P = fsc_dist_size();
+    int64_t each = P == 2 ? 0 : P - 1;
+    bool full = fsc_dist_rt.full_check; /* FSC_DESYNC_CHECK may be set */
+    fsc_dist_rt.full_check = false;
+    assert_int_equal(announcements(1, FSC_DTYPE_F32), each);
+    assert_int_equal(announcements(3001, FSC_DTYPE_F32), each);
+    assert_int_equal(announcements(16384, FSC_DTYPE_F32), each);
+    assert_int_equal(announcements(40000, FSC_DTYPE_F32), each);
+    assert_int_equal(announcements(3000, FSC_DTYPE_BF16), each);
+    assert_int_equal(announcements(1, FSC_DTYPE_BF16), P - 1);
+    assert_int_equal(announcements(300000, FSC_DTYPE_F32), P - 1);
+    fsc_dist_rt.full_check = true;
+    assert_int_equal(announcements(3001, FSC_DTYPE_F32), P - 1);
+    fsc_dist_rt.full_check = full;
+}
+
+/* Early allreduces of both algorithms and dtypes in flight at once, waited
+ * in reverse: each finds its first message behind the others'. */
+static void test_mixed_in_flight(void **state) {
+    (void)state;
+    enum { K = 12 };
+    const int64_t counts[3] = {40000, 1500, 3000}; /* ring, rd, BF16 ring */
+    const fsc_dtype dts[3] = {FSC_DTYPE_F32, FSC_DTYPE_F32, FSC_DTYPE_BF16};
+    fsc_group *g = fsc_group_world();
+    int P = fsc_dist_size();
+    void *x[K];
+    fsc_request *req[K];
+    for (int k = 0; k < K; k++) {
+        int64_t n = counts[k % 3];
+        fsc_dtype dt = dts[k % 3];
+        x[k] = malloc((size_t)n * fsc_dtype_size(dt));
+        for (int64_t i = 0; i < n; i++) {
+            float v = (float)(fsc_dist_rank() + 1);
+            if (dt == FSC_DTYPE_F32) ((float *)x[k])[i] = v;
+            if (dt == FSC_DTYPE_BF16) ((uint16_t *)x[k])[i] = fsc_f32_to_bf16(v);
+        }
+        CHECK_RC(fsc_group_iallreduce(g, x[k], n, dt, FSC_REDUCE_SUM, &req[k]));
+    }
+    for (int k = K - 1; k >= 0; k--) CHECK_RC(fsc_request_wait(&req[k]));
+    double want = (double)(P * (P + 1) / 2);
+    for (int k = 0; k < K; k++) {
+        for (int64_t i = 0; i < counts[k % 3]; i++)
+            if (get(x[k], dts[k % 3], i) != want)
+                fail_msg("allreduce %d element %lld: %g, expected %g", k, (long long)i,
+                         get(x[k], dts[k % 3], i), want);
+        free(x[k]);
+    }
 }
 
 /* Out-of-range settings are refused before anything starts, with the range. */
@@ -349,7 +470,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_exact_order),      cmocka_unit_test(test_many_in_flight),
         cmocka_unit_test(test_crossovers),       cmocka_unit_test(test_desync_sizes),
         cmocka_unit_test(test_desync_kinds),     cmocka_unit_test(test_desync_algorithms),
-        cmocka_unit_test(test_settings_refused),
+        cmocka_unit_test(test_desync_same_size), cmocka_unit_test(test_signed_one_message),
+        cmocka_unit_test(test_mixed_in_flight),  cmocka_unit_test(test_settings_refused),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     int rc = fsc_dist_finalize();

@@ -28,6 +28,17 @@
 
 typedef struct fsc_bop fsc_bop; /* an in-flight operation, defined by each backend */
 
+/* What an early operation learned of its peer's signature (early_peek):
+ * UNSIGNED, it carries none (the announcements go as usual); WAIT, nothing
+ * from the peer yet; SAME, the peer's first message carries this rank's
+ * signature, and its size; OTHER, it carries another. */
+typedef enum {
+    FSC_EARLY_UNSIGNED = 0,
+    FSC_EARLY_WAIT,
+    FSC_EARLY_SAME,
+    FSC_EARLY_OTHER
+} fsc_early_peek;
+
 typedef struct fsc_backend_ops {
     const char *name;
     /* Context lifetime. world: a context spanning every process; self: this
@@ -65,18 +76,28 @@ typedef struct fsc_backend_ops {
      * sends none: the front end then starts `allreduce` as usual); it must
      * not write `buf` until `test` is called, which the front end does only
      * once every signature agreed. What rank q sends rank r early must be a
-     * pure function of q's (count, dt) and the group, equal on every rank.
+     * pure function of q's (count, dt, sig), seq and the group, equal on
+     * every rank.
      * When the check fails instead, early_settle completes what was posted:
      * count[q], dt[q] are rank q's announced allreduce (count[q] < 0: q
      * announced another kind and sent nothing early; count[rank] is this
      * rank's own); everything q sent this rank is received and dropped, and
      * `mine` (may be NULL) is completed and freed. It polls until `deadline`
      * (fsc_now), then returns FSC_ERR_TIMEOUT with the messages left in
-     * flight. */
+     * flight.
+     * `sig` (>= 0, or -1 for none) is a hash of the rank's whole signature;
+     * sig[q] in early_settle is rank q's. A backend may carry it in the first
+     * message (the MPI backend does, in the tag, on two-rank groups), and
+     * then early_peek tells the front end, which sends that peer no
+     * announcement of its own (and sends it after all on OTHER, or when the
+     * peer's announcement arrives), whether the peer's first message carries
+     * the same signature. Only an operation with a single peer is signed.
+     * Optional (NULL: every early operation is unsigned). */
     int (*allreduce_early)(void *ctx, void *buf, int64_t count, fsc_dtype dt, fsc_reduce_op op,
-                           int64_t seq, fsc_bop **out);
+                           int64_t seq, int64_t sig, fsc_bop **out);
     int (*early_settle)(void *ctx, fsc_bop *mine, const int64_t *count, const fsc_dtype *dt,
-                        int64_t seq, double deadline);
+                        const int64_t *sig, int64_t seq, double deadline);
+    int (*early_peek)(fsc_bop *op, fsc_early_peek *out);
 
     /* Drives `op` as far as it can go without blocking; *done once finished. */
     int (*test)(fsc_bop *op, bool *done);

@@ -359,6 +359,7 @@ const fsc_backend_ops fsc_backend_mpi = {
     .recv = mpi_recv,
     .allreduce_early = fsc_eager_start,
     .early_settle = fsc_eager_settle,
+    .early_peek = fsc_eager_peek,
     .test = mpi_test,
     .release = fsc_mpi_bop_free,
 };

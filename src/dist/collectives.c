@@ -449,13 +449,22 @@ void fsc_coll_release(fsc_request *r) {
 
 /* ---- small allreduces beside the check ------------------------------------------------- */
 
+/* The signature's hash a backend may carry in place of the announcement; the
+ * full check (FSC_DESYNC_CHECK=1) compares whole signatures, so none. */
+static int64_t sig_hash(const int64_t *sig) {
+    return fsc_dist_rt.full_check ? -1 : fsc_wd_sig_hash(sig);
+}
+
 int fsc_coll_start_early(fsc_request *r) {
     fsc_group *g = r->g;
     const fsc_backend_ops *be = g->be;
     if (r->a.kind != FSC_COLL_ALLREDUCE || !r->checked || !be->allreduce_early) return FSC_OK;
     int rc = be->allreduce_early(g->be_ctx, r->a.buf, r->a.count, r->a.dt, wire_op(r->a.op), r->seq,
-                                 &r->bop);
+                                 sig_hash(r->sig), &r->bop);
     r->early = r->bop != NULL;
+    fsc_early_peek v = FSC_EARLY_UNSIGNED;
+    if (!rc && r->bop && be->early_peek) rc = be->early_peek(r->bop, &v);
+    r->signed_early = v != FSC_EARLY_UNSIGNED;
     return rc;
 }
 
@@ -464,7 +473,7 @@ int fsc_coll_settle_early(fsc_request *r) {
     const fsc_backend_ops *be = g->be;
     if (!be->early_settle || !r->inbox || !r->peers) return FSC_OK;
     if (r->a.kind == FSC_COLL_SEND || r->a.kind == FSC_COLL_RECV) return FSC_OK; /* one peer */
-    int64_t *count = malloc((size_t)g->size * sizeof *count);
+    int64_t *count = malloc(2 * (size_t)g->size * sizeof *count), *sig = count + g->size;
     fsc_dtype *dt = malloc((size_t)g->size * sizeof *dt);
     if (!count || !dt) {
         free(count);
@@ -474,18 +483,20 @@ int fsc_coll_settle_early(fsc_request *r) {
     bool mine_ar = r->a.kind == FSC_COLL_ALLREDUCE;
     count[g->rank] = mine_ar ? r->a.count : -1;
     dt[g->rank] = r->a.dt;
+    sig[g->rank] = sig_hash(r->sig);
     for (int i = 0; i < g->size - 1; i++) { /* every peer announced: the check completed */
         const int64_t *s = r->inbox + (size_t)i * SIG_WORDS;
         bool ar = s[SIG_KIND] == FSC_COLL_ALLREDUCE && s[SIG_DTYPE] >= 0 &&
                   s[SIG_DTYPE] < FSC_DTYPE_COUNT && s[SIG_COUNT] >= 0;
         count[r->peers[i]] = ar ? s[SIG_COUNT] : -1;
         dt[r->peers[i]] = ar ? (fsc_dtype)s[SIG_DTYPE] : FSC_DTYPE_F32;
+        sig[r->peers[i]] = sig_hash(s); /* the tag its early messages went under */
     }
     fsc_bop *mine = r->early ? r->bop : NULL;
     if (mine) r->bop = NULL;
     r->early = false;
-    int rc =
-        be->early_settle(g->be_ctx, mine, count, dt, r->seq, r->t_start + fsc_dist_rt.timeout_s);
+    int rc = be->early_settle(g->be_ctx, mine, count, dt, sig, r->seq,
+                              r->t_start + fsc_dist_rt.timeout_s);
     free(count);
     free(dt);
     if (rc == FSC_ERR_TIMEOUT) { /* left in flight: keep the group's communicators */

@@ -10,7 +10,11 @@
  * polled under the same deadline. Blocking calls are a request plus a wait.
  * An allreduce's first data messages leave with the announcement
  * (eager.c), so it pays no round trip for the check; its buffer is written
- * only once the check passed.
+ * only once the check passed. On a group of two the first data message
+ * carries the signature itself (a hash of it, in the tag) and replaces the
+ * announcement: one message each way, as MPI's own allreduce sends; the
+ * announcement follows only when the peer's message differs or the peer
+ * announced (a desync), so both sides can still name both collectives.
  */
 #ifndef FSC_DIST_INTERNAL_H
 #define FSC_DIST_INTERNAL_H
@@ -45,6 +49,7 @@ typedef struct fsc_dist_runtime {
                                 move all three thresholds, on every rank alike */
     int64_t sent_bytes;      /* bytes posted in point-to-point sends (rings, alltoall, send):
                                 what really went on the wire, for tests */
+    int64_t announcements;   /* signature announcements sent (one per peer), for tests */
     fsc_group *world;
     fsc_group *self;                          /* this process alone */
     fsc_request *pending_head, *pending_tail; /* every outstanding request, issue order */
@@ -91,9 +96,13 @@ struct fsc_request {
     double t_start;
     fsc_req_phase phase;
     int status;
-    char *errmsg; /* the failure's message, replayed by test/wait */
-    bool checked; /* takes part in the control exchange */
-    bool early;   /* bop was posted before the check and has not finished (eager.c) */
+    char *errmsg;      /* the failure's message, replayed by test/wait */
+    bool checked;      /* takes part in the control exchange */
+    bool early;        /* bop was posted before the check and has not finished (eager.c) */
+    bool signed_early; /* bop's first message carries the signature to the one peer, which
+                          gets no announcement unless the check fails (watchdog.c) */
+    bool announced;    /* this rank's announcements are posted */
+    bool listening;    /* the receives for the peers' announcements are posted */
     /* control phase */
     int64_t sig[SIG_WORDS];
     int64_t *inbox;    /* [npeers][SIG_WORDS] */
@@ -123,6 +132,7 @@ const char *fsc_coll_kind_name(int kind);
 
 /* watchdog.c: signatures, control exchange, desync and timeout messages */
 void fsc_wd_signature(fsc_request *r);
+int64_t fsc_wd_sig_hash(const int64_t *sig); /* of SIG_WORDS words: >= 0 */
 int fsc_wd_begin(fsc_request *r);
 int fsc_wd_test(fsc_request *r, bool *done);
 int fsc_wd_timeout(fsc_request *r); /* also when a peer's verdict arrives first */

@@ -19,10 +19,19 @@
  *   - the ring (ring.c, up to early_max_bytes): its first reduce-scatter
  *     step (chunk r-1 to the right neighbour) writes only scratch.
  *
+ * On a group of two the first message also carries the desync check, so
+ * each rank sends its peer one message instead of two: its tag holds the
+ * sequence number (mod SEQ_WINDOW) and a hash of the whole signature
+ * (signed_tag), and fsc_eager_peek reads the tag and size of the peer's
+ * first message with MPI_Iprobe, before anything is received. The same tag
+ * and size mean the same collective; anything else, and the front end sends
+ * its announcement after all and names both sides once the peer's arrives.
+ *
  * When the check fails, the messages already sent must still be received,
  * or they would sit in MPI forever: each rank learns from a peer's
- * announcement exactly what that peer sent it early (plan_of is a pure
- * function of it), receives it at its own size and drops it.
+ * announcement exactly what that peer sent it early and under which tag
+ * (plan_of and tag_of are pure functions of it), receives it at its own
+ * size and drops it.
  */
 #include <limits.h>
 #include <stdlib.h>
@@ -42,13 +51,56 @@ static bool ring_early(const mpi_ctx *c, int64_t count, fsc_dtype dt) {
            count * (int64_t)fsc_dtype_size(dt) <= fsc_dist_rt.early_max_bytes;
 }
 
+/* Signed tags lie above the plain ones (seq mod FSC_CTRL_P2P_BASE): the
+ * sequence number mod SEQ_WINDOW, then hash_bits() bits of the signature's
+ * hash. A peer's head message of another window slot belongs to another
+ * collective still in flight, so SEQ_WINDOW bounds how many may be. */
+#define SEQ_WINDOW 4096
+
+/* Bits of hash the tag space holds (MPI guarantees tags up to 32767 only;
+ * Open MPI and MPICH give 2^31 - 1 or less): 0 below 16, then nothing is
+ * signed. */
+static int hash_bits(void) {
+    static int bits = -1;
+    if (bits < 0) {
+        int *ub = NULL, flag = 0;
+        MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
+        int64_t room = flag && ub ? ((int64_t)*ub + 1 - FSC_CTRL_P2P_BASE) / SEQ_WINDOW : 0;
+        bits = 0;
+        while (bits < 30 && ((int64_t)2 << bits) <= room) bits++;
+        if (bits < 16) bits = 0;
+    }
+    return bits;
+}
+
+static int signed_tag(int64_t seq, int64_t sig) {
+    int b = hash_bits();
+    return FSC_CTRL_P2P_BASE + (int)((seq % SEQ_WINDOW) << b) + (int)(sig & ((1 << b) - 1));
+}
+
+/* Whether an allreduce's first message carries its signature: two ranks, a
+ * signature given, room in the tags, and a first message each way (the
+ * ring's chunk 1 of a count of 1 is empty). */
+static bool signs(const mpi_ctx *c, int64_t count, fsc_dtype dt, int64_t sig) {
+    return c->size == 2 && sig >= 0 && hash_bits() > 0 &&
+           (rd_eligible(c, count, dt) || (ring_early(c, count, dt) && count >= 2));
+}
+
+static int tag_of(const mpi_ctx *c, int64_t count, fsc_dtype dt, int64_t seq, int64_t sig) {
+    return signs(c, count, dt, sig) ? signed_tag(seq, sig) : (int)(seq % FSC_CTRL_P2P_BASE);
+}
+
 /* Messages go in pieces small enough for the shared-memory transport's eager
  * protocol (Open MPI's vader: 4 KiB with headers): a larger one waits for a
  * rendezvous acknowledgement, a round trip of its own (measured: a 4 KiB
  * allreduce in one message took 5.3 us, in two pieces ~3, MPI_Allreduce 2.9). */
 #define PIECE 4000
-/* Above this the pieces' overhead outweighs the acknowledgement: one message. */
-#define PIECES_MAX (16 << 10)
+/* Up to here pieces win (2 ranks, slow VM state, fastest of 41 rounds: 64 KiB
+ * in 17 pieces 16.3-16.6 us, in one message 20.1-20.8, MPI_Allreduce
+ * 18.9-19.1; 1 MiB in pieces lost to the ring, 221-227 us against 182-188);
+ * above, one message (recursive doubling is forced this far only by tests and
+ * benchmarks). */
+#define PIECES_MAX (256 << 10)
 
 /* What rank `from` sends rank `to` at issue of an allreduce of count x dt:
  * n pieces of `elems` elements of `type` (the last one `last`). */
@@ -116,8 +168,8 @@ static int post_sends(fsc_bop *b) {
     return FSC_OK;
 }
 
-static int rd_start(mpi_ctx *c, void *buf, int64_t count, fsc_dtype dt, fsc_reduce_op op,
-                    int64_t seq, fsc_bop **out) {
+static int rd_start(mpi_ctx *c, void *buf, int64_t count, fsc_dtype dt, fsc_reduce_op op, int tag,
+                    fsc_bop **out) {
     fsc_bop *b = NULL;
     int rc = fsc_mpi_bop_new(c, BOP_EAGER, &b);
     if (rc) return rc;
@@ -135,17 +187,59 @@ static int rd_start(mpi_ctx *c, void *buf, int64_t count, fsc_dtype dt, fsc_redu
     b->tmp_elems = count;
     b->dt = dt;
     b->op = op;
-    b->tag = (int)(seq % FSC_CTRL_P2P_BASE);
+    b->tag = tag;
     *out = b;             /* from here on, posted messages are the front end's to settle */
     return post_sends(b); /* receives: once the check passed (fsc_eager_test) */
 }
 
+/* The ring over even chunks (backend_mpi.c's split), its first step's sends only. */
+static int ring_start(mpi_ctx *c, void *buf, int64_t count, fsc_dtype dt, fsc_reduce_op op, int tag,
+                      fsc_bop **out) {
+    int P = c->size;
+    int64_t *counts = malloc(2 * (size_t)P * sizeof *counts), off = 0;
+    if (!counts) return fsc_error(FSC_ERR_NOMEM, "out of memory splitting an allreduce");
+    for (int r = 0; r < P; r++) {
+        counts[r] = count / P + (r < count % P);
+        counts[P + r] = off;
+        off += counts[r];
+    }
+    int rc = fsc_ring_start_tagged(c, buf, buf, counts, counts + P, dt, op, RING_RS, true, true,
+                                   tag, out);
+    free(counts);
+    return rc;
+}
+
 int fsc_eager_start(void *ctx, void *buf, int64_t count, fsc_dtype dt, fsc_reduce_op op,
-                    int64_t seq, fsc_bop **out) {
+                    int64_t seq, int64_t sig, fsc_bop **out) {
     mpi_ctx *c = ctx;
     *out = NULL;
-    if (rd_eligible(c, count, dt)) return rd_start(c, buf, count, dt, op, seq, out);
-    if (ring_early(c, count, dt)) return fsc_ring_allreduce(c, buf, count, dt, op, true, seq, out);
+    int tag = tag_of(c, count, dt, seq, sig);
+    if (rd_eligible(c, count, dt)) return rd_start(c, buf, count, dt, op, tag, out);
+    if (ring_early(c, count, dt)) return ring_start(c, buf, count, dt, op, tag, out);
+    return FSC_OK;
+}
+
+/* The peer's first message, probed (not received): its tag and size are
+ * this collective's, another's, or it has not come. An ordinary tag or
+ * another window slot at the head is an earlier collective's message that
+ * its own receive will take first. */
+int fsc_eager_peek(fsc_bop *b, fsc_early_peek *out) {
+    *out = FSC_EARLY_UNSIGNED;
+    if (!b || b->tag < FSC_CTRL_P2P_BASE) return FSC_OK;
+    *out = FSC_EARLY_WAIT;
+    int peer = 1 - b->c->rank, flag = 0, bytes = 0;
+    MPI_Status st;
+    int rc = MPI_Iprobe(peer, MPI_ANY_TAG, b->c->data, &flag, &st);
+    if (rc != MPI_SUCCESS) return fsc_dist_mpi_error(rc, "MPI_Iprobe(allreduce signature)");
+    int shift = hash_bits();
+    if (!flag || st.MPI_TAG < FSC_CTRL_P2P_BASE ||
+        (st.MPI_TAG - FSC_CTRL_P2P_BASE) >> shift != (b->tag - FSC_CTRL_P2P_BASE) >> shift)
+        return FSC_OK;
+    MPI_Get_count(&st, MPI_BYTE, &bytes);
+    int64_t count = b->kind == BOP_EAGER ? b->tmp_elems : b->counts[0] + b->counts[1];
+    plan p = plan_of(b->c, peer, b->c->rank, count, b->dt);
+    int64_t first = (p.n > 1 ? p.elems : p.last) * (int64_t)p.esz;
+    *out = st.MPI_TAG == b->tag && bytes == first ? FSC_EARLY_SAME : FSC_EARLY_OTHER;
     return FSC_OK;
 }
 
@@ -190,7 +284,8 @@ typedef struct drain {
     char *block;
 } drain;
 
-static int post_drains(mpi_ctx *c, const int64_t *count, const fsc_dtype *dt, int tag, drain *d) {
+static int post_drains(mpi_ctx *c, const int64_t *count, const fsc_dtype *dt, const int64_t *sig,
+                       int64_t seq, drain *d) {
     size_t bytes = 0;
     int n = 0;
     for (int q = 0; q < c->size; q++) {
@@ -205,6 +300,7 @@ static int post_drains(mpi_ctx *c, const int64_t *count, const fsc_dtype *dt, in
     char *at = d->block;
     for (int q = 0; q < c->size; q++) {
         plan p = count[q] < 0 ? (plan){0} : plan_of(c, q, c->rank, count[q], dt[q]);
+        int tag = p.n ? tag_of(c, count[q], dt[q], seq, sig[q]) : 0;
         for (int k = 0; k < p.n; k++) {
             int64_t len = k + 1 < p.n ? p.elems : p.last;
             int rc = MPI_Irecv(at, (int)len, p.type, q, tag, c->data, &d->req[d->n]);
@@ -217,10 +313,10 @@ static int post_drains(mpi_ctx *c, const int64_t *count, const fsc_dtype *dt, in
 }
 
 int fsc_eager_settle(void *ctx, fsc_bop *mine, const int64_t *count, const fsc_dtype *dt,
-                     int64_t seq, double deadline) {
+                     const int64_t *sig, int64_t seq, double deadline) {
     mpi_ctx *c = ctx;
     drain d = {0};
-    int rc = post_drains(c, count, dt, (int)(seq % FSC_CTRL_P2P_BASE), &d);
+    int rc = post_drains(c, count, dt, sig, seq, &d);
     bool done = false;
     while (!done) { /* what was posted is settled even when posting failed part way */
         done = true;

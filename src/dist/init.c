@@ -18,14 +18,17 @@
 /* Allreduces from 4 KiB up use the ring: measured with tests/bench_dist.c at
  * 2 ranks, it beats MPI_Iallreduce from 4 KiB (4 vs 7 us) to 100 MB (24 vs
  * 91 ms); below, both take about a microsecond and MPI's needs no steps.
- * Recursive doubling (one exchange at 2 ranks) beats the ring up to 64 KiB.
- * Rings up to 256 KiB send their first step beside the desync check: that
- * saved ~0.4 us at 64 KiB, but from 1 MiB the early send, arriving before
- * its receive is posted, measured 2-3% slower than waiting for the check. */
+ * Recursive doubling (one exchange at 2 ranks) beats the ring up to 64 KiB
+ * (at 2 ranks, in eager-sized pieces, also at 128 KiB, but on 4 ranks its
+ * order is not the ring's, which reduce and reduce-scatter share: tests
+ * replaying a strategy by hand rely on that). Rings up to 512 KiB send their
+ * first step beside the desync check (at 512 KiB 3-5% faster than after it
+ * in three runs under load; from 1 MiB level or slower: the early send
+ * arrives before its receive is posted). */
 fsc_dist_runtime fsc_dist_rt = {.max_msg = INT_MAX,
                                 .ring_min_bytes = (int64_t)4 << 10,
                                 .eager_max_bytes = (int64_t)64 << 10,
-                                .early_max_bytes = (int64_t)256 << 10};
+                                .early_max_bytes = (int64_t)512 << 10};
 
 int fsc_dist_mpi_error(int rc, const char *what) {
     char text[MPI_MAX_ERROR_STRING + 1];

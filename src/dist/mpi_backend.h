@@ -66,13 +66,19 @@ int fsc_mpi_post_recv(fsc_bop *b, MPI_Comm comm, void *buf, int64_t n, fsc_dtype
 int fsc_ring_start(mpi_ctx *c, const void *in, void *out, const int64_t *counts,
                    const int64_t *displs, fsc_dtype dt, fsc_reduce_op op, ring_phase first,
                    bool then_ag, bool sends_only, int64_t seq, fsc_bop **out_op);
+/* The same with every message under `tag` (seq's plain tag, or eager.c's
+ * signed one). */
+int fsc_ring_start_tagged(mpi_ctx *c, const void *in, void *out, const int64_t *counts,
+                          const int64_t *displs, fsc_dtype dt, fsc_reduce_op op, ring_phase first,
+                          bool then_ag, bool sends_only, int tag, fsc_bop **out_op);
 int fsc_ring_test(fsc_bop *b, bool *done);
 
 /* eager.c: the backend's early allreduce entries (backend.h). */
 int fsc_eager_start(void *ctx, void *buf, int64_t count, fsc_dtype dt, fsc_reduce_op op,
-                    int64_t seq, fsc_bop **out);
+                    int64_t seq, int64_t sig, fsc_bop **out);
 int fsc_eager_test(fsc_bop *b, bool *done);
 int fsc_eager_settle(void *ctx, fsc_bop *mine, const int64_t *count, const fsc_dtype *dt,
-                     int64_t seq, double deadline);
+                     const int64_t *sig, int64_t seq, double deadline);
+int fsc_eager_peek(fsc_bop *b, fsc_early_peek *out);
 
 #endif

@@ -83,8 +83,8 @@ int fsc_request_issue(fsc_group *g, const fsc_coll_args *a, fsc_request **out) {
     r->t_start = fsc_now();
     if (a->kind < FSC_COLL_KIND_COUNT) g->stats.count[a->kind]++; /* bytes: when data starts */
     fsc_wd_signature(r);
-    int rc = fsc_wd_begin(r);
-    if (!rc) rc = fsc_coll_start_early(r);
+    int rc = fsc_coll_start_early(r); /* first: whether it carries the signature */
+    if (!rc) rc = fsc_wd_begin(r);
     if (rc) {
         /* posted messages may be in flight: forget, do not free */
         g->broken = rc;

@@ -83,6 +83,13 @@ static bool finish_step(fsc_bop *b) {
 int fsc_ring_start(mpi_ctx *c, const void *in, void *out, const int64_t *counts,
                    const int64_t *displs, fsc_dtype dt, fsc_reduce_op op, ring_phase first,
                    bool then_ag, bool sends_only, int64_t seq, fsc_bop **out_op) {
+    return fsc_ring_start_tagged(c, in, out, counts, displs, dt, op, first, then_ag, sends_only,
+                                 (int)(seq % FSC_CTRL_P2P_BASE), out_op);
+}
+
+int fsc_ring_start_tagged(mpi_ctx *c, const void *in, void *out, const int64_t *counts,
+                          const int64_t *displs, fsc_dtype dt, fsc_reduce_op op, ring_phase first,
+                          bool then_ag, bool sends_only, int tag, fsc_bop **out_op) {
     *out_op = NULL;
     int P = c->size, me = c->rank;
     fsc_bop *b = NULL;
@@ -104,7 +111,7 @@ int fsc_ring_start(mpi_ctx *c, const void *in, void *out, const int64_t *counts,
     b->mt = fsc_mpi_dtype(dt);
     b->phase = first;
     b->then_ag = then_ag;
-    b->tag = (int)(seq % FSC_CTRL_P2P_BASE);
+    b->tag = tag;
     if (first == RING_AG && in != b->out + (size_t)displs[me] * b->esz)
         memmove(b->out + (size_t)displs[me] * b->esz, in, (size_t)counts[me] * b->esz);
     if (P == 1) {

@@ -13,6 +13,12 @@
  * Cost: 2(P-1) messages of 56 bytes, a few microseconds on shared memory.
  * Point-to-point send/recv are checked (count and dtype agree) only with the
  * full check (FSC_DESYNC_CHECK=1), where the extra round trip is accepted.
+ * On a group of two an early allreduce's first data message carries a hash
+ * of the signature instead (eager.c): the announcement then goes only when
+ * the peer's message carries another signature or the peer announced, so a
+ * desync is still named alike on both sides, from both full signatures.
+ * The hash lets a desync of equal-sized messages pass once in 2^18 (Open
+ * MPI's tag space); the full check announces always.
  *
  * A control message cannot tell a dead rank from a slow one, nor who is
  * alive once a transfer stalls mid-way: so before reporting, the rank asks
@@ -39,6 +45,10 @@ static int64_t hash_words(const int64_t *w, int n, int64_t h) {
         x ^= x >> 29;
     }
     return (int64_t)(x & 0x7FFFFFFFFFFFFFFFull);
+}
+
+int64_t fsc_wd_sig_hash(const int64_t *sig) {
+    return hash_words(sig, SIG_WORDS, 7);
 }
 
 void fsc_wd_signature(fsc_request *r) {
@@ -88,6 +98,35 @@ void fsc_wd_describe(const fsc_request *r, char *buf, size_t n) {
     describe_sig(r->sig, buf, n);
 }
 
+static int ctrl_tag(const fsc_request *r) {
+    return is_p2p(r->a.kind) ? FSC_CTRL_P2P_BASE + r->a.tag % FSC_CTRL_P2P_BASE
+                             : (int)(r->seq % FSC_CTRL_P2P_BASE);
+}
+
+/* This rank's signature to every peer whose receive is posted. */
+static int announce(fsc_request *r) {
+    int np = is_p2p(r->a.kind) ? 1 : r->g->size - 1;
+    r->announced = true;
+    for (int i = 0; i < r->npeers; i++) {
+        int rc = MPI_Isend(r->sig, SIG_WORDS, MPI_INT64_T, r->peers[i], ctrl_tag(r), r->g->ctrl,
+                           &r->ctrl[np + i]);
+        if (rc != MPI_SUCCESS) return fsc_dist_mpi_error(rc, "MPI_Isend(control)");
+        fsc_dist_rt.announcements++;
+    }
+    return FSC_OK;
+}
+
+/* Receives for every peer's announcement (npeers of them). */
+static int listen(fsc_request *r) {
+    r->listening = true;
+    for (int i = 0; i < r->npeers; i++) {
+        int rc = MPI_Irecv(r->inbox + (size_t)i * SIG_WORDS, SIG_WORDS, MPI_INT64_T, r->peers[i],
+                           ctrl_tag(r), r->g->ctrl, &r->ctrl[i]);
+        if (rc != MPI_SUCCESS) return fsc_dist_mpi_error(rc, "MPI_Irecv(control)");
+    }
+    return FSC_OK;
+}
+
 int fsc_wd_begin(fsc_request *r) {
     fsc_group *g = r->g;
     r->npeers = 0;
@@ -98,27 +137,41 @@ int fsc_wd_begin(fsc_request *r) {
     r->ctrl = malloc(2 * (size_t)np * sizeof(MPI_Request));
     if (!r->inbox || !r->peers || !r->ctrl)
         return fsc_error(FSC_ERR_NOMEM, "out of memory for the control exchange");
-    int tag;
     if (is_p2p(r->a.kind)) {
         r->peers[0] = r->a.root;
-        tag = FSC_CTRL_P2P_BASE + r->a.tag % FSC_CTRL_P2P_BASE;
     } else {
         for (int i = 0, q = 0; q < g->size; q++)
             if (q != g->rank) r->peers[i++] = q;
-        tag = (int)(r->seq % FSC_CTRL_P2P_BASE);
     }
-    for (int i = 0; i < np; i++) {
-        int rc = MPI_Irecv(r->inbox + (size_t)i * SIG_WORDS, SIG_WORDS, MPI_INT64_T, r->peers[i],
-                           tag, g->ctrl, &r->ctrl[i]);
-        if (rc != MPI_SUCCESS) return fsc_dist_mpi_error(rc, "MPI_Irecv(control)");
-        r->npeers++;
+    for (int i = 0; i < 2 * np; i++) r->ctrl[i] = MPI_REQUEST_NULL;
+    r->npeers = np;
+    if (r->signed_early) return FSC_OK; /* listens only if the peer announces after all */
+    int rc = listen(r);
+    return rc ? rc : announce(r);
+}
+
+/* A signed early allreduce (one peer, eager.c): the peer's first message
+ * carries its signature, and no receive waits for an announcement. The same
+ * signature: the check passed (*same). Another, or the peer's announcement
+ * instead (it issued something else): listen and announce after all, so
+ * that both can name both collectives, and finish as any check does. */
+static int signed_check(fsc_request *r, bool *same) {
+    *same = false;
+    int flag = 0;
+    fsc_early_peek v = FSC_EARLY_WAIT;
+    int rc = r->g->be->early_peek(r->bop, &v);
+    if (rc) return rc;
+    if (v == FSC_EARLY_SAME) {
+        memcpy(r->inbox, r->sig, sizeof r->sig);
+        *same = true;
+        return FSC_OK;
     }
-    for (int i = 0; i < np; i++) {
-        int rc =
-            MPI_Isend(r->sig, SIG_WORDS, MPI_INT64_T, r->peers[i], tag, g->ctrl, &r->ctrl[np + i]);
-        if (rc != MPI_SUCCESS) return fsc_dist_mpi_error(rc, "MPI_Isend(control)");
-    }
-    return FSC_OK;
+    if (v == FSC_EARLY_WAIT && (rc = MPI_Iprobe(r->peers[0], ctrl_tag(r), r->g->ctrl, &flag,
+                                                MPI_STATUS_IGNORE)) != MPI_SUCCESS)
+        return fsc_dist_mpi_error(rc, "MPI_Iprobe(control)");
+    if (!flag && v == FSC_EARLY_WAIT) return FSC_OK;
+    rc = listen(r);
+    return rc ? rc : announce(r);
 }
 
 /* Did the peer's announcement match ours? Point-to-point: a send matches a
@@ -161,8 +214,16 @@ static int desync_error(const fsc_request *r) {
 int fsc_wd_test(fsc_request *r, bool *done) {
     *done = true;
     if (r->npeers == 0) return FSC_OK;
-    int flag = 0;
-    int rc = MPI_Testall(2 * r->npeers, r->ctrl, &flag, MPI_STATUSES_IGNORE);
+    int flag = 0, rc;
+    if (!r->announced) { /* signed: Testall below then finds every request complete */
+        bool same;
+        rc = signed_check(r, &same);
+        if (rc || (!same && !r->announced)) {
+            *done = false;
+            return rc;
+        }
+    }
+    rc = MPI_Testall(2 * r->npeers, r->ctrl, &flag, MPI_STATUSES_IGNORE);
     if (rc != MPI_SUCCESS) return fsc_dist_mpi_error(rc, "MPI_Testall(control)");
     *done = flag != 0;
     if (!flag) return FSC_OK;
@@ -191,7 +252,7 @@ static int64_t last_seen(const fsc_group *g, int q, int *kind) {
     int64_t best = g->last_seq[q];
     *kind = g->last_kind[q];
     for (const fsc_request *p = fsc_dist_rt.pending_head; p; p = p->next) {
-        if (p->g != g || p->npeers == 0 || is_p2p(p->a.kind)) continue;
+        if (p->g != g || p->npeers == 0 || !p->listening || is_p2p(p->a.kind)) continue;
         for (int i = 0; i < p->npeers; i++) {
             if (p->peers[i] != q) continue;
             int flag = 0;
@@ -304,6 +365,7 @@ static bool judge(const fsc_request *r, const char *head, char *out, size_t n) {
 
 int fsc_wd_timeout(fsc_request *r) {
     fsc_group *g = r->g;
+    if (r->npeers && !r->listening) listen(r); /* a signed check: who never came shows so */
     char msg[900], who[64], head[300];
     int len;
     const char *kind = fsc_coll_kind_name(r->a.kind);
@@ -355,6 +417,7 @@ int fsc_wd_timeout(fsc_request *r) {
 
 int fsc_wd_peer_failure(fsc_request *r, int rc) {
     if (rc != FSC_ERR_MPI || !fsc_hb_available()) return rc;
+    if (r->npeers && !r->listening) listen(r);
     char head[600], verdict[900];
     snprintf(head, sizeof head, "%s #%lld on group %s (%d ranks) failed (%.400s)",
              fsc_coll_kind_name(r->a.kind), (long long)r->seq, r->g->name, r->g->size,
