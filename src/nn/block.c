@@ -53,69 +53,71 @@ static void pack_rows(float *out, const float *a, int na, const float *b, int nb
     }
 }
 
-/* The GELU output of packed rows p (rows, 5C), contiguous (c_proj keeps it
- * for its weight gradient). */
-static int unpack_hidden(fsc_arena *a, const fsc_tensor *p, int C, fsc_tensor *h) {
-    int rc = fsc_alloc_like(a, p, 4 * C, h);
+/* The GELU output of packed rows p (rows, C + F), contiguous (c_proj keeps
+ * it for its weight gradient). */
+static int unpack_hidden(fsc_arena *a, const fsc_tensor *p, int C, int F, fsc_tensor *h) {
+    int rc = fsc_alloc_like(a, p, F, h);
     if (rc) return rc;
     const float *src = p->data;
     float *dst = h->data;
     for (int64_t r = 0, rows = fsc_rows(p); r < rows; r++)
-        memcpy(dst + r * 4 * C, src + r * 5 * C + C, sizeof(float) * 4 * (size_t)C);
+        memcpy(dst + r * F, src + r * (C + F) + C, sizeof(float) * (size_t)F);
     return FSC_OK;
 }
 
-/* x (B,T,C) -> p (B,T,5C): [x | f(ln(x))] */
-static int fc_forward(fsc_module *ln, fsc_module *f, const fsc_ctx *ctx, const fsc_tensor *x,
-                      fsc_tensor *p, half_saved *s, int C) {
+/* x (B,T,C) -> p (B,T,C+F): [x | f(ln(x))] */
+static int fc_forward(const fsc_block_span *b, fsc_module *ln, fsc_module *f, const fsc_ctx *ctx,
+                      const fsc_tensor *x, fsc_tensor *p, half_saved *s) {
     fsc_tensor h, a;
     int rc = fsc_module_forward(ln, ctx, x, &h, &s->ln);
     if (!rc) rc = fsc_module_forward(f, ctx, &h, &a, &s->f);
-    if (!rc) rc = fsc_alloc_like(ctx->arena, x, 5 * C, p);
+    if (!rc) rc = fsc_alloc_like(ctx->arena, x, b->C + b->F, p);
     if (rc) return rc;
-    pack_rows(p->data, x->data, C, a.data, 4 * C, fsc_rows(x));
+    pack_rows(p->data, x->data, b->C, a.data, b->F, fsc_rows(x));
     return FSC_OK;
 }
 
-/* dp (B,T,5C) -> dx = dp[:, :C] + ln'(f'(dp[:, C:])) */
-static int fc_backward(fsc_module *ln, fsc_module *f, const fsc_ctx *ctx, const half_saved *s,
-                       const fsc_tensor *dp, fsc_tensor *dx, int C) {
+/* dp (B,T,C+F) -> dx = dp[:, :C] + ln'(f'(dp[:, C:])) */
+static int fc_backward(const fsc_block_span *b, fsc_module *ln, fsc_module *f, const fsc_ctx *ctx,
+                       const half_saved *s, const fsc_tensor *dp, fsc_tensor *dx) {
+    const int C = b->C, W = b->C + b->F;
     fsc_tensor da, dh, dln;
-    int rc = unpack_hidden(ctx->arena, dp, C, &da);
+    int rc = unpack_hidden(ctx->arena, dp, C, b->F, &da);
     if (!rc) rc = fsc_module_backward(f, ctx, s->f, &da, &dh);
     if (!rc) rc = fsc_module_backward(ln, ctx, s->ln, &dh, &dln);
     if (rc || !dx) return rc;
     const float *g = dp->data;
     float *d = dln.data;
     for (int64_t r = 0, rows = fsc_rows(dp); r < rows; r++)
-        for (int c = 0; c < C; c++) d[r * C + c] += g[r * 5 * C + c];
+        for (int c = 0; c < C; c++) d[r * C + c] += g[r * W + c];
     *dx = dln;
     return FSC_OK;
 }
 
-/* p (B,T,5C) -> y = p[:, :C] + f(p[:, C:]), (B,T,C) */
-static int proj_forward(fsc_module *f, const fsc_ctx *ctx, const fsc_tensor *p, fsc_tensor *y,
-                        half_saved *s, int C) {
+/* p (B,T,C+F) -> y = p[:, :C] + f(p[:, C:]), (B,T,C) */
+static int proj_forward(const fsc_block_span *b, fsc_module *f, const fsc_ctx *ctx,
+                        const fsc_tensor *p, fsc_tensor *y, half_saved *s) {
+    const int C = b->C, W = b->C + b->F;
     fsc_tensor h, a;
-    int rc = unpack_hidden(ctx->arena, p, C, &h);
+    int rc = unpack_hidden(ctx->arena, p, C, b->F, &h);
     if (!rc) rc = fsc_module_forward(f, ctx, &h, &a, &s->f);
     if (!rc) rc = fsc_alloc_like(ctx->arena, p, C, y);
     if (rc) return rc;
     const float *x = p->data, *o = a.data;
     float *out = y->data;
     for (int64_t r = 0, rows = fsc_rows(p); r < rows; r++)
-        for (int c = 0; c < C; c++) out[r * C + c] = x[r * 5 * C + c] + o[r * C + c];
+        for (int c = 0; c < C; c++) out[r * C + c] = x[r * W + c] + o[r * C + c];
     return FSC_OK;
 }
 
-/* dy (B,T,C) -> dp (B,T,5C): [dy | f'(dy)]. f checks dy. */
-static int proj_backward(fsc_module *f, const fsc_ctx *ctx, const half_saved *s,
-                         const fsc_tensor *dy, fsc_tensor *dp, int C) {
+/* dy (B,T,C) -> dp (B,T,C+F): [dy | f'(dy)]. f checks dy. */
+static int proj_backward(const fsc_block_span *b, fsc_module *f, const fsc_ctx *ctx,
+                         const half_saved *s, const fsc_tensor *dy, fsc_tensor *dp) {
     fsc_tensor da;
     int rc = fsc_module_backward(f, ctx, s->f, dy, &da);
     if (rc || !dp) return rc;
-    if ((rc = fsc_alloc_like(ctx->arena, dy, 5 * C, dp))) return rc;
-    pack_rows(dp->data, dy->data, C, da.data, 4 * C, fsc_rows(dy));
+    if ((rc = fsc_alloc_like(ctx->arena, dy, b->C + b->F, dp))) return rc;
+    pack_rows(dp->data, dy->data, b->C, da.data, b->F, fsc_rows(dy));
     return FSC_OK;
 }
 
@@ -153,38 +155,32 @@ static const fsc_module_ops block_ops = {"TransformerBlock", fsc_block_forward, 
 /* ---- a range of segments ------------------------------------------------------------------- */
 
 typedef struct {
-    fsc_module base;
-    int from, to, C; /* segments [from, to) */
-} block_part;
-
-typedef struct {
     half_saved attn, mlp;
     fsc_tensor in;
 } part_saved;
 
 /* The MLP's segments in range: [mf, to); none when mf >= to. */
-static int mlp_from(const block_part *b) {
+static int mlp_from(const fsc_block_span *b) {
     return b->from > FSC_BLOCK_FC ? b->from : FSC_BLOCK_FC;
 }
 
-static int part_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, fsc_tensor *y,
-                        void **saved) {
-    const block_part *b = (const block_part *)m;
-    const int mf = mlp_from(b), C = b->C;
-    int rc = b->from == FSC_BLOCK_PROJ ? fsc_check_last(m, x, 5 * C) : FSC_OK;
-    part_saved *s = rc ? NULL : fsc_arena_alloc(ctx->arena, sizeof *s);
-    if (rc || !s) return rc ? rc : FSC_ERR_NOMEM;
+int fsc_block_span_forward(const fsc_block_span *b, fsc_module *m, const fsc_ctx *ctx,
+                           const fsc_tensor *x, fsc_tensor *y, void **saved) {
+    const int mf = mlp_from(b);
+    part_saved *s = fsc_arena_alloc(ctx->arena, sizeof *s);
+    if (!s) return FSC_ERR_NOMEM;
     memset(s, 0, sizeof *s);
     s->in = *x;
     fsc_module *const *c = m->children;
     fsc_tensor cur = *x, next;
+    int rc = FSC_OK;
     if (b->from == FSC_BLOCK_ATTN) {
         if ((rc = residual_forward(c[0], c[1], ctx, &cur, &next, &s->attn))) return rc;
         cur = next, c += 2;
     }
     if (mf < b->to)
-        rc = mf == FSC_BLOCK_PROJ      ? proj_forward(c[0], ctx, &cur, &next, &s->mlp, C)
-             : b->to == FSC_BLOCK_PROJ ? fc_forward(c[0], c[1], ctx, &cur, &next, &s->mlp, C)
+        rc = mf == FSC_BLOCK_PROJ      ? proj_forward(b, c[0], ctx, &cur, &next, &s->mlp)
+             : b->to == FSC_BLOCK_PROJ ? fc_forward(b, c[0], c[1], ctx, &cur, &next, &s->mlp)
                                        : residual_forward(c[0], c[1], ctx, &cur, &next, &s->mlp);
     if (rc) return rc;
     *y = mf < b->to ? next : cur;
@@ -192,26 +188,41 @@ static int part_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, 
     return FSC_OK;
 }
 
-static int part_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fsc_tensor *dy,
-                         fsc_tensor *dx) {
-    const block_part *b = (const block_part *)m;
+int fsc_block_span_backward(const fsc_block_span *b, fsc_module *m, const fsc_ctx *ctx, void *saved,
+                            const fsc_tensor *dy, fsc_tensor *dx) {
     const part_saved *s = saved;
-    const int mf = mlp_from(b), C = b->C;
+    const int mf = mlp_from(b);
     int rc = fsc_check_saved(m, saved);
-    if (!rc) rc = fsc_check_dy_like(m, dy, &s->in, b->to == FSC_BLOCK_PROJ ? 5 * C : C);
+    if (!rc) rc = fsc_check_dy_like(m, dy, &s->in, b->to == FSC_BLOCK_PROJ ? b->C + b->F : b->C);
     if (rc) return rc;
-    fsc_module *const *c = m->children + (b->from == FSC_BLOCK_ATTN ? 2 : 0);
     const bool attn = b->from == FSC_BLOCK_ATTN;
+    fsc_module *const *c = m->children + (attn ? 2 : 0);
     fsc_tensor cur = *dy, next, *out = attn ? &next : dx;
     if (mf < b->to) {
-        rc = mf == FSC_BLOCK_PROJ      ? proj_backward(c[0], ctx, &s->mlp, &cur, out, C)
-             : b->to == FSC_BLOCK_PROJ ? fc_backward(c[0], c[1], ctx, &s->mlp, &cur, out, C)
+        rc = mf == FSC_BLOCK_PROJ      ? proj_backward(b, c[0], ctx, &s->mlp, &cur, out)
+             : b->to == FSC_BLOCK_PROJ ? fc_backward(b, c[0], c[1], ctx, &s->mlp, &cur, out)
                                        : residual_backward(c[0], c[1], ctx, &s->mlp, &cur, out);
-        if (rc) return rc;
-        if (!attn) return FSC_OK;
+        if (rc || !attn) return rc;
         cur = next;
     }
     return residual_backward(m->children[0], m->children[1], ctx, &s->attn, &cur, dx);
+}
+
+typedef struct {
+    fsc_module base;
+    fsc_block_span span;
+} block_part;
+
+static int part_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, fsc_tensor *y,
+                        void **saved) {
+    const fsc_block_span *b = &((const block_part *)m)->span;
+    int rc = b->from == FSC_BLOCK_PROJ ? fsc_check_last(m, x, b->C + b->F) : FSC_OK;
+    return rc ? rc : fsc_block_span_forward(b, m, ctx, x, y, saved);
+}
+
+static int part_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fsc_tensor *dy,
+                         fsc_tensor *dx) {
+    return fsc_block_span_backward(&((const block_part *)m)->span, m, ctx, saved, dy, dx);
 }
 
 static const fsc_module_ops part_ops = {"TransformerBlockPart", part_forward, part_backward, NULL};
@@ -265,7 +276,7 @@ fsc_module *fsc_block_part_new(const char *name, int C, int NH, float dropout, u
                                int n_layers, int from, int to) {
     block_part *b = (block_part *)block_make(&part_ops, sizeof(block_part), name, C, NH, dropout,
                                              layer_id, n_layers, from, to);
-    if (b) b->from = from, b->to = to, b->C = C;
+    if (b) b->span = (fsc_block_span){.from = from, .to = to, .C = C, .F = 4 * C};
     return b ? &b->base : NULL;
 }
 

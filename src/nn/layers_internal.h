@@ -121,6 +121,19 @@ enum { FSC_BLOCK_ATTN, FSC_BLOCK_FC, FSC_BLOCK_PROJ, FSC_BLOCK_SEGMENTS };
  * gelu(c_fc(ln_2(x)))]. NULL (error set) on bad sizes or range. */
 fsc_module *fsc_block_part_new(const char *name, int C, int NH, float dropout, uint32_t layer_id,
                                int n_layers, int from, int to);
+/* The engine of a range of a block's segments, shared by fsc_block_part_new
+ * (F = 4C) and the tensor-parallel block part (F = 4C/t, this rank's GELU
+ * columns): over m's children as fsc_block_part_new makes them, (B,T,C) in
+ * and out but across the cut between FC and PROJ, which passes rows
+ * [x (C) | gelu output (F)]. Forward trusts x's shape (the module checks
+ * it); backward checks saved and dy. */
+typedef struct fsc_block_span {
+    int from, to, C, F;
+} fsc_block_span;
+int fsc_block_span_forward(const fsc_block_span *b, fsc_module *m, const fsc_ctx *ctx,
+                           const fsc_tensor *x, fsc_tensor *y, void **saved);
+int fsc_block_span_backward(const fsc_block_span *b, fsc_module *m, const fsc_ctx *ctx, void *saved,
+                            const fsc_tensor *dy, fsc_tensor *dx);
 /* Children [from, to) of fsc_mlp_new's MLP (c_fc, act, c_proj, dropout) as
  * a Sequential of its name: the two sides of a cut inside the MLP. */
 fsc_module *fsc_mlp_parts_new(const char *name, int C, float dropout, uint32_t layer_id,
