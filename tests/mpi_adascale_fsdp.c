@@ -177,40 +177,12 @@ static void test_bf16_first_step(void **state) {
     }
 }
 
-/* What still cannot see each sample is refused by name: fsdp as a
- * pipeline's or TP replicas' ZeRO stage. */
-static void test_refusals(void **state) {
-    (void)state;
-    tt_data *d = tt_data_new();
-    const char *why[2] = {"pipeline", "tensor-parallel"};
-    for (int i = 0; i < 2; i++) {
-        fsc_module *m = fsc_gpt_new(&d->cfg);
-        fsc_trainer_config tc = {.strategy = {.name = "fsdp"},
-                                 .optim = EQ_SGD_MOMENTUM,
-                                 .batch = 1,
-                                 .grad_accum = 2,
-                                 .loss = tt_gpt_loss,
-                                 .pipe_input = tt_pipe_input,
-                                 .pipe_loss = tt_pipe_loss,
-                                 .user = d,
-                                 .adascale = true};
-        if (i == 0) tc.strategy.pipe.stages = 2;
-        if (i == 1) tc.strategy.tp.size = 2;
-        assert_null(fsc_trainer_new(m, &tc));
-        if (!strstr(fsc_last_error(), why[i]) || !strstr(fsc_last_error(), "AdaScale"))
-            fail_msg("%s: %s", why[i], fsc_last_error());
-        fsc_module_free(m);
-    }
-    tt_data_free(d);
-}
-
 int main(int argc, char **argv) {
     if (tt_init(&argc, &argv, &rank, &world)) return 1;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fsdp_matches_ddp),
         cmocka_unit_test(test_fsdp_matches_ddp_accumulated),
         cmocka_unit_test(test_bf16_first_step),
-        cmocka_unit_test(test_refusals),
     };
     return tt_run_tests(tests, "fsc_adascale_fsdp", scratch);
 }
