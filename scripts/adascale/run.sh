@@ -3,13 +3,17 @@
 # SlowMo"): for each seed, one rank for 800 steps; 4 ranks with --adascale to
 # 800 scale-invariant steps; then plain DDP and linear scaling (4x the lr)
 # with the one-rank schedule compressed into AdaScale's real-step budget, so
-# all three 4-rank runs spend the same number of real steps. Prints the wall
-# time of each run, then the tables (table.py) and draws the first seed's
-# picture.
+# all three 4-rank runs spend the same number of real steps; and both again
+# compressed into 800/4 real steps, the same samples as one rank (the
+# baseline of Johnson et al. 2020). Prints the wall time of each run, then
+# the tables (table.py) and draws the first seed's picture.
 #   scripts/adascale/run.sh [OUTDIR]      (default out/adascale)
 # Environment: SEEDS (default "1337 2 3 4 5"), FSC_BUILD (default build),
-# MPIEXEC (default mpiexec). A run whose metrics file already holds its last
-# step is not run again, so an interrupted sweep picks up where it stopped.
+# MPIEXEC (default mpiexec), SEQ (sequence length, default 128; the noisier
+# regime is SEQ=32 into out/adascale_seq32). The one-rank runs go first;
+# pilot.py's rule must pass on all of them before any 4-rank run starts. A
+# run whose metrics file already holds its last step is not run again, so an
+# interrupted sweep picks up where it stopped.
 # The 4-rank runs go one at a time with --oversubscribe (they fit 2 cores).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -28,11 +32,18 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # The regime: SGD at batch 1 per rank, clipping at 5 (about 3x the median
 # gradient norm of 1.7, so it cuts only the spikes). The held-out set is the
 # same 32 sequences everywhere: 32 batches of 1 on one rank, 8 of 4 on four.
-common=(--optimizer sgd --momentum 0.9 --lr 0.01 --clip 5 --batch 1 --warmup 20
-        --threads 1 --quiet)
-one_eval=(--eval-every 25 --eval-batches 32)
-four_eval=(--eval-every 20 --eval-batches 8)
+# A shorter SEQ evaluates proportionally more sequences: the same 4096
+# held-out tokens, so the curves are no noisier for it.
+warmup=20
+seq=${SEQ:-128}
+nev=$((32 * 128 / seq))
+common=(--optimizer sgd --momentum 0.9 --lr 0.01 --clip 5 --batch 1 --warmup "$warmup"
+        --seq "$seq" --threads 1 --quiet)
+one_eval=(--eval-every 25 --eval-batches "$nev")
+four_eval=(--eval-every 20 --eval-batches $((nev / 4)))
 steps=800
+samples=$((steps / 4))  # real steps of a 4-rank run that sees one rank's samples
+sample_eval=(--eval-every 5 --eval-batches $((nev / 4)))
 
 # done_run FILE TARGET: the metrics file ends with an evaluation at step
 # TARGET (AdaScale: progress reached TARGET). A budget that changed since
@@ -68,6 +79,12 @@ run() {
 for s in $seeds; do
   run "seed $s one rank" "$out/one_$s.jsonl" $steps \
     "$train" "${common[@]}" "${one_eval[@]}" --steps $steps --seed "$s"
+done
+# shellcheck disable=SC2086
+python3 "$root/scripts/adascale/pilot.py" "$out" $seeds ||
+  { echo "run.sh: the one-rank pilots fail the rule: no 4-rank run for this regime" >&2; exit 1; }
+
+for s in $seeds; do
   run "seed $s adascale" "$out/ada_$s.jsonl" $steps \
     "$mpiexec" -n 4 --oversubscribe "$train" "${common[@]}" "${four_eval[@]}" \
     --strategy ddp --adascale --steps $steps --seed "$s"
@@ -80,6 +97,15 @@ for s in $seeds; do
   run "seed $s linear scaling ($budget steps)" "$out/lin_$s.jsonl" "$budget" \
     "$mpiexec" -n 4 --oversubscribe "$train" "${common[@]}" "${four_eval[@]}" \
     --strategy ddp --steps "$budget" --lr 0.04 --seed "$s"
+  # The paper's baseline: the same samples as one rank, so the schedule
+  # (warm-up included) compressed 4x into 800/4 real steps; evaluated every
+  # 5 real steps, 20 scale-invariant ones, about AdaScale's spacing.
+  run "seed $s plain ddp ($samples steps)" "$out/ddp${samples}_$s.jsonl" $samples \
+    "$mpiexec" -n 4 --oversubscribe "$train" "${common[@]}" "${sample_eval[@]}" \
+    --strategy ddp --steps $samples --warmup $((warmup / 4)) --seed "$s"
+  run "seed $s linear scaling ($samples steps)" "$out/lin${samples}_$s.jsonl" $samples \
+    "$mpiexec" -n 4 --oversubscribe "$train" "${common[@]}" "${sample_eval[@]}" \
+    --strategy ddp --steps $samples --warmup $((warmup / 4)) --lr 0.04 --seed "$s"
 done
 
 # shellcheck disable=SC2086
@@ -89,6 +115,6 @@ if [ -x "$build/tools/fsc-plot" ]; then
   # From inside the folder, so the legend names the runs, not the paths.
   # shellcheck disable=SC2035
   (cd "$out/plot_$first" && "$build/tools/fsc-plot" *.jsonl -o "$out/adascale_seed$first.svg" \
-    --title "AdaScale vs plain DDP at the same real-step budget (SGD, batch 1, clip 5, seed $first)")
+    --title "AdaScale vs plain DDP and linear scaling (SGD, batch 1, seq $seq, clip 5, seed $first)")
   echo "picture: $out/adascale_seed$first.svg" >&2
 fi

@@ -7,7 +7,8 @@ Held-out loss at fixed scale-invariant steps, interpolated linearly between
 evaluations, with percentages against one rank. The x of a run: one rank its
 step; AdaScale its `progress` (the sum of its gains); the compressed runs
 their real step x 800 / budget, since they cover the whole schedule in
-`budget` steps. Also writes OUTDIR/plot_SEED/*.jsonl: the four runs with
+`budget` steps; the sample-matched ones (200 real steps, one rank's samples)
+their real step x 4. Also writes OUTDIR/plot_SEED/*.jsonl: the runs with
 `step` replaced by that x, named for fsc-plot's legend.
 """
 import json
@@ -15,6 +16,8 @@ import os
 import sys
 
 STEPS = 800
+RANKS = 4
+SAMPLES = STEPS // RANKS  # run.sh's sample-matched real steps
 POINTS = [50, 100, 150, 200, 250, 300, 400, 500, 600, 700, 800]
 TARGET = 5.0  # percent
 WARMUP, CLIP = 20, 5.0  # run.sh's --warmup and --clip
@@ -40,8 +43,9 @@ def interp(xs, ys, x):
 class Run:
     """A metrics file read against a scale-invariant x."""
 
-    def __init__(self, path, x_of):
+    def __init__(self, path, x_of, warmup=WARMUP):
         self.rows = rows(path)
+        self.warmup = warmup
         self.x = [x_of(r) for r in self.rows]
         ev = [(x, r["val_loss"]) for x, r in zip(self.x, self.rows) if "val_loss" in r]
         self.vx, self.vy = [e[0] for e in ev], [e[1] for e in ev]
@@ -62,8 +66,8 @@ class Run:
     def first_spike(self):
         """The first real step after warm-up whose gradient norm passed the
         clip (a spike), or None."""
-        return next((r["step"] for r in self.rows if r["step"] > WARMUP and r["grad_norm"] > CLIP),
-                    None)
+        return next((r["step"] for r in self.rows
+                     if r["step"] > self.warmup and r["grad_norm"] > CLIP), None)
 
     def real_step(self, x):
         """The first real step whose x reaches x (the run's real step there)."""
@@ -90,17 +94,23 @@ def seed_table(out, seed):
     scale = STEPS / budget
     ddp = Run(os.path.join(out, f"ddp_{seed}.jsonl"), lambda r: r["step"] * scale)
     lin = Run(os.path.join(out, f"lin_{seed}.jsonl"), lambda r: r["step"] * scale)
-    for run in (ddp, lin):
-        if run.steps != budget:
+    # The sample-matched runs compress the warm-up too.
+    ddp_s, lin_s = (Run(os.path.join(out, f"{name}{SAMPLES}_{seed}.jsonl"),
+                        lambda r: r["step"] * RANKS, WARMUP // RANKS) for name in ("ddp", "lin"))
+    for run, want in ((ddp, budget), (lin, budget), (ddp_s, SAMPLES), (lin_s, SAMPLES)):
+        if run.steps != want:
             sys.exit(f"table.py: seed {seed}: a compressed run has {run.steps} steps, "
-                     f"AdaScale {budget}; run run.sh again")
+                     f"expected {want}; run run.sh again")
+    runs = (one, ada, ddp, lin, ddp_s, lin_s)
     gains = [r["gain"] for r in ada.rows]
     print(f"\nSeed {seed}: AdaScale {budget} real steps to {ada.x[-1]:.1f} scale-invariant "
           f"steps, gain {min(gains):.2f}-{max(gains):.2f} (of S = 4)\n")
     print(f"| scale-invariant step | one rank | AdaScale | plain DDP, lr 0.01, {budget} steps "
-          f"| linear scaling, lr 0.04, {budget} steps |")
-    print("|---|---|---|---|---|")
+          f"| linear scaling, lr 0.04, {budget} steps | plain DDP, lr 0.01, {SAMPLES} steps "
+          f"| linear scaling, lr 0.04, {SAMPLES} steps |")
+    print("|---|---|---|---|---|---|---|")
     worst = 0.0
+    worst_s = {"ddp": 0.0, "lin": 0.0}
     for p in POINTS:
         ref = one.val(p)
         a = ada.val(p)
@@ -108,29 +118,45 @@ def seed_table(out, seed):
         worst = max(worst, abs(pct(a, ref)))
         real = round(p / scale)
         d, l = ddp.val(p), lin.val(p)
+        ds, ls = ddp_s.val(p), lin_s.val(p)
+        worst_s["ddp"] = max(worst_s["ddp"], pct(ds, ref))
+        worst_s["lin"] = max(worst_s["lin"], pct(ls, ref))
+        rs = round(p / RANKS)
         print(f"| {p} | {ref:.3f} | {a:.3f} ({ar['step']}, {ar['gain']:.2f}) {pct(a, ref):+.1f}% "
-              f"| {d:.3f} ({real}) {pct(d, ref):+.1f}% | {l:.3f} ({real}) {pct(l, ref):+.1f}% |")
+              f"| {d:.3f} ({real}) {pct(d, ref):+.1f}% | {l:.3f} ({real}) {pct(l, ref):+.1f}% "
+              f"| {ds:.3f} ({rs}) {pct(ds, ref):+.1f}% | {ls:.3f} ({rs}) {pct(ls, ref):+.1f}% |")
     end = one.val(STEPS)
     d_end, l_end, a_end = ddp.val(STEPS), lin.val(STEPS), ada.val(STEPS)
     held = worst <= TARGET
     worse = d_end > a_end and pct(d_end, end) > TARGET and pct(l_end, end) > TARGET
-    exits = ["-" if c is None else f"{c:.0f}" for c in (r.crossing(EXIT) for r in (one, ada, ddp, lin))]
+    ds_end, ls_end = ddp_s.val(STEPS), lin_s.val(STEPS)
+    # The paper's reading: the same samples as one rank.
+    worse_s = ds_end > a_end and pct(ds_end, end) > TARGET and pct(ls_end, end) > TARGET
+    exits = ["-" if c is None else f"{c:.0f}" for c in (r.crossing(EXIT) for r in runs)]
     print(f"\nseed {seed}: held-out loss first below {EXIT} (off the plateau) at scale-invariant "
           f"step: one rank {exits[0]}, AdaScale {exits[1]}, plain DDP {exits[2]}, "
-          f"linear scaling {exits[3]}; first clipped step after warm-up (real step): "
-          + ", ".join(str(r.first_spike() or "-") for r in (one, ada, ddp, lin)))
+          f"linear scaling {exits[3]}, at {SAMPLES} steps {exits[4]} and {exits[5]}; "
+          f"first clipped step after the warm-up (real step): "
+          + ", ".join(str(r.first_spike() or "-") for r in runs))
     print(f"seed {seed}: AdaScale's largest gap {worst:.1f}% "
           f"({'within' if held else 'NOT within'} {TARGET:.0f}%); at step {STEPS}: one rank "
           f"{end:.3f}, AdaScale {a_end:.3f}, plain DDP {d_end:.3f} ({pct(d_end, end):+.1f}%), "
           f"linear scaling {l_end:.3f} ({pct(l_end, end):+.1f}%): fixed schedules "
           f"{'worse by more than' if worse else 'NOT worse by more than'} {TARGET:.0f}%")
+    print(f"seed {seed}: at {SAMPLES} real steps (one rank's samples): plain DDP {ds_end:.3f} "
+          f"({pct(ds_end, end):+.1f}%, worst {worst_s['ddp']:+.1f}%), linear scaling "
+          f"{ls_end:.3f} ({pct(ls_end, end):+.1f}%, worst {worst_s['lin']:+.1f}%): "
+          f"{'worse by more than' if worse_s else 'NOT worse by more than'} {TARGET:.0f}% "
+          f"at step {STEPS}")
     plot = os.path.join(out, f"plot_{seed}")
     os.makedirs(plot, exist_ok=True)
     write_plot(one, os.path.join(plot, f"1_one_rank_{STEPS}_steps.jsonl"))
     write_plot(ada, os.path.join(plot, "2_adascale_4ranks_by_scale_invariant_step.jsonl"))
     write_plot(ddp, os.path.join(plot, f"3_plain_ddp_4ranks_lr0.01_{budget}_steps_x{STEPS}_{budget}.jsonl"))
     write_plot(lin, os.path.join(plot, f"4_linear_4ranks_lr0.04_{budget}_steps_x{STEPS}_{budget}.jsonl"))
-    return held and worse
+    write_plot(ddp_s, os.path.join(plot, f"5_plain_ddp_4ranks_lr0.01_{SAMPLES}_steps_x{RANKS}.jsonl"))
+    write_plot(lin_s, os.path.join(plot, f"6_linear_4ranks_lr0.04_{SAMPLES}_steps_x{RANKS}.jsonl"))
+    return held, held and worse, held and worse_s
 
 
 def main():
@@ -144,7 +170,10 @@ def main():
             for line in f:
                 print("  " + line.rstrip())
     ok = [seed_table(out, s) for s in seeds]
-    print(f"\ntarget held on {sum(ok)} of {len(ok)} seeds")
+    n = len(ok)
+    print(f"\nAdaScale within {TARGET:.0f}% on {sum(o[0] for o in ok)} of {n} seeds; whole target "
+          f"held on {sum(o[1] for o in ok)} of {n} (baselines at AdaScale's budget), "
+          f"{sum(o[2] for o in ok)} of {n} (baselines at one rank's samples)")
 
 
 if __name__ == "__main__":
