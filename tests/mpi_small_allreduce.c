@@ -10,8 +10,9 @@
  * after a desync, also between ranks on different algorithms (the runtime
  * would have to abandon them, and the world would be harmed); on two ranks,
  * an announcement sent beside the data that carries the signature, or a
- * desync of equal-sized messages let through. Runs at 1, 2, 3 and 4 ranks;
- * recursive doubling needs a power-of-two group of 2+.
+ * desync of equal-sized messages let through, or a receive posted at issue
+ * left in MPI (or a piece it took drained again) after a desync. Runs at 1,
+ * 2, 3 and 4 ranks; recursive doubling needs a power-of-two group of 2+.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -350,6 +351,94 @@ static void test_desync_same_size(void **state) {
     desync_case(sum(16384), ar(16384, FSC_DTYPE_I32, FSC_REDUCE_MAX)); /* 64 KiB, one message */
 }
 
+/* One F32 allreduce of n elements, each rank's elements rank + 1, on g:
+ * every element must come out as op over {1, 2}. */
+static void allreduce_1_2(fsc_group *g, int64_t n, fsc_reduce_op op) {
+    float *x = malloc((size_t)n * sizeof *x);
+    for (int64_t i = 0; i < n; i++) x[i] = (float)(fsc_dist_rank() + 1);
+    CHECK_RC(fsc_group_allreduce(g, x, n, FSC_DTYPE_F32, op));
+    float want = op == FSC_REDUCE_SUM ? 3.0f : op == FSC_REDUCE_AVG ? 1.5f : 2.0f;
+    for (int64_t i = 0; i < n; i++)
+        if (x[i] != want)
+            fail_msg("rank %d, replayed allreduce of %lld element %lld: %g, expected %g",
+                     fsc_dist_rank(), (long long)n, (long long)i, x[i], want);
+    free(x);
+}
+
+/* Two ranks: recursive doubling posts its receives at issue under the
+ * signed tag, and a desync must cancel them. One left posted would take the
+ * next message under that tag: so the desynced collective is replayed, same
+ * group and sequence number (the desync cleared by hand), once with each
+ * rank's signature, and must complete with the right values; a stolen piece
+ * leaves it waiting until the deadline instead. One piece and four. */
+static void test_desync_cancels_receives(void **state) {
+    (void)state;
+    if (fsc_dist_size() != 2) skip();
+    double timeout = fsc_dist_rt.timeout_s;
+    fsc_dist_rt.timeout_s = 10; /* a stolen piece fails in seconds, not minutes */
+    const int64_t n[2] = {8, 3001};
+    const fsc_reduce_op other[2] = {FSC_REDUCE_AVG, FSC_REDUCE_MAX};
+    for (int c = 0; c < 2; c++) {
+        fsc_group *g = NULL;
+        CHECK_RC(fsc_group_split(fsc_group_world(), 0, fsc_dist_rank(), "cancel", &g));
+        fsc_reduce_op ops[2] = {FSC_REDUCE_SUM, other[c]};
+        float *x = calloc((size_t)n[c], sizeof *x);
+        int64_t seq = g->seq;
+        assert_int_equal(fsc_group_allreduce(g, x, n[c], FSC_DTYPE_F32, ops[fsc_dist_rank()]),
+                         FSC_ERR_DESYNC);
+        assert_false(fsc_dist_rt.abandoned);
+        for (int side = 0; side < 2; side++) {
+            g->broken = 0;
+            g->seq = g->next_data = seq;
+            allreduce_1_2(g, n[c], ops[side]);
+        }
+        free(x);
+        fsc_group_free(g);
+    }
+    fsc_dist_rt.timeout_s = timeout;
+    assert_false(fsc_dist_rt.abandoned);
+}
+
+/* Two ranks: rank 0's group breaks while its early allreduce waits for the
+ * check, so it drains what rank 1 sent it, whose pieces its receives posted
+ * at issue have (partly) taken already; those must not be drained again, or
+ * the drain waits for pieces that never come and times out (abandoned).
+ * Rank 1 issues only once rank 0's group is broken, and completes. */
+static void test_broken_after_issue(void **state) {
+    (void)state;
+    if (fsc_dist_size() != 2) skip();
+    double timeout = fsc_dist_rt.timeout_s;
+    fsc_dist_rt.timeout_s = 10;
+    fsc_group *g = NULL;
+    CHECK_RC(fsc_group_split(fsc_group_world(), 0, fsc_dist_rank(), "broken", &g));
+    int me = fsc_dist_rank(), token = 0;
+    enum { N = 3001 }; /* four pieces */
+    float *x = malloc(N * sizeof *x);
+    for (int i = 0; i < N; i++) x[i] = (float)(me + 1);
+    fsc_request *req = NULL;
+    if (me == 1) MPI_Recv(&token, 1, MPI_INT, 0, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    CHECK_RC(fsc_group_iallreduce(g, x, N, FSC_DTYPE_F32, FSC_REDUCE_SUM, &req));
+    if (me == 0) {
+        assert_int_equal(req->phase, REQ_CONTROL); /* rank 1 has sent nothing yet */
+        g->broken = FSC_ERR_DESYNC;
+        snprintf(g->broken_msg, sizeof g->broken_msg, "broken by the test");
+        MPI_Send(&token, 1, MPI_INT, 1, 0, MPI_COMM_WORLD);
+        assert_int_equal(fsc_request_wait(&req), FSC_ERR_DESYNC);
+        expect_substr("broken by the test");
+        for (int i = 0; i < N; i++) assert_true(x[i] == 1.0f); /* not reduced into */
+    } else {
+        CHECK_RC(fsc_request_wait(&req));
+        for (int i = 0; i < N; i++) assert_true(x[i] == 3.0f);
+    }
+    assert_false(fsc_dist_rt.abandoned);
+    free(x);
+    fsc_group_free(g);
+    fsc_dist_rt.timeout_s = timeout;
+    float y[3] = {1, 2, 3};
+    CHECK_RC(fsc_group_allreduce(fsc_group_world(), y, 3, FSC_DTYPE_F32, FSC_REDUCE_SUM));
+    assert_true(y[0] == 2.0f && y[2] == 6.0f);
+}
+
 /* Announcements one allreduce sends (fsc_dist_rt.announcements), its sum of
  * rank + 1 checked. */
 static int64_t announcements(int64_t n, fsc_dtype dt) {
@@ -467,11 +556,12 @@ int main(int argc, char **argv) {
         return 1;
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_exact_order),      cmocka_unit_test(test_many_in_flight),
-        cmocka_unit_test(test_crossovers),       cmocka_unit_test(test_desync_sizes),
-        cmocka_unit_test(test_desync_kinds),     cmocka_unit_test(test_desync_algorithms),
-        cmocka_unit_test(test_desync_same_size), cmocka_unit_test(test_signed_one_message),
-        cmocka_unit_test(test_mixed_in_flight),  cmocka_unit_test(test_settings_refused),
+        cmocka_unit_test(test_exact_order),        cmocka_unit_test(test_many_in_flight),
+        cmocka_unit_test(test_crossovers),         cmocka_unit_test(test_desync_sizes),
+        cmocka_unit_test(test_desync_kinds),       cmocka_unit_test(test_desync_algorithms),
+        cmocka_unit_test(test_desync_same_size),   cmocka_unit_test(test_signed_one_message),
+        cmocka_unit_test(test_mixed_in_flight),    cmocka_unit_test(test_desync_cancels_receives),
+        cmocka_unit_test(test_broken_after_issue), cmocka_unit_test(test_settings_refused),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     int rc = fsc_dist_finalize();

@@ -5,13 +5,14 @@
  * before moving any data made fsc slower than MPI_Allreduce wherever an
  * allreduce costs a few message latencies (4 KiB to a few MiB). So the
  * first step's sends leave at issue, in the same instant as the
- * announcements (they only read the caller's buffer); the receives are
- * posted, into scratch, once the front end has every rank's signature and
- * they agree, so a receive never meets a message of another size (Open MPI
- * 4.1's shared-memory transport was seen to crash after truncating a
- * rendezvous-sized one). Small pieces wait as MPI's unexpected messages,
- * large ones as a rendezvous request ready to be pulled. Two algorithms
- * start this way:
+ * announcements (they only read the caller's buffer). A receive must never
+ * meet a message of another size (Open MPI 4.1's shared-memory transport was
+ * seen to crash after truncating a rendezvous-sized one), so an unsigned
+ * operation posts its receives, into scratch, only once the front end has
+ * every rank's signature and they agree; small pieces wait meanwhile as
+ * MPI's unexpected messages (copied twice), large ones as a rendezvous
+ * request. A signed one (below) posts them at issue. Two algorithms start
+ * this way:
  *   - recursive doubling (P a power of two, up to eager_max_bytes): at step
  *     s rank r swaps its partial sum with rank r ^ 2^s, so P = 2 is one
  *     exchange, as MPI's own; both partners add (lower rank's, higher
@@ -26,12 +27,19 @@
  * first message with MPI_Iprobe, before anything is received. The same tag
  * and size mean the same collective; anything else, and the front end sends
  * its announcement after all and names both sides once the peer's arrives.
+ * Recursive doubling's receives are posted at issue under the signed tag,
+ * which only a message of the same signature carries, hence of the same
+ * size. The residual risk: two signatures whose hashes collide (hash_bits(),
+ * 18 under Open MPI: once in 2^18) match each other's receives, and a
+ * larger colliding message is truncated; the full check (unsigned) has
+ * none. The peek then reads the first receive's status instead.
  *
  * When the check fails, the messages already sent must still be received,
  * or they would sit in MPI forever: each rank learns from a peer's
  * announcement exactly what that peer sent it early and under which tag
  * (plan_of and tag_of are pure functions of it), receives it at its own
- * size and drops it.
+ * size and drops it. Receives posted at issue are cancelled first; those
+ * that completed took the peer's first pieces, which are not drained again.
  */
 #include <limits.h>
 #include <stdlib.h>
@@ -188,8 +196,12 @@ static int rd_start(mpi_ctx *c, void *buf, int64_t count, fsc_dtype dt, fsc_redu
     b->dt = dt;
     b->op = op;
     b->tag = tag;
-    *out = b;             /* from here on, posted messages are the front end's to settle */
-    return post_sends(b); /* receives: once the check passed (fsc_eager_test) */
+    *out = b; /* from here on, posted messages are the front end's to settle */
+    /* Signed: only this signature's pieces match, so they land in scratch
+     * straight away rather than as unexpected messages. Unsigned: once the
+     * check passed (fsc_eager_test). */
+    if (tag >= FSC_CTRL_P2P_BASE && (rc = post_recvs(b)) != FSC_OK) return rc;
+    return post_sends(b);
 }
 
 /* The ring over even chunks (backend_mpi.c's split), its first step's sends only. */
@@ -219,26 +231,39 @@ int fsc_eager_start(void *ctx, void *buf, int64_t count, fsc_dtype dt, fsc_reduc
     return FSC_OK;
 }
 
-/* The peer's first message, probed (not received): its tag and size are
- * this collective's, another's, or it has not come. An ordinary tag or
- * another window slot at the head is an earlier collective's message that
- * its own receive will take first. */
+/* The peer's first message: received already by a receive posted at issue
+ * (then it carried this signature, barring a hash collision, which its size
+ * may still show), or probed, not received: its tag and size are this
+ * collective's, another's, or it has not come. An ordinary tag or another
+ * window slot at the head is an earlier collective's message that its own
+ * receive will take first. */
 int fsc_eager_peek(fsc_bop *b, fsc_early_peek *out) {
     *out = FSC_EARLY_UNSIGNED;
     if (!b || b->tag < FSC_CTRL_P2P_BASE) return FSC_OK;
     *out = FSC_EARLY_WAIT;
     int peer = 1 - b->c->rank, flag = 0, bytes = 0;
-    MPI_Status st;
-    int rc = MPI_Iprobe(peer, MPI_ANY_TAG, b->c->data, &flag, &st);
+    int64_t count = b->kind == BOP_EAGER ? b->tmp_elems : b->counts[0] + b->counts[1];
+    plan p = plan_of(b->c, peer, b->c->rank, count, b->dt);
+    int64_t first = (p.n > 1 ? p.elems : p.last) * (int64_t)p.esz;
+    MPI_Status st = {.MPI_ERROR = MPI_SUCCESS}; /* where get_status leaves it as it was */
+    int rc;
+    if (b->kind == BOP_EAGER && b->recv_posted && b->nreq > 0) {
+        /* get_status leaves the request to fsc_eager_test (and drives progress) */
+        rc = MPI_Request_get_status(b->reqs[0], &flag, &st);
+        if (rc != MPI_SUCCESS) return fsc_dist_mpi_error(rc, "MPI_Request_get_status(allreduce)");
+        if (flag) {
+            MPI_Get_count(&st, MPI_BYTE, &bytes);
+            *out = st.MPI_ERROR == MPI_SUCCESS && bytes == first ? FSC_EARLY_SAME : FSC_EARLY_OTHER;
+            return FSC_OK;
+        }
+    }
+    rc = MPI_Iprobe(peer, MPI_ANY_TAG, b->c->data, &flag, &st);
     if (rc != MPI_SUCCESS) return fsc_dist_mpi_error(rc, "MPI_Iprobe(allreduce signature)");
     int shift = hash_bits();
     if (!flag || st.MPI_TAG < FSC_CTRL_P2P_BASE ||
         (st.MPI_TAG - FSC_CTRL_P2P_BASE) >> shift != (b->tag - FSC_CTRL_P2P_BASE) >> shift)
         return FSC_OK;
     MPI_Get_count(&st, MPI_BYTE, &bytes);
-    int64_t count = b->kind == BOP_EAGER ? b->tmp_elems : b->counts[0] + b->counts[1];
-    plan p = plan_of(b->c, peer, b->c->rank, count, b->dt);
-    int64_t first = (p.n > 1 ? p.elems : p.last) * (int64_t)p.esz;
     *out = st.MPI_TAG == b->tag && bytes == first ? FSC_EARLY_SAME : FSC_EARLY_OTHER;
     return FSC_OK;
 }
@@ -276,12 +301,49 @@ static bool settled(MPI_Request *r) {
     return flag != 0;
 }
 
+/* Cancels the receives b posted at issue and settles them; *took: how many
+ * completed instead. Those took the peer's first *took pieces under b->tag
+ * (a collision aside, pieces of this very signature): MPI matches in order,
+ * and cancelling from the last keeps the receives still posted the first
+ * ones, so piece k can only have met receive k, of its size. */
+static int cancel_recvs(fsc_bop *b, double deadline, int *took) {
+    *took = 0;
+    for (int i = b->nreq - 1; i >= 0; i--)
+        if (b->reqs[i] != MPI_REQUEST_NULL) MPI_Cancel(&b->reqs[i]);
+    for (int left = b->nreq; left > 0;) {
+        left = 0;
+        for (int i = 0; i < b->nreq; i++) {
+            if (b->reqs[i] == MPI_REQUEST_NULL) continue;
+            int flag = 0, cancelled = 0;
+            MPI_Status st;
+            if (MPI_Test(&b->reqs[i], &flag, &st) != MPI_SUCCESS)
+                flag = 1; /* failed, so matched: it took a piece */
+            else if (flag)
+                MPI_Test_cancelled(&st, &cancelled);
+            if (flag) {
+                b->reqs[i] = MPI_REQUEST_NULL;
+                *took += !cancelled;
+            }
+            left += !flag;
+        }
+        if (left && fsc_now() > deadline)
+            return fsc_error(FSC_ERR_TIMEOUT,
+                             "the early receives of a desynced allreduce on rank %d could not be "
+                             "cancelled in time",
+                             b->c->rank); /* left in flight: the caller abandons them */
+    }
+    b->nreq = 0;
+    return FSC_OK;
+}
+
 /* Every piece the peers sent this rank early, received at its own size into
- * one scratch block. */
+ * one scratch block, but for the first `took` pieces under `tag` from the
+ * partner (cancel_recvs). */
 typedef struct drain {
     MPI_Request *req;
     int n;
     char *block;
+    int took, tag;
 } drain;
 
 static int post_drains(mpi_ctx *c, const int64_t *count, const fsc_dtype *dt, const int64_t *sig,
@@ -301,8 +363,13 @@ static int post_drains(mpi_ctx *c, const int64_t *count, const fsc_dtype *dt, co
     for (int q = 0; q < c->size; q++) {
         plan p = count[q] < 0 ? (plan){0} : plan_of(c, q, c->rank, count[q], dt[q]);
         int tag = p.n ? tag_of(c, count[q], dt[q], seq, sig[q]) : 0;
+        int from = q == (c->rank ^ 1) && tag == d->tag ? d->took : 0;
         for (int k = 0; k < p.n; k++) {
             int64_t len = k + 1 < p.n ? p.elems : p.last;
+            if (k < from) {
+                at += (size_t)len * p.esz;
+                continue;
+            }
             int rc = MPI_Irecv(at, (int)len, p.type, q, tag, c->data, &d->req[d->n]);
             if (rc != MPI_SUCCESS) return fsc_dist_mpi_error(rc, "MPI_Irecv(drain)");
             d->n++;
@@ -315,7 +382,12 @@ static int post_drains(mpi_ctx *c, const int64_t *count, const fsc_dtype *dt, co
 int fsc_eager_settle(void *ctx, fsc_bop *mine, const int64_t *count, const fsc_dtype *dt,
                      const int64_t *sig, int64_t seq, double deadline) {
     mpi_ctx *c = ctx;
-    drain d = {0};
+    drain d = {.tag = -1};
+    if (mine) {
+        d.tag = mine->tag;
+        int rc = cancel_recvs(mine, deadline, &d.took);
+        if (rc) return rc;
+    }
     int rc = post_drains(c, count, dt, sig, seq, &d);
     bool done = false;
     while (!done) { /* what was posted is settled even when posting failed part way */
@@ -330,6 +402,6 @@ int fsc_eager_settle(void *ctx, fsc_bop *mine, const int64_t *count, const fsc_d
     }
     free(d.req);
     free(d.block);
-    if (mine) fsc_mpi_bop_free(mine); /* it posted no receive: nothing of it is in flight */
+    if (mine) fsc_mpi_bop_free(mine); /* its receives are settled: nothing of it is in flight */
     return rc;
 }
