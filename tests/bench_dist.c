@@ -94,12 +94,16 @@ static double once(int which, float *a, int64_t n, int k) {
     fsc_group *w = fsc_group_world();
     fsc_dist_runtime saved = fsc_dist_rt;
     if (which == C_RING || which == C_RING_LATE)
-        fsc_dist_rt.ring_min_bytes = 0, fsc_dist_rt.eager_max_bytes = 0;
+        fsc_dist_rt.ring_min_bytes = 0, fsc_dist_rt.eager_max_bytes = 0,
+        fsc_dist_rt.eager_max_many_bytes = 0;
     fsc_dist_rt.early_max_bytes = which == C_RING        ? INT64_MAX
                                   : which == C_RING_LATE ? 0
                                                          : saved.early_max_bytes;
-    if (which == C_RD) fsc_dist_rt.eager_max_bytes = INT64_MAX;
-    if (which == C_MPI) fsc_dist_rt.ring_min_bytes = INT64_MAX, fsc_dist_rt.eager_max_bytes = 0;
+    if (which == C_RD)
+        fsc_dist_rt.eager_max_bytes = INT64_MAX, fsc_dist_rt.eager_max_many_bytes = INT64_MAX;
+    if (which == C_MPI)
+        fsc_dist_rt.ring_min_bytes = INT64_MAX, fsc_dist_rt.eager_max_bytes = 0,
+        fsc_dist_rt.eager_max_many_bytes = 0;
     fsc_dist_rt.full_check = which == C_ANNOUNCED;
     MPI_Barrier(MPI_COMM_WORLD);
     double t0 = MPI_Wtime();
@@ -112,6 +116,7 @@ static double once(int which, float *a, int64_t n, int k) {
     double dt = (MPI_Wtime() - t0) / k, worst = 0;
     fsc_dist_rt.ring_min_bytes = saved.ring_min_bytes;
     fsc_dist_rt.eager_max_bytes = saved.eager_max_bytes;
+    fsc_dist_rt.eager_max_many_bytes = saved.eager_max_many_bytes;
     fsc_dist_rt.early_max_bytes = saved.early_max_bytes;
     fsc_dist_rt.full_check = saved.full_check;
     MPI_Allreduce(&dt, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD); /* the slowest rank's */

@@ -101,6 +101,7 @@ static void test_exact_order(void **state) {
     const fsc_dtype dts[3] = {FSC_DTYPE_F32, FSC_DTYPE_I32, FSC_DTYPE_I64};
     const fsc_reduce_op ops[3] = {FSC_REDUCE_SUM, FSC_REDUCE_AVG, FSC_REDUCE_MAX};
     int64_t eager_max = fsc_dist_rt.eager_max_bytes, ring_min = fsc_dist_rt.ring_min_bytes;
+    int64_t eager_max_many = fsc_dist_rt.eager_max_many_bytes;
     for (size_t c = 0; c < sizeof COUNTS / sizeof *COUNTS; c++)
         for (int d = 0; d < 3; d++)
             for (int o = 0; o < 3; o++) {
@@ -109,11 +110,13 @@ static void test_exact_order(void **state) {
                 char *early = malloc(bytes), *ring = malloc(bytes);
                 fill(early, dts[d], n, fsc_dist_rank());
                 fill(ring, dts[d], n, fsc_dist_rank());
-                fsc_dist_rt.eager_max_bytes = INT64_MAX;
+                fsc_dist_rt.eager_max_bytes = fsc_dist_rt.eager_max_many_bytes = INT64_MAX;
                 CHECK_RC(fsc_group_allreduce(g, early, n, dts[d], ops[o]));
-                fsc_dist_rt.eager_max_bytes = 0, fsc_dist_rt.ring_min_bytes = 0;
+                fsc_dist_rt.eager_max_bytes = fsc_dist_rt.eager_max_many_bytes = 0;
+                fsc_dist_rt.ring_min_bytes = 0;
                 CHECK_RC(fsc_group_allreduce(g, ring, n, dts[d], ops[o]));
                 fsc_dist_rt.eager_max_bytes = eager_max, fsc_dist_rt.ring_min_bytes = ring_min;
+                fsc_dist_rt.eager_max_many_bytes = eager_max_many;
                 for (int64_t i = 0; i < n; i += 1 + n / 97) {
                     double want = reference(dts[d], ops[o], i, n, P);
                     if (get(early, dts[d], i) != want)
@@ -137,7 +140,8 @@ enum { ALG_MPI, ALG_RD, ALG_RING };
 static int algorithm(int P, int64_t n, fsc_dtype dt) {
     int64_t bytes = n * (int64_t)fsc_dtype_size(dt);
     bool wide = dt != FSC_DTYPE_BF16 && dt != FSC_DTYPE_F16;
-    if (P > 1 && !(P & (P - 1)) && wide && bytes <= fsc_dist_rt.eager_max_bytes) return ALG_RD;
+    int64_t rd_max = P == 2 ? fsc_dist_rt.eager_max_bytes : fsc_dist_rt.eager_max_many_bytes;
+    if (P > 1 && !(P & (P - 1)) && wide && bytes <= rd_max) return ALG_RD;
     return wide && (bytes < fsc_dist_rt.ring_min_bytes || P == 1) ? ALG_MPI : ALG_RING;
 }
 
@@ -171,7 +175,8 @@ static void expect_same_bits(const void *buf, size_t bytes, const char *what) {
 }
 
 /* F32, BF16 and I32 sums at counts just below, at and above each crossover
- * (MPI below ring_min_bytes, recursive doubling up to eager_max_bytes, the
+ * (MPI below ring_min_bytes, recursive doubling up to eager_max_bytes on two
+ * ranks and eager_max_many_bytes on more, the
  * early ring up to early_max_bytes, the ring after the check above), each
  * against the sum in its algorithm's order, bit for bit, the same on every
  * rank, and the same bits with every early path off. */
@@ -181,10 +186,10 @@ static void test_crossovers(void **state) {
     int P = fsc_dist_size(), me = fsc_dist_rank();
     int64_t saved_early = fsc_dist_rt.early_max_bytes; /* the default */
     const int64_t crossings[] = {fsc_dist_rt.ring_min_bytes, fsc_dist_rt.eager_max_bytes,
-                                 fsc_dist_rt.early_max_bytes};
+                                 fsc_dist_rt.eager_max_many_bytes, fsc_dist_rt.early_max_bytes};
     const fsc_dtype dts[3] = {FSC_DTYPE_F32, FSC_DTYPE_BF16, FSC_DTYPE_I32};
     for (int d = 0; d < 3; d++)
-        for (int x = 0; x < 3; x++)
+        for (int x = 0; x < 4; x++)
             for (int64_t delta = -1; delta <= 1; delta++) {
                 fsc_dtype dt = dts[d];
                 int64_t n = crossings[x] / (int64_t)fsc_dtype_size(dt) + delta;

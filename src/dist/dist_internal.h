@@ -40,16 +40,17 @@ typedef struct fsc_dist_runtime {
     double timeout_s;
     double init_timeout_s; /* deadline of MPI_Init_thread and MPI_Finalize */
     bool full_check;
-    int64_t max_msg;         /* largest message in elements (INT_MAX; lowered by tests) */
-    int64_t ring_min_bytes;  /* allreduces this large use the ring (benchmarks move it) */
-    int64_t eager_max_bytes; /* allreduces up to this large run by recursive doubling on
-                                a power-of-two group (eager.c) */
-    int64_t early_max_bytes; /* ring allreduces up to this large send their first step
-                                beside the desync check (eager.c). Benchmarks and tests
-                                move all three thresholds, on every rank alike */
-    int64_t sent_bytes;      /* bytes posted in point-to-point sends (rings, alltoall, send):
-                                what really went on the wire, for tests */
-    int64_t announcements;   /* signature announcements sent (one per peer), for tests */
+    int64_t max_msg;              /* largest message in elements (INT_MAX; lowered by tests) */
+    int64_t ring_min_bytes;       /* allreduces this large use the ring (benchmarks move it) */
+    int64_t eager_max_bytes;      /* allreduces up to this large run by recursive doubling on
+                                     a group of two (eager.c) */
+    int64_t eager_max_many_bytes; /* ... and on a larger power-of-two group */
+    int64_t early_max_bytes;      /* ring allreduces up to this large send their first step
+                                     beside the desync check (eager.c). Benchmarks and tests
+                                     move all three thresholds, on every rank alike */
+    int64_t sent_bytes;           /* bytes posted in point-to-point sends (rings, alltoall, send):
+                                     what really went on the wire, for tests */
+    int64_t announcements;        /* signature announcements sent (one per peer), for tests */
     fsc_group *world;
     fsc_group *self;                          /* this process alone */
     fsc_request *pending_head, *pending_tail; /* every outstanding request, issue order */

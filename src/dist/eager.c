@@ -51,7 +51,8 @@ static bool rd_eligible(const mpi_ctx *c, int64_t count, fsc_dtype dt) {
     bool pow2 = c->size > 1 && (c->size & (c->size - 1)) == 0;
     /* halves stay on the ring, whose per-hop rounding the tests pin down */
     bool wide = dt == FSC_DTYPE_F32 || dt == FSC_DTYPE_I32 || dt == FSC_DTYPE_I64;
-    return pow2 && wide && count > 0 && bytes <= fsc_dist_rt.eager_max_bytes && bytes <= INT_MAX;
+    int64_t max = c->size == 2 ? fsc_dist_rt.eager_max_bytes : fsc_dist_rt.eager_max_many_bytes;
+    return pow2 && wide && count > 0 && bytes <= max && bytes <= INT_MAX;
 }
 
 static bool ring_early(const mpi_ctx *c, int64_t count, fsc_dtype dt) {

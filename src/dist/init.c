@@ -18,16 +18,19 @@
 /* Allreduces from 4 KiB up use the ring: measured with tests/bench_dist.c at
  * 2 ranks, it beats MPI_Iallreduce from 4 KiB (4 vs 7 us) to 100 MB (24 vs
  * 91 ms); below, both take about a microsecond and MPI's needs no steps.
- * Recursive doubling (one exchange at 2 ranks) beats the ring up to 64 KiB
- * (at 2 ranks, in eager-sized pieces, also at 128 KiB, but on 4 ranks its
- * order is not the ring's, which reduce and reduce-scatter share: tests
- * replaying a strategy by hand rely on that). Rings up to 512 KiB send their
+ * Recursive doubling beats the ring up to 64 KiB; at 2 ranks (one exchange
+ * in eager-sized pieces, its receives posted at issue) also at 256 KiB, 5-10%
+ * in both VM speed states, and there its sums are the ring's bit for bit
+ * (a + b commutes). On 4 ranks its order is not the ring's, which reduce and
+ * reduce-scatter share and tests replaying a strategy by hand rely on, so
+ * larger groups stay at 64 KiB. Rings up to 512 KiB send their
  * first step beside the desync check (at 512 KiB 3-5% faster than after it
  * in three runs under load; from 1 MiB level or slower: the early send
  * arrives before its receive is posted). */
 fsc_dist_runtime fsc_dist_rt = {.max_msg = INT_MAX,
                                 .ring_min_bytes = (int64_t)4 << 10,
-                                .eager_max_bytes = (int64_t)64 << 10,
+                                .eager_max_bytes = (int64_t)256 << 10,
+                                .eager_max_many_bytes = (int64_t)64 << 10,
                                 .early_max_bytes = (int64_t)512 << 10};
 
 int fsc_dist_mpi_error(int rc, const char *what) {
