@@ -76,23 +76,6 @@ static float *ada_train(ada_run *c, int64_t *numel) {
     return tt_read_weights(&EQ_MODEL, path, numel);
 }
 
-/* Both gains are float32 sums of the same samples taken in another order
- * (buckets or units; an all-reduce or a reduce-scatter and a sharded norm):
- * equivalence.h's floor for that, EQ_FLOOR_ULPS float ulps, relative. */
-static void expect_gains(const char *what, const double *got, const double *ref, int n) {
-    double worst = 0;
-    for (int s = 0; s < n; s++) {
-        const double rel = fabs(got[s] - ref[s]) / ref[s];
-        if (rel > worst) worst = rel;
-        if (rel > EQ_FLOOR_ULPS * FLT_EPSILON)
-            fail_msg("%s, %d ranks, step %d: gain %.9g, ddp %.9g (%.1e relative)", what, world,
-                     s + 1, got[s], ref[s], rel);
-    }
-    if (rank == 0)
-        print_message("%s, %d ranks: gains %.6f..%.6f, worst relative difference from ddp %.1e\n",
-                      what, world, ref[0], ref[n - 1], worst);
-}
-
 /* The gain is (var + sqr) / (var / S + sqr) with both estimates clamped at
  * >= 0: at 1 or S one of them was, and the sum of the samples' squared norms
  * did not reach it. */
@@ -108,7 +91,7 @@ static void check_fsdp_matches_ddp(int accum, bool no_sync) {
     float *w_ddp = ada_train(&ddp, &nd), *w_fsdp = ada_train(&fsdp, &n);
     char what[64];
     snprintf(what, sizeof what, "fsdp x%d%s against ddp", accum, no_sync ? " no_sync" : "");
-    expect_gains(what, fsdp.gains, ddp.gains, STEPS);
+    tt_expect_gains(what, fsdp.gains, ddp.gains, STEPS);
     /* a gain clamped at 1 or S hides the samples' sum: some step must not be */
     bool measured = false;
     for (int s = 0; s < STEPS; s++) measured |= unclamped(ddp.gains[s], world * accum);
@@ -172,7 +155,7 @@ static void test_bf16_first_step(void **state) {
         free(ada_train(&fsdp, &n));
         char what[64];
         snprintf(what, sizeof what, "bf16 fsdp x%d, step 1, against ddp", accum);
-        expect_gains(what, fsdp.gains, ddp.gains, 1);
+        tt_expect_gains(what, fsdp.gains, ddp.gains, 1);
         assert_true(unclamped(ddp.gains[0], world * accum));
     }
 }

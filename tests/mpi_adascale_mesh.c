@@ -91,21 +91,6 @@ static float *ada_train(ada_run *c, const char *tag, int64_t *numel) {
     return w;
 }
 
-/* A float sum of the same parts in another order: EQ_FLOOR_ULPS ulps relative. */
-static void expect_gains(const char *what, const double *got, const double *ref) {
-    double worst = 0;
-    for (int s = 0; s < STEPS; s++) {
-        const double rel = fabs(got[s] - ref[s]) / ref[s];
-        if (rel > worst) worst = rel;
-        if (rel > EQ_FLOOR_ULPS * FLT_EPSILON)
-            fail_msg("%s, %d ranks, step %d: gain %.9g, ddp %.9g (%.1e relative)", what, world,
-                     s + 1, got[s], ref[s], rel);
-    }
-    if (rank == 0)
-        print_message("%s, %d ranks: gains %.6f..%.6f, worst relative difference from ddp %.1e\n",
-                      what, world, ref[0], ref[STEPS - 1], worst);
-}
-
 /* Some step's gain must be strictly inside (1, S): a clamped one hides the
  * samples' sum. */
 static void expect_measured(const double *gains, int S) {
@@ -130,7 +115,7 @@ static void check_against_ddp(ada_run *mesh, const char *what) {
     ada_run ddp = {.strategy = "ddp", .group = groups_of(dp), .accum = mesh->accum};
     int64_t n, nd;
     float *w_ddp = ada_train(&ddp, "ddp", &nd), *w = ada_train(mesh, "mesh", &n);
-    expect_gains(what, mesh->gains, ddp.gains);
+    tt_expect_gains(what, mesh->gains, ddp.gains, STEPS);
     expect_measured(ddp.gains, dp * mesh->accum);
     /* the bound: the noise floor of SGD's training on this model */
     int64_t nr;

@@ -224,6 +224,23 @@ static inline float *tt_read_weights(const fsc_gpt_config *cfg, const char *path
     return out;
 }
 
+/* AdaScale's gains of n steps against a reference layout's (ddp): the same
+ * per-rank parts summed in another order, so EQ_FLOOR_ULPS float ulps,
+ * relative (equivalence.h's floor); rank 0 prints the worst. */
+static inline void tt_expect_gains(const char *what, const double *got, const double *ref, int n) {
+    double worst = 0;
+    for (int s = 0; s < n; s++) {
+        const double rel = fabs(got[s] - ref[s]) / ref[s];
+        if (rel > worst) worst = rel;
+        if (rel > EQ_FLOOR_ULPS * FLT_EPSILON)
+            fail_msg("%s, %d ranks, step %d: gain %.9g, ddp %.9g (%.1e relative)", what,
+                     fsc_dist_size(), s + 1, got[s], ref[s], rel);
+    }
+    if (fsc_dist_rank() == 0)
+        print_message("%s, %d ranks: gains %.6f..%.6f, worst relative difference from ddp %.1e\n",
+                      what, fsc_dist_size(), ref[0], ref[n - 1], worst);
+}
+
 /* A run's end on the world: saves t's weights to path, frees t, model and
  * d, and returns the weights read back (the caller frees them). The barrier
  * keeps the next run from writing path before every rank has read it. */
