@@ -393,6 +393,10 @@ static void test_desync_cancels_receives(void **state) {
                          FSC_ERR_DESYNC);
         assert_false(fsc_dist_rt.abandoned);
         for (int side = 0; side < 2; side++) {
+            /* both ranks past the desync (or the last replay) first: a rank
+             * that finished a replay must not issue the next under the same
+             * sequence number while its peer still checks the last one */
+            CHECK_RC(fsc_group_barrier(fsc_group_world()));
             g->broken = 0;
             g->seq = g->next_data = seq;
             allreduce_1_2(g, n[c], ops[side]);
