@@ -1,5 +1,7 @@
 /* What the collective tests share: element i of a buffer of any dtype as a
- * double, both ways, and a return-code check that prints the error first. */
+ * double, both ways; a return-code check that prints the error first; and
+ * their main, which runs the tests on the world and on its even / odd
+ * halves. Include after cmocka.h. */
 #ifndef FSC_TESTS_COLLECTIVES_TEST_H
 #define FSC_TESTS_COLLECTIVES_TEST_H
 
@@ -7,6 +9,7 @@
 #include <stdio.h>
 
 #include "fsc/dist.h"
+#include "mpi_test.h"
 
 static inline void put(void *buf, fsc_dtype dt, int64_t i, double v) {
     switch (dt) {
@@ -49,5 +52,29 @@ static inline double get(const void *buf, fsc_dtype dt, int64_t i) {
         if (rc_) fprintf(stderr, "rank %d: %s\n", fsc_dist_rank(), fsc_last_error());              \
         assert_int_equal(rc_, FSC_OK);                                                             \
     } while (0)
+
+static fsc_group *halves; /* even / odd world ranks, made before the first test */
+
+static int ct_setup(void **state) {
+    (void)state;
+    if (!fsc_group_split(fsc_group_world(), fsc_dist_rank() % 2, fsc_dist_rank(), "halves",
+                         &halves))
+        return 0;
+    fprintf(stderr, "split: %s\n", fsc_last_error());
+    return -1;
+}
+
+static int ct_teardown(void **state) {
+    (void)state;
+    fsc_group_free(halves);
+    return 0;
+}
+
+/* A collectives test's main: MPI up, the cmocka array `tests` with halves
+ * made around it, then one verdict for every rank. */
+#define ct_run_tests(argcp, argvp, tests)                                                          \
+    (fsc_dist_init((argcp), (argvp), NULL)                                                         \
+         ? (fprintf(stderr, "fsc_dist_init: %s\n", fsc_last_error()), 1)                           \
+         : mpi_test_finish(cmocka_run_group_tests(tests, ct_setup, ct_teardown)))
 
 #endif

@@ -30,8 +30,6 @@ static const fsc_reduce_op OPS[] = {FSC_REDUCE_SUM, FSC_REDUCE_AVG, FSC_REDUCE_M
 static const int64_t COUNTS[] = {0, 1, 13, 70001};
 #define NCOUNTS 4
 
-static fsc_group *halves; /* even / odd world ranks */
-
 /* Rank r's element i of input number `salt`. */
 static double val(int r, int64_t i, int salt) {
     return (double)((r * 7 + i * 3 + salt * 5) % 11) - 5.0;
@@ -483,16 +481,6 @@ static void test_stats_and_errors(void **state) {
 }
 
 int main(int argc, char **argv) {
-    if (fsc_dist_init(&argc, &argv, NULL)) {
-        fprintf(stderr, "fsc_dist_init: %s\n", fsc_last_error());
-        return 1;
-    }
-    int rc =
-        fsc_group_split(fsc_group_world(), fsc_dist_rank() % 2, fsc_dist_rank(), "halves", &halves);
-    if (rc) {
-        fprintf(stderr, "split: %s\n", fsc_last_error());
-        return 1;
-    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_allreduce),
         cmocka_unit_test(test_reduce_broadcast),
@@ -506,9 +494,5 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_desync_count),
         cmocka_unit_test(test_stats_and_errors),
     };
-    int failed = cmocka_run_group_tests(tests, NULL, NULL);
-    fsc_group_free(halves);
-    rc = fsc_dist_finalize();
-    if (rc) fprintf(stderr, "fsc_dist_finalize: %s\n", fsc_last_error());
-    return failed || rc ? 1 : 0;
+    return ct_run_tests(&argc, &argv, tests);
 }

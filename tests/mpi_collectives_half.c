@@ -17,8 +17,6 @@
 #include "collectives_test.h"
 #include "dist/dist_internal.h" /* fsc_dist_rt: bytes sent, the ring threshold */
 
-static fsc_group *halves; /* even / odd world ranks */
-
 /* ---- half precision: conversions, per-hop rounding, bytes on the wire ------------------- */
 
 static uint32_t f32_bits(float f) {
@@ -230,24 +228,10 @@ static void test_half_bytes_on_wire(void **state) {
 }
 
 int main(int argc, char **argv) {
-    if (fsc_dist_init(&argc, &argv, NULL)) {
-        fprintf(stderr, "fsc_dist_init: %s\n", fsc_last_error());
-        return 1;
-    }
-    int rc =
-        fsc_group_split(fsc_group_world(), fsc_dist_rank() % 2, fsc_dist_rank(), "halves", &halves);
-    if (rc) {
-        fprintf(stderr, "split: %s\n", fsc_last_error());
-        return 1;
-    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_half_conversions),
         cmocka_unit_test(test_half_sums),
         cmocka_unit_test(test_half_bytes_on_wire),
     };
-    int failed = cmocka_run_group_tests(tests, NULL, NULL);
-    fsc_group_free(halves);
-    rc = fsc_dist_finalize();
-    if (rc) fprintf(stderr, "fsc_dist_finalize: %s\n", fsc_last_error());
-    return failed || rc ? 1 : 0;
+    return ct_run_tests(&argc, &argv, tests);
 }
