@@ -335,7 +335,12 @@ static void deadline_passed(bool early) {
                      at_finalize ? "every rank answers the heartbeat and is in MPI_Finalize"
                                  : "every rank answers the heartbeat");
         agree(st, proposal, 1.0, msg, sizeof msg, true);
-    } else if (!st) {
+    } else if (st) {
+        /* the verdict was reached elsewhere; still say what this rank was in */
+        char verdict[HB_TEXT];
+        fsc_hb_verdict(verdict, sizeof verdict);
+        snprintf(msg, sizeof msg, "%.300s: %.590s", proposal, verdict);
+    } else {
         const char *r = getenv("OMPI_COMM_WORLD_RANK"), *n = getenv("OMPI_COMM_WORLD_SIZE");
         if (!r) r = getenv("PMI_RANK"), n = getenv("PMI_SIZE");
         if (!r) r = getenv("PMIX_RANK");

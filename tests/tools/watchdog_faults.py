@@ -42,7 +42,9 @@ import saved_state  # beside this file: the checkpoint check
 MODEL = ["--layers", "1", "--d-model", "32", "--heads", "2", "--seq", "16", "--batch", "2",
          "--steps", "1000000", "--quiet"]
 BLAME = re.compile(r"world rank (\d+) (?:is lost|is stalled|has not reached)")
-EARLY = re.compile(r"^fsc: .* cannot complete \(after [^)]*\): (.*); ending this process")
+# the heartbeat thread ending a rank stuck in a blocking call: what it was in, then the verdict
+EARLY = re.compile(r"^fsc: .* (?:cannot complete \(after [^)]*\)|did not return within [^:]*): (.*); "
+                   r"ending this process")
 VERDICT = re.compile(r"(\S+ (?:#\d+ on group|of \d+ \S+ (?:to|from)) .*answer the heartbeat\))")
 
 
