@@ -96,18 +96,21 @@ typedef struct fsc_trainer_config {
     fsc_trainer_hook_fn after_backward;  /* may be NULL */
     void *user;
     /* AdaScale (fsc/adascale.h): the gain r from the step's world x
-     * grad_accum gradient samples (each micro-batch of each rank is one,
-     * its squared norm taken before any reduction through the strategy's
-     * grad_probe), the learning rate multiplied by r, and the schedule read
-     * at the scale-invariant step (the sum of the gains so far), so a
-     * schedule written for one micro-batch on one rank runs unchanged.
-     * Under single, dp, ddp, oss and sdp; refused under fsdp (its
-     * reduce-scatter takes no probe yet), slowmo (no gradient is reduced),
-     * a pipeline or tensor parallelism. Costs one 8-byte all-reduce per step,
-     * the global gradient norm (computed even with skip_grad_norm), a pass
-     * over each bucket before it is reduced and, with grad_accum > 1, a copy
-     * of the gradients (FSC_MEM_WORK) to tell micro-batches apart.
-     * Checkpoints do not hold the estimator or the scale-invariant step. */
+     * grad_accum gradient samples (each micro-batch of each data-parallel
+     * replica is one, its squared norm taken before any reduction through
+     * the strategy's grad_probe), the learning rate multiplied by r, and the
+     * schedule read at the scale-invariant step (the sum of the gains so
+     * far), so a schedule written for one micro-batch on one rank runs
+     * unchanged. A step clipped by c = clip / norm enters the estimate
+     * scaled by c^2, the size it is applied at. Under single, dp, ddp, oss,
+     * sdp and fsdp, and on a pipeline or tensor-parallel mesh under ddp, oss
+     * or sdp; refused under slowmo (no gradient is reduced), fsdp over a
+     * pipeline or tensor parallelism, and the zb1 schedule. Costs one
+     * 4-byte all-reduce per step, the global gradient norm (computed even
+     * with skip_grad_norm), a pass over each bucket before it is reduced and,
+     * with grad_accum > 1 (not fsdp), a copy of the gradients
+     * (FSC_MEM_WORK) to tell micro-batches apart. Checkpoints hold the
+     * estimator and the scale-invariant step. */
     bool adascale;
     fsc_adascale_config adascale_cfg; /* scale 0: world x grad_accum */
 } fsc_trainer_config;

@@ -263,7 +263,7 @@ int fsc_trainer_step(fsc_trainer *t, fsc_step_result *r) {
     r->base_lr = fsc_trainer_lr(t, t->ada ? (int64_t)floor(trainer_ada_progress(t)) : t->step);
     r->gain = 1;
     if (t->ada && !skip) {
-        if ((rc = trainer_ada_update(t, gnorm, scale, &r->gain))) return rc;
+        if ((rc = trainer_ada_update(t, gnorm, c->clip, scale, &r->gain))) return rc;
     }
     r->lr = skip ? fsc_strategy_get_lr(t->s) : r->base_lr * r->gain;
     if (!skip) {

@@ -27,7 +27,8 @@ void trainer_ada_begin_step(fsc_trainer *t);
 void trainer_ada_before_micro(fsc_trainer *t);
 void trainer_ada_after_micro(fsc_trainer *t, int k); /* micro-step k has run */
 /* The step's samples against the averaged gradient's norm: *gain. Collective. */
-int trainer_ada_update(fsc_trainer *t, double grad_norm, double loss_scale, double *gain);
+int trainer_ada_update(fsc_trainer *t, double grad_norm, double clip, double loss_scale,
+                       double *gain);
 void trainer_ada_advance(fsc_trainer *t, double gain); /* after the update */
 double trainer_ada_progress(const fsc_trainer *t);     /* scale-invariant steps so far */
 /* Checkpoints: the estimates and the progress as a JSON object (state.json's
