@@ -11,8 +11,9 @@
 # Environment: SEEDS (default "1337 2 3 4 5"), FSC_BUILD (default build),
 # LR and MOMENTUM (the SGD regime, default 0.0125 and 0: plain SGD; the
 # momentum regime of the docs is LR=0.01 MOMENTUM=0.9 into out/adascale_m09),
-# MPIEXEC (default mpiexec), SEQ (sequence length, default 128). The one-rank runs go first;
-# pilot.py's rule must pass on all of them before any 4-rank run starts. A
+# MPIEXEC (default mpiexec), SEQ (sequence length, default 128). The
+# one-rank runs go first; pilot.py's rule must pass on all of them before
+# any 4-rank run starts. A
 # run whose metrics file already holds its last step is not run again, so an
 # interrupted sweep picks up where it stopped.
 # The 4-rank runs go one at a time with --oversubscribe (they fit 2 cores).
@@ -33,8 +34,8 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # The regime: plain SGD at batch 1 per rank, where the learning rate sets
 # the pace (AdaScale's premise; under momentum 0.9 it barely does, see the
 # docs), clipping at 5 (about 3x the median gradient norm, so it cuts only
-# the spikes). The held-out set is the
-# same 32 sequences everywhere: 32 batches of 1 on one rank, 8 of 4 on four.
+# the spikes). The held-out set is the same 32 sequences everywhere: 32
+# batches of 1 on one rank, 8 of 4 on four.
 # A shorter SEQ evaluates proportionally more sequences: the same 4096
 # held-out tokens, so the curves are no noisier for it.
 warmup=20

@@ -118,7 +118,7 @@ void trainer_ada_after_micro(fsc_trainer *t, int k) {
  * c = clip / norm enters at the size it is applied: both sums times c^2, as
  * if every sample had been scaled by c. Unclipped, one spike (norms of
  * 100-400 against a median of 2 on a small GPT under SGD) outweighed the
- * smoothed sums for the next ~600 steps and pinned the gain near 1. */
+ * smoothed sums for the next ~600 steps and pinned the gain at 1.1-1.3. */
 int trainer_ada_update(fsc_trainer *t, double grad_norm, double clip, double loss_scale,
                        double *gain) {
     struct trainer_adascale *a = t->ada;
