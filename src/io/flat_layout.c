@@ -262,13 +262,21 @@ static int get_array(const char *path, const cJSON *root, const char *key, const
     return FSC_OK;
 }
 
+/* An entry of array `list` must be an object; `what` gets its prefix for
+ * the messages of its fields ("units[3]."). */
+static int entry_object(const char *path, const cJSON *o, const char *list, int i, char *what,
+                        size_t n) {
+    snprintf(what, n, "%s[%d].", list, i);
+    if (!cJSON_IsObject(o))
+        return fsc_error(FSC_ERR_FORMAT, "%s: stored flat layout: %s[%d] must be an object", path,
+                         list, i);
+    return FSC_OK;
+}
+
 static int parse_unit(const char *path, const cJSON *o, int u, fsc_flat_unit *U) {
     char what[48];
-    snprintf(what, sizeof what, "units[%d].", u);
-    if (!cJSON_IsObject(o))
-        return fsc_error(FSC_ERR_FORMAT, "%s: stored flat layout: units[%d] must be an object",
-                         path, u);
-    int rc = get_name(path, o, what, U->name, sizeof U->name);
+    int rc = entry_object(path, o, "units", u, what, sizeof what);
+    if (!rc) rc = get_name(path, o, what, U->name, sizeof U->name);
     if (!rc) rc = get_int(path, o, what, "numel", MAX_ELEMS, &U->numel);
     if (!rc) rc = get_int(path, o, what, "shard", MAX_ELEMS, &U->shard);
     return rc;
@@ -276,12 +284,9 @@ static int parse_unit(const char *path, const cJSON *o, int u, fsc_flat_unit *U)
 
 static int parse_param(const char *path, const cJSON *o, int i, fsc_flat_param *p) {
     char what[48];
-    snprintf(what, sizeof what, "params[%d].", i);
-    if (!cJSON_IsObject(o))
-        return fsc_error(FSC_ERR_FORMAT, "%s: stored flat layout: params[%d] must be an object",
-                         path, i);
     int64_t unit = 0;
-    int rc = get_name(path, o, what, p->name, sizeof p->name);
+    int rc = entry_object(path, o, "params", i, what, sizeof what);
+    if (!rc) rc = get_name(path, o, what, p->name, sizeof p->name);
     if (!rc) rc = get_int(path, o, what, "unit", 1 << 30, &unit);
     if (!rc) rc = get_int(path, o, what, "offset", MAX_ELEMS, &p->offset);
     if (rc) return rc;
