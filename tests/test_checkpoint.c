@@ -8,6 +8,7 @@
  * trailing bytes. Special files and links are refused, never read. Every
  * refusal and every killed or aborted save is also checked to leave what was
  * saved before it byte for byte as it was (tree_sum.h). */
+#include <float.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -103,6 +104,44 @@ static void test_round_trip_and_latest(void **state) {
     assert_int_equal(tree_sum(tmp("ck")), saved);
     assert_int_equal(fsc_ckpt_open(tmp("ck"), &c), FSC_OK);
     assert_int_equal(fsc_ckpt_step(c), 10);
+    fsc_ckpt_close(c);
+}
+
+/* Metadata doubles come back bit for bit, at the top and nested, and a step
+ * past 10^15 too. cJSON's own print keeps 15 digits whenever they read back
+ * within an epsilon: 0.1 + 0.2 came back as 0.3 and 1 + 2^-52 as 1 (AdaScale's
+ * progress failed to resume exactly on one CPU that way). */
+static void test_metadata_doubles_exact(void **state) {
+    (void)state;
+    const double v[] = {0.1 + 0.2, 1.0 + DBL_EPSILON, 3.0000000000000004,
+                        1e300 * 1.0000000000000002, -2.5e-310};
+    const int64_t step = 4503599627370497; /* 2^52 + 1: 16 digits */
+    fsc_ckpt_writer *w;
+    assert_int_equal(fsc_ckpt_begin(tmp("exact"), step, &w), FSC_OK);
+    write_text(fsc_ckpt_member(w, "model.bin"), "w");
+    char json[512];
+    int at = snprintf(json, sizeof json, "{\"v\": [");
+    for (size_t i = 0; i < sizeof v / sizeof *v; i++)
+        at += snprintf(json + at, sizeof json - (size_t)at, "%s%.17g", i ? ", " : "", v[i]);
+    snprintf(json + at, sizeof json - (size_t)at, "]}");
+    assert_int_equal(fsc_ckpt_set(w, "nested", json), FSC_OK);
+    char top[32];
+    snprintf(top, sizeof top, "%.17g", v[0]);
+    assert_int_equal(fsc_ckpt_set(w, "top", top), FSC_OK);
+    assert_int_equal(fsc_ckpt_commit(w), FSC_OK);
+    fsc_ckpt *c;
+    assert_int_equal(fsc_ckpt_open(tmp("exact"), &c), FSC_OK);
+    assert_true(fsc_ckpt_step(c) == step);
+    assert_true(strtod(fsc_ckpt_get(c, "top"), NULL) == v[0]);
+    const char *got = fsc_ckpt_get(c, "nested");
+    const char *p = strchr(got, '[');
+    assert_non_null(p);
+    for (size_t i = 0; i < sizeof v / sizeof *v; i++) {
+        char *end;
+        const double d = strtod(p + 1, &end);
+        if (d != v[i]) fail_msg("value %zu: %.17g came back as %.17g (%s)", i, v[i], d, got);
+        p = end;
+    }
     fsc_ckpt_close(c);
 }
 
@@ -430,6 +469,7 @@ static void test_special_files_refused(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip_and_latest),
+        cmocka_unit_test(test_metadata_doubles_exact),
         cmocka_unit_test(test_damage_is_refused),
         cmocka_unit_test(test_abort_keeps_previous),
         cmocka_unit_test(test_kill_at_every_commit_point),

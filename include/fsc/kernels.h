@@ -207,6 +207,10 @@ FSC_API void fsc_dropout_slice(float *out, const float *inp, float p, uint64_t k
 /* ---- softmax and attention ------------------------------------------------- */
 /* Row-wise softmax over (N,V). */
 FSC_API void fsc_softmax_forward(float *out, const float *inp, int N, int V);
+/* Row t of a causal softmax in place: row[0, t] becomes its softmax, and
+ * row(t, ncols) zeros. The attention kernels' own softmax (its exp and its
+ * 1/sum), for code that must give their results, such as the KV cache. */
+FSC_API void fsc_softmax_causal_row(float *row, int t, int ncols);
 /* Causal multi-head self-attention on a fused qkv.
  * qkv is (B,T,3C) laid out [q | k | v]; out is (B,T,C); att is (B,NH,T,T), the
  * softmax probabilities kept for backward (upper triangle left unwritten). */

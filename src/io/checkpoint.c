@@ -145,7 +145,7 @@ static int write_state(fsc_ckpt_writer *w) {
     w->meta = NULL;
     cJSON_AddItemToObject(root, "files", files);
     int rc = checksum_members(w, files);
-    char *body = rc ? NULL : cJSON_Print(root);
+    char *body = rc || !fsc_json_exact_numbers(root) ? NULL : cJSON_Print(root);
     cJSON_Delete(root);
     if (rc) return rc;
     size_t n = body ? strlen(body) : 0;

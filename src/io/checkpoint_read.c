@@ -310,5 +310,5 @@ const char *fsc_ckpt_get(const fsc_ckpt *c, const char *key) {
     const cJSON *meta = cJSON_GetObjectItemCaseSensitive(c->state, "meta");
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(meta, key);
     if (!v) return NULL;
-    return retain((fsc_ckpt *)c, cJSON_PrintUnformatted(v));
+    return retain((fsc_ckpt *)c, fsc_json_print_exact(v, 0));
 }

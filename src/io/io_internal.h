@@ -61,4 +61,14 @@ int fsc_shard_probe(const char *path, int64_t *count, int *width);
  * refused). */
 int fsc_shard_read(const char *path, void *dst, int width, int64_t count);
 
+/* Every finite number under node becomes a raw node holding its "%.17g"
+ * text, so printing the tree keeps each double bit for bit (cJSON's own print
+ * keeps 15 digits when they round-trip within an epsilon). 0 when out of
+ * memory. */
+struct cJSON;
+int fsc_json_exact_numbers(struct cJSON *node);
+/* value printed with every number exact (value itself is not changed);
+ * malloc'd, NULL when out of memory. */
+char *fsc_json_print_exact(const struct cJSON *value, int formatted);
+
 #endif

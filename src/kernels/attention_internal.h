@@ -13,9 +13,7 @@
  * or read. */
 #define FSC_ATT_BLOCK 64
 
-/* Row t of a causal softmax in place: row[0, t] becomes its softmax, and
- * row(t, ncols) zeros (it takes part in its block's dense GEMM). */
-void fsc_softmax_causal_row(float *row, int t, int ncols);
+/* fsc_softmax_causal_row (fsc/kernels.h) is the softmax of both. */
 /* Its backward for row t: dp[0, t] becomes ds = scale p (dp - sum p dp),
  * dp(t, ncols) zeros. */
 void fsc_softmax_causal_row_backward(float *dp, const float *p, int t, int ncols, float scale);
