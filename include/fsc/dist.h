@@ -145,6 +145,11 @@ FSC_API int fsc_group_allgather(fsc_group *g, const void *in, void *out, int64_t
  * counts and displs hold one entry per rank, each >= 0, alike on every rank. */
 FSC_API int fsc_group_allgatherv(fsc_group *g, const void *in, void *out, const int64_t *counts,
                                  const int64_t *displs, fsc_dtype dt);
+/* Every rank's rc in one collective: FSC_OK when all are FSC_OK; otherwise
+ * every rank returns the first failing rank's status, with that rank's
+ * message as "rank R of group G failed <what>: <its error>". what is a
+ * phrase such as "writing the checkpoint". A group of one returns rc. */
+FSC_API int fsc_group_agree(fsc_group *g, int rc, const char *what);
 /* in holds size * count elements; rank r receives the reduction of chunk r in out. */
 FSC_API int fsc_group_reduce_scatter(fsc_group *g, const void *in, void *out, int64_t count,
                                      fsc_dtype dt, fsc_reduce_op op);

@@ -20,10 +20,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include "core/fault.h"
 #include "dist/heartbeat.h"
+#include "io/checkpoint_internal.h"
 #include "io/io_internal.h"
 #include "io/st_parallel.h"
 
@@ -124,6 +127,8 @@ typedef struct job {
     int n;
     char *stage;
     size_t cap;
+    int64_t *runs; /* (offset, bytes, CRC-32) of each round this rank wrote */
+    int nruns;
 } job;
 
 static uint64_t piece_offset(const job *j, const st_piece *p, size_t *es) {
@@ -252,30 +257,7 @@ static int prepare(job *j, const st_pieces *in, int64_t *rounds, int64_t *bytes)
     return FSC_OK;
 }
 
-/* ---- agreement -------------------------------------------------------------------- */
-
-/* Every rank's status in one collective; when some failed, the first failing
- * rank's message reaches every rank (one more), so all report the same. */
-static int agree(fsc_group *g, int rc, const char *what) {
-    const int me = fsc_group_rank(g), world = fsc_group_size(g);
-    int32_t *all = calloc((size_t)world, sizeof *all), mine = rc;
-    int32_t text[256] = {0}; /* 1024 bytes */
-    if (!all) return fsc_error(FSC_ERR_NOMEM, "parallel save: out of memory");
-    int crc = fsc_group_allgather(g, &mine, all, 1, FSC_DTYPE_I32);
-    int q = 0;
-    while (!crc && q < world && all[q] == 0) q++;
-    int status = crc ? crc : q < world ? all[q] : FSC_OK;
-    free(all);
-    if (crc) return fsc_error_context(crc, "%s: ", what);
-    if (!status) return FSC_OK;
-    if (me == q)
-        snprintf((char *)text, sizeof text, "rank %d of group %s failed %s: %s", q,
-                 fsc_group_name(g), what, fsc_last_error());
-    crc = fsc_group_broadcast(g, text, 256, FSC_DTYPE_I32, q);
-    if (crc) return fsc_error_context(crc, "%s: ", what);
-    ((char *)text)[sizeof text - 1] = '\0';
-    return fsc_error(status, "%s", (char *)text);
-}
+/* ---- errors ---------------------------------------------------------------------- */
 
 static int mpi_error(int rc, const char *what, const char *path) {
     char text[MPI_MAX_ERROR_STRING + 1];
@@ -284,6 +266,84 @@ static int mpi_error(int rc, const char *what, const char *path) {
     text[len] = '\0';
     return fsc_error(FSC_ERR_IO, "%s: %s failed: %s (MPI error %d)", path, what, len ? text : "?",
                      rc);
+}
+
+/* A write call's status: MPI's error, or fewer bytes than asked. Open MPI
+ * 4.1's posix fbtl returns MPI_SUCCESS with a count of 0 when pwritev fails
+ * (EIO, ENOSPC), so the count is the only sign of a torn file. */
+static int write_status(int mrc, const MPI_Status *st, size_t want, const char *what,
+                        const char *path, uint64_t off) {
+    if (mrc) return mpi_error(mrc, what, path);
+    int got = 0;
+    if (MPI_Get_count(st, MPI_BYTE, &got) != MPI_SUCCESS || got == MPI_UNDEFINED) got = -1;
+    if ((size_t)got == want || (want == 0 && got <= 0)) return FSC_OK;
+    return fsc_error(FSC_ERR_IO,
+                     "%s: %s wrote %d of %zu bytes at offset %llu (a failed or short write: "
+                     "disk full or an I/O error?)",
+                     path, what, got, want, (unsigned long long)off);
+}
+
+/* The temporary's size once closed: exactly the plan's, or the file is torn. */
+static int check_size(const char *tmp, uint64_t want) {
+    struct stat sb;
+    if (stat(tmp, &sb) != 0)
+        return fsc_error(FSC_ERR_IO, "%s: cannot stat after writing: %s", tmp, strerror(errno));
+    if ((uint64_t)sb.st_size != want)
+        return fsc_error(FSC_ERR_IO, "%s: %llu bytes on disk after writing, the plan has %llu", tmp,
+                         (unsigned long long)sb.st_size, (unsigned long long)want);
+    return FSC_OK;
+}
+
+static int by_run_offset(const void *a, const void *b) {
+    const int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The file's CRC-32 from the bytes every rank handed MPI (the header, then
+ * each rank's runs in file order, joined with crc32_combine) against a
+ * re-read of what is on disk: a write that MPI reported whole but that did
+ * not land (a lost or garbled write of the right size) fails the save here.
+ * Collective; the verdict is the root's. */
+static int verify_written(fsc_group *g, const job *j, const char *tmp, bool is_root,
+                          const unsigned char *hdr, size_t hlen, uint64_t total) {
+    const int world = fsc_group_size(g);
+    int64_t mine = 3 * (int64_t)j->nruns, *counts = calloc((size_t)world, 2 * sizeof *counts);
+    int rc = counts ? FSC_OK : fsc_error(FSC_ERR_NOMEM, "%s: out of memory", tmp);
+    rc = fsc_group_agree(g, rc, "checking the bytes written");
+    if (!rc) rc = fsc_group_allgather(g, &mine, counts, 1, FSC_DTYPE_I64);
+    int64_t *displs = counts ? counts + world : NULL, all = 0;
+    for (int r = 0; !rc && r < world; r++) displs[r] = all, all += counts[r];
+    int64_t *runs = rc ? NULL : malloc(sizeof *runs * (size_t)(all ? all : 1));
+    if (!rc && !runs) rc = fsc_error(FSC_ERR_NOMEM, "%s: out of memory", tmp);
+    rc = fsc_group_agree(g, rc, "checking the bytes written");
+    if (!rc) rc = fsc_group_allgatherv(g, j->runs, runs, counts, displs, FSC_DTYPE_I64);
+    if (!rc && is_root) rc = check_size(tmp, total);
+    if (!rc && is_root) {
+        qsort(runs, (size_t)(all / 3), 3 * sizeof *runs, by_run_offset);
+        uLong want = crc32(crc32(0L, Z_NULL, 0), hdr, (uInt)hlen);
+        uint64_t at = hlen;
+        for (int64_t i = 0; !rc && i < all; i += 3) {
+            if ((uint64_t)runs[i] != at)
+                rc = fsc_error(FSC_ERR_IO, "%s: the ranks wrote byte %lld next where %llu was due",
+                               tmp, (long long)runs[i], (unsigned long long)at);
+            want = crc32_combine(want, (uLong)runs[i + 2], (z_off_t)runs[i + 1]);
+            at += (uint64_t)runs[i + 1];
+        }
+        if (!rc && at != total)
+            rc = fsc_error(FSC_ERR_IO, "%s: the ranks wrote %llu of its %llu bytes", tmp,
+                           (unsigned long long)at, (unsigned long long)total);
+        uint32_t got;
+        int64_t size;
+        if (!rc) rc = ckpt_file_crc(tmp, &got, &size);
+        if (!rc && (got != (uint32_t)want || (uint64_t)size != total))
+            rc = fsc_error(FSC_ERR_IO,
+                           "%s: the bytes on disk are not the bytes written (CRC-32 %08x of "
+                           "%lld bytes read back, %08lx of %llu written)",
+                           tmp, got, (long long)size, want, (unsigned long long)total);
+    }
+    free(runs);
+    free(counts);
+    return rc;
 }
 
 /* ---- the save --------------------------------------------------------------------- */
@@ -308,15 +368,18 @@ static int write_file(fsc_group *g, job *j, const char *tmp, bool is_root, const
     MPI_File fh;
     int mrc = MPI_File_open(g->ctrl, tmp, MPI_MODE_WRONLY, MPI_INFO_NULL, &fh);
     int rc = mrc ? mpi_error(mrc, "MPI_File_open", tmp) : FSC_OK;
-    rc = agree(g, rc, "opening the file");
+    rc = fsc_group_agree(g, rc, "opening the file");
     if (rc) {
         /* closing is collective over every opener: a handle opened here while
          * a peer's open failed cannot be closed, so it is left to MPI_Finalize */
         if (!mrc) fsc_log(FSC_LOG_WARN, "%s: left open after a peer's open failed", tmp);
         return rc;
     }
-    if (is_root && (mrc = MPI_File_write_at(fh, 0, hdr, (int)hlen, MPI_BYTE, MPI_STATUS_IGNORE)))
-        rc = mpi_error(mrc, "MPI_File_write_at(header)", tmp);
+    MPI_Status st;
+    if (is_root) {
+        mrc = MPI_File_write_at(fh, 0, hdr, (int)hlen, MPI_BYTE, &st);
+        rc = write_status(mrc, &st, hlen, "MPI_File_write_at(header)", tmp, 0);
+    }
     if (!rc && fsc_fault_is(FSC_FAULT_IO_WRITE) && fsc_group_rank(g) == fsc_group_size(g) - 1)
         rc = fsc_error(FSC_ERR_IO, "%s: write failed: simulated I/O error (fault io-write)", tmp);
     cursor c = {0, 0};
@@ -325,9 +388,14 @@ static int write_file(fsc_group *g, job *j, const char *tmp, bool is_root, const
         size_t n = 0;
         if (!rc) rc = next_round(j, &c, true, &off, &n);
         if (rc) n = 0; /* a failed rank still joins every round, writing nothing */
-        mrc = MPI_File_write_at_all(fh, (MPI_Offset)off, j->stage, (int)n, MPI_BYTE,
-                                    MPI_STATUS_IGNORE);
-        if (mrc && !rc) rc = mpi_error(mrc, "MPI_File_write_at_all", tmp);
+        mrc = MPI_File_write_at_all(fh, (MPI_Offset)off, j->stage, (int)n, MPI_BYTE, &st);
+        const int wrc = write_status(mrc, &st, n, "MPI_File_write_at_all", tmp, off);
+        if (wrc && !rc) rc = wrc;
+        if (!rc && n) {
+            int64_t *run = j->runs + 3 * j->nruns++;
+            run[0] = (int64_t)off, run[1] = (int64_t)n;
+            run[2] = (int64_t)crc32(crc32(0L, Z_NULL, 0), (const Bytef *)j->stage, (uInt)n);
+        }
     }
     if ((mrc = MPI_File_sync(fh)) && !rc) rc = mpi_error(mrc, "MPI_File_sync", tmp);
     if ((mrc = MPI_File_close(&fh)) && !rc) rc = mpi_error(mrc, "MPI_File_close", tmp);
@@ -364,7 +432,7 @@ int st_parallel_save(fsc_group *g, int root, const char *path, fsc_st_writer *pl
     if (!rc) rc = prepare(&j, pieces, &mine[1], &mine[2]);
     if (!rc && !all) rc = fsc_error(FSC_ERR_NOMEM, "%s: out of memory", j.path);
     /* one collective: statuses, rounds and bytes of every rank */
-    rc = agree(g, rc, "preparing the parallel save");
+    rc = fsc_group_agree(g, rc, "preparing the parallel save");
     int64_t rounds = 0, covered = 0;
     if (!rc) rc = fsc_group_allgather(g, mine, all, 3, FSC_DTYPE_I64);
     for (int r = 0; !rc && r < world; r++) {
@@ -381,19 +449,26 @@ int st_parallel_save(fsc_group *g, int root, const char *path, fsc_st_writer *pl
         snprintf(what, sizeof what, "the MPI-IO save of %.100s (FSC_IO_TIMEOUT_S)", j.path);
         fsc_hb_note_wait(what, true); /* busy in fsc: never taken for a stalled peer */
         fsc_hb_arm(timeout, what);
-        rc = write_file(g, &j, tmp, is_root, hdr, hlen, rounds);
+        j.runs = malloc(sizeof *j.runs * 3 * (size_t)(rounds ? rounds : 1));
+        rc = j.runs ? FSC_OK : fsc_error(FSC_ERR_NOMEM, "%s: out of memory", j.path);
+        rc = fsc_group_agree(g, rc, "preparing the parallel save");
+        if (!rc) rc = write_file(g, &j, tmp, is_root, hdr, hlen, rounds);
+        const uint64_t total = hlen + st_plan_data_bytes(plan);
+        rc = fsc_group_agree(g, rc, "writing its part");
+        if (!rc) rc = verify_written(g, &j, tmp, is_root, hdr, hlen, total);
+        rc = fsc_group_agree(g, rc, "checking the file written");
         fsc_hb_arm(0, "");
         fsc_hb_note_wait(NULL, false);
-        rc = agree(g, rc, "writing its part");
         if (is_root && !rc && rename(tmp, rpath) != 0)
             rc = fsc_error(FSC_ERR_IO, "cannot rename %s to %s: %s", tmp, rpath, strerror(errno));
         if (is_root && !rc) rc = fsc_fsync_parent(rpath);
-        rc = agree(g, rc, "committing the file");
+        rc = fsc_group_agree(g, rc, "committing the file");
     }
     if (made && rc) unlink(tmp);
     free(all);
     free(hdr);
     free(j.p);
+    free(j.runs);
     fsc_mem_free(j.stage);
     fsc_st_writer_abort(plan);
     return rc;

@@ -81,6 +81,9 @@ int fsc_trainer_save_checkpoint(fsc_trainer *t, const char *dir, int n_state,
     rc = fsc_strategy_save_weights(t->s, weights, 0, 2 + n_state, mk, mv);
     int orc = fsc_strategy_save_optim(t->s, optim, 0);
     if (!rc) rc = orc;
+    /* committed only when every rank's part is on disk: a rank whose write
+     * failed stops the commit, and every rank names it */
+    rc = fsc_group_agree(fsc_strategy_all(t->s), rc, "writing the checkpoint's files");
     if (root) {
         if (!rc) rc = set_state(t, w, n_state, keys, json_values);
         if (!rc)
