@@ -4,7 +4,7 @@ PyTorch is present) its models and losses agree with PyTorch.
 
 usage: train_e2e.py FSC_TRAIN {learns|accum|strategies|watchdog|resume|bad-input|torch|
                               fsdp|fsdp-precision|fsdp-files|validation|formats|sample|
-                              config|signals|optimizers|consistency|plot}
+                              config|signals|optimizers|consistency|plot|io-faults}
 One mode a ctest (train_<mode>); the checks live by feature in the train_e2e_*.py
 modules beside this file, what they share in train_e2e_common.py. (The progress
 output is tests/tools/progress_e2e.py.)
@@ -15,6 +15,7 @@ import sys
 import train_e2e_data as data
 import train_e2e_faults as faults
 import train_e2e_fsdp as fsdp
+import train_e2e_io as io
 import train_e2e_tools as tools
 import train_e2e_training as training
 
@@ -29,6 +30,7 @@ MODES = {
     "resume": faults.resume,
     "signals": faults.signals,
     "consistency": faults.consistency,
+    "io-faults": io.io_faults,
     "fsdp": fsdp.fsdp,
     "fsdp-precision": fsdp.fsdp_precision,
     "fsdp-files": fsdp.fsdp_files,

@@ -1,0 +1,111 @@
+"""Disk faults where they really happen, below fsc and below MPI: the shim
+tests/tools/io_fault_shim.c (FSC_IO_SHIM, preloaded into every rank) makes one
+rank's writes into one checkpoint fail with EIO or ENOSPC, land as zeros while
+reporting success, or makes its fsyncs fail. Every save path and layout must
+then exit non-zero naming the rank and the file, keep `latest` on the previous
+checkpoint with every member as its state.json records (also under
+--keep-last 1, which must not prune it), and leave no trace of the torn save;
+a final --save that fails leaves the file already at that path as it was.
+Before the fix Open MPI's MPI-IO reported the failed writes as successes and
+fsc-train committed the torn checkpoint, exit 0."""
+import os
+import shutil
+import sys
+
+from train_e2e_common import TINY, TMP, mpiexec, verify_checkpoint
+
+SHIM = os.environ.get("FSC_IO_SHIM")
+
+
+def shim_env(**fault):
+    env = dict(os.environ)
+    env["LD_PRELOAD"] = SHIM
+    # a sanitizer build's runtime must come first in the list; the preloaded shim is
+    # a plain library, so the check is turned off (every other ASan check stays)
+    env["ASAN_OPTIONS"] = ":".join(
+        x for x in (env.get("ASAN_OPTIONS"), "verify_asan_link_order=0") if x)
+    for k, v in fault.items():
+        env[f"FSC_SHIM_{k.upper()}"] = str(v)
+    return env
+
+
+def expect_failed_save(what, p, needles, ck, keep_step=2):
+    """p (a finished run) failed naming every needle; ck's latest is still keep_step,
+    intact, and no later step directory or temporary was left."""
+    if p.returncode == 0:
+        sys.exit(f"FAIL: {what}: exited 0 after a failed write:\n{p.stderr}")
+    for n in needles:
+        if n not in p.stderr:
+            sys.exit(f"FAIL: {what}: {n!r} not in the message:\n{p.stderr}")
+    step = verify_checkpoint(ck)
+    if step != keep_step:
+        sys.exit(f"FAIL: {what}: latest is step {step}, expected {keep_step}")
+    left = sorted(x for x in os.listdir(ck) if x not in ("latest", f"step-{keep_step:06d}"))
+    if left:
+        sys.exit(f"FAIL: {what}: left in {ck}: {left}")
+    line = next((x for x in p.stderr.splitlines() if x.startswith("fsc-train")), "")
+    print(f"ok  {what}: {line[:170]}")
+
+
+def io_faults():
+    if not SHIM or not os.path.exists(SHIM):
+        print("SKIP: FSC_IO_SHIM (the fault shim library) not given")
+        sys.exit(77)
+    base = [*TINY, "--quiet", "--steps", "6", "--save-every", "2"]
+    # the MPI-IO path: rank 1's writes into step 4's files fail from byte 300,000
+    # on (both files are ~470 KB and ~950 KB, split between the two ranks)
+    mpiio = [("ddp", "EIO", 0), ("ddp", "ENOSPC", 1), ("fsdp", "EIO", 1), ("fsdp", "ENOSPC", 0),
+             ("oss", "ENOSPC", 1), ("oss", "EIO", 0)]
+    for strategy, err, keep in mpiio:
+        ck = os.path.join(TMP, f"io-{strategy}-{err}-{keep}")
+        p = mpiexec(2, *base, "--strategy", strategy, "--checkpoint-dir", ck, "--keep-last", keep,
+                    expect_ok=False, env=shim_env(path=".step-000004.tmp", rank=1, write=err,
+                                                  **{"from": 300000}))
+        expect_failed_save(f"{strategy} MPI-IO, rank 1 {err}, keep-last {keep}", p,
+                           ["rank 1", ".safetensors", "wrote 0 of"], ck)
+    # writes that report success but land as zeros: only the CRC of the bytes
+    # written against the bytes read back can tell
+    for strategy in ("ddp", "fsdp"):
+        ck = os.path.join(TMP, f"io-{strategy}-garble")
+        p = mpiexec(2, *base, "--strategy", strategy, "--checkpoint-dir", ck, "--keep-last", 1,
+                    expect_ok=False, env=shim_env(path=".step-000004.tmp", rank=1,
+                                                  write="GARBLE", **{"from": 300000}))
+        expect_failed_save(f"{strategy} MPI-IO, rank 1's writes lost", p,
+                           [".safetensors", "not the bytes written"], ck)
+    # one-writer paths (stdio: the failure surfaces at fsync, as write-back errors do)
+    one_writer = [("ddp, FSC_PARALLEL_IO=0", ["--strategy", "ddp"], {"FSC_PARALLEL_IO": "0"}),
+                  ("pp 2", ["--strategy", "ddp", "--pp", "2"], {}),
+                  ("tp 2", ["--strategy", "ddp", "--tp", "2"], {})]
+    for what, flags, extra in one_writer:
+        ck = os.path.join(TMP, "io-" + what.split(",")[0].replace(" ", ""))
+        env = shim_env(path=".step-000004.tmp", fsync="EIO")
+        env.update(extra)
+        p = mpiexec(2, *base, *flags, "--checkpoint-dir", ck, "--keep-last", 1, expect_ok=False,
+                    env=env)
+        expect_failed_save(f"{what}, fsync EIO", p, ["rank 0", "Input/output error", ".safetensors"],
+                          ck)
+    # state.json itself (fsc's own write): its write fails on rank 0, the root
+    ck = os.path.join(TMP, "io-state")
+    p = mpiexec(2, *base, "--strategy", "ddp", "--checkpoint-dir", ck, "--keep-last", 1,
+                expect_ok=False, env=shim_env(path=".step-000004.tmp", rank=0, write="EIO",
+                                              **{"from": 0}))
+    expect_failed_save("ddp, every write of rank 0 into step 4 fails", p, ["rank 0"], ck)
+    # --save: the final weights under ddp and fsdp; the file already there stays
+    for strategy in ("ddp", "fsdp"):
+        out = os.path.join(TMP, f"final-{strategy}.safetensors")
+        with open(out, "wb") as f:
+            f.write(b"the previous weights")
+        p = mpiexec(2, *TINY, "--quiet", "--steps", "2", "--strategy", strategy, "--save", out,
+                    expect_ok=False, env=shim_env(path=f"final-{strategy}.safetensors.tmp",
+                                                  rank=1, write="EIO", **{"from": 0}))
+        if p.returncode == 0 or "rank 1" not in p.stderr or out not in p.stderr:
+            sys.exit(f"FAIL: --save under {strategy}: exit {p.returncode}, no rank 1 and "
+                     f"{out} in:\n{p.stderr}")
+        with open(out, "rb") as f:
+            if f.read() != b"the previous weights":
+                sys.exit(f"FAIL: --save under {strategy}: {out} was changed")
+        stray = [x for x in os.listdir(TMP) if x.startswith(f"final-{strategy}.safetensors.")]
+        if stray:
+            sys.exit(f"FAIL: --save under {strategy}: temporaries left: {stray}")
+        print(f"ok  --save under {strategy}, rank 1 EIO: the previous file is unchanged")
+    shutil.rmtree(TMP, ignore_errors=True)
