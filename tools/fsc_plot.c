@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "fsc/core.h"
+#include "fsc/io.h"
 #include "tool_flags.h"
 
 enum { S_LOSS, S_VAL, S_LR, S_TOKS, NSERIES };
@@ -86,7 +87,7 @@ static void range_add(range *r, double v) {
  * become null, so that the rest of the row still counts. */
 static char *nonfinite_to_null(const char *s) {
     size_t n = strlen(s);
-    char *out = malloc(2 * n + 1), *o = out;
+    char *out = malloc(4 * n + 1), *o = out; /* a one-letter word becomes "null": 4x */
     if (!out) return NULL;
     bool in_string = false;
     for (size_t i = 0; i < n;) {
@@ -138,12 +139,14 @@ static int parse_row(const char *line, double *step, double v[NSERIES]) {
         if (!j) return -1;
     }
     const cJSON *s = cJSON_GetObjectItemCaseSensitive(j, "step");
-    int rc = cJSON_IsNumber(s) && isfinite(s->valuedouble);
+    /* steps are counts (below 2^53); values past 1e300 would make a span of
+     * inf and NaN coordinates: both are taken as absent */
+    int rc = cJSON_IsNumber(s) && fabs(s->valuedouble) <= 9007199254740992.0;
     if (rc) {
         *step = s->valuedouble;
         for (int k = 0; k < NSERIES; k++) {
             const cJSON *x = cJSON_GetObjectItemCaseSensitive(j, KEYS[k]);
-            v[k] = cJSON_IsNumber(x) && isfinite(x->valuedouble) ? x->valuedouble : NAN;
+            v[k] = cJSON_IsNumber(x) && fabs(x->valuedouble) <= 1e300 ? x->valuedouble : NAN;
         }
     }
     cJSON_Delete(j);
@@ -161,9 +164,9 @@ typedef void (*row_fn)(void *ctx, run *r, double step, const double v[NSERIES]);
  * `limit` of them when limit >= 0: a file that grows between the passes is
  * drawn as it was). 0, or -1 with a message. */
 static int scan(run *r, long limit, row_fn fn, void *ctx, long *rows, long *bad) {
-    FILE *f = fopen(r->path, "r");
-    if (!f) {
-        fprintf(stderr, "fsc-plot: %s: cannot open: %s\n", r->path, strerror(errno));
+    FILE *f; /* a regular file: a FIFO or /dev/zero is refused, not waited on or read forever */
+    if (fsc_file_open_read(r->path, &f)) {
+        fprintf(stderr, "fsc-plot: %s\n", fsc_last_error());
         return -1;
     }
     char *line = NULL;

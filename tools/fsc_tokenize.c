@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "fsc/core.h"
+#include "fsc/io.h"
 #include "fsc/tokenizer.h"
 #include "tool_flags.h"
 
@@ -84,29 +85,10 @@ static int stream_add(stream *s, const int32_t *ids, int64_t n) {
     return FSC_OK;
 }
 
+/* A text file, whole: regular files only (a FIFO or /dev/zero is refused,
+ * not waited on or read until memory runs out), of at most 16 GiB. */
 static int read_file(const char *path, char **text, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return fsc_error(FSC_ERR_IO, "%s: cannot open (%s)", path, strerror(errno));
-    size_t cap = 1 << 16, n = 0;
-    char *b = malloc(cap);
-    for (size_t got = 1; b && got;) {
-        if (n == cap) {
-            char *more = realloc(b, cap *= 2);
-            if (!more) free(b);
-            if (!(b = more)) break;
-        }
-        got = fread(b + n, 1, cap - n, f);
-        n += got;
-    }
-    int bad = !b || ferror(f);
-    fclose(f);
-    if (bad) {
-        free(b);
-        return b ? fsc_error(FSC_ERR_IO, "%s: read failed", path)
-                 : fsc_error(FSC_ERR_NOMEM, "%s: out of memory", path);
-    }
-    *text = b, *len = n;
-    return FSC_OK;
+    return fsc_file_read_all(path, (size_t)16 << 30, text, len);
 }
 
 /* Appends path's tokens (after <|endoftext|> under --eot); bpe NULL: bytes. */
@@ -137,35 +119,23 @@ static int encode_file(const fsc_bpe *bpe, const char *path, bool eot, stream *o
 }
 
 /* One shard: 256 little-endian int32 header words (magic, version, count),
- * then the tokens, 2 or 4 bytes each; PATH.tmp, flushed, renamed. */
+ * then the tokens, 2 or 4 bytes each; written atomically (an unpredictable
+ * temporary, fsynced, renamed: a link planted beside it is never followed). */
 static int write_shard(const char *path, const int32_t *ids, int64_t n, int version) {
     const int width = version == 1 ? 2 : 4;
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "wb");
-    if (!f) return fsc_error(FSC_ERR_IO, "%s: cannot create (%s)", tmp, strerror(errno));
-    unsigned char h[1024] = {0};
+    const size_t bytes = 1024 + (size_t)n * (size_t)width;
+    unsigned char *h = calloc(bytes, 1), *t = h + 1024;
+    if (!h) return fsc_error(FSC_ERR_NOMEM, "%s: out of memory for %zu bytes", path, bytes);
     const uint32_t words[3] = {version == 1 ? SHARD_MAGIC_V1 : SHARD_MAGIC_V7, (uint32_t)version,
                                (uint32_t)n};
     for (int w = 0; w < 3; w++)
         for (int k = 0; k < 4; k++) h[4 * w + k] = (unsigned char)(words[w] >> (8 * k));
-    bool ok = fwrite(h, 1, sizeof h, f) == sizeof h;
-    unsigned char buf[4 * 4096];
-    for (int64_t i = 0; ok && i < n; i += 4096) {
-        const int64_t k = n - i < 4096 ? n - i : 4096;
-        for (int64_t j = 0; j < k; j++)
-            for (int b = 0; b < width; b++)
-                buf[j * width + b] = (unsigned char)((uint32_t)ids[i + j] >> (8 * b));
-        ok = fwrite(buf, (size_t)width, (size_t)k, f) == (size_t)k;
-    }
-    ok = ok && fflush(f) == 0 && fsync(fileno(f)) == 0;
-    ok = fclose(f) == 0 && ok;
-    if (!ok || rename(tmp, path)) {
-        int e = errno;
-        unlink(tmp);
-        return fsc_error(FSC_ERR_IO, "%s: write failed (%s)", path, strerror(e));
-    }
-    return FSC_OK;
+    for (int64_t j = 0; j < n; j++)
+        for (int b = 0; b < width; b++)
+            t[j * width + b] = (unsigned char)((uint32_t)ids[j] >> (8 * b));
+    int rc = fsc_file_write_atomic(path, h, bytes);
+    free(h);
+    return rc;
 }
 
 /* PREFIX_<split>_000000.bin, ...: n tokens in shards of --shard-tokens. */

@@ -11,6 +11,7 @@
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "fsc/checkpoint.h"
 #include "fsc/weights.h"
@@ -86,30 +87,23 @@ static int member_text(const cJSON *item, const char **out) {
     return *out ? FSC_OK : fsc_error(FSC_ERR_NOMEM, "out of memory");
 }
 
+/* A JSON file a run reads (--config, config.json): a regular file of at most
+ * 64 MiB (a FIFO or /dev/zero is refused, never waited on or read forever). */
 static int read_file(const char *path, char **out) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return fsc_error(FSC_ERR_IO, "%s: cannot open (%s)", path, strerror(errno));
-    char *buf = NULL;
-    size_t n = 0, cap = 0;
-    for (;;) {
-        if (n + 4096 + 1 > cap) {
-            char *b = realloc(buf, cap = 2 * cap + 8192);
-            if (!b) break;
-            buf = b;
-        }
-        size_t got = fread(buf + n, 1, cap - n - 1, f);
-        n += got;
-        if (got == 0 || n > (64u << 20)) break;
-    }
-    bool bad = ferror(f) || !buf || n > (64u << 20);
-    fclose(f);
-    if (bad) {
-        free(buf);
-        return fsc_error(FSC_ERR_IO, "%s: cannot read it (or larger than 64 MiB)", path);
-    }
-    buf[n] = '\0';
-    *out = buf;
-    return FSC_OK;
+    return fsc_file_read_all(path, (size_t)64 << 20, out, NULL);
+}
+
+/* config.json beside the weights, parsed into *out; none there is no error
+ * (*out NULL), one that cannot be read is. */
+static int read_beside(const char *path, cJSON **out) {
+    struct stat sb;
+    char *text = NULL;
+    *out = NULL;
+    if (stat(path, &sb) != 0) return FSC_OK;
+    int rc = read_file(path, &text);
+    if (!rc) *out = cJSON_Parse(text);
+    free(text);
+    return rc;
 }
 
 int train_config_load(train_options *o, const char *path) {
@@ -356,24 +350,20 @@ int train_config_init_from(train_options *o, bool verbose) {
     const char *source = "its metadata";
     const char *meta = fsc_st_metadata(f, "fsc.gpt_config");
     cJSON *j = meta ? cJSON_Parse(meta) : NULL;
-    char path[4096], *text = NULL;
-    if (!j) {
-        config_json_path(o->init_from, path, sizeof path);
-        source = "config.json beside it";
-        FILE *probe = fopen(path, "rb");
-        if (probe && (fclose(probe), !read_file(path, &text))) j = cJSON_Parse(text);
-        free(text);
+    char path[4096];
+    config_json_path(o->init_from, path, sizeof path);
+    if (!j) source = "config.json beside it";
+    cJSON *hf = NULL; /* config.json: the shapes when the file has none, and MoE's settings */
+    int rc = read_beside(path, &hf);
+    if (rc) {
+        cJSON_Delete(j);
+        fsc_st_close(f);
+        return fsc_error_context(rc, "--init-from %s: ", o->init_from);
     }
     if (j) dims_from_json(j, &d);
     cJSON_Delete(j);
-    if (meta) { /* the MoE settings are in config.json only */
-        config_json_path(o->init_from, path, sizeof path);
-        FILE *probe = fopen(path, "rb");
-        cJSON *hf = NULL;
-        if (probe && (fclose(probe), !read_file(path, &text))) hf = cJSON_Parse(text), free(text);
-        if (hf) dims_from_json(hf, &d);
-        cJSON_Delete(hf);
-    }
+    if (hf) dims_from_json(hf, &d);
+    cJSON_Delete(hf);
     if (!d.d_model) { /* the shapes: wte (V, C), wpe (P, C), blocks h.N */
         source = "its tensor shapes";
         const fsc_st_entry *wte = fsc_weights_find(f, "wte.weight"),
@@ -424,11 +414,11 @@ int train_config_init_from(train_options *o, bool verbose) {
 }
 
 int train_config_write_hf(const train_options *o, const char *weights) {
-    char path[4096], tmp[4200];
+    char path[4096], *text = NULL;
+    size_t len = 0;
     config_json_path(weights, path, sizeof path);
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "w");
-    if (!f) return fsc_error(FSC_ERR_IO, "%s: cannot write (%s)", tmp, strerror(errno));
+    FILE *f = open_memstream(&text, &len); /* then written atomically, never at a fixed name */
+    if (!f) return fsc_error(FSC_ERR_NOMEM, "%s: out of memory", path);
     const fsc_gpt_config *m = &o->model;
     const float p = m->dropout;
     fprintf(f,
@@ -449,10 +439,9 @@ int train_config_write_hf(const train_options *o, const char *weights) {
                 o->moe_experts, o->moe_every, o->moe_hidden ? o->moe_hidden : 4 * m->d_model,
                 o->moe_capacity, o->moe_aux_coef);
     fprintf(f, "\n}\n");
-    bool bad = ferror(f);
-    if (fclose(f) || bad || rename(tmp, path)) {
-        remove(tmp);
-        return fsc_error(FSC_ERR_IO, "%s: cannot write (%s)", path, strerror(errno));
-    }
-    return FSC_OK;
+    const bool bad = ferror(f) | (fclose(f) != 0);
+    int rc = bad || !text ? fsc_error(FSC_ERR_NOMEM, "%s: out of memory", path)
+                          : fsc_file_write_atomic(path, text, len);
+    free(text);
+    return rc;
 }

@@ -11,6 +11,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "fsc/core.h"
 #include "fsc/export.h"
@@ -169,6 +170,21 @@ FSC_API int32_t fsc_tokens_at(const fsc_tokens *tk, int64_t i);
 /* Windows of T tokens in one pass over the stream: floor(count / T); 0 for
  * NULL tk or T < 1. */
 FSC_API int64_t fsc_tokens_num_windows(const fsc_tokens *tk, int T);
+
+/* ---- guarded files (for programs: the tools use these) ------------------------ */
+/* Reads the whole of path into *data (malloc'd, NUL-terminated; *len its bytes
+ * when len is not NULL). Only a regular file is read: a FIFO, a device, a
+ * directory or a file over max_bytes is refused (FSC_ERR_IO naming path and
+ * what it is), and nothing blocks or grows without bound. */
+FSC_API int fsc_file_read_all(const char *path, size_t max_bytes, char **data, size_t *len);
+/* A stdio stream on path for reading, refused as fsc_file_read_all refuses
+ * anything but a regular file. The caller fcloses *out. */
+FSC_API int fsc_file_open_read(const char *path, FILE **out);
+/* Writes n bytes as path atomically: into a new temporary beside it with an
+ * unpredictable name (created O_EXCL | O_NOFOLLOW, so no planted link is
+ * followed), fsynced, renamed over path, the directory fsynced. On failure
+ * path is as it was and the temporary is gone. */
+FSC_API int fsc_file_write_atomic(const char *path, const void *data, size_t n);
 
 /* Writes an llm.c shard (256 int32 header words, then uint16 tokens), atomically.
  * FSC_ERR_INVALID for n outside [0, INT32_MAX] or NULL tok with n > 0. */

@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""Every tool's path arguments against the things a path can be besides a good
+file: a FIFO (nothing will ever write to it), /dev/zero (endless), a
+directory, a link to /dev/zero, a missing file, and for outputs a place that
+cannot be written (under /proc: read-only even for root, who ignores
+permissions). Each run must end within 20 s (a FIFO must not block it, an
+endless file must not grow it), without a signal, with a non-zero exit and a
+message naming the path. Then the links planted at names a tool writes beside
+its output (config.json's and a shard's temporary) must not be followed.
+
+usage: tool_paths.py TOOL_PATH...     Exit 0 = pass, 1 = fail.
+"""
+import os
+import subprocess
+import sys
+import tempfile
+
+TOOLS = {os.path.basename(p): p for p in sys.argv[1:]}
+TMP = tempfile.mkdtemp(prefix="fsc-paths-")
+TINY = ["--layers", "1", "--d-model", "32", "--heads", "2", "--seq", "16", "--batch", "2",
+        "--steps", "1", "--quiet"]
+
+
+def run(tool, *args):
+    try:
+        return subprocess.run([TOOLS[tool], *map(str, args)], capture_output=True, text=True,
+                              timeout=20, cwd=TMP, start_new_session=True)
+    except subprocess.TimeoutExpired:
+        sys.exit(f"FAIL: {tool} {' '.join(map(str, args))}: still running after 20 s")
+
+
+def kinds():
+    fifo = os.path.join(TMP, "fifo")
+    os.mkfifo(fifo)
+    d = os.path.join(TMP, "adir")
+    os.mkdir(d)
+    link = os.path.join(TMP, "zero-link")
+    os.symlink("/dev/zero", link)
+    return {"FIFO": fifo, "/dev/zero": "/dev/zero", "directory": d, "link to /dev/zero": link,
+            "missing": os.path.join(TMP, "missing", "file")}
+
+
+# (tool, arguments with {} where the path goes, the kinds that apply)
+INPUTS = [
+    ("fsc-train", ["--config", "{}"]),
+    ("fsc-train", [*TINY, "--data", "{}"]),
+    ("fsc-train", [*TINY, "--val-data", "{}", "--eval-every", "1"]),
+    ("fsc-train", [*TINY, "--init-from", "{}"]),
+    ("fsc-train", [*TINY, "--resume", "{}"]),
+    ("fsc-sample", ["--model", "{}", "--max-new-tokens", "2"]),
+    ("fsc-plot", ["{}", "-o", "out.svg"]),
+    ("fsc-tokenize", ["--tokenizer", "bytes", "{}", "-o", "tok"]),
+    ("fsc-consolidate", ["out.safetensors", "{}"]),
+]
+OUTPUTS = [
+    ("fsc-train", [*TINY, "--save", "{}"]),
+    ("fsc-train", [*TINY, "--metrics", "{}"]),
+    ("fsc-plot", ["{plot_input}", "-o", "{}"]),
+    ("fsc-tokenize", ["--tokenizer", "bytes", "{text}", "-o", "{}"]),
+]
+
+
+def fill(args, path, extra):
+    return [a.replace("{}", path).format(**extra) if "{" in a else a for a in args]
+
+
+def main():
+    ks = kinds()
+    text = os.path.join(TMP, "text.txt")
+    with open(text, "w") as f:
+        f.write("some text to tokenize\n" * 20)
+    plot_input = os.path.join(TMP, "m.jsonl")
+    with open(plot_input, "w") as f:
+        f.write('{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.5}\n')
+    extra = {"text": text, "plot_input": plot_input}
+    n = 0
+    for tool, args in INPUTS:
+        for kind, path in ks.items():
+            if kind == "directory" and "--resume" in args:
+                continue  # a checkpoint directory is what --resume takes: "no checkpoint here"
+            p = run(tool, *fill(args, path, extra))
+            if p.returncode < 0 or p.returncode == 0 or path not in p.stderr:
+                sys.exit(f"FAIL: {tool} {' '.join(fill(args, path, extra))} ({kind}): exit "
+                         f"{p.returncode}, expected a refusal naming the path:\n{p.stderr}")
+            n += 1
+    unwritable = {"read-only (/proc)": "/proc/version/out", "directory": ks["directory"],
+                  "missing directory": os.path.join(TMP, "missing", "out")}
+    for tool, args in OUTPUTS:
+        for kind, path in unwritable.items():
+            if kind == "directory" and tool == "fsc-tokenize":
+                continue  # -o is a prefix: DIR_train_000000.bin beside the directory is fine
+            p = run(tool, *fill(args, path, extra))
+            if p.returncode <= 0 or path not in p.stderr:
+                sys.exit(f"FAIL: {tool} {' '.join(fill(args, path, extra))} ({kind}): exit "
+                         f"{p.returncode}, expected a refusal naming the path:\n{p.stderr}")
+            n += 1
+    # links planted where a tool used to write a temporary of a fixed name
+    victim = os.path.join(TMP, "victim")
+    with open(victim, "w") as f:
+        f.write("keep")
+    out = os.path.join(TMP, "w")
+    os.mkdir(out)
+    os.symlink(victim, os.path.join(out, "config.json.tmp"))
+    os.symlink(victim, os.path.join(out, "tok_train_000000.bin.tmp"))
+    p = run("fsc-train", *TINY, "--save", os.path.join(out, "model.safetensors"))
+    q = run("fsc-tokenize", "--tokenizer", "bytes", text, "-o", os.path.join(out, "tok"))
+    with open(victim) as f:
+        kept = f.read()
+    if p.returncode or q.returncode or kept != "keep":
+        sys.exit(f"FAIL: planted links: fsc-train exit {p.returncode}, fsc-tokenize exit "
+                 f"{q.returncode}, the link's target now holds {kept!r}:\n{p.stderr}{q.stderr}")
+    if not os.path.exists(os.path.join(out, "config.json")):
+        sys.exit("FAIL: fsc-train --save wrote no config.json")
+    print(f"PASS: {n} path refusals, and planted links at temporary names not followed")
+
+
+main()
