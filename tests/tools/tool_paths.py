@@ -94,6 +94,16 @@ def main():
                 sys.exit(f"FAIL: {tool} {' '.join(fill(args, path, extra))} ({kind}): exit "
                          f"{p.returncode}, expected a refusal naming the path:\n{p.stderr}")
             n += 1
+    # bare words in a metrics line become null: a one-letter word grows 4x (the copy
+    # once had room for 2x: a heap overflow that ASan names, a crash in Release)
+    for i, line in enumerate(["a", "[" + ",a" * 1000000 + "]", '{"step": 1e308, "loss": 1}']):
+        bad = os.path.join(TMP, f"bad{i}.jsonl")
+        with open(bad, "w") as f:
+            f.write(line + "\n")
+        p = run("fsc-plot", bad, "-o", os.path.join(TMP, "bad.svg"))
+        if p.returncode != 1 or "Sanitizer" in p.stderr or "no metrics rows" not in p.stderr:
+            sys.exit(f"FAIL: fsc-plot on {line[:20]!r}: exit {p.returncode}:\n{p.stderr[-2000:]}")
+        n += 1
     # links planted where a tool used to write a temporary of a fixed name
     victim = os.path.join(TMP, "victim")
     with open(victim, "w") as f:
