@@ -18,13 +18,16 @@
  *  - the LM head fused with its loss (fsc_tp_gpt_train_micro) runs below the
  *    unfused head (forward, fsc_tp_cross_entropy, backward) by at least the
  *    logits less one chunk of them and one (B*T, C) tensor, with the same
- *    loss bit for bit. */
+ *    loss within the noise of the unfused loss's own summation orders (the
+ *    fused head's chunks are GEMMs of other shapes: nothing makes them bit
+ *    for bit the unfused one's). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <cmocka.h>
 #include <string.h>
 
+#include "equivalence.h"
 #include "fsc/tp.h"
 #include "mpi_test.h"
 
@@ -158,10 +161,10 @@ static void test_gpt_high_water(void **state) {
 }
 
 /* The head-heavy GPT's micro-step, head fused (fsc_tp_gpt_train_micro) or
- * not (forward to logits, fsc_tp_cross_entropy, backward): the arena's high
- * water. */
+ * not (forward to logits, fsc_tp_cross_entropy, backward; the batch as
+ * `micro` micro-batches, their losses summed): the arena's high water. */
 enum { HB = 8, HT = 16, HV = 2048, HC = 32 };
-static size_t head_high(bool sp, bool fused, float *loss) {
+static size_t head_high(bool sp, bool fused, int micro, float *loss) {
     fsc_gpt_config cfg = {.vocab = HV, .seq = HT, .layers = 2, .d_model = HC, .heads = 4};
     fsc_tp_options opt = {.group = fsc_group_world(), .sequence_parallel = sp};
     fsc_module *m = fsc_tp_gpt_new(&cfg, &opt);
@@ -178,13 +181,21 @@ static size_t head_high(bool sp, bool fused, float *loss) {
     if (fused) {
         rc = fsc_tp_gpt_train_micro(m, &ctx, x, y, HB, HT, -1, norm, loss);
     } else {
-        fsc_tensor ids = fsc_tensor_2d(x, FSC_DTYPE_I32, HB, HT), logits;
-        fsc_tensor tg = fsc_tensor_2d(y, FSC_DTYPE_I32, HB, HT);
-        void *saved = NULL;
-        rc = fsc_module_forward(m, &ctx, &ids, &logits, &saved);
-        if (!rc)
-            rc = fsc_tp_cross_entropy(loss, &logits, &tg, HV, -1, norm, fsc_group_world(), arena);
-        if (!rc) rc = fsc_module_backward(m, &ctx, saved, &logits, NULL);
+        const int b = HB / micro;
+        *loss = 0.f;
+        rc = FSC_OK;
+        for (int j = 0; j < micro && !rc; j++) {
+            fsc_tensor ids = fsc_tensor_2d(x + j * b * HT, FSC_DTYPE_I32, b, HT), logits;
+            fsc_tensor tg = fsc_tensor_2d(y + j * b * HT, FSC_DTYPE_I32, b, HT);
+            void *saved = NULL;
+            float part;
+            rc = fsc_module_forward(m, &ctx, &ids, &logits, &saved);
+            if (!rc)
+                rc = fsc_tp_cross_entropy(&part, &logits, &tg, HV, -1, norm, fsc_group_world(),
+                                          arena);
+            if (!rc) rc = fsc_module_backward(m, &ctx, saved, &logits, NULL);
+            *loss += part;
+        }
     }
     if (rc) fail_msg("rank %d: %s", rank, fsc_last_error());
     size_t high = fsc_arena_high_water(arena);
@@ -201,15 +212,29 @@ static void test_fused_head(void **state) {
     const int64_t rows = N * HC / vp > 32 ? N * HC / vp : 32;
     const int64_t logits = N * vp * 4, chunk = rows * vp * 4, act = N * HC * 4;
     for (int k = 0; k < 2; k++) {
-        float lf, lu;
-        size_t fused = head_high(k, true, &lf), unfused = head_high(k, false, &lu);
+        float lf, lu, lm;
+        size_t fused = head_high(k, true, 1, &lf), unfused = head_high(k, false, 1, &lu);
         if ((int64_t)unfused - (int64_t)fused < logits - chunk - act)
             fail_msg("SP %d, t %d: the fused head's high water %zu is %lld bytes below the "
                      "unfused %zu; the logits (%lld) less a chunk (%lld) and a (B*T, C) tensor "
                      "(%lld) should be",
                      k, world, fused, (long long)unfused - (long long)fused, unfused,
                      (long long)logits, (long long)chunk, (long long)act);
-        assert_memory_equal(&lf, &lu, sizeof lf); /* per row the same arithmetic */
+        /* Per row the fused head's arithmetic is the unfused one's, but in
+         * GEMMs of 32 rows rather than B*T (and, at t = 4, all-reduces of
+         * other sizes): whether a row's dot products round alike at another M
+         * is the BLAS kernel's business (OpenBLAS picks small-matrix paths
+         * and edge kernels by shape). The noise floor is what the unfused
+         * loss itself does under legal orders: the batch as 2 and as 4
+         * micro-batches (GEMMs of 64 and of 32 rows), the losses summed. */
+        eq_noise[0] = 0.f;
+        for (int micro = 2; micro <= 4; micro *= 2) {
+            head_high(k, false, micro, &lm);
+            eq_noise[0] = fmaxf(eq_noise[0], fabsf(lm - lu));
+        }
+        char what[64];
+        snprintf(what, sizeof what, "rank %d, SP %d, t %d: fused head's loss", rank, k, world);
+        if (eq_compare(what, &lf, &lu, 1)) fail_msg("%s differs from the unfused", what);
         if (rank == 0)
             printf("# fused head, t = %d, SP %d: high water %zu vs %zu unfused (logits %lld)\n",
                    world, k, fused, unfused, (long long)logits);

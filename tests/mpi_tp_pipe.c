@@ -142,6 +142,13 @@ static void test_fused_head_contract(void **state) {
         assert_int_equal(calls[0], last ? 2 * MICROS : 0);
         /* fused: never, except for training under a split backward */
         assert_int_equal(calls[1], last && kinds[k] == FSC_PIPE_ZB_H1 ? MICROS : 0);
+        /* Exact by construction, not by one BLAS kernel's luck: a
+         * micro-batch's 32 rows are one chunk of the fused head (tp_head.c:
+         * max(32, N*C/vp) = 32 rows = N at vp = 32), so fused and unfused run
+         * the same GEMMs (M = 32, K = C, N = vp, and back), the same
+         * all-reduces and the same cross-entropy rows on the same data. The
+         * chunked case (other GEMM shapes) is compared with a tolerance
+         * below and in mpi_tp_memory. */
         if (tl[0] != tl[1] || el[0] != el[1])
             fail_msg("rank %d, schedule %d: losses %.9g / %.9g fused, %.9g / %.9g unfused", rank, k,
                      (double)tl[1], (double)el[1], (double)tl[0], (double)el[0]);
