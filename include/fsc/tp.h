@@ -10,7 +10,7 @@
  * (sample, element), never by TP rank, so TP = 1 and TP = t draw the same
  * masks and a TP run can be checked against one process.
  *
- * Communication lives in four conjugate operations (src/parallel/tp_regions.c):
+ * Communication lives in four conjugate operations (src/parallel/tp/tp_regions.c):
  *   copy      forward identity,    backward all-reduce  (Megatron's f)
  *   reduce    forward all-reduce,  backward identity    (Megatron's g)
  *   gather    forward all-gather,  backward reduce-scatter  (sequence)

@@ -1,4 +1,4 @@
-/* Internal state of the distributed runtime shared by the files of src/dist: the
+/* Internal state of the distributed runtime shared by the files of src/comm: the
  * runtime record, the process group, the request and the watchdog's control
  * plane.
  *

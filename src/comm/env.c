@@ -1,5 +1,5 @@
 /* The distributed runtime's FSC_* environment variables, each with its
- * documented range: read here and nowhere else in src/dist, so a value is
+ * documented range: read here and nowhere else in src/comm, so a value is
  * refused with the same message wherever it is first used (fsc_dist_init)
  * or checked (fsc_env_check, at a tool's start-up).
  *

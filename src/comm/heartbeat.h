@@ -1,4 +1,4 @@
-/* Internal to src/dist: the heartbeat thread (heartbeat.c) and the verdicts
+/* Internal to src/comm: the heartbeat thread (heartbeat.c) and the verdicts
  * the watchdog builds from it (watchdog.c).
  *
  * The one idea: a rank is alive when its heartbeat thread answers a ping,

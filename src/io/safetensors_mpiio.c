@@ -25,7 +25,7 @@
 #include <zlib.h>
 
 #include "core/fault.h"
-#include "dist/heartbeat.h"
+#include "comm/heartbeat.h"
 #include "io/checkpoint_internal.h"
 #include "io/io_internal.h"
 #include "io/st_parallel.h"

@@ -63,7 +63,7 @@ static int setup(fsc_strategy *s, const fsc_optim_config *optim) {
     int rc = T > 1 ? check_tp(s) : FSC_OK;
     if (rc) return rc;
     fsc_group *all = s->group;
-    /* rank = (replica * P + stage) * T + TP rank (src/dist/mesh.c): a TP
+    /* rank = (replica * P + stage) * T + TP rank (src/comm/mesh.c): a TP
      * group is T adjacent ranks, a replica PT; a pipeline joins the ranks of
      * one replica with the same TP rank */
     if (T > 1) rc = fsc_group_split(all, r / T, r % T, "tp", &s->tp_group);

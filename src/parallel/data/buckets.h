@@ -30,4 +30,12 @@ int module_entries(const fsc_params *ps, const fsc_module *m, int **entries, int
 /* Modules in the tree under m (m included) that declare parameters. */
 int count_param_modules(const fsc_module *m);
 
+/* Cuts every bucket of plan where its entries change between expert shards
+ * (fsc_param.expert: each rank holds its own experts) and the rest, so no
+ * bucket mixes them, and sets *local (one flag per new bucket, malloc'ed,
+ * the caller frees) true for the buckets of experts:
+ * they are never reduced over the data-parallel group. Without expert
+ * entries the plan is untouched and *local is NULL. */
+int bucket_plan_split_experts(const fsc_params *ps, bucket_plan *plan, bool **local);
+
 #endif

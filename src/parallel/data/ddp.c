@@ -21,14 +21,13 @@
  *
  * Expert shards (fsc_param.expert, fsc/moe.h) differ per rank and their
  * gradients already sum every rank's tokens: buckets are cut so none mixes
- * them with replicated parameters (moe_buckets.c), and their buckets are
+ * them with replicated parameters (bucket_plan_split_experts), and their buckets are
  * neither reduced nor broadcast. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "buckets.h"
 #include "core/fault.h"
-#include "moe_internal.h"
 #include "fsc/kernels.h"
 #include "fsc/parallel.h"
 
@@ -71,7 +70,8 @@ static int launch_ready(ddp *d) {
             fsc_group_rank(d->group) == fsc_group_size(d->group) - 1)
             memset(d->params->grad + b->begin, 0, sizeof(float) * (size_t)(b->end - b->begin));
         if (d->opt.probe) /* this rank's own gradient, a moment before it is summed away */
-            d->opt.probe(d->opt.probe_user, b->begin, d->params->grad + b->begin, b->end - b->begin);
+            d->opt.probe(d->opt.probe_user, b->begin, d->params->grad + b->begin,
+                         b->end - b->begin);
         d->status = fsc_group_iallreduce(d->group, d->params->grad + b->begin, b->end - b->begin,
                                          FSC_DTYPE_F32, d->opt.reduce_op, &b->req);
         d->stats.allreduces++;
@@ -167,7 +167,7 @@ static int make_buckets(ddp *d) {
     bucket_plan plan;
     bool *local = NULL;
     int rc = bucket_plan_make(ps, d->opt.bucket_bytes, &plan);
-    if (!rc) rc = moe_split_buckets(ps, &plan, &local);
+    if (!rc) rc = bucket_plan_split_experts(ps, &plan, &local);
     if (rc) {
         bucket_plan_free(&plan);
         return rc;

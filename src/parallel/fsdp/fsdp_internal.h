@@ -6,7 +6,7 @@
 
 #include "fsc/fsdp.h"
 #include "fsc/zero.h"
-#include "sharded_internal.h"
+#include "parallel/shard/sharded_internal.h"
 
 /* Released full-size buffers kept for reuse: the root's parameters and
  * gradients, two more units' of each, and room to spare. */

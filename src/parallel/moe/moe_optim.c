@@ -18,7 +18,7 @@
 #include <string.h>
 
 #include "moe_internal.h"
-#include "sharded_internal.h"
+#include "parallel/shard/sharded_internal.h"
 
 typedef struct {
     fsc_params whole;   /* the one-process list: entries only, no storage */

@@ -6,8 +6,9 @@
  * many are held at once, and the pool never grows past that. Sends are
  * non-blocking, waited for before their arena goes back (unless that wait
  * could hang, pipe_release.c); a receive is posted and waited for where
- * the schedule places it, which the validator proved cannot deadlock. Each message carries a small header with its shape, so a stage
- * that produces the wrong shape fails on both ends instead of hanging. */
+ * the schedule places it, which the validator proved cannot deadlock. Each message carries a small
+ * header with its shape, so a stage that produces the wrong shape fails on both ends instead of
+ * hanging. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -79,10 +79,10 @@ struct fsc_pipe {
     fsc_optim_range *counted;
     int ncounted;
     pipe_pieces pieces;
-    pipe_cut *cut; /* stages + 1: cut[s] enters stage s (0 and stages unused) */
+    pipe_cut *cut;            /* stages + 1: cut[s] enters stage s (0 and stages unused) */
     struct pipe_probe *probe; /* pipe_probe.c: opt.probe's state, or NULL */
-    bool *lazy;    /* per micro-batch: its arena back once its sends are seen taken */
-    fsc_arena **arena; /* per micro-batch of the step */
+    bool *lazy;               /* per micro-batch: its arena back once its sends are seen taken */
+    fsc_arena **arena;        /* per micro-batch of the step */
     int narena;
     fsc_pipe_run_stats stats;
     /* the last run's actions on this rank: start and end, seconds since its start */

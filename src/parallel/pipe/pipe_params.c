@@ -13,7 +13,7 @@
 #include "fsc/tp.h"
 #include "fsc/weights.h"
 #include "pipe_exec_internal.h"
-#include "sharded_internal.h"
+#include "parallel/shard/sharded_internal.h"
 
 enum { NAME_BYTES = FSC_NAME_MAX * 2 }; /* fsc_param_entry.name */
 

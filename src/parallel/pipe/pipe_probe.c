@@ -18,7 +18,7 @@
 #include <string.h>
 
 #include "pipe_exec_internal.h"
-#include "tp_internal.h"
+#include "parallel/tp/tp_internal.h"
 
 enum { BLOCK = 4096 }; /* floats per difference handed to the probe */
 

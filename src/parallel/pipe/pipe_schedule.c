@@ -13,7 +13,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "parallel/pipe_schedule_internal.h"
+#include "pipe_schedule_internal.h"
 
 static const char *const OP_TEXT[FSC_PIPE_OP_COUNT] = {"F",      "B",      "W",     "SEND_F",
                                                        "RECV_F", "SEND_B", "RECV_B"};

@@ -15,8 +15,8 @@
 #include <string.h>
 
 #include "pipe_exec_internal.h"
-#include "sharded_internal.h"
-#include "tp_internal.h"
+#include "parallel/shard/sharded_internal.h"
+#include "parallel/tp/tp_internal.h"
 
 typedef struct {
     int64_t *at; /* quads: entry, begin, count, saved */

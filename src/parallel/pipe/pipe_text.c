@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "io/io_internal.h"
-#include "parallel/pipe_schedule_internal.h"
+#include "pipe_schedule_internal.h"
 
 #define CSV_MAX_BYTES (64u << 20)
 

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "parallel/pipe_schedule_internal.h"
+#include "pipe_schedule_internal.h"
 
 typedef struct {
     const fsc_pipe_schedule *s;

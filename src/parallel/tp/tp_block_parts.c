@@ -16,7 +16,7 @@
  * works either way. */
 #include <math.h>
 
-#include "../nn/layers_internal.h"
+#include "nn/layers_internal.h"
 #include "tp_internal.h"
 
 static const char TP_KIND_BLOCK_PART[] = "TensorParallelBlockPart";

@@ -10,7 +10,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "../nn/layers_internal.h"
+#include "nn/layers_internal.h"
 #include "tp_internal.h"
 
 /* ---- attention ------------------------------------------------------------------- */

@@ -19,8 +19,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "../nn/layers_internal.h"
-#include "../nn/moe_internal.h"
+#include "nn/layers_internal.h"
+#include "nn/moe_internal.h"
 #include "tp_internal.h"
 
 typedef struct {

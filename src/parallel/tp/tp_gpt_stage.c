@@ -21,8 +21,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "../nn/layers_internal.h"
-#include "../nn/moe_internal.h"
+#include "nn/layers_internal.h"
+#include "nn/moe_internal.h"
 #include "tp_internal.h"
 
 static const char TP_KIND_STAGE[] = "TensorParallelGPTStage";

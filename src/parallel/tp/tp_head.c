@@ -14,7 +14,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "../nn/layers_internal.h"
+#include "nn/layers_internal.h"
 #include "tp_internal.h"
 
 int tp_head_loss_keep(const tp_module *m, const fsc_ctx *ctx, int64_t n, int vocab,

@@ -9,7 +9,7 @@
  * in backward (Megatron does the same): activation memory stays a shard's. */
 #include <string.h>
 
-#include "../nn/layers_internal.h"
+#include "nn/layers_internal.h"
 #include "tp_internal.h"
 
 /* ---- column-parallel linear ---------------------------------------------------- */

@@ -14,7 +14,7 @@
  * recomputed output. */
 #include <string.h>
 
-#include "../nn/layers_internal.h"
+#include "nn/layers_internal.h"
 #include "tp_internal.h"
 
 enum { FC, ACT, PROJ, DROP };

@@ -1,5 +1,5 @@
 /* Optimizer state of a tensor-parallel model by global name, in the one
- * file format every strategy reads (src/parallel/optim_shards.c).
+ * file format every strategy reads (src/parallel/shard/optim_shards.c).
  *
  * The one idea: the optimizer runs over runs of the GLOBAL layout. Each
  * local sharded parameter becomes one range per run of elements that are
@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "sharded_internal.h"
+#include "parallel/shard/sharded_internal.h"
 #include "tp_internal.h"
 
 /* One range of this rank: entry i's local elements [local, local + count)

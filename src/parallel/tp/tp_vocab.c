@@ -9,8 +9,8 @@
 #include <math.h>
 #include <string.h>
 
-#include "../kernels/fastmath.h"
-#include "../nn/layers_internal.h"
+#include "kernels/fastmath.h"
+#include "nn/layers_internal.h"
 #include "tp_internal.h"
 
 void tp_vocab_lookup(float *y, const int32_t *ids, int64_t N, const float *table, int first,

@@ -18,7 +18,7 @@
 
 #include "core/fault.h"
 #include "oss_internal.h"
-#include "sharded_internal.h"
+#include "parallel/shard/sharded_internal.h"
 
 void fsc_oss_free(fsc_oss *o) {
     if (!o) return;

@@ -31,7 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "buckets.h"
+#include "parallel/data/buckets.h"
 #include "core/fault.h"
 #include "fsc/kernels.h"
 #include "fsc/zero.h"
@@ -167,7 +167,8 @@ static int launch(sdp *s, bucket *b) {
         for (int i = 0; i < b->nsegs; i++)
             memset(grad + b->segs[i].begin, 0, sizeof(float) * (size_t)b->segs[i].count);
     for (int i = 0; s->opt.probe && i < b->nsegs; i++) /* this rank's own, before the sum */
-        s->opt.probe(s->opt.probe_user, b->segs[i].begin, grad + b->segs[i].begin, b->segs[i].count);
+        s->opt.probe(s->opt.probe_user, b->segs[i].begin, grad + b->segs[i].begin,
+                     b->segs[i].count);
     if (s->half) {
         int rc = take_slot(s, b);
         if (rc) return rc;
