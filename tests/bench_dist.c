@@ -23,7 +23,7 @@
 #include <string.h>
 
 #include "fsc/dist.h"
-#include "dist/dist_internal.h"
+#include "comm/dist_internal.h"
 
 static int reps(size_t bytes) {
     return bytes >= (50u << 20) ? 5 : bytes >= (1u << 20) ? 20 : 500;

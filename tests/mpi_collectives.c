@@ -20,7 +20,7 @@
 
 #include "fsc/dist.h"
 #include "collectives_test.h"
-#include "dist/dist_internal.h" /* fsc_dist_rt.max_msg, to exercise message splitting */
+#include "comm/dist_internal.h" /* fsc_dist_rt.max_msg, to exercise message splitting */
 
 static const fsc_dtype DTYPES[] = {FSC_DTYPE_F32, FSC_DTYPE_BF16, FSC_DTYPE_F16, FSC_DTYPE_I32,
                                    FSC_DTYPE_I64};

@@ -15,7 +15,7 @@
 
 #include "fsc/dist.h"
 #include "collectives_test.h"
-#include "dist/dist_internal.h" /* fsc_dist_rt: bytes sent, the ring threshold */
+#include "comm/dist_internal.h" /* fsc_dist_rt: bytes sent, the ring threshold */
 
 /* ---- half precision: conversions, per-hop rounding, bytes on the wire ------------------- */
 

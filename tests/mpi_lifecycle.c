@@ -1,4 +1,4 @@
-/* The heartbeat (src/dist/heartbeat.c): every rank answers it, and when one
+/* The heartbeat (src/comm/heartbeat.c): every rank answers it, and when one
  * rank is stopped (SIGSTOP) mid-run every other rank fails with one verdict
  * naming that rank, the operation and the collective number, while the
  * stopped rank, once continued, reports the same text.
@@ -20,7 +20,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "dist/heartbeat.h"
+#include "comm/heartbeat.h"
 #include "fsc/dist.h"
 
 #define TIMEOUT_S 2.0

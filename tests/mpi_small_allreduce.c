@@ -1,5 +1,5 @@
 /* Allreduces whose first messages move beside the desync check
- * (src/dist/eager.c: recursive doubling, and the ring's first step), and the
+ * (src/comm/eager.c: recursive doubling, and the ring's first step), and the
  * runtime's refusal of out-of-range settings.
  *
  * What would be wrong if the early paths were: results differing from the
@@ -25,7 +25,7 @@
 #include <string.h>
 
 #include "fsc/dist.h"
-#include "dist/dist_internal.h" /* fsc_dist_rt: the algorithm thresholds, abandoned */
+#include "comm/dist_internal.h" /* fsc_dist_rt: the algorithm thresholds, abandoned */
 
 #define CHECK_RC(call)                                                                             \
     do {                                                                                           \
