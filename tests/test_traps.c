@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <cmocka.h>
+#include <math.h>
 #include <string.h>
 
 #include "fsc/gpt.h"
@@ -252,11 +253,24 @@ static void test_dropout_needs_a_keyed_ctx(void **state) {
     fsc_arena_free(arena);
 }
 
+/* NaN weights (a diverged run, a damaged file) reach every exp: softmax and
+ * GELU give NaN, and no float-to-int conversion of NaN happens on the way
+ * (undefined behaviour, which the UBSan build turns into an abort). */
+static void test_nan_through_exp(void **state) {
+    (void)state;
+    float in[8] = {0.f, NAN, 1.f, -2.f, NAN, 3.f, 0.5f, -0.5f}, out[8];
+    fsc_softmax_forward(out, in, 2, 4);
+    for (int i = 0; i < 4; i++) assert_true(isnan(out[i])); /* a NaN row stays NaN */
+    fsc_gelu_forward(out, in, 8);
+    assert_true(isnan(out[1]) && isnan(out[4]) && !isnan(out[0]) && !isnan(out[5]));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_unbound_parameters), cmocka_unit_test(test_unbound_gradients),
         cmocka_unit_test(test_null_ctx_and_arena), cmocka_unit_test(test_wrong_dy_shape),
         cmocka_unit_test(test_wrong_dy_shape_gpt), cmocka_unit_test(test_dropout_needs_a_keyed_ctx),
+        cmocka_unit_test(test_nan_through_exp),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

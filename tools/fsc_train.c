@@ -8,6 +8,7 @@
  * file (train_config.c); SIGINT/SIGTERM stop after the current step with a
  * checkpoint (train_signals.c). */
 #define _POSIX_C_SOURCE 200809L /* strdup, strtok_r, glob */
+#include <errno.h>
 #include <glob.h>
 #include <inttypes.h>
 #include <libgen.h>
@@ -20,6 +21,7 @@
 
 #include "fsc/tokenizer.h"
 #include "fsc/version.h"
+#include "fsc/checkpoint.h"
 #include "train_common.h"
 #include "train_run.h"
 
@@ -379,6 +381,11 @@ int main(int argc, char **argv) {
     long long fault_step;
     if (fault && sscanf(fault, "inf@%d:%lld", &fault_rank, &fault_step) == 2 && fault_rank == rank)
         t.poison_step = fault_step;
+    /* a save's needs are checked now, not at the first save many steps in */
+    if (o.checkpoint_dir && fsc_ckpt_check_dir(o.checkpoint_dir)) {
+        fprintf(stderr, "fsc-train: --checkpoint-dir: %s\n", fsc_last_error());
+        return fail(&t, world, 1);
+    }
     FILE *metrics = NULL;
     if (o.metrics && !(metrics = fopen(o.metrics, o.resume ? "a" : "w"))) { /* resume: append */
         fprintf(stderr, "fsc-train: --metrics %s: cannot open for writing\n", o.metrics);
@@ -427,8 +434,8 @@ int main(int argc, char **argv) {
         last_loss = r.loss;
         double tok_s = tokens_per_step / r.seconds;
         /* the last step: under --adascale the one that carries progress to --steps */
-        const bool last_step = o.adascale ? fsc_trainer_progress(t.tr) >= (double)o.steps
-                                          : s + 1 == o.steps;
+        const bool last_step =
+            o.adascale ? fsc_trainer_progress(t.tr) >= (double)o.steps : s + 1 == o.steps;
         const bool eval_now = val.on && ((s + 1) % o.eval_every == 0 || last_step);
         if (eval_now && (rc = evaluate(&t, &val, s + 1))) {
             fprintf(stderr, "\nfsc-train: validation after step %" PRId64 ": %s\n", s + 1,
@@ -455,7 +462,11 @@ int main(int argc, char **argv) {
     }
     progress_end(&prog);
     double seconds = fsc_now() - t0;
-    if (metrics) fclose(metrics);
+    if (metrics && (ferror(metrics) | (fclose(metrics) != 0))) { /* a full disk, say */
+        fprintf(stderr, "fsc-train: --metrics %s: writing its rows failed: %s\n", o.metrics,
+                strerror(errno));
+        rc = rc ? rc : 1;
+    }
     if (rc) return fail(&t, world, 1);
     if (stop) { /* every rank agreed: a clean stop, nothing more to write */
         trainer_free(&t);

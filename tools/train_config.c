@@ -122,9 +122,12 @@ int train_config_load(train_options *o, const char *path) {
     for (const cJSON *m = j->child; m && !rc; m = m->next) {
         const int i = flag_index(m->string);
         const char *v;
+        const cJSON *first = cJSON_GetObjectItemCaseSensitive(j, m->string);
         if (i < 0 || !strcmp(m->string, "config"))
             rc = fsc_error(FSC_ERR_INVALID, "\"%s\" is not a flag of this tool (see --help)",
                            m->string);
+        else if (first != m) /* JSON leaves duplicates undefined; cJSON would keep both */
+            rc = fsc_error(FSC_ERR_INVALID, "\"%s\" is given twice", m->string);
         else if (o->given[i] == 2) /* the command line wins */
             continue;
         else if (!(rc = member_text(m, &v)) && v)

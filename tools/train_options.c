@@ -409,21 +409,20 @@ static int check_ranges(const train_options *o) {
         if (!(x >= r->lo && (r->open_hi ? x < r->hi : x <= r->hi))) {
             char want[96];
             range_text(r, want, sizeof want);
-            return fsc_error(FSC_ERR_INVALID, "--%s %s is out of range: expected %s %s", f->name,
-                             text, f->kind == ARG_DOUBLE || f->kind == ARG_FLOAT ? "a number in"
-                                                                                 : "an integer in",
-                             want);
+            return fsc_error(
+                FSC_ERR_INVALID, "--%s %s is out of range: expected %s %s", f->name, text,
+                f->kind == ARG_DOUBLE || f->kind == ARG_FLOAT ? "a number in" : "an integer in",
+                want);
         }
     }
     const double ranks = fsc_dist_size() > 1 ? fsc_dist_size() : 1;
-    const double tokens = (o->steps > 1 ? (double)o->steps : 1.0) * o->batch * o->grad_accum *
-                          ranks * o->model.seq;
+    const double tokens =
+        (o->steps > 1 ? (double)o->steps : 1.0) * o->batch * o->grad_accum * ranks * o->model.seq;
     if (!(tokens < 4611686018427387904.0)) /* 2^62 */
         return fsc_error(FSC_ERR_INVALID,
                          "--steps %lld x --batch %d x --grad-accum %d x %g ranks x --seq %d = %.3g "
                          "tokens: expected fewer than 2^62 (4.6e18) over the run",
-                         (long long)o->steps, o->batch, o->grad_accum, ranks, o->model.seq,
-                         tokens);
+                         (long long)o->steps, o->batch, o->grad_accum, ranks, o->model.seq, tokens);
     return FSC_OK;
 }
 
@@ -476,6 +475,9 @@ int train_options_check(const train_options *o) {
         return fsc_error(FSC_ERR_INVALID,
                          "--slowmo-momentum %g must be in [0, 1) and --slowmo-lr %g >= 0",
                          o->slowmo_momentum, o->slowmo_lr);
+    if (o->balance && o->pp < 2)
+        return fsc_error(FSC_ERR_INVALID, "--balance %s needs --pp >= 2 (it cuts pipeline stages)",
+                         o->balance);
     if (o->save_every > 0 && !o->checkpoint_dir)
         return fsc_error(FSC_ERR_INVALID, "--save-every needs --checkpoint-dir");
     if (o->keep_last < 0)
@@ -483,8 +485,7 @@ int train_options_check(const train_options *o) {
     if (o->keep_last > 0 && !o->checkpoint_dir)
         return fsc_error(FSC_ERR_INVALID, "--keep-last needs --checkpoint-dir");
     if (strcmp(o->progress, "auto") && strcmp(o->progress, "plain"))
-        return fsc_error(FSC_ERR_INVALID, "--progress \"%s\": expected auto or plain",
-                         o->progress);
+        return fsc_error(FSC_ERR_INVALID, "--progress \"%s\": expected auto or plain", o->progress);
     if (!(o->log_seconds >= 0))
         return fsc_error(FSC_ERR_INVALID, "--log-seconds %g must be >= 0", o->log_seconds);
     if (o->reshard_after_forward != 0 && o->reshard_after_forward != 1)

@@ -31,6 +31,10 @@ typedef struct fsc_ckpt_writer fsc_ckpt_writer;
  * must not be NULL; FSC_ERR_INVALID for step < 0 or an over-long dir,
  * FSC_ERR_IO if the directories cannot be made. */
 FSC_API int fsc_ckpt_begin(const char *dir, int64_t step, fsc_ckpt_writer **out);
+/* What a save will need of dir, checked now (a run calls it at start-up, not
+ * 29 steps in): dir exists or can be made, and a temporary can be created
+ * in it and removed. FSC_ERR_IO naming dir and why otherwise. */
+FSC_API int fsc_ckpt_check_dir(const char *dir);
 /* Where to write member file `name` (a plain file name) before commit. The
  * string is w's and the next call overwrites it: use or copy it at once. */
 FSC_API const char *fsc_ckpt_member(fsc_ckpt_writer *w, const char *name);

@@ -85,6 +85,24 @@ const char *fsc_ckpt_member(fsc_ckpt_writer *w, const char *name) {
     return w->member;
 }
 
+int fsc_ckpt_check_dir(const char *dir) {
+    if (!dir || !*dir) return fsc_error(FSC_ERR_INVALID, "checkpoint directory is empty");
+    if (strlen(dir) >= CKPT_DIR_LEN)
+        return fsc_error(FSC_ERR_INVALID, "checkpoint directory path is longer than %d characters",
+                         CKPT_DIR_LEN - 1);
+    if (mkdir(dir, 0777) != 0 && errno != EEXIST)
+        return fsc_error(FSC_ERR_IO, "checkpoint directory %s: %s", dir, strerror(errno));
+    /* what a save does first: a hidden temporary inside (a read-only file
+     * system, a full disk or a file where the directory should be fail here) */
+    char tag[128], prefix[CKPT_DIR_LEN + 256], made[CKPT_DIR_LEN + 320];
+    ckpt_writer_tag(tag, sizeof tag);
+    snprintf(prefix, sizeof prefix, "%s/.probe.tmp-%s", dir, tag);
+    int rc = fsc_mkdir_unique(prefix, made, sizeof made);
+    if (rc) return fsc_error_context(rc, "checkpoint directory %s cannot be written: ", dir);
+    rmdir(made);
+    return FSC_OK;
+}
+
 int fsc_ckpt_set(fsc_ckpt_writer *w, const char *key, const char *json_value) {
     if (!strcmp(key, CKPT_SUM_KEY))
         return fsc_error(FSC_ERR_INVALID, "checkpoint metadata key %s is reserved", key);

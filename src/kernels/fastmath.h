@@ -20,7 +20,10 @@ static inline float fsc_fast_expf(float x) {
                                                   r * (0.0416666679084300995f +
                                                        r * (0.00833333376795053482f +
                                                             r * 0.00138888892252087593f)))));
-    int32_t bits = ((int32_t)n + 127) << 23;
+    /* NaN in gives NaN out (p is NaN); the exponent is built from 0 then,
+     * since converting NaN to an integer is undefined behaviour */
+    const float e = n == n ? n : 0.0f;
+    int32_t bits = ((int32_t)e + 127) << 23;
     float scale;
     memcpy(&scale, &bits, sizeof scale);
     return p * scale;

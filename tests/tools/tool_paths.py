@@ -104,6 +104,22 @@ def main():
         if p.returncode != 1 or "Sanitizer" in p.stderr or "no metrics rows" not in p.stderr:
             sys.exit(f"FAIL: fsc-plot on {line[:20]!r}: exit {p.returncode}:\n{p.stderr[-2000:]}")
         n += 1
+    # silent accepts that are refusals now: a key given twice in --config, --balance
+    # without --pp, a --checkpoint-dir that cannot be written (found at start-up,
+    # before any step), --metrics on a full disk (/dev/full: every write ENOSPC)
+    dup = os.path.join(TMP, "dup.json")
+    with open(dup, "w") as f:
+        f.write('{"layers": 1, "layers": 2}')
+    refusals = [(["--config", dup], "given twice"),
+                ([*TINY, "--balance", "1,1"], "needs --pp"),
+                ([*TINY, "--checkpoint-dir", "/proc/version/ck"], "/proc/version/ck"),
+                ([*TINY, "--metrics", "/dev/full"], "/dev/full")]
+    for args, needle in refusals:
+        p = run("fsc-train", *args)
+        if p.returncode <= 0 or needle not in p.stderr or "step 1/" in p.stderr:
+            sys.exit(f"FAIL: fsc-train {' '.join(args)}: exit {p.returncode}, expected a refusal "
+                     f"with {needle!r}:\n{p.stderr}")
+        n += 1
     # links planted where a tool used to write a temporary of a fixed name
     victim = os.path.join(TMP, "victim")
     with open(victim, "w") as f:
