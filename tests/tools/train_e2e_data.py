@@ -45,10 +45,12 @@ def validation():
     ref = runs["single"]
     assert [s for s, _ in ref] == [3, 6], ref
     for name, rows in runs.items():
-        if [s for s, _ in rows] != [3, 6] or any(abs(a - b) > 1e-5 * b for (_, a), (_, b)
-                                                   in zip(rows, ref)):
+        rel = max(abs(a - b) / b for (_, a), (_, b) in zip(rows, ref))
+        # measured max rel 0 (bit for bit) under Haswell and SkylakeX kernels: 1e-5 is ~100 ulps
+        if [s for s, _ in rows] != [3, 6] or rel > 1e-5:
             sys.exit(f"FAIL: {name}: val losses {rows} vs single {ref}")
-        print(f"{name:32s} val losses " + " ".join(f"{v:.6f}" for _, v in rows))
+        print(f"{name:32s} val losses " + " ".join(f"{v:.6f}" for _, v in rows)
+              + f"  (max rel {rel:.1e})")
 
     # llm.c shards: a glob over train and val shards trains on the train shards only
     d = os.path.join(TMP, "shards")

