@@ -137,6 +137,9 @@ int64_t fsc_wd_sig_hash(const int64_t *sig); /* of SIG_WORDS words: >= 0 */
 int fsc_wd_begin(fsc_request *r);
 int fsc_wd_test(fsc_request *r, bool *done);
 int fsc_wd_timeout(fsc_request *r); /* also when a peer's verdict arrives first */
+/* Some live rank of r's group is on file work (a slow disk, FSC_IO_TIMEOUT_S
+ * bounds it on that rank): the wait goes on rather than time out. Probes. */
+bool fsc_wd_peer_busy(const fsc_request *r);
 /* A failed transfer (FSC_ERR_MPI): the heartbeat's verdict when some rank is
  * lost or stalled (FSC_ERR_TIMEOUT, the group unusable), else rc unchanged. */
 int fsc_wd_peer_failure(fsc_request *r, int rc);

@@ -45,7 +45,7 @@ enum { HB_PING = 1, HB_PONG, HB_PROPOSE, HB_VERDICT, HB_ACK };
 typedef struct {
     uint32_t magic, type;
     uint64_t token;
-    int32_t from, phase, waiting, pad;
+    int32_t from, phase, waiting, busy; /* busy: on file work (fsc_hb_note_busy) */
     int64_t idle_us;
     char text[HB_TEXT]; /* PONG: the main thread's last collective; PROPOSE/VERDICT: the message */
 } hb_msg;
@@ -74,6 +74,10 @@ static struct {
     _Atomic int64_t last_poll_us;
     atomic_int phase, waiting;
     char doing[160];
+    /* file work in progress (fsc_hb_note_busy): counts as waiting in fsc
+     * whatever collectives come and go inside it */
+    atomic_int busy;
+    char busy_doing[160];
     /* or, when coll_kind is set, a collective's fields: formatted only when
      * asked, since a wait is noted on every blocking call */
     const char *coll_kind;
@@ -141,7 +145,9 @@ static char proc_state(int pid) {
 
 /* What the main thread is doing, as text; the caller holds hb.mu. */
 static void format_doing(char *out, size_t n) {
-    if (!hb.coll_kind)
+    if (atomic_load(&hb.busy) && !atomic_load(&hb.waiting))
+        snprintf(out, n, "%s", hb.busy_doing);
+    else if (!hb.coll_kind)
         snprintf(out, n, "%s", hb.doing);
     else if (hb.coll_seq >= 0)
         snprintf(out, n, "%s #%lld on group %s", hb.coll_kind, (long long)hb.coll_seq,
@@ -213,7 +219,8 @@ static void handle(const hb_msg *m, size_t len) {
         memset(&r, 0, offsetof(hb_msg, text));
         r.type = HB_PONG;
         r.phase = atomic_load(&hb.phase);
-        r.waiting = atomic_load(&hb.waiting);
+        r.busy = atomic_load(&hb.busy);
+        r.waiting = atomic_load(&hb.waiting) || r.busy;
         r.idle_us = now_us() - atomic_load(&hb.last_poll_us);
         pthread_mutex_lock(&hb.mu);
         format_doing(r.text, sizeof r.text);
@@ -226,6 +233,7 @@ static void handle(const hb_msg *m, size_t len) {
         hb.reachable[q] = true;
         hb.seen[q].phase = m->phase;
         hb.seen[q].waiting = m->waiting != 0;
+        hb.seen[q].busy = m->busy != 0;
         hb.seen[q].idle_s = (double)m->idle_us * 1e-6;
         snprintf(hb.seen[q].doing, sizeof hb.seen[q].doing, "%.159s", text);
         hb.seen_at[q] = fsc_now();
@@ -514,6 +522,18 @@ void fsc_hb_note_wait(const char *doing, bool waiting) {
     snprintf(hb.doing, sizeof hb.doing, "%s", doing);
     hb.coll_kind = NULL;
     pthread_mutex_unlock(&hb.mu);
+}
+
+void fsc_hb_note_busy(const char *doing) {
+    fsc_hb_note_poll();
+    if (!doing) {
+        atomic_store(&hb.busy, 0);
+        return;
+    }
+    pthread_mutex_lock(&hb.mu);
+    snprintf(hb.busy_doing, sizeof hb.busy_doing, "%s", doing);
+    pthread_mutex_unlock(&hb.mu);
+    atomic_store(&hb.busy, 1);
 }
 
 void fsc_hb_note_collective(const char *kind, int64_t seq, int peer, int tag, const char *group) {

@@ -22,6 +22,7 @@ typedef struct hb_peer {
     bool known;     /* the heartbeat reaches it (answered once, or on this host) */
     bool same_host; /* state and pid are from /proc */
     bool waiting;   /* its main thread is in an fsc wait */
+    bool busy;      /* ... or on file work under FSC_IO_TIMEOUT_S (fsc_hb_note_busy) */
     char state;     /* /proc state on this host ('R', 'S', 'T' stopped, 'Z'/'X' gone) */
     int phase;      /* FSC_HB_* */
     int pid;
@@ -42,6 +43,9 @@ void fsc_hb_arm(double seconds, const char *what);
 /* The main thread reports: it polled fsc; it waits (or not) on `doing`. */
 void fsc_hb_note_poll(void);
 void fsc_hb_note_wait(const char *doing, bool waiting);
+/* Busy in fsc on file work (`doing`), across the collectives inside it:
+ * peers never take this rank for stalled until fsc_hb_note_busy(NULL). */
+void fsc_hb_note_busy(const char *doing);
 /* fsc_hb_note_wait(that collective, true), formatted only if a peer asks:
  * kind a static string, seq < 0 for point-to-point (peer, tag), group the
  * group's name (48 bytes). */

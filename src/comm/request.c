@@ -191,6 +191,12 @@ static int check_deadline(fsc_request *r) {
     if (r->phase >= REQ_DONE ||
         (fsc_now() - r->t_start <= fsc_dist_rt.timeout_s && !fsc_hb_has_verdict()))
         return FSC_OK;
+    /* a peer writing to a slow disk is late, not lost: its own FSC_IO_TIMEOUT_S
+     * ends it if the disk never answers, so the wait starts over */
+    if (!fsc_hb_has_verdict() && fsc_wd_peer_busy(r)) {
+        r->t_start = fsc_now();
+        return FSC_OK;
+    }
     fail(r, fsc_wd_timeout(r));
     return r->status;
 }

@@ -363,6 +363,22 @@ static bool judge(const fsc_request *r, const char *head, char *out, size_t n) {
     return found;
 }
 
+bool fsc_wd_peer_busy(const fsc_request *r) {
+    const int size = fsc_hb_size();
+    hb_peer *st = size > 1 ? calloc((size_t)size, sizeof *st) : NULL;
+    if (!st) return false;
+    const double t = fsc_dist_rt.timeout_s, grace = t / 4 < 0.1 ? 0.1 : t / 4 > 0.5 ? 0.5 : t / 4;
+    bool busy = false;
+    if (fsc_hb_probe(st, grace))
+        for (int i = 0; i < r->g->size && !busy; i++) {
+            if (i == r->g->rank) continue; /* this rank's own scope does not excuse its peers */
+            const int q = r->g->world_ranks[i];
+            busy = q >= 0 && q < size && st[q].alive && st[q].busy;
+        }
+    free(st);
+    return busy;
+}
+
 int fsc_wd_timeout(fsc_request *r) {
     fsc_group *g = r->g;
     if (r->npeers && !r->listening) listen(r); /* a signed check: who never came shows so */

@@ -244,6 +244,10 @@ static int point_latest(fsc_ckpt_writer *w) {
 }
 
 int fsc_ckpt_commit(fsc_ckpt_writer *w) {
+    /* checksums, fsyncs and renames: file work, however slow the disk */
+    char what[CKPT_DIR_LEN + 160];
+    snprintf(what, sizeof what, "committing checkpoint %s", w->final);
+    const bool busy = fsc_io_busy_begin(what) == FSC_OK; /* the variable was checked at start-up */
     fsc_fault_ckpt_point(FSC_CKPT_POINT_COMMIT);
     int rc = write_state(w);
     if (!rc) fsc_fault_ckpt_point(FSC_CKPT_POINT_STATE_SYNCED);
@@ -262,6 +266,7 @@ int fsc_ckpt_commit(fsc_ckpt_writer *w) {
         if (!rc) fsc_fault_ckpt_point(FSC_CKPT_POINT_DURABLE);
         if (!rc) rc = ckpt_prune(w->dir, w->step, w->keep_last);
     }
+    if (busy) fsc_io_busy_end();
     cJSON_Delete(w->meta);
     free(w);
     return rc;

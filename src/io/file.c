@@ -246,6 +246,8 @@ int fsc_atomic_open(fsc_atomic_file *af, const char *path) {
         close(fd);
         unlink(af->tmp);
     }
+    /* 1 MiB writes, not stdio's 4 KiB: a weights file is a few calls */
+    if (!rc) setvbuf(af->fp, NULL, _IOFBF, (size_t)1 << 20);
     if (rc) {
         rc = fsc_error_context(rc, "%s: cannot create its temporary: ", path);
         atomic_free(af);

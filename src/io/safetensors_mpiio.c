@@ -6,10 +6,10 @@
  * the pieces, the staging buffer) is checked and agreed on before the file
  * is opened; from then on a rank whose conversion or write fails keeps
  * joining every round with zero bytes, and the outcome is agreed on once the
- * file is closed. The MPI-IO calls block, so they run under one deadline
- * (FSC_IO_TIMEOUT_S) kept by dist's heartbeat thread, and each rank tells the
- * heartbeat it is busy in fsc, so a slow disk is never taken for a stalled
- * peer by the communication watchdog.
+ * file is closed. The MPI-IO calls block, so they run in an io busy scope
+ * (io_busy.c): one deadline, FSC_IO_TIMEOUT_S, kept by comm's heartbeat
+ * thread, and a slow disk is never taken for a stalled peer by the
+ * communication watchdog.
  *
  * io sits on dist (floor 6 over 5): MPI-IO needs the group's communicator
  * and the heartbeat's deadline, both internal to dist, so this file includes
@@ -31,8 +31,6 @@
 #include "io/st_parallel.h"
 
 enum { DEFAULT_CHUNK = 16 << 20, PATH_WORDS = 1024 /* 4096 bytes */ };
-#define IO_TIMEOUT_DEFAULT 600.0
-#define IO_TIMEOUT_MAX 604800.0 /* a week */
 
 static size_t chunk_bytes = DEFAULT_CHUNK;
 
@@ -50,24 +48,11 @@ static int parallel_from_env(bool *on) {
     return fsc_error(FSC_ERR_INVALID, "FSC_PARALLEL_IO=%.64s: expected 0 or 1", v);
 }
 
-static int timeout_from_env(double *s) {
-    const char *v = getenv("FSC_IO_TIMEOUT_S");
-    *s = IO_TIMEOUT_DEFAULT;
-    if (!v || !*v) return FSC_OK;
-    char *end;
-    double x = strtod(v, &end);
-    if (end == v || *end || !isfinite(x) || x < 1 || x > IO_TIMEOUT_MAX)
-        return fsc_error(FSC_ERR_INVALID, "FSC_IO_TIMEOUT_S=%.64s: expected seconds in [1, %.0f]",
-                         v, IO_TIMEOUT_MAX);
-    *s = x;
-    return FSC_OK;
-}
-
 int fsc_io_env_check(void) {
     bool on;
     double s;
     int rc = parallel_from_env(&on);
-    return rc ? rc : timeout_from_env(&s);
+    return rc ? rc : fsc_io_timeout(&s);
 }
 
 int st_parallel_mode(const fsc_group *g, bool *on) {
@@ -424,9 +409,7 @@ int st_parallel_save(fsc_group *g, int root, const char *path, fsc_st_writer *pl
     job j = {.plan = plan, .path = rpath[0] ? rpath : "(the root's path)"};
     unsigned char *hdr = NULL;
     size_t hlen = 0;
-    double timeout = IO_TIMEOUT_DEFAULT;
     int64_t mine[3] = {0}, *all = calloc(3 * (size_t)world, sizeof *all);
-    if (!rc) rc = timeout_from_env(&timeout);
     if (!rc) rc = st_plan_header(plan, &hdr, &hlen);
     j.hdr = hlen;
     if (!rc) rc = prepare(&j, pieces, &mine[1], &mine[2]);
@@ -446,22 +429,21 @@ int st_parallel_save(fsc_group *g, int root, const char *path, fsc_st_writer *pl
                        j.path, (long long)covered, (unsigned long long)st_plan_data_bytes(plan));
     if (!rc) {
         char what[160]; /* what peers and the deadline's message show */
-        snprintf(what, sizeof what, "the MPI-IO save of %.100s (FSC_IO_TIMEOUT_S)", j.path);
-        fsc_hb_note_wait(what, true); /* busy in fsc: never taken for a stalled peer */
-        fsc_hb_arm(timeout, what);
-        j.runs = malloc(sizeof *j.runs * 3 * (size_t)(rounds ? rounds : 1));
-        rc = j.runs ? FSC_OK : fsc_error(FSC_ERR_NOMEM, "%s: out of memory", j.path);
+        snprintf(what, sizeof what, "the MPI-IO save of %.100s", j.path);
+        rc = fsc_io_busy_begin(what);
+        const bool busy = !rc;
+        if (!rc) j.runs = malloc(sizeof *j.runs * 3 * (size_t)(rounds ? rounds : 1));
+        if (!rc && !j.runs) rc = fsc_error(FSC_ERR_NOMEM, "%s: out of memory", j.path);
         rc = fsc_group_agree(g, rc, "preparing the parallel save");
         if (!rc) rc = write_file(g, &j, tmp, is_root, hdr, hlen, rounds);
         const uint64_t total = hlen + st_plan_data_bytes(plan);
         rc = fsc_group_agree(g, rc, "writing its part");
         if (!rc) rc = verify_written(g, &j, tmp, is_root, hdr, hlen, total);
         rc = fsc_group_agree(g, rc, "checking the file written");
-        fsc_hb_arm(0, "");
-        fsc_hb_note_wait(NULL, false);
         if (is_root && !rc && rename(tmp, rpath) != 0)
             rc = fsc_error(FSC_ERR_IO, "cannot rename %s to %s: %s", tmp, rpath, strerror(errno));
         if (is_root && !rc) rc = fsc_fsync_parent(rpath);
+        if (busy) fsc_io_busy_end();
         rc = fsc_group_agree(g, rc, "committing the file");
     }
     if (made && rc) unlink(tmp);

@@ -4,6 +4,7 @@
  * and no tensor is ever buffered: a model larger than memory can be saved
  * shard by shard. The file appears at its path only when close() commits it.
  */
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,6 +28,7 @@ struct fsc_st_writer {
     uint64_t total;
     int header_done, cur;
     int status; /* first failure; sticky */
+    bool busy;  /* in an io busy scope from open to close or abort (io_busy.c) */
     char msg[512];
 };
 
@@ -233,6 +235,7 @@ fsc_st_writer *fsc_st_writer_open(const char *path, int *status) {
         free(w);
         return NULL;
     }
+    w->busy = fsc_io_busy_begin(path) == FSC_OK; /* the variable was checked at start-up */
     return w;
 }
 
@@ -355,6 +358,7 @@ int fsc_st_writer_write_tensor(fsc_st_writer *w, const char *name, const fsc_ten
 }
 
 static void writer_free(fsc_st_writer *w) {
+    if (w->busy) fsc_io_busy_end();
     for (int i = 0; i < w->n; i++) free(w->decls[i].name);
     for (int i = 0; i < 2 * w->nmeta; i++) free(w->meta[i]);
     free(w->decls);

@@ -5,7 +5,8 @@ reporting success, or makes its fsyncs fail. Every save path and layout must
 then exit non-zero naming the rank and the file, keep `latest` on the previous
 checkpoint with every member as its state.json records (also under
 --keep-last 1, which must not prune it), and leave no trace of the torn save;
-a final --save that fails leaves the file already at that path as it was.
+a final --save that fails leaves the file already at that path as it was; and
+a disk slower than FSC_TIMEOUT_S per call still commits.
 Before the fix Open MPI's MPI-IO reported the failed writes as successes and
 fsc-train committed the torn checkpoint, exit 0."""
 import os
@@ -108,4 +109,18 @@ def io_faults():
         if stray:
             sys.exit(f"FAIL: --save under {strategy}: temporaries left: {stray}")
         print(f"ok  --save under {strategy}, rank 1 EIO: the previous file is unchanged")
+    # a slow disk is not a dead rank: every write and fsync into the first
+    # checkpoint takes 2.1 s at FSC_TIMEOUT_S=2, through MPI-IO (ddp) and the
+    # one writer (pp 2); the save completes and commits (before: "world rank 0
+    # is stalled ... outside fsc for 2.0 s" on every layout)
+    for what, flags in (("ddp, MPI-IO", ["--strategy", "ddp"]),
+                        ("pp 2, one writer", ["--strategy", "ddp", "--pp", "2"])):
+        ck = os.path.join(TMP, "slow-" + what.split(",")[0].replace(" ", ""))
+        env = shim_env(path=".step-000002.tmp", delay_ms=2100)
+        env["FSC_TIMEOUT_S"] = "2"
+        p = mpiexec(2, *TINY, "--quiet", "--steps", "3", "--save-every", "2", *flags,
+                    "--checkpoint-dir", ck, expect_ok=False, env=env)
+        if p.returncode != 0 or verify_checkpoint(ck) != 2:
+            sys.exit(f"FAIL: slow disk, {what}: exit {p.returncode}:\n{p.stderr}")
+        print(f"ok  slow disk (2.1 s a write and fsync at FSC_TIMEOUT_S=2), {what}: committed")
     shutil.rmtree(TMP, ignore_errors=True)

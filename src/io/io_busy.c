@@ -1,0 +1,53 @@
+/* A rank busy on its disk is busy in fsc: while it writes, syncs or
+ * re-reads a file, its peers (waiting for it in a collective) must not take
+ * it for a stalled rank, and a disk that never answers must still end the
+ * job. So every stretch of file work of the io floor runs inside one scope
+ * that tells the heartbeat "busy in fsc: <what>" and arms FSC_IO_TIMEOUT_S
+ * (default 600 s) instead of the communication timeout. Scopes nest (a
+ * checkpoint's commit around its files' writes); the outermost one speaks
+ * for the whole stretch. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "comm/heartbeat.h"
+#include "io/io_internal.h"
+
+#define IO_TIMEOUT_DEFAULT 600.0
+#define IO_TIMEOUT_MAX 604800.0 /* a week */
+
+static _Thread_local int depth;
+
+int fsc_io_timeout(double *seconds) {
+    const char *v = getenv("FSC_IO_TIMEOUT_S");
+    *seconds = IO_TIMEOUT_DEFAULT;
+    if (!v || !*v) return FSC_OK;
+    char *end;
+    double x = strtod(v, &end);
+    if (end == v || *end || !isfinite(x) || x < 1 || x > IO_TIMEOUT_MAX)
+        return fsc_error(FSC_ERR_INVALID, "FSC_IO_TIMEOUT_S=%.64s: expected seconds in [1, %.0f]",
+                         v, IO_TIMEOUT_MAX);
+    *seconds = x;
+    return FSC_OK;
+}
+
+int fsc_io_busy_begin(const char *what) {
+    if (depth++ > 0) return FSC_OK;
+    double timeout;
+    int rc = fsc_io_timeout(&timeout);
+    if (rc) {
+        depth--;
+        return rc;
+    }
+    char doing[160]; /* what peers and the deadline's message show */
+    snprintf(doing, sizeof doing, "%.120s (FSC_IO_TIMEOUT_S)", what);
+    fsc_hb_note_busy(doing); /* never taken for a stalled peer, even between collectives */
+    fsc_hb_arm(timeout, doing);
+    return FSC_OK;
+}
+
+void fsc_io_busy_end(void) {
+    if (depth == 0 || --depth > 0) return;
+    fsc_hb_arm(0, "");
+    fsc_hb_note_busy(NULL);
+}
