@@ -285,7 +285,9 @@ for_cell() {
       / Test +#[0-9]+: .*\*\*\*Skipped/ { skip++ }
       /tests passed, [0-9]+ tests? failed out of [0-9]+/ { fail = $4; total = $NF }
       /% of the bound at worst/ && match($0, /[0-9.]+% of the bound at worst/) {
-        p = substr($0, RSTART, RLENGTH) + 0; split($1, id, ":"); lines++
+        p = substr($0, RSTART, RLENGTH) + 0; split($1, id, ":")
+        if (name[id[1]] ~ /^fault_/) next  # a fault test passes by exceeding its bound
+        lines++
         if (p >= best) { best = p; who = name[id[1]] }
       }
       END { printf "%d/%d/%d (%d)\t%s\n", pass, fail, skip, total,
@@ -296,9 +298,11 @@ for_cell() {
   case "$status" in FAIL*) any_failed=1; echo "   $status; log: $log" ;; *) echo "   $status" ;; esac
   table+=("| $n | $b | ${blas/cpuid/unset (fsc: CPUID)} | $corename | $glibc | $gprobe | $l2 | $thr | $status | $counts | $worst | ${SECONDS}s |")
 }
-while IFS=$'\t' read -r n b blas glibc l2 thr; do
-  if selected "$n"; then for_cell "$n" "$b" "$blas" "$glibc" "$l2" "$thr"; fi
-done <<<"$matrix_rows"
+# the rows come on fd 3: mpiexec and ctest read standard input, and took
+# the rest of the matrix with them after the first cell
+while IFS=$'\t' read -r n b blas glibc l2 thr <&3; do
+  if selected "$n"; then for_cell "$n" "$b" "$blas" "$glibc" "$l2" "$thr" </dev/null; fi
+done 3<<<"$matrix_rows"
 
 echo
 echo "| # | build | OPENBLAS_CORETYPE | corename (fsc-bench) | glibc mask | glibc probe (hwcaps level, cpu_features; variants switched vs unmasked) | OPENBLAS_L2_SIZE | OMP/FSC_NUM_THREADS | result | passed/failed/skipped (total) | worst share of a bound | wall |"
