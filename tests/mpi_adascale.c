@@ -206,8 +206,9 @@ static void check_identical(const char *name, int accum, bool local) {
 #undef GAMMA
     const double bound = (double)n / (n - 1) * (e_a + e_m) / (1 - e_m) + 1e-6 / (D * p.m * p.m);
     if (fsc_dist_rank() == 0)
-        print_message("%s x%d: identical samples, gain - 1 = %.2e, %.2g%% of the bound %.2e\n",
-                      name, accum, o.gain - 1, 100 * (o.gain - 1) / bound, bound);
+        print_message(
+            "%s x%d: identical samples, gain - 1 = %.2e, %.2g%% of the bound at worst (%.2e)\n",
+            name, accum, o.gain - 1, 100 * (o.gain - 1) / bound, bound);
     if (o.gain - 1 > bound)
         fail_msg("%s x%d: identical samples, gain %.9g (bound 1 + %.2e)", name, accum, o.gain,
                  bound);
