@@ -11,6 +11,7 @@
 #define _POSIX_C_SOURCE 200809L /* strdup */
 #include <cjson/cJSON.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -284,6 +285,18 @@ static int next_logits(generator *g, int fresh) {
     return rc;
 }
 
+/* NaN or inf logits (weights that diverged or were damaged) would sample
+ * token 0 without a word: refused, naming the position. */
+static int check_logits(const generator *g) {
+    for (int v = 0; v < g->cfg.vocab; v++)
+        if (!isfinite(g->logits[v]))
+            return fsc_error(FSC_ERR_INVALID,
+                             "the logits after position %d are not finite (logit %d is %g): the "
+                             "model's weights hold NaN or inf values",
+                             g->n, v, (double)g->logits[v]);
+    return FSC_OK;
+}
+
 /* A full window: keep its last half and run it again (both paths alike, so
  * they stay token for token equal). Returns the tokens to (re)feed. */
 static int slide(generator *g) {
@@ -351,6 +364,7 @@ int main(int argc, char **argv) {
     rc = next_logits(&g, g.n - g.start); /* the prompt: one prefill */
     double t1 = fsc_now();
     for (int i = 0; !rc && i < o.max_new; i++) {
+        if ((rc = check_logits(&g))) break;
         int32_t id = fsc_gpt_sample(g.logits, V, (float)o.temperature, o.top_k, o.seed, i, work);
         g.ctx[g.n++] = id;
         emit(&o, bpe, V, id);

@@ -120,6 +120,21 @@ def main():
             sys.exit(f"FAIL: fsc-train {' '.join(args)}: exit {p.returncode}, expected a refusal "
                      f"with {needle!r}:\n{p.stderr}")
         n += 1
+    # weights that hold NaN: fsc-sample refuses instead of printing token 0
+    good = os.path.join(TMP, "good.safetensors")
+    p = run("fsc-train", *TINY, "--save", good)
+    with open(good, "rb") as f:
+        data = bytearray(f.read())
+    hlen = int.from_bytes(data[:8], "little")
+    nan = bytes.fromhex("0000c07f")  # float32 NaN, little-endian
+    data[8 + hlen:] = nan * ((len(data) - 8 - hlen) // 4)
+    bad = os.path.join(TMP, "nan.safetensors")
+    with open(bad, "wb") as f:
+        f.write(data)
+    p = run("fsc-sample", "--model", bad, "--max-new-tokens", "2")
+    if p.returncode <= 0 or "not finite" not in p.stderr:
+        sys.exit(f"FAIL: fsc-sample on NaN weights: exit {p.returncode}:\n{p.stdout}{p.stderr}")
+    n += 1
     # links planted where a tool used to write a temporary of a fixed name
     victim = os.path.join(TMP, "victim")
     with open(victim, "w") as f:
