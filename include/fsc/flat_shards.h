@@ -25,6 +25,7 @@ extern "C" {
 
 #define FSC_FLAT_LAYOUT_KEY "fsc.flat_layout" /* metadata key of the layout JSON */
 #define FSC_FLAT_RANK_KEY "fsc.rank"          /* metadata key of the rank ("0", "1", ...) */
+#define FSC_FLAT_CRC_KEY "fsc.data_crc32"     /* CRC-32 of the shards' bytes in unit order (hex) */
 
 typedef struct fsc_flat_param {
     char name[FSC_NAME_MAX * 2]; /* full dotted name, as in the full state dict */
@@ -58,7 +59,8 @@ FSC_API int fsc_flat_layout_check(const fsc_flat_layout *L);
  * leaves an existing file untouched). shards[u] holds units[u].shard floats,
  * padding included (may be NULL when that is 0). The n_meta pairs keys[i],
  * values[i] are carried into the consolidated file in this order; the keys
- * FSC_FLAT_LAYOUT_KEY and FSC_FLAT_RANK_KEY are reserved. */
+ * FSC_FLAT_LAYOUT_KEY, FSC_FLAT_RANK_KEY and FSC_FLAT_CRC_KEY are reserved.
+ * The file records the CRC-32 of its data, which every reader checks. */
 FSC_API int fsc_flat_shard_save(const char *path, const fsc_flat_layout *L, int rank,
                                 const float *const *shards, int n_meta, const char *const *keys,
                                 const char *const *values);

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <zlib.h>
 #include <sys/stat.h>
 
 #include <cjson/cJSON.h>
@@ -24,7 +25,8 @@
 /* ---- small helpers ------------------------------------------------------------ */
 
 static int is_reserved(const char *key) {
-    return strcmp(key, FSC_FLAT_LAYOUT_KEY) == 0 || strcmp(key, FSC_FLAT_RANK_KEY) == 0;
+    return strcmp(key, FSC_FLAT_LAYOUT_KEY) == 0 || strcmp(key, FSC_FLAT_RANK_KEY) == 0 ||
+           strcmp(key, FSC_FLAT_CRC_KEY) == 0;
 }
 
 static void unit_tensor_name(char *buf, size_t cap, int u) {
@@ -85,7 +87,53 @@ static int check_tensors(const shard_file *s) {
     return FSC_OK;
 }
 
-/* Opens and validates path completely: safetensors, layout, rank, tensors. */
+/* The CRC-32 of every unit's shard bytes, in unit order: recorded in the
+ * file at save (FSC_FLAT_CRC_KEY) and checked at every open, so a damaged
+ * shard is refused instead of loaded or consolidated into a model. */
+static uint32_t shards_crc(const fsc_flat_layout *L, const float *const *shards) {
+    uLong crc = crc32(0L, Z_NULL, 0);
+    for (int u = 0; u < L->nunits; u++)
+        for (int64_t at = 0; at < L->units[u].shard;) { /* crc32 takes at most 4 GiB a call */
+            const int64_t m = L->units[u].shard - at < (1 << 28) ? L->units[u].shard - at : 1 << 28;
+            crc = crc32(crc, (const Bytef *)(shards[u] + at), (uInt)(m * (int64_t)sizeof(float)));
+            at += m;
+        }
+    return (uint32_t)crc;
+}
+
+/* The file's recorded CRC against its data, streamed; a file saved before
+ * the key existed has none and is taken as it is. */
+static int check_crc(const shard_file *s) {
+    const char *want = fsc_st_metadata(s->f, FSC_FLAT_CRC_KEY);
+    if (!want) return FSC_OK;
+    enum { CHUNK = 1 << 16 };
+    float *buf = malloc(CHUNK * sizeof(float));
+    if (!buf) return fsc_error(FSC_ERR_NOMEM, "%s: out of memory checking its data", s->path);
+    uLong crc = crc32(0L, Z_NULL, 0);
+    int rc = FSC_OK;
+    for (int u = 0; !rc && u < s->L.nunits; u++) {
+        char name[32];
+        unit_tensor_name(name, sizeof name, u);
+        const fsc_st_entry *e = fsc_st_find(s->f, name);
+        for (int64_t at = 0; !rc && at < s->L.units[u].shard; at += CHUNK) {
+            const int64_t m = s->L.units[u].shard - at < CHUNK ? s->L.units[u].shard - at : CHUNK;
+            rc = fsc_st_read_bytes(s->f, e, (uint64_t)at * sizeof(float), buf,
+                                   (size_t)m * sizeof(float));
+            if (!rc) crc = crc32(crc, (const Bytef *)buf, (uInt)(m * (int64_t)sizeof(float)));
+        }
+    }
+    free(buf);
+    char got[16];
+    snprintf(got, sizeof got, "%08lx", (unsigned long)crc);
+    if (!rc && strcmp(got, want))
+        rc = fsc_error(FSC_ERR_FORMAT,
+                       "%s: its data does not match its checksum (CRC-32 %s, recorded %s): the "
+                       "shard is damaged",
+                       s->path, got, want);
+    return rc;
+}
+
+/* Opens and validates path completely: safetensors, layout, rank, tensors, data. */
 static int shard_open(const char *path, shard_file *s) {
     memset(s, 0, sizeof *s);
     s->path = path;
@@ -101,6 +149,7 @@ static int shard_open(const char *path, shard_file *s) {
     if (!rc) rc = flat_layout_parse(path, text, &s->L);
     if (!rc) rc = parse_rank(path, fsc_st_metadata(s->f, FSC_FLAT_RANK_KEY), s->L.world, &s->rank);
     if (!rc) rc = check_tensors(s);
+    if (!rc) rc = check_crc(s);
     if (rc) shard_close(s);
     return rc;
 }
@@ -229,6 +278,9 @@ int fsc_flat_shard_save(const char *path, const fsc_flat_layout *L, int rank,
     if (w) {
         rc = fsc_st_writer_set_metadata(w, FSC_FLAT_LAYOUT_KEY, json);
         if (!rc) rc = fsc_st_writer_set_metadata(w, FSC_FLAT_RANK_KEY, rank_s);
+        char crc_s[16];
+        snprintf(crc_s, sizeof crc_s, "%08lx", (unsigned long)shards_crc(L, shards));
+        if (!rc) rc = fsc_st_writer_set_metadata(w, FSC_FLAT_CRC_KEY, crc_s);
         for (int i = 0; !rc && i < n_meta; i++)
             rc = fsc_st_writer_set_metadata(w, keys[i], values[i]);
         for (int u = 0; !rc && u < L->nunits; u++) {

@@ -173,6 +173,18 @@ def fsdp_files():
         sys.exit("FAIL: consolidated shards differ from the full state dict")
     print(f"ok  fsc-consolidate of {len(os.listdir(shards))} shard files == full state dict, "
           "byte for byte")
+    # one flipped bit in a shard's data: refused by its recorded CRC-32, nothing written
+    # (before the checksum it consolidated into a corrupt model)
+    shard = os.path.join(shards, sorted(os.listdir(shards))[1])
+    raw = bytearray(open(shard, "rb").read())
+    raw[-5] ^= 0x10
+    with open(shard, "wb") as f:
+        f.write(raw)
+    damaged = os.path.join(TMP, "damaged.safetensors")
+    p = subprocess.run([consolidate, damaged, "--dir", shards], capture_output=True, text=True)
+    if p.returncode == 0 or "checksum" not in p.stderr or os.path.exists(damaged):
+        sys.exit(f"FAIL: fsc-consolidate of a damaged shard: exit {p.returncode}:\n{p.stderr}")
+    print("ok  a shard with one flipped data bit is refused:", p.stderr.strip()[:150])
     try:
         import torch
         import torch_gpt
