@@ -139,8 +139,8 @@ static int64_t sample0(void *user, int micro) {
 /* One attempt: `kind` with m micro-batches run twice, the second run's
  * figures checked on this rank. When the machine keeps time (every rank's
  * compute within 10% of its nominal 3 m units, sleeps waking within 0.5 ms)
- * the accounting must hold (wait + compute = span on every rank), the spans
- * must be one window and the bubble the validator's: a
+ * the accounting must hold (wait + compute = span on every rank, within 2%),
+ * the spans must be one window and the bubble the validator's: a
  * loaded machine wakes ranks late, which is real idle time the model does
  * not have. Returns 1 when compared and equal, 0 when the machine was too
  * loaded to compare, -1 when off (the same on every rank). */
@@ -191,15 +191,14 @@ static int bubble_attempt(fsc_pipe_kind kind, int m) {
                   apart || fabs(st.span_s - makespan) > 0.2 * makespan || fabs(got - want) > 0.08};
     assert_int_equal(fsc_group_allreduce(fsc_group_world(), f, 3, FSC_DTYPE_F32, FSC_REDUCE_MAX),
                      FSC_OK);
-    /* the accounting too is compared only when the machine kept time: a rank
+    /* the accounting is judged like the bubble, over attempts: a rank
      * preempted between the executor's clock reads shows the stolen time as
-     * neither (16 ms of 709 once, at load 8 on 2 cores) */
-    if (f[0] && !f[1])
-        fail_msg("rank %d: the accounting does not add up on some rank (see above)", rank);
+     * neither (16 ms of 709 once, at load 8 on 2 cores, with every sleep on
+     * time), while a wrong executor is off in every attempt */
     fsc_pipe_free(p);
     fsc_pipe_schedule_free(sched);
     free(per), free(spans);
-    return f[1] ? 0 : f[2] ? -1 : 1;
+    return f[1] ? 0 : f[0] || f[2] ? -1 : 1;
 }
 
 static void expect_bubble(fsc_pipe_kind kind, int m) {
@@ -212,15 +211,15 @@ static void expect_bubble(fsc_pipe_kind kind, int m) {
     /* An attempt that ran off the model while another caught late sleeps
      * says the machine is loaded, not that the schedule is wrong: a wrong
      * executor is off in every attempt with sleeps on time. */
-    if (loaded) { /* the model (and the accounting, when loaded) could not be compared */
+    if (loaded) { /* the model and the accounting could not be compared */
         fprintf(stderr,
                 "%s, m %d: sleeps ran late in %d of 4 attempts (a loaded machine), none "
                 "matched: bubble not compared with the validator\n",
                 fsc_pipe_kind_name(kind), m, loaded);
         return;
     }
-    fail_msg("rank %d: %s, m %d: the measured bubble or span was off the validator's (see the "
-             "figures above)",
+    fail_msg("rank %d: %s, m %d: in every attempt the accounting, the measured bubble or the "
+             "span was off (see the figures above)",
              rank, fsc_pipe_kind_name(kind), m);
 }
 
