@@ -11,7 +11,7 @@
  * operations pending, and fsc_dist_finalize reports FSC_ERR_TIMEOUT on the
  * ranks that abandoned some, which this test expects. (A rank that could not
  * finalise would have to leave with _exit, which mpiexec counts as a failure:
- * in a real run every rank then exits non-zero, as DESIGN.md wants.)
+ * in a real run every rank then exits non-zero, as docs/architecture.md, decision 8 wants.)
  */
 #include <setjmp.h>
 #include <stdarg.h>

@@ -1,4 +1,4 @@
-/* Golden checks against PyTorch (DESIGN.md "Proof habits").
+/* Golden checks against PyTorch (docs/architecture.md, "How correctness is shown").
  *
  * tests/reference/golden_layers.py and golden_train.py wrote, with fixed
  * seeds, the inputs, parameters (under fsc's full names), upstream gradient,

@@ -1,7 +1,7 @@
 /* fsc-bench: throughput of the reference configurations, one JSON line each.
  *
  * The same training loop as fsc-train (AdamW, fp32) on uniformly random
- * tokens, as ../shared/peer/bench_peer.py does for PyTorch: warm-up steps,
+ * tokens, as the PyTorch side of the comparisons does: warm-up steps,
  * then timed steps; tokens/s over the timed steps, ms/step median, model
  * GFLOP/s, and its share of the sgemm peak measured in this same process.
  * `--blas-info` prints the BLAS kernels fsc would run here, as one JSON line,

@@ -248,7 +248,7 @@ FSC_API bool fsc_tensor_same_shape(const fsc_tensor *a, const fsc_tensor *b);
 FSC_API int fsc_tensor_convert(const fsc_tensor *src, fsc_tensor *dst);
 
 /* ---- Philox4x32-10 counter-based RNG -------------------------------------- */
-/* Randomness keyed by meaning (DESIGN.md decision 5): a key names *what* is
+/* Randomness keyed by meaning (docs/architecture.md, decision 5): a key names *what* is
  * being drawn (seed + parameter name, or seed + layer), a counter names *which*
  * draw (element index, step, sample). Any parallel layout draws the same
  * numbers for the same element. */

@@ -2,7 +2,7 @@
  * collectives (blocking and non-blocking), a device mesh, and the hang
  * watchdog / desync guard.
  *
- * DESIGN.md decisions 7 and 8: every collective goes through a process group
+ * docs/architecture.md, decisions 7 and 8: every collective goes through a process group
  * whose backend is a table of function pointers (MPI today, NCCL tomorrow);
  * a program started without a launcher is a world of size 1; a collective
  * that a peer never joins ends with an error naming the operation, the group,

@@ -11,7 +11,7 @@
  * [r * shard, (r + 1) * shard) of it, in FSC_MEM_PARAMS, its gradient shard in
  * FSC_MEM_GRADS, and the optimizer state of that shard in FSC_MEM_OPTIM.
  *
- * Wrapping is in place, through hooks (DESIGN.md decision 4): the model's own
+ * Wrapping is in place, through hooks (docs/architecture.md, decision 4): the model's own
  * modules stay where they are (parents call children through their own
  * pointers), parameter names do not change, and the caller keeps calling
  * fsc_module_forward / fsc_gpt_train_micro on the root. Per step:

@@ -1,6 +1,6 @@
 /* fsc io: safetensors files and token data sources (floor 6).
  *
- * Files interoperate (DESIGN.md decision 9): weights are safetensors, token
+ * Files interoperate (docs/architecture.md, decision 9): weights are safetensors, token
  * data is llm.c's shard format, read as is. Every reader validates a file
  * completely before trusting any number in it, so a lying header gives a
  * clear error, never a crash or a giant allocation. Every writer is atomic:

@@ -3,7 +3,7 @@
  * Argument order follows llm.c: outputs, then what forward keeps for backward,
  * then inputs and weights, then sizes. Backward kernels WRITE the input
  * gradient (dinp = ...) and ACCUMULATE parameter gradients (dweight += ...),
- * so gradient accumulation over micro-batches falls out (DESIGN.md decision 3).
+ * so gradient accumulation over micro-batches falls out (docs/architecture.md, decision 3).
  * Every matmul goes through CBLAS (OpenBLAS, loaded by fsc_blas_init), or,
  * when a caller asks for bf16 (FSC_GEMM_BF16), through oneDNN's bf16 matmul
  * where that is measured faster (loaded at run time; see fsc_gemm).

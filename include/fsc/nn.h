@@ -1,6 +1,6 @@
 /* fsc modules: the contract every layer, container and wrapper follows.
  *
- * DESIGN.md decisions 1-4, made concrete:
+ * docs/architecture.md, decisions 1-4, made concrete:
  *  1. A module keeps no per-call state. forward() allocates its output and a
  *     saved-state record from the step's arena (ctx->arena) and hands the
  *     record back; backward() receives it. Several micro-batches, threads or a

@@ -1,7 +1,7 @@
 /* fsc optimizers: SGD, Adam, AdamW, learning-rate schedules, gradient clipping.
  *
  * Floor 4 of the house. Everything here works on flat (param, grad, state)
- * ranges rather than on modules (DESIGN.md decision 2): an optimizer is built
+ * ranges rather than on modules (docs/architecture.md, decision 2): an optimizer is built
  * over an array of ranges and owns exactly K floats of state per element of
  * those ranges, so a sharded optimizer (OSS, FSDP) runs the very same kernels
  * on the shard a rank owns, and its memory is K x (elements owned), exactly.

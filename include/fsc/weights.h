@@ -1,7 +1,7 @@
 /* fsc weights: a module tree's parameters to and from safetensors, by name.
  *
  * Names are the full dotted parameter names (for GPT the Hugging Face GPT-2
- * names), so files interoperate with PyTorch (DESIGN.md decision 9). Writes
+ * names), so files interoperate with PyTorch (docs/architecture.md, decision 9). Writes
  * are atomic (temporary file, fsync, rename); a failed save leaves an
  * existing file untouched.
  */

@@ -1,5 +1,5 @@
 /* The data-plane backend of a process group: a table of function pointers
- * (DESIGN.md decision 7; ggml-backend's shape). MPI fills it today; a NCCL
+ * (docs/architecture.md, decision 7; ggml-backend's shape). MPI fills it today; a NCCL
  * backend would fill the same table tomorrow.
  *
  * The one idea: every entry *starts* an operation and hands back an opaque

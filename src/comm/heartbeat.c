@@ -1,5 +1,5 @@
 /* The heartbeat: who is alive, agreed by the survivors before anyone reports
- * (DESIGN.md decision 8), and the deadline of MPI's start-up and shut-down.
+ * (docs/architecture.md, decision 8), and the deadline of MPI's start-up and shut-down.
  *
  * The one idea: liveness is asked of a thread, not of MPI. Every process runs
  * one small thread that never calls MPI (MPI runs FUNNELED): it answers UDP

@@ -1,4 +1,4 @@
-/* The watchdog and desync guard (DESIGN.md decision 8): every collective's
+/* The watchdog and desync guard (docs/architecture.md, decision 8): every collective's
  * sequence number and signature, the control exchange that proves every
  * peer joined the same collective, and the messages for desyncs and
  * timeouts.

@@ -1,4 +1,4 @@
-/* Bump allocator for a step's activations and saved state (DESIGN.md
+/* Bump allocator for a step's activations and saved state (docs/architecture.md,
  * decision 1: forward writes what backward needs into caller-provided memory).
  *
  * Blocks come from the tagged allocator. Allocation bumps within the newest

@@ -1,4 +1,4 @@
-/* Status codes and the per-thread error message (DESIGN.md decision 8).
+/* Status codes and the per-thread error message (docs/architecture.md, decision 8).
  * A failure records what was wrong where it is detected; callers propagate
  * the status and the outermost caller prints fsc_last_error(). */
 #include <stdio.h>

@@ -1,4 +1,4 @@
-/* The tagged allocator (DESIGN.md decision 6). Each block carries a small
+/* The tagged allocator (docs/architecture.md, decision 6). Each block carries a small
  * header with its tag and size, so fsc_mem_free needs only the pointer and the
  * per-tag counters stay exact. Counters are atomics: worker threads allocate.
  * Memory comes from calloc, which maps large blocks as untouched zero pages:

@@ -1,5 +1,5 @@
 /* Dropout with masks keyed by meaning: (seed, layer, step) names the draw and
- * (global sample index, element) the element (DESIGN.md decision 5), so any
+ * (global sample index, element) the element (docs/architecture.md, decision 5), so any
  * split of the batch over micro-batches, threads or ranks, and any
  * recomputation, drops the same elements. Nothing is saved for backward.
  *

@@ -1,6 +1,6 @@
 /* The module contract: declaration of parameters and children, hook dispatch,
  * and the forward/backward entry points every container calls its children
- * through (so hooks fire at every level: DESIGN.md decision 4).
+ * through (so hooks fire at every level: docs/architecture.md, decision 4).
  *
  * The entry points also turn a new user's crashes into messages: a NULL ctx
  * or arena, and parameter views that were never bound. The view test is per

@@ -1,4 +1,4 @@
-/* Flat parameter storage (DESIGN.md decision 2). Parameters of a module tree
+/* Flat parameter storage (docs/architecture.md, decision 2). Parameters of a module tree
  * are laid out in declaration order in one buffer, each starting on a 16-float
  * (64-byte) boundary; gradients mirror the layout in a second buffer. Wrappers
  * (DDP buckets, ZeRO partitions, FSDP shards) work on ranges of these buffers
