@@ -344,10 +344,16 @@ static void deadline_passed(bool early) {
                                  : "every rank answers the heartbeat");
         agree(st, proposal, 1.0, msg, sizeof msg, true);
     } else if (st) {
-        /* the verdict was reached elsewhere; still say what this rank was in */
-        char verdict[HB_TEXT];
+        /* the verdict was reached elsewhere; still say what this rank was in,
+         * unless the verdict already does (a peer's deadline on the same
+         * call, e.g. MPI_Finalize: the survivors then print one text) */
+        char verdict[HB_TEXT], mine[HB_TEXT];
         fsc_hb_verdict(verdict, sizeof verdict);
-        snprintf(msg, sizeof msg, "%.300s: %.590s", proposal, verdict);
+        snprintf(mine, sizeof mine, "fsc: %s ", hb.armed_what);
+        if (!strncmp(verdict, mine, strlen(mine)))
+            snprintf(msg, sizeof msg, "%s", verdict);
+        else
+            snprintf(msg, sizeof msg, "%.300s: %.590s", proposal, verdict);
     } else {
         const char *r = getenv("OMPI_COMM_WORLD_RANK"), *n = getenv("OMPI_COMM_WORLD_SIZE");
         if (!r) r = getenv("PMI_RANK"), n = getenv("PMI_SIZE");
