@@ -1,5 +1,6 @@
 /* The pipeline executor's state, shared by pipe.c (set-up and the action
- * loop) and pipe_params.c (shared parameters, norm, update, weights files).
+ * loop), pipe_params.c (shared parameters), pipe_step.c (norm, update,
+ * weights files) and the executor's other pipe_*.c files.
  * Only src/parallel/ sees this. */
 #ifndef FSC_PIPE_EXEC_INTERNAL_H
 #define FSC_PIPE_EXEC_INTERNAL_H

@@ -1,7 +1,7 @@
-/* Internal view of a pipeline schedule, shared by the generators and lowering
- * (pipe_schedule.c), the validator (pipe_validate.c) and the text forms
- * (pipe_text.c). A schedule is nothing but the config and one growable
- * action list per rank.
+/* Internal view of a pipeline schedule, shared by the table (pipe_schedule.c),
+ * the generators and lowering (pipe_schedule_gen.c), the validator
+ * (pipe_validate.c) and the text forms (pipe_text.c). A schedule is nothing
+ * but the config and one growable action list per rank.
  */
 #ifndef FSC_PIPE_SCHEDULE_INTERNAL_H
 #define FSC_PIPE_SCHEDULE_INTERNAL_H
