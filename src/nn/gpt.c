@@ -1,123 +1,227 @@
-/* GPT-2: token + position embedding, L pre-LN blocks, final LayerNorm, and an
- * LM head tied to wte. The embeddings and the head call kernels directly on
- * the wte/wpe parameters (the tie needs one table in two places); the blocks
- * and ln_f are children called through the module contract. */
+/* The GPT, written once: token + position embedding, L pre-LN blocks, a
+ * final LayerNorm and an LM head tied to wte, as any contiguous range of
+ * its parts (gpt_internal.h), under any layout. The whole model, every
+ * pipeline stage and every tensor-parallel rank run this forward and this
+ * backward; a layout (the plain one below, the TP one in
+ * src/parallel/tp/tp_gpt.c) only makes the children and computes the two
+ * ends, which call kernels on wte and wpe directly (the tie needs one table
+ * in two places). A range with the head but not the embedding holds its own
+ * copy of wte: the pipeline keeps the copies equal by summing their
+ * gradients. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "layers_internal.h"
-#include "fsc/gpt.h"
+#include "fsc/kernels.h"
 #include "fsc/moe.h"
+#include "gpt_internal.h"
+#include "moe_internal.h"
 
-typedef struct {
-    fsc_module base;
-    fsc_gpt_config cfg;
-    fsc_module *wte, *wpe, *drop, *ln_f;
-    fsc_module **h;
-} gpt;
+/* ---- the model ------------------------------------------------------------------------------- */
 
-typedef struct {
-    fsc_tensor ids;
-    void *drop, *ln_f;
-    void **h;
-    fsc_tensor final; /* ln_f output: input of the head */
-} gpt_saved;
+static int check_ids(const gpt_model *g, const int32_t *ids, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= g->cfg.vocab)
+            return fsc_error(FSC_ERR_INVALID, "%s: token %d at position %lld outside vocab [0,%d)",
+                             g->ops->label, ids[i], (long long)i, g->cfg.vocab);
+    return FSC_OK;
+}
 
-static int gpt_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, fsc_tensor *y,
-                       void **saved) {
-    gpt *g = (gpt *)m;
-    const fsc_gpt_config *c = &g->cfg;
-    if (x->dtype != FSC_DTYPE_I32 || x->ndim != 2 || x->shape[1] > c->seq || x->shape[1] < 1)
-        return fsc_error(FSC_ERR_SHAPE, "GPT: expected int32 (B,T) ids with 1 <= T <= %d", c->seq);
-    int B = (int)x->shape[0], T = (int)x->shape[1], C = c->d_model, V = c->vocab;
-    const int32_t *ids = x->data;
-    for (int64_t i = 0; i < (int64_t)B * T; i++)
-        if (ids[i] < 0 || ids[i] >= V)
-            return fsc_error(FSC_ERR_INVALID, "GPT: token %d at position %lld outside vocab [0,%d)",
-                             ids[i], (long long)i, V);
-    gpt_saved *s = fsc_arena_alloc(ctx->arena, sizeof *s);
+/* The input's batch and whole sequence length, checked: ids for a range
+ * with the embedding, else the activation a cut passes. */
+static int check_input(const gpt_model *g, const fsc_tensor *x, int *B, int *T) {
+    const char *label = g->ops->label, *name = g->base.name;
+    const int t = g->seq_split;
+    if (!g->embed) {
+        if (x->dtype != FSC_DTYPE_F32 || x->ndim != 3 || x->shape[2] != g->in_w)
+            return fsc_error(FSC_ERR_SHAPE, "%s '%s': expected F32 (B,T,%d) activations%s", label,
+                             name, g->in_w,
+                             t > 1                      ? " (a sequence shard: T/t rows)"
+                             : g->in_w != g->cfg.d_model ? " (the residual, then the GELU columns)"
+                                                         : "");
+        *B = (int)x->shape[0], *T = (int)x->shape[1] * t;
+        return FSC_OK;
+    }
+    if (x->dtype != FSC_DTYPE_I32 || x->ndim != 2 || x->shape[1] < 1 || x->shape[1] > g->cfg.seq)
+        return fsc_error(FSC_ERR_SHAPE, "%s '%s': expected int32 (B,T) ids with 1 <= T <= %d",
+                         label, name, g->cfg.seq);
+    *B = (int)x->shape[0], *T = (int)x->shape[1];
+    if (*T % t)
+        return fsc_error(FSC_ERR_SHAPE,
+                         "%s: sequence parallelism over %d ranks needs T divisible by %d, got "
+                         "T = %d",
+                         label, t, t, *T);
+    return check_ids(g, x->data, (int64_t)*B * *T);
+}
+
+static int model_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, fsc_tensor *y,
+                         void **saved) {
+    gpt_model *g = (gpt_model *)m;
+    int B = 0, T = 0;
+    int rc = check_input(g, x, &B, &T);
+    if (rc) return rc;
+    gpt_saved *s = fsc_arena_calloc(ctx->arena, sizeof *s);
     if (!s) return FSC_ERR_NOMEM;
-    s->ids = *x;
-    s->h = fsc_arena_alloc(ctx->arena, sizeof(void *) * (size_t)c->layers);
-    fsc_tensor e = fsc_tensor_arena(ctx->arena, FSC_DTYPE_F32, 3, (int64_t[]){B, T, C});
-    if (!s->h || !e.data) return FSC_ERR_NOMEM;
-    fsc_encoder_forward(e.data, ids, g->wte->params[0].data, g->wpe->params[0].data, B, T, C);
-    fsc_tensor cur;
-    int rc = fsc_module_forward(g->drop, ctx, &e, &cur, &s->drop);
-    for (int l = 0; !rc && l < c->layers; l++) {
+    s->in = *x, s->T = T;
+    s->h = fsc_arena_alloc(ctx->arena, sizeof(void *) * (size_t)(g->nh ? g->nh : 1));
+    if (!s->h) return FSC_ERR_NOMEM;
+    fsc_tensor cur = *x;
+    if (g->embed) {
+        fsc_tensor e;
+        rc = g->ops->embed_forward(g, ctx, x, &e);
+        if (!rc) rc = fsc_module_forward(g->drop, ctx, &e, &cur, &s->drop);
+    }
+    for (int l = 0; !rc && l < g->nh; l++) {
         fsc_tensor next;
         rc = fsc_module_forward(g->h[l], ctx, &cur, &next, &s->h[l]);
         cur = next;
     }
-    if (!rc) rc = fsc_module_forward(g->ln_f, ctx, &cur, &s->final, &s->ln_f);
     if (rc) return rc;
-    *y = fsc_tensor_arena(ctx->arena, FSC_DTYPE_F32, 3, (int64_t[]){B, T, V});
-    if (!y->data) return FSC_ERR_NOMEM;
-    fsc_matmul_forward_prec(y->data, s->final.data, g->wte->params[0].data, NULL, B * T, C, V,
-                            FSC_WEIGHT_OUT_IN, fsc_ctx_prec(ctx));
     *saved = s;
-    return FSC_OK;
+    if (!g->head) {
+        *y = cur;
+        return FSC_OK;
+    }
+    rc = fsc_module_forward(g->ln_f, ctx, &cur, &s->final, &s->ln_f);
+    return rc ? rc : g->ops->head_forward(g, ctx, s, y);
 }
 
-static int gpt_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fsc_tensor *dy,
-                        fsc_tensor *dx) {
-    (void)dx; /* token ids have no gradient */
-    gpt *g = (gpt *)m;
+static int model_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fsc_tensor *dy,
+                          fsc_tensor *dx) {
+    gpt_model *g = (gpt_model *)m;
     gpt_saved *s = saved;
     int rc = fsc_check_saved(m, saved);
     if (rc) return rc;
-    int B = (int)s->ids.shape[0], T = (int)s->ids.shape[1], C = g->cfg.d_model, V = g->cfg.vocab;
-    if ((rc = fsc_module_check_dy(m, dy, 3, (int64_t[]){B, T, V}))) return rc;
-    fsc_param *wte = &g->wte->params[0];
-    fsc_tensor dfinal = fsc_tensor_arena(ctx->arena, FSC_DTYPE_F32, 3, (int64_t[]){B, T, C});
-    if (!dfinal.data) return FSC_ERR_NOMEM;
-    fsc_matmul_backward_prec(dfinal.data, wte->grad, NULL, dy->data, s->final.data, wte->data,
-                             B * T, C, V, FSC_WEIGHT_OUT_IN, fsc_ctx_prec(ctx));
-    fsc_tensor cur;
-    rc = fsc_module_backward(g->ln_f, ctx, s->ln_f, &dfinal, &cur);
-    /* the two (B,T,C) buffers the blocks' input gradients alternate in */
-    fsc_tensor pingpong[2] = {dfinal, cur};
-    if (!rc) rc = fsc_blocks_backward(g->h, s->h, g->cfg.layers, ctx, &cur, pingpong);
-    fsc_tensor de;
-    if (!rc) rc = fsc_module_backward(g->drop, ctx, s->drop, &cur, &de);
-    if (rc) return rc;
-    fsc_encoder_backward(wte->grad, g->wpe->params[0].grad, de.data, s->ids.data, B, T, C);
+    const int B = (int)s->in.shape[0], T = s->T, S = T / g->seq_split, C = g->cfg.d_model;
+    if (!s->fused && /* a fused head checks its (1,) dy itself */
+        (rc = fsc_module_check_dy(m, dy, 3,
+                                  (int64_t[]){B, g->head ? T : S,
+                                              g->head ? g->logit_width : g->out_w})))
+        return rc;
+    fsc_tensor cur = *dy;
+    /* the two (B,S,C) buffers the blocks' input gradients alternate in */
+    fsc_tensor pingpong[2];
+    if (g->head) {
+        fsc_tensor dfin;
+        if ((rc = g->ops->head_backward(g, ctx, s, dy, &dfin))) return rc;
+        if ((rc = fsc_module_backward(g->ln_f, ctx, s->ln_f, &dfin, &cur))) return rc;
+        pingpong[0] = dfin, pingpong[1] = cur;
+    } else {
+        for (int i = 0; g->nh && i < 2; i++) {
+            pingpong[i] = fsc_tensor_arena(ctx->arena, FSC_DTYPE_F32, 3, (int64_t[]){B, S, C});
+            if (!pingpong[i].data) return FSC_ERR_NOMEM;
+        }
+    }
+    if ((rc = fsc_blocks_backward(g->h, s->h, g->nh, ctx, &cur, pingpong))) return rc;
+    if (g->embed) { /* token ids have no gradient: dx stays untouched */
+        fsc_tensor de;
+        rc = fsc_module_backward(g->drop, ctx, s->drop, &cur, &de);
+        return rc ? rc : g->ops->embed_backward(g, ctx, s, &de);
+    }
+    if (dx) *dx = cur;
     return FSC_OK;
 }
 
-static void gpt_free(fsc_module *m) {
-    gpt *g = (gpt *)m;
+static void model_free(fsc_module *m) {
+    gpt_model *g = (gpt_model *)m;
+    if (g->ops->free_state) g->ops->free_state(g->st);
     free(g->h);
     free(g);
 }
 
-static const fsc_module_ops gpt_ops = {"GPT", gpt_forward, gpt_backward, gpt_free};
-
-int fsc_gpt_config_check(const fsc_gpt_config *c) {
-    if (c->vocab < 2) return fsc_error(FSC_ERR_INVALID, "vocab %d must be at least 2", c->vocab);
-    if (c->seq < 1) return fsc_error(FSC_ERR_INVALID, "seq %d must be positive", c->seq);
-    if (c->layers < 1) return fsc_error(FSC_ERR_INVALID, "layers %d must be positive", c->layers);
-    if (c->d_model < 1)
-        return fsc_error(FSC_ERR_INVALID, "d_model %d must be positive", c->d_model);
-    if (c->heads < 1 || c->d_model % c->heads)
-        return fsc_error(FSC_ERR_INVALID, "heads %d must divide d_model %d", c->heads, c->d_model);
-    if (!(c->dropout >= 0.f && c->dropout < 1.f))
-        return fsc_error(FSC_ERR_INVALID, "dropout %g must be in [0, 1)", (double)c->dropout);
-    if (c->moe && c->moe->experts) return fsc_moe_check(c->moe);
-    return FSC_OK;
+/* Adds a child made by the layout; frees it and fails if it is NULL or rc is set. */
+static int adopt(gpt_model *g, fsc_module *child, fsc_module **slot, int rc) {
+    if (rc || !child) {
+        fsc_module_free(child);
+        return rc ? rc : FSC_ERR_INVALID;
+    }
+    *slot = child;
+    return fsc_module_add_child(&g->base, child);
 }
 
-/* Whether block l's MLP is an MoE layer under cfg. */
-static bool moe_block(const fsc_gpt_config *c, int l) {
-    const fsc_moe_options *o = c->moe;
-    return o && o->experts && (l + 1) % (o->every > 0 ? o->every : 1) == 0;
+/* The children of parts [first, end), in the whole model's order. */
+static int make_children(gpt_model *g, int first, int end) {
+    const fsc_gpt_config *c = &g->cfg;
+    const int n = fsc_gpt_num_parts(c);
+    /* block b's parts 3b+1 .. 3b+3 within [first, end) */
+    const int p0 = first > 1 ? first : 1, p1 = end < n - 1 ? end : n - 1;
+    g->h = calloc((size_t)(p1 > p0 ? p1 - p0 : 1), sizeof *g->h);
+    int rc = g->h ? FSC_OK : fsc_error(FSC_ERR_NOMEM, "out of memory creating a %s", g->ops->label);
+    if (g->embed || g->head) {
+        rc = adopt(g, g->ops->wte(g->st, c), &g->wte, rc);
+        if (!rc) g->wte->params_used_by_parent = true;
+    }
+    if (g->embed) {
+        rc = adopt(g, fsc_embedding_new("wpe", c->seq, c->d_model, 0.02f), &g->wpe, rc);
+        if (!rc) g->wpe->params_used_by_parent = true;
+        rc = adopt(g, g->ops->drop(g->st, c), &g->drop, rc);
+    }
+    for (int p = p0; !rc && p < p1;) {
+        const int b = (p - 1) / 3, from = (p - 1) % 3;
+        const int to = p1 - 3 * b - 1 < FSC_BLOCK_SEGMENTS ? p1 - 3 * b - 1 : FSC_BLOCK_SEGMENTS;
+        char name[32];
+        snprintf(name, sizeof name, "h.%d", b);
+        rc = adopt(g, g->ops->block(g->st, c, name, b, from, to), &g->h[g->nh++], rc);
+        p += to - from;
+    }
+    if (g->head) rc = adopt(g, g->ops->ln_f(g->st, c), &g->ln_f, rc);
+    return rc;
+}
+
+fsc_module *gpt_model_new(const fsc_gpt_config *cfg, int first, int end, const gpt_layout_ops *ops,
+                          void *st, bool stage, int seq_split, int logit_width) {
+    const int n = fsc_gpt_num_parts(cfg);
+    if (first < 0 || end > n || first >= end) {
+        fsc_error(FSC_ERR_INVALID, "%s stage: parts [%d, %d) outside [0, %d) or empty", ops->label,
+                  first, end, n);
+        if (ops->free_state) ops->free_state(st);
+        return NULL;
+    }
+    char name[48] = "gpt";
+    if (stage)
+        snprintf(name, sizeof name, "gpt[%g:%g]", fsc_gpt_cut_of_part(cfg, first) / 4.0,
+                 fsc_gpt_cut_of_part(cfg, end) / 4.0);
+    static const fsc_module_ops no_ops; /* replaced by the model's own table below */
+    gpt_model *g = fsc_module_alloc(sizeof *g, &no_ops, name);
+    if (!g) {
+        if (ops->free_state) ops->free_state(st);
+        return NULL;
+    }
+    g->mops = (fsc_module_ops){stage ? ops->stage_kind : ops->kind, model_forward, model_backward,
+                               model_free};
+    g->base.ops = &g->mops;
+    g->cfg = *cfg, g->ops = ops, g->st = st;
+    g->embed = first == 0, g->head = end == n;
+    g->in_w = ops->width(st, cfg, first), g->out_w = ops->width(st, cfg, end);
+    g->seq_split = seq_split, g->logit_width = logit_width;
+    if (make_children(g, first, end)) {
+        fsc_module_free(&g->base);
+        return NULL;
+    }
+    return &g->base;
+}
+
+gpt_model *gpt_model_find(fsc_module *m, const char *kind) {
+    while (m && m->ops->kind != kind) m = m->wraps;
+    return (gpt_model *)m;
+}
+
+/* ---- the plain layout: one process ----------------------------------------------------------- */
+
+static fsc_module *plain_wte(void *st, const fsc_gpt_config *c) {
+    (void)st;
+    return fsc_embedding_new("wte", c->vocab, c->d_model, 0.02f);
+}
+
+static fsc_module *plain_drop(void *st, const fsc_gpt_config *c) {
+    (void)st;
+    return fsc_dropout_new("drop", c->dropout, 0);
 }
 
 /* Replaces block l's dense MLP (child 3, "mlp") by an MoE layer with the
  * same dropout key and initialisation. */
 static int moe_swap(fsc_module *block, const fsc_gpt_config *c, int l) {
-    if (!moe_block(c, l)) return FSC_OK;
+    if (!fsc_gpt_moe_block(c, l)) return FSC_OK;
     const float proj_std = 0.02f / sqrtf(2.0f * (float)c->layers); /* as fsc_block_new's */
     fsc_module *m =
         fsc_moe_new("mlp", c->d_model, c->moe, c->dropout, (uint32_t)(2 * l + 2), 0.02f, proj_std);
@@ -128,70 +232,109 @@ static int moe_swap(fsc_module *block, const fsc_gpt_config *c, int l) {
     return FSC_OK;
 }
 
-fsc_module *fsc_gpt_new(const fsc_gpt_config *cfg) {
-    if (fsc_gpt_config_check(cfg)) return NULL;
-    gpt *g = fsc_module_alloc(sizeof *g, &gpt_ops, "gpt");
-    if (!g) return NULL;
-    g->cfg = *cfg;
-    g->h = calloc((size_t)cfg->layers, sizeof *g->h);
-    int rc = g->h ? FSC_OK : fsc_error(FSC_ERR_NOMEM, "out of memory creating GPT");
-    /* Children in the order Hugging Face lists them: wte, wpe, drop, h.0..h.L-1, ln_f. */
-    fsc_module **slots[] = {&g->wte, &g->wpe, &g->drop};
-    fsc_module *made[] = {fsc_embedding_new("wte", cfg->vocab, cfg->d_model, 0.02f),
-                          fsc_embedding_new("wpe", cfg->seq, cfg->d_model, 0.02f),
-                          fsc_dropout_new("drop", cfg->dropout, 0)};
-    for (int i = 0; i < 3; i++) {
-        *slots[i] = made[i];
-        if (made[i] && i < 2) made[i]->params_used_by_parent = true; /* wte, wpe */
-        if (!rc)
-            rc = made[i] ? fsc_module_add_child(&g->base, made[i]) : FSC_ERR_INVALID;
-        else
-            fsc_module_free(made[i]);
-    }
-    for (int l = 0; !rc && l < cfg->layers; l++) {
-        char name[32];
-        snprintf(name, sizeof name, "h.%d", l);
-        g->h[l] =
-            fsc_block_new(name, cfg->d_model, cfg->heads, cfg->dropout, (uint32_t)l, cfg->layers);
-        rc = g->h[l] ? fsc_module_add_child(&g->base, g->h[l]) : FSC_ERR_INVALID;
-        if (!rc) rc = moe_swap(g->h[l], cfg, l);
-    }
-    if (!rc) {
-        g->ln_f = fsc_layernorm_new("ln_f", cfg->d_model, 1e-5f);
-        rc = g->ln_f ? fsc_module_add_child(&g->base, g->ln_f) : FSC_ERR_INVALID;
-    }
-    if (rc) {
-        fsc_module_free(&g->base);
+static fsc_module *plain_block(void *st, const fsc_gpt_config *c, const char *name, int b,
+                               int from, int to) {
+    (void)st;
+    if (from != FSC_BLOCK_ATTN || to != FSC_BLOCK_SEGMENTS)
+        return fsc_block_part_new(name, c->d_model, c->heads, c->dropout, (uint32_t)b, c->layers,
+                                  from, to);
+    fsc_module *blk = fsc_block_new(name, c->d_model, c->heads, c->dropout, (uint32_t)b, c->layers);
+    if (blk && moe_swap(blk, c, b)) {
+        fsc_module_free(blk);
         return NULL;
     }
-    return &g->base;
+    return blk;
 }
 
-/* Parameters of the MoE blocks beyond a dense MLP's, counting `experts`
- * experts per layer (all of them, or the two a token meets). */
-static int64_t moe_extra_params(const fsc_gpt_config *c, int64_t experts) {
-    int64_t C = c->d_model, H = c->moe && c->moe->hidden ? c->moe->hidden : 4 * C, n = 0;
-    for (int l = 0; l < c->layers; l++)
-        if (moe_block(c, l))
-            n += c->moe->experts * C + experts * (2 * C * H + H + C) - (8 * C * C + 5 * C);
-    return n;
+static fsc_module *plain_ln_f(void *st, const fsc_gpt_config *c) {
+    (void)st;
+    return fsc_layernorm_new("ln_f", c->d_model, 1e-5f);
 }
 
-int64_t fsc_gpt_num_params(const fsc_gpt_config *c) {
-    int64_t C = c->d_model;
-    int64_t per_block = 12 * C * C + 13 * C;
-    return (int64_t)c->vocab * C + (int64_t)c->seq * C + c->layers * per_block + 2 * C +
-           moe_extra_params(c, c->moe ? c->moe->experts : 0);
+static int plain_width(void *st, const fsc_gpt_config *c, int p) {
+    (void)st;
+    return fsc_gpt_part_width(c, p);
 }
 
-double fsc_gpt_flops_per_token(const fsc_gpt_config *c, int T) {
-    double n = (double)fsc_gpt_num_params(c) - (double)c->seq * c->d_model;
-    n += (double)(moe_extra_params(c, 2) - moe_extra_params(c, c->moe ? c->moe->experts : 0));
-    return 6.0 * n + 12.0 * c->layers * (double)c->d_model * T;
+static int plain_embed_forward(gpt_model *g, const fsc_ctx *ctx, const fsc_tensor *ids,
+                               fsc_tensor *e) {
+    const int B = (int)ids->shape[0], T = (int)ids->shape[1], C = g->cfg.d_model;
+    *e = fsc_tensor_arena(ctx->arena, FSC_DTYPE_F32, 3, (int64_t[]){B, T, C});
+    if (!e->data) return FSC_ERR_NOMEM;
+    fsc_encoder_forward(e->data, ids->data, g->wte->params[0].data, g->wpe->params[0].data, B, T,
+                        C);
+    return FSC_OK;
 }
 
-/* Counts targets that are not ignore_index: the normaliser of a batch's mean. */
-static int64_t count_targets(const int32_t *y, int64_t n, int ignore_index) {
+static int plain_embed_backward(gpt_model *g, const fsc_ctx *ctx, const gpt_saved *s,
+                                const fsc_tensor *de) {
+    (void)ctx;
+    fsc_encoder_backward(g->wte->params[0].grad, g->wpe->params[0].grad, de->data, s->in.data,
+                         (int)s->in.shape[0], s->T, g->cfg.d_model);
+    return FSC_OK;
+}
+
+static int plain_head_forward(gpt_model *g, const fsc_ctx *ctx, gpt_saved *s, fsc_tensor *y) {
+    const int B = (int)s->in.shape[0], T = s->T, C = g->cfg.d_model, V = g->cfg.vocab;
+    *y = fsc_tensor_arena(ctx->arena, FSC_DTYPE_F32, 3, (int64_t[]){B, T, V});
+    if (!y->data) return FSC_ERR_NOMEM;
+    fsc_matmul_forward_prec(y->data, s->final.data, g->wte->params[0].data, NULL, B * T, C, V,
+                            FSC_WEIGHT_OUT_IN, fsc_ctx_prec(ctx));
+    return FSC_OK;
+}
+
+/* wte's gradient now or, for a zero-bubble schedule's W, later. */
+static int plain_head_backward(gpt_model *g, const fsc_ctx *ctx, gpt_saved *s,
+                               const fsc_tensor *dy, fsc_tensor *dfin) {
+    const int B = (int)s->in.shape[0], T = s->T, C = g->cfg.d_model, V = g->cfg.vocab;
+    fsc_param *wte = &g->wte->params[0];
+    *dfin = fsc_tensor_arena(ctx->arena, FSC_DTYPE_F32, 3, (int64_t[]){B, T, C});
+    if (!dfin->data) return FSC_ERR_NOMEM;
+    const fsc_gemm_prec prec = fsc_ctx_prec(ctx);
+    fsc_matmul_backward_prec(dfin->data, ctx->defer ? NULL : wte->grad, NULL, dy->data,
+                             s->final.data, wte->data, B * T, C, V, FSC_WEIGHT_OUT_IN, prec);
+    if (!ctx->defer) return FSC_OK;
+    return fsc_deferred_matmul_prec(ctx->defer, wte->grad, NULL, dy->data, s->final.data, wte->data,
+                                    B * T, C, V, FSC_WEIGHT_OUT_IN, prec);
+}
+
+static const gpt_layout_ops plain_layout = {
+    .kind = "GPT",
+    .stage_kind = "GPTStage",
+    .label = "GPT",
+    .wte = plain_wte,
+    .drop = plain_drop,
+    .block = plain_block,
+    .ln_f = plain_ln_f,
+    .width = plain_width,
+    .embed_forward = plain_embed_forward,
+    .embed_backward = plain_embed_backward,
+    .head_forward = plain_head_forward,
+    .head_backward = plain_head_backward,
+};
+
+fsc_module *fsc_gpt_new(const fsc_gpt_config *cfg) {
+    if (fsc_gpt_config_check(cfg)) return NULL;
+    return gpt_model_new(cfg, 0, fsc_gpt_num_parts(cfg), &plain_layout, NULL, false, 1,
+                         cfg->vocab);
+}
+
+fsc_module *fsc_gpt_stage_new(const fsc_gpt_config *cfg, int first, int end) {
+    int pf, pe;
+    if (fsc_gpt_config_check(cfg) || fsc_gpt_parts_of_layers(cfg, first, end, "GPT stage", &pf, &pe))
+        return NULL;
+    return fsc_gpt_stage_parts_new(cfg, pf, pe);
+}
+
+fsc_module *fsc_gpt_stage_parts_new(const fsc_gpt_config *cfg, int first, int end) {
+    if (fsc_gpt_config_check(cfg) || moe_refuse(cfg->moe, "fsc_gpt_stage_new (pipeline stages)"))
+        return NULL;
+    return gpt_model_new(cfg, first, end, &plain_layout, NULL, true, 1, cfg->vocab);
+}
+
+/* ---- training and evaluation in one process -------------------------------------------------- */
+
+int64_t gpt_count_targets(const int32_t *y, int64_t n, int ignore_index) {
     int64_t c = 0;
     for (int64_t i = 0; i < n; i++) c += y[i] != ignore_index;
     return c;
@@ -219,7 +362,7 @@ int fsc_gpt_eval_loss(fsc_module *m, const fsc_ctx *ctx, const int32_t *x, const
                       int T, int ignore_index, float *loss) {
     fsc_ctx eval = *ctx;
     eval.training = false;
-    int64_t n = count_targets(y, (int64_t)B * T, ignore_index);
+    int64_t n = gpt_count_targets(y, (int64_t)B * T, ignore_index);
     if (!n) return fsc_error(FSC_ERR_INVALID, "eval loss: every target is ignore_index");
     return gpt_loss(m, &eval, x, y, B, T, ignore_index, (double)n, loss, false);
 }

@@ -17,12 +17,14 @@ const char TP_KIND_COLUMN[] = "ColumnParallelLinear", TP_KIND_ROW[] = "RowParall
            TP_KIND_LAYERNORM[] = "TensorParallelLayerNorm",
            TP_KIND_DROPOUT[] = "TensorParallelDropout",
            TP_KIND_ATTENTION[] = "TensorParallelAttention", TP_KIND_BLOCK[] = "TensorParallelBlock",
-           TP_KIND_GPT[] = "TensorParallelGPT", TP_KIND_MLP[] = "TensorParallelMLP";
+           TP_KIND_MLP[] = "TensorParallelMLP";
+/* not a tp_module: the TP layout's kind of src/nn/gpt.c's model (tp_gpt.c) */
+const char TP_KIND_GPT[] = "TensorParallelGPT";
 
 tp_module *tp_module_of(const fsc_module *m) {
     static const char *const kinds[] = {TP_KIND_COLUMN,    TP_KIND_ROW,     TP_KIND_EMBEDDING,
                                         TP_KIND_LAYERNORM, TP_KIND_DROPOUT, TP_KIND_ATTENTION,
-                                        TP_KIND_BLOCK,     TP_KIND_GPT,     TP_KIND_MLP};
+                                        TP_KIND_BLOCK,     TP_KIND_MLP};
     if (!m || !m->ops) return NULL;
     for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
         if (m->ops->kind == kinds[i]) return (tp_module *)(uintptr_t)m;
