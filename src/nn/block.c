@@ -16,15 +16,17 @@ typedef struct {
     void *ln, *f;
 } half_saved;
 
-/* y = x + f(ln(x)); x, y (B,T,C) */
+/* y = x + f(ln(x)); x, y (B,T,C). The sum is written over f's output,
+ * which is the block's own and dead after it (attention's and the MLP's
+ * saved records keep their inputs, never their outputs), so the residual
+ * stream costs no buffer of its own; a + x is x + a, the same float. */
 static int residual_forward(fsc_module *ln, fsc_module *f, const fsc_ctx *ctx, const fsc_tensor *x,
                             fsc_tensor *y, half_saved *s) {
-    fsc_tensor h, a;
+    fsc_tensor h;
     int rc = fsc_module_forward(ln, ctx, x, &h, &s->ln);
-    if (!rc) rc = fsc_module_forward(f, ctx, &h, &a, &s->f);
-    if (!rc) rc = fsc_alloc_like(ctx->arena, x, x->shape[x->ndim - 1], y);
+    if (!rc) rc = fsc_module_forward(f, ctx, &h, y, &s->f);
     if (rc) return rc;
-    fsc_add(y->data, x->data, a.data, fsc_tensor_numel(x));
+    fsc_add_inplace(y->data, x->data, fsc_tensor_numel(x));
     return FSC_OK;
 }
 

@@ -127,61 +127,11 @@ fsc_module *fsc_tp_attention_new(const char *name, int C, int NH, float dropout,
 }
 
 /* ---- block ----------------------------------------------------------------------------- */
-/* fsc_block_forward / fsc_block_backward's arithmetic over TP children (the
- * residual adds run on whole tensors or sequence shards alike), with the
- * sums written in place: the TP attention and MLP outputs and LayerNorm's
- * input gradient are this block's own and dead after the add, so the
- * residual stream costs no buffer of its own (x + a and a + x are the same
- * float, so the results are fsc_block_forward's bit for bit). */
-typedef struct {
-    void *ln_1, *attn, *ln_2, *mlp;
-} block_saved;
-
-enum { LN_1, ATTN, LN_2, MLP };
-
-static int block_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, fsc_tensor *y,
-                         void **saved) {
-    block_saved *s = fsc_arena_alloc(ctx->arena, sizeof *s);
-    if (!s) return FSC_ERR_NOMEM;
-    fsc_tensor h, r, f;
-    int rc = fsc_module_forward(m->children[LN_1], ctx, x, &h, &s->ln_1);
-    if (!rc) rc = fsc_module_forward(m->children[ATTN], ctx, &h, &r, &s->attn);
-    if (rc) return rc;
-    int64_t n = fsc_tensor_numel(x);
-    fsc_add_inplace(r.data, x->data, n); /* r = x + attn(ln_1(x)) */
-    rc = fsc_module_forward(m->children[LN_2], ctx, &r, &h, &s->ln_2);
-    if (!rc) rc = fsc_module_forward(m->children[MLP], ctx, &h, &f, &s->mlp);
-    if (rc) return rc;
-    fsc_add_inplace(f.data, r.data, n); /* y = r + mlp(ln_2(r)) */
-    *y = f;
-    *saved = s;
-    return FSC_OK;
-}
-
-static int block_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fsc_tensor *dy,
-                          fsc_tensor *dx) {
-    block_saved *s = saved;
-    int rc = fsc_check_saved(m, saved);
-    if (rc) return rc;
-    fsc_tensor dh, dr, da, dln;
-    /* dr = dy + ln_2'(mlp'(dy)), summed into ln_2's input gradient */
-    rc = fsc_module_backward(m->children[MLP], ctx, s->mlp, dy, &dh);
-    if (!rc) rc = fsc_module_backward(m->children[LN_2], ctx, s->ln_2, &dh, &dr);
-    if (rc) return rc;
-    int64_t n = fsc_tensor_numel(dy);
-    fsc_add_inplace(dr.data, dy->data, n);
-    /* dx = dr + ln_1'(attn'(dr)), summed into ln_1's input gradient: dr
-     * itself may still be read by attention's deferred weight gradients
-     * (a zero-bubble W; with dropout off, c_proj's dy is dr) */
-    rc = fsc_module_backward(m->children[ATTN], ctx, s->attn, &dr, &da);
-    if (!rc) rc = fsc_module_backward(m->children[LN_1], ctx, s->ln_1, &da, &dln);
-    if (rc || !dx) return rc;
-    fsc_add_inplace(dln.data, dr.data, n);
-    *dx = dln;
-    return FSC_OK;
-}
-
-static const fsc_module_ops block_ops = {TP_KIND_BLOCK, block_forward, block_backward, NULL};
+/* fsc_block_new's block over TP children: the residual adds run on whole
+ * tensors or sequence shards alike, so block.c's forward and backward are
+ * this block's too. */
+static const fsc_module_ops block_ops = {TP_KIND_BLOCK, fsc_block_forward, fsc_block_backward,
+                                         NULL};
 
 fsc_module *fsc_tp_block_new(const char *name, int C, int NH, float dropout, uint32_t layer_id,
                              int n_layers, const fsc_tp_options *tp) {
