@@ -394,6 +394,37 @@ static void test_mesh(void **state) {
     assert_non_null(strstr(fsc_last_error(), "dp 0"));
 }
 
+/* A mesh over a group lays out the group's ranks as fsc_mesh_new lays out
+ * the world's (dp 0: the rest of the group); cp and ep are refused above 1. */
+static void test_mesh_over_group(void **state) {
+    (void)state;
+    const int W = fsc_dist_size(), w = fsc_dist_rank();
+    fsc_group *half = NULL; /* the world's even or odd ranks, in order */
+    CHECK_RC(fsc_group_split(fsc_group_world(), w % 2, w, "half", &half));
+    const int n = fsc_group_size(half), tp = n % 2 ? 1 : 2;
+    fsc_mesh *m = NULL;
+    CHECK_RC(fsc_mesh_new_over(half, (fsc_mesh_shape){.tp = tp}, &m));
+    assert_ptr_equal(fsc_mesh_parent(m), half);
+    assert_int_equal(fsc_mesh_size(m, FSC_MESH_DP), n / tp);
+    assert_int_equal(fsc_mesh_size(m, FSC_MESH_PP), 1);
+    const int d = fsc_mesh_coord(m, FSC_MESH_DP), t = fsc_mesh_coord(m, FSC_MESH_TP);
+    assert_int_equal(fsc_group_rank(half), d * tp + t);
+    fsc_group *tpg = fsc_mesh_group(m, FSC_MESH_TP);
+    for (int r = 0; r < tp; r++) /* the group's ranks d * tp + r: world ranks 2 apart */
+        assert_int_equal(fsc_group_world_rank(tpg, r), fsc_group_world_rank(half, d * tp + r));
+    fsc_mesh_free(m);
+    m = NULL;
+    assert_int_equal(fsc_mesh_new_over(NULL, (fsc_mesh_shape){.tp = W, .cp = 2}, &m),
+                     FSC_ERR_UNSUPPORTED);
+    assert_null(m);
+    assert_non_null(strstr(fsc_last_error(), "context parallelism (cp 2)"));
+    assert_int_equal(fsc_mesh_new_over(NULL, (fsc_mesh_shape){.ep = 2}, &m), FSC_ERR_UNSUPPORTED);
+    assert_non_null(strstr(fsc_last_error(), "(ep 2)"));
+    assert_int_equal(fsc_mesh_new_over(half, (fsc_mesh_shape){.dp = n + 1}, &m), FSC_ERR_INVALID);
+    assert_non_null(strstr(fsc_last_error(), "does not match the group's size"));
+    fsc_group_free(half);
+}
+
 /* ---- desync guard ---------------------------------------------------------------------- */
 
 static void expect_substr(const char *what) {
@@ -490,6 +521,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_many_in_flight),
         cmocka_unit_test(test_message_pieces),
         cmocka_unit_test(test_mesh),
+        cmocka_unit_test(test_mesh_over_group),
         cmocka_unit_test(test_desync_kind),
         cmocka_unit_test(test_desync_count),
         cmocka_unit_test(test_stats_and_errors),

@@ -234,15 +234,35 @@ FSC_API fsc_group_stats fsc_group_get_stats(const fsc_group *g);
 FSC_API void fsc_group_reset_stats(fsc_group *g); /* zeroes them; accepts NULL */
 
 /* ---- device mesh: dp x pp x tp, tp varying fastest ----------------------------- */
-/* World rank = (d * pp + p) * tp + t. */
+/* World rank = (d * pp + p) * tp + t (over a group: the group's rank). Every
+ * technique takes its process groups from one mesh built from the layout:
+ * the strategies (fsc_strategy_options.mesh), the pipeline and tensor
+ * parallelism through them, MoE's experts (the dp group) and the tools. */
 typedef struct fsc_mesh fsc_mesh;
+
+/* The layout. Zero means the default: 1, and for dp the parent's size /
+ * (pp x tp). cp (context parallelism: the sequence split over ranks) and ep
+ * (experts over a group of their own; MoE's experts spread over dp today)
+ * are room for the next dimensions: nothing runs them yet, so a size > 1 is
+ * refused (FSC_ERR_UNSUPPORTED, naming the dimension). */
+typedef struct fsc_mesh_shape {
+    int dp, pp, tp, cp, ep;
+} fsc_mesh_shape;
 
 /* Refuses sizes that do not multiply to the world size, naming the numbers
  * (FSC_ERR_INVALID, as for sizes < 1, a NULL out or a call before
  * fsc_dist_init). Collective over the world. The caller owns *out. */
 FSC_API int fsc_mesh_new(int dp, int pp, int tp, fsc_mesh **out);
+/* The mesh over the ranks of parent (NULL: the world), laid out by parent's
+ * ranks as fsc_mesh_new lays out the world's. Refuses as fsc_mesh_new does,
+ * and cp or ep > 1 (see fsc_mesh_shape). Collective over parent, which
+ * must outlive the mesh. The caller owns *out. */
+FSC_API int fsc_mesh_new_over(fsc_group *parent, fsc_mesh_shape shape, fsc_mesh **out);
 /* Frees the mesh and its three groups (collective, as fsc_group_free). Accepts NULL. */
 FSC_API void fsc_mesh_free(fsc_mesh *m);
+/* The group the mesh lays out (the world or fsc_mesh_new_over's parent;
+ * not owned by the mesh). NULL for a NULL mesh. */
+FSC_API fsc_group *fsc_mesh_parent(const fsc_mesh *m);
 typedef enum { FSC_MESH_DP = 0, FSC_MESH_PP, FSC_MESH_TP } fsc_mesh_dim;
 /* The group of ranks that differ from this rank only along `dim` (owned by
  * the mesh: do not free it). NULL for a NULL mesh or a bad dim. */

@@ -1,15 +1,19 @@
-/* The device mesh: the world laid out as dp x pp x tp with tp varying
- * fastest, and one process group per dimension.
+/* The device mesh: a group's ranks laid out as dp x pp x tp with tp varying
+ * fastest, and one process group per dimension. Every technique takes its
+ * groups from one mesh built from the layout (the strategies, the pipeline
+ * and TP through them, MoE's experts, the tools), so this file is the only
+ * place that turns a rank into coordinates.
  *
- * The one idea: world rank = (d * pp + p) * tp + t, so a tensor-parallel
- * group (the chattiest: an allreduce per layer) is always a run of adjacent
- * world ranks, which launchers place on the same node.
+ * The one idea: rank = (d * pp + p) * tp + t, so a tensor-parallel group
+ * (the chattiest: an allreduce per layer) is always a run of adjacent
+ * ranks, which launchers place on the same node.
  */
 #include <stdlib.h>
 
 #include "dist_internal.h"
 
 struct fsc_mesh {
+    fsc_group *parent; /* borrowed: the world or the caller's group */
     int size[3];
     int coord[3];
     fsc_group *group[3];
@@ -21,23 +25,45 @@ void fsc_mesh_free(fsc_mesh *m) {
     free(m);
 }
 
-int fsc_mesh_new(int dp, int pp, int tp, fsc_mesh **out) {
-    if (!out) return fsc_error(FSC_ERR_INVALID, "fsc_mesh_new: out is NULL");
+/* cp and ep: sizes 0 and 1 are the one layout anything runs today. */
+static int refuse_unused(const char *fn, const fsc_mesh_shape *s) {
+    if (s->cp > 1)
+        return fsc_error(FSC_ERR_UNSUPPORTED,
+                         "%s: context parallelism (cp %d) is not implemented yet: no layer splits "
+                         "the sequence over ranks; cp must be 0 or 1",
+                         fn, s->cp);
+    if (s->ep > 1)
+        return fsc_error(FSC_ERR_UNSUPPORTED,
+                         "%s: an expert dimension of its own (ep %d) is not implemented yet: "
+                         "MoE's experts spread over the dp group; ep must be 0 or 1",
+                         fn, s->ep);
+    if (s->cp < 0 || s->ep < 0)
+        return fsc_error(FSC_ERR_INVALID, "%s: mesh sizes must be >= 0 (cp %d, ep %d)", fn, s->cp,
+                         s->ep);
+    return FSC_OK;
+}
+
+int fsc_mesh_new_over(fsc_group *parent, fsc_mesh_shape shape, fsc_mesh **out) {
+    static const char *fn = "fsc_mesh_new";
+    if (!out) return fsc_error(FSC_ERR_INVALID, "%s: out is NULL", fn);
     *out = NULL;
-    int rc = fsc_dist_require_init("fsc_mesh_new");
+    int rc = fsc_dist_require_init(fn);
+    if (!rc) rc = refuse_unused(fn, &shape);
     if (rc) return rc;
+    fsc_group *g = parent ? parent : fsc_dist_rt.world;
+    const int n = fsc_group_size(g), r = fsc_group_rank(g);
+    const int pp = shape.pp ? shape.pp : 1, tp = shape.tp ? shape.tp : 1;
+    const int dp = shape.dp ? shape.dp : pp > 0 && tp > 0 ? n / (pp * tp) : 0;
     if (dp < 1 || pp < 1 || tp < 1)
+        return fsc_error(FSC_ERR_INVALID, "%s: mesh sizes must be >= 1 (dp %d, pp %d, tp %d)", fn,
+                         dp, pp, tp);
+    if ((int64_t)dp * pp * tp != n)
         return fsc_error(FSC_ERR_INVALID,
-                         "fsc_mesh_new: mesh sizes must be >= 1 (dp %d, pp %d, tp %d)", dp, pp, tp);
-    int world = fsc_dist_rt.size;
-    if ((int64_t)dp * pp * tp != world)
-        return fsc_error(FSC_ERR_INVALID,
-                         "fsc_mesh_new: dp %d x pp %d x tp %d = %lld does not match "
-                         "the world size %d",
-                         dp, pp, tp, (long long)dp * pp * tp, world);
+                         "%s: dp %d x pp %d x tp %d = %lld does not match the %s size %d", fn, dp,
+                         pp, tp, (long long)dp * pp * tp, parent ? "group's" : "world", n);
     fsc_mesh *m = calloc(1, sizeof *m);
-    if (!m) return fsc_error(FSC_ERR_NOMEM, "fsc_mesh_new: out of memory");
-    int r = fsc_dist_rt.rank;
+    if (!m) return fsc_error(FSC_ERR_NOMEM, "%s: out of memory", fn);
+    m->parent = g;
     m->size[FSC_MESH_DP] = dp;
     m->size[FSC_MESH_PP] = pp;
     m->size[FSC_MESH_TP] = tp;
@@ -50,14 +76,27 @@ int fsc_mesh_new(int dp, int pp, int tp, fsc_mesh **out) {
     const int color[3] = {p * tp + t, d * tp + t, d * pp + p};
     const int key[3] = {d, p, t};
     for (int k = 0; k < 3; k++) {
-        rc = fsc_group_split(fsc_dist_rt.world, color[k], key[k], names[k], &m->group[k]);
+        rc = fsc_group_split(g, color[k], key[k], names[k], &m->group[k]);
         if (rc) {
             fsc_mesh_free(m);
-            return fsc_error_context(rc, "fsc_mesh_new(%d, %d, %d): ", dp, pp, tp);
+            return fsc_error_context(rc, "%s(%d, %d, %d): ", fn, dp, pp, tp);
         }
     }
     *out = m;
     return FSC_OK;
+}
+
+int fsc_mesh_new(int dp, int pp, int tp, fsc_mesh **out) {
+    if (out && (dp < 1 || pp < 1 || tp < 1)) { /* here 0 is no size, not "the default" */
+        *out = NULL;
+        return fsc_error(FSC_ERR_INVALID,
+                         "fsc_mesh_new: mesh sizes must be >= 1 (dp %d, pp %d, tp %d)", dp, pp, tp);
+    }
+    return fsc_mesh_new_over(NULL, (fsc_mesh_shape){.dp = dp, .pp = pp, .tp = tp}, out);
+}
+
+fsc_group *fsc_mesh_parent(const fsc_mesh *m) {
+    return m ? m->parent : NULL;
 }
 
 fsc_group *fsc_mesh_group(const fsc_mesh *m, fsc_mesh_dim dim) {
