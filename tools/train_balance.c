@@ -96,18 +96,17 @@ static void tp_shape(void *user, int layer, int64_t shape[FSC_MAX_DIMS]) {
 }
 
 int train_balance_tp_begin(train_balance_tp *b, const fsc_tp_strategy_options *tp,
-                           const fsc_gpt_config *cfg, fsc_pipe_options *po) {
-    const int r = fsc_dist_rank(), T = tp->size;
+                           fsc_group *tp_group, const fsc_gpt_config *cfg, fsc_pipe_options *po) {
     *b = (train_balance_tp){.tp = tp,
-                            .opt = {.sequence_parallel = tp->sequence_parallel,
+                            .opt = {.group = tp_group,
+                                    .sequence_parallel = tp->sequence_parallel,
                                     .recompute_attention = tp->recompute_attention,
                                     .recompute_activation = tp->recompute_activation},
                             .cfg = cfg,
                             .whole_layers = tp->sequence_parallel || tp->recompute_activation,
                             .shape_at = po->act_shape_at,
                             .shape_user = po->stage_user};
-    int rc = fsc_group_split(fsc_group_world(), r / T, r % T, "balance-tp", &b->opt.group);
-    if (rc) return rc;
+    if (!tp_group) return fsc_error(FSC_ERR_INVALID, "--balance auto: no tensor-parallel group");
     if (b->whole_layers) /* no cut inside an MLP there: profile whole layers */
         po->layers = fsc_gpt_num_layers(cfg), po->act_shape_at = NULL;
     else if (po->act_shape_at)
@@ -118,8 +117,7 @@ int train_balance_tp_begin(train_balance_tp *b, const fsc_tp_strategy_options *t
 }
 
 int train_balance_tp_end(train_balance_tp *b, int *balance, int S) {
-    fsc_group_free(b->opt.group);
-    b->opt.group = NULL;
+    b->opt.group = NULL; /* the mesh's */
     int rc = FSC_OK;
     for (int s = 0, cut = 0, prev = 0, part; balance && b->whole_layers && !rc && s < S; s++) {
         cut += balance[s]; /* whole layers -> parts */

@@ -153,9 +153,11 @@ static int auto_balance(trainer *t, fsc_strategy_options *so) {
     train_balance_tp tp = {0};
     if (!(t->balance = calloc((size_t)S, sizeof *t->balance)))
         rc = fsc_error(FSC_ERR_NOMEM, "out of memory");
-    if (!rc && o->tp > 1) rc = train_balance_tp_begin(&tp, &so->tp, &o->model, &po);
-    if (!rc)
-        rc = fsc_pipe_balance_auto(fsc_group_world(), &po, sched, o->model.vocab,
+    if (!rc && o->tp > 1)
+        rc = train_balance_tp_begin(&tp, &so->tp, fsc_mesh_group(t->mesh, FSC_MESH_TP), &o->model,
+                                    &po);
+    if (!rc) /* every rank of the layout times every layer */
+        rc = fsc_pipe_balance_auto(fsc_mesh_parent(t->mesh), &po, sched, o->model.vocab,
                                    fsc_optim_state_count(&cfg), t->balance, &rep);
     if (o->tp > 1) {
         int end = train_balance_tp_end(&tp, rc ? NULL : t->balance, S);
@@ -233,7 +235,7 @@ static int pipe_options(trainer *t, fsc_strategy_options *so) {
  * the GPT's blocks when they are the units. */
 static int strategy_options(trainer *t, fsc_strategy_options *so, fsc_module ***units) {
     const train_options *o = &t->opt;
-    *so = (fsc_strategy_options){.name = o->strategy, .seed = o->seed};
+    *so = (fsc_strategy_options){.name = o->strategy, .seed = o->seed, .mesh = t->mesh};
     *units = NULL;
     int rc = FSC_OK;
     if (applies(o, "bucket-mb", "bucket_bytes")) so->bucket_bytes = (size_t)(o->bucket_mb * 1e6);
@@ -378,6 +380,18 @@ static int make_trainer(trainer *t) {
     return FSC_OK;
 }
 
+/* The layout's groups, once, for every rank a strategy over the ranks
+ * spans: replicas x --pp x --tp, TP fastest (src/comm/mesh.c). */
+static int layout_mesh(trainer *t) {
+    const train_options *o = &t->opt;
+    fsc_strategy_info info;
+    if (fsc_strategy_info_get(o->strategy, &info) || !info.spans_ranks) return FSC_OK;
+    int rc = fsc_mesh_new_over(NULL, (fsc_mesh_shape){.pp = o->pp, .tp = o->tp}, &t->mesh);
+    return rc ? fsc_error_context(rc, "--pp %d x --tp %d on %d ranks: ", o->pp, o->tp,
+                                  fsc_dist_size())
+              : FSC_OK;
+}
+
 static int resume(trainer *t) {
     char model[256];
     model_json(&t->opt.model, model, sizeof model);
@@ -409,6 +423,7 @@ int trainer_init(trainer *t, const train_options *o) {
                          o->data, t->tokens.count);
 
     if (o->pp < 1) return fsc_error(FSC_ERR_INVALID, "--pp %d must be >= 1", o->pp);
+    if ((rc = layout_mesh(t))) return rc;
     /* under --pp each rank builds only its stages, under --tp the strategy its slices */
     if ((rc = train_moe_setup(t))) return rc; /* t->opt.model gets its MoE layers */
     if (o->pp == 1 && o->tp == 1 && !(t->model = fsc_gpt_new(&t->opt.model)))
@@ -492,6 +507,7 @@ int trainer_checkpoint(trainer *t) {
 void trainer_free(trainer *t) {
     fsc_trainer_free(t->tr); /* the strategy removes its wrappers and hooks */
     fsc_module_free(t->model);
+    fsc_mesh_free(t->mesh); /* after everything that talks over its groups */
     fsc_tokens_free(&t->tokens);
     free(t->x);
     free(t->y);

@@ -138,6 +138,10 @@ typedef struct trainer {
     fsc_group *tp_group; /* --tp with --pp: the last stage's TP group (its loss's) */
     int64_t poison_step; /* tests: this rank's gradient gets an inf at this step (1-based) */
     fsc_moe_options moe; /* --moe-experts: opt.model.moe points here */
+    /* the layout (world / (pp x tp) x --pp x --tp), built once: the strategy,
+     * MoE's experts and --balance auto take their groups from it; NULL when
+     * the strategy runs in this process alone */
+    fsc_mesh *mesh;
     /* the arena the trainer last gave the loss function (not under --pp),
      * for fsc-bench to reset between its warm-up and timed steps */
     fsc_arena *step_arena;
@@ -145,18 +149,18 @@ typedef struct trainer {
 
 /* train_moe.c: --moe-* ranges and combinations (train_options_check calls it). */
 int train_moe_check(const train_options *o);
-/* Fills t->moe from the flags (experts over the world under ddp) and points
- * t->opt.model.moe at it; nothing without --moe-experts. */
+/* Fills t->moe from the flags (experts over t->mesh's dp group under ddp)
+ * and points t->opt.model.moe at it; nothing without --moe-experts. */
 int train_moe_setup(trainer *t);
 /* One summary line: drops, mean l_aux and the all-to-all share of `seconds`. */
 void train_moe_report(const trainer *t, double seconds, FILE *f);
 
 /* train_balance.c: --balance auto under --tp times the TP stages, each
- * rank with its TP group as the strategy will lay it out (world rank / T):
- * begin points po's stages at tp->make_stage over that group (made here)
- * and sets seq_len; with --sequence-parallel or --recompute-activation,
- * where no cut falls inside an MLP, it profiles whole layers, which end
- * turns back into parts in balance[S]; end frees the group. */
+ * rank with the TP group the strategy will use (the mesh's, borrowed):
+ * begin points po's stages at tp->make_stage over that group and sets
+ * seq_len; with --sequence-parallel or --recompute-activation, where no cut
+ * falls inside an MLP, it profiles whole layers, which end turns back into
+ * parts in balance[S]. */
 typedef struct train_balance_tp {
     const fsc_tp_strategy_options *tp;
     fsc_tp_options opt;
@@ -166,7 +170,7 @@ typedef struct train_balance_tp {
     void *shape_user;
 } train_balance_tp;
 int train_balance_tp_begin(train_balance_tp *b, const fsc_tp_strategy_options *tp,
-                           const fsc_gpt_config *cfg, fsc_pipe_options *po);
+                           fsc_group *tp_group, const fsc_gpt_config *cfg, fsc_pipe_options *po);
 int train_balance_tp_end(train_balance_tp *b, int *balance, int S);
 /* fsc_pipe_strategy_options.act_shape_at under --tp (user: the trainer):
  * (B, T, C + 4C/t) before a block's c_proj part. */

@@ -1,6 +1,6 @@
 /* fsc-train and fsc-bench with --moe-experts: the flags' checks, the MoE
- * options the GPT is built with (experts spread over the world under ddp,
- * all in this process otherwise), and the routing report. */
+ * options the GPT is built with (experts spread over the layout's dp group
+ * under ddp, all in this process otherwise), and the routing report. */
 #include <string.h>
 
 #include "train_common.h"
@@ -36,14 +36,16 @@ int train_moe_setup(trainer *t) {
                                .capacity_factor = (float)o->moe_capacity,
                                .aux_coef = (float)o->moe_aux_coef,
                                .hidden = o->moe_hidden};
-    const int world = fsc_dist_size();
+    /* experts spread over the layout's data-parallel ranks (no --pp, --tp here) */
+    fsc_group *dp = fsc_mesh_group(t->mesh, FSC_MESH_DP);
+    const int world = dp ? fsc_group_size(dp) : 1;
     if (!strcmp(o->strategy, "ddp") && world > 1) {
         if (o->moe_experts % world)
             return fsc_error(FSC_ERR_INVALID,
                              "--moe-experts %d must be a multiple of the %d ranks (each holds "
                              "the same number of experts)",
                              o->moe_experts, world);
-        int rc = fsc_moe_ep_exchange(fsc_group_world(), &t->moe.ep);
+        int rc = fsc_moe_ep_exchange(dp, &t->moe.ep);
         if (rc) return rc;
     }
     o->model.moe = &t->moe;

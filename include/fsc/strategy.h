@@ -161,6 +161,15 @@ typedef struct fsc_strategy_options {
      * slowmo_lr > 0 (0: 1). */
     int localsgd_frequency, slowmo_frequency;
     double slowmo_momentum, slowmo_lr;
+    /* The layout's process groups (fsc/dist.h's mesh; borrowed, outliving
+     * the strategy). NULL: the strategy builds one over `group` when
+     * pipe.stages or tp.size > 1. Given, `group` must be NULL (the mesh's
+     * parent takes its place), its pp and tp sizes must be pipe.stages and
+     * tp.size (1 when off), and a row over the ranks takes every group from
+     * it: ddp, oss, sdp and fsdp reduce over its dp group, a pipeline's
+     * stages talk over its pp group, TP layers over its tp group. single
+     * and dp run on this process alone and do not use it. */
+    fsc_mesh *mesh;
 } fsc_strategy_options;
 
 /* Communication of the strategy so far (on this rank). */

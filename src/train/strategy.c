@@ -126,6 +126,38 @@ static int refuse_row_options_under_pipe(const fsc_strategy_options *o, const ch
     return FSC_OK;
 }
 
+/* The caller's mesh must be the layout the options ask for. */
+static int check_mesh(const fsc_strategy_options *o, const char *name) {
+    const fsc_mesh *m = o->mesh;
+    const int P = o->pipe.stages > 1 ? o->pipe.stages : 1, T = o->tp.size > 1 ? o->tp.size : 1;
+    if (!m) return FSC_OK;
+    if (o->group)
+        return fsc_error(FSC_ERR_INVALID,
+                         "strategy %s: give group or mesh, not both (the mesh's parent is the "
+                         "group)",
+                         name);
+    if (fsc_mesh_size(m, FSC_MESH_PP) != P || fsc_mesh_size(m, FSC_MESH_TP) != T)
+        return fsc_error(FSC_ERR_INVALID,
+                         "strategy %s: the mesh is pp %d x tp %d but the options ask for %d "
+                         "stage(s) x tp %d",
+                         name, fsc_mesh_size(m, FSC_MESH_PP), fsc_mesh_size(m, FSC_MESH_TP), P, T);
+    return FSC_OK;
+}
+
+int strategy_mesh(fsc_strategy *s) {
+    const int P = s->opt.pipe.stages > 1 ? s->opt.pipe.stages : 1;
+    const int T = s->opt.tp.size > 1 ? s->opt.tp.size : 1;
+    if (!s->opt.mesh) {
+        int rc = fsc_mesh_new_over(s->group, (fsc_mesh_shape){.pp = P, .tp = T}, &s->own_mesh);
+        if (rc) return rc;
+    }
+    const fsc_mesh *m = s->opt.mesh ? s->opt.mesh : s->own_mesh;
+    s->pp_group = fsc_mesh_group(m, FSC_MESH_PP);
+    s->dp_group = fsc_mesh_group(m, FSC_MESH_DP);
+    s->tp_group = T > 1 ? fsc_mesh_group(m, FSC_MESH_TP) : NULL;
+    return FSC_OK;
+}
+
 int strategy_collect_ranges(fsc_strategy *s) {
     int n = fsc_optim_num_ranges(s->optim);
     s->ranges = calloc(n > 0 ? (size_t)n : 1, sizeof *s->ranges);
@@ -182,6 +214,7 @@ fsc_strategy *fsc_strategy_new(fsc_module *model, const fsc_optim_config *optim,
         fsc_error(FSC_ERR_INVALID, "strategy %s: tensor-parallel options need tp.size >= 2", name);
         return NULL;
     }
+    if (check_mesh(opt, name)) return NULL;
     if (piped) ops = &fsc_strategy_pipe;
     if (whole) ops = &fsc_strategy_pipe_whole;
     if (!optim || (!model) != (piped || tensor)) {
@@ -203,7 +236,13 @@ fsc_strategy *fsc_strategy_new(fsc_module *model, const fsc_optim_config *optim,
     s->opt.name = ops->name;
     s->pipe_zero = piped || whole ? replica_zero : 0;
     s->model = s->module = model;
-    s->group = ops->spans_ranks ? (opt->group ? opt->group : fsc_group_world()) : fsc_group_self();
+    /* a row over the ranks without a pipeline or TP reduces over the mesh's
+     * dp group (all of its parent's ranks, in order); one that splits them
+     * starts from the parent and narrows to dp_group in its setup */
+    fsc_group *over = opt->mesh ? fsc_mesh_parent(opt->mesh) : opt->group;
+    s->group = ops->spans_ranks ? (over ? over : fsc_group_world()) : fsc_group_self();
+    if (opt->mesh && ops->spans_ranks && !piped && !tensor)
+        s->group = fsc_mesh_group(opt->mesh, FSC_MESH_DP);
     s->all = s->group;
     s->rank = fsc_group_rank(s->group);
     s->world = fsc_group_size(s->group);
@@ -224,6 +263,7 @@ void fsc_strategy_free(fsc_strategy *s) {
     if (!s) return;
     s->ops->teardown(s);
     strategy_tp_end(s);
+    fsc_mesh_free(s->own_mesh); /* after everything that talks over its groups */
     free(s->ranges);
     free(s);
 }

@@ -73,14 +73,18 @@ struct fsc_strategy {
      * `group` is then the data-parallel group (one rank per replica) */
     fsc_pipe *pipe;
     fsc_pipe_schedule *sched;
+    /* the layout's groups, all the mesh's (strategy_mesh): pp the stages of
+     * one replica, dp the ranks at the same place in every replica, tp (NULL
+     * when tp.size is 1) the ranks of one TP group */
+    fsc_mesh *own_mesh; /* the one built here when opt.mesh is NULL */
     fsc_group *pp_group, *dp_group;
     int pipe_zero;     /* the named row's ZeRO stage, applied between the replicas */
     bool pipe_no_sync; /* fsdp over TP replicas: not the step's last micro-batch */
-    /* tensor parallelism (strategy_tp.c): the TP group (one replica), the
-     * data-parallel group across replicas, the row's operations with TP's
-     * overrides, the options the model was made with (it keeps a pointer),
-     * which optimizer ranges count in the norm on this rank */
-    fsc_group *tp_group, *tp_dp_group;
+    /* tensor parallelism (strategy_tp.c): the TP group (one replica; the
+     * data-parallel group across replicas is dp_group), the row's operations
+     * with TP's overrides, the options the model was made with (it keeps a
+     * pointer), which optimizer ranges count in the norm on this rank */
+    fsc_group *tp_group;
     strategy_ops tp_ops;
     fsc_tp_options tp_options;
     bool *tp_counted;
@@ -90,6 +94,12 @@ struct fsc_strategy {
     int64_t pipe_messages, dp_allreduces;
     struct slowmo_state *slowmo; /* strategy_slowmo.c */
 };
+
+/* strategy.c. The layout's groups from the mesh (opt.mesh, or one built
+ * over s->group of size / (stages x tp) replicas, s->own_mesh): pp_group,
+ * dp_group and, with tp.size > 1, tp_group. The caller has checked that the
+ * group's size is a multiple of stages x tp. */
+int strategy_mesh(fsc_strategy *s);
 
 /* strategy_tp.c. Before the row's setup: the TP and data-parallel groups,
  * the model, and s->ops switched to the row's with TP's overrides. */

@@ -52,7 +52,7 @@ static int check_tp(const fsc_strategy *s) {
 }
 
 static int setup(fsc_strategy *s, const fsc_optim_config *optim) {
-    const int P = s->opt.pipe.stages > 1 ? s->opt.pipe.stages : 1, N = s->world, r = s->rank;
+    const int P = s->opt.pipe.stages > 1 ? s->opt.pipe.stages : 1, N = s->world;
     const int T = s->opt.tp.size > 1 ? s->opt.tp.size : 1, PT = P * T;
     if (N % PT)
         return fsc_error(FSC_ERR_INVALID,
@@ -63,13 +63,9 @@ static int setup(fsc_strategy *s, const fsc_optim_config *optim) {
     int rc = T > 1 ? check_tp(s) : FSC_OK;
     if (rc) return rc;
     fsc_group *all = s->group;
-    /* rank = (replica * P + stage) * T + TP rank (src/comm/mesh.c): a TP
-     * group is T adjacent ranks, a replica PT; a pipeline joins the ranks of
-     * one replica with the same TP rank */
-    if (T > 1) rc = fsc_group_split(all, r / T, r % T, "tp", &s->tp_group);
-    if (!rc) rc = fsc_group_split(all, r / PT * T + r % T, r / T % P, "pipe", &s->pp_group);
-    if (!rc) rc = fsc_group_split(all, r % PT, r / PT, "pipe-dp", &s->dp_group);
-    if (rc) return rc;
+    /* the mesh's groups (src/comm/mesh.c: TP fastest, then the stages): a
+     * pipeline joins the ranks of one replica with the same TP rank */
+    if ((rc = strategy_mesh(s))) return rc;
     s->tp_options = (fsc_tp_options){.group = s->tp_group,
                                      .sequence_parallel = s->opt.tp.sequence_parallel,
                                      .recompute_attention = s->opt.tp.recompute_attention,
@@ -106,9 +102,7 @@ static int setup(fsc_strategy *s, const fsc_optim_config *optim) {
 
 static void teardown(fsc_strategy *s) {
     fsc_pipe_free(s->pipe);
-    fsc_pipe_schedule_free(s->sched);
-    fsc_group_free(s->pp_group);
-    fsc_group_free(s->dp_group);
+    fsc_pipe_schedule_free(s->sched); /* the groups are the mesh's */
 }
 
 static void zero_grad(fsc_strategy *s) {

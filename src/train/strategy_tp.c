@@ -203,15 +203,14 @@ static void tp_stats(const fsc_strategy *s, fsc_strategy_stats *out) {
 
 int strategy_tp_begin(fsc_strategy *s, const strategy_ops *row) {
     const fsc_tp_strategy_options *o = &s->opt.tp;
-    const int T = o->size, N = s->world, r = s->rank;
+    const int T = o->size, N = s->world;
     if (!o->make_model)
         return fsc_error(FSC_ERR_INVALID, "tensor parallel: tp.make_model is NULL");
     if (N % T)
         return fsc_error(FSC_ERR_INVALID, "%d ranks cannot form tensor-parallel groups of %d", N,
                          T);
-    /* TP fastest: ranks [T * (r / T), T * (r / T) + T) share a replica */
-    int rc = fsc_group_split(s->group, r / T, r % T, "tp", &s->tp_group);
-    if (!rc) rc = fsc_group_split(s->group, r % T, r / T, "tp-dp", &s->tp_dp_group);
+    /* the mesh's groups (TP fastest: T adjacent ranks share a replica) */
+    int rc = strategy_mesh(s);
     if (rc) return rc;
     s->tp_options = (fsc_tp_options){.group = s->tp_group,
                                      .sequence_parallel = o->sequence_parallel,
@@ -219,7 +218,7 @@ int strategy_tp_begin(fsc_strategy *s, const strategy_ops *row) {
                                      .recompute_activation = o->recompute_activation};
     if (!(s->model = s->module = o->make_model(o->user, &s->tp_options)))
         return fsc_error_context(FSC_ERR_INVALID, "tensor parallel: the model: ");
-    s->group = s->tp_dp_group;
+    s->group = s->dp_group;
     s->rank = fsc_group_rank(s->group);
     s->world = fsc_group_size(s->group);
     s->tp_ops = *row;
@@ -238,9 +237,7 @@ void strategy_tp_end(fsc_strategy *s) {
     if (s->opt.grad_probe == filter_probe) free(s->opt.grad_probe_user);
     fsc_tp_optim_state_free(s->tp_state);
     fsc_module_free(s->tp_group ? s->model : NULL);
-    free(s->tp_counted);
-    fsc_group_free(s->tp_group);
-    fsc_group_free(s->tp_dp_group);
+    free(s->tp_counted); /* the groups are the mesh's */
 }
 
 int strategy_bind(fsc_strategy *s, fsc_params *out) {
