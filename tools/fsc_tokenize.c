@@ -197,8 +197,9 @@ static int check(const tokenize_options *o, const unsigned char *given, int nfil
 static int load_tokenizer(const char *dir, fsc_bpe **bpe) {
     char deflt[4096];
     if (!dir) {
-        const char *env = getenv("FSC_GPT2_BPE_DIR"), *xdg = getenv("XDG_CACHE_HOME");
-        if (env && *env)
+        const char *env, *xdg = getenv("XDG_CACHE_HOME");
+        fsc_env_string("FSC_GPT2_BPE_DIR", &env);
+        if (env)
             snprintf(deflt, sizeof deflt, "%s", env);
         else if (xdg && *xdg)
             snprintf(deflt, sizeof deflt, "%s/fsc/gpt2", xdg);

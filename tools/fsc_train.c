@@ -276,7 +276,8 @@ static void summary(const trainer *t, double first_loss, double last_loss, doubl
  * "inf@R:S" puts an inf into one of rank R's gradients in step S (fp16 loss
  * scaling must then skip that step on every rank). */
 static void inject_fault(int rank, int64_t step) {
-    const char *f = getenv("FSC_FAULT");
+    const char *f; /* checked at start-up (train_env_check) */
+    fsc_env_string("FSC_FAULT", &f);
     char kind[8];
     int r;
     long long s;
@@ -376,7 +377,8 @@ int main(int argc, char **argv) {
     if (val.on && !o.quiet)
         fprintf(stderr, "fsc-train: validation every %" PRId64 " steps: %d batches of %s\n",
                 o.eval_every, o.eval_batches, val.source);
-    const char *fault = getenv("FSC_FAULT");
+    const char *fault;
+    fsc_env_string("FSC_FAULT", &fault);
     int fault_rank;
     long long fault_step;
     if (fault && sscanf(fault, "inf@%d:%lld", &fault_rank, &fault_step) == 2 && fault_rank == rank)

@@ -427,21 +427,8 @@ static int check_ranges(const train_options *o) {
 }
 
 int train_env_check(void) {
-    int rc = fsc_env_check();
-    if (rc) return rc;
-    const char *f = getenv("FSC_FAULT"); /* fsc-train's fault injection, for the tests */
-    if (!f || !*f) return FSC_OK;
-    char kind[8], tail;
-    int r;
-    long long s;
-    if (sscanf(f, "%7[a-z]@%d:%lld%c", kind, &r, &s, &tail) != 3 || r < 0 || s < 1 ||
-        (strcmp(kind, "sleep") && strcmp(kind, "exit") && strcmp(kind, "kill") &&
-         strcmp(kind, "inf")))
-        return fsc_error(FSC_ERR_INVALID,
-                         "FSC_FAULT=%.64s: expected sleep|exit|kill|inf@RANK:STEP with RANK in "
-                         "[0, 2147483647] and STEP in [1, 2^63)",
-                         f);
-    return FSC_OK;
+    int rc = fsc_env_check();                           /* the library's variables */
+    return rc ? rc : fsc_env_check_reader("fsc-train"); /* and FSC_FAULT */
 }
 
 int train_options_check(const train_options *o) {

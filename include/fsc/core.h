@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "fsc/env.h" /* the FSC_* variables: fsc_env_check and the getters */
 #include "fsc/export.h"
 
 #ifdef __cplusplus
@@ -72,19 +73,6 @@ FSC_API void fsc_log_set_level(fsc_log_level level);
 /* The current level (FSC_LOG_LEVEL is read on first use; another value is
  * reported there as an error, naming the accepted ones, and INFO is used). */
 FSC_API fsc_log_level fsc_log_get_level(void);
-/* Checks the FSC_* environment variables the core and kernels read, each
- * against its documented range: FSC_LOG_LEVEL (debug|info|warn|error|off),
- * FSC_MEM_LIMIT_MB (a number of MiB in [0, 1073741824]; 0: no budget),
- * FSC_BF16_GEMM (auto|on|off|1|0), FSC_NUM_THREADS (an integer in
- * [1, 1024]), and the io floor's FSC_PARALLEL_IO (0 or 1) and
- * FSC_IO_TIMEOUT_S (seconds in [1, 604800]), and the distributed runtime's
- * FSC_TIMEOUT_S and FSC_INIT_TIMEOUT_S (seconds in [0.1, 604800]),
- * FSC_DESYNC_CHECK and FSC_HEARTBEAT_PROC (0 or 1). Unset or empty means the default. Returns FSC_OK, or
- * FSC_ERR_INVALID naming the first invalid variable, its value and its range.
- * The library reports an invalid value at its first use too (FSC_MEM_LIMIT_MB:
- * every allocation then fails with that message); tools call this at start-up
- * to refuse it before any work. */
-FSC_API int fsc_env_check(void);
 /* Prints "fsc <level>: <message>" to stderr when level is at or above the
  * current one; the message is truncated to 2047 characters. */
 FSC_API void fsc_log(fsc_log_level level, const char *fmt, ...)

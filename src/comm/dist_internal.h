@@ -119,13 +119,6 @@ struct fsc_request {
 int fsc_dist_mpi_error(int rc, const char *what);
 int fsc_dist_require_init(const char *fn);
 
-/* env.c: the runtime's FSC_* variables. Unset or empty: *out 0 (seconds) or
- * fallback (flags); else FSC_ERR_INVALID naming the variable, its value and
- * its range. */
-int fsc_dist_env_seconds(const char *name, double *out);
-int fsc_dist_env_flag(const char *name, bool fallback, bool *out);
-int fsc_dist_env_check(void);
-
 /* group.c */
 int fsc_group_create(const char *name, MPI_Comm ctrl, void *be_ctx, fsc_group **out);
 void fsc_group_destroy(fsc_group *g);

@@ -113,7 +113,7 @@ static void host_identity(char *out, size_t n) {
     snprintf(out, n, "%.36s/%.24s", boot, ns);
     /* tests: FSC_HEARTBEAT_PROC=0 treats every peer as remote (no /proc, no loopback) */
     bool use_proc = true; /* an invalid value was refused by fsc_dist_init */
-    fsc_dist_env_flag("FSC_HEARTBEAT_PROC", true, &use_proc);
+    fsc_env_bool("FSC_HEARTBEAT_PROC", &use_proc);
     if (!use_proc) snprintf(out, n, "pid-%d", (int)getpid());
 }
 

@@ -51,24 +51,25 @@ int fsc_dist_require_init(const char *fn) {
 }
 
 /* Deadline of MPI_Init_thread and MPI_Finalize: the option, FSC_INIT_TIMEOUT_S,
- * else the collective timeout but at least 60 s (a loaded machine starts slowly).
- * The variables were checked by check_options. */
+ * else the collective timeout (the option's or a given FSC_TIMEOUT_S, not its
+ * default) but at least 60 s (a loaded machine starts slowly). The variables
+ * were checked by check_options. */
 static double init_deadline(const fsc_dist_options *opt) {
-    double t = 0;
+    double t = 0; /* FSC_INIT_TIMEOUT_S's getter: 0 when unset, the default is derived here */
     if (opt && opt->init_timeout_s > 0) return opt->init_timeout_s;
-    if (!fsc_dist_env_seconds("FSC_INIT_TIMEOUT_S", &t) && t > 0) return t;
+    if (!fsc_env_double("FSC_INIT_TIMEOUT_S", &t) && t > 0) return t;
     t = opt && opt->timeout_s > 0 ? opt->timeout_s : 0;
     double env = 0;
-    if (t <= 0 && !fsc_dist_env_seconds("FSC_TIMEOUT_S", &env)) t = env;
+    if (t <= 0 && fsc_env_given("FSC_TIMEOUT_S") && !fsc_env_double("FSC_TIMEOUT_S", &env)) t = env;
     return t > 60 ? t : 60;
 }
 
 static void apply_options(const fsc_dist_options *opt) {
     double t = opt && opt->timeout_s > 0 ? opt->timeout_s : 0, env = 0;
-    if (t <= 0 && !fsc_dist_env_seconds("FSC_TIMEOUT_S", &env)) t = env;
+    if (t <= 0 && !fsc_env_double("FSC_TIMEOUT_S", &env)) t = env; /* 300 s unless set */
     fsc_dist_rt.timeout_s = t > 0 ? t : 300.0;
     bool full = false;
-    fsc_dist_env_flag("FSC_DESYNC_CHECK", false, &full);
+    fsc_env_bool("FSC_DESYNC_CHECK", &full);
     fsc_dist_rt.full_check = (opt && opt->full_check) || full;
 }
 
@@ -84,7 +85,7 @@ static int check_seconds(double v, const char *field) {
 /* Before anything starts: a value out of range is refused, never replaced by
  * a default behind the user's back. */
 static int check_options(const fsc_dist_options *opt) {
-    int rc = fsc_dist_env_check();
+    int rc = fsc_env_check_reader("comm"); /* the environment table's rows for this floor */
     if (rc) return fsc_error_context(rc, "fsc_dist_init: ");
     if (opt && !rc) rc = check_seconds(opt->timeout_s, "timeout_s");
     if (opt && !rc) rc = check_seconds(opt->init_timeout_s, "init_timeout_s");

@@ -35,31 +35,14 @@ static _Atomic size_t total_current, total_peak;
 static _Atomic size_t limit;   /* 0: none */
 static _Atomic int limit_read; /* FSC_MEM_LIMIT_MB consulted */
 
-/* FSC_MEM_LIMIT_MB's range: MiB in [0, 2^30] (up to 1 PiB; 0: no budget).
- * Unset or empty: no budget. */
-#define LIMIT_MB_MAX 1073741824.0
-
-/* Parses FSC_MEM_LIMIT_MB into *bytes; FSC_ERR_INVALID naming the value and
- * the range when it is not a number in it (NaN, inf, negative, trailing text). */
+/* FSC_MEM_LIMIT_MB into *bytes (0, no budget, when unset or empty; its range
+ * is the environment table's); FSC_ERR_INVALID naming the value and the range
+ * when it is not a number in it. */
 static int limit_from_env(size_t *bytes) {
-    const char *env = getenv("FSC_MEM_LIMIT_MB");
-    *bytes = 0;
-    if (!env || !*env) return FSC_OK;
-    char *end;
-    double mb = strtod(env, &end);
-    if (end == env || *end || !(mb >= 0 && mb <= LIMIT_MB_MAX))
-        return fsc_error(FSC_ERR_INVALID,
-                         "FSC_MEM_LIMIT_MB=%.64s: expected a number of MiB in [0, 1073741824] "
-                         "(0: no budget)",
-                         env);
-    *bytes = (size_t)(mb * 1048576.0);
-    return FSC_OK;
-}
-
-int fsc_mem_env_check(void); /* for fsc_env_check (log.c) */
-int fsc_mem_env_check(void) {
-    size_t bytes;
-    return limit_from_env(&bytes);
+    double mb;
+    int rc = fsc_env_double("FSC_MEM_LIMIT_MB", &mb);
+    *bytes = rc ? 0 : (size_t)(mb * 1048576.0);
+    return rc;
 }
 
 static _Atomic int env_invalid; /* FSC_MEM_LIMIT_MB was read and is invalid */

@@ -1,5 +1,4 @@
 /* Process-wide knobs: thread count for fsc's OpenMP loops, and a clock. */
-#include <stdlib.h>
 #include <time.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -18,8 +17,10 @@ void fsc_set_num_threads(int n) {
 
 int fsc_get_num_threads(void) {
     if (num_threads == 0) {
-        const char *env = getenv("FSC_NUM_THREADS");
-        fsc_set_num_threads(env ? atoi(env) : 1);
+        int n; /* 1 when unset; an invalid value is said at first use, and 1 is used */
+        if (fsc_env_int("FSC_NUM_THREADS", &n))
+            fsc_log(FSC_LOG_ERROR, "%s; using 1", fsc_last_error());
+        fsc_set_num_threads(n);
     }
     return num_threads;
 }

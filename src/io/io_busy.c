@@ -6,35 +6,17 @@
  * (default 600 s) instead of the communication timeout. Scopes nest (a
  * checkpoint's commit around its files' writes); the outermost one speaks
  * for the whole stretch. */
-#include <math.h>
 #include <stdio.h>
-#include <stdlib.h>
 
 #include "comm/heartbeat.h"
 #include "io/io_internal.h"
 
-#define IO_TIMEOUT_DEFAULT 600.0
-#define IO_TIMEOUT_MAX 604800.0 /* a week */
-
 static _Thread_local int depth;
-
-int fsc_io_timeout(double *seconds) {
-    const char *v = getenv("FSC_IO_TIMEOUT_S");
-    *seconds = IO_TIMEOUT_DEFAULT;
-    if (!v || !*v) return FSC_OK;
-    char *end;
-    double x = strtod(v, &end);
-    if (end == v || *end || !isfinite(x) || x < 1 || x > IO_TIMEOUT_MAX)
-        return fsc_error(FSC_ERR_INVALID, "FSC_IO_TIMEOUT_S=%.64s: expected seconds in [1, %.0f]",
-                         v, IO_TIMEOUT_MAX);
-    *seconds = x;
-    return FSC_OK;
-}
 
 int fsc_io_busy_begin(const char *what) {
     if (depth++ > 0) return FSC_OK;
-    double timeout;
-    int rc = fsc_io_timeout(&timeout);
+    double timeout; /* 600 s unless set; its range is the environment table's */
+    int rc = fsc_env_double("FSC_IO_TIMEOUT_S", &timeout);
     if (rc) {
         depth--;
         return rc;

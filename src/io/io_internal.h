@@ -61,9 +61,6 @@ int fsc_shard_probe(const char *path, int64_t *count, int *width);
  * refused). */
 int fsc_shard_read(const char *path, void *dst, int width, int64_t count);
 
-/* FSC_IO_TIMEOUT_S (default 600 s): how long one stretch of file work may
- * take; FSC_ERR_INVALID naming a bad value. */
-int fsc_io_timeout(double *seconds);
 /* A stretch of file work (io_busy.c): the heartbeat reports this rank busy
  * in fsc on `what`, under FSC_IO_TIMEOUT_S, until the matching end. Nests;
  * every begin that returned FSC_OK needs its end. */

@@ -40,23 +40,8 @@ void st_parallel_set_chunk(size_t bytes) {
 
 /* ---- the environment -------------------------------------------------------------- */
 
-static int parallel_from_env(bool *on) {
-    const char *v = getenv("FSC_PARALLEL_IO");
-    *on = true;
-    if (!v || !*v || !strcmp(v, "1")) return FSC_OK;
-    if (!strcmp(v, "0")) return *on = false, FSC_OK;
-    return fsc_error(FSC_ERR_INVALID, "FSC_PARALLEL_IO=%.64s: expected 0 or 1", v);
-}
-
-int fsc_io_env_check(void) {
-    bool on;
-    double s;
-    int rc = parallel_from_env(&on);
-    return rc ? rc : fsc_io_timeout(&s);
-}
-
 int st_parallel_mode(const fsc_group *g, bool *on) {
-    int rc = parallel_from_env(on);
+    int rc = fsc_env_bool("FSC_PARALLEL_IO", on);
     if (fsc_group_size(g) <= 1) *on = false;
     return rc;
 }

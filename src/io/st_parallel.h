@@ -11,7 +11,8 @@
  *
  * Environment: FSC_PARALLEL_IO (1, the default, or 0: the one-writer path
  * everywhere) and FSC_IO_TIMEOUT_S (seconds the MPI-IO part of one save may
- * take, in [1, 604800]; default 600), both checked by fsc_env_check.
+ * take, in [1, 604800]; default 600), both rows of the environment table
+ * (src/core/env.c) and checked by fsc_env_check.
  */
 #ifndef FSC_IO_ST_PARALLEL_H
 #define FSC_IO_ST_PARALLEL_H
@@ -102,8 +103,5 @@ int st_declare_weights(fsc_st_writer *w, const fsc_params *ps, int n_meta, const
 
 /* Tests: the staging bytes per round (0: 16 MiB; rounded up to 8). */
 void st_parallel_set_chunk(size_t bytes);
-
-/* For fsc_env_check (core/log.c): FSC_PARALLEL_IO and FSC_IO_TIMEOUT_S. */
-int fsc_io_env_check(void);
 
 #endif

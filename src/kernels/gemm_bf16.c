@@ -19,7 +19,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <cpuid.h>
 #endif
@@ -161,22 +160,14 @@ static void init_once(void) {
 /* FSC_BF16_GEMM into *out (auto when unset or empty); FSC_ERR_INVALID naming
  * the accepted values otherwise. */
 static int mode_from_env(fsc_bf16_gemm_mode *out) {
-    const char *e = getenv("FSC_BF16_GEMM");
-    *out = FSC_BF16_GEMM_AUTO;
-    if (!e || !*e || !strcasecmp(e, "auto")) return FSC_OK;
-    if (!strcasecmp(e, "on") || !strcmp(e, "1"))
-        *out = FSC_BF16_GEMM_ON;
-    else if (!strcasecmp(e, "off") || !strcmp(e, "0"))
-        *out = FSC_BF16_GEMM_OFF;
-    else
-        return fsc_error(FSC_ERR_INVALID, "FSC_BF16_GEMM=%.64s: expected auto, on, off, 1 or 0", e);
-    return FSC_OK;
-}
-
-int fsc_bf16_gemm_env_check(void); /* for fsc_env_check (core/log.c) */
-int fsc_bf16_gemm_env_check(void) {
-    fsc_bf16_gemm_mode m;
-    return mode_from_env(&m);
+    static const fsc_bf16_gemm_mode modes[] = {/* the table's words: auto|on|off|1|0 */
+                                               FSC_BF16_GEMM_AUTO, FSC_BF16_GEMM_ON,
+                                               FSC_BF16_GEMM_OFF, FSC_BF16_GEMM_ON,
+                                               FSC_BF16_GEMM_OFF};
+    int i;
+    int rc = fsc_env_enum("FSC_BF16_GEMM", &i);
+    *out = modes[i];
+    return rc;
 }
 
 /* At first use an invalid value is an error in the log (the mode getter has no
@@ -415,7 +406,7 @@ const char *fsc_bf16_gemm_describe(void) {
     fsc_bf16_gemm_mode mode = fsc_bf16_gemm_get_mode();
     pthread_once(&g.once, init_once);
     char why[256] = "";
-    const char *src = getenv("FSC_BF16_GEMM") ? "FSC_BF16_GEMM" : "mode";
+    const char *src = fsc_env_given("FSC_BF16_GEMM") ? "FSC_BF16_GEMM" : "mode";
     if (mode == FSC_BF16_GEMM_OFF) {
         snprintf(out, sizeof out, "bf16 GEMM: sgemm for every shape (%s off)", src);
     } else if (mode == FSC_BF16_GEMM_AUTO && !g.cpu_bf16) {
