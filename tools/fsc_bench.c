@@ -71,6 +71,7 @@ typedef struct {
     /* --pp: this rank's pipeline waits, spans and compute summed over the
      * timed steps (fsc_pipe_run_stats): wait / span is its measured bubble */
     double pipe_wait, pipe_span, pipe_compute;
+    float pipe_slowest; /* the largest pipe_compute among this rank's pipeline's stages */
     /* --moe-experts: share of the timed steps in all-to-all exchanges (this
      * rank) and of the choices dropped past capacity */
     double alltoall_share, dropped_share;
@@ -164,6 +165,11 @@ static int measure(const bench_config *c, const char *strategy, int steps, int w
         }
     }
     if (!rc && trace && fsc_strategy_get_pipe(t.s)) rc = fsc_strategy_write_trace(t.s, trace);
+    if (!rc && fsc_strategy_get_pipe(t.s)) { /* over the stages of this rank's pipeline */
+        out->pipe_slowest = (float)out->pipe_compute;
+        rc = fsc_group_allreduce(fsc_mesh_group(t.mesh, FSC_MESH_PP), &out->pipe_slowest, 1,
+                                 FSC_DTYPE_F32, FSC_REDUCE_MAX);
+    }
     out->bf16 = fsc_bf16_gemm_get_stats();
     double peak2 = fsc_sgemm_peak_gflops(1024, 5) / cores; /* the machine drifts: keep the best */
     if (!strcmp(mixed_precision, "bf16"))
@@ -243,12 +249,11 @@ static void print_result(const bench_config *c, const char *strategy, int ranks,
         double bubble = fsc_pipe_kind_bubble(kind, pp, v, chunks), mean = 0, uneven = 0;
         double *by_rank = calloc((size_t)ranks, sizeof *by_rank);
         for (int q = 0; by_rank && q < ranks; q++) {
-            /* pipe_figs: wait, span, compute per rank. The bubble no schedule
-             * removes at this cut: the slowest stage's compute minus this one's */
-            const float *f = pipe_figs + 3 * q, *first = pipe_figs + 3 * (q - q % pp);
-            double slowest = 0;
-            for (int s = 0; s < pp; s++)
-                if (first[3 * s + 2] > slowest) slowest = first[3 * s + 2];
+            /* pipe_figs: wait, span, compute and its pipeline's slowest
+             * compute per rank. The bubble no schedule removes at this cut:
+             * the slowest stage's compute minus this one's */
+            const float *f = pipe_figs + 4 * q;
+            const double slowest = f[3];
             by_rank[q] = f[1] > 0 ? f[0] / f[1] : 0;
             mean += by_rank[q] / ranks;
             uneven += f[1] > 0 ? (slowest - f[2]) / f[1] / ranks : 0;
@@ -340,7 +345,7 @@ static int run(const bench_config *c, const char *strategy, int steps, int warmu
     }
     if (!rc) rc = measure(&wide, strategy, steps, warmup, on_threads ? threads : 1, &r);
     int64_t *stage_mem = NULL; /* --pp: every rank's steady peaks, for rank 0 to print */
-    float *pipe_figs = NULL;   /* --pp: every rank's wait, span and compute, timed steps */
+    float *pipe_figs = NULL; /* --pp: every rank's wait, span, compute, its pipeline's slowest */
     float faults[2] = {(float)r.faults_first, (float)r.faults_later}, *all_faults = faults;
     if (!rc && info.spans_ranks) { /* every rank's page faults, for rank 0 to print */
         all_faults = calloc((size_t)world * 2, sizeof *all_faults);
@@ -349,9 +354,10 @@ static int run(const bench_config *c, const char *strategy, int steps, int warmu
                  : fsc_error(FSC_ERR_NOMEM, "out of memory");
     }
     if (!rc && pp > 1 && info.spans_ranks) {
-        float mine[3] = {(float)r.pipe_wait, (float)r.pipe_span, (float)r.pipe_compute};
-        pipe_figs = calloc((size_t)world * 3, sizeof *pipe_figs);
-        rc = pipe_figs ? fsc_group_allgather(fsc_group_world(), mine, pipe_figs, 3, FSC_DTYPE_F32)
+        float mine[4] = {(float)r.pipe_wait, (float)r.pipe_span, (float)r.pipe_compute,
+                         r.pipe_slowest};
+        pipe_figs = calloc((size_t)world * 4, sizeof *pipe_figs);
+        rc = pipe_figs ? fsc_group_allgather(fsc_group_world(), mine, pipe_figs, 4, FSC_DTYPE_F32)
                        : fsc_error(FSC_ERR_NOMEM, "out of memory");
     }
     if (!rc && (pp > 1 || tp > 1) && info.spans_ranks) {
