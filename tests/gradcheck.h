@@ -30,9 +30,15 @@ static double gc_objective(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *
     return s;
 }
 
+/* The largest |analytic - numeric| / tolerance of the comparisons so far
+ * (<= 1 passes), for tests that report their margin. */
+static double gc_worst_ratio;
+
 static int gc_compare(const char *what, int64_t idx, double analytic, double numeric,
                       const gradcheck_opts *o) {
     double tol = o->atol + o->rtol * fmax(fabs(analytic), fabs(numeric));
+    if (fabs(analytic - numeric) / tol > gc_worst_ratio)
+        gc_worst_ratio = fabs(analytic - numeric) / tol;
     if (fabs(analytic - numeric) <= tol) return 0;
     fprintf(stderr, "gradcheck %s[%lld]: analytic %.8g numeric %.8g\n", what, (long long)idx,
             analytic, numeric);

@@ -258,6 +258,78 @@ FSC_API double fsc_sumsq(const float *x, int64_t n);
 /* max |x[i]|; 0 for n = 0. NaN elements are skipped (fsc_grad_max_abs reports them). */
 FSC_API float fsc_absmax(const float *x, int64_t n);
 
+/* ---- LLaMA layers: RMSNorm, rotary embeddings, SwiGLU, grouped-query attention */
+/* RMSNorm: out = inp / sqrt(mean(inp^2) + eps) * weight, per row.
+ * out, inp are (N,C); weight is (C); rstd (N) receives each row's 1/rms
+ * for backward. */
+FSC_API void fsc_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight,
+                                 int N, int C, float eps);
+/* dinp (N,C) written; dweight (C) accumulated; rstd is forward's. */
+FSC_API void fsc_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
+                                  const float *weight, const float *rstd, int N, int C);
+
+/* LLaMA-3.1's frequency scaling of rotary embeddings (Hugging Face's
+ * rope_scaling with rope_type "llama3"). factor <= 0 (a zeroed struct) means
+ * none. Otherwise: factor > 0, 0 < low_freq_factor < high_freq_factor and
+ * original_max_position_embeddings > 0 (the modules check; the kernel
+ * trusts). */
+typedef struct fsc_rope_scaling {
+    float factor;
+    float low_freq_factor, high_freq_factor;
+    int original_max_position_embeddings;
+} fsc_rope_scaling;
+/* inv_freq (hd/2) = theta^(-2i/hd) in fp32 as Hugging Face computes it, then
+ * scaled as LLaMA-3.1 does when scaling is non-NULL with factor > 0:
+ * wavelengths 2 pi / f above original / low_freq_factor are divided by
+ * factor, those below original / high_freq_factor kept, and the band between
+ * blended with weight s = (original / wavelength - low) / (high - low):
+ * (1 - s) f / factor + s f. hd even, theta > 0. */
+FSC_API void fsc_rope_inv_freq(float *inv_freq, int hd, float theta,
+                               const fsc_rope_scaling *scaling);
+/* cos_t, sin_t (T, hd/2): row t holds cos and sin of (float)(pos0 + t) *
+ * inv_freq[i] (positions start at pos0: a KV cache's length, or a sequence
+ * shard's first position). */
+FSC_API void fsc_rope_table(float *cos_t, float *sin_t, const float *inv_freq, int T, int hd,
+                            int pos0);
+/* Rotate-half rotary embedding of every head of inp (B,T,H,hd) at its row's
+ * position: with c, s from row t of the tables, element i and i + hd/2 of a
+ * head become x_i c_i - x_{i+hd/2} s_i and x_{i+hd/2} c_i + x_i s_i. out
+ * may equal inp. */
+FSC_API void fsc_rope_forward(float *out, const float *inp, const float *cos_t, const float *sin_t,
+                              int B, int T, int H, int hd);
+/* dinp (B,T,H,hd) written: dout turned back by the same angles (the
+ * transposed rotation). dinp may equal dout. */
+FSC_API void fsc_rope_backward(float *dinp, const float *dout, const float *cos_t,
+                               const float *sin_t, int B, int T, int H, int hd);
+
+/* SwiGLU's product: out = silu(gate) * up, silu(g) = g / (1 + exp(-g)),
+ * element-wise over n; out may equal gate or up. */
+FSC_API void fsc_swiglu_forward(float *out, const float *gate, const float *up, int64_t n);
+/* dgate = dout * up * silu'(gate), dup = dout * silu(gate), both written
+ * (dgate may equal gate, dup may equal up). */
+FSC_API void fsc_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
+                                 const float *up, int64_t n);
+
+/* Causal self-attention with NKV key/value heads shared by NH query heads
+ * (grouped-query; NKV must divide NH; NKV = 1 is multi-query, NKV = NH
+ * multi-head). q is (B,T,NH*hd), k and v are (B,T,NKV*hd), out is
+ * (B,T,NH*hd); query head h reads key/value head h / (NH/NKV) in place.
+ * Scores are scaled by 1/sqrt(hd). att (B,NH,T,T) keeps the probabilities
+ * for backward (upper triangle left unwritten). GEMMs at precision prec
+ * through fsc_gemm, per head; softmax fp32, as fsc_attention_forward_prec's
+ * per-head path. */
+FSC_API void fsc_attention_gqa_forward_prec(float *out, float *att, const float *q, const float *k,
+                                            const float *v, int B, int T, int NH, int NKV, int hd,
+                                            fsc_gemm_prec prec);
+/* dq (B,T,NH*hd), dk and dv (B,T,NKV*hd) written; a shared head's
+ * gradients sum its query heads in order. Takes T*T floats of FSC_MEM_WORK
+ * scratch per thread for the call; if that allocation fails, the three are
+ * zeroed and the error logged. */
+FSC_API void fsc_attention_gqa_backward_prec(float *dq, float *dk, float *dv, const float *dout,
+                                             const float *q, const float *k, const float *v,
+                                             const float *att, int B, int T, int NH, int NKV,
+                                             int hd, fsc_gemm_prec prec);
+
 #ifdef __cplusplus
 }
 #endif

@@ -335,6 +335,47 @@ FSC_API fsc_module *fsc_block_new(const char *name, int C, int NH, float dropout
 FSC_API int fsc_cross_entropy(float *loss_out, fsc_tensor *logits, const fsc_tensor *targets,
                               int ignore_index, double norm, fsc_arena *arena);
 
+/* ---- LLaMA layers ------------------------------------------------------------ */
+/* Each returns NULL (error set) on bad configuration; ownership as the
+ * built-in modules above. Parameters take Hugging Face's LLaMA names. */
+/* RMSNorm over the last dim (dim): y = x / sqrt(mean(x^2) + eps) * weight,
+ * weight initialised to 1, no bias; eps <= 0 means 1e-5. */
+FSC_API fsc_module *fsc_rmsnorm_new(const char *name, int dim, float eps);
+/* Rotary embeddings as a layer (no parameters): x (B,T,n_heads*head_dim) ->
+ * y of that shape, every head rotated by fsc_rope_forward at positions pos0
+ * .. pos0+T-1. theta <= 0 means 10000; scaling NULL or with factor <= 0
+ * means none (else fsc_rope_scaling's rules). FSC_ERR_INVALID for an odd or
+ * non-positive head_dim, n_heads <= 0, pos0 < 0 or a bad scaling. */
+FSC_API fsc_module *fsc_rope_new(const char *name, int n_heads, int head_dim, float theta,
+                                 const fsc_rope_scaling *scaling, int pos0);
+/* SwiGLU MLP: down_proj(silu(gate_proj(x)) * up_proj(x)); children
+ * gate_proj, up_proj (C -> F) and down_proj (F -> C), nn.Linear (out,in)
+ * layout, no biases. x (..., C) -> (..., C). gate_proj and up_proj start
+ * N(0, init_std), down_proj N(0, proj_std). */
+FSC_API fsc_module *fsc_swiglu_mlp_new(const char *name, int C, int F, float init_std,
+                                       float proj_std);
+/* LLaMA's attention; zero fields take the stated defaults. */
+typedef struct fsc_llama_attention_config {
+    int d_model;                   /* C: the input's and output's last dim */
+    int n_heads;                   /* query heads */
+    int n_kv_heads;                /* key/value heads, dividing n_heads; 0: n_heads */
+    int head_dim;                  /* 0: d_model / n_heads (which must divide); even */
+    bool qkv_bias;                 /* biases on q_proj, k_proj, v_proj (Qwen 2); o_proj has none */
+    float rope_theta;              /* 0: 10000 */
+    fsc_rope_scaling rope_scaling; /* factor 0: none (LLaMA-3.1: 8, 1, 4, 8192) */
+    float init_std;                /* q_proj, k_proj, v_proj: N(0, init_std) */
+    float proj_std;                /* o_proj: N(0, proj_std) */
+} fsc_llama_attention_config;
+/* Causal self-attention, LLaMA layout: children q_proj (C -> n_heads *
+ * head_dim), k_proj and v_proj (C -> n_kv_heads * head_dim), o_proj back to
+ * C, all nn.Linear (out,in); rotary embeddings (rotate-half, rope_theta,
+ * rope_scaling) on q and k at positions 0..T-1; query head h attends with
+ * key/value head h / (n_heads / n_kv_heads) (grouped-query; multi-query at
+ * n_kv_heads = 1); scores scaled by 1/sqrt(head_dim); no dropout.
+ * x (B,T,C) -> (B,T,C). cfg is read, not kept. */
+FSC_API fsc_module *fsc_llama_attention_new(const char *name,
+                                            const fsc_llama_attention_config *cfg);
+
 #ifdef __cplusplus
 }
 #endif

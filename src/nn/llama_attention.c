@@ -1,0 +1,125 @@
+/* LLaMA's causal self-attention: q_proj, k_proj, v_proj (nn.Linear layout,
+ * biases only where asked: Qwen 2), rotary embeddings on q and k, grouped-
+ * query attention (n_kv_heads key/value heads shared by n_heads query heads,
+ * fsc_attention_gqa_forward_prec) and o_proj. No dropout: LLaMA trains
+ * without it. Saves the rotated q and k, v, the probabilities, the rotary
+ * tables and the projections' records. */
+#include "layers_internal.h"
+#include "llama_internal.h"
+
+typedef struct {
+    fsc_module base;
+    int C, NH, NKV, hd;
+    fsc_module *q_proj, *k_proj, *v_proj, *o_proj;
+    float inv_freq[]; /* (hd/2) */
+} llama_attention;
+
+typedef struct {
+    void *q_rec, *k_rec, *v_rec, *o_rec;
+    fsc_tensor x;       /* the input's shape */
+    fsc_tensor q, k, v; /* q and k rotated */
+    float *att;         /* (B, NH, T, T) */
+    float *cos_t, *sin_t;
+} lattn_saved;
+
+static int lattn_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, fsc_tensor *y,
+                         void **saved) {
+    llama_attention *a = (llama_attention *)m;
+    if (x->ndim != 3 || x->dtype != FSC_DTYPE_F32 || x->shape[2] != a->C)
+        return fsc_error(FSC_ERR_SHAPE, "LlamaAttention %s: expected f32 (B,T,%d) input", m->name,
+                         a->C);
+    int B = (int)x->shape[0], T = (int)x->shape[1];
+    lattn_saved *s = fsc_arena_alloc(ctx->arena, sizeof *s);
+    if (!s) return FSC_ERR_NOMEM;
+    s->x = *x;
+    int rc = fsc_module_forward(a->q_proj, ctx, x, &s->q, &s->q_rec);
+    if (!rc) rc = fsc_module_forward(a->k_proj, ctx, x, &s->k, &s->k_rec);
+    if (!rc) rc = fsc_module_forward(a->v_proj, ctx, x, &s->v, &s->v_rec);
+    if (!rc) rc = fsc_rope_tables_alloc(ctx->arena, a->inv_freq, T, a->hd, 0, &s->cos_t, &s->sin_t);
+    if (rc) return rc;
+    /* the projections' outputs are this layer's to keep: rotate in place */
+    fsc_rope_forward(s->q.data, s->q.data, s->cos_t, s->sin_t, B, T, a->NH, a->hd);
+    fsc_rope_forward(s->k.data, s->k.data, s->cos_t, s->sin_t, B, T, a->NKV, a->hd);
+    fsc_tensor h;
+    s->att = fsc_arena_alloc(ctx->arena, (size_t)B * a->NH * T * T * sizeof(float));
+    rc = s->att ? fsc_alloc_like(ctx->arena, &s->q, s->q.shape[2], &h) : FSC_ERR_NOMEM;
+    if (rc) return rc;
+    fsc_attention_gqa_forward_prec(h.data, s->att, s->q.data, s->k.data, s->v.data, B, T, a->NH,
+                                   a->NKV, a->hd, fsc_ctx_prec(ctx));
+    rc = fsc_module_forward(a->o_proj, ctx, &h, y, &s->o_rec);
+    *saved = s;
+    return rc;
+}
+
+static int lattn_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fsc_tensor *dy,
+                          fsc_tensor *dx) {
+    llama_attention *a = (llama_attention *)m;
+    const lattn_saved *s = saved;
+    int rc = fsc_check_saved(m, saved);
+    if (!rc) rc = fsc_check_dy_like(m, dy, &s->x, a->C);
+    if (rc) return rc;
+    int B = (int)s->x.shape[0], T = (int)s->x.shape[1];
+    fsc_tensor dh, dq, dk, dv, dxk, dxv;
+    rc = fsc_module_backward(a->o_proj, ctx, s->o_rec, dy, &dh);
+    if (!rc) rc = fsc_alloc_like(ctx->arena, &s->q, s->q.shape[2], &dq);
+    if (!rc) rc = fsc_alloc_like(ctx->arena, &s->k, s->k.shape[2], &dk);
+    if (!rc) rc = fsc_alloc_like(ctx->arena, &s->v, s->v.shape[2], &dv);
+    if (rc) return rc;
+    fsc_attention_gqa_backward_prec(dq.data, dk.data, dv.data, dh.data, s->q.data, s->k.data,
+                                    s->v.data, s->att, B, T, a->NH, a->NKV, a->hd,
+                                    fsc_ctx_prec(ctx));
+    fsc_rope_backward(dq.data, dq.data, s->cos_t, s->sin_t, B, T, a->NH, a->hd);
+    fsc_rope_backward(dk.data, dk.data, s->cos_t, s->sin_t, B, T, a->NKV, a->hd);
+    rc = fsc_module_backward(a->q_proj, ctx, s->q_rec, &dq, dx);
+    if (!rc) rc = fsc_module_backward(a->k_proj, ctx, s->k_rec, &dk, dx ? &dxk : NULL);
+    if (!rc) rc = fsc_module_backward(a->v_proj, ctx, s->v_rec, &dv, dx ? &dxv : NULL);
+    if (!rc && dx) {
+        fsc_add_inplace(dx->data, dxk.data, fsc_tensor_numel(dx));
+        fsc_add_inplace(dx->data, dxv.data, fsc_tensor_numel(dx));
+    }
+    return rc;
+}
+
+static const fsc_module_ops lattn_ops = {"LlamaAttention", lattn_forward, lattn_backward, NULL};
+
+fsc_module *fsc_llama_attention_new(const char *name, const fsc_llama_attention_config *cfg) {
+    if (!cfg) {
+        fsc_error(FSC_ERR_INVALID, "LlamaAttention %s: NULL configuration", name);
+        return NULL;
+    }
+    int C = cfg->d_model, NH = cfg->n_heads, NKV = cfg->n_kv_heads ? cfg->n_kv_heads : NH;
+    if (C <= 0 || NH <= 0 || NKV <= 0 || NH % NKV) {
+        fsc_error(FSC_ERR_INVALID,
+                  "LlamaAttention %s: d_model %d, %d heads, %d key/value heads: all positive, "
+                  "and the key/value heads must divide the heads",
+                  name, C, NH, NKV);
+        return NULL;
+    }
+    if (!cfg->head_dim && C % NH) {
+        fsc_error(FSC_ERR_INVALID,
+                  "LlamaAttention %s: %d heads must divide d_model %d (or give head_dim)", name, NH,
+                  C);
+        return NULL;
+    }
+    int hd = cfg->head_dim ? cfg->head_dim : C / NH;
+    float theta = cfg->rope_theta > 0.f ? cfg->rope_theta : 10000.f;
+    if (fsc_rope_check_config("LlamaAttention", name, hd, theta, &cfg->rope_scaling)) return NULL;
+    llama_attention *a =
+        fsc_module_alloc(sizeof *a + (size_t)(hd / 2) * sizeof(float), &lattn_ops, name);
+    if (!a) return NULL;
+    a->C = C, a->NH = NH, a->NKV = NKV, a->hd = hd;
+    fsc_rope_inv_freq(a->inv_freq, hd, theta, &cfg->rope_scaling);
+    bool bias = cfg->qkv_bias;
+    a->q_proj = fsc_linear_new("q_proj", C, NH * hd, bias, FSC_WEIGHT_OUT_IN, cfg->init_std);
+    a->k_proj = fsc_linear_new("k_proj", C, NKV * hd, bias, FSC_WEIGHT_OUT_IN, cfg->init_std);
+    a->v_proj = fsc_linear_new("v_proj", C, NKV * hd, bias, FSC_WEIGHT_OUT_IN, cfg->init_std);
+    a->o_proj = fsc_linear_new("o_proj", NH * hd, C, false, FSC_WEIGHT_OUT_IN, cfg->proj_std);
+    fsc_module *kids[4] = {a->q_proj, a->k_proj, a->v_proj, a->o_proj};
+    for (int i = 0; i < 4; i++)
+        if (fsc_module_add_child(&a->base, kids[i])) {
+            for (int j = i; j < 4; j++) fsc_module_free(kids[j]); /* not adopted */
+            fsc_module_free(&a->base);
+            return NULL;
+        }
+    return &a->base;
+}

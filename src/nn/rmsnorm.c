@@ -1,0 +1,65 @@
+/* RMSNorm module (LLaMA's norm): one weight, no bias; saves x and per-row
+ * 1/rms for backward. */
+#include "layers_internal.h"
+
+typedef struct {
+    fsc_module base;
+    int dim;
+    float eps;
+} rmsnorm;
+
+typedef struct {
+    fsc_tensor x;
+    float *rstd;
+} rms_saved;
+
+static int rms_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, fsc_tensor *y,
+                       void **saved) {
+    const rmsnorm *l = (const rmsnorm *)m;
+    int rc = fsc_check_last(m, x, l->dim);
+    if (!rc) rc = fsc_alloc_like(ctx->arena, x, l->dim, y);
+    if (rc) return rc;
+    int64_t n = fsc_rows(x);
+    rms_saved *s = fsc_arena_alloc(ctx->arena, sizeof *s);
+    if (!s) return FSC_ERR_NOMEM;
+    s->x = *x;
+    s->rstd = fsc_arena_alloc(ctx->arena, (size_t)n * sizeof(float));
+    if (!s->rstd) return FSC_ERR_NOMEM;
+    fsc_rmsnorm_forward(y->data, s->rstd, x->data, m->params[0].data, (int)n, l->dim, l->eps);
+    *saved = s;
+    return FSC_OK;
+}
+
+static int rms_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fsc_tensor *dy,
+                        fsc_tensor *dx) {
+    const rmsnorm *l = (const rmsnorm *)m;
+    rms_saved *s = saved;
+    int rc = fsc_check_saved(m, saved);
+    if (!rc) rc = fsc_check_dy_like(m, dy, &s->x, l->dim);
+    if (rc) return rc;
+    fsc_tensor tmp;
+    if (!dx) dx = &tmp; /* the kernel computes dx alongside dweight */
+    rc = fsc_alloc_like(ctx->arena, &s->x, l->dim, dx);
+    if (rc) return rc;
+    fsc_rmsnorm_backward(dx->data, m->params[0].grad, dy->data, s->x.data, m->params[0].data,
+                         s->rstd, (int)fsc_rows(&s->x), l->dim);
+    return FSC_OK;
+}
+
+static const fsc_module_ops rms_ops = {"RMSNorm", rms_forward, rms_backward, NULL};
+
+fsc_module *fsc_rmsnorm_new(const char *name, int dim, float eps) {
+    if (dim <= 0) {
+        fsc_error(FSC_ERR_INVALID, "RMSNorm %s: dim %d must be positive", name, dim);
+        return NULL;
+    }
+    rmsnorm *l = fsc_module_alloc(sizeof *l, &rms_ops, name);
+    if (!l) return NULL;
+    l->dim = dim;
+    l->eps = eps > 0 ? eps : 1e-5f;
+    if (fsc_module_add_param(&l->base, "weight", 1, (int64_t[]){dim}, FSC_INIT_ONES, 0) < 0) {
+        fsc_module_free(&l->base);
+        return NULL;
+    }
+    return &l->base;
+}

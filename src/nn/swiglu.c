@@ -1,0 +1,76 @@
+/* SwiGLU MLP (LLaMA's): down_proj(silu(gate_proj(x)) * up_proj(x)), three
+ * bias-free nn.Linear children under Hugging Face's names. Saves the
+ * children's records and the two projections; the gated product lives on
+ * as down_proj's saved input. */
+#include "layers_internal.h"
+
+typedef struct {
+    fsc_module base;
+    int C, F;
+    fsc_module *gate, *up, *down;
+} swiglu_mlp;
+
+typedef struct {
+    void *gate_rec, *up_rec, *down_rec;
+    fsc_tensor g, u; /* (..., F) */
+} swiglu_saved;
+
+static int swiglu_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, fsc_tensor *y,
+                          void **saved) {
+    swiglu_mlp *p = (swiglu_mlp *)m;
+    int rc = fsc_check_last(m, x, p->C);
+    if (rc) return rc;
+    swiglu_saved *s = fsc_arena_alloc(ctx->arena, sizeof *s);
+    if (!s) return FSC_ERR_NOMEM;
+    fsc_tensor h;
+    rc = fsc_module_forward(p->gate, ctx, x, &s->g, &s->gate_rec);
+    if (!rc) rc = fsc_module_forward(p->up, ctx, x, &s->u, &s->up_rec);
+    if (!rc) rc = fsc_alloc_like(ctx->arena, &s->g, p->F, &h);
+    if (rc) return rc;
+    fsc_swiglu_forward(h.data, s->g.data, s->u.data, fsc_tensor_numel(&h));
+    rc = fsc_module_forward(p->down, ctx, &h, y, &s->down_rec);
+    *saved = s;
+    return rc;
+}
+
+static int swiglu_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fsc_tensor *dy,
+                           fsc_tensor *dx) {
+    swiglu_mlp *p = (swiglu_mlp *)m;
+    swiglu_saved *s = saved;
+    int rc = fsc_check_saved(m, saved);
+    if (!rc) rc = fsc_check_dy_like(m, dy, &s->g, p->C);
+    if (rc) return rc;
+    fsc_tensor dh, dg, du, dxu;
+    rc = fsc_module_backward(p->down, ctx, s->down_rec, dy, &dh);
+    if (!rc) rc = fsc_alloc_like(ctx->arena, &s->g, p->F, &dg);
+    if (rc) return rc;
+    du = dh; /* dup overwrites dh in place: each element is read before it is written */
+    fsc_swiglu_backward(dg.data, du.data, dh.data, s->g.data, s->u.data, fsc_tensor_numel(&dg));
+    rc = fsc_module_backward(p->gate, ctx, s->gate_rec, &dg, dx);
+    if (!rc) rc = fsc_module_backward(p->up, ctx, s->up_rec, &du, dx ? &dxu : NULL);
+    if (!rc && dx) fsc_add_inplace(dx->data, dxu.data, fsc_tensor_numel(dx));
+    return rc;
+}
+
+static const fsc_module_ops swiglu_ops = {"SwiGLUMLP", swiglu_forward, swiglu_backward, NULL};
+
+fsc_module *fsc_swiglu_mlp_new(const char *name, int C, int F, float init_std, float proj_std) {
+    if (C <= 0 || F <= 0) {
+        fsc_error(FSC_ERR_INVALID, "SwiGLUMLP %s: sizes %d -> %d must be positive", name, C, F);
+        return NULL;
+    }
+    swiglu_mlp *p = fsc_module_alloc(sizeof *p, &swiglu_ops, name);
+    if (!p) return NULL;
+    p->C = C, p->F = F;
+    p->gate = fsc_linear_new("gate_proj", C, F, false, FSC_WEIGHT_OUT_IN, init_std);
+    p->up = fsc_linear_new("up_proj", C, F, false, FSC_WEIGHT_OUT_IN, init_std);
+    p->down = fsc_linear_new("down_proj", F, C, false, FSC_WEIGHT_OUT_IN, proj_std);
+    fsc_module *kids[3] = {p->gate, p->up, p->down};
+    for (int i = 0; i < 3; i++)
+        if (fsc_module_add_child(&p->base, kids[i])) {
+            for (int j = i; j < 3; j++) fsc_module_free(kids[j]); /* not adopted */
+            fsc_module_free(&p->base);
+            return NULL;
+        }
+    return &p->base;
+}
