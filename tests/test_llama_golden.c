@@ -1,0 +1,189 @@
+/* Golden checks of the LLaMA layers against a hand-written PyTorch reference
+ * (tests/reference/golden_llama.py: Hugging Face's semantics in plain torch
+ * ops, since Debian's torch 1.13 has no LLaMA). Each layer is rebuilt in fsc
+ * with the file's sizes, its parameters loaded by name, run forward and
+ * backward, and every tensor (y, dx, each grad.<name>) compared element by
+ * element with torch's fp32 result.
+ *
+ * Tolerance, per tensor, from measured noise: the file holds noise.<name>,
+ * the largest |fp32 - fp64| of torch's own result (the same layer again in
+ * float64 on the same inputs). Both sides are fp32 sums of the same terms
+ * in different orders, so each carries an error of that size; fsc may sit
+ * NOISE_K times torch's own worst error from torch, plus ULP_K units in the
+ * last place of the tensor's largest element for tensors torch happens to
+ * compute almost exactly (a rotation, a single product), where a
+ * different but equally legal rounding of one or two operations (an FMA,
+ * an exp polynomial) would otherwise fail. Observed on x86-64 (AVX-512):
+ * see the "max |diff|/tol" lines the test prints. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fsc/io.h"
+#include "fsc/nn.h"
+
+static const double NOISE_K = 4.0, ULP_K = 8.0;
+
+/* Sizes shared with tests/reference/golden_llama.py. */
+enum { C = 16, FFN = 40, AC = 32, ANH = 4, AHD = 8 };
+static const fsc_rope_scaling LLAMA31 = {.factor = 8.f,
+                                         .low_freq_factor = 1.f,
+                                         .high_freq_factor = 4.f,
+                                         .original_max_position_embeddings = 8192};
+
+#define MAX_REPORTED 5
+
+static fsc_st_file *open_golden(const char *file) {
+    const char *dir = getenv("FSC_TEST_DATA");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir ? dir : "tests/data", file);
+    int status = 0;
+    fsc_st_file *f = fsc_st_open(path, &status);
+    if (!f) fprintf(stderr, "cannot open golden %s: %s\n", path, fsc_last_error());
+    assert_non_null(f);
+    return f;
+}
+
+static fsc_tensor read_entry(fsc_st_file *f, const char *name) {
+    const fsc_st_entry *e = fsc_st_find(f, name);
+    if (!e) fprintf(stderr, "golden tensor %s missing\n", name);
+    assert_non_null(e);
+    fsc_tensor t = fsc_tensor_make(NULL, e->dtype, e->ndim, e->shape);
+    t.data = malloc(fsc_tensor_nbytes(&t) + 1);
+    assert_non_null(t.data);
+    assert_int_equal(fsc_st_read(f, name, &t), FSC_OK);
+    return t;
+}
+
+typedef struct {
+    double worst; /* largest |diff| / tol over the layer's tensors */
+    int bad;
+} layer_stats;
+
+/* got against the file's `name` (same shape), at the tolerance its noise.<name> sets. */
+static void compare(layer_stats *ls, const char *layer, fsc_st_file *f, const char *name,
+                    const fsc_tensor *got) {
+    fsc_tensor want = read_entry(f, name);
+    assert_true(fsc_tensor_same_shape(&want, got));
+    char noise_name[FSC_NAME_MAX * 2];
+    snprintf(noise_name, sizeof noise_name, "noise.%s", name);
+    fsc_tensor nt = read_entry(f, noise_name);
+    double noise = ((float *)nt.data)[0], scale = 0, max_abs = 0;
+    const float *a = got->data, *b = want.data;
+    int64_t n = fsc_tensor_numel(got);
+    for (int64_t i = 0; i < n; i++) scale = fmax(scale, fabs(b[i]));
+    double tol = NOISE_K * noise + ULP_K * ldexp(scale, -24);
+    int bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]);
+        if (d > max_abs || isnan(d)) max_abs = d;
+        if (d <= tol) continue;
+        if (bad++ < MAX_REPORTED)
+            fprintf(stderr, "%s: %s[%lld] fsc %.9g torch %.9g |diff| %.3g > tol %.3g\n", layer,
+                    name, (long long)i, (double)a[i], (double)b[i], d, tol);
+    }
+    printf("golden %-16s %-22s max |diff| %.3g, torch's own noise %.3g, max |diff|/tol %.3g\n",
+           layer, name, max_abs, noise, max_abs / tol);
+    if (max_abs / tol > ls->worst || isnan(max_abs)) ls->worst = max_abs / tol;
+    ls->bad += bad;
+    free(want.data);
+    free(nt.data);
+}
+
+/* Builds m's parameters from golden_llama_<layer>.safetensors, runs forward
+ * and backward, compares y, dx and every grad.<name>. Takes ownership of m. */
+static void check_layer(const char *layer, fsc_module *m) {
+    assert_non_null(m);
+    char file[128];
+    snprintf(file, sizeof file, "golden_llama_%s.safetensors", layer);
+    fsc_st_file *f = open_golden(file);
+    fsc_params ps;
+    assert_int_equal(fsc_params_bind(m, 0, true, &ps), FSC_OK);
+    for (int i = 0; i < ps.count; i++) {
+        fsc_tensor t = fsc_param_tensor(ps.entries[i].param);
+        int rc = fsc_st_read(f, ps.entries[i].name, &t);
+        if (rc) fprintf(stderr, "loading parameter %s: %s\n", ps.entries[i].name, fsc_last_error());
+        assert_int_equal(rc, FSC_OK);
+    }
+    int in_file = 0; /* a parameter fsc lacks or names differently fails */
+    for (int i = 0; i < fsc_st_count(f); i++)
+        in_file += strncmp(fsc_st_entry_at(f, i)->name, "grad.", 5) == 0;
+    assert_int_equal(in_file, ps.count);
+
+    fsc_tensor x = read_entry(f, "x");
+    fsc_arena *arena = fsc_arena_new(FSC_MEM_ACTIV, 1 << 20);
+    fsc_ctx ctx = {.arena = arena, .training = true};
+    fsc_tensor y, dx;
+    void *saved = NULL;
+    int rc = fsc_module_forward(m, &ctx, &x, &y, &saved);
+    if (rc) fprintf(stderr, "%s forward: %s\n", layer, fsc_last_error());
+    assert_int_equal(rc, FSC_OK);
+    layer_stats ls = {0};
+    compare(&ls, layer, f, "y", &y);
+    fsc_tensor dy = read_entry(f, "dy");
+    assert_true(fsc_tensor_same_shape(&dy, &y));
+    fsc_params_zero_grad(&ps);
+    rc = fsc_module_backward(m, &ctx, saved, &dy, &dx);
+    if (rc) fprintf(stderr, "%s backward: %s\n", layer, fsc_last_error());
+    assert_int_equal(rc, FSC_OK);
+    compare(&ls, layer, f, "dx", &dx);
+    for (int i = 0; i < ps.count; i++) {
+        char name[FSC_NAME_MAX * 3];
+        snprintf(name, sizeof name, "grad.%s", ps.entries[i].name);
+        fsc_tensor g = fsc_param_grad_tensor(ps.entries[i].param);
+        compare(&ls, layer, f, name, &g);
+    }
+    printf("golden %-16s worst |diff|/tol %.3g (NOISE_K %g, ULP_K %g)\n", layer, ls.worst, NOISE_K,
+           ULP_K);
+    assert_int_equal(ls.bad, 0);
+    free(dy.data);
+    free(x.data);
+    fsc_arena_free(arena);
+    fsc_params_free(&ps);
+    fsc_module_free(m);
+    fsc_st_close(f);
+}
+
+static void test_rmsnorm(void **state) {
+    (void)state;
+    check_layer("rmsnorm", fsc_rmsnorm_new("norm", C, 1e-5f));
+}
+
+static void test_rope(void **state) {
+    (void)state;
+    check_layer("rope_llama31", fsc_rope_new("rope", ANH, AHD, 500000.f, &LLAMA31, 8000));
+    check_layer("rope_plain", fsc_rope_new("rope", 1, C, 10000.f, NULL, 0));
+}
+
+static void test_swiglu(void **state) {
+    (void)state;
+    check_layer("swiglu", fsc_swiglu_mlp_new("mlp", C, FFN, 0.02f, 0.02f));
+}
+
+static void test_attention(void **state) {
+    (void)state;
+    fsc_llama_attention_config gqa = {.d_model = AC,
+                                      .n_heads = ANH,
+                                      .n_kv_heads = 2,
+                                      .qkv_bias = true,
+                                      .rope_theta = 500000.f,
+                                      .rope_scaling = LLAMA31};
+    check_layer("attention_gqa", fsc_llama_attention_new("attn", &gqa));
+    fsc_llama_attention_config mqa = {.d_model = AC, .n_heads = ANH, .n_kv_heads = 1};
+    check_layer("attention_mqa", fsc_llama_attention_new("attn", &mqa));
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_rmsnorm),
+        cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_swiglu),
+        cmocka_unit_test(test_attention),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
