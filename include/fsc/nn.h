@@ -70,6 +70,11 @@ typedef struct fsc_ctx {
      * a last TP stage (fsc_pipe_io.targets); such a module then outputs its
      * (1,) loss. Modules without a fused head ignore it; NULL elsewhere. */
     const struct fsc_head_loss *head_loss;
+    /* Incremental decoding (fsc_gpt_kv_append, fsc/gpt.h): attention appends
+     * its input rows' keys and values to this cache and attends over every
+     * cached position, and the GPT's position embeddings start at the
+     * cache's length. Forward only, batch 1; NULL elsewhere. */
+    struct fsc_kv_cache *kv;
 } fsc_ctx;
 
 /* fsc_ctx.head_loss: what a fused head needs besides its input. The module

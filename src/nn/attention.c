@@ -1,6 +1,11 @@
 /* Causal self-attention, GPT-2 layout: c_attn (C -> 3C, fused q|k|v), the
  * attention kernel, c_proj (C -> C), residual dropout. Saves qkv and the
- * softmax probabilities (B,NH,T,T) for backward. */
+ * softmax probabilities (B,NH,T,T) for backward. Under fsc_ctx.kv
+ * (generation) the same parts run on the new rows only, which attend over
+ * the keys and values the earlier rows left in the cache. */
+#include <math.h>
+#include <string.h>
+
 #include "layers_internal.h"
 
 typedef struct {
@@ -9,8 +14,62 @@ typedef struct {
     fsc_module *c_attn, *c_proj, *drop;
 } attention;
 
+/* Causal attention of the n new rows (positions p0 .. p0+n-1) over cached
+ * rows 0 .. p0+n-1 of one layer: qkv (n, 3C), k and v (T, C), y (n, C). */
+static int attend_cached(fsc_arena *a, const float *qkv, const float *k, const float *v, float *y,
+                         int p0, int n, int C, int NH) {
+    const int hs = C / NH, keys = p0 + n;
+    const float scale = 1.0f / sqrtf((float)hs);
+    float *scores = fsc_arena_alloc(a, (size_t)n * keys * sizeof(float));
+    if (!scores) return FSC_ERR_NOMEM;
+    for (int hh = 0; hh < NH; hh++) {
+        const int o = hh * hs;
+        /* scores (n, keys) = q_h k_h^T / sqrt(hs), then row i sees keys 0..p0+i */
+        fsc_sgemm(false, true, n, keys, hs, scale, qkv + o, 3 * C, k + o, C, 0.f, scores, keys);
+        /* the training forward's softmax (its exp and its 1/sum), so the two
+         * paths differ only in the order of their sums, which the noise floor
+         * of the equivalence tests measures; libm's expf differed from it by
+         * more than that on some CPUs */
+        for (int i = 0; i < n; i++) fsc_softmax_causal_row(scores + (size_t)i * keys, p0 + i, keys);
+        fsc_sgemm(false, false, n, hs, keys, 1.f, scores, keys, v + o, C, 0.f, y + o, C);
+    }
+    return FSC_OK;
+}
+
+/* The forward under fsc_ctx.kv: this layer's slot takes the new rows' keys
+ * and values, and the rows attend over the cache. Nothing is saved. */
+static int attention_cached(fsc_module *const parts[3], const fsc_ctx *ctx, const fsc_tensor *x,
+                            fsc_tensor *y, void **saved, int C, int NH) {
+    fsc_kv_cache *kv = ctx->kv;
+    const int n = x->ndim == 3 ? (int)x->shape[1] : 0, p0 = kv->len;
+    if (x->ndim != 3 || x->shape[0] != 1 || kv->C != C || kv->next >= kv->slots ||
+        n > kv->T - p0)
+        return fsc_error(FSC_ERR_INVALID,
+                         "KV cache: attention layer %d of %d, %d channels, %d + %d positions of "
+                         "%d (a cache made for this model, batch 1?)",
+                         kv->next, kv->slots, C, p0, n, kv->T);
+    const size_t slot = (size_t)kv->next++ * kv->T * C;
+    float *k = kv->k + slot, *v = kv->v + slot;
+    fsc_tensor qkv, h, p;
+    void *rec;
+    int rc = fsc_module_forward(parts[0], ctx, x, &qkv, &rec);
+    if (rc) return rc;
+    for (int i = 0; i < n; i++) {
+        const float *row = (const float *)qkv.data + (size_t)i * 3 * C;
+        memcpy(k + (size_t)(p0 + i) * C, row + C, (size_t)C * sizeof(float));
+        memcpy(v + (size_t)(p0 + i) * C, row + 2 * C, (size_t)C * sizeof(float));
+    }
+    if ((rc = fsc_alloc_like(ctx->arena, x, C, &h))) return rc;
+    if ((rc = attend_cached(ctx->arena, qkv.data, k, v, h.data, p0, n, C, NH))) return rc;
+    rc = fsc_module_forward(parts[1], ctx, &h, &p, &rec);
+    if (!rc) rc = fsc_module_forward(parts[2], ctx, &p, y, &rec);
+    *saved = NULL;
+    return rc;
+}
+
 int fsc_attention_parts_forward(fsc_module *const parts[3], const fsc_ctx *ctx, const fsc_tensor *x,
                                 fsc_tensor *y, void **saved, int C, int NH) {
+    if (ctx->kv) return attention_cached(parts, ctx, x, y, saved, C, NH);
     fsc_attn_saved *s = fsc_arena_alloc(ctx->arena, sizeof *s);
     if (!s) return FSC_ERR_NOMEM;
     int rc = fsc_module_forward(parts[0], ctx, x, &s->qkv, &s->c_attn);

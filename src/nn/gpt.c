@@ -19,6 +19,8 @@
 
 /* ---- the model ------------------------------------------------------------------------------- */
 
+static const gpt_layout_ops plain_layout;
+
 static int check_ids(const gpt_model *g, const int32_t *ids, int64_t n) {
     for (int64_t i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= g->cfg.vocab)
@@ -60,6 +62,11 @@ static int model_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x,
     int B = 0, T = 0;
     int rc = check_input(g, x, &B, &T);
     if (rc) return rc;
+    if (ctx->kv && (!g->embed || !g->head || g->ops != &plain_layout || B != 1))
+        return fsc_error(FSC_ERR_UNSUPPORTED,
+                         "%s '%s': a KV cache decodes one sequence (batch 1) through the whole "
+                         "one-process model",
+                         g->ops->label, m->name);
     gpt_saved *s = fsc_arena_calloc(ctx->arena, sizeof *s);
     if (!s) return FSC_ERR_NOMEM;
     s->in = *x, s->T = T;
@@ -256,13 +263,18 @@ static int plain_width(void *st, const fsc_gpt_config *c, int p) {
     return fsc_gpt_part_width(c, p);
 }
 
+/* Positions start at 0, or after the cached ones when decoding. */
 static int plain_embed_forward(gpt_model *g, const fsc_ctx *ctx, const fsc_tensor *ids,
                                fsc_tensor *e) {
     const int B = (int)ids->shape[0], T = (int)ids->shape[1], C = g->cfg.d_model;
+    const int p0 = ctx->kv ? ctx->kv->len : 0;
+    if (p0 + T > g->cfg.seq)
+        return fsc_error(FSC_ERR_INVALID, "GPT: positions %d .. %d past the model's %d", p0,
+                         p0 + T - 1, g->cfg.seq);
     *e = fsc_tensor_arena(ctx->arena, FSC_DTYPE_F32, 3, (int64_t[]){B, T, C});
     if (!e->data) return FSC_ERR_NOMEM;
-    fsc_encoder_forward(e->data, ids->data, g->wte->params[0].data, g->wpe->params[0].data, B, T,
-                        C);
+    fsc_encoder_forward(e->data, ids->data, g->wte->params[0].data,
+                        (const float *)g->wpe->params[0].data + (size_t)p0 * C, B, T, C);
     return FSC_OK;
 }
 
@@ -274,11 +286,14 @@ static int plain_embed_backward(gpt_model *g, const fsc_ctx *ctx, const gpt_save
     return FSC_OK;
 }
 
+/* Logits of every row, or when decoding with kv->last_only of the last. */
 static int plain_head_forward(gpt_model *g, const fsc_ctx *ctx, gpt_saved *s, fsc_tensor *y) {
-    const int B = (int)s->in.shape[0], T = s->T, C = g->cfg.d_model, V = g->cfg.vocab;
+    const int B = (int)s->in.shape[0], C = g->cfg.d_model, V = g->cfg.vocab;
+    const int T = ctx->kv && ctx->kv->last_only ? 1 : s->T;
+    const float *in = (const float *)s->final.data + (size_t)(s->T - T) * C; /* batch 1 then */
     *y = fsc_tensor_arena(ctx->arena, FSC_DTYPE_F32, 3, (int64_t[]){B, T, V});
     if (!y->data) return FSC_ERR_NOMEM;
-    fsc_matmul_forward_prec(y->data, s->final.data, g->wte->params[0].data, NULL, B * T, C, V,
+    fsc_matmul_forward_prec(y->data, in, g->wte->params[0].data, NULL, B * T, C, V,
                             FSC_WEIGHT_OUT_IN, fsc_ctx_prec(ctx));
     return FSC_OK;
 }

@@ -100,6 +100,18 @@ typedef struct {
 } fsc_attn_saved;
 int fsc_attention_parts_forward(fsc_module *const parts[3], const fsc_ctx *ctx, const fsc_tensor *x,
                                 fsc_tensor *y, void **saved, int C, int NH);
+
+/* fsc_ctx.kv: every attention layer's keys and values of the positions
+ * decoded so far, one sequence. A forward's attention layers take slots
+ * 0, 1, ... in the order they run (`next`, reset by the caller), append
+ * their new rows at positions len .. len + n - 1 and attend causally over
+ * 0 .. len + n - 1; the caller advances len after the forward. */
+typedef struct fsc_kv_cache {
+    int slots, T, C; /* layers, positions and channels the buffers hold */
+    int len, next;
+    float *k, *v;   /* (slots, T, C) each */
+    bool last_only; /* the head makes logits of the last new row only */
+} fsc_kv_cache;
 int fsc_attention_parts_backward(fsc_module *const parts[3], const fsc_ctx *ctx,
                                  const fsc_attn_saved *s, const fsc_tensor *dy, fsc_tensor *dx,
                                  int C, int NH);
