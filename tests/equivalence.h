@@ -34,11 +34,16 @@ enum { EQ_GLOBAL_BATCH = 8, EQ_STEPS = 5 };
  * spread of its row (the last dimension; windows of EQ_NOISE_WINDOW for
  * vectors), and at least the median row's of its tensor, and a layout
  * may differ from the reference by EQ_NOISE_K times that, plus EQ_FLOOR_ULPS
- * float ulps of the value and EQ_ATOL_FLOOR absolute. The fault switches in
+ * float ulps of the value and EQ_ATOL_FLOOR absolute. A tensor-parallel
+ * group sums in orders a micro-batch split never does (the reduction
+ * dimension of a layer split over its ranks, the partial products added by
+ * the all-reduce): for the TP sizes a test names, the reference is also run
+ * in that order (eq_tp_orders), so the floor measures those too. The fault switches in
  * tests/CMakeLists.txt (a bucket dropped or reduced twice, a shard offset off
  * by one) must turn these comparisons red. */
 #define EQ_NOISE_K 8.0
-#define EQ_ORDERS 3 /* summation orders besides the reference's */
+#define EQ_ORDERS 3   /* summation orders besides the reference's */
+#define EQ_TP_SIZES 2 /* TP group sizes one reference can also sum as */
 #define EQ_NOISE_WINDOW 8
 #define EQ_FLOOR_ULPS 64.0
 #define EQ_ATOL_FLOOR 1e-7
@@ -61,7 +66,20 @@ typedef struct eq_options {
     float max_norm;     /* > 0: fsc_clip_grad_norm(max_norm) before every step */
     fsc_dtype round_to; /* BF16 / F16: parameters rounded to it after every step */
     int global_batch;   /* sequences per step (0: EQ_GLOBAL_BATCH) */
+    /* The TP group sizes of the layouts compared (0 ends the list; 1 adds
+     * nothing): the noise floor also takes the order of each (eq_tp_orders). */
+    int tp[EQ_TP_SIZES];
 } eq_options;
+
+/* One legal summation order of the reference: the global batch as `micro`
+ * micro-batches (accumulated last to first when `reverse`), and with tp > 1
+ * every layer whose reduction a TP group of that size splits summed as
+ * that group does (eq_tp_orders). */
+typedef struct eq_order {
+    int micro;
+    bool reverse;
+    int tp;
+} eq_order;
 
 static void eq_tokens(fsc_tokens *tk) {
     enum { N = 4096 };
@@ -70,19 +88,119 @@ static void eq_tokens(fsc_tokens *tk) {
     if (fsc_tokens_from_i32(tok, N, EQ_MODEL.vocab, tk)) abort();
 }
 
-/* One process, the whole global batch per step, as `micro` micro-batches
- * accumulated (in reverse order when `reverse`): the final parameters. *ps
- * and *module (whose parameters ps's entries point at) are the caller's to
- * free. */
-static float *eq_run_reference(const eq_options *o, int micro, bool reverse, fsc_params *ps,
+/* ---- the order of a tensor-parallel group --------------------------------------------- *
+ * A TP group of t ranks computes two kinds of sum in pieces (src/parallel/tp/
+ * tp_layers.c): a row-parallel Linear (attention's and the MLP's c_proj)
+ * multiplies each rank's 1/t of the input columns by its 1/t of the weight
+ * rows, and the all-reduce (under SP its reduce-scatter) adds the t partial
+ * products, then the bias; a column-parallel Linear's input gradient (c_attn,
+ * c_fc) is each rank's 1/t of the output columns (of q, k and v each, for
+ * c_attn) times its weight columns, added the same way. Hooks on the
+ * one-process GPT's Linears redo exactly those products after the layer
+ * (post-forward: y, post-backward: dx) and sum them in rank order, one legal
+ * order of the all-reduce. Not modelled: the vocabulary-parallel head's
+ * input gradient and softmax sum (split over vocabulary shards), and under SP
+ * the sums over sequence shards of the LayerNorm, row-bias and wpe
+ * gradients; the comparisons that involve them keep their margins without. */
+typedef struct eq_tp_layer {
+    int blocks; /* column blocks split separately: 3 for c_attn's q, k, v */
+    bool row;   /* row-parallel (c_proj): forward split; else backward's dx */
+} eq_tp_layer;
+
+static const eq_tp_layer EQ_TP_ROW = {1, true}, EQ_TP_QKV = {3, false}, EQ_TP_FC = {1, false};
+static struct {
+    int t;
+    fsc_tensor seen; /* the layer's input (forward) or dy (backward), from its pre hook */
+} eq_tp;
+
+/* dst (rows, k) = rank c's columns of src (rows, width): of each of `blocks`
+ * equal blocks, the c-th of t equal parts; k is returned. */
+static int64_t eq_tp_columns(float *dst, const float *src, int64_t rows, int64_t width, int blocks,
+                             int c) {
+    const int64_t w = width / blocks, c0 = c * w / eq_tp.t, c1 = (c + 1) * w / eq_tp.t;
+    int64_t k = 0;
+    for (int64_t i = 0; i < rows; i++)
+        for (int b = 0; b < blocks; b++)
+            for (int64_t j = c0; j < c1; j++) dst[k++] = src[i * width + b * w + j];
+    return rows ? k / rows : 0;
+}
+
+/* out (N, n) = the sum over ranks c = 0..t-1 of rank c's columns of a (N, K)
+ * times rank c's part of w: its rows (row: a is x, out is y without the bias)
+ * or its columns, transposed (else: a is dy, out is dx). These are the partial
+ * products a TP group's all-reduce adds; here they are added in rank order. */
+static void eq_tp_sum(float *out, const float *a, int64_t N, int64_t K, int64_t n, int blocks,
+                      const fsc_param *w, bool row) {
+    const int64_t in = w->shape[0], oc = w->shape[1]; /* IN_OUT: (in, out) */
+    float *ac = malloc(sizeof(float) * (size_t)(N * K)),
+          *wc = malloc(sizeof(float) * (size_t)(in * oc));
+    float *part = malloc(sizeof(float) * (size_t)(N * n));
+    if (!ac || !wc || !part) abort();
+    for (int c = 0; c < eq_tp.t; c++) {
+        const int64_t k = eq_tp_columns(ac, a, N, K, blocks, c);
+        if (row) /* y part = x_c (N, k) W[rows c] (k, n) */
+            fsc_matmul_forward(part, ac, w->data + c * in / eq_tp.t * oc, NULL, (int)N, (int)k,
+                               (int)n, FSC_WEIGHT_IN_OUT);
+        else { /* dx part = dy_c (N, k) W[:, columns c]^T, W's columns (n, k) */
+            eq_tp_columns(wc, w->data, in, oc, blocks, c);
+            fsc_matmul_backward(part, NULL, NULL, ac, NULL, wc, (int)N, (int)n, (int)k,
+                                FSC_WEIGHT_IN_OUT);
+        }
+        for (int64_t i = 0; i < N * n; i++) out[i] = c ? out[i] + part[i] : part[i];
+    }
+    free(ac), free(wc), free(part);
+}
+
+static int eq_tp_hook(fsc_module *m, fsc_hook_kind kind, const fsc_ctx *ctx, const fsc_tensor *t,
+                      void *user) {
+    (void)ctx;
+    const eq_tp_layer *l = user;
+    if (kind == FSC_HOOK_PRE_FORWARD || kind == FSC_HOOK_PRE_BACKWARD) {
+        eq_tp.seen = *t;
+        return FSC_OK;
+    }
+    if (!t) return FSC_OK; /* no dx asked for */
+    const fsc_param *w = &m->params[0];
+    const int64_t N = fsc_tensor_numel(t) / t->shape[t->ndim - 1];
+    const int64_t K = eq_tp.seen.shape[eq_tp.seen.ndim - 1], n = t->shape[t->ndim - 1];
+    float *out = t->data;
+    eq_tp_sum(out, eq_tp.seen.data, N, K, n, l->blocks, w, l->row);
+    if (l->row && m->nparams > 1) /* after the sum: the bias is whole on every rank */
+        for (int64_t i = 0; i < N * n; i++) out[i] += m->params[1].data[i % n];
+    return FSC_OK;
+}
+
+/* Hooks every Linear of m's tree that a TP group of t splits (module names
+ * as in src/nn/attention.c and mlp.c). */
+static void eq_tp_orders(fsc_module *m, int t) {
+    eq_tp.t = t;
+    const char *name = m->name;
+    const eq_tp_layer *l = !strcmp(name, "c_proj")   ? &EQ_TP_ROW
+                           : !strcmp(name, "c_attn") ? &EQ_TP_QKV
+                           : !strcmp(name, "c_fc")   ? &EQ_TP_FC
+                                                     : NULL;
+    if (l && (fsc_module_add_hook(m, l->row ? FSC_HOOK_PRE_FORWARD : FSC_HOOK_PRE_BACKWARD,
+                                  eq_tp_hook, (void *)l) ||
+              fsc_module_add_hook(m, l->row ? FSC_HOOK_POST_FORWARD : FSC_HOOK_POST_BACKWARD,
+                                  eq_tp_hook, (void *)l)))
+        abort();
+    for (int i = 0; i < m->nchildren; i++) eq_tp_orders(m->children[i], t);
+}
+
+/* One process, the whole global batch per step, summed in order `ord`: the
+ * final parameters. *ps and *module (whose parameters ps's entries point at)
+ * are the caller's to free. */
+static float *eq_run_reference(const eq_options *o, const eq_order *ord, fsc_params *ps,
                                fsc_module **module) {
     const fsc_gpt_config *model = o->model ? o->model : &EQ_MODEL;
+    const int micro = ord->micro;
     fsc_module *m = fsc_gpt_new(model);
     fsc_optim_range *r;
     int nr;
     fsc_tokens tk;
     eq_tokens(&tk);
     if (!m || fsc_params_bind(m, 5, true, ps) || fsc_optim_ranges_from_params(ps, &r, &nr)) abort();
+    if (ord->tp > 1) eq_tp_orders(m, ord->tp);
     if (ps->numel > EQ_MAX_NUMEL) abort();
     fsc_optim *opt = fsc_optim_new(o->optim ? o->optim : &EQ_ADAMW, r, nr);
     fsc_arena *arena = fsc_arena_new(FSC_MEM_ACTIV, 1 << 20);
@@ -91,7 +209,7 @@ static float *eq_run_reference(const eq_options *o, int micro, bool reverse, fsc
     for (int s = 0; s < EQ_STEPS; s++) {
         fsc_params_zero_grad(ps);
         for (int j = 0; j < micro; j++) {
-            int k = reverse ? micro - 1 - j : j;
+            int k = ord->reverse ? micro - 1 - j : j;
             fsc_arena_reset(arena);
             fsc_tokens_batch(&tk, s, k, 0, B, micro, 1, T, x, y);
             fsc_ctx ctx = {.arena = arena,
@@ -156,7 +274,8 @@ static void eq_set_noise(const fsc_params *ps, const float *ref, float *const *a
 }
 
 /* One process, the whole global batch per step: the reference parameters
- * (one micro-batch), with eq_noise set from two other summation orders. */
+ * (one micro-batch), with eq_noise set from EQ_ORDERS other summation orders
+ * and the order of each TP size in o->tp. */
 static float *eq_reference_ex(const eq_options *o, int64_t *numel) {
     const fsc_fault fault = fsc_fault_active; /* the reference never runs with a fault */
     fsc_fault_active = FSC_FAULT_NONE;
@@ -165,18 +284,21 @@ static float *eq_reference_ex(const eq_options *o, int64_t *numel) {
     /* 2, 4 (reversed) and 3 micro-batches where they divide the batch, else
      * one sample each (forward, reversed) */
     const int G = o->global_batch ? o->global_batch : EQ_GLOBAL_BATCH;
-    const int split[EQ_ORDERS] = {G % 2 ? G : 2, G % 4 ? G : 4, G % 3 ? G : 3};
-    const bool reverse[EQ_ORDERS] = {false, true, G % 3 != 0};
-    float *alt[EQ_ORDERS];
-    for (int a = 0; a < EQ_ORDERS; a++) {
-        alt[a] = eq_run_reference(o, split[a], reverse[a], &ps, &m);
+    eq_order order[EQ_ORDERS + EQ_TP_SIZES] = {
+        {G % 2 ? G : 2, false, 1}, {G % 4 ? G : 4, true, 1}, {G % 3 ? G : 3, G % 3 != 0, 1}};
+    int n = EQ_ORDERS;
+    for (int k = 0; k < EQ_TP_SIZES && o->tp[k]; k++)
+        if (o->tp[k] > 1) order[n++] = (eq_order){1, false, o->tp[k]};
+    float *alt[EQ_ORDERS + EQ_TP_SIZES];
+    for (int a = 0; a < n; a++) {
+        alt[a] = eq_run_reference(o, &order[a], &ps, &m);
         fsc_params_free(&ps), fsc_module_free(m);
     }
-    float *ref = eq_run_reference(o, 1, false, &ps, &m);
-    eq_set_noise(&ps, ref, alt, EQ_ORDERS);
+    float *ref = eq_run_reference(o, &(eq_order){1, false, 1}, &ps, &m);
+    eq_set_noise(&ps, ref, alt, n);
     *numel = ps.numel;
     fsc_params_free(&ps), fsc_module_free(m);
-    for (int a = 0; a < EQ_ORDERS; a++) free(alt[a]);
+    for (int a = 0; a < n; a++) free(alt[a]);
     fsc_fault_active = fault;
     return ref;
 }

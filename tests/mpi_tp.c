@@ -345,9 +345,12 @@ static float *run_tp(const gpt_run *c, int t, int64_t *numel) {
 
 static void expect_one_process(const gpt_run *runs, int n) {
     int64_t ref_n;
-    float *ref = eq_reference_ex(
-        &(eq_options){.model = &runs[0].model, .max_norm = runs[0].max_norm}, &ref_n);
     const int sizes[2] = {world, 2}, nsizes = world == 4 ? 2 : 1; /* 4 ranks: also 2 x tp 2 */
+    /* the floor also sums as TP groups of these sizes do */
+    float *ref = eq_reference_ex(&(eq_options){.model = &runs[0].model,
+                                               .max_norm = runs[0].max_norm,
+                                               .tp = {sizes[0], nsizes > 1 ? sizes[1] : 0}},
+                                 &ref_n);
     for (int i = 0; i < n; i++)
         for (int k = 0; k < nsizes; k++) {
             const int t = sizes[k];
