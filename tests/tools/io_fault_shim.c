@@ -16,6 +16,8 @@
  *                   land as zeros (a lost write that reports success)
  *   FSC_SHIM_FSYNC  EIO: fsync and fdatasync of the file fail
  *   FSC_SHIM_DELAY_MS  each selected write and fsync first sleeps this long
+ *   FSC_SHIM_DELAY_ON  "fsync": only fsync and fdatasync sleep (a directory's
+ *                      too), the writes do not
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -61,9 +63,10 @@ static int selected(int fd) {
     return strstr(path, want) != NULL;
 }
 
-static void delay(void) {
-    const char *ms = env("FSC_SHIM_DELAY_MS");
-    if (!ms) return;
+/* is_sync: called for an fsync or fdatasync, else for a write. */
+static void delay(bool is_sync) {
+    const char *ms = env("FSC_SHIM_DELAY_MS"), *on = env("FSC_SHIM_DELAY_ON");
+    if (!ms || (!is_sync && on && !strcmp(on, "fsync"))) return;
     long v = strtol(ms, NULL, 10);
     struct timespec ts = {v / 1000, (v % 1000) * 1000000L};
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
@@ -84,7 +87,7 @@ static off_t from_offset(void) {
  * or -1 with errno set. */
 static ssize_t allowed(int fd, off_t off, size_t n) {
     if (!selected(fd)) return (ssize_t)n;
-    delay();
+    delay(false);
     const int e = write_errno();
     const off_t from = from_offset();
     if (!e || n == 0) return (ssize_t)n;
@@ -167,7 +170,7 @@ ssize_t pwritev64(int fd, const struct iovec *iov, int cnt, off_t off) {
 
 static int sync_fault(int fd) {
     if (!selected(fd)) return 0;
-    delay();
+    delay(true);
     const char *e = env("FSC_SHIM_FSYNC");
     if (!e) return 0;
     errno = EIO;

@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 
 TOOLS = {os.path.basename(p): p for p in sys.argv[1:]}
 TMP = tempfile.mkdtemp(prefix="fsc-paths-")
@@ -27,6 +28,15 @@ def run(tool, *args):
                               timeout=20, cwd=TMP, start_new_session=True)
     except subprocess.TimeoutExpired:
         sys.exit(f"FAIL: {tool} {' '.join(map(str, args))}: still running after 20 s")
+
+
+def run_all(cases):
+    """run(tool, *args) for each (tool, args) of cases, eight at a time, the results in
+    order. The refusals are independent, and each fsc-train spends ~1 s of its own
+    waiting for Open MPI's singleton start-up (orted), not computing; one after the
+    other they were most of this test's time."""
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        return list(pool.map(lambda c: run(c[0], *c[1]), cases))
 
 
 def kinds():
@@ -73,27 +83,22 @@ def main():
     with open(plot_input, "w") as f:
         f.write('{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.5}\n')
     extra = {"text": text, "plot_input": plot_input}
-    n = 0
-    for tool, args in INPUTS:
-        for kind, path in ks.items():
-            if kind == "directory" and "--resume" in args:
-                continue  # a checkpoint directory is what --resume takes: "no checkpoint here"
-            p = run(tool, *fill(args, path, extra))
-            if p.returncode < 0 or p.returncode == 0 or path not in p.stderr:
-                sys.exit(f"FAIL: {tool} {' '.join(fill(args, path, extra))} ({kind}): exit "
-                         f"{p.returncode}, expected a refusal naming the path:\n{p.stderr}")
-            n += 1
+    # a checkpoint directory is what --resume takes ("no checkpoint here"); -o of
+    # fsc-tokenize is a prefix (DIR_train_000000.bin beside the directory is fine)
+    inputs = [(tool, args, kind, path) for tool, args in INPUTS for kind, path in ks.items()
+              if not (kind == "directory" and "--resume" in args)]
     unwritable = {"read-only (/proc)": "/proc/version/out", "directory": ks["directory"],
                   "missing directory": os.path.join(TMP, "missing", "out")}
-    for tool, args in OUTPUTS:
-        for kind, path in unwritable.items():
-            if kind == "directory" and tool == "fsc-tokenize":
-                continue  # -o is a prefix: DIR_train_000000.bin beside the directory is fine
-            p = run(tool, *fill(args, path, extra))
-            if p.returncode <= 0 or path not in p.stderr:
-                sys.exit(f"FAIL: {tool} {' '.join(fill(args, path, extra))} ({kind}): exit "
-                         f"{p.returncode}, expected a refusal naming the path:\n{p.stderr}")
-            n += 1
+    outputs = [(tool, args, kind, path) for tool, args in OUTPUTS
+               for kind, path in unwritable.items()
+               if not (kind == "directory" and tool == "fsc-tokenize")]
+    cases = inputs + outputs
+    done = run_all([(tool, fill(args, path, extra)) for tool, args, _, path in cases])
+    for (tool, args, kind, path), p in zip(cases, done):
+        if p.returncode <= 0 or path not in p.stderr:
+            sys.exit(f"FAIL: {tool} {' '.join(fill(args, path, extra))} ({kind}): exit "
+                     f"{p.returncode}, expected a refusal naming the path:\n{p.stderr}")
+    n = len(cases)
     # bare words in a metrics line become null: a one-letter word grows 4x (the copy
     # once had room for 2x: a heap overflow that ASan names, a crash in Release)
     for i, line in enumerate(["a", "[" + ",a" * 1000000 + "]", '{"step": 1e308, "loss": 1}']):
@@ -114,8 +119,7 @@ def main():
                 ([*TINY, "--balance", "1,1"], "needs --pp"),
                 ([*TINY, "--checkpoint-dir", "/proc/version/ck"], "/proc/version/ck"),
                 ([*TINY, "--metrics", "/dev/full"], "/dev/full")]
-    for args, needle in refusals:
-        p = run("fsc-train", *args)
+    for (args, needle), p in zip(refusals, run_all([("fsc-train", a) for a, _ in refusals])):
         if p.returncode <= 0 or needle not in p.stderr or "step 1/" in p.stderr:
             sys.exit(f"FAIL: fsc-train {' '.join(args)}: exit {p.returncode}, expected a refusal "
                      f"with {needle!r}:\n{p.stderr}")

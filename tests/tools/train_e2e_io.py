@@ -109,18 +109,34 @@ def io_faults():
         if stray:
             sys.exit(f"FAIL: --save under {strategy}: temporaries left: {stray}")
         print(f"ok  --save under {strategy}, rank 1 EIO: the previous file is unchanged")
-    # a slow disk is not a dead rank: every write and fsync into the first
-    # checkpoint takes 2.1 s at FSC_TIMEOUT_S=2, through MPI-IO (ddp) and the
-    # one writer (pp 2); the save completes and commits (before: "world rank 0
-    # is stalled ... outside fsc for 2.0 s" on every layout)
-    for what, flags in (("ddp, MPI-IO", ["--strategy", "ddp"]),
-                        ("pp 2, one writer", ["--strategy", "ddp", "--pp", "2"])):
+    slow_disk()
+    shutil.rmtree(TMP, ignore_errors=True)
+
+
+def slow_disk():
+    """A slow disk is not a dead rank: at FSC_TIMEOUT_S=2, rank 0's fsyncs into
+    the first checkpoint take 2.1 s each while rank 1 waits for it in fsc, and the
+    save completes and commits (before: "world rank 0 is stalled ... outside fsc
+    for 2.0 s" on every layout). The file work sits in three busy scopes; with
+    any one removed, a case below that reaches it ends in a stall verdict (each
+    was removed in turn to check). Under ddp, the MPI-IO save of a member
+    (src/io/safetensors_mpiio.c) and the commit (checkpoint.c: checksums, fsyncs,
+    renames): all 8 of rank 0's fsyncs into the directory. Under pp 2, the one
+    writer's (safetensors_write.c) and the commit again: the 2 fsyncs of
+    optim.safetensors, one in each scope. Writes are not slowed: MPI-IO's run
+    inside MPI's collective calls, where the peer does not wait in fsc, and the
+    one writer's go through stdio, which the shim does not see. Slowing every
+    write and fsync of both ranks into the directory (24 calls) took 50 s; these
+    10 take 21 s."""
+    for what, flags, path in (("ddp, MPI-IO", ["--strategy", "ddp"], ".step-000002.tmp"),
+                              ("pp 2, one writer", ["--strategy", "ddp", "--pp", "2"],
+                               "/optim.safetensors")):
         ck = os.path.join(TMP, "slow-" + what.split(",")[0].replace(" ", ""))
-        env = shim_env(path=".step-000002.tmp", delay_ms=2100)
+        env = shim_env(path=path, rank=0, delay_ms=2100, delay_on="fsync")
         env["FSC_TIMEOUT_S"] = "2"
         p = mpiexec(2, *TINY, "--quiet", "--steps", "3", "--save-every", "2", *flags,
                     "--checkpoint-dir", ck, expect_ok=False, env=env)
         if p.returncode != 0 or verify_checkpoint(ck) != 2:
             sys.exit(f"FAIL: slow disk, {what}: exit {p.returncode}:\n{p.stderr}")
-        print(f"ok  slow disk (2.1 s a write and fsync at FSC_TIMEOUT_S=2), {what}: committed")
-    shutil.rmtree(TMP, ignore_errors=True)
+        print(f"ok  slow disk (rank 0's fsyncs into {path}: 2.1 s each at FSC_TIMEOUT_S=2), "
+              f"{what}: committed")
