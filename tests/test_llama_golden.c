@@ -26,6 +26,7 @@
 
 #include "fsc/io.h"
 #include "fsc/nn.h"
+#include "nn/layers_internal.h" /* fsc_kv_cache */
 
 static const double NOISE_K = 4.0, ULP_K = 8.0;
 
@@ -95,9 +96,8 @@ static void compare(layer_stats *ls, const char *layer, fsc_st_file *f, const ch
     free(nt.data);
 }
 
-/* Builds m's parameters from golden_llama_<layer>.safetensors, runs forward
- * and backward, compares y, dx and every grad.<name>. Takes ownership of m. */
-static void check_layer(const char *layer, fsc_module *m) {
+/* Opens golden_llama_<layer>.safetensors and binds m's parameters to its values. */
+static fsc_st_file *load_layer(const char *layer, fsc_module *m, fsc_params *out) {
     assert_non_null(m);
     char file[128];
     snprintf(file, sizeof file, "golden_llama_%s.safetensors", layer);
@@ -114,7 +114,15 @@ static void check_layer(const char *layer, fsc_module *m) {
     for (int i = 0; i < fsc_st_count(f); i++)
         in_file += strncmp(fsc_st_entry_at(f, i)->name, "grad.", 5) == 0;
     assert_int_equal(in_file, ps.count);
+    *out = ps;
+    return f;
+}
 
+/* Builds m's parameters from golden_llama_<layer>.safetensors, runs forward
+ * and backward, compares y, dx and every grad.<name>. Takes ownership of m. */
+static void check_layer(const char *layer, fsc_module *m) {
+    fsc_params ps;
+    fsc_st_file *f = load_layer(layer, m, &ps);
     fsc_tensor x = read_entry(f, "x");
     fsc_arena *arena = fsc_arena_new(FSC_MEM_ACTIV, 1 << 20);
     fsc_ctx ctx = {.arena = arena, .training = true};
@@ -178,12 +186,78 @@ static void test_attention(void **state) {
     check_layer("attention_mqa", fsc_llama_attention_new("attn", &mqa));
 }
 
+/* Generation: each batch row decoded through fsc_ctx.kv in chunks of 3, 1
+ * and 4 positions (rotated at the cache's length, attending over the KV
+ * heads the cache holds) gives torch's full-sequence y, at the same
+ * tolerance as the training forward. */
+static void check_cached(const char *layer, fsc_module *m, int nkv) {
+    fsc_params ps;
+    fsc_st_file *f = load_layer(layer, m, &ps);
+    fsc_tensor x = read_entry(f, "x");
+    const int B = (int)x.shape[0], T = (int)x.shape[1], ck = nkv * AHD;
+    fsc_tensor y = x; /* (B, T, AC) */
+    y.data = calloc((size_t)fsc_tensor_numel(&x), sizeof(float));
+    float *k = calloc((size_t)T * ck, sizeof(float)), *v = calloc((size_t)T * ck, sizeof(float));
+    fsc_kv_cache kv = {.slots = 1, .T = T, .C = ck, .k = k, .v = v};
+    fsc_arena *arena = fsc_arena_new(FSC_MEM_ACTIV, 1 << 20);
+    fsc_ctx ctx = {.arena = arena, .kv = &kv};
+    const int chunks[3] = {3, 1, 4};
+    for (int b = 0; b < B; b++) {
+        kv.len = 0;
+        for (int c = 0; c < 3; c++) {
+            const int n = chunks[c];
+            fsc_tensor xc = fsc_tensor_3d((float *)x.data + ((size_t)b * T + kv.len) * AC,
+                                          FSC_DTYPE_F32, 1, n, AC);
+            fsc_tensor yc;
+            kv.next = 0;
+            fsc_arena_reset(arena);
+            int rc = fsc_module_forward(m, &ctx, &xc, &yc, NULL);
+            if (rc) fprintf(stderr, "%s cached forward: %s\n", layer, fsc_last_error());
+            assert_int_equal(rc, FSC_OK);
+            memcpy((float *)y.data + ((size_t)b * T + kv.len) * AC, yc.data,
+                   (size_t)n * AC * sizeof(float));
+            kv.len += n;
+        }
+    }
+    assert_int_equal(kv.len, T);
+    /* a cache of the wrong width, or full, is refused */
+    kv.C = AC, kv.len = 0, kv.next = 0;
+    fsc_tensor x1 = fsc_tensor_3d(x.data, FSC_DTYPE_F32, 1, 1, AC), y1;
+    assert_int_equal(fsc_module_forward(m, &ctx, &x1, &y1, NULL), FSC_ERR_INVALID);
+    kv.C = ck, kv.len = T;
+    assert_int_equal(fsc_module_forward(m, &ctx, &x1, &y1, NULL), FSC_ERR_INVALID);
+    char where[64];
+    snprintf(where, sizeof where, "%s_kv", layer);
+    layer_stats ls = {0};
+    compare(&ls, where, f, "y", &y);
+    assert_int_equal(ls.bad, 0);
+    free(k), free(v), free(y.data), free(x.data);
+    fsc_arena_free(arena);
+    fsc_params_free(&ps);
+    fsc_module_free(m);
+    fsc_st_close(f);
+}
+
+static void test_attention_kv_cache(void **state) {
+    (void)state;
+    fsc_llama_attention_config gqa = {.d_model = AC,
+                                      .n_heads = ANH,
+                                      .n_kv_heads = 2,
+                                      .qkv_bias = true,
+                                      .rope_theta = 500000.f,
+                                      .rope_scaling = LLAMA31};
+    check_cached("attention_gqa", fsc_llama_attention_new("attn", &gqa), 2);
+    fsc_llama_attention_config mqa = {.d_model = AC, .n_heads = ANH, .n_kv_heads = 1};
+    check_cached("attention_mqa", fsc_llama_attention_new("attn", &mqa), 1);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_rope),
         cmocka_unit_test(test_swiglu),
         cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_attention_kv_cache),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

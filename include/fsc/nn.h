@@ -377,7 +377,11 @@ typedef struct fsc_llama_attention_config {
  * rope_scaling) on q and k at positions 0..T-1; query head h attends with
  * key/value head h / (n_heads / n_kv_heads) (grouped-query; multi-query at
  * n_kv_heads = 1); scores scaled by 1/sqrt(head_dim); no dropout.
- * x (B,T,C) -> (B,T,C). cfg is read, not kept. */
+ * x (B,T,C) -> (B,T,C). cfg is read, not kept. Under fsc_ctx.kv
+ * (generation, batch 1, forward only) the new rows are rotated at
+ * positions len .. len+n-1 and attend over the cache, whose layer slot
+ * holds n_kv_heads * head_dim channels per position (the KV heads only);
+ * a cache of another width, or without room, is FSC_ERR_INVALID. */
 FSC_API fsc_module *fsc_llama_attention_new(const char *name,
                                             const fsc_llama_attention_config *cfg);
 

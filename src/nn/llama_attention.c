@@ -3,7 +3,12 @@
  * query attention (n_kv_heads key/value heads shared by n_heads query heads,
  * fsc_attention_gqa_forward_prec) and o_proj. No dropout: LLaMA trains
  * without it. Saves the rotated q and k, v, the probabilities, the rotary
- * tables and the projections' records. */
+ * tables and the projections' records. Under fsc_ctx.kv (generation) the
+ * new rows are rotated at their positions (the cache's length on), their
+ * keys and values appended to a cache that holds the KV heads only, and
+ * the rows attend over it. */
+#include <string.h>
+
 #include "layers_internal.h"
 #include "llama_internal.h"
 
@@ -22,12 +27,58 @@ typedef struct {
     float *cos_t, *sin_t;
 } lattn_saved;
 
+/* The forward under fsc_ctx.kv: x (1, n, C) at positions p0 .. p0+n-1,
+ * p0 the cache's length; this layer's slot holds (T, NKV*hd) keys and
+ * values. Nothing is saved. */
+static int lattn_cached(llama_attention *a, const fsc_ctx *ctx, const fsc_tensor *x, fsc_tensor *y,
+                        void **saved) {
+    fsc_kv_cache *kv = ctx->kv;
+    const int n = (int)x->shape[1], p0 = kv->len, ck = a->NKV * a->hd, cq = a->NH * a->hd;
+    if (x->shape[0] != 1 || kv->C != ck || kv->next >= kv->slots || n > kv->T - p0)
+        return fsc_error(FSC_ERR_INVALID,
+                         "KV cache: LlamaAttention %s is layer %d of %d, %d key/value channels, "
+                         "%d + %d positions of %d (a cache of %d channels, batch 1?)",
+                         a->base.name, kv->next, kv->slots, ck, p0, n, kv->T, kv->C);
+    const size_t slot = (size_t)kv->next++ * kv->T * ck;
+    float *k = kv->k + slot, *v = kv->v + slot;
+    fsc_tensor q, kn, vn, h;
+    float *cos_t, *sin_t;
+    void *rec;
+    int rc = fsc_module_forward(a->q_proj, ctx, x, &q, &rec);
+    if (!rc) rc = fsc_module_forward(a->k_proj, ctx, x, &kn, &rec);
+    if (!rc) rc = fsc_module_forward(a->v_proj, ctx, x, &vn, &rec);
+    if (!rc) rc = fsc_rope_tables_alloc(ctx->arena, a->inv_freq, n, a->hd, p0, &cos_t, &sin_t);
+    if (!rc) rc = fsc_alloc_like(ctx->arena, &q, cq, &h);
+    const int keys = p0 + n;
+    float *scores = rc ? NULL : fsc_arena_alloc(ctx->arena, (size_t)n * keys * sizeof(float));
+    if (!rc && !scores) rc = FSC_ERR_NOMEM;
+    if (rc) return rc;
+    fsc_rope_forward(q.data, q.data, cos_t, sin_t, 1, n, a->NH, a->hd);
+    fsc_rope_forward(k + (size_t)p0 * ck, kn.data, cos_t, sin_t, 1, n, a->NKV, a->hd);
+    memcpy(v + (size_t)p0 * ck, vn.data, (size_t)n * ck * sizeof(float));
+    const int group = a->NH / a->NKV;
+    const float scale = 1.0f / sqrtf((float)a->hd);
+    for (int hh = 0; hh < a->NH; hh++) {
+        const float *qh = (const float *)q.data + (size_t)hh * a->hd;
+        const size_t o = (size_t)(hh / group) * a->hd;
+        /* the training forward's GEMMs and softmax on the rows at hand */
+        fsc_gemm(fsc_ctx_prec(ctx), false, true, n, keys, a->hd, scale, qh, cq, k + o, ck, 0.f,
+                 scores, keys);
+        for (int i = 0; i < n; i++) fsc_softmax_causal_row(scores + (size_t)i * keys, p0 + i, keys);
+        fsc_gemm(fsc_ctx_prec(ctx), false, false, n, a->hd, keys, 1.f, scores, keys, v + o, ck, 0.f,
+                 (float *)h.data + (size_t)hh * a->hd, cq);
+    }
+    *saved = NULL;
+    return fsc_module_forward(a->o_proj, ctx, &h, y, &rec);
+}
+
 static int lattn_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, fsc_tensor *y,
                          void **saved) {
     llama_attention *a = (llama_attention *)m;
     if (x->ndim != 3 || x->dtype != FSC_DTYPE_F32 || x->shape[2] != a->C)
         return fsc_error(FSC_ERR_SHAPE, "LlamaAttention %s: expected f32 (B,T,%d) input", m->name,
                          a->C);
+    if (ctx->kv) return lattn_cached(a, ctx, x, y, saved);
     int B = (int)x->shape[0], T = (int)x->shape[1];
     lattn_saved *s = fsc_arena_alloc(ctx->arena, sizeof *s);
     if (!s) return FSC_ERR_NOMEM;
