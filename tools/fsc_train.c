@@ -322,7 +322,7 @@ int main(int argc, char **argv) {
         return fail(NULL, world, 2);
     }
     if (rank != 0) o.quiet = true, o.metrics = NULL; /* rank 0 writes --save, --save-init */
-    if ((o.resume && (rc = train_config_resume(&o, !o.quiet))) ||
+    if ((o.resume && (rc = train_config_resume(&o, !o.quiet))) || (rc = train_model_resolve(&o)) ||
         (o.init_from && !o.resume && (rc = train_config_init_from(&o, !o.quiet)))) {
         if (rank == 0) fprintf(stderr, "fsc-train: %s\n", fsc_last_error());
         return fail(NULL, world, 2);

@@ -84,20 +84,21 @@ static int schedule_config(const train_options *o, fsc_lr_schedule_config *s) {
     return rc ? fsc_error_context(rc, "schedule: ") : FSC_OK;
 }
 
-/* The blocks of the GPT ("h.0", "h.1", ...): the default units of a
+/* The blocks of the model (its decoder layers): the default units of a
  * strategy that takes units, and what --checkpoint-activations recomputes. */
-static fsc_module **gpt_blocks(fsc_module *gpt, int *n) {
-    fsc_module **b = calloc((size_t)gpt->nchildren, sizeof *b);
-    *n = 0;
-    for (int c = 0; b && c < gpt->nchildren; c++)
-        if (!strncmp(gpt->children[c]->name, "h.", 2)) b[(*n)++] = gpt->children[c];
-    return b;
+static int gpt_blocks(fsc_module *gpt, fsc_module ***blocks, int *n) {
+    if (!(*blocks = calloc((size_t)gpt->nchildren, sizeof **blocks)))
+        return fsc_error(FSC_ERR_NOMEM, "out of memory");
+    if ((*n = fsc_gpt_blocks(gpt, *blocks, gpt->nchildren)) >= 0) return FSC_OK;
+    free(*blocks);
+    *blocks = NULL;
+    return *n;
 }
 
 static int checkpoint_blocks(fsc_module *gpt) {
-    int n, rc = FSC_OK;
-    fsc_module **blocks = gpt_blocks(gpt, &n);
-    if (!blocks) return fsc_error(FSC_ERR_NOMEM, "out of memory");
+    int n = 0;
+    fsc_module **blocks = NULL;
+    int rc = gpt_blocks(gpt, &blocks, &n);
     for (int i = 0; i < n && !rc; i++) rc = fsc_checkpoint_wrap(blocks[i]);
     free(blocks);
     return rc ? fsc_error_context(rc, "--checkpoint-activations: ") : FSC_OK;
@@ -166,7 +167,8 @@ static int auto_balance(trainer *t, fsc_strategy_options *so) {
     fsc_pipe_schedule_free(sched);
     if (rc) return rc;
     so->pipe.balance = t->balance;
-    if (fsc_dist_rank() == 0 && !o->quiet) train_balance_print(stderr, &o->model, t->balance, S, &rep);
+    if (fsc_dist_rank() == 0 && !o->quiet)
+        train_balance_print(stderr, &o->model, t->balance, S, &rep);
     return FSC_OK;
 }
 
@@ -267,8 +269,7 @@ static int strategy_options(trainer *t, fsc_strategy_options *so, fsc_module ***
     so->keep_after_forward = !o->reshard_after_forward;
     so->accum_no_sync = o->accum_no_sync;
     if (fsc_strategy_takes(o->strategy, "units") && o->min_params == 0 && t->model) {
-        if (!(*units = gpt_blocks(t->model, &so->nunits)))
-            return fsc_error(FSC_ERR_NOMEM, "out of memory");
+        if ((rc = gpt_blocks(t->model, units, &so->nunits))) return rc;
         so->units = *units;
     }
     if (fsc_strategy_takes(o->strategy, "threads")) {
@@ -320,8 +321,8 @@ static int pipe_loss(const fsc_micro_batch *mb, void *user, fsc_tensor *y, fsc_a
                      float *loss) {
     trainer *t = user;
     fsc_tensor targets = fsc_tensor_2d(t->y, FSC_DTYPE_I32, mb->batch, t->opt.model.seq);
-    return t->opt.tp > 1 ? fsc_tp_cross_entropy(loss, y, &targets, t->opt.model.vocab, -1,
-                                                mb->norm, t->tp_group, arena)
+    return t->opt.tp > 1 ? fsc_tp_cross_entropy(loss, y, &targets, t->opt.model.vocab, -1, mb->norm,
+                                                t->tp_group, arena)
                          : fsc_cross_entropy(loss, y, &targets, -1, mb->norm, arena);
 }
 
@@ -345,10 +346,20 @@ static int poison(fsc_trainer *tr, void *user) {
 }
 
 static void model_json(const fsc_gpt_config *m, char *buf, size_t n) {
-    snprintf(buf, n,
-             "{\"vocab_size\": %d, \"n_positions\": %d, \"n_layer\": %d, \"n_embd\": %d, "
-             "\"n_head\": %d}",
-             m->vocab, m->seq, m->layers, m->d_model, m->heads);
+    int k = snprintf(buf, n,
+                     "{\"vocab_size\": %d, \"n_positions\": %d, \"n_layer\": %d, "
+                     "\"n_embd\": %d, \"n_head\": %d",
+                     m->vocab, m->seq, m->layers, m->d_model, m->heads);
+    if (m->arch == FSC_ARCH_LLAMA && k > 0 && (size_t)k < n) /* GPT-2's text stays as it was */
+        k += snprintf(buf + k, n - (size_t)k,
+                      ", \"model_type\": \"llama\", \"num_key_value_heads\": %d, "
+                      "\"intermediate_size\": %d, \"rope_theta\": %.9g, \"rms_norm_eps\": %.9g, "
+                      "\"tie_word_embeddings\": %s, \"attention_bias\": %s",
+                      m->kv_heads ? m->kv_heads : m->heads, fsc_gpt_ffn_hidden(m),
+                      (double)(m->rope_theta > 0 ? m->rope_theta : 10000.f),
+                      (double)(m->norm_eps > 0 ? m->norm_eps : 1e-5f),
+                      m->tie_embeddings ? "true" : "false", m->qkv_bias ? "true" : "false");
+    if (k > 0 && (size_t)k + 1 < n) snprintf(buf + k, n - (size_t)k, "}");
 }
 
 static int make_trainer(trainer *t) {

@@ -44,6 +44,9 @@ typedef struct train_options {
     int slowmo_frequency;        /* slowmo: the slow-momentum update every N steps (0: 48) */
     double slowmo_momentum;      /* slowmo: its momentum (0: none) */
     double slowmo_lr;            /* slowmo: its learning rate (0: 1) */
+    const char *arch;            /* gpt2 | llama (train_model_resolve) */
+    int tie_embeddings;          /* llama: lm_head tied, 0 or 1 */
+    int qkv_bias;                /* llama: q/k/v biases, 0 or 1 */
     int moe_experts;             /* experts per MoE MLP (0: a dense model) */
     int moe_every;               /* an MoE MLP every N blocks */
     double moe_capacity;         /* expert capacity factor */
@@ -60,11 +63,11 @@ typedef struct train_options {
     const char *init_from, *save_init, *save, *metrics;
     const char *save_sharded; /* fsdp: directory for each rank's shard file at the end */
     int log_every;
-    const char *val_data;     /* held-out tokens (NULL: *_val.bin beside the shards, or a tail) */
-    double val_fraction;      /* without val shards: the tail of the data held out (0: none) */
-    int64_t eval_every;       /* validation loss every N steps (0: never) */
-    int eval_batches;         /* global batches per validation */
-    const char *tokenizer;    /* GPT-2 BPE directory: --data text files are encoded with it */
+    const char *val_data;  /* held-out tokens (NULL: *_val.bin beside the shards, or a tail) */
+    double val_fraction;   /* without val shards: the tail of the data held out (0: none) */
+    int64_t eval_every;    /* validation loss every N steps (0: never) */
+    int eval_batches;      /* global batches per validation */
+    const char *tokenizer; /* GPT-2 BPE directory: --data text files are encoded with it */
     bool quiet;
     bool skip_grad_norm;      /* without clipping, do not compute |g| (benchmarks) */
     bool local_in_world;      /* single/dp on one rank of a larger world (bench baselines) */
@@ -111,6 +114,10 @@ int train_config_init_from(train_options *o, bool verbose);
 /* Writes a Hugging Face GPT-2 config.json in the directory of `weights`. */
 int train_config_write_hf(const train_options *o, const char *weights);
 void train_config_free(void); /* the strings the functions above kept */
+/* Turns --arch, --tie-embeddings and --qkv-bias into o->model's fields,
+ * after every source of flags (command line, --config, --resume); refuses
+ * LLaMA-only flags without --arch llama. */
+int train_model_resolve(train_options *o);
 /* What can be checked before any model or data: ranges, combinations, the
  * strategy's name, output paths writable (rank 0). */
 int train_options_check(const train_options *o);

@@ -44,6 +44,7 @@ void train_options_default(train_options *o) {
     o->tp = 1;
     o->pipe_schedule = "1f1b";
     o->pipe_checkpoint = "never";
+    o->arch = "gpt2";
     o->moe_every = 2;
     o->moe_capacity = 2.0;
     o->moe_aux_coef = 0.01;
@@ -61,6 +62,15 @@ static const flag flags[] = {
     F("seq", ARG_INT, model.seq, "sequence length (T)"),
     F("vocab", ARG_INT, model.vocab, "vocabulary size (256 for bytes; 50257 for GPT-2 shards)"),
     F("dropout", ARG_FLOAT, model.dropout, "embedding and residual dropout"),
+    F("arch", ARG_STR, arch,
+      "gpt2 | llama (RMSNorm, rotary positions, SwiGLU, grouped-query attention, no biases)"),
+    F("kv-heads", ARG_INT, model.kv_heads, "llama: key/value heads, dividing --heads (0: --heads)"),
+    F("ffn-hidden", ARG_INT, model.ffn_hidden,
+      "llama: SwiGLU width (0: 2/3 of 4 x --d-model rounded up to a multiple of 256)"),
+    F("rope-theta", ARG_FLOAT, model.rope_theta, "llama: rotary base (0: 10000)"),
+    F("norm-eps", ARG_FLOAT, model.norm_eps, "llama: RMSNorm epsilon (0: 1e-5)"),
+    F("tie-embeddings", ARG_INT, tie_embeddings, "llama: 1 ties lm_head to embed_tokens"),
+    F("qkv-bias", ARG_INT, qkv_bias, "llama: 1 gives q_proj, k_proj, v_proj biases (Qwen 2)"),
     F("data", ARG_STR, data,
       "builtin[:SEED[:BYTES]] | shard.bin[,more.bin] | 'dir/*.bin' | text file (bytes)"),
     F("data-format", ARG_STR, data_format,
@@ -206,6 +216,12 @@ static const flag_range ranges[] = {
     {"seq", 1, 1048576, false},
     {"vocab", 1, 16777216, false},
     {"dropout", 0, 1, true},
+    {"kv-heads", 0, 1024, false},
+    {"ffn-hidden", 0, 1048576, false},
+    {"rope-theta", 0, 1e9, false},
+    {"norm-eps", 0, 1, false},
+    {"tie-embeddings", 0, 1, false},
+    {"qkv-bias", 0, 1, false},
     {"batch", 1, 1048576, false},
     {"grad-accum", 1, 65536, false},
     {"steps", 0, STEPS_MAX, false},
@@ -429,6 +445,30 @@ static int check_ranges(const train_options *o) {
 int train_env_check(void) {
     int rc = fsc_env_check();                           /* the library's variables */
     return rc ? rc : fsc_env_check_reader("fsc-train"); /* and FSC_FAULT */
+}
+
+int train_model_resolve(train_options *o) {
+    if (!strcmp(o->arch, "gpt2")) {
+        o->model.arch = FSC_ARCH_GPT2;
+    } else if (!strcmp(o->arch, "llama")) {
+        o->model.arch = FSC_ARCH_LLAMA;
+    } else {
+        return fsc_error(FSC_ERR_INVALID, "--arch \"%s\": expected gpt2 or llama", o->arch);
+    }
+    static const char *const llama_only[] = {"kv-heads", "ffn-hidden",     "rope-theta",
+                                             "norm-eps", "tie-embeddings", "qkv-bias"};
+    for (size_t i = 0; o->model.arch == FSC_ARCH_GPT2 && i < sizeof llama_only / sizeof *llama_only;
+         i++)
+        if (train_flag_given(o, llama_only[i]))
+            return fsc_error(FSC_ERR_INVALID, "--%s is a LLaMA-family setting: add --arch llama",
+                             llama_only[i]);
+    o->model.tie_embeddings = o->tie_embeddings != 0;
+    o->model.qkv_bias = o->qkv_bias != 0;
+    if (o->model.arch == FSC_ARCH_LLAMA && o->init_from)
+        return fsc_error(FSC_ERR_UNSUPPORTED,
+                         "--init-from with --arch llama: reading Hugging Face LLaMA directories "
+                         "is not built yet (start from --seed, or --resume an fsc checkpoint)");
+    return FSC_OK;
 }
 
 int train_options_check(const train_options *o) {

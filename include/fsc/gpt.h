@@ -1,9 +1,15 @@
-/* fsc GPT: the GPT-2 architecture as an fsc module tree.
+/* fsc GPT: decoder-only transformers as an fsc module tree, in two
+ * families: GPT-2 and LLaMA (fsc_gpt_config.arch).
  *
- * Children and parameters carry the Hugging Face GPT-2 names and layouts
- * (wte.weight (V,C), wpe.weight (T,C), h.{i}.ln_1.*, h.{i}.attn.c_attn.* with
- * Conv1D (in,out) weights, ..., ln_f.*), so weights interoperate with
- * GPT2LMHeadModel. The LM head is tied to wte.
+ * Children and parameters carry Hugging Face's names and layouts, so weights
+ * interoperate with GPT2LMHeadModel (wte.weight (V,C), wpe.weight (T,C),
+ * h.{i}.ln_1.*, h.{i}.attn.c_attn.* with Conv1D (in,out) weights, ...,
+ * ln_f.*; the LM head tied to wte) and LlamaForCausalLM
+ * (model.embed_tokens.weight (V,C), model.layers.{i}.input_layernorm.weight,
+ * model.layers.{i}.self_attn.{q,k,v,o}_proj.weight as nn.Linear (out,in),
+ * model.layers.{i}.post_attention_layernorm.weight,
+ * model.layers.{i}.mlp.{gate,up,down}_proj.weight, model.norm.weight,
+ * lm_head.weight unless tied).
  */
 #ifndef FSC_GPT_H
 #define FSC_GPT_H
@@ -14,19 +20,37 @@
 extern "C" {
 #endif
 
+/* The model families one config describes. */
+typedef enum {
+    FSC_ARCH_GPT2 = 0, /* learned positions, LayerNorm, GELU MLP, biases, head tied to wte */
+    FSC_ARCH_LLAMA,    /* rotary positions, RMSNorm, SwiGLU, grouped-query attention */
+} fsc_arch;
+
 typedef struct fsc_gpt_config {
     int vocab;     /* V */
     int seq;       /* T: maximum sequence length (wpe rows) */
     int layers;    /* L */
     int d_model;   /* C */
     int heads;     /* NH: must divide C */
-    float dropout; /* embedding and residual dropout (0 = off) */
+    float dropout; /* embedding and residual dropout (0 = off; the LLaMA family has none) */
+    fsc_arch arch; /* 0: GPT-2 */
+    /* The LLaMA family's fields (zero: the default stated; GPT-2 ignores them). */
+    int kv_heads;                  /* key/value heads, dividing heads; 0: heads */
+    int ffn_hidden;                /* SwiGLU width F; 0: fsc_gpt_ffn_hidden's rule */
+    float rope_theta;              /* 0: 10000 */
+    float norm_eps;                /* RMSNorm's eps; 0: 1e-5 */
+    bool tie_embeddings;           /* lm_head is embed_tokens (false: its own weight) */
+    bool qkv_bias;                 /* biases on q_proj, k_proj, v_proj (Qwen 2) */
+    fsc_rope_scaling rope_scaling; /* factor 0: none (LLaMA-3.1: 8, 1, 4, 8192) */
     /* Mixture of Experts (fsc/moe.h): NULL or experts 0 keeps dense MLPs;
      * else blocks l with (l + 1) % every == 0 get an MoE MLP named "mlp".
      * Borrowed: must outlive the model (its exchange too). */
     const struct fsc_moe_options *moe;
 } fsc_gpt_config;
 
+/* The LLaMA family's SwiGLU width: ffn_hidden, or when 0 LLaMA's rule, 2/3
+ * of 4 C rounded up to a multiple of 256 (C = 512: 1536; C = 4096: 11008). */
+FSC_API int fsc_gpt_ffn_hidden(const fsc_gpt_config *cfg);
 /* Checks the configuration: FSC_ERR_INVALID, the message naming the offending
  * field (vocab < 2, heads not dividing d_model, dropout outside [0, 1), ...).
  * cfg must not be NULL. */
@@ -56,6 +80,12 @@ FSC_API fsc_module *fsc_gpt_stage_new(const fsc_gpt_config *cfg, int first, int 
  * NULL (error set) for a bad cfg or range. */
 FSC_API fsc_module *fsc_gpt_stage_parts_new(const fsc_gpt_config *cfg, int first, int end);
 FSC_API int fsc_gpt_num_parts(const fsc_gpt_config *cfg); /* 3L + 2 (no checks) */
+/* The blocks (whole decoder layers, and the parts of cut ones) of a model
+ * made by fsc_gpt_new, fsc_tp_gpt_new or a stage constructor, in order:
+ * up to max into blocks, and their count returned (FSC_ERR_INVALID, < 0,
+ * for another module). What FSDP's units and activation checkpointing
+ * wrap, in any family. */
+FSC_API int fsc_gpt_blocks(fsc_module *model, fsc_module **blocks, int max);
 /* Cuts counted in quarter layers (layers as fsc_gpt_stage_new counts them;
  * a block is four quarters: its attention half two, its MLP's c_fc + GELU
  * one, its c_proj one): a cut after k layers is 4k, after k layers and the

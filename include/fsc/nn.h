@@ -122,8 +122,8 @@ typedef struct fsc_param {
      * neither reduces nor broadcasts it (the strategies run such a model
      * under ddp only). */
     bool expert;
-    float *data;       /* view into the flat parameter buffer, bound by fsc_params_bind */
-    float *grad;       /* view into the flat gradient buffer */
+    float *data; /* view into the flat parameter buffer, bound by fsc_params_bind */
+    float *grad; /* view into the flat gradient buffer */
 } fsc_param;
 
 typedef enum {

@@ -42,8 +42,7 @@ static int attention_cached(fsc_module *const parts[3], const fsc_ctx *ctx, cons
                             fsc_tensor *y, void **saved, int C, int NH) {
     fsc_kv_cache *kv = ctx->kv;
     const int n = x->ndim == 3 ? (int)x->shape[1] : 0, p0 = kv->len;
-    if (x->ndim != 3 || x->shape[0] != 1 || kv->C != C || kv->next >= kv->slots ||
-        n > kv->T - p0)
+    if (x->ndim != 3 || x->shape[0] != 1 || kv->C != C || kv->next >= kv->slots || n > kv->T - p0)
         return fsc_error(FSC_ERR_INVALID,
                          "KV cache: attention layer %d of %d, %d channels, %d + %d positions of "
                          "%d (a cache made for this model, batch 1?)",

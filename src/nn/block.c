@@ -274,6 +274,19 @@ fsc_module *fsc_block_new(const char *name, int C, int NH, float dropout, uint32
                       FSC_BLOCK_ATTN, FSC_BLOCK_SEGMENTS);
 }
 
+fsc_module *fsc_block_of(const char *name, fsc_module *const children[4]) {
+    fsc_module *m = fsc_module_alloc(sizeof *m, &block_ops, name);
+    bool ok = m != NULL;
+    for (int i = 0; i < 4; i++) ok = ok && children[i];
+    for (int i = 0; ok && i < 4; i++) ok = fsc_module_add_child(m, children[i]) == FSC_OK;
+    if (!ok) { /* adopted children go with the block; the rest are freed here */
+        for (int i = m ? m->nchildren : 0; i < 4; i++) fsc_module_free(children[i]);
+        fsc_module_free(m);
+        return NULL;
+    }
+    return m;
+}
+
 fsc_module *fsc_block_part_new(const char *name, int C, int NH, float dropout, uint32_t layer_id,
                                int n_layers, int from, int to) {
     block_part *b = (block_part *)block_make(&part_ops, sizeof(block_part), name, C, NH, dropout,

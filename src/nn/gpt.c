@@ -38,7 +38,7 @@ static int check_input(const gpt_model *g, const fsc_tensor *x, int *B, int *T) 
         if (x->dtype != FSC_DTYPE_F32 || x->ndim != 3 || x->shape[2] != g->in_w)
             return fsc_error(FSC_ERR_SHAPE, "%s '%s': expected F32 (B,T,%d) activations%s", label,
                              name, g->in_w,
-                             t > 1                      ? " (a sequence shard: T/t rows)"
+                             t > 1                       ? " (a sequence shard: T/t rows)"
                              : g->in_w != g->cfg.d_model ? " (the residual, then the GELU columns)"
                                                          : "");
         *B = (int)x->shape[0], *T = (int)x->shape[1] * t;
@@ -76,7 +76,8 @@ static int model_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x,
     if (g->embed) {
         fsc_tensor e;
         rc = g->ops->embed_forward(g, ctx, x, &e);
-        if (!rc) rc = fsc_module_forward(g->drop, ctx, &e, &cur, &s->drop);
+        if (!rc && g->drop) rc = fsc_module_forward(g->drop, ctx, &e, &cur, &s->drop);
+        if (!rc && !g->drop) cur = e;
     }
     for (int l = 0; !rc && l < g->nh; l++) {
         fsc_tensor next;
@@ -101,9 +102,8 @@ static int model_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const 
     if (rc) return rc;
     const int B = (int)s->in.shape[0], T = s->T, S = T / g->seq_split, C = g->cfg.d_model;
     if (!s->fused && /* a fused head checks its (1,) dy itself */
-        (rc = fsc_module_check_dy(m, dy, 3,
-                                  (int64_t[]){B, g->head ? T : S,
-                                              g->head ? g->logit_width : g->out_w})))
+        (rc = fsc_module_check_dy(
+             m, dy, 3, (int64_t[]){B, g->head ? T : S, g->head ? g->logit_width : g->out_w})))
         return rc;
     fsc_tensor cur = *dy;
     /* the two (B,S,C) buffers the blocks' input gradients alternate in */
@@ -121,8 +121,8 @@ static int model_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const 
     }
     if ((rc = fsc_blocks_backward(g->h, s->h, g->nh, ctx, &cur, pingpong))) return rc;
     if (g->embed) { /* token ids have no gradient: dx stays untouched */
-        fsc_tensor de;
-        rc = fsc_module_backward(g->drop, ctx, s->drop, &cur, &de);
+        fsc_tensor de = cur;
+        if (g->drop) rc = fsc_module_backward(g->drop, ctx, s->drop, &cur, &de);
         return rc ? rc : g->ops->embed_backward(g, ctx, s, &de);
     }
     if (dx) *dx = cur;
@@ -154,24 +154,31 @@ static int make_children(gpt_model *g, int first, int end) {
     const int p0 = first > 1 ? first : 1, p1 = end < n - 1 ? end : n - 1;
     g->h = calloc((size_t)(p1 > p0 ? p1 - p0 : 1), sizeof *g->h);
     int rc = g->h ? FSC_OK : fsc_error(FSC_ERR_NOMEM, "out of memory creating a %s", g->ops->label);
-    if (g->embed || g->head) {
+    /* an untied head has its own weight: wte then stays with the embedding */
+    fsc_module *lm_head = NULL;
+    if (!rc && g->head && g->ops->lm_head) rc = g->ops->lm_head(g->st, c, &lm_head);
+    if (g->embed || (g->head && !lm_head)) {
         rc = adopt(g, g->ops->wte(g->st, c), &g->wte, rc);
         if (!rc) g->wte->params_used_by_parent = true;
     }
-    if (g->embed) {
-        rc = adopt(g, fsc_embedding_new("wpe", c->seq, c->d_model, 0.02f), &g->wpe, rc);
+    if (g->embed && g->ops->wpe) {
+        rc = adopt(g, g->ops->wpe(g->st, c), &g->wpe, rc);
         if (!rc) g->wpe->params_used_by_parent = true;
-        rc = adopt(g, g->ops->drop(g->st, c), &g->drop, rc);
     }
+    if (g->embed && g->ops->drop) rc = adopt(g, g->ops->drop(g->st, c), &g->drop, rc);
     for (int p = p0; !rc && p < p1;) {
         const int b = (p - 1) / 3, from = (p - 1) % 3;
         const int to = p1 - 3 * b - 1 < FSC_BLOCK_SEGMENTS ? p1 - 3 * b - 1 : FSC_BLOCK_SEGMENTS;
-        char name[32];
-        snprintf(name, sizeof name, "h.%d", b);
+        char name[FSC_NAME_MAX];
+        snprintf(name, sizeof name, g->ops->block_fmt, b);
         rc = adopt(g, g->ops->block(g->st, c, name, b, from, to), &g->h[g->nh++], rc);
         p += to - from;
     }
     if (g->head) rc = adopt(g, g->ops->ln_f(g->st, c), &g->ln_f, rc);
+    if (lm_head) {
+        rc = adopt(g, lm_head, &g->lm_head, rc);
+        if (!rc) g->lm_head->params_used_by_parent = true;
+    }
     return rc;
 }
 
@@ -208,6 +215,17 @@ fsc_module *gpt_model_new(const fsc_gpt_config *cfg, int first, int end, const g
     return &g->base;
 }
 
+int fsc_gpt_blocks(fsc_module *m, fsc_module **blocks, int max) {
+    if (!m || m->ops->forward != model_forward)
+        return fsc_error(FSC_ERR_INVALID,
+                         "fsc_gpt_blocks: '%s' is not a model fsc_gpt_new or a "
+                         "stage constructor made",
+                         m ? m->name : "(null)");
+    const gpt_model *g = (const gpt_model *)m;
+    for (int i = 0; i < g->nh && i < max; i++) blocks[i] = g->h[i];
+    return g->nh;
+}
+
 gpt_model *gpt_model_find(fsc_module *m, const char *kind) {
     while (m && m->ops->kind != kind) m = m->wraps;
     return (gpt_model *)m;
@@ -218,6 +236,11 @@ gpt_model *gpt_model_find(fsc_module *m, const char *kind) {
 static fsc_module *plain_wte(void *st, const fsc_gpt_config *c) {
     (void)st;
     return fsc_embedding_new("wte", c->vocab, c->d_model, 0.02f);
+}
+
+static fsc_module *plain_wpe(void *st, const fsc_gpt_config *c) {
+    (void)st;
+    return fsc_embedding_new("wpe", c->seq, c->d_model, 0.02f);
 }
 
 static fsc_module *plain_drop(void *st, const fsc_gpt_config *c) {
@@ -239,8 +262,8 @@ static int moe_swap(fsc_module *block, const fsc_gpt_config *c, int l) {
     return FSC_OK;
 }
 
-static fsc_module *plain_block(void *st, const fsc_gpt_config *c, const char *name, int b,
-                               int from, int to) {
+static fsc_module *plain_block(void *st, const fsc_gpt_config *c, const char *name, int b, int from,
+                               int to) {
     (void)st;
     if (from != FSC_BLOCK_ATTN || to != FSC_BLOCK_SEGMENTS)
         return fsc_block_part_new(name, c->d_model, c->heads, c->dropout, (uint32_t)b, c->layers,
@@ -264,8 +287,8 @@ static int plain_width(void *st, const fsc_gpt_config *c, int p) {
 }
 
 /* Positions start at 0, or after the cached ones when decoding. */
-static int plain_embed_forward(gpt_model *g, const fsc_ctx *ctx, const fsc_tensor *ids,
-                               fsc_tensor *e) {
+int gpt_plain_embed_forward(gpt_model *g, const fsc_ctx *ctx, const fsc_tensor *ids,
+                            fsc_tensor *e) {
     const int B = (int)ids->shape[0], T = (int)ids->shape[1], C = g->cfg.d_model;
     const int p0 = ctx->kv ? ctx->kv->len : 0;
     if (p0 + T > g->cfg.seq)
@@ -273,36 +296,41 @@ static int plain_embed_forward(gpt_model *g, const fsc_ctx *ctx, const fsc_tenso
                          p0 + T - 1, g->cfg.seq);
     *e = fsc_tensor_arena(ctx->arena, FSC_DTYPE_F32, 3, (int64_t[]){B, T, C});
     if (!e->data) return FSC_ERR_NOMEM;
-    fsc_encoder_forward(e->data, ids->data, g->wte->params[0].data,
-                        (const float *)g->wpe->params[0].data + (size_t)p0 * C, B, T, C);
+    const float *wpe = g->wpe ? (const float *)g->wpe->params[0].data + (size_t)p0 * C : NULL;
+    fsc_encoder_forward(e->data, ids->data, g->wte->params[0].data, wpe, B, T, C);
     return FSC_OK;
 }
 
-static int plain_embed_backward(gpt_model *g, const fsc_ctx *ctx, const gpt_saved *s,
-                                const fsc_tensor *de) {
+int gpt_plain_embed_backward(gpt_model *g, const fsc_ctx *ctx, const gpt_saved *s,
+                             const fsc_tensor *de) {
     (void)ctx;
-    fsc_encoder_backward(g->wte->params[0].grad, g->wpe->params[0].grad, de->data, s->in.data,
-                         (int)s->in.shape[0], s->T, g->cfg.d_model);
+    fsc_encoder_backward(g->wte->params[0].grad, g->wpe ? g->wpe->params[0].grad : NULL, de->data,
+                         s->in.data, (int)s->in.shape[0], s->T, g->cfg.d_model);
     return FSC_OK;
+}
+
+/* The head's weight (V, C): its own, or wte when tied. */
+static fsc_param *head_weight(gpt_model *g) {
+    return g->lm_head ? &g->lm_head->params[0] : &g->wte->params[0];
 }
 
 /* Logits of every row, or when decoding with kv->last_only of the last. */
-static int plain_head_forward(gpt_model *g, const fsc_ctx *ctx, gpt_saved *s, fsc_tensor *y) {
+int gpt_plain_head_forward(gpt_model *g, const fsc_ctx *ctx, gpt_saved *s, fsc_tensor *y) {
     const int B = (int)s->in.shape[0], C = g->cfg.d_model, V = g->cfg.vocab;
     const int T = ctx->kv && ctx->kv->last_only ? 1 : s->T;
     const float *in = (const float *)s->final.data + (size_t)(s->T - T) * C; /* batch 1 then */
     *y = fsc_tensor_arena(ctx->arena, FSC_DTYPE_F32, 3, (int64_t[]){B, T, V});
     if (!y->data) return FSC_ERR_NOMEM;
-    fsc_matmul_forward_prec(y->data, in, g->wte->params[0].data, NULL, B * T, C, V,
-                            FSC_WEIGHT_OUT_IN, fsc_ctx_prec(ctx));
+    fsc_matmul_forward_prec(y->data, in, head_weight(g)->data, NULL, B * T, C, V, FSC_WEIGHT_OUT_IN,
+                            fsc_ctx_prec(ctx));
     return FSC_OK;
 }
 
-/* wte's gradient now or, for a zero-bubble schedule's W, later. */
-static int plain_head_backward(gpt_model *g, const fsc_ctx *ctx, gpt_saved *s,
-                               const fsc_tensor *dy, fsc_tensor *dfin) {
+/* The head weight's gradient now or, for a zero-bubble schedule's W, later. */
+int gpt_plain_head_backward(gpt_model *g, const fsc_ctx *ctx, gpt_saved *s, const fsc_tensor *dy,
+                            fsc_tensor *dfin) {
     const int B = (int)s->in.shape[0], T = s->T, C = g->cfg.d_model, V = g->cfg.vocab;
-    fsc_param *wte = &g->wte->params[0];
+    fsc_param *wte = head_weight(g);
     *dfin = fsc_tensor_arena(ctx->arena, FSC_DTYPE_F32, 3, (int64_t[]){B, T, C});
     if (!dfin->data) return FSC_ERR_NOMEM;
     const fsc_gemm_prec prec = fsc_ctx_prec(ctx);
@@ -317,26 +345,33 @@ static const gpt_layout_ops plain_layout = {
     .kind = "GPT",
     .stage_kind = "GPTStage",
     .label = "GPT",
+    .block_fmt = "h.%d",
     .wte = plain_wte,
+    .wpe = plain_wpe,
     .drop = plain_drop,
     .block = plain_block,
     .ln_f = plain_ln_f,
     .width = plain_width,
-    .embed_forward = plain_embed_forward,
-    .embed_backward = plain_embed_backward,
-    .head_forward = plain_head_forward,
-    .head_backward = plain_head_backward,
+    .embed_forward = gpt_plain_embed_forward,
+    .embed_backward = gpt_plain_embed_backward,
+    .head_forward = gpt_plain_head_forward,
+    .head_backward = gpt_plain_head_backward,
 };
+
+/* The one-process layout of cfg's family. */
+static const gpt_layout_ops *family(const fsc_gpt_config *cfg) {
+    return cfg->arch == FSC_ARCH_LLAMA ? &gpt_llama_layout : &plain_layout;
+}
 
 fsc_module *fsc_gpt_new(const fsc_gpt_config *cfg) {
     if (fsc_gpt_config_check(cfg)) return NULL;
-    return gpt_model_new(cfg, 0, fsc_gpt_num_parts(cfg), &plain_layout, NULL, false, 1,
-                         cfg->vocab);
+    return gpt_model_new(cfg, 0, fsc_gpt_num_parts(cfg), family(cfg), NULL, false, 1, cfg->vocab);
 }
 
 fsc_module *fsc_gpt_stage_new(const fsc_gpt_config *cfg, int first, int end) {
     int pf, pe;
-    if (fsc_gpt_config_check(cfg) || fsc_gpt_parts_of_layers(cfg, first, end, "GPT stage", &pf, &pe))
+    if (fsc_gpt_config_check(cfg) ||
+        fsc_gpt_parts_of_layers(cfg, first, end, "GPT stage", &pf, &pe))
         return NULL;
     return fsc_gpt_stage_parts_new(cfg, pf, pe);
 }
@@ -344,7 +379,7 @@ fsc_module *fsc_gpt_stage_new(const fsc_gpt_config *cfg, int first, int end) {
 fsc_module *fsc_gpt_stage_parts_new(const fsc_gpt_config *cfg, int first, int end) {
     if (fsc_gpt_config_check(cfg) || moe_refuse(cfg->moe, "fsc_gpt_stage_new (pipeline stages)"))
         return NULL;
-    return gpt_model_new(cfg, first, end, &plain_layout, NULL, true, 1, cfg->vocab);
+    return gpt_model_new(cfg, first, end, family(cfg), NULL, true, 1, cfg->vocab);
 }
 
 /* ---- training and evaluation in one process -------------------------------------------------- */

@@ -8,6 +8,34 @@
 #include "fsc/moe.h"
 #include "layers_internal.h"
 
+/* The LLaMA family's own fields; heads already divide d_model. */
+static int llama_check(const fsc_gpt_config *c) {
+    if (c->dropout > 0.f)
+        return fsc_error(FSC_ERR_INVALID,
+                         "dropout %g: the LLaMA family has no dropout layers (use 0)",
+                         (double)c->dropout);
+    const int kv = c->kv_heads ? c->kv_heads : c->heads;
+    if (kv < 1 || c->heads % kv)
+        return fsc_error(FSC_ERR_INVALID, "kv_heads %d must divide heads %d", c->kv_heads,
+                         c->heads);
+    if ((c->d_model / c->heads) % 2)
+        return fsc_error(FSC_ERR_INVALID,
+                         "head dimension %d (d_model %d / heads %d) must be even for rotary "
+                         "embeddings",
+                         c->d_model / c->heads, c->d_model, c->heads);
+    if (c->ffn_hidden < 0)
+        return fsc_error(FSC_ERR_INVALID, "ffn_hidden %d must be positive (0: the default)",
+                         c->ffn_hidden);
+    if (!(c->rope_theta >= 0.f) || !(c->norm_eps >= 0.f))
+        return fsc_error(FSC_ERR_INVALID, "rope_theta %g and norm_eps %g must be >= 0 (0: default)",
+                         (double)c->rope_theta, (double)c->norm_eps);
+    if (c->moe && c->moe->experts)
+        return fsc_error(FSC_ERR_UNSUPPORTED,
+                         "Mixture of Experts runs in the GPT-2 family only so far (LLaMA: no "
+                         "--moe-experts)");
+    return FSC_OK;
+}
+
 int fsc_gpt_config_check(const fsc_gpt_config *c) {
     if (c->vocab < 2) return fsc_error(FSC_ERR_INVALID, "vocab %d must be at least 2", c->vocab);
     if (c->seq < 1) return fsc_error(FSC_ERR_INVALID, "seq %d must be positive", c->seq);
@@ -18,8 +46,23 @@ int fsc_gpt_config_check(const fsc_gpt_config *c) {
         return fsc_error(FSC_ERR_INVALID, "heads %d must divide d_model %d", c->heads, c->d_model);
     if (!(c->dropout >= 0.f && c->dropout < 1.f))
         return fsc_error(FSC_ERR_INVALID, "dropout %g must be in [0, 1)", (double)c->dropout);
+    if (c->arch == FSC_ARCH_LLAMA) return llama_check(c);
+    if (c->arch != FSC_ARCH_GPT2)
+        return fsc_error(FSC_ERR_INVALID, "arch %d is neither GPT-2 (0) nor LLaMA (1)",
+                         (int)c->arch);
     if (c->moe && c->moe->experts) return fsc_moe_check(c->moe);
     return FSC_OK;
+}
+
+int fsc_gpt_ffn_hidden(const fsc_gpt_config *c) {
+    if (c->ffn_hidden > 0) return c->ffn_hidden;
+    const int64_t two_thirds = 2 * (4 * (int64_t)c->d_model) / 3;
+    return (int)((two_thirds + 255) / 256 * 256);
+}
+
+/* Head dimension of the LLaMA family: C / heads (heads divides C). */
+static int head_dim(const fsc_gpt_config *c) {
+    return c->d_model / c->heads;
 }
 
 /* ---- counts ---------------------------------------------------------------------------------- */
@@ -40,7 +83,19 @@ static int64_t moe_extra_params(const fsc_gpt_config *c, int64_t experts) {
     return n;
 }
 
+/* The LLaMA family's parameters: embedding, per layer two norms, q/k/v/o
+ * (q/k/v biases when set) and the SwiGLU's three, the final norm, and
+ * lm_head unless tied. */
+static int64_t llama_params(const fsc_gpt_config *c) {
+    const int64_t C = c->d_model, F = fsc_gpt_ffn_hidden(c), hd = head_dim(c);
+    const int64_t q = c->heads * hd, kv = (c->kv_heads ? c->kv_heads : c->heads) * hd;
+    const int64_t per_layer =
+        2 * C + C * q + 2 * C * kv + q * C + 3 * C * F + (c->qkv_bias ? q + 2 * kv : 0);
+    return (int64_t)c->vocab * C * (c->tie_embeddings ? 1 : 2) + c->layers * per_layer + C;
+}
+
 int64_t fsc_gpt_num_params(const fsc_gpt_config *c) {
+    if (c->arch == FSC_ARCH_LLAMA) return llama_params(c);
     int64_t C = c->d_model;
     int64_t per_block = 12 * C * C + 13 * C;
     return (int64_t)c->vocab * C + (int64_t)c->seq * C + c->layers * per_block + 2 * C +
@@ -48,6 +103,10 @@ int64_t fsc_gpt_num_params(const fsc_gpt_config *c) {
 }
 
 double fsc_gpt_flops_per_token(const fsc_gpt_config *c, int T) {
+    if (c->arch == FSC_ARCH_LLAMA) { /* the head's GEMM counts, the embedding's lookup not */
+        const double lookup = c->tie_embeddings ? 0.0 : (double)c->vocab * c->d_model;
+        return 6.0 * ((double)llama_params(c) - lookup) + 12.0 * c->layers * (double)c->d_model * T;
+    }
     double n = (double)fsc_gpt_num_params(c) - (double)c->seq * c->d_model;
     n += (double)(moe_extra_params(c, 2) - moe_extra_params(c, c->moe ? c->moe->experts : 0));
     return 6.0 * n + 12.0 * c->layers * (double)c->d_model * T;
@@ -103,7 +162,8 @@ int fsc_gpt_part_of_cut(const fsc_gpt_config *cfg, int quarters, int *part) {
 
 int fsc_gpt_part_width(const fsc_gpt_config *cfg, int part) {
     const bool proj = part >= 1 && part <= 3 * cfg->layers && (part - 1) % 3 == FSC_BLOCK_PROJ;
-    return proj ? 5 * cfg->d_model : cfg->d_model;
+    if (!proj) return cfg->d_model;
+    return cfg->arch == FSC_ARCH_LLAMA ? cfg->d_model + fsc_gpt_ffn_hidden(cfg) : 5 * cfg->d_model;
 }
 
 int fsc_gpt_parts_of_layers(const fsc_gpt_config *cfg, int first, int end, const char *who,

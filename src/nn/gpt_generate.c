@@ -129,8 +129,8 @@ fsc_gpt_kv *fsc_gpt_kv_new(fsc_module *gpt, const fsc_gpt_config *cfg) {
     kv->cache.v = fsc_mem_alloc(FSC_MEM_ACTIV, bytes);
     kv->arena = fsc_arena_new(FSC_MEM_ACTIV, 0);
     if (!kv->cache.k || !kv->cache.v || !kv->arena) {
-        fsc_error(FSC_ERR_NOMEM, "KV cache: out of memory for %d layers x %d positions", cfg->layers,
-                  cfg->seq);
+        fsc_error(FSC_ERR_NOMEM, "KV cache: out of memory for %d layers x %d positions",
+                  cfg->layers, cfg->seq);
         fsc_gpt_kv_free(kv);
         return NULL;
     }

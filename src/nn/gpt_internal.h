@@ -28,13 +28,19 @@ typedef struct gpt_saved gpt_saved;
 typedef struct gpt_layout_ops {
     const char *kind, *stage_kind; /* module kinds: the whole model, any other range */
     const char *label;             /* "GPT", "TP GPT": the start of error messages */
-    /* The children, named and initialised as the one-process model's. */
+    const char *block_fmt;         /* the blocks' names, "h.%d" */
+    /* The children, named and initialised as the one-process model's; wpe,
+     * drop and lm_head may be NULL (no position table, no embedding
+     * dropout, a head always tied to wte). lm_head sets *out to the head's
+     * own weight, or NULL when the config ties it, and returns a status. */
     fsc_module *(*wte)(void *st, const fsc_gpt_config *c);
+    fsc_module *(*wpe)(void *st, const fsc_gpt_config *c);
     fsc_module *(*drop)(void *st, const fsc_gpt_config *c);
     /* Block b's segments [from, to) (the whole block when 0 .. FSC_BLOCK_SEGMENTS). */
     fsc_module *(*block)(void *st, const fsc_gpt_config *c, const char *name, int b, int from,
                          int to);
     fsc_module *(*ln_f)(void *st, const fsc_gpt_config *c);
+    int (*lm_head)(void *st, const fsc_gpt_config *c, fsc_module **out);
     /* Channels of the activation entering part p (C; inside an MLP the
      * residual and the GELU columns this layout keeps). */
     int (*width)(void *st, const fsc_gpt_config *c, int p);
@@ -60,10 +66,10 @@ struct gpt_model {
     const gpt_layout_ops *ops;
     void *st; /* the layout's: its group and vocabulary rows (NULL in one process) */
     bool embed, head;
-    int in_w, out_w;   /* channels of the activation in and out of a range without the ends */
-    int seq_split;     /* ranks a sequence is split over between the ends (SP), else 1 */
-    int logit_width;   /* the head's output columns (this rank's vocabulary rows) */
-    fsc_module *wte, *wpe, *drop, *ln_f;
+    int in_w, out_w; /* channels of the activation in and out of a range without the ends */
+    int seq_split;   /* ranks a sequence is split over between the ends (SP), else 1 */
+    int logit_width; /* the head's output columns (this rank's vocabulary rows) */
+    fsc_module *wte, *wpe, *drop, *ln_f, *lm_head; /* those in range and in the family */
     fsc_module **h; /* the whole blocks and blocks' parts in range, in order */
     int nh;
 };
@@ -88,6 +94,18 @@ struct gpt_saved {
  * in gpt_model. NULL (error set) on a bad range or a child that fails. */
 fsc_module *gpt_model_new(const fsc_gpt_config *cfg, int first, int end, const gpt_layout_ops *ops,
                           void *st, bool stage, int seq_split, int logit_width);
+
+/* The one-process ends, shared by the families of src/nn: the embedding
+ * (wte rows, plus wpe's when the family has positions) and the head over
+ * lm_head's weight, or wte's when tied (gpt.c). */
+int gpt_plain_embed_forward(gpt_model *g, const fsc_ctx *ctx, const fsc_tensor *ids, fsc_tensor *e);
+int gpt_plain_embed_backward(gpt_model *g, const fsc_ctx *ctx, const gpt_saved *s,
+                             const fsc_tensor *de);
+int gpt_plain_head_forward(gpt_model *g, const fsc_ctx *ctx, gpt_saved *s, fsc_tensor *y);
+int gpt_plain_head_backward(gpt_model *g, const fsc_ctx *ctx, gpt_saved *s, const fsc_tensor *dy,
+                            fsc_tensor *dfin);
+/* The LLaMA family's plain layout (llama.c). */
+extern const gpt_layout_ops gpt_llama_layout;
 
 /* The range model m is, or wraps (through wrappers' `wraps`), when its kind
  * is `kind`; NULL otherwise. */

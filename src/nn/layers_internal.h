@@ -122,6 +122,11 @@ int fsc_block_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, fs
                       void **saved);
 int fsc_block_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fsc_tensor *dy,
                        fsc_tensor *dx);
+/* A pre-LN block of fsc_block_forward/backward over the four children
+ * given (norm, attention, norm, MLP, adopted in that order): another
+ * family's block. NULL (error set) when one is NULL or adoption fails; the
+ * children are freed then. */
+fsc_module *fsc_block_of(const char *name, fsc_module *const children[4]);
 /* A block's segments, in order: its attention half x + attn(ln_1(x)); the
  * MLP's ln_2, c_fc and GELU; its c_proj and dropout with the residual sum. */
 enum { FSC_BLOCK_ATTN, FSC_BLOCK_FC, FSC_BLOCK_PROJ, FSC_BLOCK_SEGMENTS };

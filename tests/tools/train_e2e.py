@@ -4,7 +4,7 @@ PyTorch is present) its models and losses agree with PyTorch.
 
 usage: train_e2e.py FSC_TRAIN {learns|accum|strategies|watchdog|resume|bad-input|torch|
                               fsdp|fsdp-precision|fsdp-files|validation|formats|sample|
-                              config|signals|optimizers|consistency|plot|io-faults}
+                              config|signals|optimizers|consistency|plot|io-faults|llama}
 One mode a ctest (train_<mode>); the checks live by feature in the train_e2e_*.py
 modules beside this file, what they share in train_e2e_common.py. (The progress
 output is tests/tools/progress_e2e.py.)
@@ -16,6 +16,7 @@ import train_e2e_data as data
 import train_e2e_faults as faults
 import train_e2e_fsdp as fsdp
 import train_e2e_io as io
+import train_e2e_llama as llama_e2e
 import train_e2e_tools as tools
 import train_e2e_training as training
 
@@ -25,6 +26,7 @@ MODES = {
     "strategies": training.strategies,
     "optimizers": training.optimizers,
     "torch": training.torch_cross_check,
+    "llama": llama_e2e.llama,
     "bad-input": faults.bad_input,
     "watchdog": faults.watchdog,
     "resume": faults.resume,

@@ -51,6 +51,11 @@ static fsc_module *tp_wte(void *st, const fsc_gpt_config *c) {
     return fsc_tp_embedding_new("wte", c->vocab, c->d_model, 0.02f, &((tp_ends *)st)->opt);
 }
 
+static fsc_module *tp_wpe(void *st, const fsc_gpt_config *c) {
+    (void)st; /* replicated: every rank adds the rows of the positions it holds */
+    return fsc_embedding_new("wpe", c->seq, c->d_model, 0.02f);
+}
+
 static fsc_module *tp_drop(void *st, const fsc_gpt_config *c) {
     return fsc_tp_dropout_new("drop", c->dropout, 0, &((tp_ends *)st)->opt);
 }
@@ -197,7 +202,9 @@ static const gpt_layout_ops tp_layout = {
     .kind = TP_KIND_GPT,
     .stage_kind = TP_KIND_STAGE,
     .label = "TP GPT",
+    .block_fmt = "h.%d",
     .wte = tp_wte,
+    .wpe = tp_wpe,
     .drop = tp_drop,
     .block = tp_block,
     .ln_f = tp_ln_f,
@@ -224,6 +231,11 @@ static fsc_module *tp_gpt_range(const fsc_gpt_config *cfg, int first, int end,
     char what[80];
     snprintf(what, sizeof what, "%s (tensor parallelism)", who);
     if (fsc_gpt_config_check(cfg) || moe_refuse(cfg->moe, what)) return NULL;
+    if (cfg->arch != FSC_ARCH_GPT2) {
+        fsc_error(FSC_ERR_UNSUPPORTED, "%s: tensor parallelism runs the GPT-2 family only so far",
+                  who);
+        return NULL;
+    }
     tp_ends *t = tp_module_alloc(sizeof *t, &ends_ops, "gpt", tp);
     if (!t) return NULL;
     t->opt = *tp;

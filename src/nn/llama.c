@@ -1,0 +1,88 @@
+/* The LLaMA family (LLaMA 2/3, Mistral, Qwen 2, SmolLM, TinyLlama): the
+ * parts src/nn/gpt.c's one model is made of when fsc_gpt_config.arch is
+ * FSC_ARCH_LLAMA, under Hugging Face's LlamaForCausalLM names.
+ *
+ * Only the layers differ from GPT-2: token embeddings without a position
+ * table (rotary embeddings inside attention carry the positions), pre-norm
+ * blocks of RMSNorm, grouped-query attention and a SwiGLU MLP, a final
+ * RMSNorm, and an LM head with its own weight unless the config ties it.
+ * The block is block.c's (x + attn(norm(x)), then + mlp(norm(.))) over
+ * these children, and the two ends are the one-process GPT's (gpt.c):
+ * wte's rows without positions, and the head's GEMM over lm_head's weight. */
+#include <math.h>
+#include <stdio.h>
+
+#include "gpt_internal.h"
+
+static float norm_eps(const fsc_gpt_config *c) {
+    return c->norm_eps > 0.f ? c->norm_eps : 1e-5f;
+}
+
+static fsc_module *llama_wte(void *st, const fsc_gpt_config *c) {
+    (void)st;
+    return fsc_embedding_new("model.embed_tokens", c->vocab, c->d_model, 0.02f);
+}
+
+/* A decoder layer; it is cut only between layers so far (a cut inside one
+ * would pass the residual and the SwiGLU product, as GPT-2's does). */
+static fsc_module *llama_block(void *st, const fsc_gpt_config *c, const char *name, int b, int from,
+                               int to) {
+    (void)st, (void)b;
+    if (from != FSC_BLOCK_ATTN || to != FSC_BLOCK_SEGMENTS) {
+        fsc_error(FSC_ERR_UNSUPPORTED,
+                  "LLaMA %s: a pipeline cut inside a decoder layer is not supported yet (cut "
+                  "between layers: whole numbers in --balance)",
+                  name);
+        return NULL;
+    }
+    /* Hugging Face's initialisation: every Linear N(0, initializer_range 0.02) */
+    const fsc_llama_attention_config ac = {.d_model = c->d_model,
+                                           .n_heads = c->heads,
+                                           .n_kv_heads = c->kv_heads,
+                                           .qkv_bias = c->qkv_bias,
+                                           .rope_theta = c->rope_theta,
+                                           .rope_scaling = c->rope_scaling,
+                                           .init_std = 0.02f,
+                                           .proj_std = 0.02f};
+    fsc_module *children[4] = {
+        fsc_rmsnorm_new("input_layernorm", c->d_model, norm_eps(c)),
+        fsc_llama_attention_new("self_attn", &ac),
+        fsc_rmsnorm_new("post_attention_layernorm", c->d_model, norm_eps(c)),
+        fsc_swiglu_mlp_new("mlp", c->d_model, fsc_gpt_ffn_hidden(c), 0.02f, 0.02f),
+    };
+    return fsc_block_of(name, children);
+}
+
+static fsc_module *llama_norm(void *st, const fsc_gpt_config *c) {
+    (void)st;
+    return fsc_rmsnorm_new("model.norm", c->d_model, norm_eps(c));
+}
+
+static int llama_lm_head(void *st, const fsc_gpt_config *c, fsc_module **out) {
+    (void)st;
+    *out = NULL;
+    if (c->tie_embeddings) return FSC_OK;
+    *out = fsc_linear_new("lm_head", c->d_model, c->vocab, false, FSC_WEIGHT_OUT_IN, 0.02f);
+    return *out ? FSC_OK : FSC_ERR_INVALID;
+}
+
+static int llama_width(void *st, const fsc_gpt_config *c, int p) {
+    (void)st;
+    return fsc_gpt_part_width(c, p);
+}
+
+const gpt_layout_ops gpt_llama_layout = {
+    .kind = "LLaMA",
+    .stage_kind = "LLaMAStage",
+    .label = "LLaMA",
+    .block_fmt = "model.layers.%d",
+    .wte = llama_wte,
+    .block = llama_block,
+    .ln_f = llama_norm,
+    .lm_head = llama_lm_head,
+    .width = llama_width,
+    .embed_forward = gpt_plain_embed_forward,
+    .embed_backward = gpt_plain_embed_backward,
+    .head_forward = gpt_plain_head_forward,
+    .head_backward = gpt_plain_head_backward,
+};

@@ -1,0 +1,47 @@
+"""A LLaMA-family model in plain torch ops (torch 1.13 has none), with
+Hugging Face's LlamaForCausalLM names: golden_llama.py's layers (RMSNorm,
+rotate-half rotary embeddings, grouped-query attention, SwiGLU) stacked as
+LlamaModel stacks them, for the cross-checks of fsc-train --arch llama."""
+import torch
+import torch.nn.functional as F
+
+import golden_llama as layers
+
+
+class Llama(torch.nn.Module):
+    """Every tensor of a state dict as a trainable parameter, by HF name."""
+
+    def __init__(self, tensors, layers_, heads, kv_heads, theta=10000.0, eps=1e-5):
+        super().__init__()
+        self.L, self.NH, self.NKV, self.theta, self.eps = layers_, heads, kv_heads, theta, eps
+        self.names = list(tensors)
+        self.params = torch.nn.ParameterList(
+            [torch.nn.Parameter(tensors[n].clone().float()) for n in self.names])
+        self.index = {n: i for i, n in enumerate(self.names)}
+
+    def p(self, name):
+        return self.params[self.index[name]]
+
+    def sub(self, prefix):
+        """The parameters under prefix, named from there (golden_llama's dicts)."""
+        return {n[len(prefix):]: self.p(n) for n in self.names if n.startswith(prefix)}
+
+    def logits(self, x):
+        h = self.p("model.embed_tokens.weight")[x]
+        C = h.shape[-1]
+        hd = C // self.NH
+        for i in range(self.L):
+            pre = f"model.layers.{i}."
+            a = layers.rms_norm(h, self.p(pre + "input_layernorm.weight"), self.eps)
+            h = h + layers.llama_attention(a, self.sub(pre + "self_attn."), self.NH, self.NKV, hd,
+                                           self.theta, None, pre + "self_attn.q_proj.bias" in self.index)
+            m = layers.rms_norm(h, self.p(pre + "post_attention_layernorm.weight"), self.eps)
+            h = h + layers.swiglu(m, self.sub(pre + "mlp."))
+        h = layers.rms_norm(h, self.p("model.norm.weight"), self.eps)
+        head = self.p("lm_head.weight") if "lm_head.weight" in self.index else \
+            self.p("model.embed_tokens.weight")
+        return h @ head.t()
+
+    def loss(self, x, y):
+        lg = self.logits(x)
+        return F.cross_entropy(lg.reshape(-1, lg.shape[-1]), y.reshape(-1))
