@@ -200,7 +200,7 @@ static void test_refusals(void **state) {
     } cases[] = {
         {"fsdp", "fsdp over a pipeline", 2, 1, FSC_PIPE_1F1B},
         {"fsdp", "fsdp over a tensor-parallel", 1, 2, FSC_PIPE_GPIPE},
-        {"ddp", "zb1", 2, 1, FSC_PIPE_ZB_H1},
+        {"ddp", "zbh1", 2, 1, FSC_PIPE_ZB_H1},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         fsc_trainer_config tc = {.strategy = {.name = cases[i].strategy},

@@ -76,7 +76,7 @@ static void expect_one_process(const char *what, float *got, int64_t numel, int 
 
 /* 2 ranks: 1.5 | 2.5 and 2.5 | 1.5 (a block cut between attention and MLP),
  * 1.75 | 2.25 and 2.75 | 1.25 (inside h.0's and h.1's MLP); 4 stages
- * (interleaved on 2 ranks, 1F1B and zb1 on 4): 1.75 | 1 | 0.25 | 1, whose
+ * (interleaved on 2 ranks, 1F1B and zbh1 on 4): 1.75 | 1 | 0.25 | 1, whose
  * second stage begins at h.0's c_proj and ends after h.1's c_fc and whose
  * third is h.1's c_proj alone. Sizes in quarter layers. */
 static void test_cuts(void **state) {
@@ -91,7 +91,7 @@ static void test_cuts(void **state) {
             snprintf(what, sizeof what, "1f1b at %s", names[c]);
             expect_one_process(what, got, n, 8);
             got = run_cut(FSC_PIPE_ZB_H1, 1, two[c], FSC_PIPE_CKPT_NEVER, &n);
-            snprintf(what, sizeof what, "zb1 at %s", names[c]);
+            snprintf(what, sizeof what, "zbh1 at %s", names[c]);
             expect_one_process(what, got, n, 8);
         }
         float *got = run_cut(FSC_PIPE_INTERLEAVED, 2, four, FSC_PIPE_CKPT_NEVER, &n);
@@ -100,7 +100,7 @@ static void test_cuts(void **state) {
         float *got = run_cut(FSC_PIPE_1F1B, 1, four, FSC_PIPE_CKPT_NEVER, &n);
         expect_one_process("1f1b at 1.75,1,0.25,1", got, n, 8);
         got = run_cut(FSC_PIPE_ZB_H1, 1, four, FSC_PIPE_CKPT_NEVER, &n);
-        expect_one_process("zb1 at 1.75,1,0.25,1", got, n, 8);
+        expect_one_process("zbh1 at 1.75,1,0.25,1", got, n, 8);
     } else {
         skip();
     }

@@ -4,7 +4,7 @@
  *    given the targets (fsc_pipe_io.targets): the pipeline's loss callback
  *    is then never called, and the step's loss, every gradient and an
  *    evaluation's loss are the unfused run's bit for bit (one chunk of rows
- *    at these sizes: the same arithmetic); under a split backward (zb1) the
+ *    at these sizes: the same arithmetic); under a split backward (zbh1) the
  *    stage runs unfused and the callback is called;
  *  - with a vocabulary of 200 the fused head runs 2 chunks of rows per
  *    micro-batch, and training through the trainer ends with one process's
@@ -352,7 +352,7 @@ static void test_cuts_inside_blocks(void **state) {
             &(tt_run){.strategy = "ddp", .pp = 2, .tp = 2, .sp = runs[i].sp, .out = out},
             runs[i].cut, runs[i].kind, zb ? &no_dropout : NULL, &n);
         snprintf(what, sizeof what, "pp 2 x tp 2%s cut at %g%s", runs[i].sp ? " (sp)" : "",
-                 runs[i].cut / 4.0, zb ? ", zb1, no dropout" : "");
+                 runs[i].cut / 4.0, zb ? ", zbh1, no dropout" : "");
         tt_expect_reference(zb ? &(eq_options){.model = &no_dropout} : NULL, what, w, n);
         fsc_group_barrier(fsc_group_world());
     }

@@ -436,7 +436,7 @@ int main(int argc, char **argv) {
         {.name = "chunks", .kind = ARG_INT, .ptr = &chunks, .help = "with --pp: micro-batches"},
         {.name = "grad-accum", .kind = ARG_INT, .ptr = &chunks, .help = "the same as --chunks"},
         {.name = "pipe-schedule", .kind = ARG_STR, .ptr = &pipe_schedule, .meta = "NAME",
-         .help = "with --pp: gpipe | 1f1b | interleaved | zb1"},
+         .help = "with --pp: gpipe | 1f1b | interleaved | zbh1 (alias zb1)"},
         {.name = "virtual", .kind = ARG_INT, .ptr = &virtual_stages,
          .help = "with --pipe-schedule interleaved: stages per rank"},
         {.name = "balance", .kind = ARG_STR, .ptr = &balance, .meta = "3,7",

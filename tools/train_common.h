@@ -52,7 +52,7 @@ typedef struct train_options {
     double moe_capacity;         /* expert capacity factor */
     double moe_aux_coef;         /* weight of the load-balancing loss */
     int moe_hidden;              /* expert MLP width (0: 4 x --d-model) */
-    const char *pipe_schedule;   /* gpipe | 1f1b | interleaved | zb1 */
+    const char *pipe_schedule;   /* gpipe | 1f1b | interleaved | zbh1 */
     int virtual_stages;          /* interleaved: stages per rank */
     const char *balance;         /* layers per stage, "3,6" (NULL: even) */
     bool print_schedule;         /* print the pipeline's schedule grid (rank 0) */

@@ -112,7 +112,9 @@ static const flag flags[] = {
       "pipeline stages: ranks / pp data-parallel replicas of pp consecutive ranks (with ddp, "
       "oss, sdp or fsdp between them); "
       "--grad-accum M is the pipeline's micro-batch count"),
-    F("pipe-schedule", ARG_STR, pipe_schedule, "with --pp: gpipe | 1f1b | interleaved | zb1"),
+    F("pipe-schedule", ARG_STR, pipe_schedule,
+      "with --pp: gpipe | 1f1b | interleaved | zbh1 (alias zb1, "
+      "as older configs and checkpoints say)"),
     F("tp", ARG_INT, tp,
       "tensor-parallel ranks per model replica (adjacent ranks; Megatron's layers): ranks / tp "
       "data-parallel replicas under ddp, oss, sdp or fsdp; with --pp each stage over tp ranks, "
@@ -126,7 +128,7 @@ static const flag flags[] = {
       "with --tp: the MLP keeps GELU's input only and recomputes its output in backward (4 x "
       "d_model/tp floats less per token per layer)"),
     F("adascale", ARG_FLAG, adascale,
-      "AdaScale (ddp, oss, sdp, fsdp, single; with --tp/--pp: ddp, oss, sdp, not zb1): the "
+      "AdaScale (ddp, oss, sdp, fsdp, single; with --tp/--pp: ddp, oss, sdp, not zbh1): the "
       "lr times the gain measured from the replicas' and micro-batches' gradients; --steps "
       "then counts scale-invariant steps"),
     F("localsgd-frequency", ARG_INT, localsgd_frequency,

@@ -129,9 +129,11 @@ typedef struct fsc_pipe_schedule fsc_pipe_schedule;
 
 /* "gpipe", "1f1b", "interleaved", "zbh1" (static storage); "?" outside the enum. */
 FSC_API const char *fsc_pipe_kind_name(fsc_pipe_kind kind);
-/* Parses "gpipe", "1f1b", "interleaved", "zbh1" or "zb1" (any case) into
- * *out. FSC_ERR_INVALID naming the accepted names for anything else, and for
- * NULL arguments; *out is untouched then. */
+/* Parses "gpipe", "1f1b", "interleaved" or "zbh1" (any case) into *out;
+ * "zb1" is an alias of "zbh1", the flag's earlier spelling, which configs
+ * and checkpoints written with it still hold. FSC_ERR_INVALID naming the
+ * accepted names for anything else, and for NULL arguments; *out is
+ * untouched then. */
 FSC_API int fsc_pipe_kind_parse(const char *name, fsc_pipe_kind *out);
 /* The ideal bubble fraction of `kind` at this shape under the default costs
  * (idle / makespan, no communication time): (p-1)/(m+p-1) for GPipe and

@@ -146,7 +146,7 @@ typedef struct fsc_strategy_options {
      * it counts in the global norm (a parameter every TP rank holds: on TP
      * rank 0); a pipeline's ranks (and oss, sdp, fsdp over TP replicas, a
      * pipeline of one stage) see each micro-batch's own gradient after its
-     * backward (fsc_pipe_options.probe), not with zb1. */
+     * backward (fsc_pipe_options.probe), not with zbh1. */
     fsc_grad_probe_fn grad_probe;
     void *grad_probe_user;
     /* slowmo (FairScale's SlowMoDistributedDataParallel with Local SGD):

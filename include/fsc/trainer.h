@@ -105,7 +105,7 @@ typedef struct fsc_trainer_config {
      * scaled by c^2, the size it is applied at. Under single, dp, ddp, oss,
      * sdp and fsdp, and on a pipeline or tensor-parallel mesh under ddp, oss
      * or sdp; refused under slowmo (no gradient is reduced), fsdp over a
-     * pipeline or tensor parallelism, and the zb1 schedule. Costs one
+     * pipeline or tensor parallelism, and the zbh1 schedule. Costs one
      * 4-byte all-reduce per step, the global gradient norm (computed even
      * with skip_grad_norm), a pass over each bucket before it is reduced and,
      * with grad_accum > 1 (not fsdp), a copy of the gradients

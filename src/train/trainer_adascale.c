@@ -64,7 +64,7 @@ int trainer_ada_begin(fsc_trainer *t, fsc_strategy_options *so) {
                          so->pipe.stages > 1 ? "pipeline" : "tensor-parallel dimension");
     if (so->pipe.stages > 1 && so->pipe.schedule == FSC_PIPE_ZB_H1)
         return fsc_error(FSC_ERR_UNSUPPORTED,
-                         "trainer: AdaScale does not run with the zb1 schedule: its split "
+                         "trainer: AdaScale does not run with the zbh1 schedule: its split "
                          "backward computes weight gradients after the probe could see each "
                          "micro-batch's (use gpipe, 1f1b or interleaved)");
     if (info.spans_ranks && !fsc_strategy_takes(name, "grad_probe"))

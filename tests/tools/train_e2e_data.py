@@ -37,7 +37,7 @@ def validation():
                             (2, "ddp", ["--batch", "8", "--tp", "2"]),
                             (2, "ddp", ["--batch", "4", "--grad-accum", "2", "--pp", "2"]),
                             (2, "ddp", ["--batch", "4", "--grad-accum", "2", "--pp", "2",
-                                        "--pipe-schedule", "zb1"]),
+                                        "--pipe-schedule", "zbh1"]),
                             (4, "fsdp", ["--batch", "2", "--grad-accum", "2", "--pp", "2"])):
         m = os.path.join(TMP, f"v-{strat}{n}{len(runs)}.jsonl")
         mpiexec(n, *common, "--strategy", strat, *extra, "--metrics", m)

@@ -161,7 +161,7 @@ int pipe_probe_setup(fsc_pipe *p) {
     if (p->cfg.split_backward)
         return fsc_error(FSC_ERR_UNSUPPORTED,
                          "pipeline: a gradient probe needs each micro-batch's weight gradients "
-                         "in its backward; a schedule that splits backward into B and W (zb1) "
+                         "in its backward; a schedule that splits backward into B and W (zbh1) "
                          "computes them later");
     struct pipe_probe *pr = p->probe = calloc(1, sizeof *pr);
     if (!pr) return fsc_error(FSC_ERR_NOMEM, "pipeline probe: out of memory");

@@ -28,7 +28,7 @@ int fsc_pipe_kind_parse(const char *name, fsc_pipe_kind *out) {
             return FSC_OK;
         }
     }
-    if (!strcasecmp(name, "zb1")) {
+    if (!strcasecmp(name, "zb1")) { /* the flag's old spelling: older configs and checkpoints */
         *out = FSC_PIPE_ZB_H1;
         return FSC_OK;
     }
