@@ -134,7 +134,7 @@ static void test_kv_refuses_other_models(void **state) {
     assert_non_null(strstr(fsc_last_error(), "the model is L3 C32"));
     fsc_module *lin = fsc_linear_new("lin", 4, 4, true, FSC_WEIGHT_IN_OUT, 0.02f);
     assert_null(fsc_gpt_kv_new(lin, &CFG));
-    assert_non_null(strstr(fsc_last_error(), "not a GPT"));
+    assert_non_null(strstr(fsc_last_error(), "not a whole one-process model"));
     fsc_module_free(lin);
     fsc_module *unbound = fsc_gpt_new(&CFG);
     assert_null(fsc_gpt_kv_new(unbound, &CFG));
@@ -321,10 +321,44 @@ static void test_moe_kv_refusals(void **state) {
     model_free(&m);
 }
 
+/* The LLaMA family decodes through the same cache: grouped-query attention
+ * keeps only its KV heads, rotary positions start at the cached length. */
+static void test_llama_kv_matches_full_forward(void **state) {
+    (void)state;
+    static const fsc_gpt_config LLAMA = {.vocab = 50,
+                                         .seq = 16,
+                                         .layers = 2,
+                                         .d_model = 32,
+                                         .heads = 4,
+                                         .arch = FSC_ARCH_LLAMA,
+                                         .kv_heads = 2};
+    model m;
+    model_new_cfg(&m, &LLAMA);
+    enum { T = 16 };
+    const int V = LLAMA.vocab;
+    int32_t ids[T];
+    for (int i = 0; i < T; i++) ids[i] = (i * 13 + 5) % V;
+    float *full = malloc(sizeof(float) * T * V), *got = malloc(sizeof(float) * T * V);
+    full_forward(&m, ids, T, full);
+    logits_noise(&m, ids, T, full);
+    fsc_gpt_kv *kv = fsc_gpt_kv_new(m.gpt, &LLAMA);
+    assert_non_null(kv);
+    assert_int_equal(fsc_gpt_kv_append(kv, ids, 6, got, true), FSC_OK);
+    for (int t = 0; t < 6; t++) expect_close(got + t * V, full, V, "LLaMA prefill", t);
+    for (int t = 6; t < T; t++) {
+        assert_int_equal(fsc_gpt_kv_append(kv, ids + t, 1, got, false), FSC_OK);
+        expect_close(got, full, V, "LLaMA incremental", t);
+    }
+    fsc_gpt_kv_free(kv);
+    free(full), free(got);
+    model_free(&m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kv_matches_full_forward),
         cmocka_unit_test(test_kv_refuses_other_models),
+        cmocka_unit_test(test_llama_kv_matches_full_forward),
         cmocka_unit_test(test_sampling),
         cmocka_unit_test(test_moe_kv_matches_full_forward),
         cmocka_unit_test(test_moe_sampling_same_ids),

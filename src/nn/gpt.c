@@ -19,8 +19,6 @@
 
 /* ---- the model ------------------------------------------------------------------------------- */
 
-static const gpt_layout_ops plain_layout;
-
 static int check_ids(const gpt_model *g, const int32_t *ids, int64_t n) {
     for (int64_t i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= g->cfg.vocab)
@@ -62,7 +60,7 @@ static int model_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x,
     int B = 0, T = 0;
     int rc = check_input(g, x, &B, &T);
     if (rc) return rc;
-    if (ctx->kv && (!g->embed || !g->head || g->ops != &plain_layout || B != 1))
+    if (ctx->kv && (!g->embed || !g->head || !g->ops->decodes || B != 1))
         return fsc_error(FSC_ERR_UNSUPPORTED,
                          "%s '%s': a KV cache decodes one sequence (batch 1) through the whole "
                          "one-process model",
@@ -226,6 +224,11 @@ int fsc_gpt_blocks(fsc_module *m, fsc_module **blocks, int max) {
     return g->nh;
 }
 
+const gpt_model *gpt_model_decoding(const fsc_module *m) {
+    const gpt_model *g = m && m->ops->forward == model_forward ? (const gpt_model *)m : NULL;
+    return g && g->ops->decodes && g->embed && g->head ? g : NULL;
+}
+
 gpt_model *gpt_model_find(fsc_module *m, const char *kind) {
     while (m && m->ops->kind != kind) m = m->wraps;
     return (gpt_model *)m;
@@ -346,6 +349,7 @@ static const gpt_layout_ops plain_layout = {
     .stage_kind = "GPTStage",
     .label = "GPT",
     .block_fmt = "h.%d",
+    .decodes = true,
     .wte = plain_wte,
     .wpe = plain_wpe,
     .drop = plain_drop,

@@ -102,14 +102,17 @@ fsc_gpt_kv *fsc_gpt_kv_new(fsc_module *gpt, const fsc_gpt_config *cfg) {
         if (!gpt || !cfg) fsc_error(FSC_ERR_INVALID, "KV cache: NULL model or config");
         return NULL;
     }
-    if (strcmp(gpt->ops->kind, "GPT")) {
-        fsc_error(FSC_ERR_INVALID, "KV cache: module '%s' is a %s, not a GPT (fsc_gpt_new)",
+    const gpt_model *model = gpt_model_decoding(gpt);
+    if (!model) {
+        fsc_error(FSC_ERR_INVALID,
+                  "KV cache: module '%s' is a %s, not a whole one-process model (fsc_gpt_new)",
                   gpt->name, gpt->ops->kind);
         return NULL;
     }
-    const fsc_gpt_config *own = &((const gpt_model *)gpt)->cfg;
+    const fsc_gpt_config *own = &model->cfg;
     if (own->vocab != cfg->vocab || own->seq != cfg->seq || own->layers != cfg->layers ||
-        own->d_model != cfg->d_model || own->heads != cfg->heads) {
+        own->d_model != cfg->d_model || own->heads != cfg->heads || own->arch != cfg->arch ||
+        own->kv_heads != cfg->kv_heads) {
         fsc_error(FSC_ERR_INVALID,
                   "KV cache: the model is L%d C%d H%d T%d V%d, the config L%d C%d H%d T%d V%d",
                   own->layers, own->d_model, own->heads, own->seq, own->vocab, cfg->layers,
@@ -123,8 +126,12 @@ fsc_gpt_kv *fsc_gpt_kv_new(fsc_module *gpt, const fsc_gpt_config *cfg) {
         return NULL;
     }
     kv->gpt = gpt, kv->V = cfg->vocab;
-    kv->cache = (fsc_kv_cache){.slots = cfg->layers, .T = cfg->seq, .C = cfg->d_model};
-    const size_t bytes = (size_t)cfg->layers * cfg->seq * cfg->d_model * sizeof(float);
+    /* the keys' and values' channels: every head's in GPT-2, the KV heads' in LLaMA */
+    const int C = cfg->arch == FSC_ARCH_LLAMA && cfg->kv_heads
+                      ? cfg->kv_heads * (cfg->d_model / cfg->heads)
+                      : cfg->d_model;
+    kv->cache = (fsc_kv_cache){.slots = cfg->layers, .T = cfg->seq, .C = C};
+    const size_t bytes = (size_t)cfg->layers * cfg->seq * C * sizeof(float);
     kv->cache.k = fsc_mem_alloc(FSC_MEM_ACTIV, bytes);
     kv->cache.v = fsc_mem_alloc(FSC_MEM_ACTIV, bytes);
     kv->arena = fsc_arena_new(FSC_MEM_ACTIV, 0);

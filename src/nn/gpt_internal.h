@@ -29,6 +29,7 @@ typedef struct gpt_layout_ops {
     const char *kind, *stage_kind; /* module kinds: the whole model, any other range */
     const char *label;             /* "GPT", "TP GPT": the start of error messages */
     const char *block_fmt;         /* the blocks' names, "h.%d" */
+    bool decodes;                  /* runs under fsc_ctx.kv (one process, whole model) */
     /* The children, named and initialised as the one-process model's; wpe,
      * drop and lm_head may be NULL (no position table, no embedding
      * dropout, a head always tied to wte). lm_head sets *out to the head's
@@ -106,6 +107,9 @@ int gpt_plain_head_backward(gpt_model *g, const fsc_ctx *ctx, gpt_saved *s, cons
                             fsc_tensor *dfin);
 /* The LLaMA family's plain layout (llama.c). */
 extern const gpt_layout_ops gpt_llama_layout;
+
+/* The whole model m if it is one a KV cache can decode through, else NULL. */
+const gpt_model *gpt_model_decoding(const fsc_module *m);
 
 /* The range model m is, or wraps (through wrappers' `wraps`), when its kind
  * is `kind`; NULL otherwise. */

@@ -76,6 +76,7 @@ const gpt_layout_ops gpt_llama_layout = {
     .stage_kind = "LLaMAStage",
     .label = "LLaMA",
     .block_fmt = "model.layers.%d",
+    .decodes = true,
     .wte = llama_wte,
     .block = llama_block,
     .ln_f = llama_norm,
