@@ -201,6 +201,36 @@ static int resolve(const sample_options *o, char **weights, fsc_gpt_config *cfg)
 /* ---- text in, text out ------------------------------------------------------------------------
  */
 
+/* GPT-2's vocabulary: a model this wide reads BPE; bytes would be ids of
+ * other tokens, and its ids printed bare are no text to read. */
+#define GPT2_VOCAB 50257
+
+/* DIR holding the model (the directory given, or the weights file's) when it
+ * has GPT-2's BPE files; false when it has none. */
+static bool tokenizer_beside(const char *model, char *dir, size_t n) {
+    struct stat st;
+    const char *slash = strrchr(model, '/');
+    if (!stat(model, &st) && S_ISDIR(st.st_mode))
+        snprintf(dir, n, "%s", model);
+    else if (slash)
+        snprintf(dir, n, "%.*s", (int)(slash - model), model);
+    else
+        snprintf(dir, n, ".");
+    char path[4200];
+    snprintf(path, sizeof path, "%s/encoder.json", dir);
+    if (stat(path, &st)) return false;
+    snprintf(path, sizeof path, "%s/vocab.bpe", dir);
+    return !stat(path, &st);
+}
+
+static int needs_tokenizer(int V) {
+    return fsc_error(FSC_ERR_INVALID,
+                     "a %d-token model reads GPT-2 BPE and no encoder.json and vocab.bpe are "
+                     "beside it: give --tokenizer DIR (scripts/fetch_gpt2_bpe.sh fetches them "
+                     "into ~/.cache/fsc/gpt2), or --prompt-ids with --ids for ids in and out",
+                     V);
+}
+
 /* The prompt as ids (malloc'ed into *ids). */
 static int encode_prompt(const sample_options *o, const fsc_bpe *bpe, int V, int32_t **ids,
                          int *n) {
@@ -222,6 +252,8 @@ static int encode_prompt(const sample_options *o, const fsc_bpe *bpe, int V, int
     } else if (o->prompt && *o->prompt && bpe) {
         int rc = fsc_bpe_encode(bpe, o->prompt, strlen(o->prompt), ids, &count);
         if (rc) return rc;
+    } else if (!bpe && V >= GPT2_VOCAB && !(o->print_ids && !o->prompt)) {
+        return needs_tokenizer(V);                    /* text or the default prompt: not as bytes */
     } else if (o->prompt && *o->prompt && V >= 256) { /* bytes */
         size_t len = strlen(o->prompt);
         *ids = malloc(len * sizeof **ids);
@@ -320,6 +352,12 @@ int main(int argc, char **argv) {
     int np = 0, unused = 0;
     float *work = NULL;
     if ((rc = resolve(&o, &weights, &g.cfg))) goto done;
+    char beside[4096];
+    if (!o.tokenizer && g.cfg.vocab >= GPT2_VOCAB &&
+        tokenizer_beside(o.model, beside, sizeof beside)) {
+        o.tokenizer = beside; /* a Hugging Face directory ships them */
+        if (!o.quiet) fprintf(stderr, "fsc-sample: --tokenizer %s (beside the model)\n", beside);
+    }
     if (o.tokenizer && (rc = fsc_bpe_load(o.tokenizer, &bpe))) goto done;
     if (bpe && fsc_bpe_vocab_size(bpe) > g.cfg.vocab) {
         rc = fsc_error(FSC_ERR_INVALID, "--tokenizer has %d tokens, the model %d",

@@ -213,8 +213,8 @@ static int load_tokenizer(const char *dir, fsc_bpe **bpe) {
         fprintf(stderr,
                 "fsc-tokenize: --tokenizer %s: %s\n"
                 "GPT-2's encoder.json and vocab.bpe are not shipped with fsc: "
-                "scripts/fetch_gpt2_bpe.sh [DIR] fetches them (scripts/install-deps.sh runs it) "
-                "into ~/.cache/fsc/gpt2, the default; or give --tokenizer bytes for byte tokens\n",
+                "scripts/fetch_gpt2_bpe.sh [DIR] fetches them into ~/.cache/fsc/gpt2, the "
+                "default; or give --tokenizer bytes for byte tokens\n",
                 dir, fsc_last_error());
     return rc;
 }

@@ -327,6 +327,12 @@ int main(int argc, char **argv) {
         if (rank == 0) fprintf(stderr, "fsc-train: %s\n", fsc_last_error());
         return fail(NULL, world, 2);
     }
+    /* rank 0 writes the metrics, --resume's from the checkpoint as well */
+    if (rank != 0) o.metrics = NULL;
+    if ((rc = train_options_check(&o))) { /* the same verdict on every rank: said once */
+        if (rank == 0) fprintf(stderr, "fsc-train: %s\n", fsc_last_error());
+        return fail(NULL, world, 2);
+    }
     validation val = {.on = o.eval_every > 0, .loss = NAN};
     fsc_bpe *bpe = NULL;
     if (o.tokenizer && (rc = fsc_bpe_load(o.tokenizer, &bpe))) {

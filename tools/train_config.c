@@ -47,12 +47,54 @@ static int flag_index(const char *name) {
     return -1;
 }
 
-/* Flags of one invocation: never stored, never taken from a checkpoint. */
+/* Edit distance of a and b (lengths under 64), for a misspelt key's suggestion. */
+static int distance(const char *a, const char *b) {
+    int row[64], la = (int)strlen(a), lb = (int)strlen(b);
+    if (la >= 64 || lb >= 64) return 64;
+    for (int j = 0; j <= lb; j++) row[j] = j;
+    for (int i = 1; i <= la; i++) {
+        int diag = row[0];
+        row[0] = i;
+        for (int j = 1; j <= lb; j++) {
+            const int up = row[j], cost = a[i - 1] != b[j - 1];
+            const int best = up + 1 < row[j - 1] + 1 ? up + 1 : row[j - 1] + 1;
+            row[j] = diag + cost < best ? diag + cost : best;
+            diag = up;
+        }
+    }
+    return row[lb];
+}
+
+/* The flag a --config key most likely meant, as " (did you mean \"layers\"?)",
+ * or "" when none is close: the one flag it begins (as the command line's
+ * --lay), else the nearest within a third of its length. */
+static void suggestion(const char *key, char *out, size_t n) {
+    char canon[64];
+    snprintf(canon, sizeof canon, "%s", key);
+    for (char *c = canon; *c; c++)
+        if (*c == '_') *c = '-';
+    const char *best = NULL;
+    int best_d = (int)strlen(canon) / 3 + 1, prefixed = 0;
+    for (int i = 0; train_flag_name(i); i++)
+        if (*canon && !strncmp(train_flag_name(i), canon, strlen(canon)))
+            best = prefixed++ ? NULL : train_flag_name(i);
+    for (int i = 0; !prefixed && train_flag_name(i); i++) {
+        const int d = distance(canon, train_flag_name(i));
+        if (d < best_d) best_d = d, best = train_flag_name(i);
+    }
+    if (best && strcmp(best, "config"))
+        snprintf(out, n, " (did you mean \"%s\"?)", best);
+    else
+        out[0] = '\0';
+}
+
+/* Flags of one invocation: never stored, never taken from a checkpoint. The
+ * outputs (--checkpoint-dir, --save-every, --keep-last, --metrics, --save,
+ * --save-sharded) are stored: a resume keeps saving where the run saved. */
 static bool per_run(const char *name) {
-    static const char *const names[] = {
-        "config",       "resume",         "init-from",  "save-init",      "save",
-        "save-sharded", "metrics",        "trace",      "print-schedule", "quiet",
-        "allow-change", "checkpoint-dir", "save-every", "keep-last",      "progress"};
+    static const char *const names[] = {"config",    "resume",       "init-from",
+                                        "save-init", "trace",        "print-schedule",
+                                        "quiet",     "allow-change", "progress"};
     for (size_t i = 0; i < sizeof names / sizeof *names; i++)
         if (!strcmp(name, names[i])) return true;
     return false;
@@ -123,10 +165,11 @@ int train_config_load(train_options *o, const char *path) {
         const int i = flag_index(m->string);
         const char *v;
         const cJSON *first = cJSON_GetObjectItemCaseSensitive(j, m->string);
-        if (i < 0 || !strcmp(m->string, "config"))
-            rc = fsc_error(FSC_ERR_INVALID, "\"%s\" is not a flag of this tool (see --help)",
-                           m->string);
-        else if (first != m) /* JSON leaves duplicates undefined; cJSON would keep both */
+        char hint[96];
+        if (i < 0 || !strcmp(m->string, "config")) {
+            suggestion(m->string, hint, sizeof hint);
+            rc = fsc_error(FSC_ERR_INVALID, "\"%s\" is not a flag of this tool%s", m->string, hint);
+        } else if (first != m) /* JSON leaves duplicates undefined; cJSON would keep both */
             rc = fsc_error(FSC_ERR_INVALID, "\"%s\" is given twice", m->string);
         else if (o->given[i] == 2) /* the command line wins */
             continue;

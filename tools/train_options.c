@@ -101,7 +101,8 @@ static const flag flags[] = {
     F("reshard-after-forward", ARG_INT, reshard_after_forward,
       "fsdp: 1 frees a unit's parameters after forward (gathers again in backward), 0 keeps them"),
     F("mixed-precision", ARG_STR, mixed_precision,
-      "fsdp: fp32 | bf16 | fp16 (parameters gathered and rounded; fp16 adds loss scaling)"),
+      "fp32 | bf16 (autocast, under every strategy) | fp16 (fsdp: parameters gathered and "
+      "rounded, with loss scaling)"),
     F("reduce-dtype", ARG_STR, reduce_dtype,
       "fsdp, sdp: f32 | bf16 | f16 gradient reduction (fsdp default: the compute dtype)"),
     F("accum-no-sync", ARG_FLAG, accum_no_sync,
@@ -323,8 +324,12 @@ void train_flag_json(const train_options *o, int i, char *buf, size_t n) {
         snprintf(buf, n, *(const uint64_t *)v >> 53 ? "\"%llu\"" : "%llu",
                  (unsigned long long)*(const uint64_t *)v);
         break;
-    case ARG_DOUBLE:
-        snprintf(buf, n, "%.17g", *(const double *)v);
+    case ARG_DOUBLE: /* the shortest text that reads back as the same double (0.003, not
+                      * %.17g's 0.0030000000000000001) */
+        for (int digits = 6; digits <= 17; digits++) {
+            snprintf(buf, n, "%.*g", digits, *(const double *)v);
+            if (strtod(buf, NULL) == *(const double *)v) break;
+        }
         break;
     case ARG_FLOAT: /* the shortest text that reads back as the same float */
         for (int digits = 6; digits <= 9; digits++) {
@@ -366,7 +371,7 @@ int train_flag_set(train_options *o, const char *name, const char *value, int so
         if (source) o->given[k] = (unsigned char)source;
         return (int)k;
     }
-    return fsc_error(FSC_ERR_INVALID, "unknown flag \"%s\" (see --help)", name);
+    return fsc_error(FSC_ERR_INVALID, "unknown flag \"%s\"", name); /* callers add "see --help" */
 }
 
 /* Fails early, before any training, if `path` could not be written later. */
@@ -450,6 +455,9 @@ int train_env_check(void) {
 }
 
 int train_model_resolve(train_options *o) {
+    /* under a launcher with more ranks, no --strategy means ddp (the header says so) */
+    if (!train_flag_given(o, "strategy") && !strcmp(o->strategy, "single") && fsc_dist_size() > 1)
+        o->strategy = "ddp";
     if (!strcmp(o->arch, "gpt2")) {
         o->model.arch = FSC_ARCH_GPT2;
     } else if (!strcmp(o->arch, "llama")) {

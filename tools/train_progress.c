@@ -84,6 +84,7 @@ void progress_header(progress *p, const train_options *o, int ranks) {
     const fsc_gpt_config *m = &o->model;
     char extra[160] = "";
     size_t n = 0;
+    const bool defaulted = ranks > 1 && !train_flag_given(o, "strategy") && !o->resume;
     if (o->pp > 1) n += (size_t)snprintf(extra + n, sizeof extra - n, ", pp %d", o->pp);
     if (o->tp > 1) n += (size_t)snprintf(extra + n, sizeof extra - n, ", tp %d", o->tp);
     if (strcmp(o->mixed_precision, "fp32"))
@@ -91,12 +92,13 @@ void progress_header(progress *p, const train_options *o, int ranks) {
     if (o->checkpoint_activations)
         snprintf(extra + n, sizeof extra - n, ", activations recomputed");
     fprintf(stderr,
-            "fsc-train: GPT L%d C%d H%d T%d V%d (%.2fM parameters) | %s on %d rank%s%s | "
+            "fsc-train: GPT L%d C%d H%d T%d V%d (%.2fM parameters) | %s%s on %d rank%s%s | "
             "%.0f tokens/step (batch %d x grad-accum %d) | %s lr %g, %s, warmup %" PRId64
             " | %" PRId64 " steps | data %s | seed %" PRIu64 "\n",
             m->layers, m->d_model, m->heads, m->seq, m->vocab, (double)fsc_gpt_num_params(m) / 1e6,
-            o->strategy, ranks, ranks > 1 ? "s" : "", extra, p->tokens_per_step, o->batch,
-            o->grad_accum, o->optimizer, o->lr, o->schedule, o->warmup, o->steps, o->data, o->seed);
+            o->strategy, defaulted ? " (the default with more than one rank)" : "", ranks,
+            ranks > 1 ? "s" : "", extra, p->tokens_per_step, o->batch, o->grad_accum, o->optimizer,
+            o->lr, o->schedule, o->warmup, o->steps, o->data, o->seed);
 }
 
 double progress_elapsed(const progress *p) {

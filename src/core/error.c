@@ -60,6 +60,8 @@ int fsc_error_context(int status, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(prefix, sizeof prefix, fmt, ap);
     va_end(ap);
+    /* a message that already names its context is not named twice ("DDP: DDP: ...") */
+    if (!strncmp(old, prefix, strlen(prefix))) return status;
     /* truncating a long message is fine: the specifics come first */
     if (snprintf(last_error, sizeof last_error, "%s%s", prefix, old) < 0) last_error[0] = '\0';
     return status;

@@ -41,7 +41,7 @@ static int setup(fsc_strategy *s, const fsc_optim_config *optim) {
     if (rc) return rc;
     s->fsdp = fsc_fsdp_new(s->model, s->group, o->seed, o->units ? o->units : units, n, optim, &fo);
     free(units);
-    if (!s->fsdp) return fsc_error_context(FSC_ERR_INVALID, "FSDP: ");
+    if (!s->fsdp) return FSC_ERR_INVALID; /* its message names FSDP */
     s->optim = fsc_fsdp_optim(s->fsdp);
     return FSC_OK;
 }

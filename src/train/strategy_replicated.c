@@ -77,7 +77,7 @@ static int setup_ddp_like(fsc_strategy *s, const fsc_optim_config *optim, bool s
                          .probe = s->opt.grad_probe,
                          .probe_user = s->opt.grad_probe_user};
     if (!(s->wrapper = fsc_ddp_wrap(s->model, &s->params, s->group, &d)))
-        return fsc_error_context(FSC_ERR_INVALID, "DDP: ");
+        return FSC_ERR_INVALID; /* its message names DDP */
     s->module = s->wrapper;
     return make_optim(s, optim, sharded);
 }

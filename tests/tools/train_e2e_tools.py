@@ -43,7 +43,8 @@ def config():
     p = subprocess.run([FSC_TRAIN, "--config", cfg, "--checkpoint-dir", ck, "--save-every", "4",
                         "--metrics", m], capture_output=True, text=True, env=env, timeout=600)
     assert p.returncode == 3 and len(metrics(m)) == 4, (p.returncode, p.stderr)
-    p = run("--resume", ck, "--metrics", m)  # no model flags, no schedule, no --config
+    # no model flags, no schedule, no --config; --save-every 0: the later resumes start at step 4
+    p = run("--resume", ck, "--metrics", m, "--save-every", "0")
     got = [r["loss"] for r in metrics(m)]
     if [r["step"] for r in metrics(m)] != list(range(1, 9)):
         sys.exit(f"FAIL: --resume did not append steps 5-8 to the metrics: {got}")
@@ -54,7 +55,7 @@ def config():
         sys.exit(f"FAIL: the resumed run's losses differ from the uninterrupted run's ({rel:.2e})")
     # two ranks, no --batch: 2 per rank keeps the global batch of 4
     m2 = os.path.join(TMP, "resumed2.jsonl")
-    p = mpiexec(2, "--strategy", "ddp", "--resume", ck, "--metrics", m2)
+    p = mpiexec(2, "--strategy", "ddp", "--resume", ck, "--metrics", m2, "--save-every", "0")
     rel = max(abs(r["loss"] - b) / abs(b) for r, b in zip(metrics(m2), ref[4:]))
     # measured max rel 2.1e-7 (Haswell), 0 (SkylakeX): 48x headroom
     if "--batch 2 per rank keeps the global batch" not in p.stderr or rel > 1e-5:
@@ -124,7 +125,7 @@ def config():
     mpiexec(2, "--config", cfg, "--strategy", "ddp", *moe, "--save", mw, "--metrics", mfull,
             "--checkpoint-dir", mck, "--save-every", "4")
     step4 = sorted(d for d in os.listdir(mck) if d != "latest" and "4" in d)[0]
-    p = mpiexec(2, "--resume", os.path.join(mck, step4), "--metrics", mres)
+    p = mpiexec(2, "--resume", os.path.join(mck, step4), "--metrics", mres, "--save-every", "0")
     full, res = [r["loss"] for r in metrics(mfull)], [r["loss"] for r in metrics(mres)]
     if res != full[4:]:
         sys.exit(f"FAIL: MoE resume on 2 ranks: {res} vs uninterrupted {full[4:]}\n{p.stderr}")

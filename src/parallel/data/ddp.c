@@ -225,9 +225,14 @@ static int broadcast_replicated(ddp *d) {
 fsc_module *fsc_ddp_wrap(fsc_module *child, fsc_params *params, fsc_group *g,
                          const fsc_ddp_options *opt) {
     fsc_ddp_options o = opt ? *opt : (fsc_ddp_options){0};
-    if (!child || !params || !params->grad || !g) {
-        fsc_error(FSC_ERR_INVALID, "DDP: needs a model, its bound parameters with gradients, "
-                                   "and a group");
+    if (child && params && params->grad && !g) {
+        fsc_error(FSC_ERR_INVALID, "DDP: no process group (call fsc_dist_init first, or pass "
+                                   "a group)");
+        return NULL;
+    }
+    if (!child || !params || !params->grad) {
+        fsc_error(FSC_ERR_INVALID, "DDP: needs a model and its bound parameters with "
+                                   "gradients");
         return NULL;
     }
     if (o.bucket_bytes == 0) o.bucket_bytes = (size_t)25 << 20;
