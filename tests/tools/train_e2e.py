@@ -4,7 +4,8 @@ PyTorch is present) its models and losses agree with PyTorch.
 
 usage: train_e2e.py FSC_TRAIN {learns|accum|strategies|watchdog|resume|bad-input|torch|
                               fsdp|fsdp-precision|fsdp-files|validation|formats|sample|
-                              config|signals|optimizers|consistency|plot|io-faults|llama}
+                              config|signals|optimizers|consistency|plot|io-faults|llama|
+                              resume-outputs|launcher|sample-tokenizer|messages}
 One mode a ctest (train_<mode>); the checks live by feature in the train_e2e_*.py
 modules beside this file, what they share in train_e2e_common.py. (The progress
 output is tests/tools/progress_e2e.py.)
@@ -19,6 +20,7 @@ import train_e2e_io as io
 import train_e2e_llama as llama_e2e
 import train_e2e_tools as tools
 import train_e2e_training as training
+import train_e2e_user as user
 
 MODES = {
     "learns": training.learns,
@@ -41,6 +43,10 @@ MODES = {
     "config": tools.config,
     "sample": tools.sample,
     "plot": tools.plot,
+    "resume-outputs": user.resume_outputs,
+    "launcher": user.launcher,
+    "sample-tokenizer": user.sample_tokenizer,
+    "messages": user.messages,
 }
 
 MODES[sys.argv[2]]()

@@ -1,0 +1,138 @@
+"""fsc-train and its tools as a new user meets them (issue 28): a resumed run keeps
+saving where the run it continues saved; under a launcher the default strategy is
+one that spans the ranks, and a refusal is said once; fsc-sample never feeds a
+GPT-2-sized model bytes; mistakes get a hint, and a prefix is never said twice."""
+import os
+import shutil
+import subprocess
+import sys
+
+from train_e2e_common import FSC_TRAIN, TINY, TMP, expect_refused, metrics, mpiexec, run
+
+TOOLS = os.path.dirname(FSC_TRAIN)
+
+
+def resume_outputs():
+    """--resume DIR alone, twice: each segment writes its checkpoints into the first run's
+    --checkpoint-dir (pruned by its --keep-last), appends its rows to its --metrics and
+    rewrites its --save; a flag given on the command line still wins. The echo of the
+    taken flags prints each number as its shortest text (--lr 0.003)."""
+    ck, m = os.path.join(TMP, "out-ck"), os.path.join(TMP, "out.jsonl")
+    w = os.path.join(TMP, "out.safetensors")
+    run(*TINY, "--steps", "4", "--lr", "0.003", "--schedule", "constant", "--checkpoint-dir", ck,
+        "--save-every", "2", "--keep-last", "4", "--metrics", m, "--save", w, "--quiet")
+    os.remove(w)
+    p = run("--resume", ck, "--steps", "8")
+    taken = next((l for l in p.stderr.splitlines() if "from the checkpoint" in l), "")
+    print("   " + taken)
+    for flag in ("--checkpoint-dir", "--save-every 2", "--keep-last 4", "--metrics", "--save",
+                 "--lr 0.003 "):
+        if flag not in taken + " ":
+            sys.exit(f"FAIL: the resume did not take {flag.strip()} from the checkpoint:\n"
+                     f"{p.stderr}")
+    if "0.0030000000000000001" in p.stderr:
+        sys.exit(f"FAIL: the echo prints --lr as %.17g does:\n{taken}")
+    if not os.path.exists(w):
+        sys.exit("FAIL: the resumed run did not write the first run's --save")
+    run("--resume", ck, "--steps", "12", "--quiet")
+    steps = sorted(d for d in os.listdir(ck) if d.startswith("step-"))
+    want = [f"step-{s:06d}" for s in (6, 8, 10, 12)]
+    if steps != want:
+        sys.exit(f"FAIL: checkpoints of the three segments: {steps}, expected {want} "
+                 "(--save-every 2, --keep-last 4)")
+    rows = [r["step"] for r in metrics(m)]
+    if rows != list(range(1, 13)):
+        sys.exit(f"FAIL: the metrics rows of the three segments: steps {rows}, expected 1-12")
+    print(f"ok  --resume alone, twice: checkpoints {steps}; metrics steps 1-12 in one file")
+    other = os.path.join(TMP, "other.jsonl")
+    run("--resume", ck, "--steps", "13", "--metrics", other, "--save-every", "0", "--quiet")
+    if [r["step"] for r in metrics(other)] != [13] or len(metrics(m)) != 12:
+        sys.exit("FAIL: --metrics given with --resume did not win over the checkpoint's")
+    print("ok  --metrics given with --resume wins over the checkpoint's")
+
+
+def launcher():
+    """mpiexec -n 2 without --strategy trains under ddp and says so in the header line;
+    a refusal found by every rank is printed once."""
+    m = os.path.join(TMP, "launch.jsonl")
+    p = mpiexec(2, *TINY, "--steps", "2", "--metrics", m)
+    header = next((l for l in p.stderr.splitlines() if "tokens/step" in l), "")
+    if "ddp (the default with more than one rank) on 2 ranks" not in header:
+        sys.exit(f"FAIL: no ddp default in the header line:\n{p.stderr}")
+    print("ok  2 ranks, no --strategy:", header[header.index("ddp"):][:60])
+    p = mpiexec(2, *TINY, "--steps", "2", "--strategy", "single", expect_ok=False)
+    expect_refused(p, "--strategy single runs in one process", "single under mpiexec")
+    said = p.stderr.count("--strategy single runs in one process")
+    if said != 1:
+        sys.exit(f"FAIL: the refusal was printed {said} times:\n{p.stderr}")
+    p = mpiexec(2, *TINY, "--steps", "2", "--save-every", "1", expect_ok=False)
+    if p.stderr.count("--save-every needs --checkpoint-dir") != 1:
+        sys.exit(f"FAIL: a flag refusal under mpiexec is not printed once:\n{p.stderr}")
+    print("ok  refusals under mpiexec are printed once")
+
+
+def sample_tokenizer():
+    """A 50,257-token model is not given a prompt as bytes: without --tokenizer fsc-sample
+    refuses and says what to pass; with GPT-2's BPE files beside the model it uses them."""
+    sample = os.path.join(TOOLS, "fsc-sample")
+    d = os.path.join(TMP, "gpt2-sized")
+    os.mkdir(d)
+    w = os.path.join(d, "model.safetensors")
+    run("--layers", "1", "--d-model", "32", "--heads", "2", "--seq", "16", "--batch", "2",
+        "--steps", "1", "--vocab", "50257", "--save", w, "--quiet")
+
+    def gen(*args):
+        return subprocess.run([sample, "--model", w, "--max-new-tokens", "3", *args],
+                              capture_output=True, text=True, timeout=300)
+    for args in (["--prompt", "Hello"], []):
+        p = gen(*args)
+        expect_refused(p, "--tokenizer DIR", f"fsc-sample {args} without --tokenizer")
+        if "--prompt-ids" not in p.stderr:
+            sys.exit(f"FAIL: the refusal does not name --prompt-ids:\n{p.stderr}")
+    print("ok  fsc-sample, 50257 tokens, no --tokenizer ->", p.stderr.strip()[:110])
+    p = gen("--prompt-ids", "464,3290", "--ids", "--quiet")
+    if p.returncode != 0 or len(p.stdout.split()) != 3:
+        sys.exit(f"FAIL: --prompt-ids with --ids: exit {p.returncode}:\n{p.stdout}{p.stderr}")
+    print("ok  --prompt-ids with --ids: ids in, ids out")
+    bpe = os.environ.get("FSC_GPT2_BPE_DIR", os.path.expanduser("~/.cache/fsc/gpt2"))
+    if not os.path.exists(os.path.join(bpe, "vocab.bpe")):
+        print("SKIP: GPT-2's BPE files are not there (scripts/fetch_gpt2_bpe.sh): none beside")
+        return
+    for f in ("encoder.json", "vocab.bpe"):
+        shutil.copy(os.path.join(bpe, f), d)
+    p = gen("--prompt", "Hello")
+    if p.returncode != 0 or "beside the model" not in p.stderr:
+        sys.exit(f"FAIL: the BPE files beside the model were not used:\n{p.stderr}")
+    print("ok  the BPE files beside the model are taken:", p.stderr.splitlines()[0])
+
+
+def messages():
+    """An unknown --config key gets the command line's hint; "(see --help)" is said once;
+    --help says bf16 runs under every strategy; fsc-tokenize names the script that fetches
+    GPT-2's files, not install-deps.sh."""
+    cfg = os.path.join(TMP, "typo.json")
+    for key in ("lay", "layres", "d_modle"):
+        open(cfg, "w").write('{"%s": 2}' % key)
+        p = run("--config", cfg, expect_ok=False)
+        want = "layers" if key != "d_modle" else "d-model"
+        expect_refused(p, f'(did you mean "{want}"?)', f"--config key {key!r}")
+        if p.stderr.count("(see --help)") > 1:
+            sys.exit(f"FAIL: doubled '(see --help)':\n{p.stderr}")
+        print(f"ok  --config {{{key!r}: 2}} ->", p.stderr.strip()[:110])
+    p = run("--bogus", expect_ok=False)
+    if p.stderr.count("(see --help)") != 1:
+        sys.exit(f"FAIL: '(see --help)' is not said once:\n{p.stderr}")
+    help_text = run("--help").stdout
+    line = next(l for l in help_text.splitlines() if "--mixed-precision" in l)
+    if "fsdp: fp32 | bf16" in line or "every strategy" not in line:
+        sys.exit(f"FAIL: --help still says --mixed-precision is fsdp-only: {line}")
+    print("ok  --help:", line.strip()[:100])
+    text = os.path.join(TMP, "t.txt")
+    open(text, "w").write("hello\n")
+    p = subprocess.run([os.path.join(TOOLS, "fsc-tokenize"), "-o", os.path.join(TMP, "tok"),
+                        "--tokenizer", os.path.join(TMP, "no-bpe-here"), text],
+                       capture_output=True, text=True, timeout=60)
+    expect_refused(p, "fetch_gpt2_bpe.sh", "fsc-tokenize without BPE files")
+    if "install-deps.sh" in p.stderr:
+        sys.exit(f"FAIL: fsc-tokenize says install-deps.sh fetches the BPE files:\n{p.stderr}")
+    print("ok  fsc-tokenize without BPE files names scripts/fetch_gpt2_bpe.sh only")
