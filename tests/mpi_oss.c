@@ -114,7 +114,7 @@ static void run_oss(const run_cfg *c, run_out *out) {
         assert_int_equal(fsc_oss_step(o), FSC_OK);
     }
     if (c->save) {
-        assert_int_equal(fsc_oss_save_state(o, c->save, 0), FSC_OK);
+        assert_int_equal(fsc_oss_save_optim(o, c->save, 0), FSC_OK);
         assert_state_is_file(o, fsc_group_rank(g), &ps, c->save);
     }
     out->stats = fsc_group_get_stats(g);
@@ -343,7 +343,7 @@ static void test_tiny_model_and_bad_arguments(void **state) {
         }
         assert_memory_equal(ps.data, ref.data, sizeof(float) * (size_t)ps.numel);
         /* bad arguments: refused before any communication */
-        assert_int_equal(fsc_oss_save_state(o, "/nonexistent/x", world), FSC_ERR_INVALID);
+        assert_int_equal(fsc_oss_save_optim(o, "/nonexistent/x", world), FSC_ERR_INVALID);
         assert_non_null(strstr(fsc_last_error(), "root"));
         assert_int_equal(fsc_oss_clip_grad_norm(o, -1.0f, false, NULL), FSC_ERR_INVALID);
         assert_int_equal(fsc_oss_set_lr(o, -1.0), FSC_ERR_INVALID);
@@ -459,7 +459,7 @@ static void assert_state_is_file(fsc_oss *o, int grank, const fsc_params *ps, co
  * `needle`, and the state still equal to `intact`. */
 static void assert_refused(model *md, const char *path, int code, const char *needle,
                            const char *intact) {
-    int rc = fsc_oss_load_state(md->o, path);
+    int rc = fsc_oss_load_optim(md->o, path);
     fprintf(stderr, "rank %d: refused %s: %s\n", rank, path, fsc_last_error());
     if (code)
         assert_int_equal(rc, code);
@@ -472,7 +472,7 @@ static void assert_refused(model *md, const char *path, int code, const char *ne
 static void save_fresh(const fsc_gpt_config *cfg, const fsc_optim_config *optim, const char *path) {
     model md;
     model_new(&md, cfg, optim, FSC_PARTITION_EVEN, NULL);
-    assert_int_equal(fsc_oss_save_state(md.o, path, fsc_group_size(md.g) - 1), FSC_OK);
+    assert_int_equal(fsc_oss_save_optim(md.o, path, fsc_group_size(md.g) - 1), FSC_OK);
     model_free(&md);
 }
 
@@ -502,7 +502,7 @@ static void test_state_dict(void **state) {
     for (int pol = 0; pol < 2; pol++) {
         model md;
         model_new(&md, &EQ_MODEL, &EQ_ADAMW, (fsc_partition_policy)pol, NULL);
-        assert_int_equal(fsc_oss_load_state(md.o, file), FSC_OK);
+        assert_int_equal(fsc_oss_load_optim(md.o, file), FSC_OK);
         assert_int_equal(fsc_optim_get_step(fsc_oss_local(md.o)), 3);
         assert_state_is_file(md.o, rank, &md.ps, file);
         model_free(&md);
@@ -516,11 +516,11 @@ static void test_state_dict(void **state) {
     run_oss(&ce, &out);
     free(out.params);
     /* a file that cannot be written: every rank fails, none hangs */
-    assert_int_equal(fsc_oss_save_state(NULL, "x", 0), FSC_ERR_INVALID);
+    assert_int_equal(fsc_oss_save_optim(NULL, "x", 0), FSC_ERR_INVALID);
     {
         model md;
         model_new(&md, &EQ_MODEL, &EQ_ADAMW, FSC_PARTITION_EVEN, NULL);
-        int rc = fsc_oss_save_state(md.o, "/nonexistent-dir/state.safetensors", 0);
+        int rc = fsc_oss_save_optim(md.o, "/nonexistent-dir/state.safetensors", 0);
         fprintf(stderr, "rank %d: unwritable: %s\n", rank, fsc_last_error());
         assert_int_equal(rc, FSC_ERR_IO);
         /* MPI-IO (the default): every rank names the file; one writer: the others say so */
@@ -533,13 +533,13 @@ static void test_state_dict(void **state) {
     assert_int_equal(fsc_group_split(fsc_group_world(), rank, 0, "alone", &alone), FSC_OK);
     model one;
     model_new(&one, &EQ_MODEL, &EQ_ADAMW, FSC_PARTITION_GREEDY, alone);
-    assert_int_equal(fsc_oss_load_state(one.o, file), FSC_OK);
+    assert_int_equal(fsc_oss_load_optim(one.o, file), FSC_OK);
     assert_int_equal(fsc_oss_partition(one.o)->world, 1);
     assert_state_is_file(one.o, 0, &one.ps, file);
     model_free(&one);
     assert_int_equal(fsc_group_split(fsc_group_world(), rank, 0, "alone", &alone), FSC_OK);
     model_new(&one, &EQ_MODEL, &EQ_SGD_MOMENTUM, FSC_PARTITION_EVEN, alone);
-    assert_int_equal(fsc_oss_load_state(one.o, even), FSC_OK);
+    assert_int_equal(fsc_oss_load_optim(one.o, even), FSC_OK);
     assert_int_equal(fsc_optim_get_step(fsc_oss_local(one.o)), 2);
     assert_state_is_file(one.o, 0, &one.ps, even);
     model_free(&one);
@@ -568,7 +568,7 @@ static void test_state_dict(void **state) {
     fsc_group_barrier(fsc_group_world());
     model md;
     model_new(&md, &EQ_MODEL, &EQ_ADAMW, FSC_PARTITION_EVEN, NULL);
-    assert_int_equal(fsc_oss_load_state(md.o, file), FSC_OK);
+    assert_int_equal(fsc_oss_load_optim(md.o, file), FSC_OK);
     assert_refused(&md, big, FSC_ERR_SHAPE, "wte.weight", file);
     assert_refused(&md, onel, FSC_ERR_NOT_FOUND, "optim.exp_avg.h.1.", file);
     assert_refused(&md, sgd, FSC_ERR_INVALID, "SGD", file);
@@ -579,7 +579,7 @@ static void test_state_dict(void **state) {
     /* and the other way: SGD momentum refuses the AdamW file, keeps its own */
     model sg;
     model_new(&sg, &EQ_MODEL, &EQ_SGD_MOMENTUM, FSC_PARTITION_GREEDY, NULL);
-    assert_int_equal(fsc_oss_load_state(sg.o, sgd), FSC_OK);
+    assert_int_equal(fsc_oss_load_optim(sg.o, sgd), FSC_OK);
     assert_refused(&sg, file, FSC_ERR_INVALID, "AdamW", sgd);
     model_free(&sg);
 }

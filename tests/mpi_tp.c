@@ -330,7 +330,7 @@ static float *run_tp(const gpt_run *c, int t, int64_t *numel) {
     if (c->max_norm > 0) assert_true(first_norm > c->max_norm); /* the clip bites */
     char path[128];
     snprintf(path, sizeof path, "%s/tp%d_%d.safetensors", dir, t, color);
-    assert_int_equal(fsc_tp_weights_save(path, m, &ps, g, 0, NULL, NULL), FSC_OK);
+    assert_int_equal(fsc_tp_save_weights(path, m, &ps, g, 0, NULL, NULL), FSC_OK);
     float *out = read_whole(&c->model, path, numel);
     assert_int_equal(fsc_group_barrier(g), FSC_OK); /* read before the next run rewrites it */
     fsc_arena_free(arena);

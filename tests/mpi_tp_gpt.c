@@ -76,7 +76,7 @@ static void check_weights(int vocab) {
     fsc_params pa, pb;
     assert_int_equal(fsc_tp_params_bind(a, 5, false, &pa), FSC_OK);
     assert_int_equal(fsc_tp_params_bind(b, 77, false, &pb), FSC_OK);
-    assert_int_equal(fsc_tp_weights_save(tp, a, &pa, fsc_group_world(), 1, keys, values), FSC_OK);
+    assert_int_equal(fsc_tp_save_weights(tp, a, &pa, fsc_group_world(), 1, keys, values), FSC_OK);
     assert_int_equal(fsc_group_barrier(fsc_group_world()), FSC_OK);
     long n1, n2;
     unsigned char *f1 = slurp(one, &n1), *f2 = slurp(tp, &n2);
@@ -86,7 +86,7 @@ static void check_weights(int vocab) {
     free(f1), free(f2);
     /* the one-process file loads into exactly the slices a TP init draws */
     int unused = -1;
-    assert_int_equal(fsc_tp_weights_load(one, b, &pb, &unused), FSC_OK);
+    assert_int_equal(fsc_tp_load_weights(one, b, &pb, &unused), FSC_OK);
     assert_int_equal(unused, 0);
     assert_memory_equal(pa.data, pb.data, sizeof(float) * (size_t)pa.numel);
     /* padding rows: zero */
@@ -124,7 +124,7 @@ static void test_weights_by_global_name(void **state) {
     assert_int_equal(fsc_tp_params_bind(m, 5, false, &ps), FSC_OK);
     float *before = malloc(sizeof(float) * (size_t)ps.numel);
     memcpy(before, ps.data, sizeof(float) * (size_t)ps.numel);
-    assert_int_equal(fsc_tp_weights_load(path, m, &ps, NULL), FSC_ERR_NOT_FOUND);
+    assert_int_equal(fsc_tp_load_weights(path, m, &ps, NULL), FSC_ERR_NOT_FOUND);
     assert_non_null(strstr(fsc_last_error(), "h.1."));
     assert_memory_equal(before, ps.data, sizeof(float) * (size_t)ps.numel);
     free(before);

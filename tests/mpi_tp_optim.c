@@ -262,8 +262,8 @@ static void test_runs_bitwise(void **state) {
         /* and both optimizers save the same file, byte for byte */
         char pa[128], pb[128];
         path_of(pa, "runs"), path_of(pb, "whole");
-        assert_int_equal(fsc_tp_optim_save(a.st, pa, 0), FSC_OK);
-        assert_int_equal(fsc_tp_optim_save(b.st, pb, world - 1), FSC_OK);
+        assert_int_equal(fsc_tp_save_optim(a.st, pa, 0), FSC_OK);
+        assert_int_equal(fsc_tp_save_optim(b.st, pb, world - 1), FSC_OK);
         long na, nb;
         unsigned char *fa = slurp(pa, &na), *fb = slurp(pb, &nb);
         assert_int_equal(na, nb);
@@ -302,7 +302,7 @@ static int solo_state(const char *path, int micro, bool reverse) {
     const fsc_gpt_config cfg = model();
     int bad = solo_init(&s, &cfg, &EQ_ADAMW);
     for (int k = 0; !bad && k < K1; k++) bad = solo_step(&s, k, micro, reverse);
-    if (!bad) bad = fsc_oss_save_state(s.oss, path, 0) != FSC_OK;
+    if (!bad) bad = fsc_oss_save_optim(s.oss, path, 0) != FSC_OK;
     if (bad) fprintf(stderr, "one process: %s\n", fsc_last_error());
     solo_free(&s);
     return bad;
@@ -316,7 +316,7 @@ static void test_state_equals_one_process(void **state) {
     tp_run t;
     tp_init(&t, &cfg, &EQ_ADAMW, false, false);
     for (int k = 0; k < K1; k++) tp_step(&t, k, 0.f, NULL);
-    assert_int_equal(fsc_tp_optim_save(t.st, rank == 0 ? tp : NULL, 0), FSC_OK);
+    assert_int_equal(fsc_tp_save_optim(t.st, rank == 0 ? tp : NULL, 0), FSC_OK);
     tp_free(&t);
     int bad = 0;
     if (rank == 0) {
@@ -370,15 +370,15 @@ static void test_resume(void **state) {
     tp_init(&t, &cfg, &EQ_ADAMW, true, false);
     tp_init(&u, &cfg, &EQ_ADAMW, true, false);
     for (int k = 0; k < K1; k++) tp_step(&t, k, 0.f, NULL);
-    assert_int_equal(fsc_tp_weights_save(w_tp, t.m, &t.ps, fsc_group_world(), 0, NULL, NULL),
+    assert_int_equal(fsc_tp_save_weights(w_tp, t.m, &t.ps, fsc_group_world(), 0, NULL, NULL),
                      FSC_OK);
-    assert_int_equal(fsc_tp_optim_save(t.st, s_tp, 0), FSC_OK);
+    assert_int_equal(fsc_tp_save_optim(t.st, s_tp, 0), FSC_OK);
     tp_free(&t);
     for (int k = 0; k < EQ_STEPS; k++) tp_step(&u, k, 0.f, NULL);
     /* TP resumed from its own files: bitwise the uninterrupted TP run */
     tp_init(&t, &cfg, &EQ_ADAMW, true, false);
-    assert_int_equal(fsc_tp_weights_load(w_tp, t.m, &t.ps, NULL), FSC_OK);
-    assert_int_equal(fsc_tp_optim_load(t.st, s_tp), FSC_OK);
+    assert_int_equal(fsc_tp_load_weights(w_tp, t.m, &t.ps, NULL), FSC_OK);
+    assert_int_equal(fsc_tp_load_optim(t.st, s_tp), FSC_OK);
     assert_int_equal(fsc_optim_get_step(t.opt), K1);
     for (int k = K1; k < EQ_STEPS; k++) tp_step(&t, k, 0.f, NULL);
     assert_memory_equal(t.ps.data, u.ps.data, sizeof(float) * (size_t)t.ps.numel);
@@ -392,7 +392,7 @@ static void test_resume(void **state) {
         CHECK(bad, s.ps.numel == numel);
         int unused = -1;
         CHECK(bad, fsc_weights_load(w_tp, &s.ps, &unused) == FSC_OK && unused == 0);
-        CHECK(bad, fsc_oss_load_state(s.oss, s_tp) == FSC_OK);
+        CHECK(bad, fsc_oss_load_optim(s.oss, s_tp) == FSC_OK);
         CHECK(bad, fsc_optim_get_step(fsc_oss_local(s.oss)) == K1);
         for (int k = K1; !bad && k < EQ_STEPS; k++) bad += solo_step(&s, k, 1, false);
         if (!bad) {
@@ -405,7 +405,7 @@ static void test_resume(void **state) {
         bad += solo_init(&s, &cfg, &EQ_ADAMW);
         for (int k = 0; !bad && k < K1; k++) bad += solo_step(&s, k, 1, false);
         CHECK(bad, fsc_weights_save(w_one, &s.ps, 0, NULL, NULL) == FSC_OK);
-        CHECK(bad, fsc_oss_save_state(s.oss, s_one, 0) == FSC_OK);
+        CHECK(bad, fsc_oss_save_optim(s.oss, s_one, 0) == FSC_OK);
         solo_free(&s);
     }
     assert_rank0_ok(bad);
@@ -415,7 +415,7 @@ static void test_resume(void **state) {
     solo d;
     assert_int_equal(solo_init_on(&d, &cfg, &EQ_ADAMW, fsc_group_world(), FSC_PARTITION_EVEN), 0);
     assert_int_equal(fsc_weights_load(w_tp, &d.ps, NULL), FSC_OK);
-    assert_int_equal(fsc_oss_load_state(d.oss, s_tp), FSC_OK);
+    assert_int_equal(fsc_oss_load_optim(d.oss, s_tp), FSC_OK);
     for (int k = K1; k < EQ_STEPS; k++) assert_int_equal(solo_step(&d, k, 1, false), 0);
     bad = 0;
     if (rank == 0) {
@@ -428,7 +428,7 @@ static void test_resume(void **state) {
     /* ... and OSS over the world to K1, saved, for TP below */
     assert_int_equal(solo_init_on(&d, &cfg, &EQ_ADAMW, fsc_group_world(), FSC_PARTITION_EVEN), 0);
     for (int k = 0; k < K1; k++) assert_int_equal(solo_step(&d, k, 1, false), 0);
-    assert_int_equal(fsc_oss_save_state(d.oss, s_dp, 0), FSC_OK);
+    assert_int_equal(fsc_oss_save_optim(d.oss, s_dp, 0), FSC_OK);
     bad = rank == 0 ? fsc_weights_save(w_dp, &d.ps, 0, NULL, NULL) != FSC_OK : 0;
     assert_rank0_ok(bad);
     solo_free(&d);
@@ -436,11 +436,11 @@ static void test_resume(void **state) {
     const char *from_w[] = {w_one, w_dp}, *from_s[] = {s_one, s_dp};
     for (int src = 0; src < 2; src++) {
         tp_init(&t, &cfg, &EQ_ADAMW, false, false);
-        assert_int_equal(fsc_tp_weights_load(from_w[src], t.m, &t.ps, NULL), FSC_OK);
-        assert_int_equal(fsc_tp_optim_load(t.st, from_s[src]), FSC_OK);
+        assert_int_equal(fsc_tp_load_weights(from_w[src], t.m, &t.ps, NULL), FSC_OK);
+        assert_int_equal(fsc_tp_load_optim(t.st, from_s[src]), FSC_OK);
         assert_int_equal(fsc_optim_get_step(t.opt), K1);
         for (int k = K1; k < EQ_STEPS; k++) tp_step(&t, k, 0.f, NULL);
-        assert_int_equal(fsc_tp_weights_save(w_res, t.m, &t.ps, fsc_group_world(), 0, NULL, NULL),
+        assert_int_equal(fsc_tp_save_weights(w_res, t.m, &t.ps, fsc_group_world(), 0, NULL, NULL),
                          FSC_OK);
         tp_free(&t);
         bad = 0;
@@ -485,7 +485,7 @@ static void expect_refused(tp_run *t, const char *path, int code, const char *sa
     for (int i = 0; i < t->nr; i++) n += t->r[i].n;
     float *before = snapshot(t);
     const int64_t step = fsc_optim_get_step(t->opt);
-    const int rc = fsc_tp_optim_load(t->st, path);
+    const int rc = fsc_tp_load_optim(t->st, path);
     fprintf(stderr, "rank %d: %s refused: %s\n", rank, path, fsc_last_error());
     assert_int_equal(rc, code);
     if (says) assert_non_null(strstr(fsc_last_error(), says));
@@ -513,7 +513,7 @@ static void test_refuse_other_files(void **state) {
             solo s;
             bad += solo_init(&s, models[i], optims[i]);
             if (!bad) bad += solo_step(&s, 0, 1, false);
-            CHECK(bad, fsc_oss_save_state(s.oss, paths[i], 0) == FSC_OK);
+            CHECK(bad, fsc_oss_save_optim(s.oss, paths[i], 0) == FSC_OK);
             solo_free(&s);
         }
     }
@@ -528,13 +528,13 @@ static void test_refuse_other_files(void **state) {
     /* and the state still saves and steps */
     char ok[128];
     path_of(ok, "after_refusals");
-    assert_int_equal(fsc_tp_optim_save(t.st, ok, 0), FSC_OK);
-    assert_int_equal(fsc_tp_optim_load(t.st, ok), FSC_OK);
+    assert_int_equal(fsc_tp_save_optim(t.st, ok, 0), FSC_OK);
+    assert_int_equal(fsc_tp_load_optim(t.st, ok), FSC_OK);
     assert_int_equal(fsc_optim_get_step(t.opt), 2);
     tp_free(&t);
     /* NULL arguments */
-    assert_int_equal(fsc_tp_optim_save(NULL, ok, 0), FSC_ERR_INVALID);
-    assert_int_equal(fsc_tp_optim_load(NULL, ok), FSC_ERR_INVALID);
+    assert_int_equal(fsc_tp_save_optim(NULL, ok, 0), FSC_ERR_INVALID);
+    assert_int_equal(fsc_tp_load_optim(NULL, ok), FSC_ERR_INVALID);
     fsc_optim_range *r = (fsc_optim_range *)1;
     int n = 7;
     assert_int_equal(fsc_tp_optim_ranges(NULL, NULL, &r, &n), FSC_ERR_INVALID);

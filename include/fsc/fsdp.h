@@ -148,26 +148,26 @@ FSC_API int fsc_fsdp_release_full_params(fsc_fsdp *f, bool writeback);
  * `root` writes it while units are gathered one at a time (never the whole
  * model on one rank). path is needed on root only. Collective; every rank
  * returns the same status. */
-FSC_API int fsc_fsdp_save_full(fsc_fsdp *f, const char *path, int root, int n_meta,
-                               const char *const *keys, const char *const *values);
+FSC_API int fsc_fsdp_save_weights(fsc_fsdp *f, const char *path, int root, int n_meta,
+                                  const char *const *keys, const char *const *values);
 /* Every rank reads its shards' slices from a full state dict (written by any
  * world size, or by fsc_weights_save). Validated first (names, shapes) on
  * every rank; nothing changes unless every rank succeeded. Collective. */
-FSC_API int fsc_fsdp_load_full(fsc_fsdp *f, const char *path);
+FSC_API int fsc_fsdp_load_weights(fsc_fsdp *f, const char *path);
 /* Sharded (local) state dict: this rank's flat shards with the layout in the
  * metadata (fsc/flat_shards.h), one file per rank; fsc-consolidate rebuilds
  * the full state dict from them offline. Not collective. */
 FSC_API int fsc_fsdp_save_sharded(fsc_fsdp *f, const char *path, int n_meta,
                                   const char *const *keys, const char *const *values);
 /* Loads this rank's shard file, written at the same world size and layout.
- * Refused (FSC_ERR_INVALID) during a step or a summon, as fsc_fsdp_load_full. */
+ * Refused (FSC_ERR_INVALID) during a step or a summon, as fsc_fsdp_load_weights. */
 FSC_API int fsc_fsdp_load_sharded(fsc_fsdp *f, const char *path);
-/* Optimizer state by global parameter name (the format of fsc_oss_save_state,
+/* Optimizer state by global parameter name (the format of fsc_oss_save_optim,
  * loadable at any world size, by OSS or FSDP). Collective. */
-FSC_API int fsc_fsdp_save_optim_state(fsc_fsdp *f, const char *path, int root);
-/* Reads such a file (as fsc_oss_load_state: any world size, staged, all or
+FSC_API int fsc_fsdp_save_optim(fsc_fsdp *f, const char *path, int root);
+/* Reads such a file (as fsc_oss_load_optim: any world size, staged, all or
  * nothing on every rank). Collective. */
-FSC_API int fsc_fsdp_load_optim_state(fsc_fsdp *f, const char *path);
+FSC_API int fsc_fsdp_load_optim(fsc_fsdp *f, const char *path);
 
 /* ---- what it did ------------------------------------------------------------------- */
 typedef struct fsc_fsdp_stats {

@@ -140,10 +140,10 @@ FSC_API int fsc_moe_save_weights(fsc_params *ps, fsc_group *g, const char *path,
 
 /* Optimizer state of parameters whose expert entries are sharded over g as
  * fsc_moe_new places them (the rest alike on every rank), by global name:
- * the file fsc_oss_save_state writes for the one-process model, every expert
+ * the file fsc_oss_save_optim writes for the one-process model, every expert
  * under its global name (h.N.mlp.experts.{e}.*), so it loads at any
  * expert-parallel size with the same experts (fsc_moe_load_optim), or into
- * one process holding every expert (fsc_oss_load_state). optim is the
+ * one process holding every expert (fsc_oss_load_optim). optim is the
  * optimizer over this rank's ps (any ranges over its tensors, e.g.
  * fsc_oss_local of an OSS over fsc_group_self()). Saving, each rank writes
  * its experts' state and an even share of the rest through MPI-IO (with
@@ -151,13 +151,13 @@ FSC_API int fsc_moe_save_weights(fsc_params *ps, fsc_group *g, const char *path,
  * on root only. Loading, each rank reads the replicated state and its own
  * experts' and sets the step; the file is validated and staged on every
  * rank and committed only if every rank could (kind, state, names and
- * shapes checked as fsc_oss_load_state does). Collective over g; every rank
+ * shapes checked as fsc_oss_load_optim does). Collective over g; every rank
  * returns the same status. FSC_ERR_INVALID for NULL arguments, a group that
  * is not the experts' (its rank r must hold experts r*El .. (r+1)*El - 1),
  * an expert name without its index, or an optimizer not over ps. */
 FSC_API int fsc_moe_save_optim(fsc_params *ps, fsc_optim *optim, fsc_group *g, const char *path,
                                int root);
-/* Reads what fsc_moe_save_optim or fsc_oss_save_state wrote (see above). */
+/* Reads what fsc_moe_save_optim or fsc_oss_save_optim wrote (see above). */
 FSC_API int fsc_moe_load_optim(fsc_params *ps, fsc_optim *optim, fsc_group *g, const char *path);
 
 #ifdef __cplusplus

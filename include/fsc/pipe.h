@@ -207,7 +207,7 @@ FSC_API int fsc_pipe_save_weights(fsc_pipe *p, const char *path, int root, int n
 /* Every rank reads its stages' tensors by name from a weights file of the
  * whole model (any layout wrote it). Not collective. */
 FSC_API int fsc_pipe_load_weights(fsc_pipe *p, const char *path);
-/* Optimizer state by global name, the file format of fsc_oss_save_state
+/* Optimizer state by global name, the file format of fsc_oss_save_optim
  * (loadable by any strategy at any world size), streamed to rank root of
  * the group tensor by tensor; with replicas, every rank of the mesh calls
  * this and root of the first replica writes. Collective over the mesh. */

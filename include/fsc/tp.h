@@ -236,7 +236,7 @@ FSC_API int fsc_tp_clip_grad_norm(fsc_module *root, const fsc_params *ps, fsc_gr
  * in place, and the file appears at `path` only once all are written
  * (atomic as fsc_weights_save). Collective over g; every rank returns the
  * same status. */
-FSC_API int fsc_tp_weights_save(const char *path, fsc_module *root, const fsc_params *ps,
+FSC_API int fsc_tp_save_weights(const char *path, fsc_module *root, const fsc_params *ps,
                                 fsc_group *g, int n_meta, const char *const *keys,
                                 const char *const *values);
 /* Reads this rank's slice of every parameter (and replicated ones whole) from
@@ -244,13 +244,13 @@ FSC_API int fsc_tp_weights_save(const char *path, fsc_module *root, const fsc_pa
  * one process: checked first (present, global shape), nothing changed on
  * error. Padding rows are set to zero. Not collective. *n_unused as
  * fsc_weights_load's (may be NULL). */
-FSC_API int fsc_tp_weights_load(const char *path, fsc_module *root, fsc_params *ps, int *n_unused);
+FSC_API int fsc_tp_load_weights(const char *path, fsc_module *root, fsc_params *ps, int *n_unused);
 
 /* ---- optimizer state by global name ------------------------------------------------ */
 /* A TP rank's optimizer runs over contiguous runs of the GLOBAL layout, so
  * its state is a set of pieces (global parameter, first element, count) of
  * the one-process state, and saves and loads in the file format of
- * fsc_oss_save_state (fsc/zero.h): "optim.exp_avg.<global name>" and so on
+ * fsc_oss_save_optim (fsc/zero.h): "optim.exp_avg.<global name>" and so on
  * in global shapes. A TP run's state file then resumes under one process,
  * DDP, OSS or FSDP, and theirs under any TP size. Stepping over runs is
  * bitwise the same as stepping whole local tensors (the updates are
@@ -289,21 +289,21 @@ FSC_API fsc_tp_optim_state *fsc_tp_optim_state_new(fsc_module *root, const fsc_p
                                                    fsc_optim *optim, fsc_group *g);
 /* Frees what fsc_tp_optim_state_new made (not root, ps, optim or g). Accepts NULL. */
 FSC_API void fsc_tp_optim_state_free(fsc_tp_optim_state *s);
-/* Writes the optimizer's state as one process's fsc_oss_save_state would
+/* Writes the optimizer's state as one process's fsc_oss_save_optim would
  * (same tensors and global shapes; metadata world = t, policy "tp"): the
  * group's rank `root` writes `path` (atomically, one tensor in memory at a
  * time), receiving every sharded element from its owner and replicated
  * state from TP rank 0 only. path is needed on root only. Collective over g;
  * every rank returns root's failure too. FSC_ERR_INVALID for a NULL s. */
-FSC_API int fsc_tp_optim_save(fsc_tp_optim_state *s, const char *path, int root);
+FSC_API int fsc_tp_save_optim(fsc_tp_optim_state *s, const char *path, int root);
 /* Reads this rank's pieces (replicated parameters' state whole) and the step
  * count from a state file of the same model written at any TP size or by any
- * strategy (fsc_oss_load_state's checks: kind, state kinds, every tensor
+ * strategy (fsc_oss_load_optim's checks: kind, state kinds, every tensor
  * present in its global shape, no tensor of another model). Collective over
  * g: staged, and committed only when every rank has read its pieces, so a
  * refused or unreadable file changes nothing on any rank. lr and the other
  * hyper-parameters stay as configured. */
-FSC_API int fsc_tp_optim_load(fsc_tp_optim_state *s, const char *path);
+FSC_API int fsc_tp_load_optim(fsc_tp_optim_state *s, const char *path);
 
 #ifdef __cplusplus
 }

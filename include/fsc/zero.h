@@ -126,14 +126,14 @@ FSC_API fsc_group *fsc_oss_group(const fsc_oss *o);
  * every rank returns the root's failure too. With more than one rank and
  * FSC_PARALLEL_IO not 0, every rank instead writes its own pieces into the
  * one file through MPI-IO (the same bytes; FSC_IO_TIMEOUT_S bounds it). */
-FSC_API int fsc_oss_save_state(fsc_oss *o, const char *path, int root);
-/* fsc_oss_save_state of an OSS over one process whose state every rank of g
+FSC_API int fsc_oss_save_optim(fsc_oss *o, const char *path, int root);
+/* fsc_oss_save_optim of an OSS over one process whose state every rank of g
  * holds alike (DDP's replicas): collective over g, the same file. Each rank
  * writes an even share through MPI-IO (unless FSC_PARALLEL_IO=0: then rank
  * root of g writes alone); every rank returns the same status.
  * FSC_ERR_INVALID for a NULL o or g, root outside g, or an OSS sharded over
  * more than one rank. */
-FSC_API int fsc_oss_save_state_replicated(fsc_oss *o, fsc_group *g, const char *path, int root);
+FSC_API int fsc_oss_save_optim_replicated(fsc_oss *o, fsc_group *g, const char *path, int root);
 /* Every rank reads the parts it owns from a file written at any world size
  * (and under either policy), and sets the step count; lr and the other
  * hyper-parameters stay as configured. Refuses files of another optimizer
@@ -142,7 +142,7 @@ FSC_API int fsc_oss_save_state_replicated(fsc_oss *o, fsc_group *g, const char *
  * Collective over g: the slices are staged (FSC_MEM_WORK, K * 4 * owned
  * bytes) and committed only when every rank has read its part, so a refused
  * or unreadable file changes nothing on any rank. */
-FSC_API int fsc_oss_load_state(fsc_oss *o, const char *path);
+FSC_API int fsc_oss_load_optim(fsc_oss *o, const char *path);
 
 /* ---- ShardedDDP (ZeRO-2) ---------------------------------------------------- */
 typedef struct fsc_sdp_options {

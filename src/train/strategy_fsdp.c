@@ -69,20 +69,21 @@ static int step(fsc_strategy *s) {
 
 static int save_weights(fsc_strategy *s, const char *path, int root, int n_meta,
                         const char *const *keys, const char *const *values) {
-    return fsc_fsdp_save_full(s->fsdp, s->rank == root ? path : NULL, root, n_meta, keys, values);
+    return fsc_fsdp_save_weights(s->fsdp, s->rank == root ? path : NULL, root, n_meta, keys,
+                                 values);
 }
 
 static int load_weights(fsc_strategy *s, const char *path, int *n_unused) {
     if (n_unused) *n_unused = 0; /* FSDP reads its slices by name and ignores the rest */
-    return fsc_fsdp_load_full(s->fsdp, path);
+    return fsc_fsdp_load_weights(s->fsdp, path);
 }
 
 static int save_optim(fsc_strategy *s, const char *path, int root) {
-    return fsc_fsdp_save_optim_state(s->fsdp, s->rank == root ? path : "", root);
+    return fsc_fsdp_save_optim(s->fsdp, s->rank == root ? path : "", root);
 }
 
 static int load_optim(fsc_strategy *s, const char *path) {
-    return fsc_fsdp_load_optim_state(s->fsdp, path);
+    return fsc_fsdp_load_optim(s->fsdp, path);
 }
 
 static int save_sharded(fsc_strategy *s, const char *path, int n_meta, const char *const *keys,

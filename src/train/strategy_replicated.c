@@ -154,19 +154,19 @@ static int load_weights(fsc_strategy *s, const char *path, int *n_unused) {
 static int save_optim_local(fsc_strategy *s, const char *path, int root) {
     if (fsc_moe_params_sharded(&s->params))
         return fsc_moe_save_optim(&s->params, s->optim, s->group, path, root);
-    return fsc_oss_save_state_replicated(s->oss, s->group, path, root);
+    return fsc_oss_save_optim_replicated(s->oss, s->group, path, root);
 }
 
 /* Sharded state: each owner writes its pieces through MPI-IO, or they
  * stream to root (FSC_PARALLEL_IO=0). Collective. */
 static int save_optim_sharded(fsc_strategy *s, const char *path, int root) {
-    return fsc_oss_save_state(s->oss, path, root);
+    return fsc_oss_save_optim(s->oss, path, root);
 }
 
 static int load_optim(fsc_strategy *s, const char *path) {
     if (fsc_moe_params_sharded(&s->params)) /* this rank's experts, by global name */
         return fsc_moe_load_optim(&s->params, s->optim, s->group, path);
-    return fsc_oss_load_state(s->oss, path);
+    return fsc_oss_load_optim(s->oss, path);
 }
 
 static void ddp_stats(const fsc_strategy *s, fsc_strategy_stats *out) {

@@ -189,14 +189,14 @@ static int load_weights(fsc_strategy *s, const char *path, int *n_unused) {
 /* The local optimizers' states differ between ranks: root's is saved, and
  * loaded by every rank. */
 static int save_optim(fsc_strategy *s, const char *path, int root) {
-    int32_t rc = s->rank == root ? fsc_oss_save_state(s->oss, path, 0) : 0;
+    int32_t rc = s->rank == root ? fsc_oss_save_optim(s->oss, path, 0) : 0;
     if (s->world > 1 && fsc_group_broadcast(s->group, &rc, 1, FSC_DTYPE_I32, root))
         return FSC_ERR_MPI;
     return rc && s->rank != root ? fsc_error(rc, "rank %d could not write the file", root) : rc;
 }
 
 static int load_optim(fsc_strategy *s, const char *path) {
-    return fsc_oss_load_state(s->oss, path);
+    return fsc_oss_load_optim(s->oss, path);
 }
 
 static void stats(const fsc_strategy *s, fsc_strategy_stats *out) {

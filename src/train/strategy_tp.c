@@ -157,7 +157,7 @@ static int tp_save_weights(fsc_strategy *s, const char *path, int root, int n_me
     char where[4096]; /* a multiple of 4 bytes: it travels as int32 words */
     int rc = s->rank == 0 ? share_path(s, path, where, sizeof where) : FSC_OK;
     if (!rc && s->rank == 0)
-        rc = fsc_tp_weights_save(where, s->model, &s->params, s->tp_group, n_meta, keys, values);
+        rc = fsc_tp_save_weights(where, s->model, &s->params, s->tp_group, n_meta, keys, values);
     int32_t status = rc;
     if (s->world > 1 && fsc_group_broadcast(s->group, &status, 1, FSC_DTYPE_I32, 0))
         return FSC_ERR_MPI;
@@ -165,7 +165,7 @@ static int tp_save_weights(fsc_strategy *s, const char *path, int root, int n_me
 }
 
 static int tp_load_weights(fsc_strategy *s, const char *path, int *n_unused) {
-    return fsc_tp_weights_load(path, s->model, &s->params, n_unused);
+    return fsc_tp_load_weights(path, s->model, &s->params, n_unused);
 }
 
 /* The optimizer's pieces by global name over the TP group, made at first
@@ -183,7 +183,7 @@ static int tp_save_optim(fsc_strategy *s, const char *path, int root) {
         return fsc_error(FSC_ERR_INVALID, "tensor parallel: state is written by rank 0 (not %d)",
                          root);
     int rc = optim_state(s);
-    if (!rc && s->rank == 0) rc = fsc_tp_optim_save(s->tp_state, path, 0);
+    if (!rc && s->rank == 0) rc = fsc_tp_save_optim(s->tp_state, path, 0);
     int32_t status = rc;
     if (s->world > 1 && fsc_group_broadcast(s->group, &status, 1, FSC_DTYPE_I32, 0))
         return FSC_ERR_MPI;
@@ -192,7 +192,7 @@ static int tp_save_optim(fsc_strategy *s, const char *path, int root) {
 
 static int tp_load_optim(fsc_strategy *s, const char *path) {
     int rc = optim_state(s);
-    return rc ? rc : fsc_tp_optim_load(s->tp_state, path);
+    return rc ? rc : fsc_tp_load_optim(s->tp_state, path);
 }
 
 /* The row's figures, and the TP group's time blocked in its collectives. */

@@ -75,23 +75,24 @@ static int save_full_parallel(fsc_fsdp *f, const char *path, int root, int n_met
         const fsc_shard_range *s = &f->part->ranges[f->rank][i];
         rc = st_pieces_add(&pc, s->entry, s->begin, s->count, f->ranges[i].param, FSC_DTYPE_F32);
     }
-    if (rc) fsc_error_context(rc, "FSDP save_full (rank %d): ", f->rank);
+    if (rc) fsc_error_context(rc, "FSDP save_weights (rank %d): ", f->rank);
     rc = st_parallel_save(f->g, root, path, plan, &pc, rc);
     st_pieces_free(&pc);
     return rc;
 }
 
-int fsc_fsdp_save_full(fsc_fsdp *f, const char *path, int root, int n_meta, const char *const *keys,
-                       const char *const *values) {
-    if (!f) return fsc_error(FSC_ERR_INVALID, "FSDP save_full: f must not be NULL");
+int fsc_fsdp_save_weights(fsc_fsdp *f, const char *path, int root, int n_meta,
+                          const char *const *keys, const char *const *values) {
+    if (!f) return fsc_error(FSC_ERR_INVALID, "FSDP save_weights: f must not be NULL");
     if (root < 0 || root >= f->world)
-        return fsc_error(FSC_ERR_INVALID, "FSDP save_full: root %d not in [0, %d)", root, f->world);
+        return fsc_error(FSC_ERR_INVALID, "FSDP save_weights: root %d not in [0, %d)", root,
+                         f->world);
     const bool is_root = f->rank == root;
     if (is_root && !path)
-        return fsc_error(FSC_ERR_INVALID, "FSDP save_full: path must not be NULL on the root");
+        return fsc_error(FSC_ERR_INVALID, "FSDP save_weights: path must not be NULL on the root");
     const char *where = path ? path : "(root's path)";
     if (busy(f) || f->summoned)
-        return fsc_error(FSC_ERR_INVALID, "FSDP save_full %s: call it between steps", where);
+        return fsc_error(FSC_ERR_INVALID, "FSDP save_weights %s: call it between steps", where);
     bool parallel;
     int wrc = st_parallel_mode(f->g, &parallel);
     if (wrc) return wrc;
@@ -107,7 +108,7 @@ int fsc_fsdp_save_full(fsc_fsdp *f, const char *path, int root, int n_meta, cons
             wrc = fsc_st_writer_declare(w, f->ps.entries[e].name, FSC_DTYPE_F32, p->ndim, p->shape);
         }
     }
-    int rc = agree(f, wrc, "FSDP save_full: the root could not start", where);
+    int rc = agree(f, wrc, "FSDP save_weights: the root could not start", where);
     if (rc) {
         if (w) fsc_st_writer_abort(w);
         return rc;
@@ -137,8 +138,8 @@ int fsc_fsdp_save_full(fsc_fsdp *f, const char *path, int root, int n_meta, cons
             wrc = fsc_st_writer_close(w);
     }
     rc = crc ? crc : wrc;
-    if (rc) fsc_error_context(rc, "FSDP save_full %s (rank %d): ", where, f->rank);
-    return agree(f, rc, "FSDP save_full: another rank failed saving", where);
+    if (rc) fsc_error_context(rc, "FSDP save_weights %s (rank %d): ", where, f->rank);
+    return agree(f, rc, "FSDP save_weights: another rank failed saving", where);
 }
 
 /* Checks presence and shape of every parameter (as fsc_weights_load does). */
@@ -187,11 +188,11 @@ static int read_pieces(fsc_fsdp *f, fsc_st_file *file, float *stage) {
     return rc;
 }
 
-int fsc_fsdp_load_full(fsc_fsdp *f, const char *path) {
+int fsc_fsdp_load_weights(fsc_fsdp *f, const char *path) {
     if (!f || !path)
-        return fsc_error(FSC_ERR_INVALID, "FSDP load_full: f and path must not be NULL");
+        return fsc_error(FSC_ERR_INVALID, "FSDP load_weights: f and path must not be NULL");
     if (busy(f) || f->summoned)
-        return fsc_error(FSC_ERR_INVALID, "FSDP load_full %s: call it between steps", path);
+        return fsc_error(FSC_ERR_INVALID, "FSDP load_weights %s: call it between steps", path);
     int rc = FSC_OK;
     float *stage = NULL;
     fsc_st_file *file = fsc_st_open(path, &rc);
@@ -202,8 +203,8 @@ int fsc_fsdp_load_full(fsc_fsdp *f, const char *path) {
         rc = fsc_error_context(FSC_ERR_NOMEM, "%s: staging the shards: ", path);
     if (!rc && stage) rc = read_pieces(f, file, stage);
     fsc_st_close(file);
-    if (rc) fsc_error_context(rc, "FSDP load_full (rank %d): ", f->rank);
-    rc = agree(f, rc, "FSDP load_full: another rank refused", path);
+    if (rc) fsc_error_context(rc, "FSDP load_weights (rank %d): ", f->rank);
+    rc = agree(f, rc, "FSDP load_weights: another rank refused", path);
     if (!rc && stage) /* padding and gaps stay zero: the stage is zero-filled */
         memcpy(f->data, stage, (size_t)f->shard_total * sizeof(float));
     fsc_mem_free(stage);
@@ -287,14 +288,14 @@ static optim_shards view(fsc_fsdp *f, const char *who) {
                           .io = f->g};
 }
 
-int fsc_fsdp_save_optim_state(fsc_fsdp *f, const char *path, int root) {
+int fsc_fsdp_save_optim(fsc_fsdp *f, const char *path, int root) {
     if (!f) return fsc_error(FSC_ERR_INVALID, "FSDP save_optim_state: f must not be NULL");
-    optim_shards v = view(f, "FSDP save_optim_state");
+    optim_shards v = view(f, "FSDP save_optim");
     return optim_shards_save(&v, path, root);
 }
 
-int fsc_fsdp_load_optim_state(fsc_fsdp *f, const char *path) {
+int fsc_fsdp_load_optim(fsc_fsdp *f, const char *path) {
     if (!f) return fsc_error(FSC_ERR_INVALID, "FSDP load_optim_state: f must not be NULL");
-    optim_shards v = view(f, "FSDP load_optim_state");
+    optim_shards v = view(f, "FSDP load_optim");
     return optim_shards_load(&v, path);
 }

@@ -52,7 +52,7 @@ int fsc_pipe_load_weights(fsc_pipe *p, const char *path) {
     int rc = pipe_dp_commit(p);
     for (int c = 0; !rc && c < p->nchunks; c++) {
         int unused = 0;
-        rc = p->opt.tp ? fsc_tp_weights_load(path, p->chunk[c], &p->params[c], &unused)
+        rc = p->opt.tp ? fsc_tp_load_weights(path, p->chunk[c], &p->params[c], &unused)
                        : fsc_weights_load(path, &p->params[c], &unused);
         if (rc) fsc_error_context(rc, "pipeline stage %d: ", fsc_pipe_chunk_stage(p, c));
     }
@@ -103,7 +103,7 @@ static int save_tp(fsc_pipe *p, const char *path, fsc_module *whole, const fsc_p
         return fsc_error(FSC_ERR_INVALID, "pipeline save: no path (or too long) on the root");
     if (p->tp_rank == 0) memcpy(where, path, (size_t)n + 1);
     if (fsc_group_broadcast(p->opt.tp, where, (n + 4) / 4, FSC_DTYPE_I32, 0)) return FSC_ERR_MPI;
-    return fsc_tp_weights_save(where, whole, all, p->opt.tp, n_meta, keys, values);
+    return fsc_tp_save_weights(where, whole, all, p->opt.tp, n_meta, keys, values);
 }
 
 static int save_replica(fsc_pipe *p, const char *path, int root, int n_meta,

@@ -12,7 +12,7 @@ int sharded_clip_grad_norm(fsc_group *g, const fsc_optim_range *r, int n, float 
                            bool inf_norm, float *total, const char *who);
 
 /* Optimizer state of ranges sharded over g, by global parameter name (the
- * file format of fsc_oss_save_state). part lists every rank's pieces by
+ * file format of fsc_oss_save_optim). part lists every rank's pieces by
  * entry of ps, in entry order; piece k of this rank is elements
  * [offset_of_piece[k], + its count) of its local optimizer's range
  * local_of_piece[k] (both NULL: all of range k, the ranges matching the

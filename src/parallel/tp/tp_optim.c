@@ -359,14 +359,14 @@ static optim_shards view(fsc_tp_optim_state *s, bool saving, const char *who) {
                           .offset_of_piece = saving ? s->save_off : s->load_off};
 }
 
-int fsc_tp_optim_save(fsc_tp_optim_state *s, const char *path, int root) {
-    if (!s) return fsc_error(FSC_ERR_INVALID, "fsc_tp_optim_save: s must not be NULL");
+int fsc_tp_save_optim(fsc_tp_optim_state *s, const char *path, int root) {
+    if (!s) return fsc_error(FSC_ERR_INVALID, "fsc_tp_save_optim: s must not be NULL");
     optim_shards v = view(s, true, "tensor-parallel save_optim");
     return optim_shards_save(&v, path, root);
 }
 
-int fsc_tp_optim_load(fsc_tp_optim_state *s, const char *path) {
-    if (!s) return fsc_error(FSC_ERR_INVALID, "fsc_tp_optim_load: s must not be NULL");
+int fsc_tp_load_optim(fsc_tp_optim_state *s, const char *path) {
+    if (!s) return fsc_error(FSC_ERR_INVALID, "fsc_tp_load_optim: s must not be NULL");
     optim_shards v = view(s, false, "tensor-parallel load_optim");
     return optim_shards_load(&v, path);
 }

@@ -145,13 +145,13 @@ static int write_slices(const char *tmp, fsc_module *root, const fsc_params *ps)
     return rc;
 }
 
-int fsc_tp_weights_save(const char *path, fsc_module *root, const fsc_params *ps, fsc_group *g,
+int fsc_tp_save_weights(const char *path, fsc_module *root, const fsc_params *ps, fsc_group *g,
                         int n_meta, const char *const *keys, const char *const *values) {
     if (!path || !root || !ps || !g || (n_meta > 0 && (!keys || !values)))
-        return fsc_error(FSC_ERR_INVALID, "fsc_tp_weights_save: NULL argument");
+        return fsc_error(FSC_ERR_INVALID, "fsc_tp_save_weights: NULL argument");
     char tmp[4096];
     if (snprintf(tmp, sizeof tmp, "%s.tp-partial", path) >= (int)sizeof tmp)
-        return fsc_error(FSC_ERR_INVALID, "fsc_tp_weights_save: path too long");
+        return fsc_error(FSC_ERR_INVALID, "fsc_tp_save_weights: path too long");
     const bool root_rank = fsc_group_rank(g) == 0;
     int rc = root_rank ? write_header_file(tmp, root, ps, n_meta, keys, values) : FSC_OK;
     if ((rc = agree(g, rc))) return rc;
@@ -205,9 +205,9 @@ static int check_entry(const char *path, const fsc_st_entry *e, const char *name
     return FSC_OK;
 }
 
-int fsc_tp_weights_load(const char *path, fsc_module *root, fsc_params *ps, int *n_unused) {
+int fsc_tp_load_weights(const char *path, fsc_module *root, fsc_params *ps, int *n_unused) {
     if (!path || !root || !ps)
-        return fsc_error(FSC_ERR_INVALID, "fsc_tp_weights_load: NULL argument");
+        return fsc_error(FSC_ERR_INVALID, "fsc_tp_load_weights: NULL argument");
     int rc = FSC_OK;
     fsc_st_file *f = fsc_st_open(path, &rc);
     if (!f) return rc;

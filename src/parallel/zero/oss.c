@@ -241,28 +241,28 @@ static optim_shards state_view(fsc_oss *o, const char *who) {
                           .io = o->g};
 }
 
-int fsc_oss_save_state(fsc_oss *o, const char *path, int root) {
-    if (!o) return fsc_error(FSC_ERR_INVALID, "oss save_state: o must not be NULL");
-    optim_shards v = state_view(o, "oss save_state");
+int fsc_oss_save_optim(fsc_oss *o, const char *path, int root) {
+    if (!o) return fsc_error(FSC_ERR_INVALID, "oss save_optim: o must not be NULL");
+    optim_shards v = state_view(o, "oss save_optim");
     return optim_shards_save(&v, path, root);
 }
 
-int fsc_oss_save_state_replicated(fsc_oss *o, fsc_group *g, const char *path, int root) {
+int fsc_oss_save_optim_replicated(fsc_oss *o, fsc_group *g, const char *path, int root) {
     if (!o || !g)
-        return fsc_error(FSC_ERR_INVALID, "oss save_state_replicated: o and g must not be NULL");
+        return fsc_error(FSC_ERR_INVALID, "oss save_optim_replicated: o and g must not be NULL");
     if (fsc_group_size(o->g) != 1)
         return fsc_error(FSC_ERR_INVALID,
-                         "oss save_state_replicated: the state is sharded over %d ranks (use "
-                         "fsc_oss_save_state)",
+                         "oss save_optim_replicated: the state is sharded over %d ranks (use "
+                         "fsc_oss_save_optim)",
                          fsc_group_size(o->g));
-    optim_shards v = state_view(o, "oss save_state");
+    optim_shards v = state_view(o, "oss save_optim");
     v.io = g;
     return optim_shards_save(&v, path, root);
 }
 
-int fsc_oss_load_state(fsc_oss *o, const char *path) {
-    if (!o) return fsc_error(FSC_ERR_INVALID, "oss load_state: o must not be NULL");
-    optim_shards v = state_view(o, "oss load_state");
+int fsc_oss_load_optim(fsc_oss *o, const char *path) {
+    if (!o) return fsc_error(FSC_ERR_INVALID, "oss load_optim: o must not be NULL");
+    optim_shards v = state_view(o, "oss load_optim");
     return optim_shards_load(&v, path);
 }
 
