@@ -321,14 +321,12 @@ int main(int argc, char **argv) {
         if (rank == 0) fprintf(stderr, "fsc-train: %s (see --help)\n", fsc_last_error());
         return fail(NULL, world, 2);
     }
-    if (rank != 0) o.quiet = true, o.metrics = NULL; /* rank 0 writes --save, --save-init */
+    if (rank != 0) o.quiet = true; /* rank 0 writes --save, --save-init, --metrics */
     if ((o.resume && (rc = train_config_resume(&o, !o.quiet))) || (rc = train_model_resolve(&o)) ||
         (o.init_from && !o.resume && (rc = train_config_init_from(&o, !o.quiet)))) {
         if (rank == 0) fprintf(stderr, "fsc-train: %s\n", fsc_last_error());
         return fail(NULL, world, 2);
     }
-    /* rank 0 writes the metrics, --resume's from the checkpoint as well */
-    if (rank != 0) o.metrics = NULL;
     if ((rc = train_options_check(&o))) { /* the same verdict on every rank: said once */
         if (rank == 0) fprintf(stderr, "fsc-train: %s\n", fsc_last_error());
         return fail(NULL, world, 2);
@@ -395,7 +393,8 @@ int main(int argc, char **argv) {
         return fail(&t, world, 1);
     }
     FILE *metrics = NULL;
-    if (o.metrics && !(metrics = fopen(o.metrics, o.resume ? "a" : "w"))) { /* resume: append */
+    /* resume: append; every rank keeps o.metrics, as the checkpoint's config is one text */
+    if (rank == 0 && o.metrics && !(metrics = fopen(o.metrics, o.resume ? "a" : "w"))) {
         fprintf(stderr, "fsc-train: --metrics %s: cannot open for writing\n", o.metrics);
         return fail(&t, world, 1);
     }

@@ -52,14 +52,22 @@ def resume_outputs():
 
 
 def launcher():
-    """mpiexec -n 2 without --strategy trains under ddp and says so in the header line;
+    """mpiexec -n 2 without --strategy trains under ddp and says so in the header line, and
+    its checkpoints resume with --resume alone on 2 ranks (rank 0 alone appends the metrics);
     a refusal found by every rank is printed once."""
-    m = os.path.join(TMP, "launch.jsonl")
-    p = mpiexec(2, *TINY, "--steps", "2", "--metrics", m)
+    m, ck = os.path.join(TMP, "launch.jsonl"), os.path.join(TMP, "launch-ck")
+    p = mpiexec(2, *TINY, "--steps", "2", "--metrics", m, "--checkpoint-dir", ck,
+                "--save-every", "2")
     header = next((l for l in p.stderr.splitlines() if "tokens/step" in l), "")
     if "ddp (the default with more than one rank) on 2 ranks" not in header:
         sys.exit(f"FAIL: no ddp default in the header line:\n{p.stderr}")
     print("ok  2 ranks, no --strategy:", header[header.index("ddp"):][:60])
+    mpiexec(2, "--resume", ck, "--steps", "4", "--quiet")
+    if [r["step"] for r in metrics(m)] != [1, 2, 3, 4] or \
+            sorted(os.listdir(ck)) != ["latest", "step-000002", "step-000004"]:
+        sys.exit(f"FAIL: 2 ranks resumed alone: metrics steps {[r['step'] for r in metrics(m)]}, "
+                 f"checkpoints {sorted(os.listdir(ck))}")
+    print("ok  2 ranks, --resume alone: checkpoint at step 4, metrics rows 1-4 once each")
     p = mpiexec(2, *TINY, "--steps", "2", "--strategy", "single", expect_ok=False)
     expect_refused(p, "--strategy single runs in one process", "single under mpiexec")
     said = p.stderr.count("--strategy single runs in one process")
