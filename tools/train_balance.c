@@ -1,0 +1,157 @@
+/* --balance for fsc-train and fsc-bench: layers per pipeline stage, counted
+ * in quarters of a block so a stage may end inside one (.5 after its
+ * attention half, .75 after its MLP's c_fc and GELU), turned into the parts
+ * fsc_gpt_stage_parts_new makes stages of; --balance auto's TP stages over
+ * a TP group of their own; and its choice printed back in the same units. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "train_common.h"
+
+static const char *const where_blocks_split =
+    "a block splits at .5, after its attention half, or .75, after its MLP's c_fc and GELU";
+
+/* "5.75,4.25" -> {23, 17}: exactly n positive counts in quarter layers. */
+static int parse_quarters(const char *text, int n, int *q) {
+    int k = 0;
+    for (const char *p = text; *p && k <= n;) {
+        char *end;
+        double v = strtod(p, &end);
+        if (end == p || (*end && *end != ',')) break;
+        if (!(v >= 0.25 && v <= 1 << 20) || 4 * v != floor(4 * v))
+            return fsc_error(FSC_ERR_INVALID,
+                             "--balance \"%s\": stage %d's \"%.*s\" is not a positive layer count "
+                             "in whole layers or quarters (%s)",
+                             text, k, (int)(end - p), p, where_blocks_split);
+        if (k < n) q[k] = (int)(4 * v);
+        k++;
+        p = *end ? end + 1 : end;
+    }
+    if (k != n || q[n - 1] < 1)
+        return fsc_error(FSC_ERR_INVALID,
+                         "--balance \"%s\": expected %d positive layer counts separated by commas "
+                         "(one per stage; %s)",
+                         text, n, where_blocks_split);
+    return FSC_OK;
+}
+
+int train_balance_parts(const char *text, const fsc_gpt_config *cfg, int S, const char *no_mlp_cut,
+                        int **out) {
+    const int n = fsc_gpt_num_layers(cfg);
+    *out = NULL;
+    if (!text && n < S)
+        return fsc_error(FSC_ERR_INVALID,
+                         "--pp: %d layers cannot fill %d stages evenly; give --balance "
+                         "(blocks split at .5 and .75, e.g. 1.5,0.5,...)",
+                         n, S);
+    int *b = calloc((size_t)S, sizeof *b), rc = FSC_OK;
+    if (!b) return fsc_error(FSC_ERR_NOMEM, "out of memory");
+    if (text)
+        rc = parse_quarters(text, S, b);
+    else
+        for (int s = 0; s < S; s++) b[s] = 4 * (n / S + (s < n % S));
+    text = text ? text : "even";
+    int sum = 0, cut = 0, prev = 0;
+    for (int s = 0; !rc && s < S; s++) sum += b[s];
+    if (!rc && sum != 4 * n)
+        rc = fsc_error(FSC_ERR_INVALID,
+                       "--balance \"%s\": the stages hold %g layers, the model has %d (the "
+                       "embedding, %d blocks, the head)",
+                       text, sum / 4.0, n, cfg->layers);
+    for (int s = 0; !rc && s < S; s++) {
+        cut += b[s];
+        int part;
+        if (no_mlp_cut && cut % 4 == 3)
+            rc = fsc_error(FSC_ERR_INVALID,
+                           "--balance \"%s\": stage %d ends after %g layers, inside a block's MLP "
+                           "(a .75 cut), which is not there with %s (cut at .5 or between blocks)",
+                           text, s, cut / 4.0, no_mlp_cut);
+        else if ((rc = fsc_gpt_part_of_cut(cfg, cut, &part)))
+            rc = fsc_error_context(rc, "--balance \"%s\", the end of stage %d: ", text, s);
+        else
+            b[s] = part - prev, prev = part;
+    }
+    if (rc) {
+        free(b);
+        return rc;
+    }
+    *out = b;
+    return FSC_OK;
+}
+
+/* A TP stage of layers [first, end) of the pipe (parts, or whole layers
+ * turned into parts), over the balance's own TP group. */
+static fsc_module *tp_stage(void *user, int first, int end) {
+    train_balance_tp *b = user;
+    if (b->whole_layers && (fsc_gpt_part_of_cut(b->cfg, 4 * first, &first) ||
+                            fsc_gpt_part_of_cut(b->cfg, 4 * end, &end)))
+        return NULL;
+    return b->tp->make_stage(b->tp->user, first, end, &b->opt);
+}
+
+static void tp_shape(void *user, int layer, int64_t shape[FSC_MAX_DIMS]) {
+    const train_balance_tp *b = user;
+    b->shape_at(b->shape_user, layer, shape);
+}
+
+int train_balance_tp_begin(train_balance_tp *b, const fsc_tp_strategy_options *tp,
+                           fsc_group *tp_group, const fsc_gpt_config *cfg, fsc_pipe_options *po) {
+    *b = (train_balance_tp){.tp = tp,
+                            .opt = {.group = tp_group,
+                                    .sequence_parallel = tp->sequence_parallel,
+                                    .recompute_attention = tp->recompute_attention,
+                                    .recompute_activation = tp->recompute_activation},
+                            .cfg = cfg,
+                            .whole_layers = tp->sequence_parallel || tp->recompute_activation,
+                            .shape_at = po->act_shape_at,
+                            .shape_user = po->stage_user};
+    if (!tp_group) return fsc_error(FSC_ERR_INVALID, "--balance auto: no tensor-parallel group");
+    if (b->whole_layers) /* no cut inside an MLP there: profile whole layers */
+        po->layers = fsc_gpt_num_layers(cfg), po->act_shape_at = NULL;
+    else if (po->act_shape_at)
+        po->act_shape_at = tp_shape;
+    po->make_stage = tp_stage, po->stage_user = b;
+    po->tp = b->opt.group, po->seq_len = cfg->seq;
+    return FSC_OK;
+}
+
+int train_balance_tp_end(train_balance_tp *b, int *balance, int S) {
+    b->opt.group = NULL; /* the mesh's */
+    int rc = FSC_OK;
+    for (int s = 0, cut = 0, prev = 0, part; balance && b->whole_layers && !rc && s < S; s++) {
+        cut += balance[s]; /* whole layers -> parts */
+        rc = fsc_gpt_part_of_cut(b->cfg, 4 * cut, &part);
+        if (!rc) balance[s] = part - prev, prev = part;
+    }
+    return rc;
+}
+
+void train_balance_tp_act_shape(void *trainer_, int part, int64_t shape[FSC_MAX_DIMS]) {
+    const trainer *t = trainer_;
+    shape[2] = fsc_tp_gpt_part_width(&t->opt.model, t->opt.tp, part);
+}
+
+void train_balance_parts_act_shape(void *cfg, int part, int64_t shape[FSC_MAX_DIMS]) {
+    shape[2] = fsc_gpt_part_width(cfg, part);
+}
+
+void train_balance_print(FILE *f, const fsc_gpt_config *cfg, const int *parts, int S,
+                         const fsc_pipe_balance_report *rep) {
+    double worst = 0, sum = 0;
+    for (int s = 0; s < S && s < FSC_PIPE_MAX_STAGES; s++) {
+        sum += rep->stage_seconds[s];
+        if (rep->stage_seconds[s] > worst) worst = rep->stage_seconds[s];
+    }
+    fprintf(f, "--balance auto:");
+    for (int s = 0, part = 0; s < S; s++) { /* parts back to layers, quarters inside a block */
+        const int q0 = fsc_gpt_cut_of_part(cfg, part);
+        part += parts[s];
+        fprintf(f, "%s%g", s ? "," : " ", (fsc_gpt_cut_of_part(cfg, part) - q0) / 4.0);
+    }
+    fprintf(f, " layers per stage; predicted per micro-batch:");
+    for (int s = 0; s < S && s < FSC_PIPE_MAX_STAGES; s++)
+        fprintf(f, " %.1f ms / %.0f MiB", 1e3 * rep->stage_seconds[s],
+                rep->stage_bytes[s] / 1048576.0);
+    fprintf(f, "; slowest stage %.2f x the mean\n", worst / (sum / S));
+}
