@@ -12,7 +12,7 @@
  * --trace, whose writes are collectives that rank 0 completes.
  * Exempt, because they may differ per rank by design: --metrics, --quiet,
  * --log-every, --log-seconds, --progress and --print-schedule (output only rank 0 makes;
- * fsc-train clears --metrics and sets --quiet on the other ranks), --threads
+ * fsc-train opens --metrics on rank 0 only, sets --quiet on the others), --threads
  * (a per-process resource: cores per node may differ; every strategy across
  * ranks reduces gradients, so the training does not depend on it) and
  * --config (its file's flags are compared one by one as effective values). */
