@@ -32,7 +32,8 @@ static const char *USAGE =
     "Validation (--eval-every N): the mean loss over --eval-batches global batches of --val-data,\n"
     "by default llm.c's *_val.bin shards beside the training shards (a --data glob then skips\n"
     "them) or else the last --val-fraction of the data, held out of training.\n"
-    "--resume takes the checkpoint's flags (model, data, schedule, batch) unless given;\n"
+    "--resume takes the checkpoint's flags (model, data, schedule, batch, and the outputs:\n"
+    "--checkpoint-dir, --save-every, --keep-last, --metrics, --save) unless given;\n"
     "--init-from takes the model flags from the file (metadata, config.json beside it, shapes).\n"
     "SIGINT/SIGTERM stop after the current step, write a checkpoint into --checkpoint-dir and\n"
     "exit with status 75; a second signal stops at once.";

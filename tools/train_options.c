@@ -55,7 +55,9 @@ typedef tool_flag flag;
 #define F(name_, kind_, field, help_)                                                              \
     { .name = name_, .kind = kind_, .offset = offsetof(train_options, field), .help = help_ }
 static const flag flags[] = {
-    F("strategy", ARG_STR, strategy, "how to spread training (the list follows)"),
+    F("strategy", ARG_STR, strategy,
+      "how to spread training (the list follows; default single, ddp under a launcher with "
+      "more than one rank)"),
     F("layers", ARG_INT, model.layers, "transformer blocks (L)"),
     F("d-model", ARG_INT, model.d_model, "model width (C)"),
     F("heads", ARG_INT, model.heads, "attention heads (must divide --d-model)"),
