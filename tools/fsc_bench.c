@@ -106,10 +106,11 @@ static int measure(const bench_config *c, const char *strategy, int steps, int w
     o.checkpoint_activations = checkpoint_activations;
     o.moe_experts = moe_experts, o.moe_every = moe_every, o.moe_hidden = moe_hidden;
     o.moe_capacity = moe_capacity;
-    if (tp > 1 && strcmp(strategy, "single")) /* the baseline stays one process */
+    const bool alone = fsc_strategy_is_single(strategy);
+    if (tp > 1 && !alone) /* the baseline stays one process */
         o.tp = tp, o.sequence_parallel = sequence_parallel,
         o.recompute_attention = recompute_attention, o.recompute_activation = recompute_activation;
-    if (pp > 1 && strcmp(strategy, "single")) { /* the baseline stays one process */
+    if (pp > 1 && !alone) { /* the baseline stays one process */
         o.pp = pp, o.grad_accum = chunks, o.pipe_schedule = pipe_schedule;
         o.virtual_stages = virtual_stages, o.balance = balance;
     }
@@ -330,7 +331,7 @@ static void print_result(const bench_config *c, const char *strategy, int ranks,
 static int run(const bench_config *c, const char *strategy, int steps, int warmup, int threads) {
     int rank = fsc_dist_rank(), world = fsc_dist_size();
     bench_result single = {0}, r = {0};
-    bool scaled = strcmp(strategy, "single") != 0;
+    bool scaled = !fsc_strategy_is_single(strategy);
     const bool on_threads = fsc_strategy_takes(strategy, "threads");
     fsc_strategy_info info;
     fsc_strategy_info_get(strategy, &info);

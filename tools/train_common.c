@@ -11,7 +11,6 @@
 #include <unistd.h>
 
 #include "fsc/checkpoint.h"
-#include "fsc/checkpoint_wrapper.h"
 #include "fsc/weights.h"
 #include "train_common.h"
 
@@ -25,7 +24,7 @@ static bool applies(const train_options *o, const char *flag, const char *option
     /* Under --pp, and under --tp for the sharded rows (oss, sdp, fsdp run the
      * TP model as one pipeline stage), a row's own option is only what the
      * user gives (and is then refused by name). */
-    const bool piped = o->pp > 1 || (o->tp > 1 && strcmp(o->strategy, "ddp"));
+    const bool piped = o->pp > 1 || (o->tp > 1 && !fsc_strategy_all_reduces(o->strategy));
     return train_flag_given(o, flag) || (!piped && fsc_strategy_takes(o->strategy, option));
 }
 
@@ -84,161 +83,11 @@ static int schedule_config(const train_options *o, fsc_lr_schedule_config *s) {
     return rc ? fsc_error_context(rc, "schedule: ") : FSC_OK;
 }
 
-/* The blocks of the model (its decoder layers): the default units of a
- * strategy that takes units, and what --checkpoint-activations recomputes. */
-static int gpt_blocks(fsc_module *gpt, fsc_module ***blocks, int *n) {
-    if (!(*blocks = calloc((size_t)gpt->nchildren, sizeof **blocks)))
-        return fsc_error(FSC_ERR_NOMEM, "out of memory");
-    if ((*n = fsc_gpt_blocks(gpt, *blocks, gpt->nchildren)) >= 0) return FSC_OK;
-    free(*blocks);
-    *blocks = NULL;
-    return *n;
-}
-
-static int checkpoint_blocks(fsc_module *gpt) {
-    int n = 0;
-    fsc_module **blocks = NULL;
-    int rc = gpt_blocks(gpt, &blocks, &n);
-    for (int i = 0; i < n && !rc; i++) rc = fsc_checkpoint_wrap(blocks[i]);
-    free(blocks);
-    return rc ? fsc_error_context(rc, "--checkpoint-activations: ") : FSC_OK;
-}
-
-static fsc_module *make_replica(void *user) {
-    return fsc_gpt_new(user);
-}
-
-/* --tp: the GPT of tensor-parallel layers over the strategy's TP group. */
-static fsc_module *make_tp_model(void *user, const fsc_tp_options *tp) {
-    const train_options *o = &((trainer *)user)->opt;
-    fsc_module *m = fsc_tp_gpt_new(&o->model, tp);
-    if (m && o->checkpoint_activations && checkpoint_blocks(m)) {
-        fsc_module_free(m);
-        return NULL;
-    }
-    return m;
-}
-
-/* Stages in parts (three per block), so a stage may end inside a block. */
-static fsc_module *make_stage(void *user, int first, int end) {
-    return fsc_gpt_stage_parts_new(user, first, end);
-}
-
-/* --tp with --pp: a stage of TP layers; its group is the loss's too. */
-static fsc_module *make_tp_stage(void *user, int first, int end, const fsc_tp_options *tp) {
-    trainer *t = user;
-    t->tp_group = tp->group;
-    return fsc_tp_gpt_stage_parts_new(&t->opt.model, first, end, tp);
-}
-
-/* --balance auto: profile every layer, cut where the slowest stage is
- * fastest (within the memory budget), and say what was chosen. */
-static int auto_balance(trainer *t, fsc_strategy_options *so) {
+/* The strategy's options from the flags; the GPT's layout (model or
+ * stage makers, pipeline, TP) is the plan's (fsc/layout.h). */
+static int strategy_options(trainer *t, const fsc_optim_config *optim, fsc_strategy_options *so) {
     const train_options *o = &t->opt;
-    const int S = o->pp * so->pipe.chunks;
-    fsc_pipe_schedule *sched;
-    fsc_optim_config cfg;
-    int rc = optim_config(o, &cfg);
-    if (!rc)
-        rc = fsc_pipe_schedule_make(so->pipe.schedule, o->pp, so->pipe.chunks, o->grad_accum,
-                                    &sched);
-    if (rc) return rc;
-    fsc_pipe_options po = {.layers = so->pipe.layers,
-                           .make_stage = so->pipe.make_stage,
-                           .stage_user = so->pipe.stage_user,
-                           .act_ndim = so->pipe.act_ndim,
-                           .act_shape_at = so->pipe.act_shape_at,
-                           .seed = o->seed};
-    memcpy(po.act_shape, so->pipe.act_shape, sizeof po.act_shape);
-    fsc_pipe_balance_report rep;
-    train_balance_tp tp = {0};
-    if (!(t->balance = calloc((size_t)S, sizeof *t->balance)))
-        rc = fsc_error(FSC_ERR_NOMEM, "out of memory");
-    if (!rc && o->tp > 1)
-        rc = train_balance_tp_begin(&tp, &so->tp, fsc_mesh_group(t->mesh, FSC_MESH_TP), &o->model,
-                                    &po);
-    if (!rc) /* every rank of the layout times every layer */
-        rc = fsc_pipe_balance_auto(fsc_mesh_parent(t->mesh), &po, sched, o->model.vocab,
-                                   fsc_optim_state_count(&cfg), t->balance, &rep);
-    if (o->tp > 1) {
-        int end = train_balance_tp_end(&tp, rc ? NULL : t->balance, S);
-        rc = rc ? rc : end;
-    }
-    fsc_pipe_schedule_free(sched);
-    if (rc) return rc;
-    so->pipe.balance = t->balance;
-    if (fsc_dist_rank() == 0 && !o->quiet)
-        train_balance_print(stderr, &o->model, t->balance, S, &rep);
-    return FSC_OK;
-}
-
-/* --pp: the GPT's L + 2 layers over pp x virtual stages. */
-static int pipe_options(trainer *t, fsc_strategy_options *so) {
-    const train_options *o = &t->opt;
-    fsc_pipe_kind kind;
-    int rc = fsc_pipe_kind_parse(o->pipe_schedule, &kind);
-    if (rc) return fsc_error_context(rc, "--pipe-schedule: ");
-    const int chunks =
-        kind == FSC_PIPE_INTERLEAVED ? (o->virtual_stages ? o->virtual_stages : 2) : 1;
-    const bool autobalance = o->balance && !strcmp(o->balance, "auto");
-    static const char *const modes[] = {"never", "always", "except_last"};
-    int mode = -1;
-    for (int i = 0; i < 3; i++)
-        if (!strcmp(o->pipe_checkpoint, modes[i])) mode = i;
-    if (mode < 0)
-        return fsc_error(FSC_ERR_INVALID,
-                         "--pipe-checkpoint \"%s\": expected never, always or except_last",
-                         o->pipe_checkpoint);
-    if (o->checkpoint_activations && mode == FSC_PIPE_CKPT_NEVER) mode = FSC_PIPE_CKPT_ALWAYS;
-    so->pipe.checkpoint = (fsc_pipe_checkpoint)mode;
-    so->pipe.stages = o->pp;
-    so->pipe.schedule = kind;
-    so->pipe.chunks = chunks;
-    /* TP stages cut inside an MLP pass the residual and a GELU shard: not
-     * under SP (the residual is a sequence shard) nor with the GELU output
-     * recomputed (tp_block_parts.c) */
-    const char *no_mlp_cut = o->tp < 2                 ? NULL
-                             : o->sequence_parallel    ? "--sequence-parallel"
-                             : o->recompute_activation ? "--recompute-activation"
-                                                       : NULL;
-    if (!autobalance &&
-        (rc = train_balance_parts(o->balance, &o->model, o->pp * chunks, no_mlp_cut, &t->balance)))
-        return rc;
-    so->pipe.balance = t->balance;
-    so->pipe.layers = fsc_gpt_num_parts(&o->model);
-    so->pipe.make_stage = o->tp > 1 ? NULL : make_stage; /* else tp.make_stage */
-    so->pipe.stage_user = o->tp > 1 ? (void *)t : &t->opt.model;
-    so->pipe.act_ndim = 3;
-    /* under sequence parallelism a stage passes on its TP rank's shard of the sequence */
-    so->pipe.act_shape[0] = o->batch;
-    so->pipe.act_shape[1] = o->model.seq / (o->sequence_parallel ? o->tp : 1);
-    so->pipe.act_shape[2] = o->model.d_model;
-    so->pipe.act_shape_at = o->tp > 1 ? train_balance_tp_act_shape : train_balance_parts_act_shape;
-    if (autobalance && (rc = auto_balance(t, so))) return fsc_error_context(rc, "--balance auto: ");
-    if (o->print_schedule && fsc_dist_rank() == 0) {
-        fsc_pipe_schedule *sched;
-        fsc_pipe_stats st;
-        if (!(rc = fsc_pipe_schedule_make(kind, o->pp, chunks, o->grad_accum, &sched))) {
-            fsc_pipe_schedule_print(sched, stderr);
-            if (!fsc_pipe_schedule_validate(sched, NULL, &st, NULL))
-                fprintf(stderr,
-                        "%s, %d ranks x %d chunk(s), %d micro-batches: bubble %.3f (theory "
-                        "%.3f), at most %d activations held on a rank, %d messages\n",
-                        fsc_pipe_kind_name(kind), o->pp, chunks, o->grad_accum, st.bubble,
-                        st.theoretical_bubble, st.peak_inflight, st.messages);
-            fsc_pipe_schedule_free(sched);
-        }
-        if (rc) return fsc_error_context(rc, "--pipe-schedule: ");
-    }
-    return FSC_OK;
-}
-
-/* The strategy's options from the flags; *units (malloc'ed, or NULL) holds
- * the GPT's blocks when they are the units. */
-static int strategy_options(trainer *t, fsc_strategy_options *so, fsc_module ***units) {
-    const train_options *o = &t->opt;
-    *so = (fsc_strategy_options){.name = o->strategy, .seed = o->seed, .mesh = t->mesh};
-    *units = NULL;
+    *so = (fsc_strategy_options){0};
     int rc = FSC_OK;
     if (applies(o, "bucket-mb", "bucket_bytes")) so->bucket_bytes = (size_t)(o->bucket_mb * 1e6);
     if (applies(o, "partition", "partition")) {
@@ -268,27 +117,10 @@ static int strategy_options(trainer *t, fsc_strategy_options *so, fsc_module ***
     so->min_params = o->min_params;
     so->keep_after_forward = !o->reshard_after_forward;
     so->accum_no_sync = o->accum_no_sync;
-    if (fsc_strategy_takes(o->strategy, "units") && o->min_params == 0 && t->model) {
-        if ((rc = gpt_blocks(t->model, units, &so->nunits))) return rc;
-        so->units = *units;
-    }
-    if (fsc_strategy_takes(o->strategy, "threads")) {
-        so->threads = o->threads;
-        so->make_replica = make_replica;
-        so->replica_user = &t->opt.model;
-    }
     /* the row refuses them by name unless it is slowmo */
     so->localsgd_frequency = o->localsgd_frequency, so->slowmo_frequency = o->slowmo_frequency;
     so->slowmo_momentum = o->slowmo_momentum, so->slowmo_lr = o->slowmo_lr;
-    if (o->tp > 1)
-        so->tp = (fsc_tp_strategy_options){.size = o->tp,
-                                           .sequence_parallel = o->sequence_parallel,
-                                           .recompute_attention = o->recompute_attention,
-                                           .recompute_activation = o->recompute_activation,
-                                           .make_model = o->pp > 1 ? NULL : make_tp_model,
-                                           .make_stage = o->pp > 1 ? make_tp_stage : NULL,
-                                           .user = t};
-    return o->pp > 1 ? pipe_options(t, so) : FSC_OK;
+    return fsc_gpt_plan_options(t->plan, optim, so);
 }
 
 static int load_batch(const fsc_micro_batch *mb, void *user) {
@@ -322,7 +154,7 @@ static int pipe_loss(const fsc_micro_batch *mb, void *user, fsc_tensor *y, fsc_a
     trainer *t = user;
     fsc_tensor targets = fsc_tensor_2d(t->y, FSC_DTYPE_I32, mb->batch, t->opt.model.seq);
     return t->opt.tp > 1 ? fsc_tp_cross_entropy(loss, y, &targets, t->opt.model.vocab, -1, mb->norm,
-                                                t->tp_group, arena)
+                                                fsc_gpt_plan_tp_group(t->plan), arena)
                          : fsc_cross_entropy(loss, y, &targets, -1, mb->norm, arena);
 }
 
@@ -377,13 +209,11 @@ static int make_trainer(trainer *t) {
                               .after_backward = poison,
                               .adascale = o->adascale,
                               .user = t};
-    fsc_module **units = NULL;
     int rc = optim_config(o, &cfg.optim);
     if (!rc) rc = schedule_config(o, &cfg.schedule);
-    if (!rc) rc = strategy_options(t, &cfg.strategy, &units);
+    if (!rc) rc = strategy_options(t, &cfg.optim, &cfg.strategy);
     if (!rc && !(t->tr = fsc_trainer_new(t->model, &cfg)))
         rc = fsc_error_context(FSC_ERR_INVALID, "--strategy %s: ", o->strategy);
-    free(units);
     if (rc) return rc;
     t->s = fsc_trainer_strategy(t->tr);
     t->rank = fsc_strategy_rank(t->s);
@@ -437,9 +267,25 @@ int trainer_init(trainer *t, const train_options *o) {
     if ((rc = layout_mesh(t))) return rc;
     /* under --pp each rank builds only its stages, under --tp the strategy its slices */
     if ((rc = train_moe_setup(t))) return rc; /* t->opt.model gets its MoE layers */
-    if (o->pp == 1 && o->tp == 1 && !(t->model = fsc_gpt_new(&t->opt.model)))
-        return FSC_ERR_INVALID;
-    if (t->model && o->checkpoint_activations && (rc = checkpoint_blocks(t->model))) return rc;
+    const fsc_gpt_layout layout = {.strategy = o->strategy,
+                                   .pp = o->pp,
+                                   .balance = o->balance,
+                                   .tp = o->tp,
+                                   .sequence_parallel = o->sequence_parallel,
+                                   .recompute_attention = o->recompute_attention,
+                                   .recompute_activation = o->recompute_activation,
+                                   .pipe_schedule = o->pipe_schedule,
+                                   .virtual_stages = o->virtual_stages,
+                                   .pipe_checkpoint = o->pipe_checkpoint,
+                                   .checkpoint_activations = o->checkpoint_activations,
+                                   .batch = o->batch,
+                                   .micro_batches = o->grad_accum,
+                                   .threads = o->threads,
+                                   .seed = o->seed,
+                                   .schedule_out = o->print_schedule ? stderr : NULL,
+                                   .balance_out = o->quiet ? NULL : stderr};
+    if ((rc = fsc_gpt_plan_new(&t->opt.model, &layout, t->mesh, &t->plan))) return rc;
+    t->model = fsc_gpt_plan_model(t->plan);
     if ((rc = make_trainer(t))) return rc;
     if (o->init_from) {
         int unused = 0;
@@ -516,14 +362,13 @@ int trainer_checkpoint(trainer *t) {
 }
 
 void trainer_free(trainer *t) {
-    fsc_trainer_free(t->tr); /* the strategy removes its wrappers and hooks */
-    fsc_module_free(t->model);
-    fsc_mesh_free(t->mesh); /* after everything that talks over its groups */
+    fsc_trainer_free(t->tr);    /* the strategy removes its wrappers and hooks */
+    fsc_gpt_plan_free(t->plan); /* and the model it made */
+    fsc_mesh_free(t->mesh);     /* after everything that talks over its groups */
     fsc_tokens_free(&t->tokens);
     free(t->x);
     free(t->y);
     free(t->px);
-    free(t->balance);
     memset(t, 0, sizeof *t);
 }
 

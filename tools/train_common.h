@@ -9,6 +9,7 @@
 #include "fsc/dist.h"
 #include "fsc/gpt.h"
 #include "fsc/io.h"
+#include "fsc/layout.h"
 #include "fsc/moe.h"
 #include "fsc/trainer.h"
 
@@ -134,15 +135,16 @@ int train_consistency_check(const train_options *o);
 
 typedef struct trainer {
     train_options opt;
-    fsc_module *model;
+    fsc_module *model; /* the plan's whole GPT, or NULL (the strategy makes it) */
     fsc_trainer *tr;
     fsc_strategy *s; /* tr's */
     int rank, world; /* data-parallel rank and size */
     fsc_tokens tokens;
-    int32_t *x, *y;      /* this rank's current micro-batch */
-    int32_t *px;         /* pipeline: the step's ids, by micro-batch (stage 0 keeps them) */
-    int *balance;        /* parsed --balance, or NULL */
-    fsc_group *tp_group; /* --tp with --pp: the last stage's TP group (its loss's) */
+    int32_t *x, *y; /* this rank's current micro-batch */
+    int32_t *px;    /* pipeline: the step's ids, by micro-batch (stage 0 keeps them) */
+    /* the GPT on the layout (fsc/layout.h): the model or the stage makers,
+     * the balance, the TP group of the loss under --pp */
+    fsc_gpt_plan *plan;
     int64_t poison_step; /* tests: this rank's gradient gets an inf at this step (1-based) */
     fsc_moe_options moe; /* --moe-experts: opt.model.moe points here */
     /* the layout (world / (pp x tp) x --pp x --tp), built once: the strategy,
@@ -161,41 +163,6 @@ int train_moe_check(const train_options *o);
 int train_moe_setup(trainer *t);
 /* One summary line: drops, mean l_aux and the all-to-all share of `seconds`. */
 void train_moe_report(const trainer *t, double seconds, FILE *f);
-
-/* train_balance.c: --balance auto under --tp times the TP stages, each
- * rank with the TP group the strategy will use (the mesh's, borrowed):
- * begin points po's stages at tp->make_stage over that group and sets
- * seq_len; with --sequence-parallel or --recompute-activation, where no cut
- * falls inside an MLP, it profiles whole layers, which end turns back into
- * parts in balance[S]. */
-typedef struct train_balance_tp {
-    const fsc_tp_strategy_options *tp;
-    fsc_tp_options opt;
-    const fsc_gpt_config *cfg;
-    bool whole_layers;
-    void (*shape_at)(void *user, int layer, int64_t shape[FSC_MAX_DIMS]);
-    void *shape_user;
-} train_balance_tp;
-int train_balance_tp_begin(train_balance_tp *b, const fsc_tp_strategy_options *tp,
-                           fsc_group *tp_group, const fsc_gpt_config *cfg, fsc_pipe_options *po);
-int train_balance_tp_end(train_balance_tp *b, int *balance, int S);
-/* fsc_pipe_strategy_options.act_shape_at under --tp (user: the trainer):
- * (B, T, C + 4C/t) before a block's c_proj part. */
-void train_balance_tp_act_shape(void *trainer, int part, int64_t shape[FSC_MAX_DIMS]);
-
-/* train_balance.c: --balance text (NULL: an even split of whole layers)
- * for S stages into *out (malloc'ed): parts per stage for
- * fsc_gpt_stage_parts_new and fsc_tp_gpt_stage_parts_new. no_mlp_cut (the
- * flag that forbids them, or NULL) refuses cuts inside an MLP (.75). Errors
- * name the value and the rule. */
-int train_balance_parts(const char *text, const fsc_gpt_config *cfg, int S, const char *no_mlp_cut,
-                        int **out);
-/* fsc_pipe_options.act_shape_at for stages of parts (cfg: the model):
- * (B, T, 5C) before a block's c_proj part. */
-void train_balance_parts_act_shape(void *cfg, int part, int64_t shape[FSC_MAX_DIMS]);
-/* --balance auto's choice in layers per stage, predicted time and memory. */
-void train_balance_print(FILE *f, const fsc_gpt_config *cfg, const int *parts, int S,
-                         const fsc_pipe_balance_report *rep);
 
 /* Builds everything from the options; on error returns a status with the message set. */
 int trainer_init(trainer *t, const train_options *o);

@@ -1,8 +1,6 @@
 /* fsc-train and fsc-bench with --moe-experts: the flags' checks, the MoE
  * options the GPT is built with (experts spread over the layout's dp group
  * under ddp, all in this process otherwise), and the routing report. */
-#include <string.h>
-
 #include "train_common.h"
 
 int train_moe_check(const train_options *o) {
@@ -20,7 +18,8 @@ int train_moe_check(const train_options *o) {
                          "--moe-experts does not run with --%s yet (experts compose with "
                          "--strategy ddp only)",
                          o->pp > 1 ? "pp" : "tp");
-    if (strcmp(o->strategy, "ddp") && strcmp(o->strategy, "single"))
+    /* experts are spread over a row that all-reduces (ddp), or all here */
+    if (!fsc_strategy_all_reduces(o->strategy) && !fsc_strategy_is_single(o->strategy))
         return fsc_error(FSC_ERR_INVALID,
                          "--moe-experts runs under --strategy ddp (experts spread over the "
                          "ranks) or single, not %s",
@@ -39,7 +38,7 @@ int train_moe_setup(trainer *t) {
     /* experts spread over the layout's data-parallel ranks (no --pp, --tp here) */
     fsc_group *dp = fsc_mesh_group(t->mesh, FSC_MESH_DP);
     const int world = dp ? fsc_group_size(dp) : 1;
-    if (!strcmp(o->strategy, "ddp") && world > 1) {
+    if (fsc_strategy_all_reduces(o->strategy) && world > 1) {
         if (o->moe_experts % world)
             return fsc_error(FSC_ERR_INVALID,
                              "--moe-experts %d must be a multiple of the %d ranks (each holds "

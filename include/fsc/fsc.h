@@ -25,6 +25,7 @@
 #include "fsc/grad_scaler.h"
 #include "fsc/io.h"
 #include "fsc/kernels.h"
+#include "fsc/layout.h"
 #include "fsc/moe.h"
 #include "fsc/nn.h"
 #include "fsc/optim.h"

@@ -1,13 +1,26 @@
-/* --balance for fsc-train and fsc-bench: layers per pipeline stage, counted
+/* The balance of a GPT's pipeline (fsc/layout.h): layers per stage, counted
  * in quarters of a block so a stage may end inside one (.5 after its
  * attention half, .75 after its MLP's c_fc and GELU), turned into the parts
- * fsc_gpt_stage_parts_new makes stages of; --balance auto's TP stages over
- * a TP group of their own; and its choice printed back in the same units. */
+ * fsc_gpt_stage_parts_new makes stages of; "auto" times the layers (TP
+ * stages over the mesh's TP group) and prints its choice in the same units. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "train_common.h"
+#include "fsc/pipe_schedule.h"
+#include "gpt_layout_internal.h"
+
+/* auto under tp: the TP stages timed over the mesh's TP group (borrowed).
+ * With sequence_parallel or recompute_activation, where no cut falls
+ * inside an MLP, whole layers are profiled and turned back into parts. */
+typedef struct balance_tp {
+    const fsc_tp_strategy_options *tp;
+    fsc_tp_options opt;
+    const fsc_gpt_config *cfg;
+    bool whole_layers;
+    void (*shape_at)(void *user, int layer, int64_t shape[FSC_MAX_DIMS]);
+    void *shape_user;
+} balance_tp;
 
 static const char *const where_blocks_split =
     "a block splits at .5, after its attention half, or .75, after its MLP's c_fc and GELU";
@@ -36,8 +49,8 @@ static int parse_quarters(const char *text, int n, int *q) {
     return FSC_OK;
 }
 
-int train_balance_parts(const char *text, const fsc_gpt_config *cfg, int S, const char *no_mlp_cut,
-                        int **out) {
+int gpt_layout_balance_parts(const char *text, const fsc_gpt_config *cfg, int S,
+                             const char *no_mlp_cut, int **out) {
     const int n = fsc_gpt_num_layers(cfg);
     *out = NULL;
     if (!text && n < S)
@@ -83,7 +96,7 @@ int train_balance_parts(const char *text, const fsc_gpt_config *cfg, int S, cons
 /* A TP stage of layers [first, end) of the pipe (parts, or whole layers
  * turned into parts), over the balance's own TP group. */
 static fsc_module *tp_stage(void *user, int first, int end) {
-    train_balance_tp *b = user;
+    balance_tp *b = user;
     if (b->whole_layers && (fsc_gpt_part_of_cut(b->cfg, 4 * first, &first) ||
                             fsc_gpt_part_of_cut(b->cfg, 4 * end, &end)))
         return NULL;
@@ -91,21 +104,21 @@ static fsc_module *tp_stage(void *user, int first, int end) {
 }
 
 static void tp_shape(void *user, int layer, int64_t shape[FSC_MAX_DIMS]) {
-    const train_balance_tp *b = user;
+    const balance_tp *b = user;
     b->shape_at(b->shape_user, layer, shape);
 }
 
-int train_balance_tp_begin(train_balance_tp *b, const fsc_tp_strategy_options *tp,
-                           fsc_group *tp_group, const fsc_gpt_config *cfg, fsc_pipe_options *po) {
-    *b = (train_balance_tp){.tp = tp,
-                            .opt = {.group = tp_group,
-                                    .sequence_parallel = tp->sequence_parallel,
-                                    .recompute_attention = tp->recompute_attention,
-                                    .recompute_activation = tp->recompute_activation},
-                            .cfg = cfg,
-                            .whole_layers = tp->sequence_parallel || tp->recompute_activation,
-                            .shape_at = po->act_shape_at,
-                            .shape_user = po->stage_user};
+static int balance_tp_begin(balance_tp *b, const fsc_tp_strategy_options *tp, fsc_group *tp_group,
+                            const fsc_gpt_config *cfg, fsc_pipe_options *po) {
+    *b = (balance_tp){.tp = tp,
+                      .opt = {.group = tp_group,
+                              .sequence_parallel = tp->sequence_parallel,
+                              .recompute_attention = tp->recompute_attention,
+                              .recompute_activation = tp->recompute_activation},
+                      .cfg = cfg,
+                      .whole_layers = tp->sequence_parallel || tp->recompute_activation,
+                      .shape_at = po->act_shape_at,
+                      .shape_user = po->stage_user};
     if (!tp_group) return fsc_error(FSC_ERR_INVALID, "--balance auto: no tensor-parallel group");
     if (b->whole_layers) /* no cut inside an MLP there: profile whole layers */
         po->layers = fsc_gpt_num_layers(cfg), po->act_shape_at = NULL;
@@ -116,7 +129,7 @@ int train_balance_tp_begin(train_balance_tp *b, const fsc_tp_strategy_options *t
     return FSC_OK;
 }
 
-int train_balance_tp_end(train_balance_tp *b, int *balance, int S) {
+static int balance_tp_end(balance_tp *b, int *balance, int S) {
     b->opt.group = NULL; /* the mesh's */
     int rc = FSC_OK;
     for (int s = 0, cut = 0, prev = 0, part; balance && b->whole_layers && !rc && s < S; s++) {
@@ -127,17 +140,17 @@ int train_balance_tp_end(train_balance_tp *b, int *balance, int S) {
     return rc;
 }
 
-void train_balance_tp_act_shape(void *trainer_, int part, int64_t shape[FSC_MAX_DIMS]) {
-    const trainer *t = trainer_;
-    shape[2] = fsc_tp_gpt_part_width(&t->opt.model, t->opt.tp, part);
+void gpt_layout_tp_act_shape(void *plan, int part, int64_t shape[FSC_MAX_DIMS]) {
+    const fsc_gpt_plan *p = plan;
+    shape[2] = fsc_tp_gpt_part_width(&p->cfg, p->layout.tp, part);
 }
 
-void train_balance_parts_act_shape(void *cfg, int part, int64_t shape[FSC_MAX_DIMS]) {
+void gpt_layout_parts_act_shape(void *cfg, int part, int64_t shape[FSC_MAX_DIMS]) {
     shape[2] = fsc_gpt_part_width(cfg, part);
 }
 
-void train_balance_print(FILE *f, const fsc_gpt_config *cfg, const int *parts, int S,
-                         const fsc_pipe_balance_report *rep) {
+static void balance_print(FILE *f, const fsc_gpt_config *cfg, const int *parts, int S,
+                          const fsc_pipe_balance_report *rep) {
     double worst = 0, sum = 0;
     for (int s = 0; s < S && s < FSC_PIPE_MAX_STAGES; s++) {
         sum += rep->stage_seconds[s];
@@ -154,4 +167,40 @@ void train_balance_print(FILE *f, const fsc_gpt_config *cfg, const int *parts, i
         fprintf(f, " %.1f ms / %.0f MiB", 1e3 * rep->stage_seconds[s],
                 rep->stage_bytes[s] / 1048576.0);
     fprintf(f, "; slowest stage %.2f x the mean\n", worst / (sum / S));
+}
+
+int gpt_layout_balance_auto(fsc_gpt_plan *p, const fsc_optim_config *optim,
+                            fsc_strategy_options *so) {
+    const fsc_gpt_layout *l = &p->layout;
+    const int S = l->pp * so->pipe.chunks;
+    fsc_pipe_schedule *sched;
+    int rc =
+        fsc_pipe_schedule_make(so->pipe.schedule, l->pp, so->pipe.chunks, l->micro_batches, &sched);
+    if (rc) return rc;
+    fsc_pipe_options po = {.layers = so->pipe.layers,
+                           .make_stage = so->pipe.make_stage,
+                           .stage_user = so->pipe.stage_user,
+                           .act_ndim = so->pipe.act_ndim,
+                           .act_shape_at = so->pipe.act_shape_at,
+                           .seed = l->seed};
+    memcpy(po.act_shape, so->pipe.act_shape, sizeof po.act_shape);
+    fsc_pipe_balance_report rep;
+    balance_tp tp = {0};
+    if (!(p->balance = calloc((size_t)S, sizeof *p->balance)))
+        rc = fsc_error(FSC_ERR_NOMEM, "out of memory");
+    if (!rc && l->tp > 1)
+        rc = balance_tp_begin(&tp, &so->tp, fsc_mesh_group(p->mesh, FSC_MESH_TP), &p->cfg, &po);
+    if (!rc) /* every rank of the layout times every layer */
+        rc = fsc_pipe_balance_auto(fsc_mesh_parent(p->mesh), &po, sched, p->cfg.vocab,
+                                   optim ? fsc_optim_state_count(optim) : 2, p->balance, &rep);
+    if (l->tp > 1) {
+        int end = balance_tp_end(&tp, rc ? NULL : p->balance, S);
+        rc = rc ? rc : end;
+    }
+    fsc_pipe_schedule_free(sched);
+    if (rc) return rc;
+    so->pipe.balance = p->balance;
+    if (fsc_dist_rank() == 0 && l->balance_out)
+        balance_print(l->balance_out, &p->cfg, p->balance, S, &rep);
+    return FSC_OK;
 }

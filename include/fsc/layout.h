@@ -1,0 +1,130 @@
+/* A GPT on a layout: the library's recipe for spreading the one model
+ * (fsc/gpt.h) over a strategy row, a pipeline and a tensor-parallel group,
+ * so that a program gets a pipelined or tensor-parallel GPT trainer in the
+ * same few lines as a DDP one:
+ *
+ *     fsc_mesh *mesh;   // dp x pp x tp over the world (fsc/dist.h)
+ *     fsc_mesh_new_over(NULL, (fsc_mesh_shape){.pp = 2, .tp = 2}, &mesh);
+ *     fsc_gpt_plan *plan;
+ *     fsc_gpt_plan_new(&cfg, &(fsc_gpt_layout){.strategy = "ddp", .pp = 2, .tp = 2,
+ *                                              .batch = B, .micro_batches = 4}, mesh, &plan);
+ *     fsc_trainer_config tc = {.optim = {.kind = FSC_OPTIM_ADAMW, .lr = 1e-3}};
+ *     fsc_gpt_plan_trainer_config(plan, batch_fn, data, &tc);   // data and loss
+ *     fsc_trainer *t = fsc_trainer_new(fsc_gpt_plan_model(plan), &tc);
+ *
+ * (examples/pipelined_tp.c). A program with loss functions of its own
+ * fills only the strategy's options (fsc_gpt_plan_options), as fsc-train
+ * does.
+ *
+ * The plan makes what each rank holds: the whole model (no pp, no tp), or
+ * the makers the strategy calls for its TP model or its pipeline stages
+ * (stages cut in parts, three per block, so a stage may end inside one);
+ * it parses the balance (or measures it: "auto"), and answers the loss
+ * functions' questions (fsc_gpt_plan_tp_group). The tools parse flags into
+ * an fsc_gpt_layout and ask it; none of them knows a strategy by name. */
+#ifndef FSC_LAYOUT_H
+#define FSC_LAYOUT_H
+
+#include <stdio.h>
+
+#include "fsc/dist.h"
+#include "fsc/export.h"
+#include "fsc/gpt.h"
+#include "fsc/optim.h"
+#include "fsc/strategy.h"
+#include "fsc/trainer.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Where and how the GPT runs. Zero fields are the documented defaults;
+ * strings are borrowed for the plan's life. */
+typedef struct fsc_gpt_layout {
+    const char *strategy; /* a row of the strategy table (NULL: "single") */
+    int pp;               /* pipeline stages (0 or 1: none) */
+    /* layers per pipeline stage (pp x chunks of them) in whole layers or
+     * quarters of a block ("1.5,0.5,..."; a block splits at .5 after its
+     * attention half or .75 after its MLP's c_fc and GELU); NULL: an even
+     * split of whole layers; "auto": every layer timed on every rank, cut
+     * where the slowest stage is fastest within the memory budget */
+    const char *balance;
+    int tp;                      /* tensor-parallel ranks per replica (0 or 1: none) */
+    bool sequence_parallel;      /* with tp: LayerNorm/dropout regions on sequence shards */
+    bool recompute_attention;    /* with tp: attention probabilities recomputed in backward */
+    bool recompute_activation;   /* with tp: the MLP's GELU output recomputed in backward */
+    const char *pipe_schedule;   /* gpipe | 1f1b (NULL) | interleaved | zb1 (fsc_pipe_kind_parse) */
+    int virtual_stages;          /* interleaved: stages per rank (0: 2) */
+    const char *pipe_checkpoint; /* never (NULL) | always | except_last */
+    bool checkpoint_activations; /* recompute every block in backward */
+    int batch;                   /* rows per micro-batch (the pipeline's activations) */
+    int micro_batches;           /* per step (the trainer's grad_accum; 0: 1) */
+    int threads;                 /* a row of threads: its workers (each a whole replica) */
+    uint64_t seed;               /* initial weights (fsc_strategy_options.seed) */
+    /* Rank 0 prints the schedule's grid and its statistics here (NULL:
+     * nothing), and --balance auto's choice in layers per stage with its
+     * predicted time and memory (NULL: nothing). */
+    FILE *schedule_out, *balance_out;
+} fsc_gpt_layout;
+
+typedef struct fsc_gpt_plan fsc_gpt_plan;
+
+/* Plans config `cfg` (copied; its moe pointer is borrowed) on `layout` over
+ * `mesh` (the layout's dp x pp x tp groups, fsc_mesh_new_over; NULL where
+ * the row runs on this process alone; borrowed, outliving the plan). Makes
+ * the whole model now when there is neither a pipeline nor a TP group
+ * (blocks wrapped for recomputation under checkpoint_activations). 0 and
+ * *out, or a negative status naming the field and the rule (an unknown
+ * schedule, checkpoint mode or strategy, a balance that does not fill the
+ * stages). */
+FSC_API int fsc_gpt_plan_new(const fsc_gpt_config *cfg, const fsc_gpt_layout *layout,
+                             fsc_mesh *mesh, fsc_gpt_plan **out);
+/* Fills the layout's part of *so, leaving the rest as the caller set it:
+ * name, seed, mesh; threads and make_replica for a row of threads; the
+ * GPT's blocks as units for a row that takes units when so->min_params is
+ * 0; tp (make_model or make_stage); pipe (stages, schedule, chunks, balance,
+ * checkpoint, make_stage, the activation's shapes). With balance "auto" it
+ * times the layers here (collective over the mesh's ranks), counting
+ * `optim`'s state per parameter; it prints the schedule if asked. Call once,
+ * before fsc_trainer_new or fsc_strategy_new; *so borrows the plan. */
+FSC_API int fsc_gpt_plan_options(fsc_gpt_plan *p, const fsc_optim_config *optim,
+                                 fsc_strategy_options *so);
+/* The model to give fsc_trainer_new: the whole GPT, or NULL when the
+ * strategy makes it (tp) or its stages (pp). Owned by the plan. */
+FSC_API fsc_module *fsc_gpt_plan_model(const fsc_gpt_plan *p);
+/* The TP group of this rank's last made TP stage (its loss's group under a
+ * pipeline: fsc_tp_cross_entropy); NULL without tp or before a stage. */
+FSC_API fsc_group *fsc_gpt_plan_tp_group(const fsc_gpt_plan *p);
+/* The tokens of micro-batch mb (all its mb->batch rows) into x and y,
+ * (batch, T) int32 each: the inputs and the next tokens (fsc_tokens_batch
+ * fills them from a corpus). 0 or a negative status. */
+typedef int (*fsc_gpt_batch_fn)(const fsc_micro_batch *mb, void *user, int32_t *x, int32_t *y);
+/* Fills a trainer config for the plan: cfg->strategy (fsc_gpt_plan_options,
+ * with cfg->optim, which the caller sets first), batch and grad_accum (the
+ * layout's batch and micro_batches), targets_per_sample (T), load (calling
+ * `batch` with batch_user) and the loss functions of whichever model the
+ * plan makes (the whole GPT, the TP GPT, pipeline stages with or without
+ * tp); cfg->user becomes the plan. Other fields are left as the caller set
+ * them. Call once; the plan must outlive the trainer. */
+FSC_API int fsc_gpt_plan_trainer_config(fsc_gpt_plan *p, fsc_gpt_batch_fn batch, void *batch_user,
+                                        fsc_trainer_config *cfg);
+/* Frees the plan and what it made (after the trainer or strategy that
+ * borrows it); NULL is fine. */
+FSC_API void fsc_gpt_plan_free(fsc_gpt_plan *p);
+
+/* Questions a layout asks of the strategy table (fsc_strategy_info_get,
+ * fsc_strategy_takes), so that no program compares names. */
+/* Whether row `name` trains the whole model on this process alone, with no
+ * ranks and no threads ("single"); false for unknown names. */
+FSC_API bool fsc_strategy_is_single(const char *name);
+/* Whether row `name` keeps a full replica on each of its ranks and
+ * all-reduces the gradients every step ("ddp"): the row that runs a TP
+ * model itself (the sharded rows run it as one pipeline stage) and over
+ * whose ranks MoE experts are spread; false for unknown names. */
+FSC_API bool fsc_strategy_all_reduces(const char *name);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,38 @@
+/* The plan of a GPT on a layout (fsc/layout.h), shared by gpt_layout.c
+ * (the makers and the strategy's options) and gpt_layout_balance.c (the
+ * balance: parsed, or measured and printed). */
+#ifndef FSC_TRAIN_GPT_LAYOUT_INTERNAL_H
+#define FSC_TRAIN_GPT_LAYOUT_INTERNAL_H
+
+#include "fsc/layout.h"
+
+struct fsc_gpt_plan {
+    fsc_gpt_config cfg;
+    fsc_gpt_layout layout;
+    fsc_mesh *mesh;      /* borrowed */
+    fsc_module *model;   /* the whole GPT (no pp, no tp), or NULL */
+    fsc_module **units;  /* the GPT's blocks when they are the row's units */
+    int *balance;        /* parts per stage (pp x chunks), or NULL */
+    fsc_group *tp_group; /* the last TP stage's group (its loss's) */
+    bool options_done;
+    /* fsc_gpt_plan_trainer_config: the caller's batches, this rank's
+     * micro-batch and, under pp, the step's ids by micro-batch */
+    fsc_gpt_batch_fn batch_fn;
+    void *batch_user;
+    int32_t *x, *y, *px;
+};
+
+/* The balance text (NULL: even) for S stages into *out (malloc'ed), in
+ * parts per stage; no_mlp_cut (the flag that forbids them, or NULL)
+ * refuses cuts inside an MLP (.75). Errors name the value and the rule. */
+int gpt_layout_balance_parts(const char *text, const fsc_gpt_config *cfg, int S,
+                             const char *no_mlp_cut, int **out);
+/* fsc_pipe_options.act_shape_at for stages of parts (user: the config),
+ * and under tp (user: the plan). */
+void gpt_layout_parts_act_shape(void *cfg, int part, int64_t shape[FSC_MAX_DIMS]);
+void gpt_layout_tp_act_shape(void *plan, int part, int64_t shape[FSC_MAX_DIMS]);
+/* balance "auto": times every layer over the mesh and sets so->pipe.balance. */
+int gpt_layout_balance_auto(fsc_gpt_plan *p, const fsc_optim_config *optim,
+                            fsc_strategy_options *so);
+
+#endif

@@ -1,0 +1,79 @@
+/* A GPT trainer on a layout (fsc/layout.h): the trainer's data and loss
+ * functions for whichever model the plan made: the whole GPT, the TP GPT
+ * (its fused vocabulary-parallel loss), or pipeline stages (the first
+ * stage's ids kept per micro-batch until its backward, the last stage's
+ * loss over the TP group, or its head fused with the loss under tp). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "fsc/trainer.h"
+#include "gpt_layout_internal.h"
+
+static int load(const fsc_micro_batch *mb, void *user) {
+    fsc_gpt_plan *p = user;
+    return p->batch_fn(mb, p->batch_user, p->x, p->y);
+}
+
+static int loss(fsc_module *m, const fsc_ctx *ctx, const fsc_micro_batch *mb, void *user,
+                float *out) {
+    const fsc_gpt_plan *p = user;
+    const int T = p->cfg.seq;
+    const int32_t *x = p->x + (size_t)mb->row0 * T, *y = p->y + (size_t)mb->row0 * T;
+    return p->layout.tp > 1 ? fsc_tp_gpt_train_micro(m, ctx, x, y, mb->rows, T, -1, mb->norm, out)
+                            : fsc_gpt_train_micro(m, ctx, x, y, mb->rows, T, -1, mb->norm, out);
+}
+
+/* Under a pipeline: stage 0 keeps each micro-batch's ids until its backward. */
+static int pipe_input(const fsc_micro_batch *mb, void *user, fsc_tensor *x) {
+    fsc_gpt_plan *p = user;
+    const int T = p->cfg.seq;
+    int32_t *ids = p->px + (size_t)mb->micro * mb->batch * T;
+    memcpy(ids, p->x, sizeof *ids * (size_t)mb->batch * T);
+    *x = fsc_tensor_2d(ids, FSC_DTYPE_I32, mb->batch, T);
+    return FSC_OK;
+}
+
+static int pipe_loss(const fsc_micro_batch *mb, void *user, fsc_tensor *y, fsc_arena *arena,
+                     float *out) {
+    const fsc_gpt_plan *p = user;
+    fsc_tensor targets = fsc_tensor_2d(p->y, FSC_DTYPE_I32, mb->batch, p->cfg.seq);
+    return p->layout.tp > 1 ? fsc_tp_cross_entropy(out, y, &targets, p->cfg.vocab, -1, mb->norm,
+                                                   p->tp_group, arena)
+                            : fsc_cross_entropy(out, y, &targets, -1, mb->norm, arena);
+}
+
+/* Under tp with a pipeline: the last stage's head runs fused with the loss. */
+static int pipe_targets(const fsc_micro_batch *mb, void *user, const int32_t **targets,
+                        int *ignore_index) {
+    (void)mb;
+    *targets = ((const fsc_gpt_plan *)user)->y;
+    *ignore_index = -1;
+    return FSC_OK;
+}
+
+int fsc_gpt_plan_trainer_config(fsc_gpt_plan *p, fsc_gpt_batch_fn batch, void *batch_user,
+                                fsc_trainer_config *cfg) {
+    if (!p || !batch || !cfg)
+        return fsc_error(FSC_ERR_INVALID, "fsc_gpt_plan_trainer_config: NULL argument");
+    const fsc_gpt_layout *l = &p->layout;
+    if (l->batch < 1)
+        return fsc_error(FSC_ERR_INVALID, "fsc_gpt_plan_trainer_config: layout.batch %d < 1",
+                         l->batch);
+    const size_t n = (size_t)l->batch * p->cfg.seq;
+    free(p->x), free(p->y), free(p->px);
+    p->x = malloc(n * sizeof *p->x);
+    p->y = malloc(n * sizeof *p->y);
+    p->px = l->pp > 1 ? malloc(n * (size_t)l->micro_batches * sizeof *p->px) : NULL;
+    if (!p->x || !p->y || (l->pp > 1 && !p->px)) return fsc_error(FSC_ERR_NOMEM, "out of memory");
+    p->batch_fn = batch, p->batch_user = batch_user;
+    cfg->batch = l->batch;
+    cfg->grad_accum = l->micro_batches;
+    cfg->targets_per_sample = p->cfg.seq;
+    cfg->load = load;
+    cfg->loss = loss;
+    cfg->pipe_input = pipe_input;
+    cfg->pipe_loss = pipe_loss;
+    cfg->pipe_targets = l->tp > 1 ? pipe_targets : NULL;
+    cfg->user = p;
+    return fsc_gpt_plan_options(p, &cfg->optim, &cfg->strategy);
+}
