@@ -458,7 +458,8 @@ int train_env_check(void) {
 
 int train_model_resolve(train_options *o) {
     /* under a launcher with more ranks, no --strategy means ddp (the header says so) */
-    if (!train_flag_given(o, "strategy") && !strcmp(o->strategy, "single") && fsc_dist_size() > 1)
+    if (!train_flag_given(o, "strategy") && fsc_strategy_is_single(o->strategy) &&
+        fsc_dist_size() > 1)
         o->strategy = "ddp";
     if (!strcmp(o->arch, "gpt2")) {
         o->model.arch = FSC_ARCH_GPT2;
