@@ -14,7 +14,7 @@
 #include <cmocka.h>
 #include <string.h>
 
-#include "fsc/moe.h"
+#include "fsc/moe_parallel.h"
 #include "trainer_test.h"
 
 static int rank, world;

@@ -18,7 +18,7 @@
 #include "equivalence.h"
 #include "fsc/checkpoint_wrapper.h"
 #include "fsc/gpt.h"
-#include "fsc/moe.h"
+#include "fsc/moe_parallel.h"
 #include "fsc/tp.h"
 
 /* fp32 on both sides, different summation orders (BLAS vs torch): a few

@@ -10,7 +10,7 @@
 #include "fsc/gpt.h"
 #include "fsc/io.h"
 #include "fsc/layout.h"
-#include "fsc/moe.h"
+#include "fsc/moe_parallel.h"
 #include "fsc/trainer.h"
 
 typedef struct train_options {

@@ -27,6 +27,7 @@
 #include "fsc/kernels.h"
 #include "fsc/layout.h"
 #include "fsc/moe.h"
+#include "fsc/moe_parallel.h"
 #include "fsc/nn.h"
 #include "fsc/optim.h"
 #include "fsc/parallel.h"

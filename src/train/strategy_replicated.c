@@ -6,7 +6,7 @@
  * world size. The rows differ only in the wrapper that reduces gradients. */
 #include <stdlib.h>
 
-#include "fsc/moe.h"
+#include "fsc/moe_parallel.h"
 #include "fsc/weights.h"
 #include "strategy_internal.h"
 

@@ -1,4 +1,4 @@
-/* Expert parallelism (fsc/moe.h, floor 7): the layer's all-to-all over a
+/* Expert parallelism (fsc/moe_parallel.h, floor 7): the layer's all-to-all over a
  * process group, and gradient clipping with every expert on one rank. DDP's
  * buckets around expert shards are moe_buckets.c's, the one-process weights
  * file moe_weights.c's. */
@@ -6,7 +6,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "fsc/moe.h"
+#include "fsc/moe_parallel.h"
 #include "fsc/optim.h"
 
 static int group_alltoall(void *user, const float *in, float *out, int64_t n) {

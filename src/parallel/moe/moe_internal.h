@@ -5,7 +5,7 @@
 #ifndef FSC_PARALLEL_MOE_INTERNAL_H
 #define FSC_PARALLEL_MOE_INTERNAL_H
 
-#include "fsc/moe.h"
+#include "fsc/moe_parallel.h"
 
 /* The global expert index in a parameter name ("...experts.{e}.rest"), -1
  * without one; *at points at its digits, *after just past them. */

@@ -1,5 +1,5 @@
 /* Optimizer state of a model whose experts are sharded over an
- * expert-parallel group (fsc/moe.h), by global name, in the one file format
+ * expert-parallel group (fsc/moe_parallel.h), by global name, in the one file format
  * every strategy reads (optim_shards.c).
  *
  * The one idea: the one-process model's parameter list is a pure function of
