@@ -86,6 +86,28 @@ static void expect_close(const float *got, const float *full, int V, const char 
                  eq_noise[(int64_t)t * V + worst]);
 }
 
+/* A cache for m, filled with ids[0..T): a prefill of `prefill` positions
+ * with every position's logits, then one token at a time, each compared
+ * with the full forward's (left in full, its noise floor in eq_noise). */
+static fsc_gpt_kv *decode_and_compare(model *m, const int32_t *ids, int T, int prefill, float *full,
+                                      float *got, const char *what) {
+    const int V = m->cfg->vocab;
+    full_forward(m, ids, T, full);
+    logits_noise(m, ids, T, full);
+    fsc_gpt_kv *kv = fsc_gpt_kv_new(m->gpt, m->cfg);
+    assert_non_null(kv);
+    char label[64];
+    assert_int_equal(fsc_gpt_kv_append(kv, ids, prefill, got, true), FSC_OK);
+    snprintf(label, sizeof label, "%s prefill", what);
+    for (int t = 0; t < prefill; t++) expect_close(got + t * V, full, V, label, t);
+    snprintf(label, sizeof label, "%s incremental", what);
+    for (int t = prefill; t < T; t++) {
+        assert_int_equal(fsc_gpt_kv_append(kv, ids + t, 1, got, false), FSC_OK);
+        expect_close(got, full, V, label, t);
+    }
+    return kv;
+}
+
 static void test_kv_matches_full_forward(void **state) {
     (void)state;
     model m;
@@ -95,17 +117,7 @@ static void test_kv_matches_full_forward(void **state) {
     int32_t ids[T];
     for (int i = 0; i < T; i++) ids[i] = (i * 17 + 3) % V;
     float *full = malloc(sizeof(float) * T * V), *got = malloc(sizeof(float) * T * V);
-    full_forward(&m, ids, T, full);
-    logits_noise(&m, ids, T, full);
-    fsc_gpt_kv *kv = fsc_gpt_kv_new(m.gpt, &CFG);
-    assert_non_null(kv);
-    /* a prefill of 5 with every position's logits, then one token at a time */
-    assert_int_equal(fsc_gpt_kv_append(kv, ids, 5, got, true), FSC_OK);
-    for (int t = 0; t < 5; t++) expect_close(got + t * V, full, V, "prefill", t);
-    for (int t = 5; t < T; t++) {
-        assert_int_equal(fsc_gpt_kv_append(kv, ids + t, 1, got, false), FSC_OK);
-        expect_close(got, full, V, "incremental", t);
-    }
+    fsc_gpt_kv *kv = decode_and_compare(&m, ids, T, 5, full, got, "GPT-2");
     assert_int_equal(fsc_gpt_kv_len(kv), T);
     /* full: one more position is refused, naming the limit */
     assert_int_equal(fsc_gpt_kv_append(kv, ids, 1, got, false), FSC_ERR_INVALID);
@@ -339,17 +351,7 @@ static void test_llama_kv_matches_full_forward(void **state) {
     int32_t ids[T];
     for (int i = 0; i < T; i++) ids[i] = (i * 13 + 5) % V;
     float *full = malloc(sizeof(float) * T * V), *got = malloc(sizeof(float) * T * V);
-    full_forward(&m, ids, T, full);
-    logits_noise(&m, ids, T, full);
-    fsc_gpt_kv *kv = fsc_gpt_kv_new(m.gpt, &LLAMA);
-    assert_non_null(kv);
-    assert_int_equal(fsc_gpt_kv_append(kv, ids, 6, got, true), FSC_OK);
-    for (int t = 0; t < 6; t++) expect_close(got + t * V, full, V, "LLaMA prefill", t);
-    for (int t = 6; t < T; t++) {
-        assert_int_equal(fsc_gpt_kv_append(kv, ids + t, 1, got, false), FSC_OK);
-        expect_close(got, full, V, "LLaMA incremental", t);
-    }
-    fsc_gpt_kv_free(kv);
+    fsc_gpt_kv_free(decode_and_compare(&m, ids, T, 6, full, got, "LLaMA"));
     free(full), free(got);
     model_free(&m);
 }

@@ -1,13 +1,14 @@
-/* The GPT, written once: token + position embedding, L pre-LN blocks, a
- * final LayerNorm and an LM head tied to wte, as any contiguous range of
- * its parts (gpt_internal.h), under any layout. The whole model, every
- * pipeline stage and every tensor-parallel rank run this forward and this
- * backward; a layout (the plain one below, the TP one in
- * src/parallel/tp/tp_gpt.c) only makes the children and computes the two
- * ends, which call kernels on wte and wpe directly (the tie needs one table
- * in two places). A range with the head but not the embedding holds its own
- * copy of wte: the pipeline keeps the copies equal by summing their
- * gradients. */
+/* The decoder-only model, written once: token embedding (plus position
+ * embedding in GPT-2), L pre-norm blocks, a final norm and an LM head (tied
+ * to wte, or its own weight), as any contiguous range of its parts
+ * (gpt_internal.h), under any layout and family. The whole model, every
+ * pipeline stage, every tensor-parallel rank and the KV-cache decoder run
+ * this forward and this backward; a layout (GPT-2's plain one below,
+ * LLaMA's in llama.c, the TP one in src/parallel/tp/tp_gpt.c) only makes
+ * the children and computes the two ends, which call kernels on the tables
+ * directly (a tie needs one table in two places). A range with a tied head
+ * but not the embedding holds its own copy of wte: the pipeline keeps the
+ * copies equal by summing their gradients. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
