@@ -25,6 +25,7 @@
 
 #include "fsc/gpt.h"
 #include "fsc/io.h"
+#include "golden_files.h"
 #include "fsc/optim.h"
 
 /* Single layers: output and gradients. */
@@ -50,17 +51,6 @@ enum { TR_B = 4, TR_T = 16, TR_STEPS = 20 };
 
 /* ---- files ------------------------------------------------------------------ */
 
-static fsc_st_file *open_golden(const char *file) {
-    const char *dir = getenv("FSC_TEST_DATA");
-    char path[1024];
-    snprintf(path, sizeof path, "%s/%s", dir ? dir : "tests/data", file);
-    int status = 0;
-    fsc_st_file *f = fsc_st_open(path, &status);
-    if (!f) fprintf(stderr, "cannot open golden %s: %s\n", path, fsc_last_error());
-    assert_non_null(f);
-    return f;
-}
-
 /* Reads `name` into a new malloc'd f32 buffer whose shape must equal `like`'s. */
 static float *read_like(fsc_st_file *f, const char *name, const fsc_tensor *like) {
     fsc_tensor t = *like;
@@ -71,18 +61,6 @@ static float *read_like(fsc_st_file *f, const char *name, const fsc_tensor *like
     if (rc) fprintf(stderr, "golden tensor %s: %s\n", name, fsc_last_error());
     assert_int_equal(rc, FSC_OK);
     return t.data;
-}
-
-/* A new tensor with the file's shape and dtype, read whole (caller frees data). */
-static fsc_tensor read_entry(fsc_st_file *f, const char *name) {
-    const fsc_st_entry *e = fsc_st_find(f, name);
-    if (!e) fprintf(stderr, "golden tensor %s missing\n", name);
-    assert_non_null(e);
-    fsc_tensor t = fsc_tensor_make(NULL, e->dtype, e->ndim, e->shape);
-    t.data = malloc(fsc_tensor_nbytes(&t) + 1);
-    assert_non_null(t.data);
-    assert_int_equal(fsc_st_read(f, name, &t), FSC_OK);
-    return t;
 }
 
 /* Overwrites every bound parameter with the file's tensor of the same full name

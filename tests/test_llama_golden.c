@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "fsc/io.h"
+#include "golden_files.h"
 #include "fsc/nn.h"
 #include "nn/layers_internal.h" /* fsc_kv_cache */
 
@@ -38,28 +39,6 @@ static const fsc_rope_scaling LLAMA31 = {.factor = 8.f,
                                          .original_max_position_embeddings = 8192};
 
 #define MAX_REPORTED 5
-
-static fsc_st_file *open_golden(const char *file) {
-    const char *dir = getenv("FSC_TEST_DATA");
-    char path[1024];
-    snprintf(path, sizeof path, "%s/%s", dir ? dir : "tests/data", file);
-    int status = 0;
-    fsc_st_file *f = fsc_st_open(path, &status);
-    if (!f) fprintf(stderr, "cannot open golden %s: %s\n", path, fsc_last_error());
-    assert_non_null(f);
-    return f;
-}
-
-static fsc_tensor read_entry(fsc_st_file *f, const char *name) {
-    const fsc_st_entry *e = fsc_st_find(f, name);
-    if (!e) fprintf(stderr, "golden tensor %s missing\n", name);
-    assert_non_null(e);
-    fsc_tensor t = fsc_tensor_make(NULL, e->dtype, e->ndim, e->shape);
-    t.data = malloc(fsc_tensor_nbytes(&t) + 1);
-    assert_non_null(t.data);
-    assert_int_equal(fsc_st_read(f, name, &t), FSC_OK);
-    return t;
-}
 
 typedef struct {
     double worst; /* largest |diff| / tol over the layer's tensors */
