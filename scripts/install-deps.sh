@@ -13,6 +13,7 @@ packages=(
   libomp-dev
   libdnnl2               # oneDNN, dlopened for bf16 GEMMs (no headers needed; absent: sgemm)
   python3 python3-numpy
+  doxygen                # the API reference (ctest api_docs, target api-docs)
   clang libclang-rt-dev  # libFuzzer harnesses (scripts/fuzz.sh; test.sh's fuzz smoke)
 )
 # PyTorch cross-checks (a model saved by fsc evaluated in PyTorch), golden
