@@ -3,7 +3,7 @@
 For each layer, tests/data/golden_<layer>.safetensors holds the input `x`,
 the parameters under fsc's full names, a random upstream gradient `dy`, the
 output `y`, the input gradient `dx` (where the input is differentiable) and
-the parameter gradients as `grad.<name>`. tests/test_golden.c rebuilds each
+the parameter gradients as `grad.<name>`. tests/nn/test_golden.c rebuilds each
 layer in fsc with the same sizes, loads these values and compares.
 
 Regenerate with Debian's python3 (python3-torch), from anywhere:
@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 import goldens as G
 
-# Sizes shared with tests/test_golden.c.
+# Sizes shared with tests/nn/test_golden.c.
 B, T, C, NH = 2, 8, 16, 4  # layers
 LIN_OUT = 24
 CE_N, CE_V = 12, 20  # cross-entropy rows, classes

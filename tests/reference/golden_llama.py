@@ -13,7 +13,7 @@ Each tests/data/golden_llama_<case>.safetensors holds what
 golden_layers.py's files hold (x, parameters under fsc's names, dy, y, dx,
 grad.<name>) and, for every compared tensor, noise.<name>: the largest
 |fp32 - fp64| of torch's own result, the same layer evaluated again in
-float64 on the same (fp32) inputs. tests/test_llama_golden.c sets each
+float64 on the same (fp32) inputs. tests/nn/test_llama_golden.c sets each
 tensor's tolerance from it. The fp64 evaluation keeps the model's own
 fp32 constants (inverse frequencies, rotary angles): they are part of the
 definition every implementation shares, not rounding error.
@@ -28,7 +28,7 @@ import torch
 
 import goldens as G
 
-# Sizes shared with tests/test_llama_golden.c.
+# Sizes shared with tests/nn/test_llama_golden.c.
 B, T, C = 2, 8, 16
 FFN = 40
 AC, ANH, AHD = 32, 4, 8  # attention: d_model, heads, head_dim

@@ -3,7 +3,7 @@
 tests/data/golden_train.safetensors holds the initial parameters under fsc's
 names, the token batches `x`, `y` (steps, B, T) int32, the per-step losses
 `losses` (steps) and the final parameters as `final.<name>`.
-tests/test_golden.c trains fsc's GPT from the same start on the same batches
+tests/nn/test_golden.c trains fsc's GPT from the same start on the same batches
 with its AdamW and compares every loss and the final parameters.
 
 The optimizer is torch.optim.AdamW(lr=1e-3, betas=(0.9, 0.95), eps=1e-8,
@@ -19,7 +19,7 @@ import torch
 
 import goldens as G
 
-# Sizes and hyper-parameters shared with tests/test_golden.c.
+# Sizes and hyper-parameters shared with tests/nn/test_golden.c.
 V, T, C, NH, L = 64, 16, 32, 4, 2
 B, STEPS = 4, 20
 LR, BETAS, EPS, WD = 1e-3, (0.9, 0.95), 1e-8, 0.1

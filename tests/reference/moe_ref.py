@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Goldens for tests/test_moe.c: the MoE MLP of fsc/moe.h computed densely.
+"""Goldens for tests/nn/test_moe.c: the MoE MLP of fsc/moe.h computed densely.
 
 Every token's output is evaluated directly from its two experts (no
 dispatch buffers, no all-to-all): the routing rules are written with

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Goldens for tests/test_optim.c: torch.optim SGD/Adam/AdamW and clip_grad_norm_.
+"""Goldens for tests/optim/test_optim.c: torch.optim SGD/Adam/AdamW and clip_grad_norm_.
 
 Writes tests/data/optim_golden.json. Every case starts from the same initial
 parameters and sees the same per-step gradients (drawn once, independent of

@@ -4,7 +4,7 @@ FairScale's SlowMoDistributedDataParallel with Local SGD as the base
 algorithm, re-derived here in PyTorch from FairScale's source and
 documentation (FairScale itself is not a dependency).
 
-fsc trains the tiny GPT of tests/equivalence.h through the trainer on each
+fsc trains the tiny GPT of tests/support/equivalence.h through the trainer on each
 rank (`mpiexec -n W mpi_slowmo --dump ...`) and writes, per rank and step,
 the gradient the local optimizer stepped on and the parameters after the
 step. This script replays the same gradients the way FairScale's

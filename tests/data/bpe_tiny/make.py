@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes the hand-made BPE vocabulary of tests/test_bpe.c (encoder.json and
+"""Writes the hand-made BPE vocabulary of tests/io/test_bpe.c (encoder.json and
 vocab.bpe in GPT-2's format): the 256 byte tokens in GPT-2's order, a few
 merges chosen so that merge order, pre-tokenization and repeated pairs
 each show in the ids, and <|endoftext|> last."""

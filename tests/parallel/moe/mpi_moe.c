@@ -2,7 +2,7 @@
  * block, capacity drops, dropout, gradient clipping on) trained under ddp
  * with its experts spread over the ranks ends with the same parameters as
  * one process holding every expert on the same global batch, within the
- * measured noise floor of tests/equivalence.h. The weights file (every
+ * measured noise floor of tests/support/equivalence.h. The weights file (every
  * rank's experts gathered by global name) loads into the one-process model.
  * A checkpoint (experts' optimizer state by global name) resumes bit for
  * bit at the same size, and across one process and the world within the

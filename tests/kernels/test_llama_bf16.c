@@ -1,5 +1,5 @@
 /* Grouped-query attention's bf16 path (FSC_GEMM_BF16, oneDNN on) against
- * its fp32 path, within the bound tests/test_bf16.c derives for attention
+ * its fp32 path, within the bound tests/kernels/test_bf16.c derives for attention
  * forward. A program of its own: it loads oneDNN, whose worker threads
  * LeakSanitizer's exit-time tracer can trip on (tests/CMakeLists.txt runs
  * it with the bf16 tests' ASAN_OPTIONS). */

@@ -5,7 +5,7 @@
  * comparison below). pp 2 x tp 2 on 4 ranks (with and without sequence
  * parallelism) and dp 2 x pp 2 x tp 2 on 8 (ddp, oss, sdp and fsdp between
  * the replicas) end with the parameters of one process on the same global
- * batch (fp32, dropout on) within the noise floor of tests/equivalence.h;
+ * batch (fp32, dropout on) within the noise floor of tests/support/equivalence.h;
  * with clipping active the gradient norm is the one-process norm; a
  * checkpoint of the mesh resumes under one process, under fsdp on 4 ranks
  * and back, by global name. fsdp over TP replicas without a pipeline (dp 2

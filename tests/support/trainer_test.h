@@ -3,7 +3,7 @@
  * mpi_trainer.c): the EQ GPT's callbacks for the trainer under any layout
  * (whole model, pipeline stages of layers or of parts of blocks, tensor
  * parallelism, both), the step loop with its resume and checkpoint, the
- * weights read back and compared with tests/equivalence.h's reference, and
+ * weights read back and compared with tests/support/equivalence.h's reference, and
  * the program's main with one scratch directory for the world. Include
  * after cmocka.h. */
 #ifndef FSC_TEST_TRAINER_TEST_H

@@ -1,11 +1,11 @@
 /* Generation: the KV cache's logits equal the full forward's at every
  * position (prefilled in one go or appended token by token) within the
- * forward's measured noise floor (logits_noise below, tests/equivalence.h's
+ * forward's measured noise floor (logits_noise below, tests/support/equivalence.h's
  * method; not a fixed tolerance, which would hold one CPU's rounding), its limits are
  * refused clearly, and sampling is greedy at temperature 0, reproducible by
  * (seed, index) and confined to the top k. A Mixture-of-Experts GPT (dense
  * and MoE blocks, every token kept) gives the same logits through the cache
- * within the forward's measured noise floor (tests/equivalence.h), and the
+ * within the forward's measured noise floor (tests/support/equivalence.h), and the
  * same sampled ids; a layer that could drop tokens, or holds only some of
  * its experts, is refused. */
 #include <setjmp.h>

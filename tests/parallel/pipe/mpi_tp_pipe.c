@@ -1,5 +1,5 @@
 /* Tensor-parallel pipeline stages (fsc_tp_gpt_stage_new) beyond the mesh's
- * equivalence runs (tests/mpi_mesh.c), on pp 2 x tp 2 (4 ranks):
+ * equivalence runs (tests/train/mpi_mesh.c), on pp 2 x tp 2 (4 ranks):
  *  - the last stage runs its head fused with the loss when the pipeline is
  *    given the targets (fsc_pipe_io.targets): the pipeline's loss callback
  *    is then never called, and the step's loss, every gradient and an
@@ -8,7 +8,7 @@
  *    stage runs unfused and the callback is called;
  *  - with a vocabulary of 200 the fused head runs 2 chunks of rows per
  *    micro-batch, and training through the trainer ends with one process's
- *    parameters within the noise floor of tests/equivalence.h, with and
+ *    parameters within the noise floor of tests/support/equivalence.h, with and
  *    without sequence parallelism;
  *  - --balance auto times TP stages with their TP groups: every rank picks
  *    the same cut, and training at it is one process's;

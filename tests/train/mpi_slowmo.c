@@ -1,5 +1,5 @@
 /* The slowmo row (Local SGD with slow momentum) on 1, 2 and 4 ranks, through
- * the trainer on the tiny GPT of tests/equivalence.h:
+ * the trainer on the tiny GPT of tests/support/equivalence.h:
  *  - averaging every step with no slow momentum (slowmo_lr 1, momentum 0)
  *    under SGD with momentum and weight decay is DDP's step: the one-process
  *    reference within the equivalence noise bound;

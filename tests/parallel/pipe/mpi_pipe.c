@@ -4,7 +4,7 @@
  * m = 1, p and 2p+1 micro-batches (interleaved: multiples of p), even
  * and uneven balance (a one-layer stage, the head alone), dropout on, end
  * with the parameters of one process on the same global batch within the
- * noise floor of tests/equivalence.h. The activations held at once on each
+ * noise floor of tests/support/equivalence.h. The activations held at once on each
  * rank are the validator's prediction; a stage whose output is not the
  * planned shape fails on both ends of the message; bad set-ups are refused.
  * Through the trainer, the model-parallel strategies (pipeline with every

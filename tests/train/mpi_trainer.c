@@ -2,7 +2,7 @@
  * user's own (a residual MLP with dropout, not the GPT): every strategy of
  * the table ends with the parameters of one process on the same global batch
  * (with accumulation and global-norm clipping), within the measured noise
- * floor of tests/equivalence.h; a checkpoint written under ddp resumes under
+ * floor of tests/support/equivalence.h; a checkpoint written under ddp resumes under
  * fsdp with the losses of an uninterrupted run; bad configurations are
  * refused with messages that name what is wrong. */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp */
@@ -210,7 +210,7 @@ static void every_strategy(run_cfg v) {
         fsc_strategy_info info;
         assert_int_equal(fsc_strategy_info_get(*n, &info), FSC_OK);
         if (fault != FSC_FAULT_NONE && (!info.spans_ranks || world == 1)) continue;
-        if (info.local_steps && world > 1) continue; /* Local SGD: tests/mpi_slowmo.c */
+        if (info.local_steps && world > 1) continue; /* Local SGD: tests/train/mpi_slowmo.c */
         v.strategy = *n, v.local = !info.spans_ranks, v.threads = 2;
         expect_reference(&v);
     }

@@ -4,7 +4,7 @@
  * stream and the GELU output cross together as (B,T,5C)). Under 1F1B,
  * zero-bubble H1 (backward split into B and W), interleaved 1F1B and with
  * activation checkpointing, dropout on, the parameters equal one process's
- * on the same global batch within the noise floor of tests/equivalence.h;
+ * on the same global batch within the noise floor of tests/support/equivalence.h;
  * --balance auto's cut over such parts does too; a checkpoint written at a
  * cut inside the MLP resumes at another cut and without a pipeline; every
  * part has exactly its block's names; a cut inside the MLP without the

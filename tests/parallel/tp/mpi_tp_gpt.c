@@ -1,5 +1,5 @@
 /* The tensor-parallel GPT (fsc/tp.h) over the world as one TP group (t = 1,
- * 2, 4), beyond training equivalence (tests/mpi_tp.c):
+ * 2, 4), beyond training equivalence (tests/parallel/tp/mpi_tp.c):
  *  - the file a TP group saves is the one-process file, byte for byte, and a
  *    TP model loads the one-process file into exactly its slices (so every
  *    shard equals the slice of the one-process weight, bit for bit);

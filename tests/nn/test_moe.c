@@ -212,7 +212,7 @@ static float *grads_of(int micro, bool recompute, int shift, int64_t *numel) {
 /* eq_noise for the one-micro-batch gradients g1: their spread against the
  * same batch as one micro-batch with its rows in two other orders (rotated,
  * reversed), per row of each tensor and at least its median row's, as
- * tests/equivalence.h measures it. Neither variant splits the batch, so a
+ * tests/support/equivalence.h measures it. Neither variant splits the batch, so a
  * per-call grouping or normaliser (what the split tests look for) cannot
  * widen the floor. */
 static void grads_noise(const float *g1) {
