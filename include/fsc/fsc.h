@@ -3,7 +3,7 @@
  * It includes every entry-point header of include/fsc/, so one
  * `#include "fsc/fsc.h"` reaches the whole public API. Two headers are
  * details of another one and are reached through it, not listed here
- * (tests/check_umbrella_header.py reads the line below and fails when a
+ * (tests/repo/check_umbrella_header.py reads the line below and fails when a
  * header of include/fsc/ is neither included nor named there):
  *
  * excluded: fsc/export.h fsc/env.h

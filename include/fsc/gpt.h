@@ -130,7 +130,7 @@ FSC_API int fsc_gpt_eval_loss(fsc_module *gpt, const fsc_ctx *ctx, const int32_t
  * blocks on its own row and attends over the keys and values the earlier
  * tokens left in the cache, so a token costs O(params + t*C) instead of a
  * whole forward over the context. Logits equal the full forward's at the
- * same positions (to float rounding; tests/test_generate.c checks it). An
+ * same positions (to float rounding; tests/nn/test_generate.c checks it). An
  * MoE block's MLP (fsc/moe.h) runs on the new tokens only, through the
  * layer's own gate, router and experts, and never drops a token: a step of
  * n tokens routes with capacity n.

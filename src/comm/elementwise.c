@@ -15,7 +15,7 @@
 /* Inline and vectorisable, bit for bit core's fsc_bf16_to_f32 / fsc_f32_to_bf16
  * and fsc_f16_to_f32 / fsc_f32_to_f16 (round to nearest even, quiet NaNs,
  * F16 subnormals and overflow to infinity): a call per element made half
- * reductions 10x slower than F32 ones. tests/mpi_collectives.c compares them
+ * reductions 10x slower than F32 ones. tests/comm/mpi_collectives.c compares them
  * with core's over every half value. */
 static inline float bits_f32(uint32_t u) {
     float f;

@@ -15,7 +15,7 @@
 
 #include "heartbeat.h"
 
-/* Allreduces from 4 KiB up use the ring: measured with tests/bench_dist.c at
+/* Allreduces from 4 KiB up use the ring: measured with tests/comm/bench_dist.c at
  * 2 ranks, it beats MPI_Iallreduce from 4 KiB (4 vs 7 us) to 100 MB (24 vs
  * 91 ms); below, both take about a microsecond and MPI's needs no steps.
  * Recursive doubling beats the ring up to 64 KiB; at 2 ranks (one exchange

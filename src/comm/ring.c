@@ -8,7 +8,7 @@
  * allgather ring then passes finished chunks round the same way. Every rank
  * moves (P-1)/P of the data each way, the bandwidth optimum; measured here
  * 2-3x faster than MPI_Reduce_scatter_block and faster than MPI_Allreduce
- * for large buffers (tests/bench_dist.c). BF16/F16 chunks travel as halves;
+ * for large buffers (tests/comm/bench_dist.c). BF16/F16 chunks travel as halves;
  * each step adds in F32 and rounds once (fsc_dist_accumulate), and the
  * allgather passes the finished bits on, so every rank ends identical.
  *
