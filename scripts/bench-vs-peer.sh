@@ -4,7 +4,8 @@
 # each JSON line and the ratio of the medians. Both run the same OpenBLAS
 # kernels: fsc's CPUID choice unless --coretype says otherwise, so neither side
 # is handicapped by the environment's OPENBLAS_CORETYPE. Usage:
-#   bash scripts/bench-vs-peer.sh [--coretype NAME] [--bf16] [--fairscale] [--peer PATH]
+#   bash scripts/bench-vs-peer.sh [--coretype NAME] [--bf16] [--arch gpt2|llama] [--fairscale]
+#                                 [--peer PATH] [--build DIR]
 #                                 [small|medium|all] [ROUNDS] [single|ddp|oss|sdp|fsdp|pp] [RANKS]
 # The peer of each strategy: single -> one torch process; ddp -> torch DDP;
 # oss -> torch ZeroRedundancyOptimizer + DDP; sdp, fsdp -> torch DDP; pp (fsc's
@@ -13,41 +14,52 @@
 #   --coretype NAME  OPENBLAS_CORETYPE for both sides (or FSC_BENCH_CORETYPE=NAME);
 #                    default: the kernels fsc picks from CPUID (fsc-bench --blas-info)
 #   --bf16           fsc --mixed-precision bf16 against the peer's --autocast bf16
+#   --arch llama     both sides train the LLaMA of the same sizes (fsc-bench --arch llama)
 #   --fairscale      oss, sdp, fsdp against FairScale's OSS + DDP, OSS + ShardedDDP,
 #                    FSDP (needs `import fairscale`; pp always does)
 #   --peer PATH      another peer script with peer_bench.py's flags (or FSC_PEER=PATH)
+#   --build DIR      the build whose tools/fsc-bench runs (or FSC_BUILD_DIR=DIR; default build)
 # A peer that cannot run here (torch or FairScale missing: exit 77) is reported
 # as skipped and fsc's figures are printed alone.
 set -euo pipefail
 me=bench-vs-peer.sh
 coretype=${FSC_BENCH_CORETYPE:-}
 peer=${FSC_PEER:-}
+build=${FSC_BUILD_DIR:-build}
+arch=gpt2
 bf16=0
 fairscale=0
 pos=()
 while [ $# -gt 0 ]; do
   case $1 in
-    --coretype|--peer)
+    --coretype|--peer|--arch|--build)
       [ $# -ge 2 ] || { echo "$me: $1 needs a value" >&2; exit 2; }
-      if [ "$1" = --coretype ]; then coretype=$2; else peer=$2; fi
+      case $1 in
+        --coretype) coretype=$2 ;; --peer) peer=$2 ;; --arch) arch=$2 ;; --build) build=$2 ;;
+      esac
       shift 2 ;;
     --coretype=*) coretype=${1#*=}; shift ;;
     --peer=*) peer=${1#*=}; shift ;;
+    --arch=*) arch=${1#*=}; shift ;;
+    --build=*) build=${1#*=}; shift ;;
     --bf16) bf16=1; shift ;;
     --fairscale) fairscale=1; shift ;;
-    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "$me: unknown flag $1 (see --help)" >&2; exit 2 ;;
     *) pos+=("$1"); shift ;;
   esac
 done
 set -- ${pos[@]+"${pos[@]}"}
+case $arch in gpt2|llama) ;; *) echo "$me: --arch $arch: expected gpt2 or llama" >&2; exit 2 ;; esac
 
 # Resolve a given peer before leaving the caller's directory: relative paths are theirs.
 script_root=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.." && pwd)
 peer=${peer:-$script_root/scripts/peer_bench.py}
 [ -f "$peer" ] || { echo "$me: peer script $peer (--peer / FSC_PEER): no such file" >&2; exit 2; }
 peer=$(readlink -f "$peer")
+[ -d "$build" ] && build=$(readlink -f "$build")
 cd "$script_root"
+bench=$build/tools/fsc-bench
 
 which=${1:-all}
 rounds=${2:-3}
@@ -58,10 +70,14 @@ case $strategy in single|ddp|oss|sdp|fsdp|pp) ;; *) echo "$me: unknown strategy 
 py=/usr/bin/python3
 [ -x "$py" ] || py=python3
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-[ -x build/tools/fsc-bench ] || bash scripts/build.sh
+if [ ! -x "$bench" ]; then
+  [ "$build" = "$script_root/build" ] || [ "$build" = build ] ||
+    { echo "$me: $bench: no such program (--build / FSC_BUILD_DIR)" >&2; exit 2; }
+  bash scripts/build.sh
+fi
 field() { python3 -c 'import json,sys; print(json.load(sys.stdin)[sys.argv[1]])' "$1"; }
-if ! cpu_info=$(env -u OPENBLAS_CORETYPE build/tools/fsc-bench --blas-info); then
-  echo "$me: build/tools/fsc-bench --blas-info failed; rebuild it (bash scripts/build.sh)" >&2
+if ! cpu_info=$(env -u OPENBLAS_CORETYPE "$bench" --blas-info); then
+  echo "$me: $bench --blas-info failed; rebuild it (bash scripts/build.sh)" >&2
   exit 2
 fi
 how="given by --coretype / FSC_BENCH_CORETYPE"
@@ -74,7 +90,7 @@ if [ -n "${OPENBLAS_CORETYPE:-}" ] && [ "$OPENBLAS_CORETYPE" != "$coretype" ]; t
 fi
 export OPENBLAS_CORETYPE=$coretype # fsc, and its ranks under mpiexec
 echo "kernels: OPENBLAS_CORETYPE=$coretype for both sides ($how)"
-echo "fsc:     $(build/tools/fsc-bench --blas-info | field blas)"
+echo "fsc:     $("$bench" --blas-info | field blas)"
 echo "peer:    $py $peer --openblas-coretype $coretype"
 
 # fsc's flags and the peer's for the chosen strategy
@@ -93,6 +109,7 @@ if [ "$fairscale" = 1 ] && [ "$strategy" != pp ]; then
     *) echo "$me: --fairscale: FairScale has no peer of its own for $strategy; using ${peer_args[*]}" >&2 ;;
   esac
 fi
+fsc_args+=(--arch "$arch"); peer_args+=(--arch "$arch")
 if [ "$bf16" = 1 ]; then fsc_args+=(--mixed-precision bf16); peer_args+=(--autocast bf16); fi
 
 configs=(small medium)
@@ -108,9 +125,9 @@ for c in "${configs[@]}"; do
   fsc=(); torch=(); share=()
   for r in $(seq "$rounds"); do
     if [ "$strategy" != single ]; then
-      line=$(mpiexec -n "$ranks" build/tools/fsc-bench "${fsc_args[@]}" --config "$c" --steps "$steps")
+      line=$(mpiexec -n "$ranks" "$bench" "${fsc_args[@]}" --config "$c" --steps "$steps")
     else
-      line=$(build/tools/fsc-bench "${fsc_args[@]}" --config "$c" --steps "$steps")
+      line=$("$bench" "${fsc_args[@]}" --config "$c" --steps "$steps")
     fi
     echo "fsc   $line" | cut -c1-600
     fsc+=("$(field tokens_per_s <<<"$line")")
@@ -129,7 +146,7 @@ for c in "${configs[@]}"; do
     echo "torch kernels: $(field openblas_kernels <<<"$line")"
     torch+=("$(field tokens_per_s <<<"$line")")
   done
-  python3 - "$c" "${fsc[*]}" "${torch[*]}" "${share[*]}" "$strategy" <<'PY'
+  python3 - "$c $arch" "${fsc[*]}" "${torch[*]}" "${share[*]}" "$strategy" <<'PY'
 import statistics, sys
 c, f, t, s = sys.argv[1], *[list(map(float, a.split())) for a in sys.argv[2:5]]
 head = (f"== {c} {sys.argv[5]}: fsc {statistics.median(f):.0f} tokens/s "

@@ -2,8 +2,8 @@
 """peer_bench.py: the PyTorch (and, where installed, FairScale) side of fsc's
 benchmark comparisons.
 
-It trains the GPT of fsc-bench's reference configurations on uniformly random
-tokens with AdamW (lr 3e-4, betas 0.9/0.95, weight decay 0.1, no clipping, a
+It trains the GPT (or, with --arch llama, the LLaMA of scripts/peer_llama.py)
+of fsc-bench's reference configurations on uniformly random tokens with AdamW (lr 3e-4, betas 0.9/0.95, weight decay 0.1, no clipping, a
 constant rate) and prints one JSON line shaped like fsc-bench's: tokens/s over
 the timed steps that follow the warm-up steps, the median ms per step, model
 GFLOP/s by the same FLOP count, peak RSS per rank, first and last loss. One
@@ -13,6 +13,12 @@ thread per process unless --threads says otherwise, as fsc-bench.
   small         4     256     4  128   512     8
   medium        8     512     8  256  8192     4
   tiny          2      32     2   16    64     2    (this script's own test)
+
+--arch llama (fsc-bench --arch llama) takes the same sizes with grouped-query
+attention over --kv-heads key/value heads (small and medium 2, tiny 1), a
+SwiGLU MLP of --ffn-hidden (default LLaMA's rule, fsc's: 2/3 of 4 C rounded
+up to 256; small 768, medium 1536), RMSNorm, rotary positions and an untied
+head.
 
 Strategies (--strategy):
   single          one process, no torch.distributed
@@ -42,6 +48,7 @@ Throughput counts every rank's sequences; a step's time is the slowest rank's.
 Examples:
   /usr/bin/python3 scripts/peer_bench.py --config small
   /usr/bin/python3 scripts/peer_bench.py --config medium --autocast bf16 --steps 6 --warmup 2
+  /usr/bin/python3 scripts/peer_bench.py --arch llama --config medium [--autocast bf16]
   /usr/bin/python3 scripts/peer_bench.py --config medium --strategy ddp --ranks 2
   mpirun -n 2 /usr/bin/python3 scripts/peer_bench.py --config medium --strategy zero1
 """
@@ -55,6 +62,7 @@ CONFIGS = {  # name: (layers, d_model, heads, seq, vocab, batch), as tools/fsc_b
     "medium": (8, 512, 8, 256, 8192, 4),
     "tiny": (2, 32, 2, 16, 64, 2),
 }
+LLAMA_KV_HEADS = {"small": 2, "medium": 2, "tiny": 1}  # as tools/fsc_bench.c's LLAMA_CONFIGS
 TORCH_ONLY = ("single", "ddp", "zero1")
 NEEDS_FAIRSCALE = ("fairscale-oss", "fairscale-sdp", "fairscale-fsdp", "fairscale-pipe")
 SKIPPED = 77  # the exit status ctest reads as "skipped"
@@ -67,6 +75,12 @@ def options(argv):
                    help="the model and per-rank batch (default small); the flags below override one field")
     for flag in ("layers", "d-model", "heads", "seq", "vocab", "batch"):
         p.add_argument("--" + flag, type=int, default=None)
+    p.add_argument("--arch", choices=("gpt2", "llama"), default="gpt2",
+                   help="the model family (default gpt2), as fsc-bench --arch")
+    p.add_argument("--kv-heads", type=int, default=None,
+                   help="llama: key/value heads, dividing --heads (default: the config's)")
+    p.add_argument("--ffn-hidden", type=int, default=None,
+                   help="llama: SwiGLU width (default LLaMA's rule from --d-model)")
     p.add_argument("--strategy", choices=TORCH_ONLY + NEEDS_FAIRSCALE, default="single")
     p.add_argument("--ranks", type=int, default=2,
                    help="processes this script starts for a distributed strategy, or the pipeline's "
@@ -100,6 +114,17 @@ def options(argv):
         if getattr(a, k) is None:
             setattr(a, k, shape[k])
     a.custom = any(getattr(a, k) != v for k, v in shape.items())
+    if a.arch == "llama":
+        a.custom |= a.kv_heads not in (None, LLAMA_KV_HEADS[a.config]) or a.ffn_hidden is not None
+        if a.kv_heads is None:
+            a.kv_heads = min(LLAMA_KV_HEADS[a.config], a.heads)
+        if a.ffn_hidden is None:
+            a.ffn_hidden = (2 * 4 * a.d_model // 3 + 255) // 256 * 256
+        if a.kv_heads < 1 or a.heads % a.kv_heads or a.ffn_hidden < 1 or (a.d_model // a.heads) % 2:
+            p.error("--arch llama: --kv-heads must divide --heads, --ffn-hidden be >= 1 and the head "
+                    "dimension (--d-model / --heads) even for rotary embeddings")
+    elif a.kv_heads is not None or a.ffn_hidden is not None:
+        p.error("--kv-heads and --ffn-hidden are LLaMA-family settings: add --arch llama")
     if min(a.layers, a.d_model, a.heads, a.seq, a.vocab, a.batch, a.steps, a.threads, a.ranks, a.chunks) < 1 \
             or a.warmup < 0:
         p.error("sizes, --steps, --threads, --ranks and --chunks must be >= 1, --warmup >= 0")
@@ -166,6 +191,9 @@ import math  # noqa: E402
 import resource  # noqa: E402
 import socket  # noqa: E402
 import time  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import peer_llama  # noqa: E402
 
 
 # ---- the model: GPT-2 as fsc builds it (pre-LN blocks, tanh GELU, head tied to wte) ----
@@ -382,8 +410,9 @@ def run(rank, world, a):
     torch.set_num_threads(a.threads)
     distributed = a.strategy not in ("single", "fairscale-pipe")
     torch.manual_seed(a.seed)  # the same initial weights on every rank
-    model = GPT(a)
+    model = peer_llama.Llama(a) if a.arch == "llama" else GPT(a)
     params = sum(p.numel() for p in model.parameters())
+    flops = peer_llama.flops_per_token(a, params) if a.arch == "llama" else flops_per_token(a, params)
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.autocast == "bf16")
     if a.strategy == "fairscale-pipe":
         net, notes = pipeline(a, model)
@@ -429,13 +458,14 @@ def run(rank, world, a):
     last = sum(r["losses"][-1] for r in everyone) / len(everyone)
     version, _ = fairscale_version() if a.strategy in NEEDS_FAIRSCALE else (None, None)
     return {
-        "config": "custom" if a.custom else a.config, "strategy": a.strategy,
+        "config": "custom" if a.custom else a.config, "arch": a.arch, "strategy": a.strategy,
         "ranks": world, "threads": a.threads, "layers": a.layers, "d_model": a.d_model,
-        "heads": a.heads, "seq": a.seq, "vocab": a.vocab, "batch_per_worker": a.batch,
+        "heads": a.heads, **({"kv_heads": a.kv_heads, "ffn_hidden": a.ffn_hidden} if a.arch == "llama" else {}),
+        "seq": a.seq, "vocab": a.vocab, "batch_per_worker": a.batch,
         "params": params, "steps": a.steps, "warmup": a.warmup, "autocast": a.autocast,
         "tokens_per_s": round(tok_s, 1),
         "ms_per_step_median": round(1e3 * sorted(step_s)[a.steps // 2], 2),
-        "model_gflops": round(tok_s * flops_per_token(a, params) / 1e9, 1),
+        "model_gflops": round(tok_s * flops / 1e9, 1),
         "first_loss": round(first, 4), "last_loss": round(last, 4),
         "peak_rss_mib_by_rank": [round(r["rss_mib"], 1) for r in everyone],
         "torch": torch.__version__, "fairscale": version,

@@ -1,5 +1,6 @@
 /* fsc-bench: throughput of the reference configurations, one JSON line each.
  *
+ * GPT-2 or, with --arch llama, the LLaMA family at the same sizes.
  * The same training loop as fsc-train (AdamW, fp32) on uniformly random
  * tokens, as the PyTorch side of the comparisons does: warm-up steps,
  * then timed steps; tokens/s over the timed steps, ms/step median, model
@@ -23,10 +24,35 @@ typedef struct {
     int batch;
 } bench_config;
 
+/* --arch gpt2 (default) */
 static const bench_config CONFIGS[] = {
     {"small", {.vocab = 512, .seq = 128, .layers = 4, .d_model = 256, .heads = 4}, 8},
     {"medium", {.vocab = 8192, .seq = 256, .layers = 8, .d_model = 512, .heads = 8}, 4},
 };
+
+/* --arch llama: the same sizes with 2 KV heads (grouped-query), SwiGLU of
+ * LLaMA's default width (small 768, medium 1536) and an untied head */
+static const bench_config LLAMA_CONFIGS[] = {
+    {"small",
+     {.vocab = 512,
+      .seq = 128,
+      .layers = 4,
+      .d_model = 256,
+      .heads = 4,
+      .arch = FSC_ARCH_LLAMA,
+      .kv_heads = 2},
+     8},
+    {"medium",
+     {.vocab = 8192,
+      .seq = 256,
+      .layers = 8,
+      .d_model = 512,
+      .heads = 8,
+      .arch = FSC_ARCH_LLAMA,
+      .kv_heads = 2},
+     4},
+};
+_Static_assert(sizeof LLAMA_CONFIGS == sizeof CONFIGS, "one LLaMA config per GPT-2 config");
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -212,12 +238,17 @@ static void print_result(const bench_config *c, const char *strategy, int ranks,
     fsc_strategy_info_get(strategy, &info);
     bool multi_rank = info.spans_ranks;
     int workers = multi_rank ? ranks : fsc_strategy_takes(strategy, "threads") ? threads : 1;
-    printf("{\"config\": \"%s\", \"strategy\": \"%s\", \"ranks\": %d, \"threads\": %d, "
-           "\"layers\": %d, \"d_model\": %d, \"heads\": %d, \"seq\": %d, \"vocab\": %d, "
-           "\"batch_per_worker\": %d, \"params\": %" PRId64 ", \"steps\": %d, "
-           "\"tokens_per_s\": %.1f, \"ms_per_step_median\": %.2f, \"model_gflops\": %.1f, "
-           "\"sgemm_peak_gflops\": %.1f, \"share_of_peak\": %.3f, ",
-           c->name, strategy, ranks, threads, c->model.layers, c->model.d_model, c->model.heads,
+    const bool llama = c->model.arch == FSC_ARCH_LLAMA;
+    printf("{\"config\": \"%s\", \"arch\": \"%s\", \"strategy\": \"%s\", \"ranks\": %d, "
+           "\"threads\": %d, \"layers\": %d, \"d_model\": %d, \"heads\": %d, ",
+           c->name, llama ? "llama" : "gpt2", strategy, ranks, threads, c->model.layers,
+           c->model.d_model, c->model.heads);
+    if (llama)
+        printf("\"kv_heads\": %d, \"ffn_hidden\": %d, ", c->model.kv_heads,
+               fsc_gpt_ffn_hidden(&c->model));
+    printf("\"seq\": %d, \"vocab\": %d, \"batch_per_worker\": %d, \"params\": %" PRId64 ", "
+           "\"steps\": %d, \"tokens_per_s\": %.1f, \"ms_per_step_median\": %.2f, "
+           "\"model_gflops\": %.1f, \"sgemm_peak_gflops\": %.1f, \"share_of_peak\": %.3f, ",
            c->model.seq, c->model.vocab, c->batch, fsc_gpt_num_params(&c->model), steps, r->tok_s,
            r->ms_median, r->gflops, r->peak, r->gflops / (r->peak * workers));
     if (single)
@@ -416,13 +447,16 @@ static int blas_info(void) {
 }
 
 int main(int argc, char **argv) {
-    const char *which = "all", *strategy = "single";
+    const char *which = "all", *strategy = "single", *arch = "gpt2";
     int steps = 10, warmup = 3, threads = 1;
     bool blas = false;
     /* the values go straight to the variables above and the flags' statics */
     const tool_flag flags[] = {
         {.name = "config", .kind = ARG_STR, .ptr = &which, .meta = "NAME",
          .help = "small | medium | all (default all)"},
+        {.name = "arch", .kind = ARG_STR, .ptr = &arch, .meta = "NAME",
+         .help = "gpt2 | llama: the configs' family (default gpt2; llama: 2 KV heads, SwiGLU, "
+                 "an untied head)"},
         {.name = "strategy", .kind = ARG_STR, .ptr = &strategy, .meta = "NAME",
          .help = "single | dp | ddp | oss | sdp | fsdp (default single)"},
         {.name = "steps", .kind = ARG_INT, .ptr = &steps, .help = "timed steps (default 10)"},
@@ -477,6 +511,13 @@ int main(int argc, char **argv) {
         fprintf(stderr, "fsc-bench: %s (see --help)\n", fsc_last_error());
         return 2;
     }
+    const bench_config *configs = CONFIGS;
+    if (!strcmp(arch, "llama")) {
+        configs = LLAMA_CONFIGS;
+    } else if (strcmp(arch, "gpt2")) {
+        fprintf(stderr, "fsc-bench: --arch %s: expected gpt2 or llama\n", arch);
+        return 2;
+    }
     if (blas) return blas_info(); /* a question about this machine alone: no MPI */
     if (fsc_dist_init(&argc, &argv, NULL)) {
         fprintf(stderr, "fsc-bench: %s\n", fsc_last_error());
@@ -497,10 +538,10 @@ int main(int argc, char **argv) {
         fprintf(stderr, "fsc-bench: %s\n", fsc_blas_hint());
     bool any = false;
     for (size_t k = 0; k < sizeof CONFIGS / sizeof *CONFIGS; k++) {
-        if (strcmp(which, "all") && strcmp(which, CONFIGS[k].name)) continue;
+        if (strcmp(which, "all") && strcmp(which, configs[k].name)) continue;
         any = true;
-        if (run(&CONFIGS[k], strategy, steps, warmup, threads)) {
-            fprintf(stderr, "fsc-bench: %s: %s\n", CONFIGS[k].name, fsc_last_error());
+        if (run(&configs[k], strategy, steps, warmup, threads)) {
+            fprintf(stderr, "fsc-bench: %s: %s\n", configs[k].name, fsc_last_error());
             fflush(NULL);
             _exit(1); /* other ranks may be blocked in a collective: no MPI_Finalize */
         }
