@@ -1,7 +1,7 @@
-# The README shows examples/fsdp.c's training loop inline; this keeps them
+# docs/library.md shows examples/fsdp.c's training loop inline; this keeps them
 # the same. From the optimizer config to the loop's closing brace, indented
-# by 4 in the file and by 0 in README.md:
-#   cmake -DSRC=examples/fsdp.c -DREADME=README.md -P examples/readme_loop.cmake
+# by 4 in the file and by 0 in the page:
+#   cmake -DSRC=examples/fsdp.c -DREADME=docs/library.md -P examples/readme_loop.cmake
 file(READ ${SRC} src)
 string(FIND "${src}" "    fsc_optim_config adamw" begin)
 if(begin EQUAL -1)

@@ -6,7 +6,7 @@
  * a one-line description. Every reader goes through the getters below, which
  * check the value against its row, so a variable is refused with the same
  * message wherever it is read: "NAME=VALUE: expected WHAT". Unset or empty
- * means the default. The README's list of variables is the same table
+ * means the default. docs/environment.md's list of variables is the same table
  * (tests/core/test_env_table.c compares them).
  */
 #ifndef FSC_ENV_H

@@ -2,7 +2,7 @@
  * user-supplied model and loss.
  *
  * A step takes `grad_accum` micro-batches of `batch` samples on each
- * data-parallel rank, in the order of the README's data-order contract
+ * data-parallel rank, in the order of the data-order contract (docs/data.md)
  * (micro-step k of rank r holds global samples s*G + k*(batch*world) +
  * r*batch + [0, batch), G = batch * grad_accum * world), so every strategy
  * and world size sees the same global batch. The loss is one mean over the

@@ -6,7 +6,7 @@
  * against its row, so the message is the same wherever it is read, and
  * fsc_env_check validates every row itself: the core calls no floor above
  * it to learn what a variable accepts. A new variable is a new row here and
- * in the README's list (tests/core/test_env_table.c compares the two).
+ * in docs/environment.md's list (tests/core/test_env_table.c compares the two).
  */
 #include <stdio.h>
 #include <stdlib.h>

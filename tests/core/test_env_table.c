@@ -1,11 +1,11 @@
 /* The environment table (src/core/env.c) is the one list of fsc's FSC_*
- * variables: the README's list says the same, row for row; no source file
- * under src/ or tools/ reads an FSC_* variable past it or names one it
+ * variables: docs/environment.md lists the same, row for row; no source
+ * file under src/ or tools/ reads an FSC_* variable past it or names one it
  * lacks; each row's text agrees with its numbers; the getters give the
  * defaults and refuse what the rows refuse.
  *
- * usage: test_env_table [README.md]   (the sources, and the README unless
- * given, are read from $FSC_TEST_DATA/../..). */
+ * usage: test_env_table [environment.md]   (the sources, and
+ * docs/environment.md unless given, are read from $FSC_TEST_DATA/../..). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -34,7 +34,7 @@ static char *slurp(const char *path) {
     return s;
 }
 
-/* ---- the README's list ------------------------------------------------------------ */
+/* ---- docs/environment.md's list ---------------------------------------------- */
 
 enum { CELLS = 6, MAX_ROWS = 64 };
 
@@ -62,7 +62,7 @@ static int split_row(const char *line, char cell[CELLS][512]) {
     return n;
 }
 
-/* The row the table wants in the README, for the failure message. */
+/* The row the table wants in docs/environment.md, for the failure message. */
 static void print_row(const fsc_env_var *v) {
     char expect[512];
     size_t k = 0;
@@ -75,12 +75,12 @@ static void print_row(const fsc_env_var *v) {
             v->def, v->reader, v->about);
 }
 
-static void test_readme_lists_the_table(void **state) {
+static void test_docs_list_the_table(void **state) {
     (void)state;
     char *text = slurp(readme);
     if (!text) fail_msg("cannot read %s", readme);
-    char *sec = strstr(text, "\n## Environment variables\n");
-    if (!sec) fail_msg("%s: no \"## Environment variables\" section", readme);
+    char *sec = strstr(text, "\n## The variables\n");
+    if (!sec) fail_msg("%s: no \"## The variables\" section", readme);
     char *end = strstr(sec + 1, "\n## ");
     if (end) *end = '\0';
     bool seen[MAX_ROWS] = {false};
@@ -89,14 +89,16 @@ static void test_readme_lists_the_table(void **state) {
     for (char *line = strstr(sec, "\n| `FSC_"); line; line = strstr(line + 1, "\n| `FSC_")) {
         char cell[CELLS][512] = {{0}};
         if (split_row(line + 1, cell) != CELLS) {
-            fprintf(stderr, "README: a row of %s without %d cells\n", cell[0], CELLS);
+            fprintf(stderr, "docs/environment.md: a row of %s without %d cells\n", cell[0], CELLS);
             bad++;
             continue;
         }
         const fsc_env_var *v = fsc_env_find(cell[0]);
         if (!v) {
-            fprintf(stderr, "README lists %s, which the table (src/core/env.c) does not have\n",
-                    cell[0]);
+            fprintf(
+                stderr,
+                "docs/environment.md lists %s, which the table (src/core/env.c) does not have\n",
+                cell[0]);
             bad++;
             continue;
         }
@@ -107,17 +109,17 @@ static void test_readme_lists_the_table(void **state) {
         bool same = !seen[i];
         for (int c = 1; c < CELLS; c++) same = same && !strcmp(cell[c], want[c]);
         if (!same) {
-            fprintf(
-                stderr,
-                "README's row of %s differs from the table's (or repeats it); the table says:\n",
-                v->name);
+            fprintf(stderr,
+                    "docs/environment.md's row of %s differs from the table's (or repeats it); the "
+                    "table says:\n",
+                    v->name);
             print_row(v), bad++;
         }
         seen[i] = true;
     }
     for (int i = 0; i < n; i++)
         if (!seen[i]) {
-            fprintf(stderr, "the table has %s, which the README does not list; its row:\n",
+            fprintf(stderr, "the table has %s, which docs/environment.md does not list; its row:\n",
                     fsc_env_at(i)->name);
             print_row(fsc_env_at(i)), bad++;
         }
@@ -271,9 +273,9 @@ int main(int argc, char **argv) {
     if (argc > 1)
         snprintf(readme, sizeof readme, "%s", argv[1]);
     else
-        snprintf(readme, sizeof readme, "%s/README.md", root);
+        snprintf(readme, sizeof readme, "%s/docs/environment.md", root);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_readme_lists_the_table),
+        cmocka_unit_test(test_docs_list_the_table),
         cmocka_unit_test(test_sources_read_through_the_table),
         cmocka_unit_test(test_rows_agree_with_their_text),
         cmocka_unit_test(test_defaults),
