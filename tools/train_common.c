@@ -233,6 +233,26 @@ static int layout_mesh(trainer *t) {
               : FSC_OK;
 }
 
+/* --freeze "a,b" into t->freeze {"a", "b"}; an empty glob is refused. */
+static int split_freeze(trainer *t) {
+    const char *s = t->opt.freeze;
+    if (!s) return FSC_OK;
+    size_t len = strlen(s);
+    int n = 1;
+    for (size_t i = 0; i < len; i++) n += s[i] == ',';
+    t->freeze_text = malloc(len + 1);
+    t->freeze = malloc((size_t)n * sizeof *t->freeze);
+    if (!t->freeze_text || !t->freeze) return fsc_error(FSC_ERR_NOMEM, "out of memory");
+    memcpy(t->freeze_text, s, len + 1);
+    for (char *tok = t->freeze_text, *next; tok; tok = next) {
+        next = strchr(tok, ',');
+        if (next) *next++ = '\0';
+        if (!*tok) return fsc_error(FSC_ERR_INVALID, "--freeze '%s': an empty glob", s);
+        t->freeze[t->nfreeze++] = tok;
+    }
+    return FSC_OK;
+}
+
 static int resume(trainer *t) {
     char model[256];
     model_json(&t->opt.model, model, sizeof model);
@@ -267,23 +287,25 @@ int trainer_init(trainer *t, const train_options *o) {
     if ((rc = layout_mesh(t))) return rc;
     /* under --pp each rank builds only its stages, under --tp the strategy its slices */
     if ((rc = train_moe_setup(t))) return rc; /* t->opt.model gets its MoE layers */
-    const fsc_gpt_layout layout = {.strategy = o->strategy,
-                                   .pp = o->pp,
-                                   .balance = o->balance,
-                                   .tp = o->tp,
-                                   .sequence_parallel = o->sequence_parallel,
-                                   .recompute_attention = o->recompute_attention,
-                                   .recompute_activation = o->recompute_activation,
-                                   .pipe_schedule = o->pipe_schedule,
-                                   .virtual_stages = o->virtual_stages,
-                                   .pipe_checkpoint = o->pipe_checkpoint,
-                                   .checkpoint_activations = o->checkpoint_activations,
-                                   .batch = o->batch,
-                                   .micro_batches = o->grad_accum,
-                                   .threads = o->threads,
-                                   .seed = o->seed,
-                                   .schedule_out = o->print_schedule ? stderr : NULL,
-                                   .balance_out = o->quiet ? NULL : stderr};
+    fsc_gpt_layout layout = {.strategy = o->strategy,
+                             .pp = o->pp,
+                             .balance = o->balance,
+                             .tp = o->tp,
+                             .sequence_parallel = o->sequence_parallel,
+                             .recompute_attention = o->recompute_attention,
+                             .recompute_activation = o->recompute_activation,
+                             .pipe_schedule = o->pipe_schedule,
+                             .virtual_stages = o->virtual_stages,
+                             .pipe_checkpoint = o->pipe_checkpoint,
+                             .checkpoint_activations = o->checkpoint_activations,
+                             .batch = o->batch,
+                             .micro_batches = o->grad_accum,
+                             .threads = o->threads,
+                             .seed = o->seed,
+                             .schedule_out = o->print_schedule ? stderr : NULL,
+                             .balance_out = o->quiet ? NULL : stderr};
+    if ((rc = split_freeze(t))) return rc;
+    layout.freeze = t->freeze, layout.nfreeze = t->nfreeze;
     if ((rc = fsc_gpt_plan_new(&t->opt.model, &layout, t->mesh, &t->plan))) return rc;
     t->model = fsc_gpt_plan_model(t->plan);
     if ((rc = make_trainer(t))) return rc;
@@ -369,6 +391,8 @@ void trainer_free(trainer *t) {
     free(t->x);
     free(t->y);
     free(t->px);
+    free(t->freeze_text);
+    free(t->freeze);
     memset(t, 0, sizeof *t);
 }
 

@@ -63,6 +63,7 @@ typedef struct train_options {
     const char *checkpoint_dir, *resume;
     const char *init_from, *save_init, *save, *metrics;
     const char *save_sharded; /* fsdp: directory for each rank's shard file at the end */
+    const char *freeze;       /* fine-tuning: comma-separated parameter-name globs */
     int log_every;
     const char *val_data;  /* held-out tokens (NULL: *_val.bin beside the shards, or a tail) */
     double val_fraction;   /* without val shards: the tail of the data held out (0: none) */
@@ -154,6 +155,10 @@ typedef struct trainer {
     /* the arena the trainer last gave the loss function (not under --pp),
      * for fsc-bench to reset between its warm-up and timed steps */
     fsc_arena *step_arena;
+    /* --freeze split at its commas: the patterns point into freeze_text */
+    char *freeze_text;
+    const char **freeze;
+    int nfreeze;
 } trainer;
 
 /* train_moe.c: --moe-* ranges and combinations (train_options_check calls it). */

@@ -172,6 +172,10 @@ static const flag flags[] = {
     F("save-sharded", ARG_STR, save_sharded,
       "fsdp: at the end, each rank writes its shard file into this directory"),
     F("init-from", ARG_STR, init_from, "start from these weights (safetensors)"),
+    F("freeze", ARG_STR, freeze,
+      "fine-tuning: freeze the parameters whose names match these comma-separated globs "
+      "(e.g. 'model.embed_tokens.*,model.layers.*.mlp.*'): no gradient, no optimizer state, "
+      "no update; a glob that matches nothing is an error"),
     F("save-init", ARG_STR, save_init, "save the weights before step 1"),
     F("save", ARG_STR, save, "save the weights at the end"),
     F("metrics", ARG_STR, metrics, "write one JSON object per step to this file"),

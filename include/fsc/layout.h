@@ -61,6 +61,12 @@ typedef struct fsc_gpt_layout {
     int micro_batches;           /* per step (the trainer's grad_accum; 0: 1) */
     int threads;                 /* a row of threads: its workers (each a whole replica) */
     uint64_t seed;               /* initial weights (fsc_strategy_options.seed) */
+    /* Fine-tuning: parameters frozen by full-name glob (fsc_module_freeze)
+     * on every model the plan makes (the whole GPT, its DP replicas, its
+     * pipeline stages and TP slices); each pattern must match a parameter
+     * of the whole model (checked by fsc_gpt_plan_new). Borrowed. */
+    const char *const *freeze;
+    int nfreeze;
     /* Rank 0 prints the schedule's grid and its statistics here (NULL:
      * nothing), and --balance auto's choice in layers per stage with its
      * predicted time and memory (NULL: nothing). */

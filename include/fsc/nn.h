@@ -122,6 +122,12 @@ typedef struct fsc_param {
      * neither reduces nor broadcasts it (the strategies run such a model
      * under ddp only). */
     bool expert;
+    /* Frozen for fine-tuning (fsc_module_freeze): the optimizer holds no
+     * state for it and never updates it (every range builder gives it an
+     * empty range, so weight decay and clipping skip it too), layers do not
+     * compute its gradient, DDP does not reduce it, and fsc_params_bind
+     * gives its gradient stretch back to the allocator (it reads as zero). */
+    bool frozen;
     float *data; /* view into the flat parameter buffer, bound by fsc_params_bind */
     float *grad; /* view into the flat gradient buffer */
 } fsc_param;
@@ -284,6 +290,19 @@ FSC_API void fsc_params_rebind(fsc_params *ps, float *data, float *grad);
  * must be bound. */
 FSC_API void fsc_params_init_values(fsc_params *ps, uint64_t seed);
 FSC_API void fsc_params_zero_grad(fsc_params *ps); /* zeroes ps->grad; no-op if NULL */
+/* Freezes every parameter under root whose full dotted name (as
+ * fsc_params_collect names it) matches one of the n shell globs (fnmatch
+ * without flags: '*' also crosses dots, "model.layers.*.mlp.*"). Call it
+ * before the parameters are bound or a strategy is built. require_match:
+ * a pattern that matches no parameter is FSC_ERR_INVALID naming it (a
+ * pipeline stage or TP shard, which holds part of the model, passes false
+ * once the whole model's names were checked). FSC_ERR_INVALID for a NULL
+ * root or pattern, n < 0. *frozen_out (may be NULL) receives the number of
+ * parameters now frozen under root. */
+FSC_API int fsc_module_freeze(fsc_module *root, const char *const *patterns, int n,
+                              bool require_match, int *frozen_out);
+/* Elements of ps's parameters that are not frozen (no padding). */
+FSC_API int64_t fsc_params_trainable_numel(const fsc_params *ps);
 /* The entry with full dotted name `name` (owned by ps), or NULL. */
 FSC_API fsc_param_entry *fsc_params_find(fsc_params *ps, const char *name);
 /* Frees the entries and fsc_mem_frees ps->data and ps->grad, then zeroes *ps;

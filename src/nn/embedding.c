@@ -41,6 +41,7 @@ static int embedding_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, co
     int rc = fsc_check_saved(m, saved);
     if (!rc) rc = fsc_module_check_dy(m, dy, 3, (int64_t[]){x->shape[0], x->shape[1], e->dim});
     if (rc) return rc;
+    if (m->params[0].frozen) return FSC_OK; /* fine-tuning: nothing to accumulate */
     fsc_encoder_backward(m->params[0].grad, NULL, dy->data, x->data, (int)x->shape[0],
                          (int)x->shape[1], e->dim);
     return FSC_OK;

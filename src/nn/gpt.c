@@ -308,8 +308,15 @@ int gpt_plain_embed_forward(gpt_model *g, const fsc_ctx *ctx, const fsc_tensor *
 int gpt_plain_embed_backward(gpt_model *g, const fsc_ctx *ctx, const gpt_saved *s,
                              const fsc_tensor *de) {
     (void)ctx;
-    fsc_encoder_backward(g->wte->params[0].grad, g->wpe ? g->wpe->params[0].grad : NULL, de->data,
-                         s->in.data, (int)s->in.shape[0], s->T, g->cfg.d_model);
+    const int B = (int)s->in.shape[0], T = s->T, C = g->cfg.d_model;
+    fsc_param *wte = &g->wte->params[0], *wpe = g->wpe ? &g->wpe->params[0] : NULL;
+    if (!wte->frozen) {
+        fsc_encoder_backward(wte->grad, wpe && !wpe->frozen ? wpe->grad : NULL, de->data,
+                             s->in.data, B, T, C);
+    } else if (wpe && !wpe->frozen) { /* fine-tuning the positions alone */
+        for (int b = 0; b < B; b++)
+            fsc_add_inplace(wpe->grad, (const float *)de->data + (size_t)b * T * C, (int64_t)T * C);
+    }
     return FSC_OK;
 }
 
@@ -338,9 +345,10 @@ int gpt_plain_head_backward(gpt_model *g, const fsc_ctx *ctx, gpt_saved *s, cons
     *dfin = fsc_tensor_arena(ctx->arena, FSC_DTYPE_F32, 3, (int64_t[]){B, T, C});
     if (!dfin->data) return FSC_ERR_NOMEM;
     const fsc_gemm_prec prec = fsc_ctx_prec(ctx);
-    fsc_matmul_backward_prec(dfin->data, ctx->defer ? NULL : wte->grad, NULL, dy->data,
-                             s->final.data, wte->data, B * T, C, V, FSC_WEIGHT_OUT_IN, prec);
-    if (!ctx->defer) return FSC_OK;
+    fsc_matmul_backward_prec(dfin->data, ctx->defer || wte->frozen ? NULL : wte->grad, NULL,
+                             dy->data, s->final.data, wte->data, B * T, C, V, FSC_WEIGHT_OUT_IN,
+                             prec);
+    if (!ctx->defer || wte->frozen) return FSC_OK;
     return fsc_deferred_matmul_prec(ctx->defer, wte->grad, NULL, dy->data, s->final.data, wte->data,
                                     B * T, C, V, FSC_WEIGHT_OUT_IN, prec);
 }

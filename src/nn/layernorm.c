@@ -41,6 +41,13 @@ int fsc_layernorm_module_backward(fsc_module *m, const fsc_ctx *ctx, void *saved
     if (!dx) dx = &tmp; /* the kernel computes dx alongside dweight; keep it simple */
     rc = fsc_alloc_like(ctx->arena, &s->x, dim, dx);
     if (rc) return rc;
+    /* the kernel always adds into both: a frozen one's goes to scratch */
+    if (m->params[0].frozen || m->params[1].frozen) {
+        float *scratch = fsc_arena_alloc(ctx->arena, (size_t)dim * sizeof(float));
+        if (!scratch) return FSC_ERR_NOMEM;
+        if (m->params[0].frozen) dweight = scratch;
+        if (m->params[1].frozen) dbias = scratch;
+    }
     fsc_layernorm_backward(dx->data, dweight, dbias, dy->data, s->x.data, m->params[0].data,
                            s->mean, s->rstd, (int)fsc_rows(&s->x), dim);
     return FSC_OK;

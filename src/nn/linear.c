@@ -35,7 +35,9 @@ static int linear_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const
         if (rc) return rc;
         dinp = dx->data;
     }
-    float *dw = m->params[0].grad, *db = l->bias ? m->params[1].grad : NULL;
+    /* a frozen weight or bias (fine-tuning) costs no GEMM and no write */
+    float *dw = m->params[0].frozen ? NULL : m->params[0].grad;
+    float *db = l->bias && !m->params[1].frozen ? m->params[1].grad : NULL;
     const fsc_gemm_prec prec = fsc_ctx_prec(ctx);
     if (ctx->defer) { /* the input gradient now, the weight gradients at W */
         fsc_matmul_backward_prec(dinp, NULL, NULL, dy->data, x->data, m->params[0].data,

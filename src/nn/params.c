@@ -3,6 +3,7 @@
  * (64-byte) boundary; gradients mirror the layout in a second buffer. Wrappers
  * (DDP buckets, ZeRO partitions, FSDP shards) work on ranges of these buffers
  * and re-home storage with fsc_params_rebind. */
+#include <fnmatch.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -109,11 +110,70 @@ int fsc_params_bind(fsc_module *root, uint64_t seed, bool with_grads, fsc_params
     }
     fsc_params_rebind(out, out->data, out->grad);
     fsc_params_init_values(out, seed);
+    /* A frozen tensor's gradient is never written (its layers skip it), so
+     * its stretch goes back to the allocator and reads as zero: the layout
+     * stays the one every wrapper's offset arithmetic expects. */
+    for (int i = 0; with_grads && i < out->count; i++) {
+        const fsc_param_entry *e = &out->entries[i];
+        if (e->param->frozen && e->param->numel > 0 &&
+            (rc = fsc_mem_discard(out->grad, (size_t)e->offset * sizeof(float),
+                                  (size_t)e->param->numel * sizeof(float)))) {
+            fsc_params_free(out);
+            return rc;
+        }
+    }
     return FSC_OK;
 }
 
 void fsc_params_zero_grad(fsc_params *ps) {
-    if (ps->grad) memset(ps->grad, 0, (size_t)ps->numel * sizeof(float));
+    if (!ps->grad) return;
+    bool any_frozen = false;
+    for (int i = 0; i < ps->count; i++) any_frozen |= ps->entries[i].param->frozen;
+    if (!any_frozen) {
+        memset(ps->grad, 0, (size_t)ps->numel * sizeof(float));
+        return;
+    }
+    for (int i = 0; i < ps->count; i++) /* never touch a discarded (frozen) stretch */
+        if (!ps->entries[i].param->frozen)
+            memset(ps->grad + ps->entries[i].offset, 0,
+                   (size_t)ps->entries[i].param->numel * sizeof(float));
+}
+
+int fsc_module_freeze(fsc_module *root, const char *const *patterns, int n, bool require_match,
+                      int *frozen_out) {
+    if (frozen_out) *frozen_out = 0;
+    if (!root || n < 0 || (n > 0 && !patterns))
+        return fsc_error(FSC_ERR_INVALID, "freeze: needs a model and n >= 0 patterns");
+    for (int k = 0; k < n; k++)
+        if (!patterns[k] || !patterns[k][0])
+            return fsc_error(FSC_ERR_INVALID, "freeze: pattern %d is empty", k);
+    fsc_params ps;
+    int rc = fsc_params_collect(root, &ps);
+    if (rc) return rc;
+    for (int k = 0; k < n && !rc; k++) {
+        int hits = 0;
+        for (int i = 0; i < ps.count; i++)
+            if (fnmatch(patterns[k], ps.entries[i].name, 0) == 0) {
+                ps.entries[i].param->frozen = true;
+                hits++;
+            }
+        if (!hits && require_match)
+            rc = fsc_error(FSC_ERR_INVALID,
+                           "pattern '%s' matches no parameter name (names look like '%s')",
+                           patterns[k], ps.count ? ps.entries[ps.count - 1].name : "(none)");
+    }
+    int frozen = 0;
+    for (int i = 0; i < ps.count; i++) frozen += ps.entries[i].param->frozen;
+    if (frozen_out) *frozen_out = frozen;
+    fsc_params_free(&ps);
+    return rc;
+}
+
+int64_t fsc_params_trainable_numel(const fsc_params *ps) {
+    int64_t n = 0;
+    for (int i = 0; ps && i < ps->count; i++)
+        if (!ps->entries[i].param->frozen) n += ps->entries[i].param->numel;
+    return n;
 }
 
 fsc_param_entry *fsc_params_find(fsc_params *ps, const char *name) {

@@ -1,5 +1,7 @@
 /* RMSNorm module (LLaMA's norm): one weight, no bias; saves x and per-row
  * 1/rms for backward. */
+#include <string.h>
+
 #include "layers_internal.h"
 
 typedef struct {
@@ -41,7 +43,12 @@ static int rms_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fs
     if (!dx) dx = &tmp; /* the kernel computes dx alongside dweight */
     rc = fsc_alloc_like(ctx->arena, &s->x, l->dim, dx);
     if (rc) return rc;
-    fsc_rmsnorm_backward(dx->data, m->params[0].grad, dy->data, s->x.data, m->params[0].data,
+    /* the kernel always adds into dweight: a frozen weight's goes to scratch */
+    float *dw = m->params[0].frozen ? fsc_arena_alloc(ctx->arena, (size_t)l->dim * sizeof(float))
+                                    : m->params[0].grad;
+    if (!dw) return FSC_ERR_NOMEM;
+    if (m->params[0].frozen) memset(dw, 0, (size_t)l->dim * sizeof(float));
+    fsc_rmsnorm_backward(dx->data, dw, dy->data, s->x.data, m->params[0].data,
                          s->rstd, (int)fsc_rows(&s->x), l->dim);
     return FSC_OK;
 }

@@ -116,7 +116,7 @@ int fsc_optim_ranges_from_params(const fsc_params *ps, fsc_optim_range **out, in
         }
         r[i] = (fsc_optim_range){.param = p->data,
                                  .grad = p->grad,
-                                 .n = p->numel,
+                                 .n = p->frozen ? 0 : p->numel, /* no state, no update */
                                  .decay = p->weight_decay,
                                  .name = e->name};
     }

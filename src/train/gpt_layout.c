@@ -41,14 +41,24 @@ static int checkpoint_blocks(fsc_module *gpt) {
     return rc ? fsc_error_context(rc, "--checkpoint-activations: ") : FSC_OK;
 }
 
-static fsc_module *make_replica(void *cfg) {
-    return fsc_gpt_new(cfg);
+/* A maker's model with the plan's fine-tuning applied (NULL on failure). */
+static fsc_module *finetuned(const fsc_gpt_plan *p, fsc_module *m, bool whole) {
+    if (m && gpt_layout_finetune(p, m, whole)) {
+        fsc_module_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+static fsc_module *make_replica(void *user) {
+    const fsc_gpt_plan *p = user;
+    return finetuned(p, fsc_gpt_new(&p->cfg), true);
 }
 
 /* tp: the GPT of tensor-parallel layers over the strategy's TP group. */
 static fsc_module *make_tp_model(void *user, const fsc_tp_options *tp) {
     const fsc_gpt_plan *p = user;
-    fsc_module *m = fsc_tp_gpt_new(&p->cfg, tp);
+    fsc_module *m = finetuned(p, fsc_tp_gpt_new(&p->cfg, tp), false);
     if (m && p->layout.checkpoint_activations && checkpoint_blocks(m)) {
         fsc_module_free(m);
         return NULL;
@@ -58,14 +68,16 @@ static fsc_module *make_tp_model(void *user, const fsc_tp_options *tp) {
 
 /* Stages in parts (three per block), so a stage may end inside a block. */
 static fsc_module *make_stage(void *cfg, int first, int end) {
-    return fsc_gpt_stage_parts_new(cfg, first, end);
+    /* stage_user is the plan's cfg (act_shape_at reads it), its first member */
+    const fsc_gpt_plan *p = (const fsc_gpt_plan *)cfg;
+    return finetuned(p, fsc_gpt_stage_parts_new(&p->cfg, first, end), false);
 }
 
 /* tp with pp: a stage of TP layers; its group is the loss's too. */
 static fsc_module *make_tp_stage(void *user, int first, int end, const fsc_tp_options *tp) {
     fsc_gpt_plan *p = user;
     p->tp_group = tp->group;
-    return fsc_tp_gpt_stage_parts_new(&p->cfg, first, end, tp);
+    return finetuned(p, fsc_tp_gpt_stage_parts_new(&p->cfg, first, end, tp), false);
 }
 
 int fsc_gpt_plan_new(const fsc_gpt_config *cfg, const fsc_gpt_layout *layout, fsc_mesh *mesh,
@@ -85,10 +97,10 @@ int fsc_gpt_plan_new(const fsc_gpt_config *cfg, const fsc_gpt_layout *layout, fs
     if (l->micro_batches < 1) l->micro_batches = 1;
     if (!l->pipe_schedule) l->pipe_schedule = "1f1b";
     if (!l->pipe_checkpoint) l->pipe_checkpoint = "never";
-    int rc = FSC_OK;
+    int rc = gpt_layout_finetune_check(p);
     /* under pp each rank builds only its stages, under tp the strategy its slices */
-    if (l->pp == 1 && l->tp == 1) {
-        if (!(p->model = fsc_gpt_new(&p->cfg)))
+    if (!rc && l->pp == 1 && l->tp == 1) {
+        if (!(p->model = finetuned(p, fsc_gpt_new(&p->cfg), true)))
             rc = FSC_ERR_INVALID;
         else if (l->checkpoint_activations)
             rc = checkpoint_blocks(p->model);
@@ -181,7 +193,7 @@ int fsc_gpt_plan_options(fsc_gpt_plan *p, const fsc_optim_config *optim, fsc_str
     if (fsc_strategy_takes(l->strategy, "threads")) {
         so->threads = l->threads;
         so->make_replica = make_replica;
-        so->replica_user = &p->cfg;
+        so->replica_user = p;
     }
     if (l->tp > 1)
         so->tp = (fsc_tp_strategy_options){.size = l->tp,

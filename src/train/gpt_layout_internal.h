@@ -22,6 +22,14 @@ struct fsc_gpt_plan {
     int32_t *x, *y, *px;
 };
 
+/* gpt_layout_finetune.c. Freezes what layout.freeze names on m, a model
+ * the plan made (whole: the one-process GPT, every pattern must match;
+ * else a stage or TP slice, which holds part of the names). */
+int gpt_layout_finetune(const fsc_gpt_plan *p, fsc_module *m, bool whole);
+/* fsc_gpt_plan_new: every pattern of layout.freeze names a parameter of
+ * the one-process model (built without storage to list its names). */
+int gpt_layout_finetune_check(const fsc_gpt_plan *p);
+
 /* The balance text (NULL: even) for S stages into *out (malloc'ed), in
  * parts per stage; no_mlp_cut (the flag that forbids them, or NULL)
  * refuses cuts inside an MLP (.75). Errors name the value and the rule. */

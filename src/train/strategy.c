@@ -385,19 +385,23 @@ fsc_strategy_stats fsc_strategy_get_stats(const fsc_strategy *s) {
     return st;
 }
 
-static double count_params(const fsc_module *m) {
+static double count_params(const fsc_module *m, bool trainable_only) {
     double n = 0;
-    for (int i = 0; i < m->nparams; i++) n += (double)m->params[i].numel;
-    for (int c = 0; c < m->nchildren; c++) n += count_params(m->children[c]);
+    for (int i = 0; i < m->nparams; i++)
+        if (!trainable_only || !m->params[i].frozen) n += (double)m->params[i].numel;
+    for (int c = 0; c < m->nchildren; c++) n += count_params(m->children[c], trainable_only);
     return n;
 }
 
 fsc_strategy_memory fsc_strategy_memory_plan(const fsc_strategy *s) {
     const int stage = s->pipe ? s->pipe_zero : s->ops->zero_stage, N = s->world;
     const fsc_optim_config cfg = fsc_optim_get_config(s->optim);
-    double P = s->model ? count_params(s->model) : 0;
-    for (int c = 0; !s->model && c < fsc_pipe_chunks(s->pipe); c++) /* this rank's stages */
+    double P = s->model ? count_params(s->model, false) : 0;
+    double T = s->model ? count_params(s->model, true) : 0;           /* not frozen */
+    for (int c = 0; !s->model && c < fsc_pipe_chunks(s->pipe); c++) { /* this rank's stages */
         P += (double)fsc_pipe_chunk_params(s->pipe, c)->numel;
+        T += (double)fsc_params_trainable_numel(fsc_pipe_chunk_params(s->pipe, c));
+    }
     /* a pipeline's gradients accumulate whole over the step's micro-batches:
      * only ZeRO-3 keeps them (and the parameters) sharded between steps */
     fsc_strategy_memory m = {.zero_stage = stage,
@@ -405,8 +409,11 @@ fsc_strategy_memory fsc_strategy_memory_plan(const fsc_strategy *s) {
                              .grads_shards = stage >= (s->pipe ? 3 : 2) ? N : 1,
                              .optim_shards = stage >= 1 ? N : 1};
     m.params_bytes = 4 * P / m.params_shards;
-    m.grads_bytes = 4 * P / m.grads_shards;
-    m.optim_bytes = 4.0 * fsc_optim_state_count(&cfg) * P / m.optim_shards;
+    /* frozen parameters hold no optimizer state; their gradient stretch is
+     * given back where the gradients are one bound buffer (ZeRO-0/1, a
+     * pipeline below ZeRO-3) and carried as zeros in ZeRO-2/3's shards */
+    m.grads_bytes = 4 * (m.grads_shards > 1 || stage >= 3 ? P : T) / m.grads_shards;
+    m.optim_bytes = 4.0 * fsc_optim_state_count(&cfg) * T / m.optim_shards;
     m.optim_measured = fsc_optim_state_bytes(s->optim);
     return m;
 }

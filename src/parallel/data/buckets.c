@@ -94,15 +94,21 @@ int count_param_modules(const fsc_module *m) {
     return n;
 }
 
-/* Around expert shards a bucket holds expert entries only or none, so DDP
- * all-reduces the replicated ones and skips the experts, whose gradients
- * already sum every rank's tokens (fsc/moe.h). Every rank of an
- * expert-parallel group holds the same number and shapes of experts, so
- * every rank cuts the same buckets and issues the same collectives. */
+/* Not reduced: an expert shard's gradient already sums every rank's tokens
+ * (fsc/moe.h); a frozen parameter has none (fine-tuning). */
+static bool local_entry(const fsc_param *p) {
+    return p->expert || p->frozen;
+}
+
+/* Around expert shards and frozen parameters a bucket holds such entries
+ * only or none, so DDP all-reduces the others and skips these. Every rank
+ * of an expert-parallel group holds the same number and shapes of experts,
+ * and every rank freezes the same names, so every rank cuts the same
+ * buckets and issues the same collectives. */
 int bucket_plan_split_experts(const fsc_params *ps, bucket_plan *plan, bool **local) {
     *local = NULL;
     bool any = false;
-    for (int e = 0; e < ps->count; e++) any |= ps->entries[e].param->expert;
+    for (int e = 0; e < ps->count; e++) any |= local_entry(ps->entries[e].param);
     if (!any) return FSC_OK;
     bucket_plan out = {0};
     out.begin = calloc((size_t)ps->count + 1, sizeof *out.begin);
@@ -118,9 +124,9 @@ int bucket_plan_split_experts(const fsc_params *ps, bucket_plan *plan, bool **lo
      * old one changes or expert-ness does */
     int64_t end = ps->numel;
     for (int e = ps->count - 1; e >= 0; e--) {
-        const bool expert = ps->entries[e].param->expert;
+        const bool expert = local_entry(ps->entries[e].param);
         if (e == ps->count - 1 || plan->bucket_of[e] != plan->bucket_of[e + 1] ||
-            expert != ps->entries[e + 1].param->expert) {
+            expert != local_entry(ps->entries[e + 1].param)) {
             if (e != ps->count - 1) out.n++;
             out.end[out.n] = end;
             flags[out.n] = expert;

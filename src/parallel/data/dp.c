@@ -67,6 +67,8 @@ int fsc_dp_new(fsc_replica_fn make, void *make_user, fsc_params *params, int thr
         if (!w->replica) rc = fsc_error_context(FSC_ERR_INVALID, "DP replica: ");
         if (!rc) rc = fsc_params_collect(w->replica, &w->layout);
         if (!rc) rc = same_layout(params, &w->layout);
+        for (int e = 0; !rc && e < params->count; e++) /* replicas skip what the model froze */
+            w->layout.entries[e].param->frozen |= params->entries[e].param->frozen;
         w->grad = rc ? NULL : fsc_mem_alloc(FSC_MEM_GRADS, (size_t)params->numel * sizeof(float));
         w->arena = rc ? NULL : fsc_arena_new(FSC_MEM_ACTIV, 1 << 20);
         if (!rc && (!w->grad || !w->arena)) rc = fsc_error(FSC_ERR_NOMEM, "DP: out of memory");

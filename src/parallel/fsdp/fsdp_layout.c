@@ -118,7 +118,9 @@ int fsdp_plan_ranges(fsc_fsdp *f) {
             const fsc_param *prm = f->ps.entries[e].param;
             f->ranges[f->nranges++] = (fsc_optim_range){.param = u->shard_data + at,
                                                         .grad = u->shard_grad + at,
-                                                        .n = count,
+                                                        /* frozen: carried in the
+                                                         * shard, no state */
+                                                        .n = prm->frozen ? 0 : count,
                                                         .decay = prm->weight_decay,
                                                         .name = f->ps.entries[e].name};
         }

@@ -38,7 +38,8 @@ static int ranges_of(const fsc_params *ps, bool all, bool expert, fsc_optim_rang
     for (int i = 0; i < ps->count; i++) {
         const fsc_param *p = ps->entries[i].param;
         if (all || p->expert == expert)
-            (*out)[(*n)++] = (fsc_optim_range){.param = p->data, .grad = p->grad, .n = p->numel};
+            (*out)[(*n)++] = (fsc_optim_range){
+                .param = p->data, .grad = p->grad, .n = p->frozen ? 0 : p->numel};
     }
     return FSC_OK;
 }

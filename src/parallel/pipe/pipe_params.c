@@ -126,7 +126,7 @@ int pipe_owned_ranges(fsc_pipe *p, fsc_optim_range **out, int *n) {
         const fsc_param *q = e->param;
         r[i] = (fsc_optim_range){.param = q->data,
                                  .grad = q->grad,
-                                 .n = q->numel,
+                                 .n = q->frozen ? 0 : q->numel, /* no state, no update */
                                  .decay = q->weight_decay,
                                  .name = w->name};
     }

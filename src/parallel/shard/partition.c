@@ -203,7 +203,7 @@ int fsc_partition_ranges(const fsc_partition *p, const fsc_params *ps, int rank,
         int64_t at = e->offset + s->begin;
         r[k] = (fsc_optim_range){.param = ps->data + at,
                                  .grad = ps->grad + at,
-                                 .n = s->count,
+                                 .n = e->param->frozen ? 0 : s->count, /* carried, no state */
                                  .decay = e->param->weight_decay,
                                  .name = e->name};
     }

@@ -67,7 +67,9 @@ static int column_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const
     if (dx && (rc = fsc_alloc_like(ctx->arena, &out, l->in, &dxin))) return rc;
     fsc_arena_mark_t mark = fsc_arena_mark(ctx->arena);
     if ((rc = tp_enter_forward(&l->tp, ctx->arena, x, &xin))) return rc;
-    float *dw = m->params[0].grad, *db = l->bias ? m->params[1].grad : NULL;
+    /* a frozen weight or bias (fine-tuning) costs no GEMM and no write */
+    float *dw = m->params[0].frozen ? NULL : m->params[0].grad;
+    float *db = l->bias && !m->params[1].frozen ? m->params[1].grad : NULL;
     int N = (int)fsc_rows(&xin);
     if (ctx->defer) { /* weight gradients at W: the gathered input stays */
         fsc_matmul_backward_prec(dx ? dxin.data : NULL, NULL, NULL, dyl.data, xin.data,
@@ -225,14 +227,14 @@ static int row_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fs
         fsc_matmul_backward_prec(dx ? dxl.data : NULL, NULL, NULL, dyf.data, xl->data,
                                  m->params[0].data, N, l->in_local, l->out, l->layout,
                                  fsc_ctx_prec(ctx));
-        rc = fsc_deferred_matmul_prec(ctx->defer, m->params[0].grad, NULL, dyf.data, xl->data,
-                                      m->params[0].data, N, l->in_local, l->out, (int)l->layout,
-                                      fsc_ctx_prec(ctx));
+        rc = fsc_deferred_matmul_prec(ctx->defer, m->params[0].frozen ? NULL : m->params[0].grad,
+                                      NULL, dyf.data, xl->data, m->params[0].data, N, l->in_local,
+                                      l->out, (int)l->layout, fsc_ctx_prec(ctx));
         if (rc) return rc;
     } else {
-        fsc_matmul_backward_prec(dx ? dxl.data : NULL, m->params[0].grad, NULL, dyf.data, xl->data,
-                                 m->params[0].data, N, l->in_local, l->out, l->layout,
-                                 fsc_ctx_prec(ctx));
+        fsc_matmul_backward_prec(
+            dx ? dxl.data : NULL, m->params[0].frozen ? NULL : m->params[0].grad, NULL, dyf.data,
+            xl->data, m->params[0].data, N, l->in_local, l->out, l->layout, fsc_ctx_prec(ctx));
         fsc_arena_release(ctx->arena, mark);
     }
     if (!dx) return FSC_OK;

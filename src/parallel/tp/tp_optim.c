@@ -101,7 +101,7 @@ int fsc_tp_optim_ranges(fsc_module *root, const fsc_params *ps, fsc_optim_range 
         const fsc_param_entry *e = &ps->entries[l.at[k].entry];
         r[k] = (fsc_optim_range){.param = e->param->data + l.at[k].local,
                                  .grad = e->param->grad + l.at[k].local,
-                                 .n = l.at[k].count,
+                                 .n = e->param->frozen ? 0 : l.at[k].count, /* no state */
                                  .decay = e->param->weight_decay,
                                  .name = e->name};
     }

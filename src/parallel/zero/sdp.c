@@ -118,7 +118,8 @@ static int run_of(const sdp *s, int e, int64_t lo, int64_t hi, int64_t *stop) {
  * commit keeps a stray write into given-back memory from leaking into the
  * next sum. */
 static int set_live(sdp *s, int e, bool live) {
-    if (s->live[e] == live) return FSC_OK;
+    /* a frozen entry's stretch was given back at bind and stays so */
+    if (s->live[e] == live || s->params->entries[e].param->frozen) return FSC_OK;
     int64_t lo = s->params->entries[e].offset, hi = span_end(s->params, e);
     while (lo < hi) {
         int64_t stop;
@@ -593,7 +594,7 @@ void fsc_sdp_zero_grad(fsc_module *m) {
     fsc_params *ps = s->params;
     for (int e = 0; e < ps->count; e++) {
         int64_t lo = ps->entries[e].offset, hi = span_end(ps, e);
-        while (lo < hi) {
+        while (lo < hi && !ps->entries[e].param->frozen) {
             int64_t stop;
             int owner = run_of(s, e, lo, hi, &stop);
             if (s->live[e] || owner == s->rank)
