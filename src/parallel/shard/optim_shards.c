@@ -118,7 +118,9 @@ static int move_pieces(optim_shards *o, int r, int *at, int e, int which, int ro
     int k = *at, rc = FSC_OK;
     for (; k < p->nranges[r] && p->ranges[r][k].entry == e && !rc; k++) {
         const fsc_shard_range *s = &p->ranges[r][k];
-        if (r == o->rank) {
+        if (o->ps->entries[e].param->frozen) { /* no state anywhere: zeros, nothing sent */
+            if (o->rank == root) memset(buf + s->begin, 0, (size_t)s->count * sizeof(float));
+        } else if (r == o->rank) {
             float *st;
             rc = piece_state(o, k, which, &st);
             if (rc) break;
@@ -144,6 +146,15 @@ static int save_parallel(optim_shards *o, const char *path, int root) {
     fsc_st_writer *plan = st_plan_new(me == root ? path : "(the root's path)", &rc);
     if (plan) rc = declare_all(o, plan);
     st_pieces pc = {0};
+    /* frozen parameters hold no state; the file carries theirs as zeros */
+    int64_t most_frozen = 0;
+    for (int i = 0; i < o->nranges; i++) {
+        const fsc_shard_range *s = &o->part->ranges[o->rank][i];
+        if (o->ps->entries[s->entry].param->frozen && s->count > most_frozen)
+            most_frozen = s->count;
+    }
+    float *zeros = most_frozen ? calloc((size_t)most_frozen, sizeof(float)) : NULL;
+    if (most_frozen && !zeros && !rc) rc = fsc_error(FSC_ERR_NOMEM, "%s: out of memory", o->who);
     for (int i = 0; !rc && i < o->nranges; i++) {
         const fsc_shard_range *s = &o->part->ranges[o->rank][i];
         for (int k = 0; !rc && k < o->K; k++) {
@@ -155,6 +166,7 @@ static int save_parallel(optim_shards *o, const char *path, int root) {
                 lo = e0 > lo ? e0 : lo, hi = e1 < hi ? e1 : hi;
             }
             rc = piece_state(o, i, k, &st);
+            if (!rc && o->ps->entries[s->entry].param->frozen) st = zeros;
             if (!rc && hi > lo && !st)
                 rc = fsc_error(FSC_ERR_INVALID, "%s: no state for piece %d", o->who, i);
             if (!rc && hi > lo)
@@ -164,6 +176,7 @@ static int save_parallel(optim_shards *o, const char *path, int root) {
     if (rc) fsc_error_context(rc, "%s (rank %d): ", o->who, me);
     rc = st_parallel_save(o->io, root, path, plan, &pc, rc);
     st_pieces_free(&pc);
+    free(zeros);
     return rc;
 }
 
