@@ -101,13 +101,19 @@ static void eq_tokens(fsc_tokens *tk) {
  * order of the all-reduce. Not modelled: the vocabulary-parallel head's
  * input gradient and softmax sum (split over vocabulary shards), and under SP
  * the sums over sequence shards of the LayerNorm, row-bias and wpe
- * gradients; the comparisons that involve them keep their margins without. */
+ * gradients; the comparisons that involve them keep their margins without.
+ * The LLaMA family's Linears (nn.Linear's (out,in) weights) split the same
+ * way: o_proj and down_proj row-parallel, q_proj, k_proj, v_proj,
+ * gate_proj and up_proj column-parallel, each its own all-reduce. */
 typedef struct eq_tp_layer {
-    int blocks; /* column blocks split separately: 3 for c_attn's q, k, v */
-    bool row;   /* row-parallel (c_proj): forward split; else backward's dx */
+    int blocks;  /* column blocks split separately: 3 for c_attn's q, k, v */
+    bool row;    /* row-parallel (c_proj): forward split; else backward's dx */
+    bool out_in; /* the weight is (out, in) (LLaMA's), else (in, out) */
 } eq_tp_layer;
 
-static const eq_tp_layer EQ_TP_ROW = {1, true}, EQ_TP_QKV = {3, false}, EQ_TP_FC = {1, false};
+static const eq_tp_layer EQ_TP_ROW = {1, true, false}, EQ_TP_QKV = {3, false, false},
+                         EQ_TP_FC = {1, false, false}, EQ_TP_ROW_OI = {1, true, true},
+                         EQ_TP_COL_OI = {1, false, true};
 static struct {
     int t;
     fsc_tensor seen; /* the layer's input (forward) or dy (backward), from its pre hook */
@@ -151,6 +157,29 @@ static void eq_tp_sum(float *out, const float *a, int64_t N, int64_t K, int64_t 
     free(ac), free(wc), free(part);
 }
 
+/* The same for an (out, in) weight: row: rank c's input columns of w;
+ * else its output rows. */
+static void eq_tp_sum_out_in(float *out, const float *a, int64_t N, int64_t K, int64_t n,
+                             const fsc_param *w, bool row) {
+    const int64_t oc = w->shape[0], in = w->shape[1];
+    float *ac = malloc(sizeof(float) * (size_t)(N * K)),
+          *wc = malloc(sizeof(float) * (size_t)(in * oc));
+    float *part = malloc(sizeof(float) * (size_t)(N * n));
+    if (!ac || !wc || !part) abort();
+    for (int c = 0; c < eq_tp.t; c++) {
+        const int64_t k = eq_tp_columns(ac, a, N, K, 1, c);
+        if (row) { /* y part = x_c (N, k) W[:, columns c]^T, W's columns (n, k) */
+            eq_tp_columns(wc, w->data, oc, in, 1, c);
+            fsc_matmul_forward(part, ac, wc, NULL, (int)N, (int)k, (int)n, FSC_WEIGHT_OUT_IN);
+        } else { /* dx part = dy_c (N, k) W[rows c] (k, n) */
+            fsc_matmul_backward(part, NULL, NULL, ac, NULL, w->data + c * oc / eq_tp.t * in, (int)N,
+                                (int)n, (int)k, FSC_WEIGHT_OUT_IN);
+        }
+        for (int64_t i = 0; i < N * n; i++) out[i] = c ? out[i] + part[i] : part[i];
+    }
+    free(ac), free(wc), free(part);
+}
+
 static int eq_tp_hook(fsc_module *m, fsc_hook_kind kind, const fsc_ctx *ctx, const fsc_tensor *t,
                       void *user) {
     (void)ctx;
@@ -164,27 +193,64 @@ static int eq_tp_hook(fsc_module *m, fsc_hook_kind kind, const fsc_ctx *ctx, con
     const int64_t N = fsc_tensor_numel(t) / t->shape[t->ndim - 1];
     const int64_t K = eq_tp.seen.shape[eq_tp.seen.ndim - 1], n = t->shape[t->ndim - 1];
     float *out = t->data;
-    eq_tp_sum(out, eq_tp.seen.data, N, K, n, l->blocks, w, l->row);
+    if (l->out_in)
+        eq_tp_sum_out_in(out, eq_tp.seen.data, N, K, n, w, l->row);
+    else
+        eq_tp_sum(out, eq_tp.seen.data, N, K, n, l->blocks, w, l->row);
     if (l->row && m->nparams > 1) /* after the sum: the bias is whole on every rank */
         for (int64_t i = 0; i < N * n; i++) out[i] += m->params[1].data[i % n];
     return FSC_OK;
 }
 
 /* Hooks every Linear of m's tree that a TP group of t splits (module names
- * as in src/nn/attention.c and mlp.c). */
+ * as in src/nn/attention.c and mlp.c; llama_attention.c and swiglu.c). */
 static void eq_tp_orders(fsc_module *m, int t) {
     eq_tp.t = t;
     const char *name = m->name;
-    const eq_tp_layer *l = !strcmp(name, "c_proj")   ? &EQ_TP_ROW
-                           : !strcmp(name, "c_attn") ? &EQ_TP_QKV
-                           : !strcmp(name, "c_fc")   ? &EQ_TP_FC
-                                                     : NULL;
+    static const char *const llama_col[] = {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"};
+    const eq_tp_layer *l = !strcmp(name, "c_proj")      ? &EQ_TP_ROW
+                           : !strcmp(name, "c_attn")    ? &EQ_TP_QKV
+                           : !strcmp(name, "c_fc")      ? &EQ_TP_FC
+                           : !strcmp(name, "o_proj")    ? &EQ_TP_ROW_OI
+                           : !strcmp(name, "down_proj") ? &EQ_TP_ROW_OI
+                                                        : NULL;
+    for (size_t i = 0; !l && i < sizeof llama_col / sizeof *llama_col; i++)
+        if (!strcmp(name, llama_col[i])) l = &EQ_TP_COL_OI;
     if (l && (fsc_module_add_hook(m, l->row ? FSC_HOOK_PRE_FORWARD : FSC_HOOK_PRE_BACKWARD,
                                   eq_tp_hook, (void *)l) ||
               fsc_module_add_hook(m, l->row ? FSC_HOOK_POST_FORWARD : FSC_HOOK_POST_BACKWARD,
                                   eq_tp_hook, (void *)l)))
         abort();
     for (int i = 0; i < m->nchildren; i++) eq_tp_orders(m->children[i], t);
+}
+
+/* Where a layout's micro-steps come from: the test corpus, step s's global
+ * batch of G sequences of T tokens cut into `micros` micro-batches per rank
+ * of `world`, B sequences each (G = B * micros * world), read into x and y. */
+typedef struct eq_batch {
+    const fsc_tokens *tk;
+    fsc_arena *arena; /* reset before every micro-step */
+    int G, T, B, micros, rank, world;
+    int32_t *x, *y; /* B * T each */
+} eq_batch;
+
+/* Micro-step k of step s on m (the plain GPT or a wrapper around it): this
+ * rank's micro-batch, dropout keyed by its global sample (seed 5), the loss
+ * normalised by the global token count, gradients accumulated. The layout
+ * of every equivalence test and of its one-process reference. Returns
+ * fsc_gpt_train_micro's status. */
+static inline int eq_micro(fsc_module *m, const eq_batch *b, int s, int k) {
+    fsc_arena_reset(b->arena);
+    int rc = fsc_tokens_batch(b->tk, s, k, b->rank, b->B, b->micros, b->world, b->T, b->x, b->y);
+    if (rc) return rc;
+    fsc_ctx ctx = {.arena = b->arena,
+                   .training = true,
+                   .keyed = true,
+                   .seed = 5,
+                   .step = s,
+                   .sample0 = fsc_batch_first_sample(s, k, b->rank, b->B, b->micros, b->world)};
+    float loss;
+    return fsc_gpt_train_micro(m, &ctx, b->x, b->y, b->B, b->T, -1, (double)b->G * b->T, &loss);
 }
 
 /* One process, the whole global batch per step, summed in order `ord`: the
@@ -206,21 +272,11 @@ static float *eq_run_reference(const eq_options *o, const eq_order *ord, fsc_par
     fsc_arena *arena = fsc_arena_new(FSC_MEM_ACTIV, 1 << 20);
     int G = o->global_batch ? o->global_batch : EQ_GLOBAL_BATCH, B = G / micro, T = model->seq;
     int32_t *x = malloc(sizeof(int32_t) * G * T), *y = malloc(sizeof(int32_t) * G * T);
+    const eq_batch b = {&tk, arena, G, T, B, micro, 0, 1, x, y};
     for (int s = 0; s < EQ_STEPS; s++) {
         fsc_params_zero_grad(ps);
-        for (int j = 0; j < micro; j++) {
-            int k = ord->reverse ? micro - 1 - j : j;
-            fsc_arena_reset(arena);
-            fsc_tokens_batch(&tk, s, k, 0, B, micro, 1, T, x, y);
-            fsc_ctx ctx = {.arena = arena,
-                           .training = true,
-                           .keyed = true,
-                           .seed = 5,
-                           .step = s,
-                           .sample0 = fsc_batch_first_sample(s, k, 0, B, micro, 1)};
-            float loss;
-            if (fsc_gpt_train_micro(m, &ctx, x, y, B, T, -1, (double)G * T, &loss)) abort();
-        }
+        for (int j = 0; j < micro; j++)
+            if (eq_micro(m, &b, s, ord->reverse ? micro - 1 - j : j)) abort();
         if (o->max_norm > 0) fsc_clip_grad_norm(r, nr, o->max_norm, NULL);
         fsc_optim_step(opt);
         if (o->round_to != FSC_DTYPE_F32) {

@@ -8,15 +8,15 @@
 #include <cmocka.h>
 #include <string.h>
 
-#include "equivalence.h"
-#include "mpi_test.h"
+#include "trainer_test.h"
 #include "fsc/parallel.h"
 
 static int rank, world;
 
 /* Trains EQ_STEPS steps with DDP: this rank's share of the global batch in
- * `accum` micro-batches; returns the final parameters (caller frees). */
-static float *run_ddp(size_t bucket_bytes, int accum, fsc_ddp_stats *stats) {
+ * `accum` micro-batches; returns the final parameters (*numel of them; the
+ * caller frees them). */
+static float *run_ddp(size_t bucket_bytes, int accum, fsc_ddp_stats *stats, int64_t *numel) {
     fsc_module *m = fsc_gpt_new(&EQ_MODEL);
     fsc_params ps;
     fsc_optim_range *r;
@@ -31,30 +31,29 @@ static float *run_ddp(size_t bucket_bytes, int accum, fsc_ddp_stats *stats) {
     assert_int_equal(fsc_optim_ranges_from_params(&ps, &r, &nr), FSC_OK);
     fsc_optim *opt = fsc_optim_new(&EQ_ADAMW, r, nr);
     fsc_arena *arena = fsc_arena_new(FSC_MEM_ACTIV, 1 << 20);
-    int B = EQ_GLOBAL_BATCH / (world * accum), T = EQ_MODEL.seq;
     int32_t x[EQ_GLOBAL_BATCH * 16], y[EQ_GLOBAL_BATCH * 16];
+    const eq_batch b = {.tk = &tk,
+                        .arena = arena,
+                        .G = EQ_GLOBAL_BATCH,
+                        .T = EQ_MODEL.seq,
+                        .B = EQ_GLOBAL_BATCH / (world * accum),
+                        .micros = accum,
+                        .rank = rank,
+                        .world = world,
+                        .x = x,
+                        .y = y};
     for (int s = 0; s < EQ_STEPS; s++) {
         fsc_params_zero_grad(&ps);
         for (int k = 0; k < accum; k++) {
-            fsc_arena_reset(arena);
-            fsc_tokens_batch(&tk, s, k, rank, B, accum, world, T, x, y);
-            fsc_ctx ctx = {.arena = arena,
-                           .training = true,
-                           .keyed = true,
-                           .seed = 5,
-                           .step = s,
-                           .sample0 = fsc_batch_first_sample(s, k, rank, B, accum, world)};
             fsc_ddp_set_no_sync(ddp, k < accum - 1);
-            float loss;
-            assert_int_equal(
-                fsc_gpt_train_micro(ddp, &ctx, x, y, B, T, -1, (double)EQ_GLOBAL_BATCH * T, &loss),
-                FSC_OK);
+            assert_int_equal(eq_micro(ddp, &b, s, k), FSC_OK);
         }
         fsc_optim_step(opt);
     }
     if (stats) *stats = fsc_ddp_get_stats(ddp);
     float *out = malloc(sizeof(float) * (size_t)ps.numel);
     memcpy(out, ps.data, sizeof(float) * (size_t)ps.numel);
+    *numel = ps.numel;
     fsc_arena_free(arena);
     fsc_optim_free(opt);
     fsc_optim_ranges_free(r);
@@ -65,42 +64,35 @@ static float *run_ddp(size_t bucket_bytes, int accum, fsc_ddp_stats *stats) {
     return out;
 }
 
-static void check_against_reference(const char *what, float *got) {
-    int64_t n;
-    float *ref = eq_reference(&n);
-    char label[96];
-    snprintf(label, sizeof label, "%s, %d ranks, rank %d", what, world, rank);
-    assert_int_equal(eq_compare(label, got, ref, n), 0);
-    free(ref);
-    free(got);
-}
-
 static void test_one_bucket(void **state) {
     (void)state;
     fsc_ddp_stats st;
-    float *p = run_ddp(0, 1, &st);
+    int64_t n;
+    float *p = run_ddp(0, 1, &st, &n);
     assert_int_equal(st.buckets, 1);
-    check_against_reference("DDP, one 25 MB bucket", p);
+    tt_expect_reference(NULL, "DDP, one 25 MB bucket", p, n);
 }
 
 static void test_many_buckets(void **state) { /* 1 KB buckets: many in flight at once */
     (void)state;
     fsc_ddp_stats st;
-    float *p = run_ddp(1024, 1, &st);
+    int64_t n;
+    float *p = run_ddp(1024, 1, &st, &n);
     /* every matrix (>= 256 floats) closes a bucket: 4 per layer, wpe, wte */
     assert_int_equal(st.buckets, 4 * EQ_MODEL.layers + 2);
     assert_int_equal(st.allreduces, st.buckets * EQ_STEPS);
-    check_against_reference("DDP, 4 KB buckets", p);
+    tt_expect_reference(NULL, "DDP, 1 KB buckets", p, n);
 }
 
 static void test_accumulation_no_sync(void **state) {
     (void)state;
     if (EQ_GLOBAL_BATCH % (world * 2)) skip();
     fsc_ddp_stats st;
-    float *p = run_ddp(1024, 2, &st);
+    int64_t n;
+    float *p = run_ddp(1024, 2, &st, &n);
     /* reductions only on the last micro-batch of each step */
     assert_int_equal(st.allreduces, st.buckets * EQ_STEPS);
-    check_against_reference("DDP, 2 micro-batches with no_sync", p);
+    tt_expect_reference(NULL, "DDP, 2 micro-batches with no_sync", p, n);
 }
 
 /* A model whose second Linear is never used: its gradients stay zero, its
@@ -153,9 +145,7 @@ static void test_unused_parameters(void **state) {
 }
 
 int main(int argc, char **argv) {
-    if (fsc_dist_init(&argc, &argv, NULL)) return 1;
-    rank = fsc_dist_rank(), world = fsc_dist_size();
-    eq_fault_from_env();
+    if (tt_init(&argc, &argv, &rank, &world)) return 1;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_one_bucket),
         cmocka_unit_test(test_many_buckets),

@@ -12,8 +12,7 @@
 #include <inttypes.h>
 #include <string.h>
 
-#include "equivalence.h"
-#include "mpi_test.h"
+#include "trainer_test.h"
 #include "fsc/checkpoint_wrapper.h"
 #include "fsc/fsdp.h"
 
@@ -37,6 +36,7 @@ typedef struct {
     int64_t buffer_allocs_late; /* FSDP buffers allocated fresh in steps 2.. */
     size_t params, grads, optim, shard_bytes, optim_expected, gathered_peak, gathered_bound,
         gathered_after;
+    int64_t numel; /* of the full parameters returned */
 } fsdp_out;
 
 /* Units: every block (auto-wrap at a block's size), none, every block and,
@@ -64,8 +64,9 @@ static fsc_module **pick_units(fsc_module *m, unit_plan plan, int *n) {
     return units;
 }
 
-/* Copies the full parameters into a buffer laid out as fsc_params_bind would. */
-static float *full_params(fsc_fsdp *f, fsc_module *m) {
+/* Copies the full parameters into a buffer laid out as fsc_params_bind
+ * would (*numel of them). */
+static float *full_params(fsc_fsdp *f, fsc_module *m, int64_t *numel) {
     fsc_params layout;
     assert_int_equal(fsc_params_collect(m, &layout), FSC_OK);
     float *out = calloc((size_t)layout.numel, sizeof(float));
@@ -74,6 +75,7 @@ static float *full_params(fsc_fsdp *f, fsc_module *m) {
         memcpy(out + layout.entries[e].offset, layout.entries[e].param->data,
                sizeof(float) * (size_t)layout.entries[e].param->numel);
     assert_int_equal(fsc_fsdp_release_full_params(f, false), FSC_OK);
+    *numel = layout.numel;
     free(layout.entries);
     return out;
 }
@@ -93,8 +95,17 @@ static float *run_fsdp(const fsdp_cfg *c, fsdp_out *out) {
     free(units);
     fsc_arena *arena = fsc_arena_new(FSC_MEM_ACTIV, 1 << 20);
     const int accum = c->accum ? c->accum : 1;
-    int B = EQ_GLOBAL_BATCH / (world * accum), T = EQ_MODEL.seq;
     int32_t x[EQ_GLOBAL_BATCH * 16], y[EQ_GLOBAL_BATCH * 16];
+    const eq_batch b = {.tk = &tk,
+                        .arena = arena,
+                        .G = EQ_GLOBAL_BATCH,
+                        .T = EQ_MODEL.seq,
+                        .B = EQ_GLOBAL_BATCH / (world * accum),
+                        .micros = accum,
+                        .rank = rank,
+                        .world = world,
+                        .x = x,
+                        .y = y};
     fsc_fsdp_stats before = {0};
     int64_t allocs2 = 0; /* step 0 learns the order, step 1 is the first to prefetch */
     for (int s = 0; s < EQ_STEPS; s++) {
@@ -105,21 +116,10 @@ static float *run_fsdp(const fsdp_cfg *c, fsdp_out *out) {
         }
         fsc_fsdp_zero_grad(f);
         for (int k = 0; k < accum; k++) {
-            fsc_arena_reset(arena);
-            fsc_tokens_batch(&tk, s, k, rank, B, accum, world, T, x, y);
-            fsc_ctx ctx = {.arena = arena,
-                           .training = true,
-                           .keyed = true,
-                           .seed = 5,
-                           .step = s,
-                           .sample0 = fsc_batch_first_sample(s, k, rank, B, accum, world)};
             bool quiet = c->no_sync && k < accum - 1;
             fsc_fsdp_set_no_sync(f, quiet);
             int64_t rs0 = fsc_fsdp_get_stats(f).reduce_scatters;
-            float loss;
-            assert_int_equal(
-                fsc_gpt_train_micro(m, &ctx, x, y, B, T, -1, (double)EQ_GLOBAL_BATCH * T, &loss),
-                FSC_OK);
+            assert_int_equal(eq_micro(m, &b, s, k), FSC_OK);
             if (quiet && out)
                 out->scatters_in_no_sync += fsc_fsdp_get_stats(f).reduce_scatters - rs0;
         }
@@ -155,7 +155,9 @@ static float *run_fsdp(const fsdp_cfg *c, fsdp_out *out) {
         out->gathered_peak = fsc_mem_peak(FSC_MEM_GATHERED);
         out->gathered_after = fsc_mem_current(FSC_MEM_GATHERED);
     }
-    float *got = full_params(f, m);
+    int64_t numel;
+    float *got = full_params(f, m, &numel);
+    if (out) out->numel = numel;
     fsc_arena_free(arena);
     fsc_fsdp_free(f);
     fsc_tokens_free(&tk);
@@ -164,14 +166,9 @@ static float *run_fsdp(const fsdp_cfg *c, fsdp_out *out) {
 }
 
 static void expect_equal(const char *what, const fsdp_cfg *c, const eq_options *ref_opt) {
-    int64_t numel;
-    float *ref = eq_reference_ex(ref_opt ? ref_opt : &(eq_options){0}, &numel);
     fsdp_out out = {0};
     float *got = run_fsdp(c, &out);
-    char label[160];
-    snprintf(label, sizeof label, "rank %d/%d %s", rank, world, what);
-    assert_int_equal(eq_compare(label, got, ref, numel), 0);
-    free(ref), free(got);
+    tt_expect_reference(ref_opt, what, got, out.numel);
 }
 
 static void test_blocks_match_one_process(void **state) {
@@ -310,7 +307,9 @@ static void test_initial_values_match_bind(void **state) {
     fsc_fsdp *f = fsc_fsdp_new(b, fsc_group_world(), 5, units, n, &EQ_ADAMW, NULL);
     assert_non_null(f);
     free(units);
-    float *full = full_params(f, b);
+    int64_t numel;
+    float *full = full_params(f, b, &numel);
+    assert_int_equal(numel, ps.numel);
     assert_memory_equal(full, ps.data, sizeof(float) * (size_t)ps.numel);
     /* between steps the model's views point nowhere */
     fsc_params views;
@@ -322,7 +321,7 @@ static void test_initial_values_match_bind(void **state) {
     fsc_params_collect(b, &views);
     views.entries[0].param->data[3] = 42.f;
     assert_int_equal(fsc_fsdp_release_full_params(f, true), FSC_OK);
-    float *again = full_params(f, b);
+    float *again = full_params(f, b, &numel);
     assert_float_equal(again[views.entries[0].offset + 3], 42.f, 0);
     free(views.entries);
     free(full), free(again);
@@ -358,9 +357,7 @@ static void test_bad_configurations_refused(void **state) {
 }
 
 int main(int argc, char **argv) {
-    if (fsc_dist_init(&argc, &argv, NULL)) return 1;
-    rank = fsc_dist_rank(), world = fsc_dist_size();
-    eq_fault_from_env();
+    if (tt_init(&argc, &argv, &rank, &world)) return 1;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_blocks_match_one_process),
         cmocka_unit_test(test_root_only_matches),

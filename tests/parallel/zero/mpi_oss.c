@@ -14,8 +14,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "equivalence.h"
-#include "mpi_test.h"
+#include "trainer_test.h"
 #include "fsc/parallel.h"
 #include "fsc/zero.h"
 
@@ -86,25 +85,23 @@ static void run_oss(const run_cfg *c, run_out *out) {
                              &(fsc_oss_options){.policy = c->policy, .share_dtype = c->share});
     assert_non_null(o);
     fsc_arena *arena = fsc_arena_new(FSC_MEM_ACTIV, 1 << 20);
-    int B = EQ_GLOBAL_BATCH / (world * accum), T = model->seq;
     int32_t x[EQ_GLOBAL_BATCH * 16], y[EQ_GLOBAL_BATCH * 16];
+    const eq_batch b = {.tk = &tk,
+                        .arena = arena,
+                        .G = EQ_GLOBAL_BATCH,
+                        .T = model->seq,
+                        .B = EQ_GLOBAL_BATCH / (world * accum),
+                        .micros = accum,
+                        .rank = rank,
+                        .world = world,
+                        .x = x,
+                        .y = y};
     out->first_norm = 0;
     for (int s = 0; s < steps; s++) {
         fsc_params_zero_grad(&ps);
         for (int k = 0; k < accum; k++) {
-            fsc_arena_reset(arena);
-            fsc_tokens_batch(&tk, s, k, rank, B, accum, world, T, x, y);
-            fsc_ctx ctx = {.arena = arena,
-                           .training = true,
-                           .keyed = true,
-                           .seed = 5,
-                           .step = s,
-                           .sample0 = fsc_batch_first_sample(s, k, rank, B, accum, world)};
             fsc_ddp_set_no_sync(ddp, k < accum - 1);
-            float loss;
-            assert_int_equal(
-                fsc_gpt_train_micro(ddp, &ctx, x, y, B, T, -1, (double)EQ_GLOBAL_BATCH * T, &loss),
-                FSC_OK);
+            assert_int_equal(eq_micro(ddp, &b, s, k), FSC_OK);
         }
         if (c->max_norm > 0) {
             float norm;
@@ -134,18 +131,13 @@ static void run_oss(const run_cfg *c, run_out *out) {
 }
 
 static void check_against_reference(const char *what, const run_cfg *c, run_out *out) {
-    int64_t n;
-    float *ref = eq_reference_ex(
+    char label[128];
+    snprintf(label, sizeof label, "%s, %s", what,
+             c->policy == FSC_PARTITION_EVEN ? "EVEN" : "GREEDY");
+    tt_expect_reference(
         &(eq_options){
             .model = c->model, .optim = c->optim, .max_norm = c->max_norm, .round_to = c->share},
-        &n);
-    assert_int_equal(n, out->numel);
-    char label[128];
-    snprintf(label, sizeof label, "%s, %s, %d ranks, rank %d", what,
-             c->policy == FSC_PARTITION_EVEN ? "EVEN" : "GREEDY", world, rank);
-    assert_int_equal(eq_compare(label, out->params, ref, n), 0);
-    free(ref);
-    free(out->params);
+        label, out->params, out->numel);
 }
 
 static void equivalence(const char *what, run_cfg c) {
@@ -585,9 +577,7 @@ static void test_state_dict(void **state) {
 }
 
 int main(int argc, char **argv) {
-    if (fsc_dist_init(&argc, &argv, NULL)) return 1;
-    rank = fsc_dist_rank(), world = fsc_dist_size();
-    eq_fault_from_env();
+    if (tt_init(&argc, &argv, &rank, &world)) return 1;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_adamw),
         cmocka_unit_test(test_sgd_momentum_accumulation),

@@ -10,8 +10,7 @@
 #include <cmocka.h>
 #include <string.h>
 
-#include "equivalence.h"
-#include "mpi_test.h"
+#include "trainer_test.h"
 #include "fsc/zero.h"
 
 static int rank, world;
@@ -51,6 +50,7 @@ typedef struct {
     size_t bucket_bytes; /* the largest bucket */
     int64_t buckets, reduces;
     int64_t reduce_bytes; /* world group payload during forward/backward (the reductions) */
+    int64_t numel;        /* of the parameters a GPT run returns */
 } sdp_out;
 
 static void measure_ownership(const fsc_oss *oss, const fsc_params *ps, bool gpt, sdp_out *out) {
@@ -101,27 +101,25 @@ static float *run_sdp(const sdp_cfg *c, sdp_out *out) {
     sdp_out mine = {0};
     measure_ownership(oss, &ps, true, &mine);
     fsc_arena *arena = fsc_arena_new(FSC_MEM_ACTIV, 1 << 20);
-    int B = EQ_GLOBAL_BATCH / (world * c->accum), T = EQ_MODEL.seq;
     int32_t x[EQ_GLOBAL_BATCH * 16], y[EQ_GLOBAL_BATCH * 16];
+    const eq_batch b = {.tk = &tk,
+                        .arena = arena,
+                        .G = EQ_GLOBAL_BATCH,
+                        .T = EQ_MODEL.seq,
+                        .B = EQ_GLOBAL_BATCH / (world * c->accum),
+                        .micros = c->accum,
+                        .rank = rank,
+                        .world = world,
+                        .x = x,
+                        .y = y};
     for (int s = 0; s < EQ_STEPS; s++) {
         if (s == 1)
             fsc_mem_reset_peaks(); /* the first backward learns which gradients the root writes */
         fsc_sdp_zero_grad(sdp);
         for (int k = 0; k < c->accum; k++) {
-            fsc_arena_reset(arena);
-            fsc_tokens_batch(&tk, s, k, rank, B, c->accum, world, T, x, y);
-            fsc_ctx ctx = {.arena = arena,
-                           .training = true,
-                           .keyed = true,
-                           .seed = 5,
-                           .step = s,
-                           .sample0 = fsc_batch_first_sample(s, k, rank, B, c->accum, world)};
             fsc_sdp_set_no_sync(sdp, k < c->accum - 1);
-            float loss;
             int64_t b0 = fsc_group_get_stats(fsc_group_world()).bytes;
-            assert_int_equal(
-                fsc_gpt_train_micro(sdp, &ctx, x, y, B, T, -1, (double)EQ_GLOBAL_BATCH * T, &loss),
-                FSC_OK);
+            assert_int_equal(eq_micro(sdp, &b, s, k), FSC_OK);
             mine.reduce_bytes += fsc_group_get_stats(fsc_group_world()).bytes - b0;
         }
         if (c->max_norm > 0) {
@@ -131,6 +129,7 @@ static float *run_sdp(const sdp_cfg *c, sdp_out *out) {
         assert_int_equal(fsc_oss_step(oss), FSC_OK);
     }
     finish_out(sdp, &mine);
+    mine.numel = ps.numel;
     if (out) *out = mine;
     float *got = malloc(sizeof(float) * (size_t)ps.numel);
     memcpy(got, ps.data, sizeof(float) * (size_t)ps.numel);
@@ -145,15 +144,13 @@ static float *run_sdp(const sdp_cfg *c, sdp_out *out) {
 
 static void equivalence(const char *what, sdp_cfg c) {
     if (EQ_GLOBAL_BATCH % (world * c.accum)) skip();
-    int64_t n;
-    float *ref = eq_reference_ex(&(eq_options){.optim = c.optim, .max_norm = c.max_norm}, &n);
-    float *got = run_sdp(&c, NULL);
+    sdp_out out;
+    float *got = run_sdp(&c, &out);
     char label[128];
-    snprintf(label, sizeof label, "%s, %s, %d ranks, rank %d", what,
-             c.policy == FSC_PARTITION_EVEN ? "even" : "greedy", world, rank);
-    assert_int_equal(eq_compare(label, got, ref, n), 0);
-    free(got);
-    free(ref);
+    snprintf(label, sizeof label, "%s, %s", what,
+             c.policy == FSC_PARTITION_EVEN ? "even" : "greedy");
+    tt_expect_reference(&(eq_options){.optim = c.optim, .max_norm = c.max_norm}, label, got,
+                        out.numel);
 }
 
 static void test_adamw(void **state) {
@@ -455,9 +452,7 @@ static void test_dominant_tensor(void **state) {
 }
 
 int main(int argc, char **argv) {
-    if (fsc_dist_init(&argc, &argv, NULL)) return 1;
-    rank = fsc_dist_rank(), world = fsc_dist_size();
-    eq_fault_from_env();
+    if (tt_init(&argc, &argv, &rank, &world)) return 1;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_adamw),
         cmocka_unit_test(test_sgd_momentum_accumulation),
