@@ -2,7 +2,10 @@
  *
  * Three panels share the step axis: train loss (a line) with val loss (open
  * points where a row has one), learning rate, and tokens/s; one colour per
- * file, a legend naming the files, so several runs compare on one plot.
+ * file, a legend naming the files and keying the marks, so several runs
+ * compare on one plot. --smooth A adds the train loss's exponential moving
+ * average (TensorBoard's debiased one) over a faint raw line; --log-y draws
+ * the loss panel on a log scale.
  *
  * Why an SVG writer in C rather than gnuplot (or a PNG): nothing to install
  * at run time (gnuplot drags in a display stack, and fsc's tools must work on
@@ -29,8 +32,8 @@
 #include "fsc/io.h"
 #include "tool_flags.h"
 
-enum { S_LOSS, S_VAL, S_LR, S_TOKS, NSERIES };
-static const char *const KEYS[NSERIES] = {"loss", "val_loss", "lr", "tokens_per_s"};
+enum { S_LOSS, S_VAL, S_LR, S_TOKS, S_SMOOTH, NSERIES };
+static const char *const KEYS[NSERIES] = {"loss", "val_loss", "lr", "tokens_per_s", "loss_smooth"};
 static const char *const COLOURS[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd",
                                       "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
 #define NCOLOURS (sizeof COLOURS / sizeof *COLOURS)
@@ -61,9 +64,23 @@ typedef struct {
     bool min_first;
 } bucket;
 
+/* The debiased exponential moving average of a series (TensorBoard's
+ * smoothing): s = a s + (1 - a) x over the finite values, divided by
+ * 1 - a^n so that the first points are not pulled towards 0. */
+typedef struct {
+    double a, sum, weight;
+} ema;
+
+static double ema_add(ema *e, double x) {
+    e->sum = e->a * e->sum + (1 - e->a) * x;
+    e->weight = e->a * e->weight + (1 - e->a);
+    return e->sum / e->weight;
+}
+
 typedef struct {
     const char *path;
     long rows, bad;       /* metrics rows (with a step); lines that are not JSON */
+    ema smooth;           /* the train loss's average (--smooth), restarted each pass */
     long nval;            /* rows with a val_loss */
     double last[NSERIES]; /* last finite value of each series, NaN if none */
     points pts[NSERIES];
@@ -72,9 +89,10 @@ typedef struct {
 
 typedef struct {
     const char *title, *ylabel;
-    int series[2], nseries;
+    int series[3], nseries;
     double y, h; /* top and height of the plotting area */
-    range r;
+    range r;     /* of the plotted values: log10 of the data on a log scale */
+    bool log;    /* --log-y: the data's log10 is plotted; values <= 0 are left out */
 } panel;
 
 static void range_add(range *r, double v) {
@@ -144,7 +162,8 @@ static int parse_row(const char *line, double *step, double v[NSERIES]) {
     int rc = cJSON_IsNumber(s) && fabs(s->valuedouble) <= 9007199254740992.0;
     if (rc) {
         *step = s->valuedouble;
-        for (int k = 0; k < NSERIES; k++) {
+        v[S_SMOOTH] = NAN; /* computed from the loss (scan), not read */
+        for (int k = 0; k < S_SMOOTH; k++) {
             const cJSON *x = cJSON_GetObjectItemCaseSensitive(j, KEYS[k]);
             v[k] = cJSON_IsNumber(x) && fabs(x->valuedouble) <= 1e300 ? x->valuedouble : NAN;
         }
@@ -172,6 +191,7 @@ static int scan(run *r, long limit, row_fn fn, void *ctx, long *rows, long *bad)
     char *line = NULL;
     size_t cap = 0;
     *rows = *bad = 0;
+    r->smooth.sum = r->smooth.weight = 0;
     while ((limit < 0 || *rows < limit) && getline(&line, &cap, f) != -1) {
         if (blank(line)) continue;
         double step, v[NSERIES];
@@ -179,6 +199,7 @@ static int scan(run *r, long limit, row_fn fn, void *ctx, long *rows, long *bad)
         if (k < 0) ++*bad;
         if (k <= 0) continue;
         ++*rows;
+        if (r->smooth.a > 0 && !isnan(v[S_LOSS])) v[S_SMOOTH] = ema_add(&r->smooth, v[S_LOSS]);
         fn(ctx, r, step, v);
     }
     int err = ferror(f);
@@ -196,13 +217,17 @@ static int scan(run *r, long limit, row_fn fn, void *ctx, long *rows, long *bad)
 
 typedef struct {
     range x, y[NSERIES];
+    range logy[NSERIES]; /* of log10 of the positive values, for --log-y */
 } ranges;
 
 static void first_pass(void *ctx, run *r, double step, const double v[NSERIES]) {
     ranges *rg = ctx;
     range_add(&rg->x, step);
-    for (int k = 0; k < NSERIES; k++)
-        if (!isnan(v[k])) range_add(&rg->y[k], v[k]), r->last[k] = v[k];
+    for (int k = 0; k < NSERIES; k++) {
+        if (isnan(v[k])) continue;
+        range_add(&rg->y[k], v[k]), r->last[k] = v[k];
+        if (v[k] > 0) range_add(&rg->logy[k], log10(v[k]));
+    }
     if (!isnan(v[S_VAL])) r->nval++;
 }
 
@@ -246,7 +271,9 @@ static void second_pass(void *ctx, run *r, double step, const double v[NSERIES])
     for (int k = 0; k < NSERIES; k++) {
         if (isnan(v[k])) continue;
         const panel *pn = m->of[k];
-        const double f = clampd((v[k] - pn->r.lo) / (pn->r.hi - pn->r.lo), 0, 1);
+        if (pn->log && !(v[k] > 0)) continue; /* no place on a log scale */
+        const double val = pn->log ? log10(v[k]) : v[k];
+        const double f = clampd((val - pn->r.lo) / (pn->r.hi - pn->r.lo), 0, 1);
         const float py = (float)(pn->y + pn->h - f * pn->h);
         bucket *b = &r->bk[k];
         if (b->have && b->col != col && bucket_flush(b, &r->pts[k])) m->out_of_memory = true;
@@ -313,6 +340,32 @@ static range fit(range r, bool margin) {
     return (range){r.lo - d, r.hi + d};
 }
 
+/* A y grid line and its label at plotted value v. */
+static void draw_y_tick(FILE *f, const panel *p, double v, const char *label) {
+    double py = p->y + p->h - (v - p->r.lo) / (p->r.hi - p->r.lo) * p->h;
+    fprintf(f,
+            "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>"
+            "<text class=\"ytick\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n",
+            LEFT, py, LEFT + PLOT_W, py, LEFT - 6, py + 4, label);
+}
+
+/* Log-scale ticks: 1, 2 and 5 times each power of ten in the range (only the
+ * powers when it spans more than three decades, or 1..9 within one). */
+static void draw_log_ticks(FILE *f, const panel *p) {
+    static const int some[] = {1, 2, 5}, all[] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+    const double span = p->r.hi - p->r.lo;
+    const int *m = span > 3 ? some : span < 1 ? all : some;
+    const int nm = span > 3 ? 1 : span < 1 ? 9 : 3;
+    for (double e = floor(p->r.lo); e <= ceil(p->r.hi); e++)
+        for (int i = 0; i < nm; i++) {
+            double t = m[i] * pow(10, e), lt = log10(t);
+            if (lt < p->r.lo || lt > p->r.hi) continue;
+            char buf[32];
+            snprintf(buf, sizeof buf, "%g", t);
+            draw_y_tick(f, p, lt, buf);
+        }
+}
+
 static void draw_panel(FILE *f, const panel *p, range x, bool empty) {
     fprintf(f, "<g class=\"panel\" id=\"panel-%s\">\n", p->ylabel);
     fprintf(f,
@@ -323,14 +376,14 @@ static void draw_panel(FILE *f, const panel *p, range x, bool empty) {
     xml_text(f, p->title);
     fputs("</text>\n", f);
     char buf[64];
-    double ys = nice_step(p->r.hi - p->r.lo, 5);
-    for (double k = ceil(p->r.lo / ys); k * ys <= p->r.hi; k++) {
-        double py = p->y + p->h - (k * ys - p->r.lo) / (p->r.hi - p->r.lo) * p->h;
-        tick_label(buf, sizeof buf, k * ys, ys);
-        fprintf(f,
-                "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>"
-                "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n",
-                LEFT, py, LEFT + PLOT_W, py, LEFT - 6, py + 4, buf);
+    if (p->log) {
+        draw_log_ticks(f, p);
+    } else {
+        double ys = nice_step(p->r.hi - p->r.lo, 5);
+        for (double k = ceil(p->r.lo / ys); k * ys <= p->r.hi; k++) {
+            tick_label(buf, sizeof buf, k * ys, ys);
+            draw_y_tick(f, p, k * ys, buf);
+        }
     }
     double xs = fmax(1, nice_step(x.hi - x.lo, 8));
     for (double k = ceil(x.lo / xs); k * xs <= x.hi; k++) {
@@ -363,10 +416,13 @@ static void draw_series(FILE *f, const run *r, int file, int k) {
                     file, p->xy[2 * i], p->xy[2 * i + 1], colour);
         return;
     }
+    /* with --smooth the raw train loss is drawn faint under its average */
+    const bool faint = k == S_LOSS && r->smooth.a > 0;
     fprintf(f,
             "<polyline class=\"%s\" data-file=\"%d\" fill=\"none\" stroke=\"%s\" "
-            "stroke-width=\"1.4\" stroke-linejoin=\"round\" points=\"",
-            KEYS[k], file, colour);
+            "stroke-width=\"%s\"%s stroke-linejoin=\"round\" points=\"",
+            KEYS[k], file, colour, k == S_SMOOTH ? "1.8" : "1.4",
+            faint ? " stroke-opacity=\"0.3\"" : "");
     for (size_t i = 0; i < p->n; i++)
         fprintf(f, "%s%.1f,%.1f", i ? " " : "", p->xy[2 * i], p->xy[2 * i + 1]);
     fputs("\"/>\n", f);
@@ -389,6 +445,18 @@ static void draw_legend(FILE *f, const run *runs, int nruns, double top) {
         if (!isnan(r->last[S_VAL])) fprintf(f, ", last val %.4f", r->last[S_VAL]);
         fputs("</text>\n", f);
     }
+    /* the key of the marks, in grey: what a line and an open point are */
+    const double y = top + nruns * LEGEND_ROW;
+    const bool smooth = nruns > 0 && runs[0].smooth.a > 0;
+    fprintf(f,
+            "<g class=\"key\"><line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" "
+            "stroke=\"#555\" stroke-width=\"1.8\"/><text x=\"%.1f\" y=\"%.1f\">%s</text>",
+            LEFT, y - 4, LEFT + 24, y - 4, LEFT + 32, y,
+            smooth ? "train loss, smoothed (faint: raw)" : "train loss");
+    fprintf(f,
+            "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3.5\" fill=\"white\" stroke=\"#555\" "
+            "stroke-width=\"1.8\"/><text x=\"%.1f\" y=\"%.1f\">val loss</text></g>\n",
+            LEFT + 262, y - 4, LEFT + 272, y);
     fputs("</g>\n", f);
 }
 
@@ -434,6 +502,8 @@ static int write_svg(const char *path, const char *title, const run *runs, int n
 
 typedef struct {
     const char *out, *title;
+    double smooth; /* EMA weight of the train loss's average, in [0, 1); 0: none */
+    bool log_y;    /* the loss panel on a log scale */
 } plot_options;
 
 static const tool_flag FLAGS[] = {
@@ -449,6 +519,16 @@ static const tool_flag FLAGS[] = {
      .meta = "TEXT",
      .short_name = 't',
      .help = "the picture's title (default: fsc-train metrics)"},
+    {.name = "smooth",
+     .kind = ARG_DOUBLE,
+     .offset = offsetof(plot_options, smooth),
+     .meta = "A",
+     .help = "also draw the train loss's moving average, weight A in [0, 1) (TensorBoard's "
+             "smoothing; 0.9 is a good start; default 0: none)"},
+    {.name = "log-y",
+     .kind = ARG_FLAG,
+     .offset = offsetof(plot_options, log_y),
+     .help = "draw the loss panel on a log scale"},
 };
 
 /* 0, 1 for --help/--version (printed), -1 on a bad flag (printed); *first is
@@ -457,6 +537,7 @@ static int parse(int argc, char **argv, plot_options *o, int *first) {
     const tool_cli cli = {
         .prog = "fsc-plot",
         .usage = "usage: fsc-plot METRICS.jsonl [MORE.jsonl ...] -o curve.svg [--title TEXT]\n"
+                 "                [--smooth A] [--log-y]\n"
                  "Draws train loss and val loss (points where present), learning rate and "
                  "tokens/s against\nsteps from fsc-train --metrics files, one colour per file, "
                  "as an SVG picture.",
@@ -464,10 +545,11 @@ static int parse(int argc, char **argv, plot_options *o, int *first) {
         .nflags = (int)(sizeof FLAGS / sizeof *FLAGS)};
     int rc = tool_flags_parse(&cli, o, NULL, argc, argv, first);
     if (rc == TOOL_FLAGS_DONE) return 1;
-    const char *why = rc               ? fsc_last_error()
-                      : *first >= argc ? "no metrics file given"
-                      : !o->out        ? "-o FILE.svg is required"
-                                       : NULL;
+    const char *why = rc                                   ? fsc_last_error()
+                      : *first >= argc                     ? "no metrics file given"
+                      : !o->out                            ? "-o FILE.svg is required"
+                      : !(o->smooth >= 0 && o->smooth < 1) ? "--smooth: expected a weight in [0, 1)"
+                                                           : NULL;
     if (!why) return 0;
     fprintf(stderr, "fsc-plot: %s (see --help)\n", why);
     return -1;
@@ -483,11 +565,12 @@ int main(int argc, char **argv) {
     run *runs = calloc((size_t)nruns, sizeof *runs);
     if (!runs) return fprintf(stderr, "fsc-plot: out of memory\n"), 1;
     ranges rg = {.x = {INFINITY, -INFINITY}};
-    for (int k = 0; k < NSERIES; k++) rg.y[k] = (range){INFINITY, -INFINITY};
+    for (int k = 0; k < NSERIES; k++) rg.y[k] = rg.logy[k] = (range){INFINITY, -INFINITY};
     rc = 1;
     for (int i = 0; i < nruns; i++) {
         run *r = &runs[i];
         r->path = argv[first + i];
+        r->smooth.a = o.smooth;
         for (int k = 0; k < NSERIES; k++) r->last[k] = NAN;
         if (scan(r, -1, first_pass, &rg, &r->rows, &r->bad)) goto done;
         if (r->rows == 0) {
@@ -506,18 +589,28 @@ int main(int argc, char **argv) {
     }
 
     /* layout: title, legend, then the panels stacked on one step axis */
-    range yl = rg.y[S_LOSS];
-    if (rg.y[S_VAL].lo <= rg.y[S_VAL].hi)
-        range_add(&yl, rg.y[S_VAL].lo), range_add(&yl, rg.y[S_VAL].hi);
+    /* the loss panel's range: train and val (the average stays inside the
+     * train loss's), of log10 of the positive values on a log scale */
+    const range *ly = o.log_y ? rg.logy : rg.y;
+    range yl = ly[S_LOSS];
+    if (ly[S_VAL].lo <= ly[S_VAL].hi) range_add(&yl, ly[S_VAL].lo), range_add(&yl, ly[S_VAL].hi);
     panel panels[3] = {
-        {"loss (line: train, points: val)", "loss", {S_LOSS, S_VAL}, 2, 0, 300, fit(yl, true)},
-        {"learning rate", "lr", {S_LR}, 1, 0, 150, fit(rg.y[S_LR], true)},
-        {"tokens/s", "tokens_per_s", {S_TOKS}, 1, 0, 150, fit(rg.y[S_TOKS], true)}};
+        {o.log_y ? "loss, log scale (line: train, points: val)" : "loss (line: train, points: val)",
+         "loss",
+         {S_LOSS, S_VAL, S_SMOOTH},
+         3,
+         0,
+         300,
+         fit(yl, !o.log_y),
+         o.log_y},
+        {"learning rate", "lr", {S_LR}, 1, 0, 150, fit(rg.y[S_LR], true), false},
+        {"tokens/s", "tokens_per_s", {S_TOKS}, 1, 0, 150, fit(rg.y[S_TOKS], true), false}};
     const bool empty[3] = {yl.lo > yl.hi, rg.y[S_LR].lo > rg.y[S_LR].hi,
                            rg.y[S_TOKS].lo > rg.y[S_TOKS].hi};
-    double y = 54 + nruns * LEGEND_ROW + 16;
+    double y = 54 + (nruns + 1) * LEGEND_ROW + 16; /* a row per file and the key */
     for (int p = 0; p < 3; p++) panels[p].y = y, y += panels[p].h + PANEL_GAP;
-    mapping m = {.x = fit(rg.x, false), .of = {&panels[0], &panels[0], &panels[1], &panels[2]}};
+    mapping m = {.x = fit(rg.x, false),
+                 .of = {&panels[0], &panels[0], &panels[1], &panels[2], &panels[0]}};
 
     for (int i = 0; i < nruns; i++) {
         run *r = &runs[i];

@@ -1,6 +1,7 @@
 """fsc-train end to end with the tools around it: --config files, fsc-sample on what
 it saved, fsc-plot on its metrics."""
 import json
+import math
 import os
 import subprocess
 import sys
@@ -288,6 +289,42 @@ def plot():
             sys.exit(f"FAIL: the legend does not name {files}: {legend!r}")
         print(f"ok  fsc-plot {len(files)} file(s): well formed, 3 lines per file, {len(val)} "
               f"val points, legend names them")
+    # --smooth: the average is smoother than the raw line, drawn faint under it; --log-y:
+    # the loss ticks sit at equal pixels per decade; the key explains lines and points
+    svg = os.path.join(TMP, "smooth.svg")
+    plot_(a, b, "-o", svg, "--smooth", "0.9", "--log-y")
+    root = ET.parse(svg).getroot()
+    ns = "{http://www.w3.org/2000/svg}"
+
+    def wiggle(e):  # total vertical travel of a polyline, in pixels
+        ys = [float(p.split(",")[1]) for p in e.get("points").split()]
+        return sum(abs(y1 - y0) for y0, y1 in zip(ys, ys[1:]))
+    raw, smooth = polylines(root, "loss"), polylines(root, "loss_smooth")
+    if len(smooth) != 2 or any(e.get("stroke-opacity") is None for e in raw):
+        sys.exit(f"FAIL: --smooth: {len(smooth)} averaged lines for 2 files, raw lines faint: "
+                 f"{[e.get('stroke-opacity') for e in raw]}")
+    for r_, s_ in zip(raw, smooth):
+        if not wiggle(s_) < wiggle(r_):
+            sys.exit(f"FAIL: --smooth: the average moves {wiggle(s_):.1f} px, the raw loss "
+                     f"{wiggle(r_):.1f} px")
+    loss_panel = next(g for g in root.iter(ns + "g") if g.get("id") == "panel-loss")
+    ticks = [(float(t.text), float(t.get("y"))) for t in loss_panel.iter(ns + "text")
+             if t.get("class") == "ytick"]
+    per_decade = [(y0 - y1) / (math.log10(v1) - math.log10(v0))
+                  for (v0, y0), (v1, y1) in zip(ticks, ticks[1:])]
+    # (pixels are rounded to 0.1; a linear axis would differ by the ticks' ratio, here >= 1.1)
+    if len(ticks) < 3 or max(per_decade) > 1.01 * min(per_decade):
+        sys.exit(f"FAIL: --log-y: loss ticks {ticks} are not evenly spaced per decade")
+    key = " ".join("".join(t.itertext()) for g in root.iter(ns + "g") if g.get("class") == "key"
+                   for t in g.iter(ns + "text"))
+    if "val loss" not in key or "smoothed" not in key:
+        sys.exit(f"FAIL: the legend's key {key!r} does not name the marks")
+    p = plot_(a, "-o", svg, "--smooth", "1", expect_ok=False)
+    if p.returncode != 2 or "--smooth" not in p.stderr:
+        sys.exit(f"FAIL: --smooth 1: exit {p.returncode}: {p.stderr}")
+    print(f"ok  fsc-plot --smooth 0.9 --log-y: averages {wiggle(smooth[0]):.0f} px of travel vs "
+          f"{wiggle(raw[0]):.0f} raw, {len(ticks)} log ticks, the key names the marks; "
+          f"--smooth 1 refused")
     empty = os.path.join(TMP, "empty.jsonl")
     open(empty, "w").close()
     for files, needle in (([a, empty], empty), ([a, "/nonexistent/m.jsonl"],
