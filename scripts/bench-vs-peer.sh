@@ -5,7 +5,7 @@
 # kernels: fsc's CPUID choice unless --coretype says otherwise, so neither side
 # is handicapped by the environment's OPENBLAS_CORETYPE. Usage:
 #   bash scripts/bench-vs-peer.sh [--coretype NAME] [--bf16] [--arch gpt2|llama] [--fairscale]
-#                                 [--peer PATH] [--build DIR]
+#                                 [--peer PATH] [--build DIR] [--steps N] [--warmup N]
 #                                 [small|medium|all] [ROUNDS] [single|ddp|oss|sdp|fsdp|pp] [RANKS]
 # The peer of each strategy: single -> one torch process; ddp -> torch DDP;
 # oss -> torch ZeroRedundancyOptimizer + DDP; sdp, fsdp -> torch DDP; pp (fsc's
@@ -19,6 +19,8 @@
 #                    FSDP (needs `import fairscale`; pp always does)
 #   --peer PATH      another peer script with peer_bench.py's flags (or FSC_PEER=PATH)
 #   --build DIR      the build whose tools/fsc-bench runs (or FSC_BUILD_DIR=DIR; default build)
+#   --steps N, --warmup N  timed and untimed steps of both sides (default: small 20, medium
+#                    10; warm-up 3)
 # A peer that cannot run here (torch or FairScale missing: exit 77) is reported
 # as skipped and fsc's figures are printed alone.
 set -euo pipefail
@@ -27,15 +29,18 @@ coretype=${FSC_BENCH_CORETYPE:-}
 peer=${FSC_PEER:-}
 build=${FSC_BUILD_DIR:-build}
 arch=gpt2
+steps_given=
+warmup=3
 bf16=0
 fairscale=0
 pos=()
 while [ $# -gt 0 ]; do
   case $1 in
-    --coretype|--peer|--arch|--build)
+    --coretype|--peer|--arch|--build|--steps|--warmup)
       [ $# -ge 2 ] || { echo "$me: $1 needs a value" >&2; exit 2; }
       case $1 in
         --coretype) coretype=$2 ;; --peer) peer=$2 ;; --arch) arch=$2 ;; --build) build=$2 ;;
+        --steps) steps_given=$2 ;; --warmup) warmup=$2 ;;
       esac
       shift 2 ;;
     --coretype=*) coretype=${1#*=}; shift ;;
@@ -44,13 +49,17 @@ while [ $# -gt 0 ]; do
     --build=*) build=${1#*=}; shift ;;
     --bf16) bf16=1; shift ;;
     --fairscale) fairscale=1; shift ;;
-    -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "$me: unknown flag $1 (see --help)" >&2; exit 2 ;;
     *) pos+=("$1"); shift ;;
   esac
 done
 set -- ${pos[@]+"${pos[@]}"}
 case $arch in gpt2|llama) ;; *) echo "$me: --arch $arch: expected gpt2 or llama" >&2; exit 2 ;; esac
+for n in "$steps_given" "$warmup"; do
+  [[ -z $n || $n =~ ^[0-9]+$ ]] || { echo "$me: --steps and --warmup take a count, not $n" >&2; exit 2; }
+done
+[ "${steps_given:-1}" -ge 1 ] || { echo "$me: --steps must be >= 1" >&2; exit 2; }
 
 # Resolve a given peer before leaving the caller's directory: relative paths are theirs.
 script_root=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.." && pwd)
@@ -122,18 +131,21 @@ for c in "${configs[@]}"; do
     medium) steps=10 ;;
     *) echo "unknown config $c" >&2; exit 2 ;;
   esac
+  steps=${steps_given:-$steps}
   fsc=(); torch=(); share=()
   for r in $(seq "$rounds"); do
     if [ "$strategy" != single ]; then
-      line=$(mpiexec -n "$ranks" "$bench" "${fsc_args[@]}" --config "$c" --steps "$steps")
+      line=$(mpiexec -n "$ranks" "$bench" "${fsc_args[@]}" --config "$c" --steps "$steps" \
+             --warmup "$warmup")
     else
-      line=$("$bench" "${fsc_args[@]}" --config "$c" --steps "$steps")
+      line=$("$bench" "${fsc_args[@]}" --config "$c" --steps "$steps" \
+             --warmup "$warmup")
     fi
     echo "fsc   $line" | cut -c1-600
     fsc+=("$(field tokens_per_s <<<"$line")")
     share+=("$(field share_of_peak <<<"$line")")
     rc=0
-    line=$("$py" "$peer" "${peer_args[@]}" --config "$c" --steps "$steps" --warmup 3 \
+    line=$("$py" "$peer" "${peer_args[@]}" --config "$c" --steps "$steps" --warmup "$warmup" \
              --openblas-coretype "$coretype" 2>"$peer_err" | tail -1) || rc=$?
     if [ "$rc" = 77 ]; then
       echo "peer  skipped: $(grep 'skipped' "$peer_err" | tail -1)"
