@@ -5,7 +5,7 @@ PyTorch is present) its models and losses agree with PyTorch.
 usage: train_e2e.py FSC_TRAIN {learns|accum|strategies|watchdog|resume|bad-input|torch|
                               fsdp|fsdp-precision|fsdp-files|validation|formats|sample|
                               config|signals|optimizers|consistency|plot|io-faults|llama|
-                              resume-outputs|launcher|sample-tokenizer|messages}
+                              resume-outputs|launcher|sample-tokenizer|messages|freeze}
 One mode a ctest (train_<mode>); the checks live by feature in the train_e2e_*.py
 modules beside this file, what they share in train_e2e_common.py. (The progress
 output is tests/tools/progress_e2e.py.)
@@ -15,6 +15,7 @@ import sys
 
 import train_e2e_data as data
 import train_e2e_faults as faults
+import train_e2e_finetune as finetune
 import train_e2e_fsdp as fsdp
 import train_e2e_io as io
 import train_e2e_llama as llama_e2e
@@ -47,6 +48,7 @@ MODES = {
     "launcher": user.launcher,
     "sample-tokenizer": user.sample_tokenizer,
     "messages": user.messages,
+    "freeze": finetune.freeze,
 }
 
 MODES[sys.argv[2]]()
