@@ -9,6 +9,7 @@
 #define FSC_WEIGHTS_H
 
 #include "fsc/dist.h"
+#include "fsc/gpt.h"
 #include "fsc/io.h"
 #include "fsc/nn.h"
 
@@ -44,6 +45,46 @@ FSC_API int fsc_weights_load(const char *path, fsc_params *ps, int *n_unused);
 /* The file's tensor for parameter `name`, with or without Hugging Face's
  * "transformer." prefix (owned by f); NULL if neither is there, or f is NULL. */
 FSC_API const fsc_st_entry *fsc_weights_find(const fsc_st_file *f, const char *name);
+
+/* ---- Hugging Face model directories ----------------------------------------
+ * DIR/config.json and DIR's weights: DIR/model.safetensors, or shards
+ * DIR/model-0000k-of-0000n.safetensors with DIR/model.safetensors.index.json
+ * (its weight_map names each tensor's shard). fsc_st_open, and so
+ * fsc_weights_load and every strategy's load, takes DIR itself and reads the
+ * shards as one file (model.safetensors first when both are there). */
+
+/* Shards of this many bytes at most, by default (a tensor larger than a
+ * shard gets one of its own). */
+#define FSC_HF_SHARD_BYTES ((int64_t)2000000000)
+
+/* A config.json's text into *cfg (changed only on success): model_type
+ * "llama" or "qwen2" (LlamaConfig's / Qwen2Config's fields: hidden_size,
+ * intermediate_size, num_hidden_layers, num_attention_heads,
+ * num_key_value_heads, rope_theta, rope_scaling null or "llama3",
+ * rms_norm_eps, tie_word_embeddings, vocab_size, max_position_embeddings
+ * into seq, attention_bias; Qwen 2 always has q/k/v biases), or "gpt2"
+ * (n_embd, n_layer, n_head, n_positions, vocab_size). `what` names the
+ * file in messages. FSC_ERR_FORMAT naming the field for one missing or
+ * impossible (heads not dividing hidden_size, ...); FSC_ERR_UNSUPPORTED
+ * naming it for another model_type or a field fsc cannot honour
+ * (hidden_act other than silu, mlp_bias, a sliding window, head_dim other
+ * than hidden_size / heads, another rope_scaling type). */
+FSC_API int fsc_hf_config_parse(const char *json, const char *what, fsc_gpt_config *cfg);
+/* fsc_hf_config_parse of DIR/config.json (FSC_ERR_IO naming it if unreadable). */
+FSC_API int fsc_hf_config_read(const char *dir, fsc_gpt_config *cfg);
+/* Writes DIR/config.json (atomically) for a LLaMA-family cfg, LlamaConfig's
+ * fields with torch_dtype as given (NULL: "float32", what fsc saves).
+ * FSC_ERR_INVALID for a NULL argument or a GPT-2 cfg. */
+FSC_API int fsc_hf_config_write(const char *dir, const fsc_gpt_config *cfg,
+                                const char *torch_dtype);
+/* Cuts DIR/model.safetensors into shards of at most max_shard_bytes of
+ * tensor data (whole tensors, in file order, metadata copied to each) plus
+ * model.safetensors.index.json, then removes model.safetensors; a file
+ * that fits one shard stays as it is. *n_shards (may be NULL) gets the
+ * count (1: left whole). On failure model.safetensors is still there.
+ * FSC_ERR_INVALID for a NULL dir or max_shard_bytes < 1; else the reader's
+ * and writer's errors. */
+FSC_API int fsc_hf_shard(const char *dir, int64_t max_shard_bytes, int *n_shards);
 
 #ifdef __cplusplus
 }

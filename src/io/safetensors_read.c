@@ -17,23 +17,11 @@
 
 #include "fsc/io.h"
 #include "io/io_internal.h"
+#include "io/st_file_internal.h"
 
 #define META_KEY "__metadata__"
 #define FILE_MAX_DIMS 8              /* accepted in the file; fsc tensors hold 4 */
 #define MAX_EXACT 9007199254740992.0 /* 2^53: integers a JSON double holds exactly */
-
-struct fsc_st_file {
-    int fd;
-    char *path;
-    uint64_t data_start, data_size;
-    int n;
-    fsc_st_entry *entries;        /* sorted by offset */
-    const fsc_st_entry **by_name; /* sorted by name, for lookup */
-    int nmeta;
-    const char **meta_key, **meta_val; /* point into strings */
-    char **strings;                    /* every string we own, freed at close */
-    int nstrings;
-};
 
 /* ---- small helpers --------------------------------------------------------- */
 
@@ -387,7 +375,7 @@ static int parse_metadata(fsc_st_file *f, const cJSON *meta) {
 
 /* ---- whole-file checks --------------------------------------------------------- */
 
-static int check_names(fsc_st_file *f) {
+int st_index_names(fsc_st_file *f) {
     f->by_name = malloc(((size_t)f->n + 1) * sizeof *f->by_name);
     if (!f->by_name) return fsc_error(FSC_ERR_NOMEM, "%s: out of memory", f->path);
     for (int i = 0; i < f->n; i++) f->by_name[i] = &f->entries[i];
@@ -439,13 +427,14 @@ static int build_index(fsc_st_file *f, const cJSON *root) {
     }
     if (rc) return rc;
     qsort(f->entries, (size_t)f->n, sizeof *f->entries, cmp_entry_offset);
-    rc = check_names(f);
+    rc = st_index_names(f);
     return rc ? rc : check_overlaps(f);
 }
 
 /* ---- public ------------------------------------------------------------------------ */
 
 fsc_st_file *fsc_st_open(const char *path, int *status) {
+    if (st_is_model_dir(path)) return st_open_dir(path, status);
     int st = FSC_OK;
     fsc_st_file *f = calloc(1, sizeof *f);
     uint64_t size = 0;
@@ -480,6 +469,9 @@ fsc_st_file *fsc_st_open(const char *path, int *status) {
 void fsc_st_close(fsc_st_file *f) {
     if (!f) return;
     if (f->fd >= 0) close(f->fd);
+    for (int i = 0; i < f->nparts; i++) fsc_st_close(f->parts[i]);
+    free(f->parts);
+    free(f->part_of);
     for (int i = 0; i < f->nstrings; i++) free(f->strings[i]);
     free(f->strings);
     free(f->entries);
@@ -525,6 +517,11 @@ int fsc_st_metadata_at(const fsc_st_file *f, int i, const char **key, const char
     return FSC_OK;
 }
 
+/* The file that holds entry e of f: f itself, or a directory's shard. */
+static fsc_st_file *holder(fsc_st_file *f, const fsc_st_entry *e) {
+    return f->parts ? f->parts[f->part_of[e - f->entries]] : f;
+}
+
 int fsc_st_read_bytes(fsc_st_file *f, const fsc_st_entry *e, uint64_t offset, void *dst,
                       size_t nbytes) {
     if (!f || !e || (!dst && nbytes))
@@ -534,6 +531,7 @@ int fsc_st_read_bytes(fsc_st_file *f, const fsc_st_entry *e, uint64_t offset, vo
                          "%s: tensor \"%s\": bytes [%llu, %llu) are outside its %llu bytes",
                          f->path, e->name, (unsigned long long)offset,
                          (unsigned long long)offset + nbytes, (unsigned long long)e->nbytes);
+    f = holder(f, e);
     return fsc_pread_full(f->fd, dst, nbytes, e->offset + offset, f->path);
 }
 
@@ -579,6 +577,7 @@ int fsc_st_read(fsc_st_file *f, const char *name, fsc_tensor *dst) {
     }
     if (!dst->data && e->nbytes)
         return fsc_error(FSC_ERR_INVALID, "fsc_st_read: destination for \"%s\" has no data", name);
+    f = holder(f, e);
     if (dst->dtype == e->dtype)
         return fsc_pread_full(f->fd, dst->data, (size_t)e->nbytes, e->offset, f->path);
     if (!convertible(e->dtype, dst->dtype))

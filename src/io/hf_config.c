@@ -1,0 +1,224 @@
+/* Hugging Face's config.json to and from fsc_gpt_config.
+ *
+ * LlamaConfig's fields (Qwen2Config's: the same names, q/k/v biases always
+ * on) and GPT2Config's. A field fsc cannot honour (another activation, MLP
+ * biases, a sliding window, a rope_scaling type other than llama3, a
+ * head_dim that is not hidden_size / heads) is refused by name rather than
+ * loaded into a model that would compute something else.
+ */
+#define _POSIX_C_SOURCE 200809L /* open_memstream */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fsc/weights.h"
+
+#define CONFIG_MAX ((size_t)4 << 20) /* bytes of config.json accepted */
+
+/* A positive integer field; absent leaves *out (the default) unless required. */
+static int get_int(const cJSON *j, const char *what, const char *key, bool required, int *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
+    if (!v || cJSON_IsNull(v)) {
+        if (!required) return FSC_OK;
+        return fsc_error(FSC_ERR_FORMAT, "%s: \"%s\" is missing", what, key);
+    }
+    if (!cJSON_IsNumber(v) || v->valuedouble < 1 || v->valuedouble > 1 << 30 ||
+        v->valuedouble != floor(v->valuedouble))
+        return fsc_error(FSC_ERR_FORMAT, "%s: \"%s\" must be an integer in [1, 2^30]", what, key);
+    *out = (int)v->valuedouble;
+    return FSC_OK;
+}
+
+/* A positive finite number; absent leaves *out. */
+static int get_pos(const cJSON *j, const char *what, const char *key, float *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
+    if (!v || cJSON_IsNull(v)) return FSC_OK;
+    if (!cJSON_IsNumber(v) || !(v->valuedouble > 0) || !isfinite((float)v->valuedouble))
+        return fsc_error(FSC_ERR_FORMAT, "%s: \"%s\" must be a positive number", what, key);
+    *out = (float)v->valuedouble;
+    return FSC_OK;
+}
+
+static int get_bool(const cJSON *j, const char *what, const char *key, bool *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
+    if (!v || cJSON_IsNull(v)) return FSC_OK;
+    if (!cJSON_IsBool(v))
+        return fsc_error(FSC_ERR_FORMAT, "%s: \"%s\" must be true or false", what, key);
+    *out = cJSON_IsTrue(v);
+    return FSC_OK;
+}
+
+/* rope_scaling: null, or LLaMA-3.1's {"rope_type": "llama3", "factor", ...}. */
+static int rope_scaling(const cJSON *j, const char *what, fsc_rope_scaling *s) {
+    const cJSON *r = cJSON_GetObjectItemCaseSensitive(j, "rope_scaling");
+    if (!r || cJSON_IsNull(r)) return FSC_OK;
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(r, "rope_type");
+    if (!type) type = cJSON_GetObjectItemCaseSensitive(r, "type");
+    if (!cJSON_IsObject(r) || !cJSON_IsString(type) || strcmp(type->valuestring, "llama3"))
+        return fsc_error(FSC_ERR_UNSUPPORTED,
+                         "%s: \"rope_scaling\" of type %s: fsc has LLaMA-3.1's \"llama3\" "
+                         "scaling (or null)",
+                         what, cJSON_IsString(type) ? type->valuestring : "(none)");
+    int rc = get_pos(r, what, "factor", &s->factor);
+    if (!rc) rc = get_pos(r, what, "low_freq_factor", &s->low_freq_factor);
+    if (!rc) rc = get_pos(r, what, "high_freq_factor", &s->high_freq_factor);
+    if (!rc)
+        rc = get_int(r, what, "original_max_position_embeddings", true,
+                     &s->original_max_position_embeddings);
+    if (!rc &&
+        !(s->factor > 0 && s->low_freq_factor > 0 && s->low_freq_factor < s->high_freq_factor))
+        rc = fsc_error(FSC_ERR_FORMAT,
+                       "%s: \"rope_scaling\" needs factor > 0 and 0 < low_freq_factor < "
+                       "high_freq_factor",
+                       what);
+    return rc;
+}
+
+/* A field whose only value fsc computes: anything else is refused by name. */
+static int must_be(const cJSON *j, const char *what, const char *key, const char *want) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
+    if (!v || cJSON_IsNull(v)) return FSC_OK;
+    char *got = cJSON_PrintUnformatted(v);
+    const bool ok = got && !strcmp(got, want);
+    int rc = ok ? FSC_OK
+                : fsc_error(FSC_ERR_UNSUPPORTED, "%s: \"%s\" is %s; fsc's LLaMA runs %s", what, key,
+                            got ? got : "?", want);
+    free(got);
+    return rc;
+}
+
+static int llama_fields(const cJSON *j, const char *what, bool qwen2, fsc_gpt_config *c) {
+    c->arch = FSC_ARCH_LLAMA;
+    c->seq = 2048;       /* LlamaConfig's default max_position_embeddings */
+    c->norm_eps = 1e-6f; /* LlamaConfig's default rms_norm_eps */
+    c->qkv_bias = qwen2; /* Qwen 2 always has them */
+    c->tie_embeddings = false;
+    int rc = get_int(j, what, "vocab_size", true, &c->vocab);
+    if (!rc) rc = get_int(j, what, "hidden_size", true, &c->d_model);
+    if (!rc) rc = get_int(j, what, "num_hidden_layers", true, &c->layers);
+    if (!rc) rc = get_int(j, what, "num_attention_heads", true, &c->heads);
+    if (!rc) rc = get_int(j, what, "intermediate_size", true, &c->ffn_hidden);
+    c->kv_heads = c->heads;
+    if (!rc) rc = get_int(j, what, "num_key_value_heads", false, &c->kv_heads);
+    if (!rc) rc = get_int(j, what, "max_position_embeddings", false, &c->seq);
+    c->rope_theta = 10000.f;
+    if (!rc) rc = get_pos(j, what, "rope_theta", &c->rope_theta);
+    if (!rc) rc = get_pos(j, what, "rms_norm_eps", &c->norm_eps);
+    if (!rc) rc = get_bool(j, what, "tie_word_embeddings", &c->tie_embeddings);
+    if (!rc && !qwen2) rc = get_bool(j, what, "attention_bias", &c->qkv_bias);
+    if (!rc) rc = rope_scaling(j, what, &c->rope_scaling);
+    if (!rc) rc = must_be(j, what, "hidden_act", "\"silu\"");
+    if (!rc) rc = must_be(j, what, "mlp_bias", "false");
+    if (!rc) rc = must_be(j, what, "use_sliding_window", "false");
+    if (rc) return rc;
+    if (c->d_model % c->heads)
+        return fsc_error(FSC_ERR_FORMAT,
+                         "%s: \"num_attention_heads\" %d does not divide \"hidden_size\" %d", what,
+                         c->heads, c->d_model);
+    if (c->heads % c->kv_heads)
+        return fsc_error(
+            FSC_ERR_FORMAT,
+            "%s: \"num_key_value_heads\" %d does not divide \"num_attention_heads\" %d", what,
+            c->kv_heads, c->heads);
+    int head_dim = c->d_model / c->heads;
+    if ((rc = get_int(j, what, "head_dim", false, &head_dim))) return rc;
+    if (head_dim != c->d_model / c->heads)
+        return fsc_error(FSC_ERR_UNSUPPORTED,
+                         "%s: \"head_dim\" %d is not hidden_size / num_attention_heads (%d): "
+                         "fsc's attention has heads of hidden_size / heads",
+                         what, head_dim, c->d_model / c->heads);
+    return FSC_OK;
+}
+
+static int gpt2_fields(const cJSON *j, const char *what, fsc_gpt_config *c) {
+    c->arch = FSC_ARCH_GPT2;
+    int rc = get_int(j, what, "vocab_size", true, &c->vocab);
+    if (!rc) rc = get_int(j, what, "n_embd", true, &c->d_model);
+    if (!rc) rc = get_int(j, what, "n_layer", true, &c->layers);
+    if (!rc) rc = get_int(j, what, "n_head", true, &c->heads);
+    if (!rc) rc = get_int(j, what, "n_positions", true, &c->seq);
+    if (!rc) rc = must_be(j, what, "activation_function", "\"gelu_new\"");
+    if (!rc && c->d_model % c->heads)
+        rc = fsc_error(FSC_ERR_FORMAT, "%s: \"n_head\" %d does not divide \"n_embd\" %d", what,
+                       c->heads, c->d_model);
+    return rc;
+}
+
+int fsc_hf_config_parse(const char *json, const char *what, fsc_gpt_config *cfg) {
+    if (!json || !what || !cfg)
+        return fsc_error(FSC_ERR_INVALID, "fsc_hf_config_parse: NULL argument");
+    cJSON *j = cJSON_Parse(json);
+    if (!cJSON_IsObject(j)) {
+        cJSON_Delete(j);
+        return fsc_error(FSC_ERR_FORMAT, "%s: not a JSON object", what);
+    }
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(j, "model_type");
+    fsc_gpt_config c = {0};
+    int rc;
+    if (!cJSON_IsString(type))
+        rc =
+            fsc_error(FSC_ERR_FORMAT, "%s: \"model_type\" is missing (llama, qwen2 or gpt2)", what);
+    else if (!strcmp(type->valuestring, "llama") || !strcmp(type->valuestring, "qwen2"))
+        rc = llama_fields(j, what, !strcmp(type->valuestring, "qwen2"), &c);
+    else if (!strcmp(type->valuestring, "gpt2"))
+        rc = gpt2_fields(j, what, &c);
+    else
+        rc = fsc_error(FSC_ERR_UNSUPPORTED,
+                       "%s: \"model_type\" \"%s\": fsc reads llama, qwen2 and gpt2 models", what,
+                       type->valuestring);
+    cJSON_Delete(j);
+    if (!rc) *cfg = c;
+    return rc;
+}
+
+int fsc_hf_config_read(const char *dir, fsc_gpt_config *cfg) {
+    if (!dir || !cfg) return fsc_error(FSC_ERR_INVALID, "fsc_hf_config_read: NULL argument");
+    char path[4096], *text = NULL;
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    int rc = fsc_file_read_all(path, CONFIG_MAX, &text, NULL);
+    if (!rc) rc = fsc_hf_config_parse(text, path, cfg);
+    free(text);
+    return rc;
+}
+
+int fsc_hf_config_write(const char *dir, const fsc_gpt_config *m, const char *torch_dtype) {
+    if (!dir || !m) return fsc_error(FSC_ERR_INVALID, "fsc_hf_config_write: NULL argument");
+    if (m->arch != FSC_ARCH_LLAMA)
+        return fsc_error(FSC_ERR_INVALID,
+                         "fsc_hf_config_write: the LLaMA family's config (GPT-2's is "
+                         "fsc-train's, with its MoE fields)");
+    char path[4096], *text = NULL, scaling[256] = "null";
+    size_t len = 0;
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    const fsc_rope_scaling *s = &m->rope_scaling;
+    if (s->factor > 0)
+        snprintf(scaling, sizeof scaling,
+                 "{\"rope_type\": \"llama3\", \"factor\": %.9g, \"low_freq_factor\": %.9g, "
+                 "\"high_freq_factor\": %.9g, \"original_max_position_embeddings\": %d}",
+                 (double)s->factor, (double)s->low_freq_factor, (double)s->high_freq_factor,
+                 s->original_max_position_embeddings);
+    FILE *f = open_memstream(&text, &len); /* then written atomically */
+    if (!f) return fsc_error(FSC_ERR_NOMEM, "%s: out of memory", path);
+    fprintf(f,
+            "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n"
+            "  \"vocab_size\": %d,\n  \"max_position_embeddings\": %d,\n"
+            "  \"hidden_size\": %d,\n  \"intermediate_size\": %d,\n"
+            "  \"num_hidden_layers\": %d,\n  \"num_attention_heads\": %d,\n"
+            "  \"num_key_value_heads\": %d,\n  \"head_dim\": %d,\n  \"hidden_act\": \"silu\",\n"
+            "  \"rope_theta\": %.9g,\n  \"rope_scaling\": %s,\n  \"rms_norm_eps\": %.9g,\n"
+            "  \"tie_word_embeddings\": %s,\n  \"attention_bias\": %s,\n  \"mlp_bias\": false,\n"
+            "  \"attention_dropout\": 0.0,\n  \"initializer_range\": 0.02,\n"
+            "  \"torch_dtype\": \"%s\"\n}\n",
+            m->vocab, m->seq, m->d_model, fsc_gpt_ffn_hidden(m), m->layers, m->heads,
+            m->kv_heads ? m->kv_heads : m->heads, m->d_model / m->heads,
+            (double)(m->rope_theta > 0 ? m->rope_theta : 10000.f), scaling,
+            (double)(m->norm_eps > 0 ? m->norm_eps : 1e-5f), m->tie_embeddings ? "true" : "false",
+            m->qkv_bias ? "true" : "false", torch_dtype ? torch_dtype : "float32");
+    const bool bad = ferror(f) | (fclose(f) != 0);
+    int rc = bad || !text ? fsc_error(FSC_ERR_NOMEM, "%s: out of memory", path)
+                          : fsc_file_write_atomic(path, text, len);
+    free(text);
+    return rc;
+}
