@@ -399,6 +399,16 @@ int main(int argc, char **argv) {
         fprintf(stderr, "fsc-train: --metrics %s: cannot open for writing\n", o.metrics);
         return fail(&t, world, 1);
     }
+    FILE *csv = NULL; /* the header starts the file, not each resumed segment */
+    if (rank == 0 && o.metrics_csv) {
+        if (!(csv = fopen(o.metrics_csv, o.resume ? "a" : "w"))) {
+            fprintf(stderr, "fsc-train: --metrics-csv %s: cannot open for writing\n",
+                    o.metrics_csv);
+            if (metrics) fclose(metrics);
+            return fail(&t, world, 1);
+        }
+        if (ftell(csv) == 0) fprintf(csv, "%s\n", PROGRESS_CSV_HEADER);
+    }
     if (!o.quiet) fprintf(stderr, "fsc-train: %s\n", fsc_blas_describe());
     if (!o.quiet && fsc_blas_hint()) fprintf(stderr, "fsc-train: %s\n", fsc_blas_hint());
     const bool threads = fsc_strategy_takes(o.strategy, "threads");
@@ -451,6 +461,7 @@ int main(int argc, char **argv) {
             break;
         }
         if (metrics) progress_metrics(&prog, metrics, s + 1, &r, tok_s, eval_now ? val.loss : NAN);
+        if (csv) progress_metrics_csv(&prog, csv, s + 1, &r, tok_s, eval_now ? val.loss : NAN);
         if (eval_now && !o.quiet)
             progress_note(&prog,
                           "step %" PRId64 "/%" PRId64 "  val loss %.4f  (%d batches, %.2f s)",
@@ -472,6 +483,11 @@ int main(int argc, char **argv) {
     double seconds = fsc_now() - t0;
     if (metrics && (ferror(metrics) | (fclose(metrics) != 0))) { /* a full disk, say */
         fprintf(stderr, "fsc-train: --metrics %s: writing its rows failed: %s\n", o.metrics,
+                strerror(errno));
+        rc = rc ? rc : 1;
+    }
+    if (csv && (ferror(csv) | (fclose(csv) != 0))) {
+        fprintf(stderr, "fsc-train: --metrics-csv %s: writing its rows failed: %s\n", o.metrics_csv,
                 strerror(errno));
         rc = rc ? rc : 1;
     }

@@ -61,8 +61,9 @@ typedef struct train_options {
     const char *trace;           /* with --pp: the last step as a Chrome trace */
     int64_t save_every;          /* checkpoint every N steps (0: never) */
     const char *checkpoint_dir, *resume;
-    const char *init_from, *save_init, *save, *metrics;
+    const char *init_from, *save_init, *save, *metrics, *metrics_csv;
     const char *save_sharded; /* fsdp: directory for each rank's shard file at the end */
+    const char *shard_size;   /* llama --save DIR: bytes per safetensors shard (NULL: 2 GB) */
     const char *freeze;       /* fine-tuning: comma-separated parameter-name globs */
     int log_every;
     const char *val_data;  /* held-out tokens (NULL: *_val.bin beside the shards, or a tail) */
@@ -113,8 +114,22 @@ int train_config_resume(train_options *o, bool verbose);
 /* --init-from FILE: the model flags not given, from the file's metadata,
  * a Hugging Face config.json beside it, or its tensor shapes. */
 int train_config_init_from(train_options *o, bool verbose);
-/* Writes a Hugging Face GPT-2 config.json in the directory of `weights`. */
+/* Writes a Hugging Face config.json in the directory of `weights` (or in
+ * `weights` itself when train_hf_dir_target says it is a directory). */
 int train_config_write_hf(const train_options *o, const char *weights);
+/* Hugging Face LLaMA directories (train_hf.c). Whether --save / --save-init
+ * PATH names a directory: under --arch llama, any PATH not ending in
+ * .safetensors. */
+bool train_hf_dir_target(const train_options *o, const char *path);
+/* --shard-size TEXT ("2GB", "500MiB", bytes; NULL: FSC_HF_SHARD_BYTES). */
+int train_hf_shard_bytes(const char *text, int64_t *out);
+/* --init-from of a LLaMA (directory, file with a LLaMA config.json beside
+ * it, or fsc's own save): the model from its config, flags that contradict
+ * it refused by name; *handled false (nothing done) for anything else. */
+int train_hf_init_from(train_options *o, bool verbose, bool *handled);
+/* After DIR/model.safetensors is saved (rank 0): shards past --shard-size
+ * and config.json. */
+int train_hf_finish(const train_options *o, const char *dir);
 void train_config_free(void); /* the strings the functions above kept */
 /* Turns --arch, --tie-embeddings and --qkv-bias into o->model's fields,
  * after every source of flags (command line, --config, --resume); refuses

@@ -89,7 +89,7 @@ static void suggestion(const char *key, char *out, size_t n) {
 }
 
 /* Flags of one invocation: never stored, never taken from a checkpoint. The
- * outputs (--checkpoint-dir, --save-every, --keep-last, --metrics, --save,
+ * outputs (--checkpoint-dir, --save-every, --keep-last, --metrics, --metrics-csv, --save,
  * --save-sharded) are stored: a resume keeps saving where the run saved. */
 static bool per_run(const char *name) {
     static const char *const names[] = {"config",    "resume",       "init-from",
@@ -379,17 +379,22 @@ static void moe_from_shapes(fsc_st_file *f, model_dims *d) {
     }
 }
 
-/* DIR/config.json for weights file DIR/x.safetensors. */
+/* DIR/config.json for weights file DIR/x.safetensors, or for DIR itself. */
 static void config_json_path(const char *weights, char *out, size_t n) {
     const char *slash = strrchr(weights, '/');
-    if (slash)
+    struct stat sb;
+    if (!stat(weights, &sb) && S_ISDIR(sb.st_mode))
+        snprintf(out, n, "%s/config.json", weights);
+    else if (slash)
         snprintf(out, n, "%.*s/config.json", (int)(slash - weights), weights);
     else
         snprintf(out, n, "config.json");
 }
 
 int train_config_init_from(train_options *o, bool verbose) {
-    int status = FSC_OK;
+    bool llama = false; /* the LLaMA family's config: train_hf.c */
+    int status = train_hf_init_from(o, verbose, &llama);
+    if (status || llama) return status;
     fsc_st_file *f = fsc_st_open(o->init_from, &status);
     if (!f) return FSC_OK; /* the loader says what is wrong with it */
     model_dims d = {.capacity = -1, .aux_coef = -1};
@@ -460,6 +465,7 @@ int train_config_init_from(train_options *o, bool verbose) {
 }
 
 int train_config_write_hf(const train_options *o, const char *weights) {
+    if (train_hf_dir_target(o, weights)) return fsc_hf_config_write(weights, &o->model, NULL);
     char path[4096], *text = NULL;
     size_t len = 0;
     config_json_path(weights, path, sizeof path);

@@ -10,7 +10,7 @@
  * Compared by presence only (set on some ranks, unset on others, is a
  * mismatch; the path itself is rank 0's alone): --save, --save-init and
  * --trace, whose writes are collectives that rank 0 completes.
- * Exempt, because they may differ per rank by design: --metrics, --quiet,
+ * Exempt, because they may differ per rank by design: --metrics, --metrics-csv, --quiet,
  * --log-every, --log-seconds, --progress and --print-schedule (output only rank 0 makes;
  * fsc-train opens --metrics on rank 0 only, sets --quiet on the others), --threads
  * (a per-process resource: cores per node may differ; every strategy across
@@ -36,8 +36,9 @@ typedef enum { BY_VALUE, BY_PRESENCE, EXEMPT } compare_mode;
 
 static compare_mode mode_of(const char *flag) {
     static const char *const presence[] = {"save", "save-init", "trace"};
-    static const char *const exempt[] = {"metrics",        "quiet",   "log-every", "log-seconds",
-                                         "print-schedule", "threads", "config",    "progress"};
+    static const char *const exempt[] = {"metrics",   "metrics-csv", "quiet",
+                                         "log-every", "log-seconds", "print-schedule",
+                                         "threads",   "config",      "progress"};
     for (size_t i = 0; i < sizeof presence / sizeof *presence; i++)
         if (!strcmp(flag, presence[i])) return BY_PRESENCE;
     for (size_t i = 0; i < sizeof exempt / sizeof *exempt; i++)
@@ -159,8 +160,8 @@ int train_consistency_check(const train_options *o) {
         const char *name = train_flag_name(i);
         train_flag_json(o, i, value, sizeof value);
         compare_mode m = mode_of(name);
-        const char *text = m == EXEMPT        ? ""
-                           : m == BY_VALUE    ? value
+        const char *text = m == EXEMPT             ? ""
+                           : m == BY_VALUE         ? value
                            : strcmp(value, "null") ? "set"
                                                    : "unset";
         mine[i] = (int64_t)mix_str(HASH_SEED, text);
@@ -180,8 +181,7 @@ int train_consistency_check(const train_options *o) {
     int differ = 0;
     for (int k = 0; k < nfields; k++) {
         bool same = true;
-        for (int r = 1; r < world && same; r++)
-            same = all[(size_t)r * nfields + k] == all[k];
+        for (int r = 1; r < world && same; r++) same = all[(size_t)r * nfields + k] == all[k];
         if (same) continue;
         size_t len = strlen(msg);
         if (len + 200 > sizeof msg) break; /* enough named to act on */
@@ -195,8 +195,7 @@ int train_consistency_check(const train_options *o) {
         }
         name_groups(all, world, nfields, k, msg, sizeof msg);
         len = strlen(msg);
-        if (k < nflags)
-            snprintf(msg + len, sizeof msg - len, " (rank %d has %.200s)", rank, value);
+        if (k < nflags) snprintf(msg + len, sizeof msg - len, " (rank %d has %.200s)", rank, value);
         differ++;
     }
     free(mine), free(all);

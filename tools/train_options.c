@@ -171,14 +171,23 @@ static const flag flags[] = {
     F("resume", ARG_STR, resume, "resume from this checkpoint directory's latest checkpoint"),
     F("save-sharded", ARG_STR, save_sharded,
       "fsdp: at the end, each rank writes its shard file into this directory"),
-    F("init-from", ARG_STR, init_from, "start from these weights (safetensors)"),
+    F("init-from", ARG_STR, init_from,
+      "start from these weights (safetensors; llama: a Hugging Face directory, config.json "
+      "and model.safetensors or shards with model.safetensors.index.json)"),
     F("freeze", ARG_STR, freeze,
       "fine-tuning: freeze the parameters whose names match these comma-separated globs "
       "(e.g. 'model.embed_tokens.*,model.layers.*.mlp.*'): no gradient, no optimizer state, "
       "no update; a glob that matches nothing is an error"),
     F("save-init", ARG_STR, save_init, "save the weights before step 1"),
-    F("save", ARG_STR, save, "save the weights at the end"),
+    F("save", ARG_STR, save,
+      "save the weights at the end (llama: a PATH not ending in .safetensors is a Hugging "
+      "Face directory, as for --save-init)"),
+    F("shard-size", ARG_STR, shard_size,
+      "llama --save/--save-init DIR: safetensors shards of at most this size (2GB, 500MiB, "
+      "bytes; default 2GB)"),
     F("metrics", ARG_STR, metrics, "write one JSON object per step to this file"),
+    F("metrics-csv", ARG_STR, metrics_csv,
+      "also write the metrics as CSV to this file (a header, then a row per step)"),
     F("log-every", ARG_INT, log_every, "progress lines every N steps when not on a terminal"),
     F("log-seconds", ARG_DOUBLE, log_seconds,
       "not on a terminal (under mpirun): a progress line at least every N seconds too (0: off)"),
@@ -481,10 +490,6 @@ int train_model_resolve(train_options *o) {
                              llama_only[i]);
     o->model.tie_embeddings = o->tie_embeddings != 0;
     o->model.qkv_bias = o->qkv_bias != 0;
-    if (o->model.arch == FSC_ARCH_LLAMA && o->init_from)
-        return fsc_error(FSC_ERR_UNSUPPORTED,
-                         "--init-from with --arch llama: reading Hugging Face LLaMA directories "
-                         "is not built yet (start from --seed, or --resume an fsc checkpoint)");
     return FSC_OK;
 }
 
@@ -551,8 +556,11 @@ int train_options_check(const train_options *o) {
                          "--strategy %s runs in one process but %d were launched; "
                          "use --strategy ddp under mpirun",
                          o->strategy, fsc_dist_size());
+    int64_t shard_bytes;
+    if ((rc = train_hf_shard_bytes(o->shard_size, &shard_bytes))) return rc;
     int rc2 = check_writable("--save", o->save);
     if (!rc2) rc2 = check_writable("--save-init", o->save_init);
     if (!rc2) rc2 = check_writable("--metrics", o->metrics);
+    if (!rc2) rc2 = check_writable("--metrics-csv", o->metrics_csv);
     return rc2;
 }

@@ -177,3 +177,24 @@ void progress_metrics(const progress *p, FILE *f, int64_t step, const fsc_step_r
     fprintf(f, "}}\n");
     fflush(f);
 }
+
+void progress_metrics_csv(const progress *p, FILE *f, int64_t step, const fsc_step_result *r,
+                          double tok_s, double val_loss) {
+    fprintf(f, "%" PRId64 ",%.6f,%.6g,", step, r->loss, r->lr);
+    if (!isnan(val_loss)) fprintf(f, "%.6f", val_loss);
+    fputc(',', f);
+    if (isfinite(r->grad_norm)) fprintf(f, "%.6g", r->grad_norm);
+    fprintf(f, ",%.1f,", tok_s);
+    if (p->peak_flops > 0) fprintf(f, "%.5f", tok_s * p->flops_per_token / p->peak_flops);
+    fprintf(f, ",%.2f,%.2f,%.3f,%.3f,", peak_mib(), 1e3 * r->seconds, wall_clock(),
+            progress_elapsed(p));
+    if (r->loss_scale > 0)
+        fprintf(f, "%.9g,%d", r->loss_scale, r->skipped ? 1 : 0);
+    else
+        fputc(',', f);
+    if (r->gain != 1 || r->progress != (double)step)
+        fprintf(f, ",%.6g,%.6g,%.4f\n", r->gain, r->base_lr, r->progress);
+    else
+        fputs(",,,\n", f);
+    fflush(f);
+}

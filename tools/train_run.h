@@ -52,6 +52,15 @@ double progress_elapsed(const progress *p);
  * (Unix seconds) and time elapsed. */
 void progress_metrics(const progress *p, FILE *f, int64_t step, const fsc_step_result *r,
                       double tok_s, double val_loss);
+/* The same row as CSV (--metrics-csv), in the columns of
+ * PROGRESS_CSV_HEADER; a cell is empty where the JSON row has no member
+ * (val_loss between evaluations, loss_scale without fp16, AdaScale's
+ * columns without it) and for a null grad_norm. */
+#define PROGRESS_CSV_HEADER                                                                        \
+    "step,loss,lr,val_loss,grad_norm,tokens_per_s,mfu,peak_mib,step_ms,time,elapsed_s,"            \
+    "loss_scale,skipped,gain,base_lr,progress"
+void progress_metrics_csv(const progress *p, FILE *f, int64_t step, const fsc_step_result *r,
+                          double tok_s, double val_loss);
 
 /* Catches SIGINT and SIGTERM: the first asks for a stop after the current
  * step, a second one ends the process at once. */

@@ -18,9 +18,10 @@ def resume_outputs():
     rewrites its --save; a flag given on the command line still wins. The echo of the
     taken flags prints each number as its shortest text (--lr 0.003)."""
     ck, m = os.path.join(TMP, "out-ck"), os.path.join(TMP, "out.jsonl")
-    w = os.path.join(TMP, "out.safetensors")
+    w, csv_path = os.path.join(TMP, "out.safetensors"), os.path.join(TMP, "out.csv")
     run(*TINY, "--steps", "4", "--lr", "0.003", "--schedule", "constant", "--checkpoint-dir", ck,
-        "--save-every", "2", "--keep-last", "4", "--metrics", m, "--save", w, "--quiet")
+        "--save-every", "2", "--keep-last", "4", "--metrics", m, "--metrics-csv", csv_path,
+        "--save", w, "--quiet")
     os.remove(w)
     p = run("--resume", ck, "--steps", "8")
     taken = next((l for l in p.stderr.splitlines() if "from the checkpoint" in l), "")
@@ -44,6 +45,20 @@ def resume_outputs():
     if rows != list(range(1, 13)):
         sys.exit(f"FAIL: the metrics rows of the three segments: steps {rows}, expected 1-12")
     print(f"ok  --resume alone, twice: checkpoints {steps}; metrics steps 1-12 in one file")
+    # the CSV sibling: one header, then the JSON rows' values, segment after segment
+    import csv
+    with open(csv_path, newline="") as f:
+        table = list(csv.DictReader(f))
+    with open(csv_path) as f:
+        headers = sum(line.startswith("step,") for line in f)
+    json_rows = metrics(m)
+    if headers != 1 or [int(r["step"]) for r in table] != rows or any(
+            abs(float(c["loss"]) - j["loss"]) > 1e-6 or abs(float(c["lr"]) - j["lr"]) > 1e-9 or
+            c["val_loss"] != "" for c, j in zip(table, json_rows)):
+        sys.exit(f"FAIL: --metrics-csv: {headers} header(s), steps {[r['step'] for r in table]}, "
+                 f"expected one header and the JSON rows' steps and losses")
+    print(f"ok  --metrics-csv: one header, {len(table)} rows equal to the JSON rows, kept by "
+          "--resume")
     other = os.path.join(TMP, "other.jsonl")
     run("--resume", ck, "--steps", "13", "--metrics", other, "--save-every", "0", "--quiet")
     if [r["step"] for r in metrics(other)] != [13] or len(metrics(m)) != 12:
