@@ -442,12 +442,6 @@ int main(int argc, char **argv) {
                     world > 1 ? " (a rank)" : "", s + 1, fsc_last_error());
             break;
         }
-        const bool saved_now = o.save_every && (s + 1) % o.save_every == 0;
-        if (((stop && o.checkpoint_dir) || saved_now) && (rc = trainer_checkpoint(&t))) {
-            fprintf(stderr, "\nfsc-train: checkpoint at step %" PRId64 ": %s\n", s + 1,
-                    fsc_last_error());
-            break;
-        }
         if (s == first_step) first_loss = r.loss;
         last_loss = r.loss;
         double tok_s = tokens_per_step / r.seconds;
@@ -457,6 +451,16 @@ int main(int argc, char **argv) {
         const bool eval_now = val.on && ((s + 1) % o.eval_every == 0 || last_step);
         if (eval_now && (rc = evaluate(&t, &val, s + 1))) {
             fprintf(stderr, "\nfsc-train: validation after step %" PRId64 ": %s\n", s + 1,
+                    fsc_last_error());
+            break;
+        }
+        /* evaluated first, so that the checkpoint carries its val loss; with
+         * --keep-best every evaluation is also a checkpoint */
+        t.val_loss_now = eval_now ? val.loss : NAN;
+        const bool saved_now =
+            (o.save_every && (s + 1) % o.save_every == 0) || (o.keep_best > 0 && eval_now);
+        if (((stop && o.checkpoint_dir) || saved_now) && (rc = trainer_checkpoint(&t))) {
+            fprintf(stderr, "\nfsc-train: checkpoint at step %" PRId64 ": %s\n", s + 1,
                     fsc_last_error());
             break;
         }

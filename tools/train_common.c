@@ -372,14 +372,18 @@ int trainer_checkpoint(trainer *t) {
     snprintf(global_batch, sizeof global_batch, "%lld",
              (long long)t->opt.batch * t->opt.grad_accum * t->world);
     /* the effective flags too: --resume takes them (train_config.c) */
-    const char *keys[] = {"model", "global_batch", "config"};
-    const char *values[] = {model, global_batch, t->opt.config_json};
-    int rc = fsc_trainer_save_checkpoint(t->tr, t->opt.checkpoint_dir, t->opt.config_json ? 3 : 2,
-                                         keys, values);
-    /* --keep-last: rank 0 prunes; a failure there loses nothing, so it warns */
-    if (!rc && t->opt.keep_last > 0 && fsc_dist_rank() == 0 &&
-        fsc_ckpt_prune(t->opt.checkpoint_dir, t->opt.keep_last))
-        fprintf(stderr, "fsc-train: --keep-last %d: %s\n", t->opt.keep_last, fsc_last_error());
+    char val[32]; /* --keep-best reads it back from each checkpoint's state */
+    snprintf(val, sizeof val, "%.9g", t->val_loss_now);
+    const char *keys[4] = {"model", "global_batch", "config", "val_loss"};
+    const char *values[4] = {model, global_batch, t->opt.config_json, val};
+    int n = t->opt.config_json ? 3 : 2;
+    if (isfinite(t->val_loss_now)) keys[n] = keys[3], values[n] = values[3], n++;
+    int rc = fsc_trainer_save_checkpoint(t->tr, t->opt.checkpoint_dir, n, keys, values);
+    /* --keep-last, --keep-best: rank 0 prunes; a failure there loses nothing, so it warns */
+    if (!rc && (t->opt.keep_last > 0 || t->opt.keep_best > 0) && fsc_dist_rank() == 0 &&
+        fsc_ckpt_prune_best(t->opt.checkpoint_dir, t->opt.keep_last, t->opt.keep_best, "val_loss"))
+        fprintf(stderr, "fsc-train: --keep-last %d --keep-best %d: %s\n", t->opt.keep_last,
+                t->opt.keep_best, fsc_last_error());
     return rc;
 }
 

@@ -77,6 +77,7 @@ typedef struct train_options {
     const char *config;       /* --config FILE.json: flags (the command line overrides) */
     bool allow_change;        /* --resume may change the global batch or the schedule */
     int keep_last;            /* keep only the last N checkpoints (0: all) */
+    int keep_best;            /* and the N of lowest val loss (0: none; needs eval_every) */
     double log_seconds;       /* not on a terminal: a progress line at least this often */
     const char *progress;     /* auto (a live line on a terminal, /dev/tty under mpirun) | plain */
     const char *config_json;  /* the effective flags as JSON (set by fsc-train; checkpoints) */
@@ -174,6 +175,9 @@ typedef struct trainer {
     char *freeze_text;
     const char **freeze;
     int nfreeze;
+    /* the val loss measured after the current step (NAN: none), stored in
+     * its checkpoint for --keep-best */
+    double val_loss_now;
 } trainer;
 
 /* train_moe.c: --moe-* ranges and combinations (train_options_check calls it). */

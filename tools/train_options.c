@@ -200,6 +200,8 @@ static const flag flags[] = {
     F("allow-change", ARG_FLAG, allow_change,
       "let --resume change the global batch or the learning-rate schedule"),
     F("keep-last", ARG_INT, keep_last, "keep only the last N checkpoints (0: all)"),
+    F("keep-best", ARG_INT, keep_best,
+      "also keep the N checkpoints of lowest val loss; saves one after each evaluation"),
     F("val-data", ARG_STR, val_data,
       "held-out data, as --data (default: the *_val.bin shards beside --data's, which "
       "training then skips; else the tail given by --val-fraction)"),
@@ -273,6 +275,7 @@ static const flag_range ranges[] = {
     {"log-every", 0, 1000000000, false}, /* 0: every step */
     {"log-seconds", 0, 1000000, false},
     {"keep-last", 0, 1000000, false},
+    {"keep-best", 0, 1000000, false},
     {"val-fraction", 0, 1, true},
     {"eval-every", 0, STEPS_MAX, false},
     {"eval-batches", 1, 1000000, false},
@@ -533,6 +536,10 @@ int train_options_check(const train_options *o) {
         return fsc_error(FSC_ERR_INVALID, "--keep-last %d must be >= 0", o->keep_last);
     if (o->keep_last > 0 && !o->checkpoint_dir)
         return fsc_error(FSC_ERR_INVALID, "--keep-last needs --checkpoint-dir");
+    if (o->keep_best > 0 && (!o->checkpoint_dir || o->eval_every <= 0))
+        return fsc_error(FSC_ERR_INVALID,
+                         "--keep-best needs --checkpoint-dir and --eval-every (it keeps the "
+                         "checkpoints of lowest val loss)");
     if (strcmp(o->progress, "auto") && strcmp(o->progress, "plain"))
         return fsc_error(FSC_ERR_INVALID, "--progress \"%s\": expected auto or plain", o->progress);
     if (!(o->log_seconds >= 0))

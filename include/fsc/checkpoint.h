@@ -59,6 +59,14 @@ FSC_API void fsc_ckpt_abort(fsc_ckpt_writer *w);
  * all). FSC_OK when dir holds no checkpoint; FSC_ERR_INVALID for a NULL dir
  * or keep_last < 0; FSC_ERR_FORMAT for an unreadable `latest`. */
 FSC_API int fsc_ckpt_prune(const char *dir, int keep_last);
+/* fsc_ckpt_prune that also keeps the keep_best step directories with the
+ * lowest number under metadata key `key` (fsc_ckpt_set; e.g. "val_loss",
+ * Lightning's ModelCheckpoint(monitor=..., save_top_k=keep_best)). The one
+ * DIR/latest names is always kept; so are the keep_last newest when
+ * keep_last > 0 (0 with keep_best > 0: only the newest and the best). A step
+ * directory whose state.json lacks the key, or cannot be read, is never
+ * among the best. keep_last = keep_best = 0 keeps everything. */
+FSC_API int fsc_ckpt_prune_best(const char *dir, int keep_last, int keep_best, const char *key);
 
 typedef struct fsc_ckpt fsc_ckpt;
 

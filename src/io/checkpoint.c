@@ -264,7 +264,7 @@ int fsc_ckpt_commit(fsc_ckpt_writer *w) {
         if (!rc) fsc_fault_ckpt_point(FSC_CKPT_POINT_DIR_SYNCED);
         if (!rc) rc = point_latest(w);
         if (!rc) fsc_fault_ckpt_point(FSC_CKPT_POINT_DURABLE);
-        if (!rc) rc = ckpt_prune(w->dir, w->step, w->keep_last);
+        if (!rc) rc = ckpt_prune(w->dir, w->step, w->keep_last, 0, NULL);
     }
     if (busy) fsc_io_busy_end();
     cJSON_Delete(w->meta);
@@ -280,5 +280,17 @@ int fsc_ckpt_prune(const char *dir, int keep_last) {
     int64_t step;
     int rc = ckpt_read_latest(dir, name, sizeof name, &step);
     if (rc) return rc == FSC_ERR_NOT_FOUND ? (fsc_clear_error(), FSC_OK) : rc;
-    return ckpt_prune(dir, step, keep_last);
+    return ckpt_prune(dir, step, keep_last, 0, NULL);
+}
+
+int fsc_ckpt_prune_best(const char *dir, int keep_last, int keep_best, const char *key) {
+    if (!dir || keep_last < 0 || keep_best < 0 || (keep_best > 0 && (!key || !*key)))
+        return fsc_error(FSC_ERR_INVALID, "fsc_ckpt_prune_best needs a directory, keep_last >= 0, "
+                                          "keep_best >= 0 and a key when keep_best > 0");
+    ckpt_clean_stale(dir);
+    char name[64];
+    int64_t step;
+    int rc = ckpt_read_latest(dir, name, sizeof name, &step);
+    if (rc) return rc == FSC_ERR_NOT_FOUND ? (fsc_clear_error(), FSC_OK) : rc;
+    return ckpt_prune(dir, step, keep_last, keep_best, key);
 }

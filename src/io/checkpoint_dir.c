@@ -10,7 +10,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <math.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -185,14 +187,39 @@ int ckpt_rename_noreplace(const char *from, const char *to) {
     return fsc_error(FSC_ERR_IO, "cannot rename %s to %s: %s", from, to, strerror(errno));
 }
 
-int ckpt_prune(const char *dir, int64_t newest, int keep_last) {
-    if (keep_last <= 0) return FSC_OK;
+/* keep[i] for the keep_best of steps[0..n) (up to newest) with the lowest
+ * `key`: a selection by repeated minimum, n being a few hundred at most. */
+static void mark_best(const char *dir, const int64_t *steps, int n, int64_t newest, int keep_best,
+                      const char *key, bool *keep) {
+    double *v = malloc((size_t)n * sizeof *v);
+    bool *taken = calloc((size_t)n, sizeof *taken);
+    for (int i = 0; v && taken && i < n; i++)
+        if (steps[i] > newest || ckpt_meta_number(dir, steps[i], key, &v[i]) || isnan(v[i]))
+            taken[i] = true, fsc_clear_error(); /* not a candidate */
+    for (int k = 0; v && taken && k < keep_best; k++) {
+        int best = -1;
+        for (int i = 0; i < n; i++)
+            if (!taken[i] && (best < 0 || v[i] < v[best])) best = i;
+        if (best < 0) break;
+        taken[best] = keep[best] = true;
+    }
+    free(v);
+    free(taken);
+}
+
+int ckpt_prune(const char *dir, int64_t newest, int keep_last, int keep_best, const char *key) {
+    if (keep_last <= 0 && keep_best <= 0) return FSC_OK;
     int64_t *steps;
     int n, rc = ckpt_list_steps(dir, &steps, &n), kept = 0;
+    bool *keep = rc || n == 0 ? NULL : calloc((size_t)n, sizeof *keep);
+    if (!rc && n > 0 && !keep) rc = fsc_error(FSC_ERR_NOMEM, "checkpoint %s: out of memory", dir);
+    if (!rc && keep_best > 0) mark_best(dir, steps, n, newest, keep_best, key, keep);
     char tag[128];
     ckpt_writer_tag(tag, sizeof tag);
+    const int last = keep_last > 0 ? keep_last : 1; /* the newest always stays */
     for (int i = 0; i < n && !rc; i++) {
-        if (steps[i] > newest || kept++ < keep_last) continue;
+        if (steps[i] > newest) continue;
+        if (kept++ < last || keep[i]) continue;
         char from[CKPT_PATH_LEN], prefix[CKPT_PATH_LEN], aside[CKPT_PATH_LEN], rnd[13];
         snprintf(from, sizeof from, "%s/step-%06" PRId64, dir, steps[i]);
         snprintf(prefix, sizeof prefix, "%s/.step-%06" PRId64 ".del-%s", dir, steps[i], tag);
@@ -209,8 +236,11 @@ int ckpt_prune(const char *dir, int64_t newest, int keep_last) {
         if (!rc) fsc_fault_ckpt_point(FSC_CKPT_POINT_PRUNED);
     }
     free(steps);
+    free(keep);
     if (!rc) rc = fsc_fsync_dir(dir);
-    return rc ? fsc_error_context(rc, "checkpoint %s: pruning to the last %d: ", dir, keep_last)
+    return rc ? fsc_error_context(rc,
+                                  "checkpoint %s: pruning to the last %d and the best %d: ", dir,
+                                  keep_last, keep_best)
               : FSC_OK;
 }
 

@@ -36,9 +36,15 @@ int ckpt_list_steps(const char *dir, int64_t **steps, int *n);
  * link), logging each; best effort, returns how many were removed. */
 int ckpt_clean_stale(const char *dir);
 /* Keeps the keep_last newest step directories up to and including `newest`
- * (older ones renamed to a hidden name, then removed); never touches one
- * newer than `newest`. keep_last <= 0 keeps everything. */
-int ckpt_prune(const char *dir, int64_t newest, int keep_last);
+ * and the keep_best of them with the lowest number under metadata key
+ * `key` (older ones renamed to a hidden name, then removed); never touches
+ * one newer than `newest`. keep_last <= 0 and keep_best <= 0 keep
+ * everything; keep_last <= 0 alone keeps `newest` and the best. */
+int ckpt_prune(const char *dir, int64_t newest, int keep_last, int keep_best, const char *key);
+/* The number under metadata key `key` in DIR/step-<S>/state.json:
+ * FSC_ERR_NOT_FOUND when absent or not a number. Reads state.json only (the
+ * members are not verified: the number only decides what pruning keeps). */
+int ckpt_meta_number(const char *dir, int64_t step, const char *key, double *out);
 /* Renames from to to unless to exists (FSC_ERR_IO naming both). */
 int ckpt_rename_noreplace(const char *from, const char *to);
 /* CRC-32 and size of a regular file (never a link), streamed. */

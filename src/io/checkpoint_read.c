@@ -68,6 +68,25 @@ static int read_state_text(const char *path, char **text, size_t *len) {
     return FSC_OK;
 }
 
+int ckpt_meta_number(const char *dir, int64_t step, const char *key, double *out) {
+    char path[CKPT_PATH_LEN];
+    if ((size_t)snprintf(path, sizeof path, "%s/step-%06" PRId64 "/state.json", dir, step) >=
+        sizeof path)
+        return fsc_error(FSC_ERR_INVALID, "%s: path too long", dir);
+    char *text;
+    size_t len;
+    int rc = read_state_text(path, &text, &len);
+    if (rc) return rc;
+    cJSON *root = cJSON_ParseWithLength(text, len);
+    free(text);
+    const cJSON *meta = cJSON_GetObjectItemCaseSensitive(root, "meta");
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(meta, key);
+    rc = cJSON_IsNumber(v) ? (*out = v->valuedouble, FSC_OK)
+                           : fsc_error(FSC_ERR_NOT_FOUND, "%s: no number \"%s\"", path, key);
+    cJSON_Delete(root);
+    return rc;
+}
+
 /* The self-checksum: absent in checkpoints written before it existed (they
  * still load); when present it must be the last member and match. */
 static int check_own_sum(const char *path, const char *text, const cJSON *root) {

@@ -351,6 +351,34 @@ static void test_keep_last(void **state) {
 }
 
 /* Replaces the first `from` in path's text by `to`. */
+/* --keep-best: the step directories with the lowest "val_loss" stay beside
+ * the newest (and the keep_last newest); one without the key never counts
+ * as best, and a corrupt state.json only loses its candidacy. */
+static void test_keep_best(void **state) {
+    (void)state;
+    const char *d = strdup(tmp("best"));
+    const char *val[] = {"5.0", "3.0", "4.0", "1.0", "6.0", NULL, "2.5", "7.0"};
+    for (int s = 1; s <= 8; s++) {
+        fsc_ckpt_writer *w;
+        assert_int_equal(fsc_ckpt_begin(d, s, &w), FSC_OK);
+        char payload[8];
+        snprintf(payload, sizeof payload, "w%d", s);
+        write_text(fsc_ckpt_member(w, "model.bin"), payload);
+        if (val[s - 1]) assert_int_equal(fsc_ckpt_set(w, "val_loss", val[s - 1]), FSC_OK);
+        assert_int_equal(fsc_ckpt_commit(w), FSC_OK);
+    }
+    /* best two: steps 4 (1.0) and 7 (2.5); the last two: 7 and 8 (step 6 has no val_loss) */
+    assert_int_equal(fsc_ckpt_prune_best(d, 2, 2, "val_loss"), FSC_OK);
+    assert_string_equal(listing(d), "latest step-000004 step-000007 step-000008");
+    expect_step(d, 8);
+    /* keep_last 0: the newest and the one best */
+    assert_int_equal(fsc_ckpt_prune_best(d, 0, 1, "val_loss"), FSC_OK);
+    assert_string_equal(listing(d), "latest step-000004 step-000008");
+    assert_int_equal(fsc_ckpt_prune_best(d, 0, 1, NULL), FSC_ERR_INVALID);
+    assert_int_equal(fsc_ckpt_prune_best(d, -1, 1, "val_loss"), FSC_ERR_INVALID);
+    free((void *)d);
+}
+
 static void edit(const char *path, const char *from, const char *to) {
     char text[1 << 16], *at;
     snprintf(text, sizeof text, "%s", read_all(path));
@@ -476,6 +504,7 @@ int main(void) {
         cmocka_unit_test(test_newer_incomplete_set_aside),
         cmocka_unit_test(test_stale_temporaries),
         cmocka_unit_test(test_keep_last),
+        cmocka_unit_test(test_keep_best),
         cmocka_unit_test(test_state_integrity),
         cmocka_unit_test(test_special_files_refused),
         cmocka_unit_test(test_member_step_agrees),

@@ -5,7 +5,8 @@ PyTorch is present) its models and losses agree with PyTorch.
 usage: train_e2e.py FSC_TRAIN {learns|accum|strategies|watchdog|resume|bad-input|torch|
                               fsdp|fsdp-precision|fsdp-files|validation|formats|sample|
                               config|signals|optimizers|consistency|plot|io-faults|llama|
-                              resume-outputs|launcher|sample-tokenizer|messages|freeze}
+                              resume-outputs|launcher|sample-tokenizer|messages|freeze|
+                              keep-best}
 One mode a ctest (train_<mode>); the checks live by feature in the train_e2e_*.py
 modules beside this file, what they share in train_e2e_common.py. (The progress
 output is tests/tools/progress_e2e.py.)
@@ -45,6 +46,7 @@ MODES = {
     "sample": tools.sample,
     "plot": tools.plot,
     "resume-outputs": user.resume_outputs,
+    "keep-best": user.keep_best,
     "launcher": user.launcher,
     "sample-tokenizer": user.sample_tokenizer,
     "messages": user.messages,

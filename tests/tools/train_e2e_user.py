@@ -66,6 +66,34 @@ def resume_outputs():
     print("ok  --metrics given with --resume wins over the checkpoint's")
 
 
+def keep_best():
+    """--keep-best 2 --keep-last 1: a checkpoint after every evaluation, and the directory
+    keeps the two of lowest val loss (as the metrics rows report it) and the newest; a
+    resume adds its own to the same ranking; without --eval-every it is refused."""
+    ck, m = os.path.join(TMP, "best-ck"), os.path.join(TMP, "best.jsonl")
+    common = ("--eval-every", "2", "--eval-batches", "1", "--val-fraction", "0.2",
+              "--lr", "0.01", "--schedule", "constant", "--checkpoint-dir", ck, "--keep-best", "2",
+              "--keep-last", "1",
+              "--metrics", m, "--quiet")
+    run(*TINY, "--steps", "10", *common)
+    run("--resume", ck, "--steps", "16", "--quiet")
+
+    def expect():
+        val = {r["step"]: r["val_loss"] for r in metrics(m) if "val_loss" in r}
+        best = sorted(val, key=lambda s: (val[s], s))[:2]
+        return val, sorted({*best, max(val)})
+    val, want = expect()
+    got = sorted(int(d[5:]) for d in os.listdir(ck) if d.startswith("step-"))
+    if len(val) != 8 or got != want:
+        sys.exit(f"FAIL: --keep-best 2 --keep-last 1: kept steps {got}, expected {want} "
+                 f"(val losses by step {val})")
+    print(f"ok  --keep-best 2 --keep-last 1 over two segments: kept {got} of 8 evaluations "
+          f"({', '.join(f'{s}: {val[s]:.4f}' for s in got)})")
+    p = run(*TINY, "--steps", "2", "--checkpoint-dir", ck + "2", "--keep-best", "1",
+            expect_ok=False)
+    expect_refused(p, "--keep-best needs --checkpoint-dir and --eval-every", "--keep-best alone")
+
+
 def launcher():
     """mpiexec -n 2 without --strategy trains under ddp and says so in the header line, and
     its checkpoints resume with --resume alone on 2 ranks (rank 0 alone appends the metrics);
