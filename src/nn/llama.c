@@ -13,6 +13,7 @@
 #include <stdio.h>
 
 #include "gpt_internal.h"
+#include "llama_internal.h"
 
 static float norm_eps(const fsc_gpt_config *c) {
     return c->norm_eps > 0.f ? c->norm_eps : 1e-5f;
@@ -23,18 +24,13 @@ static fsc_module *llama_wte(void *st, const fsc_gpt_config *c) {
     return fsc_embedding_new("model.embed_tokens", c->vocab, c->d_model, 0.02f);
 }
 
-/* A decoder layer; it is cut only between layers so far (a cut inside one
- * would pass the residual and the SwiGLU product, as GPT-2's does). */
+/* A decoder layer, or a range of its segments when a pipeline cut falls
+ * inside it (llama_parts.c). */
 static fsc_module *llama_block(void *st, const fsc_gpt_config *c, const char *name, int b, int from,
                                int to) {
     (void)st, (void)b;
-    if (from != FSC_BLOCK_ATTN || to != FSC_BLOCK_SEGMENTS) {
-        fsc_error(FSC_ERR_UNSUPPORTED,
-                  "LLaMA %s: a pipeline cut inside a decoder layer is not supported yet (cut "
-                  "between layers: whole numbers in --balance)",
-                  name);
-        return NULL;
-    }
+    if (from != FSC_BLOCK_ATTN || to != FSC_BLOCK_SEGMENTS)
+        return llama_layer_new(c, name, from, to, &llama_plain_maker);
     /* Hugging Face's initialisation: every Linear N(0, initializer_range 0.02) */
     const fsc_llama_attention_config ac = {.d_model = c->d_model,
                                            .n_heads = c->heads,

@@ -79,14 +79,16 @@ static int lattn_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x,
         return fsc_error(FSC_ERR_SHAPE, "LlamaAttention %s: expected f32 (B,T,%d) input", m->name,
                          a->C);
     if (ctx->kv) return lattn_cached(a, ctx, x, y, saved);
-    int B = (int)x->shape[0], T = (int)x->shape[1];
     lattn_saved *s = fsc_arena_alloc(ctx->arena, sizeof *s);
     if (!s) return FSC_ERR_NOMEM;
     s->x = *x;
     int rc = fsc_module_forward(a->q_proj, ctx, x, &s->q, &s->q_rec);
     if (!rc) rc = fsc_module_forward(a->k_proj, ctx, x, &s->k, &s->k_rec);
     if (!rc) rc = fsc_module_forward(a->v_proj, ctx, x, &s->v, &s->v_rec);
-    if (!rc) rc = fsc_rope_tables_alloc(ctx->arena, a->inv_freq, T, a->hd, 0, &s->cos_t, &s->sin_t);
+    if (rc) return rc;
+    /* the whole sequence: x may be a sequence shard the projections gathered */
+    const int B = (int)s->q.shape[0], T = (int)s->q.shape[1];
+    rc = fsc_rope_tables_alloc(ctx->arena, a->inv_freq, T, a->hd, 0, &s->cos_t, &s->sin_t);
     if (rc) return rc;
     /* the projections' outputs are this layer's to keep: rotate in place */
     fsc_rope_forward(s->q.data, s->q.data, s->cos_t, s->sin_t, B, T, a->NH, a->hd);
@@ -109,7 +111,7 @@ static int lattn_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const 
     int rc = fsc_check_saved(m, saved);
     if (!rc) rc = fsc_check_dy_like(m, dy, &s->x, a->C);
     if (rc) return rc;
-    int B = (int)s->x.shape[0], T = (int)s->x.shape[1];
+    const int B = (int)s->q.shape[0], T = (int)s->q.shape[1];
     fsc_tensor dh, dq, dk, dv, dxk, dxv;
     rc = fsc_module_backward(a->o_proj, ctx, s->o_rec, dy, &dh);
     if (!rc) rc = fsc_alloc_like(ctx->arena, &s->q, s->q.shape[2], &dq);
@@ -133,7 +135,8 @@ static int lattn_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const 
 
 static const fsc_module_ops lattn_ops = {"LlamaAttention", lattn_forward, lattn_backward, NULL};
 
-fsc_module *fsc_llama_attention_new(const char *name, const fsc_llama_attention_config *cfg) {
+/* Checks the sizes and makes the module without its projections. */
+static llama_attention *lattn_alloc(const char *name, const fsc_llama_attention_config *cfg) {
     if (!cfg) {
         fsc_error(FSC_ERR_INVALID, "LlamaAttention %s: NULL configuration", name);
         return NULL;
@@ -160,17 +163,55 @@ fsc_module *fsc_llama_attention_new(const char *name, const fsc_llama_attention_
     if (!a) return NULL;
     a->C = C, a->NH = NH, a->NKV = NKV, a->hd = hd;
     fsc_rope_inv_freq(a->inv_freq, hd, theta, &cfg->rope_scaling);
-    bool bias = cfg->qkv_bias;
-    a->q_proj = fsc_linear_new("q_proj", C, NH * hd, bias, FSC_WEIGHT_OUT_IN, cfg->init_std);
-    a->k_proj = fsc_linear_new("k_proj", C, NKV * hd, bias, FSC_WEIGHT_OUT_IN, cfg->init_std);
-    a->v_proj = fsc_linear_new("v_proj", C, NKV * hd, bias, FSC_WEIGHT_OUT_IN, cfg->init_std);
-    a->o_proj = fsc_linear_new("o_proj", NH * hd, C, false, FSC_WEIGHT_OUT_IN, cfg->proj_std);
-    fsc_module *kids[4] = {a->q_proj, a->k_proj, a->v_proj, a->o_proj};
+    return a;
+}
+
+/* Adopts the four projections (all freed on failure, with a). */
+static fsc_module *lattn_adopt(llama_attention *a, fsc_module *const kids[4]) {
+    a->q_proj = kids[0], a->k_proj = kids[1], a->v_proj = kids[2], a->o_proj = kids[3];
     for (int i = 0; i < 4; i++)
-        if (fsc_module_add_child(&a->base, kids[i])) {
+        if (!kids[i] || fsc_module_add_child(&a->base, kids[i])) {
             for (int j = i; j < 4; j++) fsc_module_free(kids[j]); /* not adopted */
             fsc_module_free(&a->base);
             return NULL;
         }
     return &a->base;
+}
+
+fsc_module *fsc_llama_attention_new(const char *name, const fsc_llama_attention_config *cfg) {
+    llama_attention *a = lattn_alloc(name, cfg);
+    if (!a) return NULL;
+    const int C = a->C, hd = a->hd;
+    const bool bias = cfg->qkv_bias;
+    fsc_module *kids[4] = {
+        fsc_linear_new("q_proj", C, a->NH * hd, bias, FSC_WEIGHT_OUT_IN, cfg->init_std),
+        fsc_linear_new("k_proj", C, a->NKV * hd, bias, FSC_WEIGHT_OUT_IN, cfg->init_std),
+        fsc_linear_new("v_proj", C, a->NKV * hd, bias, FSC_WEIGHT_OUT_IN, cfg->init_std),
+        fsc_linear_new("o_proj", a->NH * hd, C, false, FSC_WEIGHT_OUT_IN, cfg->proj_std),
+    };
+    return lattn_adopt(a, kids);
+}
+
+fsc_module *llama_attention_split_new(const char *name, const fsc_llama_attention_config *cfg,
+                                      int t, const llama_proj_maker *mk) {
+    llama_attention *a = lattn_alloc(name, cfg);
+    if (!a) return NULL;
+    if (t < 1 || a->NH % t || a->NKV % t) {
+        fsc_error(FSC_ERR_INVALID,
+                  "LlamaAttention %s: %d heads and %d key/value heads must both be divisible by "
+                  "the tensor-parallel size %d (key/value heads are split, not replicated)",
+                  name, a->NH, a->NKV, t);
+        fsc_module_free(&a->base);
+        return NULL;
+    }
+    const int C = a->C, hd = a->hd;
+    const bool bias = cfg->qkv_bias;
+    fsc_module *kids[4] = {
+        mk->column(mk->user, "q_proj", C, a->NH * hd, bias, cfg->init_std),
+        mk->column(mk->user, "k_proj", C, a->NKV * hd, bias, cfg->init_std),
+        mk->column(mk->user, "v_proj", C, a->NKV * hd, bias, cfg->init_std),
+        mk->row(mk->user, "o_proj", a->NH * hd, C, cfg->proj_std),
+    };
+    a->NH /= t, a->NKV /= t; /* this rank's heads: a query head keeps its key/value head */
+    return lattn_adopt(a, kids);
 }

@@ -1,8 +1,9 @@
 """fsc-train --arch llama against a LLaMA written in plain torch ops
 (tests/reference/torch_llama.py): 20 AdamW steps (fp32, constant lr, no
 clipping, no dropout) from fsc's --save-init weights give PyTorch's per-step
-losses within 1e-4 relative, in one process, under fsdp on 2 ranks and as a
-2-stage pipeline; what is not built yet is refused by name."""
+losses within 1e-4 relative, in one process, under fsdp on 2 ranks, as a
+2-stage pipeline and tensor-parallel over 2 ranks; what is not built is
+refused by name."""
 import os
 import sys
 
@@ -57,13 +58,17 @@ def llama():
     compare("llama, one process", [r["loss"] for r in metrics(m)], ref)
     for name, extra in (("fsdp, 2 ranks", ["--strategy", "fsdp", "--batch", "2"]),
                         ("pipeline --pp 2", ["--strategy", "ddp", "--pp", "2", "--batch", "2",
-                                             "--grad-accum", "2"])):
+                                             "--grad-accum", "2"]),
+                        ("tensor parallel --tp 2", ["--strategy", "ddp", "--tp", "2",
+                                                    "--batch", "4"])):
         m2 = os.path.join(TMP, "llama_%s.jsonl" % name.split()[0])
         mpiexec(2, *LLAMA, "--data", data, *extra, *TRAIN, "--metrics", m2)
         compare("llama, " + name, [r["loss"] for r in metrics(m2)], ref)
-    p = mpiexec(2, *LLAMA, "--data", data, "--strategy", "ddp", "--tp", "2", "--batch", "4",
-                *TRAIN, expect_ok=False)
-    expect_refused(p, "tensor parallelism runs the GPT-2 family only", "llama under --tp 2")
+    # key/value heads are split over the TP group, never replicated
+    mqa = LLAMA[:8] + ["--kv-heads", "1"] + LLAMA[10:]
+    p = mpiexec(2, *mqa, "--data", data, "--strategy", "ddp", "--tp", "2", "--batch", "4", *TRAIN,
+                expect_ok=False)
+    expect_refused(p, "key/value heads 1", "--tp 2 with --kv-heads 1")
     p = run(*LLAMA, "--data", data, *TRAIN, "--pp", "1", "--qkv-bias", "2", expect_ok=False)
     expect_refused(p, "qkv-bias", "--qkv-bias 2")
     p = run("--layers", "2", "--d-model", "64", "--heads", "4", "--kv-heads", "2", "--data", data,

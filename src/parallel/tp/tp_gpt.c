@@ -31,15 +31,7 @@
 #include "nn/moe_internal.h"
 #include "tp_internal.h"
 
-static const char TP_KIND_STAGE[] = "TensorParallelGPTStage";
-
-/* The layout's state: the group (as a tp_module, for the region operations)
- * and this rank's vocabulary rows. */
-typedef struct {
-    tp_module tp;
-    fsc_tp_options opt; /* what the layers are made with */
-    int first, count, vp;
-} tp_ends;
+const char TP_KIND_STAGE[] = "TensorParallelGPTStage";
 
 static tp_ends *ends_of(const gpt_model *g) {
     return g->st;
@@ -76,7 +68,9 @@ static fsc_module *tp_ln_f(void *st, const fsc_gpt_config *c) {
 
 int fsc_tp_gpt_part_width(const fsc_gpt_config *cfg, int t, int part) {
     const bool proj = part >= 1 && part <= 3 * cfg->layers && (part - 1) % 3 == FSC_BLOCK_PROJ;
-    return proj && t > 0 ? cfg->d_model + 4 * cfg->d_model / t : cfg->d_model;
+    /* inside an MLP: the residual, then this rank's GELU or SwiGLU-product columns */
+    const int F = cfg->arch == FSC_ARCH_LLAMA ? fsc_gpt_ffn_hidden(cfg) : 4 * cfg->d_model;
+    return proj && t > 0 ? cfg->d_model + F / t : cfg->d_model;
 }
 
 static int tp_width(void *st, const fsc_gpt_config *c, int p) {
@@ -87,8 +81,7 @@ static int tp_width(void *st, const fsc_gpt_config *c, int p) {
 
 /* This rank's wte rows, summed over the group (or the sequence shard of
  * the sum), plus wpe's rows of the positions held. */
-static int tp_embed_forward(gpt_model *g, const fsc_ctx *ctx, const fsc_tensor *ids,
-                            fsc_tensor *e) {
+int tp_gpt_embed_forward(gpt_model *g, const fsc_ctx *ctx, const fsc_tensor *ids, fsc_tensor *e) {
     const tp_ends *t = ends_of(g);
     const int B = (int)ids->shape[0], T = (int)ids->shape[1], C = g->cfg.d_model;
     fsc_tensor part = fsc_tensor_arena(ctx->arena, FSC_DTYPE_F32, 3, (int64_t[]){B, T, C});
@@ -96,7 +89,7 @@ static int tp_embed_forward(gpt_model *g, const fsc_ctx *ctx, const fsc_tensor *
     tp_vocab_lookup(part.data, ids->data, (int64_t)B * T, g->wte->params[0].data, t->first,
                     t->count, C);
     int rc = tp_leave_forward(&t->tp, ctx->arena, &part, e);
-    if (rc) return rc;
+    if (rc || !g->wpe) return rc; /* LLaMA: positions are rotary, inside attention */
     const int S = (int)e->shape[1], t0 = t->tp.sp ? t->tp.rank * S : 0;
     const float *wpe = g->wpe->params[0].data;
     for (int b = 0; b < B; b++)
@@ -106,12 +99,11 @@ static int tp_embed_forward(gpt_model *g, const fsc_ctx *ctx, const fsc_tensor *
     return FSC_OK;
 }
 
-/* From the gradient de (B,S,C) at the embedding's output: wpe's rows
- * (summed over the group under SP, where each rank has other positions;
- * the sum is exact, one non-zero term per element), then wte's rows of the
- * ids in this rank's range. */
-static int tp_embed_backward(gpt_model *g, const fsc_ctx *ctx, const gpt_saved *s,
-                             const fsc_tensor *de) {
+/* wpe's rows from de (B,S,C), the gradient at the embedding's output,
+ * summed over the group under SP, where each rank has other positions (the
+ * sum is exact, one non-zero term per element). */
+static int wpe_backward(gpt_model *g, const fsc_ctx *ctx, const gpt_saved *s,
+                        const fsc_tensor *de) {
     const tp_ends *t = ends_of(g);
     const int B = (int)de->shape[0], S = (int)de->shape[1], C = g->cfg.d_model, T = s->T;
     const int t0 = t->tp.sp ? t->tp.rank * S : 0;
@@ -122,9 +114,17 @@ static int tp_embed_backward(gpt_model *g, const fsc_ctx *ctx, const gpt_saved *
     for (int b = 0; b < B; b++) /* fsc_encoder_backward's order */
         for (int i = 0; i < S; i++)
             fsc_add_inplace(dwpe + (int64_t)(t0 + i) * C, d + ((int64_t)b * S + i) * C, C);
-    int rc = t->tp.sp
-                 ? tp_accumulate_replicated(&t->tp, g->wpe->params[0].grad, dwpe, (int64_t)T * C)
-                 : FSC_OK;
+    return t->tp.sp ? tp_accumulate_replicated(&t->tp, g->wpe->params[0].grad, dwpe, (int64_t)T * C)
+                    : FSC_OK;
+}
+
+/* From de: wpe's rows (a family with positions), then wte's rows of the
+ * ids in this rank's range. */
+int tp_gpt_embed_backward(gpt_model *g, const fsc_ctx *ctx, const gpt_saved *s,
+                          const fsc_tensor *de) {
+    const tp_ends *t = ends_of(g);
+    const int B = (int)de->shape[0], C = g->cfg.d_model, T = s->T;
+    int rc = g->wpe ? wpe_backward(g, ctx, s, de) : FSC_OK;
     fsc_tensor full;
     if (!rc) rc = tp_leave_backward(&t->tp, ctx->arena, de, &full);
     if (rc) return rc;
@@ -135,18 +135,23 @@ static int tp_embed_backward(gpt_model *g, const fsc_ctx *ctx, const gpt_saved *
 
 /* ---- the head -------------------------------------------------------------------------------- */
 
+/* The head's weight: this rank's rows of lm_head, or of wte when tied. */
+static fsc_param *head_weight(gpt_model *g) {
+    return g->lm_head ? &g->lm_head->params[0] : &g->wte->params[0];
+}
+
 /* The head and loss fused (tp_head.c) over ln_f's output: the loss into
  * *s->loss; in training also wte's gradient and *dfin. */
 static int head_fused(gpt_model *g, const fsc_ctx *ctx, const gpt_saved *s, fsc_tensor *dfin) {
     const tp_ends *t = ends_of(g);
     double sum = 0;
-    int rc = tp_head_loss(&t->tp, ctx, &s->final, &g->wte->params[0], t->first, t->count, t->vp,
-                          &s->hl, &sum, dfin);
+    int rc = tp_head_loss(&t->tp, ctx, &s->final, head_weight(g), t->first, t->count, t->vp, &s->hl,
+                          &sum, dfin);
     if (!rc) *s->loss = (float)(sum / s->hl.norm);
     return rc;
 }
 
-static int tp_head_forward(gpt_model *g, const fsc_ctx *ctx, gpt_saved *s, fsc_tensor *y) {
+int tp_gpt_head_forward(gpt_model *g, const fsc_ctx *ctx, gpt_saved *s, fsc_tensor *y) {
     const tp_ends *t = ends_of(g);
     const int B = (int)s->in.shape[0], T = s->T, C = g->cfg.d_model;
     int rc;
@@ -161,7 +166,7 @@ static int tp_head_forward(gpt_model *g, const fsc_ctx *ctx, gpt_saved *s, fsc_t
     fsc_arena_mark_t mark = fsc_arena_mark(ctx->arena);
     fsc_tensor fin;
     if ((rc = tp_enter_forward(&t->tp, ctx->arena, &s->final, &fin))) return rc;
-    fsc_matmul_forward_prec(y->data, fin.data, g->wte->params[0].data, NULL, B * T, C, t->vp,
+    fsc_matmul_forward_prec(y->data, fin.data, head_weight(g)->data, NULL, B * T, C, t->vp,
                             FSC_WEIGHT_OUT_IN, fsc_ctx_prec(ctx));
     fsc_arena_release(ctx->arena, mark);
     return FSC_OK;
@@ -171,15 +176,15 @@ static int tp_head_forward(gpt_model *g, const fsc_ctx *ctx, gpt_saved *s, fsc_t
  * so only 1 is meaningful. Unfused: d(final) from the logits' gradient
  * (this rank's vocabulary part, then summed over the group: Megatron's f),
  * and wte's rows' gradient now or, for a zero-bubble schedule's W, later. */
-static int tp_head_backward(gpt_model *g, const fsc_ctx *ctx, gpt_saved *s, const fsc_tensor *dy,
-                            fsc_tensor *dfin) {
+int tp_gpt_head_backward(gpt_model *g, const fsc_ctx *ctx, gpt_saved *s, const fsc_tensor *dy,
+                         fsc_tensor *dfin) {
     const tp_ends *t = ends_of(g);
     if (s->fused) {
         int rc = tp_head_loss_check_dy(&t->tp, dy);
         return rc ? rc : head_fused(g, ctx, s, dfin);
     }
     const int B = (int)s->in.shape[0], T = s->T, C = g->cfg.d_model;
-    fsc_param *wte = &g->wte->params[0];
+    fsc_param *wte = head_weight(g);
     *dfin = fsc_tensor_arena(ctx->arena, FSC_DTYPE_F32, 3, (int64_t[]){B, T, C});
     if (!dfin->data) return FSC_ERR_NOMEM;
     /* the gathered input stays until W when the weight gradient is deferred */
@@ -209,10 +214,10 @@ static const gpt_layout_ops tp_layout = {
     .block = tp_block,
     .ln_f = tp_ln_f,
     .width = tp_width,
-    .embed_forward = tp_embed_forward,
-    .embed_backward = tp_embed_backward,
-    .head_forward = tp_head_forward,
-    .head_backward = tp_head_backward,
+    .embed_forward = tp_gpt_embed_forward,
+    .embed_backward = tp_gpt_embed_backward,
+    .head_forward = tp_gpt_head_forward,
+    .head_backward = tp_gpt_head_backward,
     .free_state = free,
 };
 
@@ -231,24 +236,36 @@ static fsc_module *tp_gpt_range(const fsc_gpt_config *cfg, int first, int end,
     char what[80];
     snprintf(what, sizeof what, "%s (tensor parallelism)", who);
     if (fsc_gpt_config_check(cfg) || moe_refuse(cfg->moe, what)) return NULL;
-    if (cfg->arch != FSC_ARCH_GPT2) {
-        fsc_error(FSC_ERR_UNSUPPORTED, "%s: tensor parallelism runs the GPT-2 family only so far",
-                  who);
-        return NULL;
-    }
+    const bool llama = cfg->arch == FSC_ARCH_LLAMA;
     tp_ends *t = tp_module_alloc(sizeof *t, &ends_ops, "gpt", tp);
     if (!t) return NULL;
     t->opt = *tp;
-    if (cfg->heads % t->tp.size || cfg->d_model % t->tp.size) {
-        fsc_error(FSC_ERR_INVALID,
-                  "TP GPT: heads %d and d_model %d must be divisible by the tensor-parallel size "
-                  "%d",
-                  cfg->heads, cfg->d_model, t->tp.size);
+    const int kv = cfg->kv_heads ? cfg->kv_heads : cfg->heads;
+    if (cfg->heads % t->tp.size || cfg->d_model % t->tp.size || (llama && kv % t->tp.size)) {
+        if (llama)
+            fsc_error(FSC_ERR_INVALID,
+                      "TP LLaMA: heads %d, key/value heads %d and d_model %d must be divisible by "
+                      "the tensor-parallel size %d (key/value heads are split over the group, "
+                      "not replicated: choose --tp dividing --kv-heads)",
+                      cfg->heads, kv, cfg->d_model, t->tp.size);
+        else
+            fsc_error(FSC_ERR_INVALID,
+                      "TP GPT: heads %d and d_model %d must be divisible by the tensor-parallel "
+                      "size %d",
+                      cfg->heads, cfg->d_model, t->tp.size);
+        free(t);
+        return NULL;
+    }
+    if (llama && (tp->recompute_attention || tp->recompute_activation)) {
+        fsc_error(FSC_ERR_UNSUPPORTED,
+                  "TP LLaMA: recompute_attention and recompute_activation are GPT-2's TP "
+                  "options (use activation checkpointing of whole decoder layers instead)");
         free(t);
         return NULL;
     }
     fsc_tp_vocab_range(cfg->vocab, t->tp.size, t->tp.rank, &t->first, &t->count, &t->vp);
-    return gpt_model_new(cfg, first, end, &tp_layout, t, stage, t->tp.sp ? t->tp.size : 1, t->vp);
+    return gpt_model_new(cfg, first, end, llama ? &tp_llama_layout : &tp_layout, t, stage,
+                         t->tp.sp ? t->tp.size : 1, t->vp);
 }
 
 fsc_module *fsc_tp_gpt_new(const fsc_gpt_config *cfg, const fsc_tp_options *tp) {

@@ -159,6 +159,31 @@ int tp_head_loss(const tp_module *m, const fsc_ctx *ctx, const fsc_tensor *in, f
 fsc_module *tp_block_part_new(const char *name, int C, int NH, float dropout, uint32_t layer_id,
                               int n_layers, int from, int to, const fsc_tp_options *tp);
 
+/* ---- the GPT's tensor-parallel ends, shared by its families (tp_gpt.c) -------- */
+/* The layout's state: the group (as a tp_module, for the region operations),
+ * the options the layers are made with and this rank's vocabulary rows. */
+typedef struct tp_ends {
+    tp_module tp;
+    fsc_tp_options opt;
+    int first, count, vp;
+} tp_ends;
+struct gpt_model;
+struct gpt_saved;
+/* The vocabulary-parallel embedding (plus wpe's rows when the family has a
+ * position table) and the head over this rank's rows of lm_head, or of wte
+ * when tied: gpt_layout_ops' four ends. */
+int tp_gpt_embed_forward(struct gpt_model *g, const fsc_ctx *ctx, const fsc_tensor *ids,
+                         fsc_tensor *e);
+int tp_gpt_embed_backward(struct gpt_model *g, const fsc_ctx *ctx, const struct gpt_saved *s,
+                          const fsc_tensor *de);
+int tp_gpt_head_forward(struct gpt_model *g, const fsc_ctx *ctx, struct gpt_saved *s,
+                        fsc_tensor *y);
+int tp_gpt_head_backward(struct gpt_model *g, const fsc_ctx *ctx, struct gpt_saved *s,
+                         const fsc_tensor *dy, fsc_tensor *dfin);
+extern const char TP_KIND_STAGE[];
+/* The LLaMA family's TP layout (tp_llama.c): the same ends and kinds. */
+extern const struct gpt_layout_ops tp_llama_layout;
+
 /* Sizes of a TP module for messages ("ColumnParallelLinear h.0.attn.c_attn"). */
 int tp_shape_error(const fsc_module *m, const char *what, const fsc_tensor *x);
 
