@@ -224,6 +224,35 @@ static void eq_tp_orders(fsc_module *m, int t) {
     for (int i = 0; i < m->nchildren; i++) eq_tp_orders(m->children[i], t);
 }
 
+/* Where a layout's micro-steps come from: the test corpus, step s's global
+ * batch of G sequences of T tokens cut into `micros` micro-batches per rank
+ * of `world`, B sequences each (G = B * micros * world), read into x and y. */
+typedef struct eq_batch {
+    const fsc_tokens *tk;
+    fsc_arena *arena; /* reset before every micro-step */
+    int G, T, B, micros, rank, world;
+    int32_t *x, *y; /* B * T each */
+} eq_batch;
+
+/* Micro-step k of step s on m (the plain GPT or a wrapper around it): this
+ * rank's micro-batch, dropout keyed by its global sample (seed 5), the loss
+ * normalised by the global token count, gradients accumulated. The layout
+ * of every equivalence test and of its one-process reference. Returns
+ * fsc_gpt_train_micro's status. */
+static inline int eq_micro(fsc_module *m, const eq_batch *b, int s, int k) {
+    fsc_arena_reset(b->arena);
+    int rc = fsc_tokens_batch(b->tk, s, k, b->rank, b->B, b->micros, b->world, b->T, b->x, b->y);
+    if (rc) return rc;
+    fsc_ctx ctx = {.arena = b->arena,
+                   .training = true,
+                   .keyed = true,
+                   .seed = 5,
+                   .step = s,
+                   .sample0 = fsc_batch_first_sample(s, k, b->rank, b->B, b->micros, b->world)};
+    float loss;
+    return fsc_gpt_train_micro(m, &ctx, b->x, b->y, b->B, b->T, -1, (double)b->G * b->T, &loss);
+}
+
 /* One process, the whole global batch per step, summed in order `ord`: the
  * final parameters. *ps and *module (whose parameters ps's entries point at)
  * are the caller's to free. */
@@ -243,21 +272,11 @@ static float *eq_run_reference(const eq_options *o, const eq_order *ord, fsc_par
     fsc_arena *arena = fsc_arena_new(FSC_MEM_ACTIV, 1 << 20);
     int G = o->global_batch ? o->global_batch : EQ_GLOBAL_BATCH, B = G / micro, T = model->seq;
     int32_t *x = malloc(sizeof(int32_t) * G * T), *y = malloc(sizeof(int32_t) * G * T);
+    const eq_batch b = {&tk, arena, G, T, B, micro, 0, 1, x, y};
     for (int s = 0; s < EQ_STEPS; s++) {
         fsc_params_zero_grad(ps);
-        for (int j = 0; j < micro; j++) {
-            int k = ord->reverse ? micro - 1 - j : j;
-            fsc_arena_reset(arena);
-            fsc_tokens_batch(&tk, s, k, 0, B, micro, 1, T, x, y);
-            fsc_ctx ctx = {.arena = arena,
-                           .training = true,
-                           .keyed = true,
-                           .seed = 5,
-                           .step = s,
-                           .sample0 = fsc_batch_first_sample(s, k, 0, B, micro, 1)};
-            float loss;
-            if (fsc_gpt_train_micro(m, &ctx, x, y, B, T, -1, (double)G * T, &loss)) abort();
-        }
+        for (int j = 0; j < micro; j++)
+            if (eq_micro(m, &b, s, ord->reverse ? micro - 1 - j : j)) abort();
         if (o->max_norm > 0) fsc_clip_grad_norm(r, nr, o->max_norm, NULL);
         fsc_optim_step(opt);
         if (o->round_to != FSC_DTYPE_F32) {
