@@ -233,23 +233,49 @@ static int layout_mesh(trainer *t) {
               : FSC_OK;
 }
 
-/* --freeze "a,b" into t->freeze {"a", "b"}; an empty glob is refused. */
-static int split_freeze(trainer *t) {
-    const char *s = t->opt.freeze;
-    if (!s) return FSC_OK;
+/* flag's text "a,b" into *items {"a", "b"} pointing into *text (both
+ * malloc'ed); an empty item is refused. */
+static int split_list(const char *flag, const char *s, char **text, const char ***items, int *n) {
     size_t len = strlen(s);
-    int n = 1;
-    for (size_t i = 0; i < len; i++) n += s[i] == ',';
-    t->freeze_text = malloc(len + 1);
-    t->freeze = malloc((size_t)n * sizeof *t->freeze);
-    if (!t->freeze_text || !t->freeze) return fsc_error(FSC_ERR_NOMEM, "out of memory");
-    memcpy(t->freeze_text, s, len + 1);
-    for (char *tok = t->freeze_text, *next; tok; tok = next) {
+    int most = 1;
+    for (size_t i = 0; i < len; i++) most += s[i] == ',';
+    *text = malloc(len + 1);
+    *items = malloc((size_t)most * sizeof **items);
+    if (!*text || !*items) return fsc_error(FSC_ERR_NOMEM, "out of memory");
+    memcpy(*text, s, len + 1);
+    for (char *tok = *text, *next; tok; tok = next) {
         next = strchr(tok, ',');
         if (next) *next++ = '\0';
-        if (!*tok) return fsc_error(FSC_ERR_INVALID, "--freeze '%s': an empty glob", s);
-        t->freeze[t->nfreeze++] = tok;
+        if (!*tok) return fsc_error(FSC_ERR_INVALID, "%s '%s': an empty item", flag, s);
+        (*items)[(*n)++] = tok;
     }
+    return FSC_OK;
+}
+
+/* --freeze and --lora-* into the layout's fine-tuning fields. */
+static int finetune_layout(trainer *t, fsc_gpt_layout *l) {
+    const train_options *o = &t->opt;
+    int rc = FSC_OK;
+    if (o->freeze && (rc = split_list("--freeze", o->freeze, &t->freeze_text, &t->freeze,
+                                      &t->nfreeze)))
+        return rc;
+    l->freeze = t->freeze, l->nfreeze = t->nfreeze;
+    if (!o->lora_rank) {
+        if (o->lora_targets || o->lora_alpha || o->lora_dropout)
+            return fsc_error(FSC_ERR_INVALID, "--lora-targets, --lora-alpha and --lora-dropout "
+                                              "need --lora-rank");
+        return FSC_OK;
+    }
+    const char *targets = o->lora_targets ? o->lora_targets : "q_proj,v_proj";
+    if ((rc = split_list("--lora-targets", targets, &t->lora_text, &t->lora_targets,
+                         &t->nlora_targets)))
+        return rc;
+    t->lora = (fsc_lora_config){.rank = o->lora_rank,
+                                .alpha = (float)o->lora_alpha,
+                                .dropout = (float)o->lora_dropout,
+                                .targets = t->lora_targets,
+                                .ntargets = t->nlora_targets};
+    l->lora = &t->lora;
     return FSC_OK;
 }
 
@@ -304,8 +330,7 @@ int trainer_init(trainer *t, const train_options *o) {
                              .seed = o->seed,
                              .schedule_out = o->print_schedule ? stderr : NULL,
                              .balance_out = o->quiet ? NULL : stderr};
-    if ((rc = split_freeze(t))) return rc;
-    layout.freeze = t->freeze, layout.nfreeze = t->nfreeze;
+    if ((rc = finetune_layout(t, &layout))) return rc;
     if ((rc = fsc_gpt_plan_new(&t->opt.model, &layout, t->mesh, &t->plan))) return rc;
     t->model = fsc_gpt_plan_model(t->plan);
     if ((rc = make_trainer(t))) return rc;
@@ -363,7 +388,17 @@ int trainer_save_sharded(trainer *t, const char *dir) {
 int trainer_save(trainer *t, const char *path) {
     weights_meta m;
     make_meta(t, &m);
-    return fsc_trainer_save_weights(t->tr, t->rank == 0 ? path : NULL, 3, m.keys, m.values);
+    char file[4096];
+    const bool dir = train_hf_dir_target(&t->opt, path); /* a Hugging Face directory */
+    if (dir) {
+        if (t->rank == 0 && mkdir(path, 0777) && errno != EEXIST)
+            fsc_log(FSC_LOG_WARN, "%s: cannot create it (%s)", path, strerror(errno));
+        snprintf(file, sizeof file, "%s/model.safetensors", path); /* every strategy's one file */
+    }
+    int rc = fsc_trainer_save_weights(t->tr, t->rank == 0 ? (dir ? file : path) : NULL, 3, m.keys,
+                                      m.values);
+    if (!rc && dir && t->rank == 0) rc = train_hf_finish(&t->opt, path); /* shards, config.json */
+    return rc;
 }
 
 int trainer_checkpoint(trainer *t) {
@@ -397,6 +432,8 @@ void trainer_free(trainer *t) {
     free(t->px);
     free(t->freeze_text);
     free(t->freeze);
+    free(t->lora_text);
+    free(t->lora_targets);
     memset(t, 0, sizeof *t);
 }
 

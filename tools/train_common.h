@@ -10,6 +10,7 @@
 #include "fsc/gpt.h"
 #include "fsc/io.h"
 #include "fsc/layout.h"
+#include "fsc/lora.h"
 #include "fsc/moe_parallel.h"
 #include "fsc/trainer.h"
 
@@ -65,6 +66,9 @@ typedef struct train_options {
     const char *save_sharded; /* fsdp: directory for each rank's shard file at the end */
     const char *shard_size;   /* llama --save DIR: bytes per safetensors shard (NULL: 2 GB) */
     const char *freeze;       /* fine-tuning: comma-separated parameter-name globs */
+    int lora_rank;            /* LoRA adapters of this rank (0: none) */
+    double lora_alpha, lora_dropout;
+    const char *lora_targets; /* comma-separated module names (NULL: q_proj,v_proj) */
     int log_every;
     const char *val_data;  /* held-out tokens (NULL: *_val.bin beside the shards, or a tail) */
     double val_fraction;   /* without val shards: the tail of the data held out (0: none) */
@@ -171,10 +175,12 @@ typedef struct trainer {
     /* the arena the trainer last gave the loss function (not under --pp),
      * for fsc-bench to reset between its warm-up and timed steps */
     fsc_arena *step_arena;
-    /* --freeze split at its commas: the patterns point into freeze_text */
-    char *freeze_text;
-    const char **freeze;
-    int nfreeze;
+    /* --freeze and --lora-targets split at their commas (pointing into the
+     * texts), and the LoRA configuration the plan borrows */
+    char *freeze_text, *lora_text;
+    const char **freeze, **lora_targets;
+    int nfreeze, nlora_targets;
+    fsc_lora_config lora;
     /* the val loss measured after the current step (NAN: none), stored in
      * its checkpoint for --keep-best */
     double val_loss_now;

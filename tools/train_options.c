@@ -174,6 +174,15 @@ static const flag flags[] = {
     F("init-from", ARG_STR, init_from,
       "start from these weights (safetensors; llama: a Hugging Face directory, config.json "
       "and model.safetensors or shards with model.safetensors.index.json)"),
+    F("lora-rank", ARG_INT, lora_rank,
+      "fine-tuning with LoRA adapters of this rank on --lora-targets (every other parameter "
+      "frozen, as PEFT does); 0: none"),
+    F("lora-alpha", ARG_DOUBLE, lora_alpha, "with --lora-rank: scale = alpha / rank (0: rank)"),
+    F("lora-dropout", ARG_DOUBLE, lora_dropout,
+      "with --lora-rank: dropout on the adapters' input (default 0)"),
+    F("lora-targets", ARG_STR, lora_targets,
+      "with --lora-rank: comma-separated Linear names to adapt (default q_proj,v_proj; GPT-2: "
+      "c_attn,c_proj,c_fc)"),
     F("freeze", ARG_STR, freeze,
       "fine-tuning: freeze the parameters whose names match these comma-separated globs "
       "(e.g. 'model.embed_tokens.*,model.layers.*.mlp.*'): no gradient, no optimizer state, "
@@ -242,6 +251,9 @@ static const flag_range ranges[] = {
     {"norm-eps", 0, 1, false},
     {"tie-embeddings", 0, 1, false},
     {"qkv-bias", 0, 1, false},
+    {"lora-rank", 0, 65536, false},
+    {"lora-alpha", 0, 1e6, false},
+    {"lora-dropout", 0, 1, true},
     {"batch", 1, 1048576, false},
     {"grad-accum", 1, 65536, false},
     {"steps", 0, STEPS_MAX, false},

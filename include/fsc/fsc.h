@@ -26,6 +26,7 @@
 #include "fsc/io.h"
 #include "fsc/kernels.h"
 #include "fsc/layout.h"
+#include "fsc/lora.h"
 #include "fsc/moe.h"
 #include "fsc/moe_parallel.h"
 #include "fsc/nn.h"

@@ -67,6 +67,9 @@ typedef struct fsc_gpt_layout {
      * of the whole model (checked by fsc_gpt_plan_new). Borrowed. */
     const char *const *freeze;
     int nfreeze;
+    /* LoRA adapters (fsc/lora.h) on every model the plan makes, before the
+     * freeze patterns; NULL: none. Refused with tp > 1. Borrowed. */
+    const struct fsc_lora_config *lora;
     /* Rank 0 prints the schedule's grid and its statistics here (NULL:
      * nothing), and --balance auto's choice in layers per stage with its
      * predicted time and memory (NULL: nothing). */

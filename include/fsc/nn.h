@@ -105,6 +105,9 @@ typedef enum {
     FSC_INIT_ZEROS = 0,
     FSC_INIT_ONES,
     FSC_INIT_NORMAL, /* N(0, init_std), keyed by (seed, full parameter name, element) */
+    /* U(-init_std, init_std), keyed as NORMAL: LoRA's A, torch's
+     * kaiming_uniform_(a=sqrt(5)) at bound 1/sqrt(fan_in) (fsc/lora.h) */
+    FSC_INIT_UNIFORM,
 } fsc_init_kind;
 
 #define FSC_NAME_MAX 128
@@ -301,6 +304,12 @@ FSC_API void fsc_params_zero_grad(fsc_params *ps); /* zeroes ps->grad; no-op if 
  * parameters now frozen under root. */
 FSC_API int fsc_module_freeze(fsc_module *root, const char *const *patterns, int n,
                               bool require_match, int *frozen_out);
+/* out[i] ~ U(-bound, bound) for global element indices [first, first+n) of
+ * the tensor keyed `key` (fsc_rng_key(seed, full name)): element j draws
+ * 32 bits of Philox at counter j / 4, so any slice draws what the whole
+ * tensor would. FSC_INIT_UNIFORM's fill. */
+FSC_API void fsc_params_uniform_fill(float *out, int64_t n, int64_t first, uint64_t key,
+                                     float bound);
 /* Elements of ps's parameters that are not frozen (no padding). */
 FSC_API int64_t fsc_params_trainable_numel(const fsc_params *ps);
 /* The entry with full dotted name `name` (owned by ps), or NULL. */

@@ -18,6 +18,11 @@ static inline void *fsc_module_alloc(size_t size, const fsc_module_ops *ops, con
     return m;
 }
 
+/* linear.c: whether m is a plain Linear (fsc_linear_new), and its layout
+ * (m must be one); for LoRA (lora.c), which adapts Linears in place. */
+bool nn_linear_is(const fsc_module *m);
+fsc_weight_layout nn_linear_layout(const fsc_module *m);
+
 /* Allocates an output tensor shaped like x but with the last dim replaced. */
 static inline int fsc_alloc_like(fsc_arena *a, const fsc_tensor *x, int64_t last, fsc_tensor *out) {
     fsc_tensor t = *x;

@@ -52,6 +52,14 @@ static int linear_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const
 
 static const fsc_module_ops linear_ops = {"Linear", linear_forward, linear_backward, NULL};
 
+bool nn_linear_is(const fsc_module *m) {
+    return m && m->ops == &linear_ops;
+}
+
+fsc_weight_layout nn_linear_layout(const fsc_module *m) {
+    return ((const linear *)m)->layout;
+}
+
 fsc_module *fsc_linear_new(const char *name, int in, int out, bool bias, fsc_weight_layout layout,
                            float init_std) {
     if (in <= 0 || out <= 0) {

@@ -80,6 +80,14 @@ void fsc_params_rebind(fsc_params *ps, float *data, float *grad) {
     }
 }
 
+void fsc_params_uniform_fill(float *out, int64_t n, int64_t first, uint64_t key, float bound) {
+    for (int64_t i = 0; i < n; i++) {
+        const uint64_t j = (uint64_t)(first + i);
+        const fsc_philox_out r = fsc_philox4x32(key, 0, j / 4);
+        out[i] = (2.f * fsc_rng_uniform(r.v[j % 4]) - 1.f) * bound;
+    }
+}
+
 void fsc_params_init_values(fsc_params *ps, uint64_t seed) {
     for (int i = 0; i < ps->count; i++) {
         fsc_param *p = ps->entries[i].param;
@@ -93,6 +101,10 @@ void fsc_params_init_values(fsc_params *ps, uint64_t seed) {
         case FSC_INIT_NORMAL:
             fsc_rng_normal_fill(p->data, p->numel, 0, fsc_rng_key(seed, ps->entries[i].name), 0.f,
                                 p->init_std);
+            break;
+        case FSC_INIT_UNIFORM:
+            fsc_params_uniform_fill(p->data, p->numel, 0, fsc_rng_key(seed, ps->entries[i].name),
+                                    p->init_std);
             break;
         }
     }

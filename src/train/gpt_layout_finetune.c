@@ -1,18 +1,30 @@
-/* Fine-tuning on a layout: the plan's freeze patterns applied to every
- * model it makes. The patterns are checked once against the one-process
- * model's names, since a pipeline stage or a TP slice holds only part of
- * them (a pattern may rightly match nothing on one stage). */
+/* Fine-tuning on a layout: the plan's LoRA adapters and freeze patterns
+ * applied to every model it makes. Targets and patterns are checked once
+ * against the one-process model, since a pipeline stage or a TP slice holds
+ * only part of it (a pattern may rightly match nothing on one stage). */
+#include "fsc/lora.h"
 #include "gpt_layout_internal.h"
 
 int gpt_layout_finetune(const fsc_gpt_plan *p, fsc_module *m, bool whole) {
     const fsc_gpt_layout *l = &p->layout;
-    if (!m || l->nfreeze == 0) return FSC_OK;
-    int rc = fsc_module_freeze(m, l->freeze, l->nfreeze, whole, NULL);
+    if (!m) return FSC_OK;
+    int rc = FSC_OK;
+    if (l->lora) {
+        fsc_lora_config c = *l->lora;
+        c.partial = !whole; /* a stage holds some of the targets (the embedding's none) */
+        if ((rc = fsc_lora_apply(m, &c, NULL))) return fsc_error_context(rc, "LoRA: ");
+    }
+    rc = l->nfreeze ? fsc_module_freeze(m, l->freeze, l->nfreeze, whole, NULL) : FSC_OK;
     return rc ? fsc_error_context(rc, "--freeze: ") : FSC_OK;
 }
 
 int gpt_layout_finetune_check(const fsc_gpt_plan *p) {
-    if (p->layout.nfreeze == 0) return FSC_OK;
+    if (p->layout.lora && p->layout.tp > 1)
+        return fsc_error(FSC_ERR_UNSUPPORTED,
+                         "LoRA with --tp %d: the tensor-parallel layers carry no adapters yet "
+                         "(run LoRA under single, dp, ddp, oss, sdp, fsdp or --pp)",
+                         p->layout.tp);
+    if (p->layout.nfreeze == 0 && !p->layout.lora) return FSC_OK;
     fsc_module *whole = fsc_gpt_new(&p->cfg); /* a tree of names, no storage */
     if (!whole) return FSC_ERR_INVALID;
     int rc = gpt_layout_finetune(p, whole, true);

@@ -125,3 +125,77 @@ def freeze():
     p = run(*LLAMA, "--data", data, "--batch", "4", *TRAIN, "--freeze", "model.layers.*,nope.*",
             expect_ok=False)
     expect_refused(p, "pattern 'nope.*' matches no parameter name", "--freeze with a stray glob")
+
+
+LORA = ["--lora-rank", "4", "--lora-alpha", "8",
+        "--lora-targets", "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"]
+
+
+def lora_losses(init, tokens, torch, torch_gpt, torch_lora):
+    tensors, _ = torch_gpt.load_safetensors(init)
+    model = torch_lora.LoraLlama(tensors, 4, 8.0, layers_=2, heads=4, kv_heads=2)
+    opt = model.adamw(LR, (0.9, 0.95), 1e-8, 0.1)
+    out = []
+    for s in range(STEPS):
+        x, y = torch_gpt.batch(tokens, s, 0, 0, 4, 1, 1, 32)
+        opt.zero_grad()
+        loss = model.loss(x, y)
+        loss.backward()
+        opt.step()
+        out.append(loss.item())
+    return out
+
+
+def weights_file(path):
+    """--save-init / --save of --arch llama write a directory; its weights file."""
+    return os.path.join(path, "model.safetensors") if os.path.isdir(path) else path
+
+
+def lora():
+    try:
+        import torch
+        import torch_gpt
+        import torch_lora
+    except ImportError:
+        print("SKIP: PyTorch is not installed (scripts/install-deps.sh installs python3-torch)")
+        sys.exit(77)
+    torch.set_num_threads(1)
+    data = os.path.join(TMP, "lora.txt")
+    with open(data, "wb") as f:
+        f.write(bytes((i * 7919 + (i // 13) * 31) % 251 for i in range(20000)))
+    tokens = torch.tensor(list(open(data, "rb").read()), dtype=torch.int64)
+    init, m = os.path.join(TMP, "lora_init"), os.path.join(TMP, "lora.jsonl")
+    saved = os.path.join(TMP, "lora_saved")
+    run(*LLAMA, "--data", data, "--batch", "4", *TRAIN, *LORA, "--save-init", init,
+        "--save", saved, "--metrics", m)
+    ref = lora_losses(weights_file(init), tokens, torch, torch_gpt, torch_lora)
+    compare("LoRA r=4 on every Linear of a LLaMA, one process", [r["loss"] for r in metrics(m)],
+            ref)
+    a, _ = torch_gpt.load_safetensors(weights_file(init))
+    b, _ = torch_gpt.load_safetensors(weights_file(saved))
+    moved = [n for n in a if ".lora_" not in n and not bool((a[n] == b[n]).all())]
+    trained = [n for n in a if ".lora_B." in n and bool((a[n] == b[n]).all())]
+    if moved or trained or not any(".lora_A." in n for n in a):
+        sys.exit(f"FAIL: LoRA: base tensors changed {moved}, adapters did not train {trained}")
+    print(f"LoRA: {sum('.lora_' not in n for n in a)} base tensors bit-identical, "
+          f"{sum('.lora_' in n for n in a)} adapter tensors trained")
+    for name, extra in (("ddp", ["--strategy", "ddp", "--batch", "2"]),
+                        ("fsdp", ["--strategy", "fsdp", "--batch", "2"]),
+                        ("pp2", ["--strategy", "ddp", "--pp", "2", "--batch", "2",
+                                 "--grad-accum", "2"])):
+        m2 = os.path.join(TMP, f"lora_{name}.jsonl")
+        mpiexec(2, *LLAMA, "--data", data, *extra, *TRAIN, *LORA, "--metrics", m2)
+        compare(f"LoRA, {name} on 2 ranks", [r["loss"] for r in metrics(m2)], ref)
+    gpt = ["--layers", "2", "--d-model", "64", "--heads", "4", "--seq", "32", "--vocab", "512",
+           "--dropout", "0", "--data", data, *TRAIN, "--lora-rank", "4",
+           "--lora-targets", "c_attn,c_proj,c_fc"]
+    g1, g2 = os.path.join(TMP, "lora_g1.jsonl"), os.path.join(TMP, "lora_g2.jsonl")
+    run(*gpt, "--batch", "4", "--metrics", g1)
+    mpiexec(2, *gpt, "--strategy", "fsdp", "--batch", "2", "--metrics", g2)
+    compare("LoRA on GPT-2's c_attn, c_proj, c_fc: fsdp on 2 ranks against one process",
+            [r["loss"] for r in metrics(g2)], [r["loss"] for r in metrics(g1)])
+    p = mpiexec(2, *gpt, "--strategy", "ddp", "--tp", "2", "--batch", "4", expect_ok=False)
+    expect_refused(p, "LoRA with --tp 2", "LoRA under --tp")
+    p = run(*LLAMA, "--data", data, "--batch", "4", *TRAIN, "--lora-rank", "4",
+            "--lora-targets", "q_proj,qproj", expect_ok=False)
+    expect_refused(p, "target module 'qproj' names no Linear", "a LoRA target naming nothing")

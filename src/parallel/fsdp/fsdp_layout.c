@@ -71,6 +71,11 @@ void fsdp_init_shard(fsc_fsdp *f, fsdp_unit *u, uint64_t seed) {
                                 fsc_rng_key(seed, f->ps.entries[u->entries[i]].name), 0.f,
                                 p->init_std);
             break;
+        case FSC_INIT_UNIFORM:
+            fsc_params_uniform_fill(dst, b - a, a - u->offset[i],
+                                    fsc_rng_key(seed, f->ps.entries[u->entries[i]].name),
+                                    p->init_std);
+            break;
         }
     }
 }

@@ -137,6 +137,10 @@ static void init_shard(const tp_module *t, const tp_shard *s, fsc_param *p, uint
                 fsc_rng_normal_fill(dst, inner, (o * s->global_dim + g) * inner, key, 0.f,
                                     p->init_std);
                 break;
+            case FSC_INIT_UNIFORM:
+                fsc_params_uniform_fill(dst, inner, (o * s->global_dim + g) * inner, key,
+                                        p->init_std);
+                break;
             }
         }
 }
