@@ -91,6 +91,15 @@ typedef struct fsc_fsdp_options {
 FSC_API int fsc_fsdp_auto_wrap(fsc_module *root, int64_t min_num_params, fsc_module ***units,
                                int *n);
 
+/* Modules to make units of by kind, FairScale's config_auto_wrap_policy
+ * with a module class: every submodule of root (not root itself) whose
+ * fsc_module_ops.kind equals kind, outermost first (a match's own
+ * submodules are its), skipping modules whose parameters their parent uses
+ * (fsc_module.params_used_by_parent). "TransformerBlock" gives a GPT-2 or a
+ * LLaMA one unit per decoder layer. FSC_ERR_INVALID naming the kind when
+ * nothing matches. *units is malloc'ed (free it). */
+FSC_API int fsc_fsdp_wrap_kind(fsc_module *root, const char *kind, fsc_module ***units, int *n);
+
 /* Shards `root` over group g with units[0..n) (submodules of root; duplicates
  * and the root itself are refused). Shards are initialised from (seed,
  * parameter name, element) exactly as fsc_params_bind would initialise the

@@ -100,6 +100,11 @@ typedef struct fsc_strategy_options {
     fsc_module *const *units;
     int nunits;
     int64_t min_params;
+    /* fsdp units by module kind (fsc_fsdp_wrap_kind: FairScale's
+     * config_auto_wrap_policy with a module class), e.g. "TransformerBlock"
+     * for one unit per GPT-2 or LLaMA decoder layer; before min_params.
+     * Borrowed. */
+    const char *units_kind;
     bool keep_after_forward; /* fsdp: keep gathered units until backward */
     /* fsdp: accumulate full gradients over micro-steps and reduce once (more
      * memory, less traffic) instead of reduce-scattering every micro-step. */

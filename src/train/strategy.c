@@ -58,6 +58,7 @@ static int option_uses(const fsc_strategy_options *o, option_use *out) {
          o && o->compute_dtype != FSC_DTYPE_F32 && o->compute_dtype != FSC_DTYPE_BF16},
         {"units", OPT_FSDP, o && (o->units || o->nunits)},
         {"min_params", OPT_FSDP, o && o->min_params != 0},
+        {"units_kind", OPT_FSDP, o && o->units_kind},
         {"keep_after_forward", OPT_FSDP, o && o->keep_after_forward},
         {"accum_no_sync", OPT_FSDP, o && o->accum_no_sync},
         {"threads", OPT_THREADS, o && (o->threads > 1 || o->make_replica)},

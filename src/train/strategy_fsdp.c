@@ -34,6 +34,8 @@ static int setup(fsc_strategy *s, const fsc_optim_config *optim) {
     int n = 0, rc = FSC_OK;
     if (o->units)
         n = o->nunits;
+    else if (o->units_kind)
+        rc = fsc_fsdp_wrap_kind(s->model, o->units_kind, &units, &n);
     else if (o->min_params > 0)
         rc = fsc_fsdp_auto_wrap(s->model, o->min_params, &units, &n);
     else
