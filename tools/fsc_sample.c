@@ -26,7 +26,7 @@
 #include "tool_flags.h"
 
 typedef struct {
-    const char *model, *prompt, *prompt_ids, *tokenizer;
+    const char *model, *prompt, *prompt_ids, *tokenizer, *logits;
     int max_new, top_k, heads, threads;
     double temperature;
     uint64_t seed;
@@ -59,6 +59,9 @@ static const tool_flag FLAGS[] = {
       "a whole forward over the context per token (for comparison)"),
     F("ids", ARG_FLAG, print_ids, NULL, "print token ids, one per line, instead of text"),
     F("quiet", ARG_FLAG, quiet, NULL, "no speed report"),
+    F("logits", ARG_STR, logits, "FILE",
+      "also write the prompt's logits, one row per position, as safetensors (tensor "
+      "\"logits\", F32 (n,V)) from one full forward: for comparing with another implementation"),
 };
 #undef F
 
@@ -162,6 +165,36 @@ static void moe_from_file(const fsc_st_file *f, fsc_gpt_config *cfg) {
     }
 }
 
+/* A LLaMA-family model's config (fsc_hf_config_parse) from text that says
+ * model_type llama or qwen2: 1 when it does (parsed, or *rc set), 0 when
+ * it is another family's. */
+static int llama_config(const char *text, const char *what, fsc_gpt_config *cfg, int *rc) {
+    cJSON *j = text ? cJSON_Parse(text) : NULL;
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(j, "model_type");
+    const int llama = cJSON_IsString(type) &&
+                      (!strcmp(type->valuestring, "llama") || !strcmp(type->valuestring, "qwen2"));
+    cJSON_Delete(j);
+    if (llama) *rc = fsc_hf_config_parse(text, what, cfg);
+    return llama;
+}
+
+/* A Hugging Face model directory: config.json with model.safetensors or
+ * the shards of model.safetensors.index.json (fsc_st_open reads either). */
+static bool hf_dir(const char *dir) {
+    struct stat st;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (stat(path, &st)) return false;
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    if (!stat(path, &st)) return true;
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    return !stat(path, &st);
+}
+
+/* Positions a LLaMA's cache holds at most: max_position_embeddings can be
+ * 128K, whose cache would be gigabytes; past this the window slides. */
+#define LLAMA_CONTEXT_MAX 4096
+
 /* The weights file of PATH and the model's shape. *weights is malloc'ed. */
 static int resolve(const sample_options *o, char **weights, fsc_gpt_config *cfg) {
     struct stat st;
@@ -170,7 +203,12 @@ static int resolve(const sample_options *o, char **weights, fsc_gpt_config *cfg)
     const char *from_ckpt = NULL;
     fsc_ckpt *c = NULL;
     int rc = FSC_OK;
-    if (S_ISDIR(st.st_mode)) {
+    if (S_ISDIR(st.st_mode) && hf_dir(o->model)) { /* its config.json says the shape */
+        *weights = strdup(o->model);
+        if ((rc = fsc_hf_config_read(o->model, cfg))) return rc;
+        if (cfg->arch == FSC_ARCH_LLAMA) goto checked;
+        *cfg = (fsc_gpt_config){0}; /* GPT-2: from the tensors, as a file of it */
+    } else if (S_ISDIR(st.st_mode)) {
         if ((rc = fsc_ckpt_open(o->model, &c)))
             return fsc_error_context(rc, "--model %s: ", o->model);
         const char *p = fsc_ckpt_path(c, "model.safetensors");
@@ -187,12 +225,34 @@ static int resolve(const sample_options *o, char **weights, fsc_gpt_config *cfg)
         const char *meta = fsc_st_metadata(f, "fsc.gpt_config");
         if (!meta) meta = fsc_st_metadata(f, "fsc.model");
         if (!meta) meta = from_ckpt;
-        if (!meta || config_from_json(meta, cfg)) rc = config_from_tensors(f, o->heads, cfg);
-        if (!rc && o->heads) cfg->heads = o->heads;
-        if (!rc) moe_from_file(f, cfg);
+        char beside[4200], *text = NULL;
+        const char *slash = strrchr(*weights, '/');
+        snprintf(beside, sizeof beside, "%.*sconfig.json", slash ? (int)(slash - *weights + 1) : 0,
+                 *weights);
+        if (!meta && !stat(beside, &st) && !fsc_file_read_all(beside, 1 << 22, &text, NULL))
+            meta = text; /* a Hugging Face LLaMA file with its config.json */
+        if (!llama_config(meta, meta == text ? beside : *weights, cfg, &rc) &&
+            (!meta || config_from_json(meta, cfg)))
+            rc = config_from_tensors(f, o->heads, cfg);
+        free(text);
+        if (!rc && o->heads && cfg->arch != FSC_ARCH_LLAMA) cfg->heads = o->heads;
+        if (!rc && cfg->arch != FSC_ARCH_LLAMA) moe_from_file(f, cfg);
     }
     fsc_st_close(f);
     fsc_ckpt_close(c);
+    if (rc) return rc;
+checked:
+    if (cfg->arch == FSC_ARCH_LLAMA && o->heads && o->heads != cfg->heads)
+        return fsc_error(FSC_ERR_INVALID, "--heads %d: the model's config says %d", o->heads,
+                         cfg->heads);
+    if (cfg->arch == FSC_ARCH_LLAMA && cfg->seq > LLAMA_CONTEXT_MAX) {
+        if (!o->quiet)
+            fprintf(stderr,
+                    "fsc-sample: a window of %d positions (the model has %d; the window slides "
+                    "past it)\n",
+                    LLAMA_CONTEXT_MAX, cfg->seq);
+        cfg->seq = LLAMA_CONTEXT_MAX;
+    }
     if (!rc && (rc = fsc_gpt_config_check(cfg)))
         rc = fsc_error_context(rc, "the model's shape from %s: ", o->model);
     return rc;
@@ -338,6 +398,27 @@ static int slide(generator *g) {
     return g->n - g->start;
 }
 
+/* --logits: the prompt's logits (n,V) from one full forward over it. */
+static int dump_logits(const generator *g, const int32_t *prompt, int n, const char *path) {
+    if (n > g->cfg.seq)
+        return fsc_error(FSC_ERR_INVALID,
+                         "--logits: the prompt has %d tokens, the model %d positions", n,
+                         g->cfg.seq);
+    fsc_arena *arena = fsc_arena_new(FSC_MEM_ACTIV, 1 << 20);
+    if (!arena) return FSC_ERR_NOMEM;
+    fsc_ctx ctx = {.arena = arena, .training = false};
+    fsc_tensor x = fsc_tensor_2d((void *)prompt, FSC_DTYPE_I32, 1, n), y;
+    void *saved;
+    int rc = fsc_module_forward(g->gpt, &ctx, &x, &y, &saved);
+    if (!rc) {
+        const char *names[] = {"logits"};
+        const fsc_tensor out = fsc_tensor_2d(y.data, FSC_DTYPE_F32, n, g->cfg.vocab);
+        rc = fsc_st_save(path, 1, names, &out, NULL);
+    }
+    fsc_arena_free(arena);
+    return rc ? fsc_error_context(rc, "--logits %s: ", path) : FSC_OK;
+}
+
 int main(int argc, char **argv) {
     sample_options o;
     int rc = parse(argc, argv, &o);
@@ -371,6 +452,7 @@ int main(int argc, char **argv) {
     if ((rc = fsc_params_bind(g.gpt, 0, false, &ps))) goto done;
     if ((rc = fsc_weights_load(weights, &ps, &unused))) goto done;
     if ((rc = encode_prompt(&o, bpe, g.cfg.vocab, &prompt, &np))) goto done;
+    if (o.logits && (rc = dump_logits(&g, prompt, np, o.logits))) goto done;
     const int V = g.cfg.vocab;
     g.ctx = malloc(((size_t)np + (size_t)o.max_new) * sizeof *g.ctx);
     g.logits = malloc((size_t)V * sizeof *g.logits);
@@ -388,9 +470,9 @@ int main(int argc, char **argv) {
     g.n = np;
     g.start = np > g.cfg.seq ? np - g.cfg.seq : 0;
     if (!o.quiet)
-        fprintf(stderr, "fsc-sample: GPT L%d C%d H%d T%d V%d from %s%s; %d prompt tokens, %s\n",
-                g.cfg.layers, g.cfg.d_model, g.cfg.heads, g.cfg.seq, V, weights,
-                unused ? " (some tensors unused)" : "", np,
+        fprintf(stderr, "fsc-sample: %s L%d C%d H%d T%d V%d from %s%s; %d prompt tokens, %s\n",
+                g.cfg.arch == FSC_ARCH_LLAMA ? "LLaMA" : "GPT", g.cfg.layers, g.cfg.d_model,
+                g.cfg.heads, g.cfg.seq, V, weights, unused ? " (some tensors unused)" : "", np,
                 o.no_cache ? "a full forward per token" : "KV cache");
     if (!o.quiet && g.cfg.moe)
         fprintf(stderr,

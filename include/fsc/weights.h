@@ -62,7 +62,8 @@ FSC_API const fsc_st_entry *fsc_weights_find(const fsc_st_file *f, const char *n
  * intermediate_size, num_hidden_layers, num_attention_heads,
  * num_key_value_heads, rope_theta, rope_scaling null or "llama3",
  * rms_norm_eps, tie_word_embeddings, vocab_size, max_position_embeddings
- * into seq, attention_bias; Qwen 2 always has q/k/v biases), or "gpt2"
+ * into seq, attention_bias; Qwen 2 always has q/k/v biases; fsc's own
+ * metadata, whose shape carries GPT-2's names, reads too), or "gpt2"
  * (n_embd, n_layer, n_head, n_positions, vocab_size). `what` names the
  * file in messages. FSC_ERR_FORMAT naming the field for one missing or
  * impossible (heads not dividing hidden_size, ...); FSC_ERR_UNSUPPORTED

@@ -95,14 +95,19 @@ static int llama_fields(const cJSON *j, const char *what, bool qwen2, fsc_gpt_co
     c->norm_eps = 1e-6f; /* LlamaConfig's default rms_norm_eps */
     c->qkv_bias = qwen2; /* Qwen 2 always has them */
     c->tie_embeddings = false;
+    /* fsc's own metadata (fsc.gpt_config) names the shape as GPT-2 does */
+    const bool gpt2_names = !cJSON_GetObjectItemCaseSensitive(j, "hidden_size") &&
+                            cJSON_GetObjectItemCaseSensitive(j, "n_embd");
     int rc = get_int(j, what, "vocab_size", true, &c->vocab);
-    if (!rc) rc = get_int(j, what, "hidden_size", true, &c->d_model);
-    if (!rc) rc = get_int(j, what, "num_hidden_layers", true, &c->layers);
-    if (!rc) rc = get_int(j, what, "num_attention_heads", true, &c->heads);
+    if (!rc) rc = get_int(j, what, gpt2_names ? "n_embd" : "hidden_size", true, &c->d_model);
+    if (!rc) rc = get_int(j, what, gpt2_names ? "n_layer" : "num_hidden_layers", true, &c->layers);
+    if (!rc) rc = get_int(j, what, gpt2_names ? "n_head" : "num_attention_heads", true, &c->heads);
     if (!rc) rc = get_int(j, what, "intermediate_size", true, &c->ffn_hidden);
     c->kv_heads = c->heads;
     if (!rc) rc = get_int(j, what, "num_key_value_heads", false, &c->kv_heads);
-    if (!rc) rc = get_int(j, what, "max_position_embeddings", false, &c->seq);
+    if (!rc)
+        rc = get_int(j, what, gpt2_names ? "n_positions" : "max_position_embeddings", false,
+                     &c->seq);
     c->rope_theta = 10000.f;
     if (!rc) rc = get_pos(j, what, "rope_theta", &c->rope_theta);
     if (!rc) rc = get_pos(j, what, "rms_norm_eps", &c->norm_eps);

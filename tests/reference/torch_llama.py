@@ -11,12 +11,16 @@ import golden_llama as layers
 class Llama(torch.nn.Module):
     """Every tensor of a state dict as a trainable parameter, by HF name."""
 
-    def __init__(self, tensors, layers_, heads, kv_heads, theta=10000.0, eps=1e-5):
+    def __init__(self, tensors, layers_, heads, kv_heads, theta=10000.0, eps=1e-5, scaling=None,
+                 dtype=torch.float32):
+        """scaling: config.json's rope_scaling (llama3) or None; dtype: the
+        parameters' and so the whole forward's (float64 for a noise floor)."""
         super().__init__()
         self.L, self.NH, self.NKV, self.theta, self.eps = layers_, heads, kv_heads, theta, eps
+        self.scaling = scaling
         self.names = list(tensors)
         self.params = torch.nn.ParameterList(
-            [torch.nn.Parameter(tensors[n].clone().float()) for n in self.names])
+            [torch.nn.Parameter(tensors[n].clone().to(dtype)) for n in self.names])
         self.index = {n: i for i, n in enumerate(self.names)}
 
     def p(self, name):
@@ -34,7 +38,8 @@ class Llama(torch.nn.Module):
             pre = f"model.layers.{i}."
             a = layers.rms_norm(h, self.p(pre + "input_layernorm.weight"), self.eps)
             h = h + layers.llama_attention(a, self.sub(pre + "self_attn."), self.NH, self.NKV, hd,
-                                           self.theta, None, pre + "self_attn.q_proj.bias" in self.index)
+                                           self.theta, self.scaling,
+                                           pre + "self_attn.q_proj.bias" in self.index)
             m = layers.rms_norm(h, self.p(pre + "post_attention_layernorm.weight"), self.eps)
             h = h + layers.swiglu(m, self.sub(pre + "mlp."))
         h = layers.rms_norm(h, self.p("model.norm.weight"), self.eps)
