@@ -8,6 +8,7 @@ packages=(
   libopenblas-dev        # CBLAS; fsc selects the AVX-512 kernels itself
   libopenmpi-dev openmpi-bin
   libcjson-dev           # safetensors headers, checkpoint manifests
+  libpcre2-dev           # tokenizer.json's pre-tokenizer regexes (Unicode, JIT)
   zlib1g-dev             # checkpoint checksums (CRC-32)
   libcmocka-dev          # unit tests
   libomp-dev
