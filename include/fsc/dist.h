@@ -258,7 +258,7 @@ FSC_API int fsc_mesh_new(int dp, int pp, int tp, fsc_mesh **out);
  * and cp or ep > 1 (see fsc_mesh_shape). Collective over parent, which
  * must outlive the mesh. The caller owns *out. */
 FSC_API int fsc_mesh_new_over(fsc_group *parent, fsc_mesh_shape shape, fsc_mesh **out);
-/* Frees the mesh and its three groups (collective, as fsc_group_free). Accepts NULL. */
+/* Frees the mesh and its groups (collective, as fsc_group_free). Accepts NULL. */
 FSC_API void fsc_mesh_free(fsc_mesh *m);
 /* The group the mesh lays out (the world or fsc_mesh_new_over's parent;
  * not owned by the mesh). NULL for a NULL mesh. */
@@ -270,6 +270,18 @@ FSC_API fsc_group *fsc_mesh_group(const fsc_mesh *m, fsc_mesh_dim dim);
 FSC_API int fsc_mesh_size(const fsc_mesh *m, fsc_mesh_dim dim); /* 0 for NULL or a bad dim */
 /* This rank's index along dim; -1 for NULL or a bad dim. */
 FSC_API int fsc_mesh_coord(const fsc_mesh *m, fsc_mesh_dim dim);
+/* The ranks of this rank's model replica: every pp and tp coordinate with
+ * this rank's dp coordinate, ranked p * tp + t (owned by the mesh). NULL
+ * for a NULL mesh. */
+FSC_API fsc_group *fsc_mesh_replica(const fsc_mesh *m);
+/* A group of some ranks along dim (e.g. the pipeline stages that hold one
+ * shared parameter): this rank's line along dim, cut to the coordinates
+ * whose bits are set in coords, ranked by coordinate; *out is NULL on a
+ * rank whose own coordinate is not in coords. Collective over the line
+ * (every rank of fsc_mesh_group(m, dim) calls it with the same coords).
+ * The caller frees *out. FSC_ERR_UNSUPPORTED past 64 ranks along dim. */
+FSC_API int fsc_mesh_subgroup(const fsc_mesh *m, fsc_mesh_dim dim, uint64_t coords,
+                              const char *name, fsc_group **out);
 
 #ifdef __cplusplus
 }

@@ -109,6 +109,12 @@ typedef struct fsc_pipe_options {
      * ranks laid out (replica * ranks + pipeline rank) * tp size + tp rank.
      * Borrowed, outliving the pipe. */
     fsc_group *tp;
+    /* The layout's mesh (fsc/dist.h; borrowed, outliving the pipe): g, dp,
+     * mesh and tp are then its pp, dp, parent and tp groups, and the pipe
+     * takes its other groups from it (a replica's ranks, the stages that
+     * share a parameter). NULL: the pipe lays out its own mesh once, over
+     * mesh (else g) as replicas x g's ranks x tp. */
+    const fsc_mesh *layout;
     /* NULL: none. Sees each micro-batch's own gradient after its backward
      * on this rank (AdaScale's samples), only what this rank counts in the
      * norm: a parameter every TP rank holds on TP rank 0, a shared one on

@@ -8,6 +8,7 @@
  * (the chattiest: an allreduce per layer) is always a run of adjacent
  * ranks, which launchers place on the same node.
  */
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "dist_internal.h"
@@ -17,11 +18,13 @@ struct fsc_mesh {
     int size[3];
     int coord[3];
     fsc_group *group[3];
+    fsc_group *replica; /* pp x tp: the ranks with this rank's dp coordinate */
 };
 
 void fsc_mesh_free(fsc_mesh *m) {
     if (!m) return;
     for (int d = 0; d < 3; d++) fsc_group_free(m->group[d]);
+    fsc_group_free(m->replica);
     free(m);
 }
 
@@ -75,12 +78,12 @@ int fsc_mesh_new_over(fsc_group *parent, fsc_mesh_shape shape, fsc_mesh **out) {
     static const char *names[3] = {"dp", "pp", "tp"};
     const int color[3] = {p * tp + t, d * tp + t, d * pp + p};
     const int key[3] = {d, p, t};
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < 3 && !rc; k++)
         rc = fsc_group_split(g, color[k], key[k], names[k], &m->group[k]);
-        if (rc) {
-            fsc_mesh_free(m);
-            return fsc_error_context(rc, "%s(%d, %d, %d): ", fn, dp, pp, tp);
-        }
+    if (!rc) rc = fsc_group_split(g, d, p * tp + t, "replica", &m->replica);
+    if (rc) {
+        fsc_mesh_free(m);
+        return fsc_error_context(rc, "%s(%d, %d, %d): ", fn, dp, pp, tp);
     }
     *out = m;
     return FSC_OK;
@@ -109,4 +112,24 @@ int fsc_mesh_size(const fsc_mesh *m, fsc_mesh_dim dim) {
 
 int fsc_mesh_coord(const fsc_mesh *m, fsc_mesh_dim dim) {
     return m && (unsigned)dim < 3 ? m->coord[dim] : -1;
+}
+
+fsc_group *fsc_mesh_replica(const fsc_mesh *m) {
+    return m ? m->replica : NULL;
+}
+
+int fsc_mesh_subgroup(const fsc_mesh *m, fsc_mesh_dim dim, uint64_t coords, const char *name,
+                      fsc_group **out) {
+    static const char *fn = "fsc_mesh_subgroup";
+    if (!out) return fsc_error(FSC_ERR_INVALID, "%s: out is NULL", fn);
+    *out = NULL;
+    if (!m || (unsigned)dim >= 3)
+        return fsc_error(FSC_ERR_INVALID, "%s: %s", fn, m ? "no such dimension" : "mesh is NULL");
+    if (m->size[dim] > 64)
+        return fsc_error(FSC_ERR_UNSUPPORTED,
+                         "%s: %d ranks along the dimension; a set of coordinates holds 64", fn,
+                         m->size[dim]);
+    const int c = m->coord[dim];
+    int rc = fsc_group_split(m->group[dim], (coords >> c) & 1 ? 0 : -1, c, name, out);
+    return rc ? fsc_error_context(rc, "%s: ", fn) : FSC_OK;
 }

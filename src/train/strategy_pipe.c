@@ -88,6 +88,7 @@ static int setup(fsc_strategy *s, const fsc_optim_config *optim) {
                            .mesh = all,
                            .sharding = (fsc_pipe_sharding)s->pipe_zero,
                            .tp = s->tp_group,
+                           .layout = s->opt.mesh ? s->opt.mesh : s->own_mesh,
                            .probe = s->opt.grad_probe,
                            .probe_user = s->opt.grad_probe_user};
     for (int d = 0; d < FSC_MAX_DIMS; d++) po.act_shape[d] = P > 1 ? s->opt.pipe.act_shape[d] : 1;

@@ -375,6 +375,28 @@ static void check_mesh(int dp, int pp, int tp) {
     for (int r = 1; r < tp; r++)
         assert_int_equal(fsc_group_world_rank(tpg, r), fsc_group_world_rank(tpg, r - 1) + 1);
     assert_string_equal(fsc_group_name(tpg), "tp");
+    /* the replica: every (p, t) with this rank's d, ranked p * tp + t */
+    fsc_group *rep = fsc_mesh_replica(m);
+    assert_int_equal(fsc_group_size(rep), pp * tp);
+    assert_int_equal(fsc_group_rank(rep), p * tp + t);
+    for (int r = 0; r < pp * tp; r++)
+        assert_int_equal(fsc_group_world_rank(rep, r), d * pp * tp + r);
+    /* a subgroup along pp: the first and last stage (a tied parameter's
+     * holders), ranked by stage; NULL on the stages between */
+    const uint64_t ends = 1u | (uint64_t)1 << (pp - 1);
+    fsc_group *sub = NULL;
+    CHECK_RC(fsc_mesh_subgroup(m, FSC_MESH_PP, ends, "ends", &sub));
+    if (p != 0 && p != pp - 1) {
+        assert_null(sub);
+    } else {
+        assert_non_null(sub);
+        assert_int_equal(fsc_group_size(sub), pp > 1 ? 2 : 1);
+        assert_int_equal(fsc_group_rank(sub), p == 0 ? 0 : 1);
+        assert_int_equal(fsc_group_world_rank(sub, 0), (d * pp + 0) * tp + t);
+        fsc_group_free(sub);
+    }
+    assert_int_equal(fsc_mesh_subgroup(m, (fsc_mesh_dim)3, ends, "bad", &sub), FSC_ERR_INVALID);
+    assert_null(sub);
     fsc_mesh_free(m);
 }
 

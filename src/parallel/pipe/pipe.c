@@ -47,7 +47,7 @@ fsc_pipe *fsc_pipe_new(fsc_group *g, const fsc_pipe_schedule *schedule,
         rc = fsc_error(FSC_ERR_INVALID, "pipeline: the schedule is for %d ranks, the group has %d",
                        p->cfg.ranks, fsc_group_size(g));
     /* one rank is a pipeline only as the unit a mesh shards (fsdp over TP replicas) */
-    if (!rc && p->cfg.ranks < 2 && !opt->mesh)
+    if (!rc && p->cfg.ranks < 2 && !opt->mesh && !opt->layout)
         rc = fsc_error(FSC_ERR_INVALID, "pipeline: needs at least 2 ranks (one process trains the "
                                         "whole model without one)");
     if (!rc && p->cfg.split_backward && opt->checkpoint != FSC_PIPE_CKPT_NEVER)
@@ -70,6 +70,7 @@ fsc_pipe *fsc_pipe_new(fsc_group *g, const fsc_pipe_schedule *schedule,
     }
     if (!rc) rc = pipe_make_stages(p);
     if (!rc) rc = pipe_plan_release(p);
+    if (!rc) rc = pipe_mesh_setup(p);
     if (!rc) rc = pipe_find_shared(p);
     if (!rc) rc = make_optim(p, optim);
     if (rc) {
@@ -84,6 +85,7 @@ void fsc_pipe_free(fsc_pipe *p) {
     pipe_state_free(p);
     pipe_free_shared(p);
     pipe_dp_free(p);
+    pipe_mesh_free(p);
     fsc_optim_free(p->optim);
     free(p->ranges);
     for (int c = 0; p->params && c < p->nchunks; c++) fsc_params_free(&p->params[c]);

@@ -67,45 +67,57 @@ static int cut_ranges(fsc_pipe *p) {
     return rc;
 }
 
-/* The ranks of this replica: the pipeline's group, or with TP stages the
- * mesh (one replica) or its part with this replica's index. */
-static int make_replica_group(fsc_pipe *p) {
-    if (!p->opt.tp) {
-        p->replica = p->g;
-        return FSC_OK;
+/* The layout's groups: the caller's mesh, or one laid out here once over
+ * the options' mesh group (else g) as replicas x g's ranks x TP ranks. Every
+ * group the pipe uses beyond the options' comes from it (the replica here,
+ * the shared parameters' in pipe_params.c), and this rank must sit where
+ * the options' groups say: its dp, pipeline and TP ranks are its mesh
+ * coordinates. */
+int pipe_mesh_setup(fsc_pipe *p) {
+    const fsc_mesh *given = p->opt.layout;
+    if (given && !p->opt.dp && fsc_mesh_size(given, FSC_MESH_DP) > 1)
+        p->opt.dp = fsc_mesh_group(given, FSC_MESH_DP);
+    if (given && !p->opt.tp && fsc_mesh_size(given, FSC_MESH_TP) > 1)
+        p->opt.tp = fsc_mesh_group(given, FSC_MESH_TP);
+    fsc_group *dp = p->opt.dp, *all = p->opt.mesh;
+    p->dp_size = dp ? fsc_group_size(dp) : 1;
+    p->dp_rank = dp ? fsc_group_rank(dp) : 0;
+    p->tp_size = p->opt.tp ? fsc_group_size(p->opt.tp) : 1;
+    p->tp_rank = p->opt.tp ? fsc_group_rank(p->opt.tp) : 0;
+    if ((dp || p->opt.tp) && !all && !p->opt.layout)
+        return fsc_error(FSC_ERR_INVALID, "pipeline: %s need the mesh group too",
+                         dp ? "replicas (dp)" : "tensor-parallel stages (tp)");
+    p->layout = p->opt.layout;
+    if (p->layout && !all) p->opt.mesh = fsc_mesh_parent(p->layout);
+    if (!p->layout) {
+        const fsc_mesh_shape shape = {.dp = p->dp_size, .pp = p->cfg.ranks, .tp = p->tp_size};
+        int rc = fsc_mesh_new_over(all ? all : p->g, shape, &p->own_mesh);
+        if (rc) return fsc_error_context(rc, "pipeline: ");
+        p->layout = p->own_mesh;
     }
-    if (p->dp_size == 1) {
-        p->replica = p->opt.mesh;
-        return FSC_OK;
-    }
-    p->replica_owned = true;
-    return fsc_group_split(p->opt.mesh, p->dp_rank, fsc_group_rank(p->opt.mesh), "pipe-replica",
-                           &p->replica);
+    const fsc_mesh *m = p->layout;
+    const int size[3] = {p->dp_size, p->cfg.ranks, p->tp_size};
+    const int coord[3] = {p->dp_rank, p->rank, p->tp_rank};
+    for (int d = FSC_MESH_DP; d <= FSC_MESH_TP; d++)
+        if (fsc_mesh_size(m, (fsc_mesh_dim)d) != size[d] ||
+            fsc_mesh_coord(m, (fsc_mesh_dim)d) != coord[d])
+            return fsc_error(FSC_ERR_INVALID,
+                             "pipeline: the groups place this rank at replica %d of %d, pipeline "
+                             "rank %d of %d, TP rank %d of %d; the mesh at %d of %d, %d of %d, %d "
+                             "of %d",
+                             coord[0], size[0], coord[1], size[1], coord[2], size[2],
+                             fsc_mesh_coord(m, FSC_MESH_DP), fsc_mesh_size(m, FSC_MESH_DP),
+                             fsc_mesh_coord(m, FSC_MESH_PP), fsc_mesh_size(m, FSC_MESH_PP),
+                             fsc_mesh_coord(m, FSC_MESH_TP), fsc_mesh_size(m, FSC_MESH_TP));
+    p->replica = fsc_mesh_replica(m);
+    return FSC_OK;
 }
 
 int pipe_dp_setup(fsc_pipe *p) {
-    fsc_group *dp = p->opt.dp, *mesh = p->opt.mesh;
-    p->dp_size = dp ? fsc_group_size(dp) : 1;
-    p->dp_rank = dp ? fsc_group_rank(dp) : 0;
     p->gathered = true;
     if ((unsigned)p->opt.sharding > FSC_PIPE_SHARD_PARAMS)
         return fsc_error(FSC_ERR_INVALID, "pipeline: unknown sharding %d", (int)p->opt.sharding);
-    p->tp_size = p->opt.tp ? fsc_group_size(p->opt.tp) : 1;
-    p->tp_rank = p->opt.tp ? fsc_group_rank(p->opt.tp) : 0;
-    if ((dp || p->opt.tp) && !mesh)
-        return fsc_error(FSC_ERR_INVALID, "pipeline: %s need the mesh group too",
-                         dp ? "replicas (dp)" : "tensor-parallel stages (tp)");
-    const int T = p->tp_size;
-    if ((dp || p->opt.tp) &&
-        (fsc_group_size(mesh) != p->dp_size * p->cfg.ranks * T ||
-         fsc_group_rank(mesh) != (p->dp_rank * p->cfg.ranks + p->rank) * T + p->tp_rank))
-        return fsc_error(FSC_ERR_INVALID,
-                         "pipeline: mesh rank %d of %d is not (replica %d x %d ranks + rank %d) "
-                         "x tp %d + tp rank %d",
-                         fsc_group_rank(mesh), fsc_group_size(mesh), p->dp_rank, p->cfg.ranks,
-                         p->rank, T, p->tp_rank);
-    int rc = make_replica_group(p);
-    if (rc) return rc;
+    int rc;
     if (!(p->slice = calloc((size_t)p->nchunks, sizeof *p->slice)))
         return fsc_error(FSC_ERR_NOMEM, "pipeline: out of memory");
     for (int c = 0; c < p->nchunks; c++) {
@@ -125,10 +137,13 @@ int pipe_dp_setup(fsc_pipe *p) {
 
 void pipe_dp_free(fsc_pipe *p) {
     pipe_probe_free(p);
-    if (p->replica_owned) fsc_group_free(p->replica);
-    p->replica = NULL, p->replica_owned = false;
     free(p->slice);
     p->slice = NULL;
+}
+
+void pipe_mesh_free(fsc_pipe *p) {
+    fsc_mesh_free(p->own_mesh);
+    p->own_mesh = NULL, p->layout = NULL, p->replica = NULL;
 }
 
 /* The bytes of chunk c outside this rank's slice: [0, lo) and [hi, numel). */

@@ -67,13 +67,15 @@ struct fsc_pipe {
     /* Replicas (pipe_dp.c): groups borrowed from the options; per chunk,
      * this rank's slice; whether the sharded parameters are gathered now
      * (SHARD_PARAMS). replica: the ranks of this replica (every stage and
-     * TP rank): g without TP, else the mesh or a part of it (owned when
-     * replica_owned). */
+     * TP rank), the layout's (fsc_mesh_replica). */
     int dp_rank, dp_size, tp_rank, tp_size;
     pipe_slice *slice;
     bool gathered;
     fsc_group *replica;
-    bool replica_owned;
+    /* The layout's groups: opt.layout, or own_mesh built from the options
+     * (pipe_mesh_setup). */
+    const fsc_mesh *layout;
+    fsc_mesh *own_mesh;
     /* pipe_state.c: the optimizer's ranges that count in the gradient norm
      * on this rank (a parameter every TP rank holds: TP rank 0's only), and
      * the optimizer state's pieces by global name. */
@@ -111,9 +113,14 @@ void pipe_free_shared(fsc_pipe *p);
 /* Sums the shared parameters' gradients over the ranks that hold them. */
 int pipe_sum_shared(fsc_pipe *p);
 
-/* pipe_dp.c: the replicas. Setup checks the groups, cuts each chunk into
- * slices and (sharded modes) makes the optimizer's ranges and the mesh's
- * pieces; collective over the mesh. */
+/* pipe_dp.c: the layout's groups (opt.layout, or a mesh laid out once from
+ * the options), checked against this rank's place in the options' groups;
+ * collective over the mesh when it builds one. */
+int pipe_mesh_setup(fsc_pipe *p);
+void pipe_mesh_free(fsc_pipe *p);
+/* pipe_dp.c: the replicas. Setup cuts each chunk into slices and (sharded
+ * modes) makes the optimizer's ranges and the mesh's pieces; collective
+ * over the mesh. */
 int pipe_dp_setup(fsc_pipe *p);
 void pipe_dp_free(fsc_pipe *p);
 /* SHARD_PARAMS: the whole of every chunk's buffers counted and writable

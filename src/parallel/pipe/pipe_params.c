@@ -164,8 +164,7 @@ int pipe_find_shared(fsc_pipe *p) {
     if (!rc && distinct && !(p->groups = calloc((size_t)distinct, sizeof *p->groups)))
         rc = fsc_error(FSC_ERR_NOMEM, "pipeline: out of memory");
     for (int i = 0; !rc && i < distinct; i++) { /* collective over g, once per holder set */
-        bool in = (masks[i] >> p->rank) & 1;
-        rc = fsc_group_split(p->g, in ? 0 : -1, p->rank, "pipe-shared", &p->groups[i]);
+        rc = fsc_mesh_subgroup(p->layout, FSC_MESH_PP, masks[i], "pipe-shared", &p->groups[i]);
         p->ngroups = i + 1;
     }
     int mine = 0;
