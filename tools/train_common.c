@@ -280,7 +280,7 @@ static int finetune_layout(trainer *t, fsc_gpt_layout *l) {
 }
 
 static int resume(trainer *t) {
-    char model[256];
+    char model[512]; /* model_json: LLaMA's fields make ~270 characters */
     model_json(&t->opt.model, model, sizeof model);
     const char *keys[] = {"model"}, *values[] = {model};
     return fsc_trainer_resume(t->tr, t->opt.resume, 1, keys, values);
@@ -361,7 +361,7 @@ int64_t trainer_next_step(const trainer *t) {
 
 /* The metadata every weights file carries. */
 typedef struct {
-    char cfg[256], step[32];
+    char cfg[512], step[32]; /* model_json's text */
     const char *keys[3], *values[3];
 } weights_meta;
 
@@ -402,7 +402,7 @@ int trainer_save(trainer *t, const char *path) {
 }
 
 int trainer_checkpoint(trainer *t) {
-    char model[256], global_batch[32];
+    char model[512], global_batch[32];
     model_json(&t->opt.model, model, sizeof model);
     snprintf(global_batch, sizeof global_batch, "%lld",
              (long long)t->opt.batch * t->opt.grad_accum * t->world);

@@ -5,6 +5,7 @@ PyTorch is present) its models and losses agree with PyTorch.
 usage: train_e2e.py FSC_TRAIN {learns|accum|strategies|watchdog|resume|bad-input|torch|
                               fsdp|fsdp-precision|fsdp-files|validation|formats|sample|
                               config|signals|optimizers|consistency|plot|io-faults|llama|
+                              llama-strategies|llama-techniques|llama-resume|
                               resume-outputs|launcher|sample-tokenizer|messages|freeze|
                               keep-best}
 One mode a ctest (train_<mode>); the checks live by feature in the train_e2e_*.py
@@ -20,6 +21,7 @@ import train_e2e_finetune as finetune
 import train_e2e_fsdp as fsdp
 import train_e2e_io as io
 import train_e2e_llama as llama_e2e
+import train_e2e_llama_layouts as llama_layouts
 import train_e2e_tools as tools
 import train_e2e_training as training
 import train_e2e_user as user
@@ -31,6 +33,9 @@ MODES = {
     "optimizers": training.optimizers,
     "torch": training.torch_cross_check,
     "llama": llama_e2e.llama,
+    "llama-strategies": llama_layouts.llama_strategies,
+    "llama-techniques": llama_layouts.llama_techniques,
+    "llama-resume": llama_layouts.llama_resume,
     "bad-input": faults.bad_input,
     "watchdog": faults.watchdog,
     "resume": faults.resume,
