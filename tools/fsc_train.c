@@ -250,13 +250,19 @@ static void summary(const trainer *t, double first_loss, double last_loss, doubl
     }
     /* ZeRO's analytical model-state bytes per rank beside the allocator's */
     fsc_strategy_memory m = fsc_strategy_memory_plan(t->s);
-    static const char *const stage[] = {"unsharded", "ZeRO-1", "ZeRO-2", "ZeRO-3"};
+    /* sharding over the data-parallel replicas (ZeRO), beside the split over
+     * the pipeline and TP ranks, which every layout has whatever its ZeRO */
+    static const char *const stage[] = {"replicated over dp", "ZeRO-1 over dp", "ZeRO-2 over dp",
+                                        "ZeRO-3 over dp"};
+    char split[64] = "";
+    if (t->opt.pp > 1 || t->opt.tp > 1)
+        snprintf(split, sizeof split, "; this rank's share of pp %d x tp %d", t->opt.pp, t->opt.tp);
     fsc_optim_config cfg = fsc_optim_get_config(fsc_strategy_optim(t->s));
     fprintf(stderr,
-            "model state analytical per rank (%s): params %.1f MiB%s, grads %.1f MiB%s, "
+            "model state analytical per rank (%s%s): params %.1f MiB%s, grads %.1f MiB%s, "
             "optimizer %.1f MiB (K=%d bytes/param over %d rank%s); measured optimizer "
             "state rank 0: %.1f MiB\n",
-            stage[m.zero_stage], m.params_bytes / 1048576.0,
+            stage[m.zero_stage], split, m.params_bytes / 1048576.0,
             m.params_shards > 1 ? " + gathered units" : "", m.grads_bytes / 1048576.0,
             m.params_shards > 1  ? " + gathered units"
             : m.grads_shards > 1 ? " + buckets in use"

@@ -184,7 +184,7 @@ static int grid(const fsc_pipe_schedule *s, FILE *f, long long **start, int **du
         for (long long x = 0; x < T; x++) cell[x] = -1;
         for (int k = 0; k < s->count[r]; k++)
             for (int d = 0; d < dur[r][k]; d++) cell[start[r][k] + d] = d ? -2 : k;
-        fprintf(f, "rank %-2d", r);
+        fprintf(f, "pipe %-2d", r); /* the pipeline's rank r, not the world's */
         for (long long x = 0; x < T; x++) {
             const char *c = cell[x] == -1 ? "." : cell[x] == -2 ? "~" : t;
             if (cell[x] >= 0) fsc_pipe_action_format(s->acts[r][cell[x]], t, sizeof t);
@@ -193,6 +193,10 @@ static int grid(const fsc_pipe_schedule *s, FILE *f, long long **start, int **du
         fputc('\n', f);
     }
     free(cell);
+    fputs("key: sFm = stage s's forward of micro-batch m, sBm = its backward (zbh1: the input "
+          "gradient only), sWm = its weight gradients; ~ = the action before goes on, . = idle; "
+          "pipe r = the r-th rank of each pipeline\n",
+          f);
     return ferror(f) ? fsc_error(FSC_ERR_IO, "writing a pipeline schedule failed") : FSC_OK;
 }
 
