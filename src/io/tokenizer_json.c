@@ -120,12 +120,6 @@ static int read_merge(fsc_bpe *t, const cJSON *m, int rank, const int16_t *cp_to
 
 static int read_model(fsc_bpe *t, const cJSON *model, vocab_build *vb, const int16_t *cp_to_byte,
                       const char *path) {
-    const char *ty = type_of(model);
-    if (ty && strcmp(ty, "BPE"))
-        return fsc_error(FSC_ERR_UNSUPPORTED,
-                         "%s: model.type \"%s\" is not supported: fsc reads byte-level BPE "
-                         "tokenizers (model.type \"BPE\")",
-                         path, ty);
     static const char *const unsupported[] = {"dropout", "continuing_subword_prefix",
                                               "end_of_word_suffix", "byte_fallback"};
     for (int i = 0; i < 4; i++)
@@ -330,6 +324,12 @@ static int load(fsc_bpe *t, const cJSON *root, const char *path) {
         return fsc_error(FSC_ERR_FORMAT, "%s: no \"model\" object (not a tokenizer.json?)", path);
     if (added && !cJSON_IsArray(added))
         return fsc_error(FSC_ERR_FORMAT, "%s: added_tokens: expected an array", path);
+    const char *ty = type_of(model);
+    if (ty && strcmp(ty, "BPE"))
+        return fsc_error(FSC_ERR_UNSUPPORTED,
+                         "%s: model.type \"%s\" is not supported: fsc reads byte-level BPE "
+                         "tokenizers (model.type \"BPE\")",
+                         path, ty);
     int rc = check_rest(root, path);
     int n = 0;
     if (!rc && !cJSON_IsObject(item(model, "vocab")))
@@ -337,7 +337,7 @@ static int load(fsc_bpe *t, const cJSON *root, const char *path) {
     if (!rc) rc = count_ids(item(model, "vocab"), added, path, &n);
     size_t pool = 0;
     const cJSON *e;
-    cJSON_ArrayForEach(e, item(model, "vocab")) pool += strlen(e->string);
+    if (!rc) cJSON_ArrayForEach(e, item(model, "vocab")) pool += strlen(e->string);
     vocab_build vb = {calloc((size_t)n + 1, sizeof(char *)),
                       calloc((size_t)n + 1, sizeof(long)),
                       calloc((size_t)n + 1, sizeof(bool)),

@@ -55,7 +55,9 @@ static int compile(const char *pattern, size_t len, uint32_t opts, const char *p
                    const char *field, pcre2_code **re) {
     int err;
     PCRE2_SIZE at;
-    *re = pcre2_compile((PCRE2_SPTR)pattern, len, PCRE2_UTF | PCRE2_UCP | opts, &err, &at, NULL);
+    /* PCRE2_LITERAL takes no UCP (nothing in a literal depends on it) */
+    const uint32_t ucp = opts & PCRE2_LITERAL ? 0 : PCRE2_UCP;
+    *re = pcre2_compile((PCRE2_SPTR)pattern, len, PCRE2_UTF | ucp | opts, &err, &at, NULL);
     if (!*re) {
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(err, msg, sizeof msg);
