@@ -519,6 +519,10 @@ int main(int argc, char **argv) {
         fprintf(stderr, "fsc-train: --save %s: %s\n", o.save, fsc_last_error());
         return fail(&t, world, 1);
     }
+    if (o.save_adapter && train_lora_save_adapter(&t, o.save_adapter)) {
+        fprintf(stderr, "fsc-train: --save-adapter %s: %s\n", o.save_adapter, fsc_last_error());
+        return fail(&t, world, 1);
+    }
     if (o.save && rank == 0 && train_config_write_hf(&t.opt, o.save)) /* Hugging Face's */
         fprintf(stderr, "fsc-train: --save: config.json: %s\n", fsc_last_error());
     if (o.save_sharded && trainer_save_sharded(&t, o.save_sharded)) {

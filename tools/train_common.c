@@ -261,9 +261,10 @@ static int finetune_layout(trainer *t, fsc_gpt_layout *l) {
         return rc;
     l->freeze = t->freeze, l->nfreeze = t->nfreeze;
     if (!o->lora_rank) {
-        if (o->lora_targets || o->lora_alpha || o->lora_dropout)
-            return fsc_error(FSC_ERR_INVALID, "--lora-targets, --lora-alpha and --lora-dropout "
-                                              "need --lora-rank");
+        if (o->lora_targets || o->lora_alpha || o->lora_dropout || o->save_adapter ||
+            o->lora_merge)
+            return fsc_error(FSC_ERR_INVALID, "--lora-targets, --lora-alpha, --lora-dropout, "
+                                              "--save-adapter and --lora-merge need --lora-rank");
         return FSC_OK;
     }
     const char *targets = o->lora_targets ? o->lora_targets : "q_proj,v_proj";
@@ -280,7 +281,7 @@ static int finetune_layout(trainer *t, fsc_gpt_layout *l) {
 }
 
 static int resume(trainer *t) {
-    char model[512]; /* model_json: LLaMA's fields make ~270 characters */
+    char model[256];
     model_json(&t->opt.model, model, sizeof model);
     const char *keys[] = {"model"}, *values[] = {model};
     return fsc_trainer_resume(t->tr, t->opt.resume, 1, keys, values);
@@ -361,7 +362,7 @@ int64_t trainer_next_step(const trainer *t) {
 
 /* The metadata every weights file carries. */
 typedef struct {
-    char cfg[512], step[32]; /* model_json's text */
+    char cfg[256], step[32];
     const char *keys[3], *values[3];
 } weights_meta;
 
@@ -397,12 +398,13 @@ int trainer_save(trainer *t, const char *path) {
     }
     int rc = fsc_trainer_save_weights(t->tr, t->rank == 0 ? (dir ? file : path) : NULL, 3, m.keys,
                                       m.values);
+    if (!rc && t->opt.lora_merge && t->rank == 0) rc = train_lora_merge_file(t, dir ? file : path);
     if (!rc && dir && t->rank == 0) rc = train_hf_finish(&t->opt, path); /* shards, config.json */
     return rc;
 }
 
 int trainer_checkpoint(trainer *t) {
-    char model[512], global_batch[32];
+    char model[256], global_batch[32];
     model_json(&t->opt.model, model, sizeof model);
     snprintf(global_batch, sizeof global_batch, "%lld",
              (long long)t->opt.batch * t->opt.grad_accum * t->world);

@@ -69,6 +69,8 @@ typedef struct train_options {
     int lora_rank;            /* LoRA adapters of this rank (0: none) */
     double lora_alpha, lora_dropout;
     const char *lora_targets; /* comma-separated module names (NULL: q_proj,v_proj) */
+    const char *save_adapter; /* LoRA: the adapters as a PEFT directory at the end */
+    bool lora_merge;          /* LoRA: --save writes the base weights with the adapters merged */
     int log_every;
     const char *val_data;  /* held-out tokens (NULL: *_val.bin beside the shards, or a tail) */
     double val_fraction;   /* without val shards: the tail of the data held out (0: none) */
@@ -218,5 +220,12 @@ int mem_ranks(const trainer *t);
 /* Peak bytes per tag of those ranks, gathered on all of them:
  * out[r * FSC_MEM_TAG_COUNT + tag]. out holds mem_ranks * FSC_MEM_TAG_COUNT. */
 int gather_mem_peaks(const trainer *t, int64_t *out);
+
+/* train_lora.c. --save-adapter: the adapters as a Hugging Face PEFT
+ * directory (collective: every rank calls it). */
+int train_lora_save_adapter(trainer *t, const char *dir);
+/* --lora-merge, rank 0: rewrites the weights file at path with B A scale
+ * folded into each adapted weight and the adapters left out. */
+int train_lora_merge_file(const trainer *t, const char *path);
 
 #endif

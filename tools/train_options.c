@@ -183,6 +183,12 @@ static const flag flags[] = {
     F("lora-targets", ARG_STR, lora_targets,
       "with --lora-rank: comma-separated Linear names to adapt (default q_proj,v_proj; GPT-2: "
       "c_attn,c_proj,c_fc)"),
+    F("save-adapter", ARG_STR, save_adapter,
+      "with --lora-rank: write the adapters at the end as a Hugging Face PEFT directory "
+      "(adapter_model.safetensors, adapter_config.json)"),
+    F("lora-merge", ARG_FLAG, lora_merge,
+      "with --lora-rank: --save (and --save-init) write the base weights with B A alpha/r "
+      "merged in and no adapters"),
     F("freeze", ARG_STR, freeze,
       "fine-tuning: freeze the parameters whose names match these comma-separated globs "
       "(e.g. 'model.embed_tokens.*,model.layers.*.mlp.*'): no gradient, no optimizer state, "

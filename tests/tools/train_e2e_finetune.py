@@ -151,6 +151,40 @@ def weights_file(path):
     return os.path.join(path, "model.safetensors") if os.path.isdir(path) else path
 
 
+def peft(data, torch_gpt):
+    """--save-adapter writes PEFT's directory; --lora-merge writes W + (alpha/r) B A."""
+    import json
+    flags = [*LLAMA, "--data", data, "--batch", "4", "--steps", "5", "--lr", "1e-2", "--quiet",
+             "--lora-rank", "4", "--lora-alpha", "8"]
+    init, ad, merged = (os.path.join(TMP, n) for n in ("peft_init", "peft_ad", "peft_merged"))
+    run(*flags, "--save-init", init, "--save-adapter", ad)
+    run(*flags, "--save", merged, "--lora-merge")
+    cfg = json.load(open(os.path.join(ad, "adapter_config.json")))
+    want = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": 4, "lora_alpha": 8,
+            "lora_dropout": 0, "bias": "none", "target_modules": ["q_proj", "v_proj"]}
+    if any(cfg.get(k) != v for k, v in want.items()) or "base_model_name_or_path" not in cfg:
+        sys.exit(f"FAIL: adapter_config.json {cfg}")
+    a, _ = torch_gpt.load_safetensors(os.path.join(ad, "adapter_model.safetensors"))
+    names = {f"base_model.model.model.layers.{i}.self_attn.{p}_proj.lora_{x}.weight"
+             for i in range(2) for p in "qv" for x in "AB"}
+    if set(a) != names:
+        sys.exit(f"FAIL: adapter_model.safetensors holds {sorted(a)}, expected {sorted(names)}")
+    w0, _ = torch_gpt.load_safetensors(weights_file(init))
+    m, _ = torch_gpt.load_safetensors(weights_file(merged))
+    if any(".lora_" in n for n in m) or set(m) != {n for n in w0 if ".lora_" not in n}:
+        sys.exit(f"FAIL: --lora-merge wrote {sorted(m)}")
+    worst = 0.0
+    for n in m:
+        ref = w0[n].double()
+        stem = "base_model.model." + n[: -len(".weight")]
+        if stem + ".lora_A.weight" in a:
+            ref = ref + 2.0 * (a[stem + ".lora_B.weight"].double() @ a[stem + ".lora_A.weight"].double())
+        worst = max(worst, ((m[n].double() - ref).abs() / (1 + ref.abs())).max().item())
+    if worst > 1e-6:
+        sys.exit(f"FAIL: --lora-merge differs from W + (alpha/r) B A by {worst:.2e}")
+    print(f"LoRA: PEFT adapter directory ({len(a)} tensors), merged weights within {worst:.1e}")
+
+
 def lora():
     try:
         import torch
@@ -194,6 +228,7 @@ def lora():
     mpiexec(2, *gpt, "--strategy", "fsdp", "--batch", "2", "--metrics", g2)
     compare("LoRA on GPT-2's c_attn, c_proj, c_fc: fsdp on 2 ranks against one process",
             [r["loss"] for r in metrics(g2)], [r["loss"] for r in metrics(g1)])
+    peft(data, torch_gpt)
     p = mpiexec(2, *gpt, "--strategy", "ddp", "--tp", "2", "--batch", "4", expect_ok=False)
     expect_refused(p, "LoRA with --tp 2", "LoRA under --tp")
     p = run(*LLAMA, "--data", data, "--batch", "4", *TRAIN, "--lora-rank", "4",
