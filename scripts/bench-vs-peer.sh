@@ -21,6 +21,9 @@
 #   --build DIR      the build whose tools/fsc-bench runs (or FSC_BUILD_DIR=DIR; default build)
 #   --steps N, --warmup N  timed and untimed steps of both sides (default: small 20, medium
 #                    10; warm-up 3)
+# One process on one thread: each side also reports tokens per second of its own
+# CPU time, and the ratio of those is printed too (a shared machine's other
+# load stretches the wall clock far more than a process's CPU time).
 # A peer that cannot run here (torch or FairScale missing: exit 77) is reported
 # as skipped and fsc's figures are printed alone.
 set -euo pipefail
@@ -49,7 +52,7 @@ while [ $# -gt 0 ]; do
     --build=*) build=${1#*=}; shift ;;
     --bf16) bf16=1; shift ;;
     --fairscale) fairscale=1; shift ;;
-    -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "$me: unknown flag $1 (see --help)" >&2; exit 2 ;;
     *) pos+=("$1"); shift ;;
   esac
@@ -84,7 +87,7 @@ if [ ! -x "$bench" ]; then
     { echo "$me: $bench: no such program (--build / FSC_BUILD_DIR)" >&2; exit 2; }
   bash scripts/build.sh
 fi
-field() { python3 -c 'import json,sys; print(json.load(sys.stdin)[sys.argv[1]])' "$1"; }
+field() { python3 -c 'import json,sys; print(json.load(sys.stdin).get(sys.argv[1], ""))' "$1"; }
 if ! cpu_info=$(env -u OPENBLAS_CORETYPE "$bench" --blas-info); then
   echo "$me: $bench --blas-info failed; rebuild it (bash scripts/build.sh)" >&2
   exit 2
@@ -132,7 +135,7 @@ for c in "${configs[@]}"; do
     *) echo "unknown config $c" >&2; exit 2 ;;
   esac
   steps=${steps_given:-$steps}
-  fsc=(); torch=(); share=()
+  fsc=(); torch=(); share=(); fsc_cpu=(); torch_cpu=()
   for r in $(seq "$rounds"); do
     if [ "$strategy" != single ]; then
       line=$(mpiexec -n "$ranks" "$bench" "${fsc_args[@]}" --config "$c" --steps "$steps" \
@@ -144,6 +147,7 @@ for c in "${configs[@]}"; do
     echo "fsc   $line" | cut -c1-600
     fsc+=("$(field tokens_per_s <<<"$line")")
     share+=("$(field share_of_peak <<<"$line")")
+    fsc_cpu+=("$(field cpu_tokens_per_s <<<"$line")")
     rc=0
     line=$("$py" "$peer" "${peer_args[@]}" --config "$c" --steps "$steps" --warmup "$warmup" \
              --openblas-coretype "$coretype" 2>"$peer_err" | tail -1) || rc=$?
@@ -157,10 +161,13 @@ for c in "${configs[@]}"; do
     echo "torch $line" | cut -c1-400
     echo "torch kernels: $(field openblas_kernels <<<"$line")"
     torch+=("$(field tokens_per_s <<<"$line")")
+    torch_cpu+=("$(field cpu_tokens_per_s <<<"$line")")
   done
-  python3 - "$c $arch" "${fsc[*]}" "${torch[*]}" "${share[*]}" "$strategy" <<'PY'
+  python3 - "$c $arch" "${fsc[*]}" "${torch[*]}" "${share[*]}" "$strategy" "${fsc_cpu[*]}" \
+    "${torch_cpu[*]}" <<'PY'
 import statistics, sys
 c, f, t, s = sys.argv[1], *[list(map(float, a.split())) for a in sys.argv[2:5]]
+fc, tc = [list(map(float, a.split())) for a in sys.argv[6:8]]
 head = (f"== {c} {sys.argv[5]}: fsc {statistics.median(f):.0f} tokens/s "
         f"(share of sgemm peak {statistics.median(s):.3f})")
 if not t:
@@ -169,5 +176,9 @@ if not t:
 ratios = [a / b for a, b in zip(f, t)]
 print(f"{head}, peer {statistics.median(t):.0f} tokens/s; per-round ratios "
       f"{' '.join(f'{r:.2f}' for r in ratios)}, median {statistics.median(ratios):.2f}x")
+if fc and len(fc) == len(tc):  # one thread each: per CPU-second, which other load stretches less
+    ratios = [a / b for a, b in zip(fc, tc)]
+    print(f"   per CPU-second: fsc {statistics.median(fc):.0f}, peer {statistics.median(tc):.0f} tokens/s; "
+          f"per-round ratios {' '.join(f'{r:.2f}' for r in ratios)}, median {statistics.median(ratios):.2f}x")
 PY
 done

@@ -428,11 +428,11 @@ def run(rank, world, a):
 
         def forward(x, y):
             return net(x, y)
-    seconds, losses = [], []
+    seconds, losses, cpu = [], [], 0.0
     for s, (x, y) in enumerate(batches(a, rank, a.warmup + a.steps, rows)):
         if s == a.warmup and distributed:
             dist.barrier()  # every rank starts the timed steps together
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         net.zero_grad(set_to_none=True)  # the module's own: ShardedDDP keeps its buckets there
         with autocast:
             loss = forward(x, y)
@@ -441,8 +441,9 @@ def run(rank, world, a):
         loss = float(loss)
         if s >= a.warmup:
             seconds.append(time.perf_counter() - t0)
+            cpu += time.process_time() - c0
         losses.append(loss)
-    mine = {"seconds": seconds, "losses": losses,
+    mine = {"seconds": seconds, "losses": losses, "cpu": cpu,
             "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     everyone = [None] * world
     if distributed:
@@ -457,13 +458,16 @@ def run(rank, world, a):
     first = sum(r["losses"][0] for r in everyone) / len(everyone)
     last = sum(r["losses"][-1] for r in everyone) / len(everyone)
     version, _ = fairscale_version() if a.strategy in NEEDS_FAIRSCALE else (None, None)
+    # one thread in one process: tokens per second of its CPU time, as fsc-bench's
+    alone = {"cpu_tokens_per_s": round(tokens / mine["cpu"], 1)} \
+        if a.strategy == "single" and a.threads == 1 and mine["cpu"] > 0 else {}
     return {
         "config": "custom" if a.custom else a.config, "arch": a.arch, "strategy": a.strategy,
         "ranks": world, "threads": a.threads, "layers": a.layers, "d_model": a.d_model,
         "heads": a.heads, **({"kv_heads": a.kv_heads, "ffn_hidden": a.ffn_hidden} if a.arch == "llama" else {}),
         "seq": a.seq, "vocab": a.vocab, "batch_per_worker": a.batch,
         "params": params, "steps": a.steps, "warmup": a.warmup, "autocast": a.autocast,
-        "tokens_per_s": round(tok_s, 1),
+        "tokens_per_s": round(tok_s, 1), **alone,
         "ms_per_step_median": round(1e3 * sorted(step_s)[a.steps // 2], 2),
         "model_gflops": round(tok_s * flops / 1e9, 1),
         "first_loss": round(first, 4), "last_loss": round(last, 4),

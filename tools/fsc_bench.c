@@ -4,7 +4,9 @@
  * The same training loop as fsc-train (AdamW, fp32) on uniformly random
  * tokens, as the PyTorch side of the comparisons does: warm-up steps,
  * then timed steps; tokens/s over the timed steps, ms/step median, model
- * GFLOP/s, and its share of the sgemm peak measured in this same process.
+ * GFLOP/s, and its share of the sgemm peak measured in this same process;
+ * on one thread also tokens per second of this process's CPU time, which a
+ * shared machine's other load stretches far less than the wall clock.
  * `--blas-info` prints the BLAS kernels fsc would run here, as one JSON line,
  * so that scripts give a peer the same kernels. */
 #include <inttypes.h>
@@ -12,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "fsc/version.h"
@@ -93,6 +96,7 @@ typedef struct {
      * oneDNN's bf16 matmul peak (0 without oneDNN) */
     fsc_bf16_gemm_stats bf16;
     double bf16_peak, elapsed; /* elapsed: seconds of the timed steps */
+    double cpu;                /* this process's CPU seconds in the timed steps */
     double tp_share;           /* --tp: share of the timed steps blocked in TP collectives */
     /* --pp: this rank's pipeline waits, spans and compute summed over the
      * timed steps (fsc_pipe_run_stats): wait / span is its measured bubble */
@@ -105,6 +109,13 @@ typedef struct {
      * step, and per step over the later ones */
     double faults_first, faults_later;
 } bench_result;
+
+/* CPU seconds of this process (all its threads) so far. */
+static double cpu_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 static long minor_faults(void) {
     struct rusage ru;
@@ -174,7 +185,9 @@ static int measure(const bench_config *c, const char *strategy, int steps, int w
         }
         fsc_step_result r;
         long faults0 = minor_faults();
+        const double cpu0 = cpu_seconds();
         if (!rc) rc = trainer_step(&t, &r);
+        if (s >= warmup) out->cpu += cpu_seconds() - cpu0;
         if (rc) break;
         if (s == warmup)
             out->faults_first = (double)(minor_faults() - faults0);
@@ -255,6 +268,8 @@ static void print_result(const bench_config *c, const char *strategy, int ranks,
         printf("\"single_tokens_per_s\": %.1f, \"scaling_efficiency\": %.3f, ", single->tok_s,
                r->tok_s / (workers * single->tok_s));
     if (multi_rank) printf("\"comm_wait_share\": %.4f, ", r->comm_share);
+    if (workers == 1 && threads == 1) /* one thread: a measure other load does not stretch */
+        printf("\"cpu_tokens_per_s\": %.1f, ", r->cpu > 0 ? r->tok_s * r->elapsed / r->cpu : 0);
     if (moe_experts) { /* all parameters, and those a token is computed with (2 experts) */
         fsc_moe_options mo = {.experts = moe_experts, .every = moe_every, .hidden = moe_hidden};
         fsc_gpt_config mc = c->model;
