@@ -84,93 +84,60 @@ static int submit(fsc_group *g, const fsc_coll_args *a, fsc_request **req, const
 
 /* ---- allreduce / reduce / broadcast --------------------------------------------------- */
 
-static int allreduce(fsc_group *g, void *buf, int64_t count, fsc_dtype dt, fsc_reduce_op op,
-                     fsc_request **req, const char *fn) {
-    int rc = check_common(g, count, fn);
-    if (!rc) rc = check_dtype(dt, true, fn);
-    if (!rc) rc = check_op(op, fn);
-    if (!rc) rc = check_buf(buf, count, "buf", fn);
-    if (rc) return rc;
-    fsc_coll_args a = {.kind = FSC_COLL_ALLREDUCE, .buf = buf, .count = count, .dt = dt, .op = op};
-    return submit(g, &a, req, fn);
+/* Allreduce, reduce and broadcast: one buffer, in place. A non-blocking call
+ * (req_out) needs req; a reduction checks its op over an arithmetic dtype, a
+ * rooted call its root. */
+static int in_place(fsc_group *g, fsc_coll_args a, bool req_out, fsc_request **req,
+                    const char *fn) {
+    if (req_out && !req) return fsc_error(FSC_ERR_INVALID, "%s: req is NULL", fn);
+    const bool reduces = a.kind != FSC_COLL_BROADCAST, rooted = a.kind != FSC_COLL_ALLREDUCE;
+    int rc = check_common(g, a.count, fn);
+    if (!rc) rc = check_dtype(a.dt, reduces, fn);
+    if (!rc && reduces) rc = check_op(a.op, fn);
+    if (!rc && rooted) rc = check_rank(g, a.root, "root", fn);
+    if (!rc) rc = check_buf(a.buf, a.count, "buf", fn);
+    return rc ? rc : submit(g, &a, req, fn);
 }
 
+/* The collective each pair below describes, from its parameters. */
+#define ALLREDUCE_ARGS                                                                             \
+    ((fsc_coll_args){.kind = FSC_COLL_ALLREDUCE, .buf = buf, .count = count, .dt = dt, .op = op})
+#define REDUCE_ARGS                                                                                \
+    ((fsc_coll_args){                                                                              \
+        .kind = FSC_COLL_REDUCE, .buf = buf, .count = count, .dt = dt, .op = op, .root = root})
+#define BROADCAST_ARGS                                                                             \
+    ((fsc_coll_args){                                                                              \
+        .kind = FSC_COLL_BROADCAST, .buf = buf, .count = count, .dt = dt, .root = root})
+
 int fsc_group_allreduce(fsc_group *g, void *buf, int64_t count, fsc_dtype dt, fsc_reduce_op op) {
-    return allreduce(g, buf, count, dt, op, NULL, "fsc_group_allreduce");
+    return in_place(g, ALLREDUCE_ARGS, false, NULL, "fsc_group_allreduce");
 }
 
 int fsc_group_iallreduce(fsc_group *g, void *buf, int64_t count, fsc_dtype dt, fsc_reduce_op op,
                          fsc_request **req) {
-    if (!req) return fsc_error(FSC_ERR_INVALID, "fsc_group_iallreduce: req is NULL");
-    return allreduce(g, buf, count, dt, op, req, "fsc_group_iallreduce");
-}
-
-static int reduce(fsc_group *g, void *buf, int64_t count, fsc_dtype dt, fsc_reduce_op op, int root,
-                  fsc_request **req, const char *fn) {
-    int rc = check_common(g, count, fn);
-    if (!rc) rc = check_dtype(dt, true, fn);
-    if (!rc) rc = check_op(op, fn);
-    if (!rc) rc = check_rank(g, root, "root", fn);
-    if (!rc) rc = check_buf(buf, count, "buf", fn);
-    if (rc) return rc;
-    fsc_coll_args a = {
-        .kind = FSC_COLL_REDUCE, .buf = buf, .count = count, .dt = dt, .op = op, .root = root};
-    return submit(g, &a, req, fn);
+    return in_place(g, ALLREDUCE_ARGS, true, req, "fsc_group_iallreduce");
 }
 
 int fsc_group_reduce(fsc_group *g, void *buf, int64_t count, fsc_dtype dt, fsc_reduce_op op,
                      int root) {
-    return reduce(g, buf, count, dt, op, root, NULL, "fsc_group_reduce");
+    return in_place(g, REDUCE_ARGS, false, NULL, "fsc_group_reduce");
 }
 
 int fsc_group_ireduce(fsc_group *g, void *buf, int64_t count, fsc_dtype dt, fsc_reduce_op op,
                       int root, fsc_request **req) {
-    if (!req) return fsc_error(FSC_ERR_INVALID, "fsc_group_ireduce: req is NULL");
-    return reduce(g, buf, count, dt, op, root, req, "fsc_group_ireduce");
-}
-
-static int broadcast(fsc_group *g, void *buf, int64_t count, fsc_dtype dt, int root,
-                     fsc_request **req, const char *fn) {
-    int rc = check_common(g, count, fn);
-    if (!rc) rc = check_dtype(dt, false, fn);
-    if (!rc) rc = check_rank(g, root, "root", fn);
-    if (!rc) rc = check_buf(buf, count, "buf", fn);
-    if (rc) return rc;
-    fsc_coll_args a = {
-        .kind = FSC_COLL_BROADCAST, .buf = buf, .count = count, .dt = dt, .root = root};
-    return submit(g, &a, req, fn);
+    return in_place(g, REDUCE_ARGS, true, req, "fsc_group_ireduce");
 }
 
 int fsc_group_broadcast(fsc_group *g, void *buf, int64_t count, fsc_dtype dt, int root) {
-    return broadcast(g, buf, count, dt, root, NULL, "fsc_group_broadcast");
+    return in_place(g, BROADCAST_ARGS, false, NULL, "fsc_group_broadcast");
 }
 
 int fsc_group_ibroadcast(fsc_group *g, void *buf, int64_t count, fsc_dtype dt, int root,
                          fsc_request **req) {
-    if (!req) return fsc_error(FSC_ERR_INVALID, "fsc_group_ibroadcast: req is NULL");
-    return broadcast(g, buf, count, dt, root, req, "fsc_group_ibroadcast");
+    return in_place(g, BROADCAST_ARGS, true, req, "fsc_group_ibroadcast");
 }
 
 /* ---- allgather / reduce-scatter (even and uneven) -------------------------------------- */
-
-static int allgatherv(fsc_group *g, const void *in, void *out, const int64_t *counts,
-                      const int64_t *displs, fsc_dtype dt, fsc_request **req, const char *fn) {
-    int rc = check_common(g, 0, fn);
-    if (!rc) rc = check_dtype(dt, false, fn);
-    int64_t total = 0, extent = 0;
-    if (!rc) rc = check_layout(g, counts, displs, &total, &extent, fn);
-    if (!rc) rc = check_buf(in, counts[g->rank], "in", fn);
-    if (!rc) rc = check_buf(out, extent, "out", fn);
-    if (rc) return rc;
-    fsc_coll_args a = {.kind = FSC_COLL_ALLGATHER,
-                       .in = in,
-                       .out = out,
-                       .count = total,
-                       .counts = (int64_t *)counts,
-                       .displs = (int64_t *)displs,
-                       .dt = dt};
-    return submit(g, &a, req, fn);
-}
 
 /* Equal chunks: counts all `count`, chunk r at r*count. */
 static int even_layout(const fsc_group *g, int64_t count, int64_t **layout, const char *fn) {
@@ -187,83 +154,85 @@ static int even_layout(const fsc_group *g, int64_t count, int64_t **layout, cons
     return FSC_OK;
 }
 
-int fsc_group_allgatherv(fsc_group *g, const void *in, void *out, const int64_t *counts,
-                         const int64_t *displs, fsc_dtype dt) {
-    return allgatherv(g, in, out, counts, displs, dt, NULL, "fsc_group_allgatherv");
+/* Allgather and reduce-scatter over a layout of chunks (rank r's: counts[r]
+ * elements at displs[r]): the whole layout is out for an allgather and in
+ * for a reduce-scatter, this rank's chunk the other; a reduce-scatter checks
+ * its op over an arithmetic dtype. */
+static int chunked(fsc_group *g, fsc_coll_args a, fsc_request **req, const char *fn) {
+    const bool reduces = a.kind == FSC_COLL_REDUCE_SCATTER;
+    int rc = check_common(g, 0, fn);
+    if (!rc) rc = check_dtype(a.dt, reduces, fn);
+    if (!rc && reduces) rc = check_op(a.op, fn);
+    int64_t total = 0, extent = 0;
+    if (!rc) rc = check_layout(g, a.counts, a.displs, &total, &extent, fn);
+    if (!rc) rc = check_buf(a.in, reduces ? extent : a.counts[g->rank], "in", fn);
+    if (!rc) rc = check_buf(a.out, reduces ? a.counts[g->rank] : extent, "out", fn);
+    if (rc) return rc;
+    a.count = total;
+    return submit(g, &a, req, fn);
 }
 
-static int allgather(fsc_group *g, const void *in, void *out, int64_t count, fsc_dtype dt,
-                     fsc_request **req, const char *fn) {
+/* The same in equal chunks of count elements; a non-blocking call (req_out)
+ * needs req. */
+static int even(fsc_group *g, fsc_coll_args a, int64_t count, bool req_out, fsc_request **req,
+                const char *fn) {
+    if (req_out && !req) return fsc_error(FSC_ERR_INVALID, "%s: req is NULL", fn);
     int rc = fsc_dist_require_init(fn);
     if (rc) return rc;
     if (!g) return fsc_error(FSC_ERR_INVALID, "%s: group is NULL", fn);
     int64_t *layout;
     rc = even_layout(g, count, &layout, fn);
     if (rc) return rc;
-    rc = allgatherv(g, in, out, layout, layout + g->size, dt, req, fn);
+    a.counts = layout, a.displs = layout + g->size;
+    rc = chunked(g, a, req, fn);
     free(layout);
     return rc;
 }
 
+int fsc_group_allgatherv(fsc_group *g, const void *in, void *out, const int64_t *counts,
+                         const int64_t *displs, fsc_dtype dt) {
+    fsc_coll_args a = {.kind = FSC_COLL_ALLGATHER,
+                       .in = in,
+                       .out = out,
+                       .counts = (int64_t *)counts,
+                       .displs = (int64_t *)displs,
+                       .dt = dt};
+    return chunked(g, a, NULL, "fsc_group_allgatherv");
+}
+
 int fsc_group_allgather(fsc_group *g, const void *in, void *out, int64_t count, fsc_dtype dt) {
-    return allgather(g, in, out, count, dt, NULL, "fsc_group_allgather");
+    fsc_coll_args a = {.kind = FSC_COLL_ALLGATHER, .in = in, .out = out, .dt = dt};
+    return even(g, a, count, false, NULL, "fsc_group_allgather");
 }
 
 int fsc_group_iallgather(fsc_group *g, const void *in, void *out, int64_t count, fsc_dtype dt,
                          fsc_request **req) {
-    if (!req) return fsc_error(FSC_ERR_INVALID, "fsc_group_iallgather: req is NULL");
-    return allgather(g, in, out, count, dt, req, "fsc_group_iallgather");
-}
-
-static int reduce_scatterv(fsc_group *g, const void *in, void *out, const int64_t *counts,
-                           const int64_t *displs, fsc_dtype dt, fsc_reduce_op op, fsc_request **req,
-                           const char *fn) {
-    int rc = check_common(g, 0, fn);
-    if (!rc) rc = check_dtype(dt, true, fn);
-    if (!rc) rc = check_op(op, fn);
-    int64_t total = 0, extent = 0;
-    if (!rc) rc = check_layout(g, counts, displs, &total, &extent, fn);
-    if (!rc) rc = check_buf(in, extent, "in", fn);
-    if (!rc) rc = check_buf(out, counts[g->rank], "out", fn);
-    if (rc) return rc;
-    fsc_coll_args a = {.kind = FSC_COLL_REDUCE_SCATTER,
-                       .in = in,
-                       .out = out,
-                       .count = total,
-                       .counts = (int64_t *)counts,
-                       .displs = (int64_t *)displs,
-                       .dt = dt,
-                       .op = op};
-    return submit(g, &a, req, fn);
+    fsc_coll_args a = {.kind = FSC_COLL_ALLGATHER, .in = in, .out = out, .dt = dt};
+    return even(g, a, count, true, req, "fsc_group_iallgather");
 }
 
 int fsc_group_reduce_scatterv(fsc_group *g, const void *in, void *out, const int64_t *counts,
                               const int64_t *displs, fsc_dtype dt, fsc_reduce_op op) {
-    return reduce_scatterv(g, in, out, counts, displs, dt, op, NULL, "fsc_group_reduce_scatterv");
-}
-
-static int reduce_scatter(fsc_group *g, const void *in, void *out, int64_t count, fsc_dtype dt,
-                          fsc_reduce_op op, fsc_request **req, const char *fn) {
-    int rc = fsc_dist_require_init(fn);
-    if (rc) return rc;
-    if (!g) return fsc_error(FSC_ERR_INVALID, "%s: group is NULL", fn);
-    int64_t *layout;
-    rc = even_layout(g, count, &layout, fn);
-    if (rc) return rc;
-    rc = reduce_scatterv(g, in, out, layout, layout + g->size, dt, op, req, fn);
-    free(layout);
-    return rc;
+    fsc_coll_args a = {.kind = FSC_COLL_REDUCE_SCATTER,
+                       .in = in,
+                       .out = out,
+                       .counts = (int64_t *)counts,
+                       .displs = (int64_t *)displs,
+                       .dt = dt,
+                       .op = op};
+    return chunked(g, a, NULL, "fsc_group_reduce_scatterv");
 }
 
 int fsc_group_reduce_scatter(fsc_group *g, const void *in, void *out, int64_t count, fsc_dtype dt,
                              fsc_reduce_op op) {
-    return reduce_scatter(g, in, out, count, dt, op, NULL, "fsc_group_reduce_scatter");
+    fsc_coll_args a = {.kind = FSC_COLL_REDUCE_SCATTER, .in = in, .out = out, .dt = dt, .op = op};
+    return even(g, a, count, false, NULL, "fsc_group_reduce_scatter");
 }
 
 int fsc_group_ireduce_scatter(fsc_group *g, const void *in, void *out, int64_t count, fsc_dtype dt,
                               fsc_reduce_op op, fsc_request **req) {
-    if (!req) return fsc_error(FSC_ERR_INVALID, "fsc_group_ireduce_scatter: req is NULL");
-    return reduce_scatter(g, in, out, count, dt, op, req, "fsc_group_ireduce_scatter");
+    fsc_coll_args a = {.kind = FSC_COLL_REDUCE_SCATTER, .in = in, .out = out, .dt = dt, .op = op};
+    return even(g, a, count, true, req, "fsc_group_ireduce_scatter");
 }
 
 /* ---- alltoall / barrier / send / recv ---------------------------------------------------- */

@@ -10,6 +10,7 @@
  * ends this process with a message instead of a hang.
  */
 #include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -94,6 +95,27 @@ static int check_options(const fsc_dist_options *opt) {
 
 static int init_runtime(int *argc, char ***argv, const fsc_dist_options *opt);
 
+/* The group `name` over a duplicate of base (its control communicator) and
+ * the backend's context from make: the world's and this process's own. */
+static int base_group(const char *name, MPI_Comm base, int (*make)(void **), fsc_group **out) {
+    MPI_Comm ctrl;
+    int rc = MPI_Comm_dup(base, &ctrl);
+    if (rc != MPI_SUCCESS) {
+        char what[32];
+        snprintf(what, sizeof what, "MPI_Comm_dup(%s)", name);
+        return fsc_dist_mpi_error(rc, what);
+    }
+    void *ctx = NULL;
+    rc = make(&ctx);
+    if (rc == FSC_OK) rc = fsc_group_create(name, ctrl, ctx, out);
+    if (rc != FSC_OK) {
+        if (ctx) fsc_backend_mpi.free(ctx);
+        MPI_Comm_free(&ctrl);
+        return fsc_error_context(rc, "fsc_dist_init: ");
+    }
+    return FSC_OK;
+}
+
 int fsc_dist_init(int *argc, char ***argv, const fsc_dist_options *opt) {
     int rc = check_options(opt);
     if (rc) return rc;
@@ -138,29 +160,10 @@ static int init_runtime(int *argc, char ***argv, const fsc_dist_options *opt) {
     MPI_Comm_size(node, &fsc_dist_rt.local_size);
     MPI_Comm_free(&node);
 
-    MPI_Comm ctrl;
-    rc = MPI_Comm_dup(MPI_COMM_WORLD, &ctrl);
-    if (rc != MPI_SUCCESS) return fsc_dist_mpi_error(rc, "MPI_Comm_dup(world)");
-    void *ctx = NULL;
-    rc = fsc_backend_mpi.world(&ctx);
-    if (rc == FSC_OK) rc = fsc_group_create("world", ctrl, ctx, &fsc_dist_rt.world);
-    if (rc != FSC_OK) {
-        if (ctx) fsc_backend_mpi.free(ctx);
-        MPI_Comm_free(&ctrl);
-        return fsc_error_context(rc, "fsc_dist_init: ");
-    }
+    rc = base_group("world", MPI_COMM_WORLD, fsc_backend_mpi.world, &fsc_dist_rt.world);
     /* the group of this process alone: no communication to create or use */
-    MPI_Comm self_ctrl;
-    ctx = NULL;
-    rc = MPI_Comm_dup(MPI_COMM_SELF, &self_ctrl);
-    if (rc != MPI_SUCCESS) return fsc_dist_mpi_error(rc, "MPI_Comm_dup(self)");
-    rc = fsc_backend_mpi.self(&ctx);
-    if (rc == FSC_OK) rc = fsc_group_create("self", self_ctrl, ctx, &fsc_dist_rt.self);
-    if (rc != FSC_OK) {
-        if (ctx) fsc_backend_mpi.free(ctx);
-        MPI_Comm_free(&self_ctrl);
-        return fsc_error_context(rc, "fsc_dist_init: ");
-    }
+    if (!rc) rc = base_group("self", MPI_COMM_SELF, fsc_backend_mpi.self, &fsc_dist_rt.self);
+    if (rc) return rc;
     fsc_dist_rt.initialized = true;
     return FSC_OK;
 }

@@ -239,14 +239,22 @@ static int meta_diff(const shard_file *a, const shard_file *b) {
 
 /* ---- save and load ------------------------------------------------------------------------ */
 
-static int check_save_args(const char *path, const fsc_flat_layout *L, int rank,
-                           const float *const *shards, int n_meta, const char *const *keys,
-                           const char *const *values) {
-    if (!path) return fsc_error(FSC_ERR_INVALID, "fsc_flat_shard_save: path is NULL");
+/* What a save and a load both check first: a path, a valid layout and a
+ * rank of its world. */
+static int check_path_rank(const char *fn, const char *path, const fsc_flat_layout *L, int rank) {
+    if (!path) return fsc_error(FSC_ERR_INVALID, "%s: path is NULL", fn);
     int rc = fsc_flat_layout_check(L);
     if (rc) return fsc_error_context(rc, "%s: ", path);
     if (rank < 0 || rank >= L->world)
         return fsc_error(FSC_ERR_INVALID, "%s: rank %d is outside world %d", path, rank, L->world);
+    return FSC_OK;
+}
+
+static int check_save_args(const char *path, const fsc_flat_layout *L, int rank,
+                           const float *const *shards, int n_meta, const char *const *keys,
+                           const char *const *values) {
+    int rc = check_path_rank("fsc_flat_shard_save", path, L, rank);
+    if (rc) return rc;
     for (int u = 0; u < L->nunits; u++)
         if (L->units[u].shard && (!shards || !shards[u]))
             return fsc_error(FSC_ERR_INVALID, "%s: no shard data for unit %d (\"%s\")", path, u,
@@ -304,11 +312,8 @@ int fsc_flat_shard_save(const char *path, const fsc_flat_layout *L, int rank,
 
 int fsc_flat_shard_load(const char *path, const fsc_flat_layout *L, int rank,
                         float *const *shards) {
-    if (!path) return fsc_error(FSC_ERR_INVALID, "fsc_flat_shard_load: path is NULL");
-    int rc = fsc_flat_layout_check(L);
-    if (rc) return fsc_error_context(rc, "%s: ", path);
-    if (rank < 0 || rank >= L->world)
-        return fsc_error(FSC_ERR_INVALID, "%s: rank %d is outside world %d", path, rank, L->world);
+    int rc = check_path_rank("fsc_flat_shard_load", path, L, rank);
+    if (rc) return rc;
     for (int u = 0; u < L->nunits; u++)
         if (L->units[u].shard && (!shards || !shards[u]))
             return fsc_error(FSC_ERR_INVALID, "%s: no destination for unit %d (\"%s\")", path, u,

@@ -7,7 +7,8 @@
 
 #include "buckets.h"
 
-int bucket_plan_make(const fsc_params *ps, size_t bucket_bytes, bucket_plan *out) {
+/* An empty plan with room for a bucket per parameter. */
+static int plan_alloc(const fsc_params *ps, bucket_plan *out) {
     *out = (bucket_plan){0};
     out->begin = calloc((size_t)ps->count + 1, sizeof *out->begin);
     out->end = calloc((size_t)ps->count + 1, sizeof *out->end);
@@ -16,6 +17,12 @@ int bucket_plan_make(const fsc_params *ps, size_t bucket_bytes, bucket_plan *out
         bucket_plan_free(out);
         return fsc_error(FSC_ERR_NOMEM, "out of memory planning gradient buckets");
     }
+    return FSC_OK;
+}
+
+int bucket_plan_make(const fsc_params *ps, size_t bucket_bytes, bucket_plan *out) {
+    int rc = plan_alloc(ps, out);
+    if (rc) return rc;
     size_t limit = bucket_bytes / sizeof(float), in_bucket = 0;
     int64_t end = ps->numel, next = ps->numel; /* bucket end; start of parameter e + 1 */
     for (int e = ps->count - 1; e >= 0; e--) {
@@ -35,14 +42,8 @@ int bucket_plan_make(const fsc_params *ps, size_t bucket_bytes, bucket_plan *out
 }
 
 int bucket_plan_capped(const fsc_params *ps, size_t cap_bytes, const bool *skip, bucket_plan *out) {
-    *out = (bucket_plan){0};
-    out->begin = calloc((size_t)ps->count + 1, sizeof *out->begin);
-    out->end = calloc((size_t)ps->count + 1, sizeof *out->end);
-    out->bucket_of = calloc((size_t)ps->count + 1, sizeof *out->bucket_of);
-    if (!out->begin || !out->end || !out->bucket_of) {
-        bucket_plan_free(out);
-        return fsc_error(FSC_ERR_NOMEM, "out of memory planning gradient buckets");
-    }
+    int rc = plan_alloc(ps, out);
+    if (rc) return rc;
     int64_t cap = (int64_t)(cap_bytes / sizeof(float)), in_bucket = 0;
     bool open = false;
     for (int e = ps->count - 1; e >= 0; e--) {
