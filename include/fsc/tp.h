@@ -148,9 +148,16 @@ FSC_API int fsc_tp_cross_entropy(float *loss_out, fsc_tensor *logits, const fsc_
 /* The GPT of fsc_gpt_new (same config, same global parameter names, the same
  * initial weights slice for slice), built of TP layers over tp->group:
  * wte vocab-parallel (also the tied head), blocks of fsc_tp_block_new, ln_f.
- * cfg->heads, 4*d_model and d_model must be divisible by t. Forward takes
- * int32 (B,T) ids and yields this rank's logits (B,T,ceil(V/t)), input of
- * fsc_tp_cross_entropy; under sequence parallelism T must be divisible by t.
+ * cfg->heads, 4*d_model and d_model must be divisible by t. A LLaMA config
+ * (cfg->arch FSC_ARCH_LLAMA) gets Megatron's LLaMA split instead: q_proj,
+ * k_proj, v_proj column-parallel by heads (key/value heads split, never
+ * replicated: t must divide kv_heads, heads and ffn_hidden), o_proj row-
+ * parallel, gate_proj and up_proj column-parallel, down_proj row-parallel,
+ * RMSNorm replicated, embed_tokens and an untied lm_head vocab-parallel;
+ * recompute_attention and recompute_activation are refused there
+ * (FSC_ERR_UNSUPPORTED). Forward takes int32 (B,T) ids and yields this
+ * rank's logits (B,T,ceil(V/t)), input of fsc_tp_cross_entropy; under
+ * sequence parallelism T must be divisible by t.
  * NULL (error set) on a bad config. The caller owns the tree. */
 FSC_API fsc_module *fsc_tp_gpt_new(const fsc_gpt_config *cfg, const fsc_tp_options *tp);
 /* A pipeline stage of that GPT (fsc/pipe.h): layers [first, end) as
@@ -186,7 +193,8 @@ FSC_API fsc_module *fsc_tp_gpt_stage_new(const fsc_gpt_config *cfg, int first, i
 FSC_API fsc_module *fsc_tp_gpt_stage_parts_new(const fsc_gpt_config *cfg, int first, int end,
                                                const fsc_tp_options *tp);
 /* Channels per token entering part `part` of a TP stage over t ranks:
- * C + 4C/t before a block's c_proj part, else C (no checks). */
+ * C + F/t before a block's c_proj (LLaMA: down_proj) part, F = 4C (LLaMA:
+ * the SwiGLU width), else C (no checks). */
 FSC_API int fsc_tp_gpt_part_width(const fsc_gpt_config *cfg, int t, int part);
 /* fsc_gpt_train_micro for a TP GPT, or a wrapper around one (DDP,
  * ShardedDDP: found through fsc_module.wraps): forward, vocab-parallel
