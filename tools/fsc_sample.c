@@ -41,11 +41,12 @@ typedef struct {
 static const tool_flag FLAGS[] = {
     F("model", ARG_STR, model, "PATH", "weights file or checkpoint directory (required)"),
     F("prompt", ARG_STR, prompt, "TEXT",
-      "text to continue (default: GPT-2's <|endoftext|>, or a newline)"),
+      "text to continue (default: <|endoftext|>, else the tokenizer's BOS, else a newline)"),
     F("prompt-ids", ARG_STR, prompt_ids, "1,2,3",
       "token ids to continue (models without a tokenizer)"),
-    F("tokenizer", ARG_STR, tokenizer, "DIR",
-      "GPT-2 BPE files (encoder.json, vocab.bpe) for a 50257-token model; without it a "
+    F("tokenizer", ARG_STR, tokenizer, "DIR|FILE",
+      "a tokenizer.json file, or a directory with tokenizer.json, GPT-2's encoder.json + "
+      "vocab.bpe, or vocab.json + merges.txt (default: one beside the model); without it a "
       "256-token model reads and writes bytes, others ids"),
     F("max-new-tokens", ARG_INT, max_new, "N", "tokens to generate (default 200) [0, 2^30]"),
     F("temperature", ARG_DOUBLE, temperature, "X",
@@ -266,7 +267,8 @@ checked:
 #define GPT2_VOCAB 50257
 
 /* DIR holding the model (the directory given, or the weights file's) when it
- * has GPT-2's BPE files; false when it has none. */
+ * has a tokenizer fsc_bpe_load reads (tokenizer.json, GPT-2's encoder.json +
+ * vocab.bpe, or vocab.json + merges.txt); false when it has none. */
 static bool tokenizer_beside(const char *model, char *dir, size_t n) {
     struct stat st;
     const char *slash = strrchr(model, '/');
@@ -276,18 +278,25 @@ static bool tokenizer_beside(const char *model, char *dir, size_t n) {
         snprintf(dir, n, "%.*s", (int)(slash - model), model);
     else
         snprintf(dir, n, ".");
-    char path[4200];
-    snprintf(path, sizeof path, "%s/encoder.json", dir);
-    if (stat(path, &st)) return false;
-    snprintf(path, sizeof path, "%s/vocab.bpe", dir);
-    return !stat(path, &st);
+    static const char *const files[][2] = {{"tokenizer.json", "tokenizer.json"},
+                                           {"encoder.json", "vocab.bpe"},
+                                           {"vocab.json", "merges.txt"}};
+    for (int i = 0; i < 3; i++) {
+        char a[4200], b[4200];
+        snprintf(a, sizeof a, "%s/%s", dir, files[i][0]);
+        snprintf(b, sizeof b, "%s/%s", dir, files[i][1]);
+        if (!stat(a, &st) && !stat(b, &st)) return true;
+    }
+    return false;
 }
 
 static int needs_tokenizer(int V) {
     return fsc_error(FSC_ERR_INVALID,
-                     "a %d-token model reads GPT-2 BPE and no encoder.json and vocab.bpe are "
-                     "beside it: give --tokenizer DIR (scripts/fetch_gpt2_bpe.sh fetches them "
-                     "into ~/.cache/fsc/gpt2), or --prompt-ids with --ids for ids in and out",
+                     "a %d-token model reads BPE and no tokenizer.json (or encoder.json and "
+                     "vocab.bpe) is beside it: give --tokenizer DIR|FILE "
+                     "(scripts/fetch_gpt2_bpe.sh fetches GPT-2's into ~/.cache/fsc/gpt2, "
+                     "scripts/fetch_tokenizers.sh LLaMA-3's tokenizer.json), or --prompt-ids "
+                     "with --ids for ids in and out",
                      V);
 }
 
@@ -312,6 +321,13 @@ static int encode_prompt(const sample_options *o, const fsc_bpe *bpe, int V, int
     } else if (o->prompt && *o->prompt && bpe) {
         int rc = fsc_bpe_encode(bpe, o->prompt, strlen(o->prompt), ids, &count);
         if (rc) return rc;
+        const int32_t bos = fsc_bpe_bos(bpe); /* tokenizer.json's BOS leads, as in training */
+        int32_t *with = bos >= 0 ? realloc(*ids, (size_t)(count + 1) * sizeof **ids) : NULL;
+        if (bos >= 0 && !with) return fsc_error(FSC_ERR_NOMEM, "out of memory");
+        if (with) {
+            memmove(with + 1, with, (size_t)count * sizeof *with);
+            with[0] = bos, *ids = with, count++;
+        }
     } else if (!bpe && V >= GPT2_VOCAB && !(o->print_ids && !o->prompt)) {
         return needs_tokenizer(V);                    /* text or the default prompt: not as bytes */
     } else if (o->prompt && *o->prompt && V >= 256) { /* bytes */
@@ -324,11 +340,13 @@ static int encode_prompt(const sample_options *o, const fsc_bpe *bpe, int V, int
                          "give --prompt-ids)",
                          V);
     }
-    if (!count) { /* nothing to continue: GPT-2's document separator, or a newline */
+    if (!count) { /* nothing to continue: GPT-2's document separator, a BOS, or a newline */
         free(*ids);
         *ids = malloc(sizeof **ids);
-        if (*ids)
-            (*ids)[count++] = bpe && fsc_bpe_eot(bpe) >= 0 ? fsc_bpe_eot(bpe) : V > 10 ? 10 : 0;
+        const int32_t eot = bpe ? fsc_bpe_eot(bpe) : -1, start = eot >= 0 ? eot
+                                                                 : bpe    ? fsc_bpe_bos(bpe)
+                                                                          : -1;
+        if (*ids) (*ids)[count++] = start >= 0 ? start : V > 10 ? 10 : 0;
     }
     if (!*ids) return fsc_error(FSC_ERR_NOMEM, "out of memory");
     *n = (int)count;

@@ -5,7 +5,8 @@
  * writes data/book_train_000000.bin ... and data/book_val_000000.bin, the
  * names llm.c's scripts use, so `fsc-train --data 'data/book_*.bin'` trains
  * on the first and evaluates on the second. Each file is encoded whole with
- * GPT-2's BPE (fsc/tokenizer.h; "--tokenizer bytes": one token per byte),
+ * a byte-level BPE (fsc/tokenizer.h: GPT-2's files or a Hugging Face
+ * tokenizer.json; "--tokenizer bytes": one token per byte),
  * the files in the order given; the val tokens are the last --val-fraction
  * of that stream (the tail fsc-train's own --val-fraction would hold out),
  * or the encoding of --val's files. Shards are version 1 (uint16 tokens)
@@ -49,15 +50,17 @@ static const tool_flag FLAGS[] = {
      .meta = "PREFIX",
      .short_name = 'o',
      .help = "write PREFIX_train_NNNNNN.bin and PREFIX_val_NNNNNN.bin (required)"},
-    F("tokenizer", ARG_STR, tokenizer, "DIR",
-      "GPT-2 BPE files (encoder.json, vocab.bpe; default $FSC_GPT2_BPE_DIR or "
-      "~/.cache/fsc/gpt2, where scripts/fetch_gpt2_bpe.sh puts them), or \"bytes\": one token "
-      "per byte (vocab 256)"),
+    F("tokenizer", ARG_STR, tokenizer, "DIR|FILE",
+      "a tokenizer.json file, or a directory with tokenizer.json, GPT-2's encoder.json + "
+      "vocab.bpe, or vocab.json + merges.txt (default $FSC_GPT2_BPE_DIR or ~/.cache/fsc/gpt2, "
+      "where scripts/fetch_gpt2_bpe.sh puts GPT-2's), or \"bytes\": one token per byte "
+      "(vocab 256)"),
     F("val-fraction", ARG_DOUBLE, val_fraction, "X",
       "the last X of the tokens go to the val shards (default 0.1; 0: no val shards) [0, 1)"),
     F("val", ARG_STR, val, "FILE[,FILE]", "text files for the val shards instead of a tail"),
     F("eot", ARG_FLAG, eot, NULL,
-      "put <|endoftext|> before each file, as llm.c's scripts do between documents"),
+      "put <|endoftext|> (else the tokenizer's BOS, else <|begin_of_text|>) before each file, "
+      "as llm.c's scripts do between documents"),
     F("shard-tokens", ARG_I64, shard_tokens, "N",
       "tokens per shard, the last one shorter (default 100000000) [1, 2147483647]"),
     F("shard-version", ARG_INT, shard_version, "1|7",
@@ -91,14 +94,24 @@ static int read_file(const char *path, char **text, size_t *len) {
     return fsc_file_read_all(path, (size_t)16 << 30, text, len);
 }
 
-/* Appends path's tokens (after <|endoftext|> under --eot); bpe NULL: bytes. */
+/* The id --eot puts before each file: <|endoftext|>, else the post-
+ * processor's BOS, else LLaMA-3's <|begin_of_text|> (what llm.c's LLaMA-3
+ * scripts put between documents; its tokenizer.json may have no template). */
+static int32_t separator(const fsc_bpe *bpe) {
+    if (!bpe) return -1;
+    if (fsc_bpe_eot(bpe) >= 0) return fsc_bpe_eot(bpe);
+    if (fsc_bpe_bos(bpe) >= 0) return fsc_bpe_bos(bpe);
+    return fsc_bpe_token_id(bpe, "<|begin_of_text|>", 17);
+}
+
+/* Appends path's tokens (after the separator under --eot); bpe NULL: bytes. */
 static int encode_file(const fsc_bpe *bpe, const char *path, bool eot, stream *out, double *bytes) {
     char *text = NULL;
     size_t len = 0;
     int rc = read_file(path, &text, &len);
     if (rc) return rc;
     *bytes += (double)len;
-    const int32_t e = bpe ? fsc_bpe_eot(bpe) : -1;
+    const int32_t e = separator(bpe);
     if (eot) rc = stream_add(out, &e, 1);
     if (!rc && bpe) {
         int32_t *ids = NULL;
@@ -169,7 +182,8 @@ static int encode_list(const fsc_bpe *bpe, const char *list, bool eot, stream *o
 
 static const char *USAGE =
     "usage: fsc-tokenize -o PREFIX [flags] TEXT [TEXT ...]\n"
-    "Encodes text files (in the order given) with GPT-2's BPE into llm.c token shards:\n"
+    "Encodes text files (in the order given) with a byte-level BPE (GPT-2's files or a\n"
+    "tokenizer.json) into llm.c token shards:\n"
     "PREFIX_train_000000.bin, ... and PREFIX_val_000000.bin, which fsc-train --data\n"
     "'PREFIX_*.bin' trains on and evaluates on. Version-1 shards (uint16 tokens) when the\n"
     "vocabulary fits 16 bits, else version 7 (uint32). Exit status: 0 done, 1 error, 2 usage.";
@@ -214,7 +228,8 @@ static int load_tokenizer(const char *dir, fsc_bpe **bpe) {
                 "fsc-tokenize: --tokenizer %s: %s\n"
                 "GPT-2's encoder.json and vocab.bpe are not shipped with fsc: "
                 "scripts/fetch_gpt2_bpe.sh [DIR] fetches them into ~/.cache/fsc/gpt2, the "
-                "default; or give --tokenizer bytes for byte tokens\n",
+                "default (scripts/fetch_tokenizers.sh: LLaMA-3's and GPT-2's tokenizer.json); "
+                "or give --tokenizer bytes for byte tokens\n",
                 dir, fsc_last_error());
     return rc;
 }
@@ -238,8 +253,9 @@ int main(int argc, char **argv) {
     double bytes = 0, t0 = fsc_now();
     if (o.eot && !bpe)
         rc = fsc_error(FSC_ERR_INVALID, "--eot: --tokenizer bytes has no <|endoftext|> token");
-    else if (o.eot && fsc_bpe_eot(bpe) < 0)
-        rc = fsc_error(FSC_ERR_INVALID, "--eot: this vocabulary has no <|endoftext|> token");
+    else if (o.eot && separator(bpe) < 0)
+        rc = fsc_error(FSC_ERR_INVALID,
+                       "--eot: this vocabulary has no <|endoftext|>, BOS or <|begin_of_text|>");
     else if (version == 1 && vocab > 65536)
         rc = fsc_error(FSC_ERR_INVALID,
                        "--shard-version 1 holds uint16 tokens, but the vocabulary has %d", vocab);
@@ -264,7 +280,7 @@ int main(int argc, char **argv) {
         fprintf(stderr,
                 "fsc-tokenize: %.0f bytes of text -> %" PRId64 " train + %" PRId64
                 " val tokens (%s, vocab %d), encoded in %.2f s (%.2f MB/s)\n",
-                bytes, ntrain, nval, bpe ? "GPT-2 BPE" : "bytes", vocab, seconds,
+                bytes, ntrain, nval, bpe ? "BPE" : "bytes", vocab, seconds,
                 seconds > 0 ? bytes / seconds / 1e6 : 0);
     free(train.ids), free(val.ids);
     fsc_bpe_free(bpe);

@@ -4,8 +4,11 @@
  * text, the headers say what llm.c expects (magic, version, count, size),
  * the val split takes the stated tail, shards split at --shard-tokens, and
  * bad input ends with a message naming it. Byte tokens and the hand-made
- * vocabulary of tests/data/bpe_tiny always; GPT-2's own files when
- * scripts/fetch_gpt2_bpe.sh installed them (skipped otherwise). */
+ * vocabulary of tests/data/bpe_tiny and the hand-made tokenizer.json of
+ * tests/data/tokenizer_json always; GPT-2's own files when
+ * scripts/fetch_gpt2_bpe.sh installed them, and LLaMA-3's tokenizer.json
+ * (128256 ids: version-7 shards) when scripts/fetch_tokenizers.sh did
+ * (skipped otherwise). */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp */
 #include <math.h>
 #include <setjmp.h>
@@ -213,6 +216,61 @@ static void test_bpe_tiny_round_trip(void **state) {
     round_trip(path, true);
 }
 
+static void test_tokenizer_json_round_trip(void **state) {
+    (void)state;
+    char path[512];
+    snprintf(path, sizeof path, "%s/tokenizer_json/strings.json",
+             getenv("FSC_TEST_DATA") ? getenv("FSC_TEST_DATA") : "tests/data");
+    round_trip(path, false);
+    round_trip(path, true);
+}
+
+/* LLaMA-3's vocabulary needs uint32 tokens: version-7 shards, read back. */
+static void test_llama3_version7(void **state) {
+    (void)state;
+    char json[600];
+    const char *env = getenv("FSC_TOKENIZERS_DIR"), *home = getenv("HOME");
+    if (env)
+        snprintf(json, sizeof json, "%s/llama3/tokenizer.json", env);
+    else
+        snprintf(json, sizeof json, "%s/.cache/fsc/tokenizers/llama3/tokenizer.json",
+                 home ? home : "");
+    struct stat st;
+    if (stat(json, &st)) {
+        print_message(
+            "LLaMA-3's tokenizer.json not found (scripts/fetch_tokenizers.sh): skipped\n");
+        skip();
+    }
+    fsc_bpe *bpe;
+    assert_int_equal(fsc_bpe_load(json, &bpe), FSC_OK);
+    assert_int_equal(fsc_bpe_vocab_size(bpe), 128256);
+    char a[20000], prefix[600];
+    size_t na = make_text(a, sizeof a, 150);
+    write_raw(tmp("l.txt"), a, na);
+    snprintf(prefix, sizeof prefix, "%s", tmp("l"));
+    assert_int_equal(expect_ok((const char *[]){"--tokenizer", json, "-o", prefix, "--eot",
+                                                "--val-fraction", "0", tmp("l.txt"), NULL}),
+                     0);
+    int32_t w[3];
+    long size;
+    header(tmp("l_train_000000.bin"), w, &size);
+    assert_int_equal(w[0], 20240801);
+    assert_int_equal(w[1], 7);
+    int64_t n, m;
+    int32_t *got = load_ids(tmp("l_train_000000.bin"), &n), *want;
+    assert_int_equal(fsc_bpe_encode(bpe, a, na, &want, &m), FSC_OK);
+    assert_int_equal(n, m + 1);
+    assert_int_equal(got[0], 128000); /* --eot: <|begin_of_text|>, as llm.c's LLaMA-3 scripts */
+    assert_memory_equal(got + 1, want, (size_t)m * sizeof *want);
+    char *text;
+    size_t len;
+    assert_int_equal(fsc_bpe_decode(bpe, got + 1, m, &text, &len), FSC_OK);
+    assert_int_equal(len, na);
+    assert_memory_equal(text, a, na);
+    free(text), free(got), free(want);
+    fsc_bpe_free(bpe);
+}
+
 static void test_gpt2_round_trip(void **state) {
     (void)state;
     const char *d = gpt2_dir();
@@ -294,6 +352,8 @@ int main(void) {
         cmocka_unit_test(test_bytes_val_fraction),
         cmocka_unit_test(test_shards_version7),
         cmocka_unit_test(test_bpe_tiny_round_trip),
+        cmocka_unit_test(test_tokenizer_json_round_trip),
+        cmocka_unit_test(test_llama3_version7),
         cmocka_unit_test(test_gpt2_round_trip),
         cmocka_unit_test(test_refusals),
     };
