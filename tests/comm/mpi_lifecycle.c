@@ -22,6 +22,7 @@
 
 #include "comm/heartbeat.h"
 #include "fsc/dist.h"
+#include "mpi_test.h"
 
 #define TIMEOUT_S 2.0
 
@@ -104,11 +105,5 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_everyone_answers),
         cmocka_unit_test(test_stopped_rank_named),
     };
-    int failed = cmocka_run_group_tests(tests, NULL, NULL);
-    int rc = fsc_dist_finalize();
-    if (rc && rc != FSC_ERR_TIMEOUT) {
-        fprintf(stderr, "fsc_dist_finalize: %s\n", fsc_last_error());
-        failed++;
-    }
-    return failed ? 1 : 0;
+    return mpi_test_finish_faulted(cmocka_run_group_tests(tests, NULL, NULL));
 }

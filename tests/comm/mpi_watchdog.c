@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "fsc/dist.h"
+#include "mpi_test.h"
 
 #define TIMEOUT_S 2.0
 
@@ -95,11 +96,5 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_missing_rank_named),
         cmocka_unit_test(test_recv_never_sent),
     };
-    int failed = cmocka_run_group_tests(tests, NULL, NULL);
-    int rc = fsc_dist_finalize();
-    if (rc && rc != FSC_ERR_TIMEOUT) {
-        fprintf(stderr, "fsc_dist_finalize: %s\n", fsc_last_error());
-        failed++;
-    }
-    return failed ? 1 : 0;
+    return mpi_test_finish_faulted(cmocka_run_group_tests(tests, NULL, NULL));
 }

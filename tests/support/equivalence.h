@@ -234,6 +234,22 @@ typedef struct eq_batch {
     int32_t *x, *y; /* B * T each */
 } eq_batch;
 
+/* Rank `rank` of `world`'s part of EQ_GLOBAL_BATCH sequences of T tokens per
+ * step, in `micros` micro-batches. */
+static inline eq_batch eq_batch_of_rank(const fsc_tokens *tk, fsc_arena *arena, int T, int micros,
+                                        int rank, int world, int32_t *x, int32_t *y) {
+    return (eq_batch){.tk = tk,
+                      .arena = arena,
+                      .G = EQ_GLOBAL_BATCH,
+                      .T = T,
+                      .B = EQ_GLOBAL_BATCH / (world * micros),
+                      .micros = micros,
+                      .rank = rank,
+                      .world = world,
+                      .x = x,
+                      .y = y};
+}
+
 /* Micro-step k of step s on m (the plain GPT or a wrapper around it): this
  * rank's micro-batch, dropout keyed by its global sample (seed 5), the loss
  * normalised by the global token count, gradients accumulated. The layout

@@ -32,16 +32,7 @@ static float *run_ddp(size_t bucket_bytes, int accum, fsc_ddp_stats *stats, int6
     fsc_optim *opt = fsc_optim_new(&EQ_ADAMW, r, nr);
     fsc_arena *arena = fsc_arena_new(FSC_MEM_ACTIV, 1 << 20);
     int32_t x[EQ_GLOBAL_BATCH * 16], y[EQ_GLOBAL_BATCH * 16];
-    const eq_batch b = {.tk = &tk,
-                        .arena = arena,
-                        .G = EQ_GLOBAL_BATCH,
-                        .T = EQ_MODEL.seq,
-                        .B = EQ_GLOBAL_BATCH / (world * accum),
-                        .micros = accum,
-                        .rank = rank,
-                        .world = world,
-                        .x = x,
-                        .y = y};
+    const eq_batch b = eq_batch_of_rank(&tk, arena, EQ_MODEL.seq, accum, rank, world, x, y);
     for (int s = 0; s < EQ_STEPS; s++) {
         fsc_params_zero_grad(&ps);
         for (int k = 0; k < accum; k++) {

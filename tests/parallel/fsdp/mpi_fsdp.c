@@ -96,16 +96,7 @@ static float *run_fsdp(const fsdp_cfg *c, fsdp_out *out) {
     fsc_arena *arena = fsc_arena_new(FSC_MEM_ACTIV, 1 << 20);
     const int accum = c->accum ? c->accum : 1;
     int32_t x[EQ_GLOBAL_BATCH * 16], y[EQ_GLOBAL_BATCH * 16];
-    const eq_batch b = {.tk = &tk,
-                        .arena = arena,
-                        .G = EQ_GLOBAL_BATCH,
-                        .T = EQ_MODEL.seq,
-                        .B = EQ_GLOBAL_BATCH / (world * accum),
-                        .micros = accum,
-                        .rank = rank,
-                        .world = world,
-                        .x = x,
-                        .y = y};
+    const eq_batch b = eq_batch_of_rank(&tk, arena, EQ_MODEL.seq, accum, rank, world, x, y);
     fsc_fsdp_stats before = {0};
     int64_t allocs2 = 0; /* step 0 learns the order, step 1 is the first to prefetch */
     for (int s = 0; s < EQ_STEPS; s++) {

@@ -86,16 +86,7 @@ static void run_oss(const run_cfg *c, run_out *out) {
     assert_non_null(o);
     fsc_arena *arena = fsc_arena_new(FSC_MEM_ACTIV, 1 << 20);
     int32_t x[EQ_GLOBAL_BATCH * 16], y[EQ_GLOBAL_BATCH * 16];
-    const eq_batch b = {.tk = &tk,
-                        .arena = arena,
-                        .G = EQ_GLOBAL_BATCH,
-                        .T = model->seq,
-                        .B = EQ_GLOBAL_BATCH / (world * accum),
-                        .micros = accum,
-                        .rank = rank,
-                        .world = world,
-                        .x = x,
-                        .y = y};
+    const eq_batch b = eq_batch_of_rank(&tk, arena, model->seq, accum, rank, world, x, y);
     out->first_norm = 0;
     for (int s = 0; s < steps; s++) {
         fsc_params_zero_grad(&ps);
@@ -367,28 +358,6 @@ static const char *path_of(const char *name) {
     return buf[k];
 }
 
-static int setup(void **state) {
-    (void)state;
-    if (rank == 0) {
-        strcpy(dir, "/tmp/fsc_oss_XXXXXX");
-        if (!mkdtemp(dir)) return -1;
-    }
-    return fsc_group_broadcast(fsc_group_world(), dir, sizeof dir / 4, FSC_DTYPE_I32, 0);
-}
-
-static int teardown(void **state) {
-    (void)state;
-    fsc_group_barrier(fsc_group_world());
-    if (rank == 0) {
-        const char *names[] = {"adamw.safetensors",    "truncated.safetensors",
-                               "sgd.safetensors",      "big.safetensors",
-                               "onelayer.safetensors", "sgd_even.safetensors"};
-        for (size_t i = 0; i < sizeof names / sizeof *names; i++) unlink(path_of(names[i]));
-        rmdir(dir);
-    }
-    return 0;
-}
-
 typedef struct model {
     fsc_module *m;
     fsc_params ps;
@@ -589,5 +558,5 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tiny_model_and_bad_arguments),
         cmocka_unit_test(test_state_dict),
     };
-    return mpi_test_finish(cmocka_run_group_tests(tests, setup, teardown));
+    return tt_run_tests(tests, "fsc_oss", dir); /* one scratch directory, removed after */
 }

@@ -102,16 +102,7 @@ static float *run_sdp(const sdp_cfg *c, sdp_out *out) {
     measure_ownership(oss, &ps, true, &mine);
     fsc_arena *arena = fsc_arena_new(FSC_MEM_ACTIV, 1 << 20);
     int32_t x[EQ_GLOBAL_BATCH * 16], y[EQ_GLOBAL_BATCH * 16];
-    const eq_batch b = {.tk = &tk,
-                        .arena = arena,
-                        .G = EQ_GLOBAL_BATCH,
-                        .T = EQ_MODEL.seq,
-                        .B = EQ_GLOBAL_BATCH / (world * c->accum),
-                        .micros = c->accum,
-                        .rank = rank,
-                        .world = world,
-                        .x = x,
-                        .y = y};
+    const eq_batch b = eq_batch_of_rank(&tk, arena, EQ_MODEL.seq, c->accum, rank, world, x, y);
     for (int s = 0; s < EQ_STEPS; s++) {
         if (s == 1)
             fsc_mem_reset_peaks(); /* the first backward learns which gradients the root writes */
