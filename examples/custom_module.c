@@ -1,57 +1,15 @@
 /* A new module in about a page of C: SiLU (x * sigmoid(x)), used inside a
  * Sequential and trained with AdamW to fit y = sin(3x) on [-1, 1].
  *
- * The module contract (include/fsc/nn.h): forward allocates its output from
- * the step's arena and returns a saved-state record for backward; the module
- * itself keeps no per-call state. Run: build/examples/example_custom_module */
+ * The module is written in examples/silu.h (a page), so that
+ * examples/user_journey.c trains the same one under every strategy.
+ * Run: build/examples/example_custom_module */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "fsc/fsc.h"
-
-/* ---- the custom module ---------------------------------------------------- */
-typedef struct {
-    fsc_module base; /* first member: an fsc_module* is a silu* */
-} silu;
-
-static int silu_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, fsc_tensor *y,
-                        void **saved) {
-    (void)m;
-    *y = fsc_tensor_arena(ctx->arena, FSC_DTYPE_F32, x->ndim, x->shape);
-    fsc_tensor *keep = fsc_arena_alloc(ctx->arena, sizeof *keep);
-    if (!y->data || !keep) return FSC_ERR_NOMEM;
-    const float *in = x->data;
-    float *out = y->data;
-    for (int64_t i = 0; i < fsc_tensor_numel(x); i++) out[i] = in[i] / (1.0f + expf(-in[i]));
-    *keep = *x; /* backward needs only the input */
-    *saved = keep;
-    return FSC_OK;
-}
-
-static int silu_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fsc_tensor *dy,
-                         fsc_tensor *dx) {
-    (void)m;
-    const fsc_tensor *x = saved;
-    if (!dx) return FSC_OK; /* no parameters, so nothing else to do */
-    *dx = fsc_tensor_arena(ctx->arena, FSC_DTYPE_F32, x->ndim, x->shape);
-    if (!dx->data) return FSC_ERR_NOMEM;
-    const float *in = x->data, *g = dy->data;
-    float *out = dx->data;
-    for (int64_t i = 0; i < fsc_tensor_numel(x); i++) {
-        float s = 1.0f / (1.0f + expf(-in[i]));
-        out[i] = g[i] * s * (1.0f + in[i] * (1.0f - s));
-    }
-    return FSC_OK;
-}
-
-static const fsc_module_ops silu_ops = {"SiLU", silu_forward, silu_backward, NULL};
-
-static fsc_module *silu_new(const char *name) {
-    silu *s = calloc(1, sizeof *s);
-    if (s) fsc_module_init(&s->base, &silu_ops, name);
-    return &s->base;
-}
+#include "silu.h"
 
 /* ---- using it ------------------------------------------------------------- */
 int main(void) {
