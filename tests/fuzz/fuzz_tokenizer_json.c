@@ -1,0 +1,95 @@
+/* libFuzzer harness: Hugging Face tokenizer.json (fsc_bpe_load_json, then
+ * fsc_bpe_encode_with and fsc_bpe_decode on arbitrary bytes), which every
+ * tool's --tokenizer FILE reaches.
+ *
+ * An input is two parts split by the bytes FF FF: the tokenizer.json, and
+ * the text to encode. A file part that starts with '+' is the tail of a
+ * file whose start the harness writes (a ByteLevel decoder and a BPE model
+ * whose vocabulary begins with the 256 single-byte tokens, ids 0..255), so
+ * most inputs get past the every-byte check to the merges, the added
+ * tokens, the pre-tokenizer's regexes and the post-processor.
+ *
+ * The one idea: a tokenizer that loads must keep its promise on any text:
+ * ids inside the vocabulary, the same ids between the post-processor's
+ * BOS/EOS when asked, and a decode of them that succeeds.
+ */
+#include "fuzz_common.h"
+#include "fsc/tokenizer.h"
+
+/* GPT-2's bytes_to_unicode: printable Latin-1 stands for itself, the other
+ * 68 bytes are U+0100.. in byte order. */
+static unsigned byte_cp(int b) {
+    int k = 0;
+    for (int c = 0; c < 256; c++) {
+        bool printable = (c >= '!' && c <= '~') || (c >= 0xA1 && c <= 0xAC) || c >= 0xAE;
+        if (c == b) return printable ? (unsigned)c : 256u + (unsigned)k;
+        if (!printable) k++;
+    }
+    return 0;
+}
+
+/* The start of a file: decoder, model type, the 256 byte tokens (no closing braces). */
+static size_t base_file(char *out, size_t cap) {
+    size_t k = (size_t)snprintf(out, cap,
+                                "{\"decoder\": {\"type\": \"ByteLevel\"}, \"model\": {\"type\": "
+                                "\"BPE\", \"vocab\": {");
+    for (int b = 0; b < 256; b++) {
+        unsigned cp = byte_cp(b);
+        char ch[8];
+        int n = 0;
+        if (cp == '"' || cp == '\\') ch[n++] = '\\';
+        if (cp < 0x80) {
+            ch[n++] = (char)cp;
+        } else {
+            ch[n++] = (char)(0xC0 | cp >> 6);
+            ch[n++] = (char)(0x80 | (cp & 0x3F));
+        }
+        k += (size_t)snprintf(out + k, cap - k, "%s\"%.*s\": %d", b ? ", " : "", n, ch, b);
+    }
+    return k;
+}
+
+static void check(const fsc_bpe *bpe, const uint8_t *text, size_t n) {
+    const int V = fsc_bpe_vocab_size(bpe);
+    int32_t *ids, *framed;
+    int64_t count, nframed;
+    if (fsc_bpe_encode(bpe, (const char *)text, n, &ids, &count) != FSC_OK) abort();
+    if (count < 0 || (n && count == 0)) abort();
+    for (int64_t i = 0; i < count; i++)
+        if (ids[i] < 0 || ids[i] >= V) abort();
+    const fsc_bpe_encode_options add = {.add_special_tokens = true};
+    if (fsc_bpe_encode_with(bpe, (const char *)text, n, add, &framed, &nframed) != FSC_OK) abort();
+    const int32_t bos = fsc_bpe_bos(bpe), eos = fsc_bpe_eos(bpe);
+    const int64_t before = bos >= 0 ? 1 : 0, after = eos >= 0 ? 1 : 0;
+    if (nframed != count + before + after) abort(); /* the same ids, framed */
+    if (count && memcmp(framed + before, ids, (size_t)count * sizeof *ids)) abort();
+    if ((bos >= 0 && framed[0] != bos) || (eos >= 0 && framed[nframed - 1] != eos)) abort();
+    char *back;
+    size_t len;
+    if (fsc_bpe_decode(bpe, ids, count, &back, &len) != FSC_OK) abort();
+    free(back), free(ids), free(framed);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    static char base[4096];
+    static size_t base_len;
+    if (!base_len) base_len = base_file(base, sizeof base);
+    size_t at = 0, file_n;
+    const uint8_t *file = fuzz_part(data, size, &at, &file_n);
+    const char *path = fuzz_path("tokenizer.json");
+    if (file_n && file[0] == '+') {
+        char *whole = malloc(base_len + file_n);
+        if (!whole) abort();
+        memcpy(whole, base, base_len);
+        memcpy(whole + base_len, file + 1, file_n - 1);
+        fuzz_write(path, whole, base_len + file_n - 1);
+        free(whole);
+    } else {
+        fuzz_write(path, file, file_n);
+    }
+    fsc_bpe *bpe;
+    if (fsc_bpe_load_json(path, &bpe) != FSC_OK) return 0;
+    check(bpe, data + at, size - at);
+    fsc_bpe_free(bpe);
+    return 0;
+}
