@@ -71,6 +71,7 @@ typedef struct train_options {
     const char *lora_targets; /* comma-separated module names (NULL: q_proj,v_proj) */
     const char *save_adapter; /* LoRA: the adapters as a PEFT directory at the end */
     bool lora_merge;          /* LoRA: --save writes the base weights with the adapters merged */
+    const char *param_group;  /* "PATTERN:lr=X,wd=Y[;PATTERN:...]": optimizer param groups */
     int log_every;
     const char *val_data;  /* held-out tokens (NULL: *_val.bin beside the shards, or a tail) */
     double val_fraction;   /* without val shards: the tail of the data held out (0: none) */
@@ -183,6 +184,10 @@ typedef struct trainer {
     const char **freeze, **lora_targets;
     int nfreeze, nlora_targets;
     fsc_lora_config lora;
+    /* --param-group parsed (patterns point into group_text) */
+    char *group_text;
+    fsc_gpt_param_group *groups;
+    int ngroups;
     /* the val loss measured after the current step (NAN: none), stored in
      * its checkpoint for --keep-best */
     double val_loss_now;

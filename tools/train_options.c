@@ -189,6 +189,11 @@ static const flag flags[] = {
     F("lora-merge", ARG_FLAG, lora_merge,
       "with --lora-rank: --save (and --save-init) write the base weights with B A alpha/r "
       "merged in and no adapters"),
+    F("param-group", ARG_STR, param_group,
+      "optimizer parameter groups as torch's param_groups, 'PATTERN:lr=X,wd=Y' (either "
+      "setting may be left out), several separated by ';', the first whose glob matches a "
+      "parameter wins; the schedule scales each group's lr; unmatched parameters keep --lr "
+      "and --weight-decay"),
     F("freeze", ARG_STR, freeze,
       "fine-tuning: freeze the parameters whose names match these comma-separated globs "
       "(e.g. 'model.embed_tokens.*,model.layers.*.mlp.*'): no gradient, no optimizer state, "
@@ -226,8 +231,9 @@ static const flag flags[] = {
     F("eval-batches", ARG_INT, eval_batches,
       "global batches (batch x grad-accum x ranks sequences) per validation"),
     F("tokenizer", ARG_STR, tokenizer,
-      "GPT-2 BPE directory (encoder.json, vocab.bpe; scripts/fetch_gpt2_bpe.sh): a text "
-      "--data is encoded with it (--vocab defaults to its size)"),
+      "a tokenizer.json file, or a directory with tokenizer.json or GPT-2's encoder.json + "
+      "vocab.bpe (scripts/fetch_tokenizers.sh, scripts/fetch_gpt2_bpe.sh): a text --data is "
+      "encoded with it (--vocab defaults to its size)"),
     F("quiet", ARG_FLAG, quiet, "no progress output"),
 };
 #undef F

@@ -38,6 +38,15 @@
 extern "C" {
 #endif
 
+/* One optimizer parameter group of a layout: parameters whose full names
+ * match `pattern` take lr x lr_scale and, when weight_decay >= 0, that
+ * decay (torch's param_groups; fsc_module_param_group). */
+typedef struct fsc_gpt_param_group {
+    const char *pattern;
+    double lr_scale;
+    double weight_decay;
+} fsc_gpt_param_group;
+
 /* Where and how the GPT runs. Zero fields are the documented defaults;
  * strings are borrowed for the plan's life. */
 typedef struct fsc_gpt_layout {
@@ -70,6 +79,11 @@ typedef struct fsc_gpt_layout {
     /* LoRA adapters (fsc/lora.h) on every model the plan makes, before the
      * freeze patterns; NULL: none. Refused with tp > 1. Borrowed. */
     const struct fsc_lora_config *lora;
+    /* Optimizer parameter groups (fsc_module_param_group), in order, the
+     * first that matches a parameter winning; each must match a parameter
+     * of the whole model. Borrowed. */
+    const struct fsc_gpt_param_group *groups;
+    int ngroups;
     /* Rank 0 prints the schedule's grid and its statistics here (NULL:
      * nothing), and --balance auto's choice in layers per stage with its
      * predicted time and memory (NULL: nothing). */

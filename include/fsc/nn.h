@@ -131,6 +131,12 @@ typedef struct fsc_param {
      * compute its gradient, DDP does not reduce it, and fsc_params_bind
      * gives its gradient stretch back to the allocator (it reads as zero). */
     bool frozen;
+    /* Its optimizer parameter group (fsc_module_param_group; torch's
+     * param_groups): lr is the optimizer's times lr_scale (0: 1), and with
+     * wd_set its weight decay is wd whatever its shape. grouped: a group
+     * claimed it (the first that matches wins). */
+    bool grouped, wd_set;
+    double lr_scale, wd;
     float *data; /* view into the flat parameter buffer, bound by fsc_params_bind */
     float *grad; /* view into the flat gradient buffer */
 } fsc_param;
@@ -310,6 +316,17 @@ FSC_API int fsc_module_freeze(fsc_module *root, const char *const *patterns, int
  * tensor would. FSC_INIT_UNIFORM's fill. */
 FSC_API void fsc_params_uniform_fill(float *out, int64_t n, int64_t first, uint64_t key,
                                      float bound);
+/* An optimizer parameter group, as one of torch's param_groups: every
+ * parameter under root whose full name matches the glob `pattern` and that
+ * no earlier group claimed takes lr = the optimizer's lr x lr_scale (so a
+ * schedule scales every group alike; lr_scale > 0) and, when weight_decay
+ * >= 0, that decay (else the default rule: decay_all or ndim >= 2). Call it
+ * in the order the groups are given, before binding or building a
+ * strategy. require_match as fsc_module_freeze (FSC_ERR_INVALID naming a
+ * pattern that matches nothing; a parameter an earlier group took counts
+ * as matched). *matched (may be NULL) receives the parameters it took. */
+FSC_API int fsc_module_param_group(fsc_module *root, const char *pattern, double lr_scale,
+                                   double weight_decay, bool require_match, int *matched);
 /* Elements of ps's parameters that are not frozen (no padding). */
 FSC_API int64_t fsc_params_trainable_numel(const fsc_params *ps);
 /* The entry with full dotted name `name` (owned by ps), or NULL. */

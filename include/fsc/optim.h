@@ -46,6 +46,11 @@ typedef struct fsc_optim_range {
     int64_t n;
     bool decay;
     const char *name; /* optional: the parameter's global name, for state I/O */
+    /* Its parameter group (fsc_module_param_group): lr x lr_scale (0: 1),
+     * and with wd_set the weight decay wd instead of the config's rule. */
+    double lr_scale;
+    bool wd_set;
+    double wd;
 } fsc_optim_range;
 
 /* One range per entry of ps, in entry order: param->data, param->grad, numel,

@@ -4,6 +4,7 @@
  * (DDP buckets, ZeRO partitions, FSDP shards) work on ranges of these buffers
  * and re-home storage with fsc_params_rebind. */
 #include <fnmatch.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -178,6 +179,35 @@ int fsc_module_freeze(fsc_module *root, const char *const *patterns, int n, bool
     for (int i = 0; i < ps.count; i++) frozen += ps.entries[i].param->frozen;
     if (frozen_out) *frozen_out = frozen;
     fsc_params_free(&ps);
+    return rc;
+}
+
+int fsc_module_param_group(fsc_module *root, const char *pattern, double lr_scale,
+                           double weight_decay, bool require_match, int *matched) {
+    if (matched) *matched = 0;
+    if (!root || !pattern || !pattern[0])
+        return fsc_error(FSC_ERR_INVALID, "param group: needs a model and a pattern");
+    if (!(lr_scale > 0) || isinf(lr_scale))
+        return fsc_error(FSC_ERR_INVALID, "param group '%s': lr scale %g must be finite and > 0",
+                         pattern, lr_scale);
+    fsc_params ps;
+    int rc = fsc_params_collect(root, &ps);
+    if (rc) return rc;
+    int hits = 0, took = 0;
+    for (int i = 0; i < ps.count; i++) {
+        fsc_param *p = ps.entries[i].param;
+        if (fnmatch(pattern, ps.entries[i].name, 0)) continue;
+        hits++;
+        if (p->grouped) continue; /* the first group that matches wins */
+        p->grouped = true, took++;
+        p->lr_scale = lr_scale;
+        p->wd_set = weight_decay >= 0, p->wd = weight_decay >= 0 ? weight_decay : 0;
+    }
+    if (!hits && require_match)
+        rc = fsc_error(FSC_ERR_INVALID, "param group pattern '%s' matches no parameter name",
+                       pattern);
+    fsc_params_free(&ps);
+    if (matched) *matched = took;
     return rc;
 }
 

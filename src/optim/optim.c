@@ -118,7 +118,10 @@ int fsc_optim_ranges_from_params(const fsc_params *ps, fsc_optim_range **out, in
                                  .grad = p->grad,
                                  .n = p->frozen ? 0 : p->numel, /* no state, no update */
                                  .decay = p->weight_decay,
-                                 .name = e->name};
+                                 .name = e->name,
+                                 .lr_scale = p->lr_scale,
+                                 .wd_set = p->wd_set,
+                                 .wd = p->wd};
     }
     *out = r;
     *n = ps->count;
@@ -217,20 +220,22 @@ int fsc_optim_step(fsc_optim *o) {
     for (int i = 0; i < o->nranges; i++) {
         const fsc_optim_range *r = &o->ranges[i];
         if (r->n == 0) continue;
-        const double wd = (r->decay || c->decay_all) ? c->weight_decay : 0.0;
+        /* a parameter group's own decay and lr (torch's param_groups) */
+        const double wd = r->wd_set ? r->wd : (r->decay || c->decay_all) ? c->weight_decay : 0.0;
+        const double lr = r->lr_scale > 0 ? c->lr * r->lr_scale : c->lr;
         float *s0 = o->nstates > 0 ? o->state[0] + o->offsets[i] : NULL;
         float *s1 = o->nstates > 1 ? o->state[1] + o->offsets[i] : NULL;
         switch (c->kind) {
         case FSC_OPTIM_SGD:
-            fsc_sgd_update(r->param, r->grad, s0, r->n, c->lr, c->momentum, c->dampening,
-                           c->nesterov, wd, first);
+            fsc_sgd_update(r->param, r->grad, s0, r->n, lr, c->momentum, c->dampening, c->nesterov,
+                           wd, first);
             break;
         case FSC_OPTIM_ADAM:
-            fsc_adam_update(r->param, r->grad, s0, s1, r->n, c->lr, c->beta1, c->beta2, c->eps, wd,
+            fsc_adam_update(r->param, r->grad, s0, s1, r->n, lr, c->beta1, c->beta2, c->eps, wd,
                             step);
             break;
         case FSC_OPTIM_ADAMW:
-            fsc_adamw_update(r->param, r->grad, s0, s1, r->n, c->lr, c->beta1, c->beta2, c->eps, wd,
+            fsc_adamw_update(r->param, r->grad, s0, s1, r->n, lr, c->beta1, c->beta2, c->eps, wd,
                              step);
             break;
         default:

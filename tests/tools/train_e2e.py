@@ -57,6 +57,7 @@ MODES = {
     "messages": user.messages,
     "freeze": finetune.freeze,
     "lora": finetune.lora,
+    "param-groups": finetune.param_groups,
 }
 
 MODES[sys.argv[2]]()

@@ -234,3 +234,72 @@ def lora():
     p = run(*LLAMA, "--data", data, "--batch", "4", *TRAIN, "--lora-rank", "4",
             "--lora-targets", "q_proj,qproj", expect_ok=False)
     expect_refused(p, "target module 'qproj' names no Linear", "a LoRA target naming nothing")
+
+
+GROUPS = "model.layers.*.mlp.*:lr=3e-3,wd=0;model.embed_tokens.*:lr=5e-4,wd=0.05"
+
+
+def group_losses(init, tokens, torch, torch_gpt, torch_llama, kind):
+    """torch's param_groups: the two globs (first match wins), then fsc's default rule."""
+    import fnmatch
+    tensors, _ = torch_gpt.load_safetensors(init)
+    model = torch_llama.Llama(tensors, layers_=2, heads=4, kv_heads=2)
+    lr, wd = (1e-3, 0.1) if kind == "adamw" else (0.05, 0.01)
+    spec = [("model.layers.*.mlp.*", 3e-3, 0.0), ("model.embed_tokens.*", 5e-4, 0.05)]
+    groups = [{"params": [], "lr": g_lr, "weight_decay": g_wd} for _, g_lr, g_wd in spec]
+    groups += [{"params": [], "lr": lr, "weight_decay": wd}, {"params": [], "lr": lr,
+                                                               "weight_decay": 0.0}]
+    for n in model.names:
+        hit = [i for i, (p, _, _) in enumerate(spec) if fnmatch.fnmatchcase(n, p)]
+        i = hit[0] if hit else (2 if model.p(n).dim() >= 2 else 3)
+        groups[i]["params"].append(model.p(n))
+    if kind == "adamw":
+        opt = torch.optim.AdamW(groups, betas=(0.9, 0.95), eps=1e-8, foreach=False)
+    else:
+        opt = torch.optim.SGD(groups, momentum=0.9, foreach=False)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 5))
+    out = []
+    for s in range(STEPS):
+        x, y = torch_gpt.batch(tokens, s, 0, 0, 4, 1, 1, 32)
+        opt.zero_grad()
+        loss = model.loss(x, y)
+        loss.backward()
+        opt.step()
+        sched.step()
+        out.append(loss.item())
+    return out
+
+
+def param_groups():
+    try:
+        import torch
+        import torch_gpt
+        import torch_llama
+    except ImportError:
+        print("SKIP: PyTorch is not installed (scripts/install-deps.sh installs python3-torch)")
+        sys.exit(77)
+    torch.set_num_threads(1)
+    data = os.path.join(TMP, "pg.txt")
+    with open(data, "wb") as f:
+        f.write(bytes((i * 7919 + (i // 13) * 31) % 251 for i in range(20000)))
+    tokens = torch.tensor(list(open(data, "rb").read()), dtype=torch.int64)
+    sched = ["--steps", STEPS, "--schedule", "warmup-constant", "--warmup", "5", "--clip", "0",
+             "--quiet", "--param-group", GROUPS]
+    for kind, flags in (("adamw", ["--lr", "1e-3", "--weight-decay", "0.1"]),
+                        ("sgd", ["--optimizer", "sgd", "--momentum", "0.9", "--lr", "0.05",
+                                 "--weight-decay", "0.01"])):
+        init, m = os.path.join(TMP, f"pg_{kind}_init"), os.path.join(TMP, f"pg_{kind}.jsonl")
+        run(*LLAMA, "--data", data, "--batch", "4", *sched, *flags, "--save-init", init,
+            "--metrics", m)
+        ref = group_losses(weights_file(init), tokens, torch, torch_gpt, torch_llama, kind)
+        compare(f"--param-group, {kind}, one process", [r["loss"] for r in metrics(m)], ref)
+        m2 = os.path.join(TMP, f"pg_{kind}_fsdp.jsonl")
+        mpiexec(2, *LLAMA, "--data", data, "--batch", "2", "--strategy", "fsdp", *sched, *flags,
+                "--metrics", m2)
+        compare(f"--param-group, {kind}, fsdp on 2 ranks", [r["loss"] for r in metrics(m2)], ref)
+    p = run(*LLAMA, "--data", data, "--batch", "4", *sched, "--param-group", "nope.*:lr=1",
+            expect_ok=False)
+    expect_refused(p, "pattern 'nope.*' matches no parameter", "a param group matching nothing")
+    p = run(*LLAMA, "--data", data, "--batch", "4", *sched, "--param-group", "model.*:lr=x",
+            expect_ok=False)
+    expect_refused(p, "'lr=x' is not lr=X or wd=Y", "a malformed param group")

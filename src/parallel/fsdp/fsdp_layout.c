@@ -121,13 +121,17 @@ int fsdp_plan_ranges(fsc_fsdp *f) {
             while (u->entries[i] != e) i++;
             int64_t at = u->offset[i] + begin - (int64_t)f->rank * u->shard;
             const fsc_param *prm = f->ps.entries[e].param;
-            f->ranges[f->nranges++] = (fsc_optim_range){.param = u->shard_data + at,
-                                                        .grad = u->shard_grad + at,
-                                                        /* frozen: carried in the
-                                                         * shard, no state */
-                                                        .n = prm->frozen ? 0 : count,
-                                                        .decay = prm->weight_decay,
-                                                        .name = f->ps.entries[e].name};
+            f->ranges[f->nranges++] =
+                (fsc_optim_range){.param = u->shard_data + at,
+                                  .grad = u->shard_grad + at,
+                                  /* frozen: carried in the
+                                   * shard, no state */
+                                  .n = prm->frozen ? 0 : count,
+                                  .decay = prm->weight_decay,
+                                  .lr_scale = prm->lr_scale, /* its param group */
+                                  .wd_set = prm->wd_set,
+                                  .wd = prm->wd,
+                                  .name = f->ps.entries[e].name};
         }
     }
     return FSC_OK;

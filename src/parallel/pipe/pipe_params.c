@@ -128,6 +128,9 @@ int pipe_owned_ranges(fsc_pipe *p, fsc_optim_range **out, int *n) {
                                  .grad = q->grad,
                                  .n = q->frozen ? 0 : q->numel, /* no state, no update */
                                  .decay = q->weight_decay,
+                                 .lr_scale = q->lr_scale, /* its param group */
+                                 .wd_set = q->wd_set,
+                                 .wd = q->wd,
                                  .name = w->name};
     }
     *out = r, *n = k;

@@ -205,6 +205,9 @@ int fsc_partition_ranges(const fsc_partition *p, const fsc_params *ps, int rank,
                                  .grad = ps->grad + at,
                                  .n = e->param->frozen ? 0 : s->count, /* carried, no state */
                                  .decay = e->param->weight_decay,
+                                 .lr_scale = e->param->lr_scale, /* its param group */
+                                 .wd_set = e->param->wd_set,
+                                 .wd = e->param->wd,
                                  .name = e->name};
     }
     *out = r;

@@ -103,6 +103,9 @@ int fsc_tp_optim_ranges(fsc_module *root, const fsc_params *ps, fsc_optim_range 
                                  .grad = e->param->grad + l.at[k].local,
                                  .n = e->param->frozen ? 0 : l.at[k].count, /* no state */
                                  .decay = e->param->weight_decay,
+                                 .lr_scale = e->param->lr_scale, /* its param group */
+                                 .wd_set = e->param->wd_set,
+                                 .wd = e->param->wd,
                                  .name = e->name};
     }
     *out = r, *n = l.n;
