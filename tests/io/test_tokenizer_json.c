@@ -6,7 +6,8 @@
  * Removed, a literal String) cuts as Hugging Face's does; decoding gives
  * the text back; what fsc does not run (a Metaspace pre-tokenizer, a
  * Unigram model, an NFC normalizer) and malformed merges are refused with
- * the field named. */
+ * the field named; a directory gives its tokenizer.json, else GPT-2's two
+ * files under either pair of names. */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -15,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "fsc/tokenizer.h"
 
@@ -193,11 +195,52 @@ static void test_refused(void **state) {
     assert_non_null(strstr(fsc_last_error(), "tokenizer.json"));
 }
 
+/* fsc_bpe_load(DIR): tokenizer.json first, else GPT-2's two files under
+ * either pair of names (vocab.json + merges.txt are Hugging Face's). */
+static void test_directories(void **state) {
+    (void)state;
+    char *enc, *merges, *json;
+    size_t ne, nm, nj;
+    char tiny[600];
+    snprintf(tiny, sizeof tiny, "%s/bpe_tiny",
+             getenv("FSC_TEST_DATA") ? getenv("FSC_TEST_DATA") : "tests/data");
+    char pe[700], pm[700];
+    snprintf(pe, sizeof pe, "%s/encoder.json", tiny);
+    snprintf(pm, sizeof pm, "%s/vocab.bpe", tiny);
+    assert_int_equal(fsc_file_read_all(pe, 1 << 20, &enc, &ne), FSC_OK);
+    assert_int_equal(fsc_file_read_all(pm, 1 << 20, &merges, &nm), FSC_OK);
+    assert_int_equal(fsc_file_read_all(data("strings.json"), 1 << 20, &json, &nj), FSC_OK);
+    char hfdir[600];
+    snprintf(hfdir, sizeof hfdir, "%s", tmp("hf"));
+    assert_int_equal(mkdir(hfdir, 0700), 0);
+    write_raw(tmp("hf/vocab.json"), enc, ne);
+    write_raw(tmp("hf/merges.txt"), merges, nm);
+    fsc_bpe *hf, *gpt2, *tj;
+    assert_int_equal(fsc_bpe_load(hfdir, &hf), FSC_OK);
+    assert_int_equal(fsc_bpe_load(tiny, &gpt2), FSC_OK);
+    int32_t *a, *b;
+    int64_t na, nb;
+    const char *text = "hello world<|endoftext|>";
+    assert_int_equal(fsc_bpe_encode(hf, text, strlen(text), &a, &na), FSC_OK);
+    assert_int_equal(fsc_bpe_encode(gpt2, text, strlen(text), &b, &nb), FSC_OK);
+    assert_int_equal(na, nb);
+    assert_memory_equal(a, b, (size_t)na * sizeof *a);
+    assert_true(na > 3); /* GPT-2's files: <|endoftext|> in the text is text */
+    free(a), free(b);
+    write_raw(tmp("hf/tokenizer.json"), json, nj); /* now the directory's tokenizer.json wins */
+    assert_int_equal(fsc_bpe_load(hfdir, &tj), FSC_OK);
+    assert_int_equal(fsc_bpe_vocab_size(tj), 271);
+    const int32_t eot[] = {HELLO, SP_WORLD, EOT};
+    expect(tj, text, false, eot, 3);
+    fsc_bpe_free(hf), fsc_bpe_free(gpt2), fsc_bpe_free(tj);
+    free(enc), free(merges), free(json);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_both_merge_forms), cmocka_unit_test(test_added_tokens),
         cmocka_unit_test(test_post_processor),   cmocka_unit_test(test_split_sequence),
-        cmocka_unit_test(test_refused),
+        cmocka_unit_test(test_refused),          cmocka_unit_test(test_directories),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
