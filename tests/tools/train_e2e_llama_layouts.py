@@ -2,13 +2,14 @@
 batch (the GPT-2 family's checks in train_e2e_training.py, for the LLaMA family):
 
 llama-strategies: dp threads, ddp, oss, sdp, fsdp (units per decoder layer),
-activation checkpointing, every pipeline schedule, cuts inside a decoder layer, tensor
-and sequence parallelism and the dp x pp x tp mesh give one process's per-step losses
-within 1e-5 relative (the GPT-2 check's bound: summation order only).
+activation checkpointing, every pipeline schedule and cuts inside a decoder layer give
+one process's per-step losses within 1e-5 relative (the GPT-2 check's bound: summation
+order only).
 
-llama-techniques: SlowMo averaging every step without slow momentum under SGD is DDP's
-step; AdaScale on 2 ranks gives one process's gains and losses over the same 2
-sub-batches; bf16 autocast stays within the bound train_e2e_fsdp.py states for it.
+llama-techniques: tensor and sequence parallelism, pp x tp and the dp x pp x tp mesh
+likewise; SlowMo averaging every step without slow momentum under SGD is DDP's step;
+AdaScale on 2 ranks gives one process's gains and losses over the same 2 sub-batches;
+bf16 autocast stays within the bound train_e2e_fsdp.py states for it.
 
 llama-resume: a checkpoint saved under one layout resumes under another (--tp 2 -> one
 process, fsdp 2 -> pp 2) and continues the uninterrupted run's losses within 1e-5."""
@@ -71,6 +72,16 @@ def llama_strategies():
         (2, "pp 2 gpipe, cut before down_proj", [
             "--strategy", "ddp", "--pp", "2", "--pipe-schedule", "gpipe", "--balance",
             "2.75,1.25", "--batch", "2", "--grad-accum", "4"]),
+    )
+    for i, (n, name, extra) in enumerate(runs):
+        expect_same(name, losses(n, f"run{i}", *common, *extra), ref)
+
+
+def llama_techniques():
+    data = corpus()
+    common = [*MODEL, "--data", data, "--steps", "6", "--lr", "2e-3", "--quiet"]
+    ref = losses(1, "single", *common, "--batch", "8")
+    runs = (
         (2, "tp 2 + sequence parallel", ["--strategy", "ddp", "--tp", "2",
                                          "--sequence-parallel", "--batch", "8"]),
         (4, "pp 2 x tp 2, cut before down_proj", [
@@ -82,12 +93,8 @@ def llama_strategies():
             "--grad-accum", "2"]),
     )
     for i, (n, name, extra) in enumerate(runs):
-        expect_same(name, losses(n, f"run{i}", *common, *extra), ref)
+        expect_same(name, losses(n, f"mesh{i}", *common, *extra), ref)
 
-
-def llama_techniques():
-    data = corpus()
-    common = [*MODEL, "--data", data, "--steps", "6", "--lr", "2e-3", "--quiet"]
     # SlowMo averaging every step without slow momentum is DDP's step under SGD (unclipped:
     # clipping each rank's own gradient is not linear)
     sgd = ["--optimizer", "sgd", "--lr", "0.5", "--clip", "0"]
