@@ -233,6 +233,9 @@ static void schedule_changes(const train_options *was, const train_options *now,
     CHANGED(cosine && span_was != span_now,
             " --steps %" PRId64 " -> %" PRId64 " (the cosine decays over another span)", was->steps,
             now->steps);
+    const char *pg_was = was->param_group ? was->param_group : "",
+               *pg_now = now->param_group ? now->param_group : ""; /* each group's lr */
+    CHANGED(strcmp(pg_was, pg_now), " --param-group '%s' -> '%s'", pg_was, pg_now);
 #undef CHANGED
 }
 

@@ -303,3 +303,18 @@ def param_groups():
     p = run(*LLAMA, "--data", data, "--batch", "4", *sched, "--param-group", "model.*:lr=x",
             expect_ok=False)
     expect_refused(p, "'lr=x' is not lr=X or wd=Y", "a malformed param group")
+    # the groups travel in the checkpoint: a resume continues them exactly; other groups are refused
+    gpt = ["--layers", "2", "--d-model", "64", "--heads", "4", "--seq", "32", "--vocab", "512",
+           "--dropout", "0", "--data", data, "--batch", "4", "--lr", "1e-3", "--quiet",
+           "--param-group", "h.*.mlp.*:lr=3e-3,wd=0"]
+    full, ck, res = (os.path.join(TMP, n) for n in ("pg_full.jsonl", "pg_ck", "pg_res.jsonl"))
+    run(*gpt, "--steps", "4", "--metrics", full)
+    run(*gpt, "--steps", "2", "--checkpoint-dir", ck, "--save-every", "2")
+    run("--resume", ck, "--steps", "4", "--quiet", "--metrics", res)
+    if [r["loss"] for r in metrics(res)] != [r["loss"] for r in metrics(full)][2:]:
+        sys.exit("FAIL: --param-group: a resumed run differs from the uninterrupted one")
+    p = run("--resume", ck, "--steps", "4", "--quiet", "--param-group", "h.*:lr=1e-2",
+            expect_ok=False)
+    expect_refused(p, "--param-group 'h.*.mlp.*:lr=3e-3,wd=0' -> 'h.*:lr=1e-2'",
+                   "a resume with other param groups")
+    print("--param-group: resumed from a checkpoint exactly; other groups on --resume refused")
