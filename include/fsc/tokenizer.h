@@ -81,7 +81,9 @@ FSC_API int32_t fsc_bpe_token_id(const fsc_bpe *bpe, const char *s, size_t len);
 /* Encodes n bytes of text (any bytes; NUL is a byte like others) into a
  * malloc'ed array *ids of *count ids (the caller frees it; NULL and 0 for
  * empty text). FSC_ERR_INVALID for NULL arguments (text may be NULL when
- * n is 0), FSC_ERR_NOMEM. */
+ * n is 0), FSC_ERR_NOMEM, FSC_ERR_FORMAT when PCRE2 gives up on a
+ * tokenizer.json regex (its match limit: a pattern that backtracks without
+ * end; no real file's does). */
 FSC_API int fsc_bpe_encode(const fsc_bpe *bpe, const char *text, size_t n, int32_t **ids,
                            int64_t *count);
 /* How fsc_bpe_encode_with encodes; zero is fsc_bpe_encode's choice. */

@@ -112,7 +112,7 @@ typedef struct bpe_split_ws bpe_split_ws;
 bpe_split_ws *fsc_bpe_split_ws_new(const fsc_bpe *t);
 void fsc_bpe_split_ws_free(bpe_split_ws *ws);
 /* The pieces of s[0..n) after every step, as ranges of s (valid until the
- * next call on ws); FSC_ERR_NOMEM, FSC_ERR_INTERNAL for a PCRE2 failure. */
+ * next call on ws); FSC_ERR_NOMEM, FSC_ERR_FORMAT when PCRE2 gives up (match limit). */
 int fsc_bpe_split_run(const fsc_bpe *t, bpe_split_ws *ws, const char *s, size_t n,
                       const bpe_range **pieces, size_t *count);
 

@@ -44,22 +44,29 @@ typedef struct {
     int n;
 } vocab_build;
 
+/* Ids past this are refused: the largest vocabularies of today are ~256k,
+ * and a lying id must not size the tables (they are dense, by id). */
+#define MAX_ID (1 << 24)
+
 /* The largest id of the model's vocabulary and of the added tokens, + 1. */
 static int count_ids(const cJSON *vocab, const cJSON *added, const char *path, int *n) {
     double top = -1;
     const cJSON *e;
     cJSON_ArrayForEach(e, vocab) {
         double v = cJSON_IsNumber(e) ? e->valuedouble : -1;
-        if (!(v >= 0 && v < (1u << 30) && v == (int)v))
-            return fsc_error(FSC_ERR_FORMAT, "%s: model.vocab: token \"%.40s\" has id %g", path,
-                             e->string, v);
+        if (!(v >= 0 && v < MAX_ID && v == (int)v))
+            return fsc_error(FSC_ERR_FORMAT,
+                             "%s: model.vocab: token \"%.40s\" has id %g (ids are 0..%d)", path,
+                             e->string, v, MAX_ID - 1);
         top = v > top ? v : top;
     }
     cJSON_ArrayForEach(e, added) {
         const cJSON *id = item(e, "id");
         double v = cJSON_IsNumber(id) ? id->valuedouble : -1;
-        if (!(v >= 0 && v < (1u << 30) && v == (int)v))
-            return fsc_error(FSC_ERR_FORMAT, "%s: added_tokens: an entry without a valid id", path);
+        if (!(v >= 0 && v < MAX_ID && v == (int)v))
+            return fsc_error(FSC_ERR_FORMAT,
+                             "%s: added_tokens: an entry without a valid id (0..%d)", path,
+                             MAX_ID - 1);
         top = v > top ? v : top;
     }
     *n = (int)top + 1;

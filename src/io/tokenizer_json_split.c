@@ -215,7 +215,8 @@ static int find_segments(const bpe_split *step, bool utf8, bpe_split_ws *ws, con
         if (r < 0) {
             PCRE2_UCHAR msg[256];
             pcre2_get_error_message(r, msg, sizeof msg);
-            return fsc_error(FSC_ERR_INTERNAL, "pre-tokenizer: PCRE2 match failed: %s",
+            return fsc_error(FSC_ERR_FORMAT, /* a file's regex that backtracks without end */
+                             "pre-tokenizer: PCRE2 gave up on the file's regex: %s",
                              (const char *)msg);
         }
         const PCRE2_SIZE *ov = pcre2_get_ovector_pointer(ws->md);

@@ -53,7 +53,9 @@ static void check(const fsc_bpe *bpe, const uint8_t *text, size_t n) {
     const int V = fsc_bpe_vocab_size(bpe);
     int32_t *ids, *framed;
     int64_t count, nframed;
-    if (fsc_bpe_encode(bpe, (const char *)text, n, &ids, &count) != FSC_OK) abort();
+    int rc = fsc_bpe_encode(bpe, (const char *)text, n, &ids, &count);
+    if (rc == FSC_ERR_FORMAT) return; /* a regex of the file that PCRE2 gives up on: said so */
+    if (rc != FSC_OK) abort();
     if (count < 0 || (n && count == 0)) abort();
     for (int64_t i = 0; i < count; i++)
         if (ids[i] < 0 || ids[i] >= V) abort();
