@@ -7,7 +7,8 @@ FSC_TRAIN FSC_SAMPLE.
     Qwen-style q/k/v biases, tied embeddings and LLaMA-3.1's rope_scaling);
     fsc-sample --logits gives its logits within the noise floor.
 (b) fsc-train --save-init DIR (sharded by --shard-size) loads in PyTorch with
-    fsc's logits, and --init-from DIR trains from it.
+    fsc's logits, and --init-from DIR trains from it; ddp, fsdp and --pp 2 on
+    2 ranks write the very same files.
 (c) Bad directories are refused naming what is wrong.
 (d) fsc-sample draws the same ids with and without the KV cache.
 
@@ -31,6 +32,8 @@ sys.path.insert(0, os.path.join(HERE, "..", "reference"))
 
 FLOOR_K = 8  # float32 orders of summation differ by a small multiple of one order's error
 TMP = tempfile.mkdtemp(prefix="fsc-hf-")
+LLAMA = ["--arch", "llama", "--layers", 2, "--d-model", 64, "--heads", 4, "--kv-heads", 2,
+         "--seq", 32, "--vocab", 512, "--qkv-bias", 1, "--rope-theta", 50000]
 PROMPT = [3, 17, 200, 41, 5, 99, 250, 7, 64, 128, 1, 33, 300, 12, 8, 77]
 
 
@@ -104,9 +107,7 @@ def torch_writes(torch, hd, sample):
 def fsc_writes(torch, hd, train, sample):
     """(b): fsc-train's directory loads in PyTorch with fsc's logits."""
     d = os.path.join(TMP, "fsc_dir")
-    tool(train, "--arch", "llama", "--layers", 2, "--d-model", 64, "--heads", 4, "--kv-heads", 2,
-         "--seq", 32, "--vocab", 512, "--qkv-bias", 1, "--rope-theta", 50000, "--steps", 0,
-         "--save-init", d, "--shard-size", "100KB", "--quiet")
+    tool(train, *LLAMA, "--steps", 0, "--save-init", d, "--shard-size", "100KB", "--quiet")
     shards = [f for f in os.listdir(d) if f.startswith("model-")]
     if len(shards) < 2 or not os.path.exists(os.path.join(d, "model.safetensors.index.json")):
         sys.exit(f"FAIL: --save-init DIR --shard-size 100KB wrote {sorted(os.listdir(d))}")
@@ -117,6 +118,27 @@ def fsc_writes(torch, hd, train, sample):
     compare("(b) fsc's directory in PyTorch", torch, hd, tensors, config,
             fsc_logits(sample, d, hd))
     return d
+
+
+def same_files(train, d):
+    """Every strategy's save path writes the same directory, byte for byte."""
+    launcher = os.environ.get("FSC_MPIEXEC", "mpiexec")
+    for what, extra in (("ddp", ["--strategy", "ddp"]), ("fsdp", ["--strategy", "fsdp"]),
+                        ("--pp 2", ["--strategy", "ddp", "--pp", 2, "--grad-accum", 2])):
+        other = os.path.join(TMP, "dir_" + what.replace(" ", "").replace("-", ""))
+        cmd = [launcher, "-n", "2", "--oversubscribe", train, *map(str, LLAMA + extra),
+               "--steps", "0", "--batch", "2", "--save-init", other, "--shard-size", "100KB",
+               "--quiet"]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                           start_new_session=True)
+        if p.returncode != 0:
+            sys.exit(f"FAIL: {' '.join(cmd)} exited {p.returncode}:\n{p.stderr}")
+        names = sorted(os.listdir(d))
+        if sorted(os.listdir(other)) != names or any(
+                open(os.path.join(d, n), "rb").read() != open(os.path.join(other, n), "rb").read()
+                for n in names):
+            sys.exit(f"FAIL: --save-init DIR under {what} on 2 ranks differs from one process's")
+    print(f"ok  ddp, fsdp and --pp 2 on 2 ranks write the very files of one process ({len(names)})")
 
 
 def refusals(train, d):
@@ -167,6 +189,7 @@ def main():
     torch.set_num_threads(1)
     torch_dir = torch_writes(torch, hd, sample)
     d = fsc_writes(torch, hd, train, sample)
+    same_files(train, d)
     metrics = os.path.join(TMP, "m.jsonl")  # --init-from DIR trains (model flags from config.json)
     tool(train, "--init-from", d, "--steps", 2, "--batch", 2, "--quiet", "--metrics", metrics)
     if len(open(metrics).readlines()) != 2:
