@@ -233,18 +233,19 @@ static int layout_mesh(trainer *t) {
               : FSC_OK;
 }
 
-/* flag's text "a,b" into *items {"a", "b"} pointing into *text (both
+/* flag's text "a<sep>b" into *items {"a", "b"} pointing into *text (both
  * malloc'ed); an empty item is refused. */
-static int split_list(const char *flag, const char *s, char **text, const char ***items, int *n) {
+static int split_list_at(char sep, const char *flag, const char *s, char **text,
+                         const char ***items, int *n) {
     size_t len = strlen(s);
     int most = 1;
-    for (size_t i = 0; i < len; i++) most += s[i] == ',';
+    for (size_t i = 0; i < len; i++) most += s[i] == sep;
     *text = malloc(len + 1);
     *items = malloc((size_t)most * sizeof **items);
     if (!*text || !*items) return fsc_error(FSC_ERR_NOMEM, "out of memory");
     memcpy(*text, s, len + 1);
     for (char *tok = *text, *next; tok; tok = next) {
-        next = strchr(tok, ',');
+        next = strchr(tok, sep);
         if (next) *next++ = '\0';
         if (!*tok) return fsc_error(FSC_ERR_INVALID, "%s '%s': an empty item", flag, s);
         (*items)[(*n)++] = tok;
@@ -252,7 +253,38 @@ static int split_list(const char *flag, const char *s, char **text, const char *
     return FSC_OK;
 }
 
-/* --freeze and --lora-* into the layout's fine-tuning fields. */
+/* One "PATTERN:lr=X,wd=Y" of --param-group (text is modified). */
+static int parse_group(const train_options *o, char *text, fsc_gpt_param_group *g) {
+    char *colon = strrchr(text, ':');
+    if (!colon || colon == text)
+        return fsc_error(FSC_ERR_INVALID, "--param-group '%s': expected PATTERN:lr=X,wd=Y", text);
+    *colon = '\0';
+    *g = (fsc_gpt_param_group){.pattern = text, .lr_scale = 1, .weight_decay = -1};
+    for (char *kv = strtok(colon + 1, ","); kv; kv = strtok(NULL, ",")) {
+        char *end = NULL;
+        double v = -1;
+        bool lr = !strncmp(kv, "lr=", 3), wd = !strncmp(kv, "wd=", 3);
+        if (lr || wd) v = strtod(kv + 3, &end);
+        if ((!lr && !wd) || end == kv + 3 || *end || !(v >= 0) || isinf(v))
+            return fsc_error(FSC_ERR_INVALID,
+                             "--param-group '%s': '%s' is not lr=X or wd=Y with X, Y >= 0", text,
+                             kv);
+        if (lr && (v <= 0 || o->lr <= 0))
+            return fsc_error(FSC_ERR_INVALID,
+                             "--param-group '%s': lr=%g needs lr > 0 and --lr > 0 (its lr is "
+                             "--lr's schedule scaled by X / --lr)",
+                             text, v);
+        if (lr) g->lr_scale = v / o->lr;
+        if (wd) g->weight_decay = v;
+    }
+    return FSC_OK;
+}
+
+static int split_list(const char *flag, const char *s, char **text, const char ***items, int *n) {
+    return split_list_at(',', flag, s, text, items, n);
+}
+
+/* --freeze, --lora-* and --param-group into the layout's fine-tuning fields. */
 static int finetune_layout(trainer *t, fsc_gpt_layout *l) {
     const train_options *o = &t->opt;
     int rc = FSC_OK;
@@ -260,6 +292,18 @@ static int finetune_layout(trainer *t, fsc_gpt_layout *l) {
                                       &t->nfreeze)))
         return rc;
     l->freeze = t->freeze, l->nfreeze = t->nfreeze;
+    const char **groups = NULL;
+    if (o->param_group &&
+        (rc = split_list_at(';', "--param-group", o->param_group, &t->group_text, &groups,
+                            &t->ngroups)))
+        return rc;
+    if (t->ngroups && !(t->groups = calloc((size_t)t->ngroups, sizeof *t->groups)))
+        rc = fsc_error(FSC_ERR_NOMEM, "out of memory");
+    for (int g = 0; !rc && g < t->ngroups; g++)
+        rc = parse_group(o, (char *)groups[g], &t->groups[g]);
+    free(groups);
+    if (rc) return rc;
+    l->groups = t->groups, l->ngroups = t->ngroups;
     if (!o->lora_rank) {
         if (o->lora_targets || o->lora_alpha || o->lora_dropout || o->save_adapter ||
             o->lora_merge)
@@ -437,6 +481,8 @@ void trainer_free(trainer *t) {
     free(t->freeze);
     free(t->lora_text);
     free(t->lora_targets);
+    free(t->group_text);
+    free(t->groups);
     memset(t, 0, sizeof *t);
 }
 
