@@ -170,4 +170,14 @@ fsc_module *fsc_mlp_parts_new(const char *name, int C, float dropout, uint32_t l
 int fsc_blocks_backward(fsc_module *const *h, void *const *saved, int n, const fsc_ctx *ctx,
                         fsc_tensor *cur, fsc_tensor pingpong[2]);
 
+/* RMSNorm over x's rows with weight m->params[0] (dim, eps): the module's
+ * forward, shared by fsc_rmsnorm_new's module and the tensor-parallel one;
+ * *saved is the arena record fsc_rmsnorm_module_backward takes, which
+ * allocates dx when given and adds the weight gradient into dw (dim floats:
+ * the parameter's gradient, or a scratch the caller reduces). */
+int fsc_rmsnorm_module_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, int dim,
+                               float eps, fsc_tensor *y, void **saved);
+int fsc_rmsnorm_module_backward(fsc_module *m, const fsc_ctx *ctx, void *saved,
+                                const fsc_tensor *dy, int dim, float *dw, fsc_tensor *dx);
+
 #endif

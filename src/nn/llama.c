@@ -15,10 +15,6 @@
 #include "gpt_internal.h"
 #include "llama_internal.h"
 
-static float norm_eps(const fsc_gpt_config *c) {
-    return c->norm_eps > 0.f ? c->norm_eps : 1e-5f;
-}
-
 static fsc_module *llama_wte(void *st, const fsc_gpt_config *c) {
     (void)st;
     return fsc_embedding_new("model.embed_tokens", c->vocab, c->d_model, 0.02f);
@@ -31,19 +27,11 @@ static fsc_module *llama_block(void *st, const fsc_gpt_config *c, const char *na
     (void)st, (void)b;
     if (from != FSC_BLOCK_ATTN || to != FSC_BLOCK_SEGMENTS)
         return llama_layer_new(c, name, from, to, &llama_plain_maker);
-    /* Hugging Face's initialisation: every Linear N(0, initializer_range 0.02) */
-    const fsc_llama_attention_config ac = {.d_model = c->d_model,
-                                           .n_heads = c->heads,
-                                           .n_kv_heads = c->kv_heads,
-                                           .qkv_bias = c->qkv_bias,
-                                           .rope_theta = c->rope_theta,
-                                           .rope_scaling = c->rope_scaling,
-                                           .init_std = 0.02f,
-                                           .proj_std = 0.02f};
+    const fsc_llama_attention_config ac = llama_attention_config(c);
     fsc_module *children[4] = {
-        fsc_rmsnorm_new("input_layernorm", c->d_model, norm_eps(c)),
+        fsc_rmsnorm_new("input_layernorm", c->d_model, llama_norm_eps(c)),
         fsc_llama_attention_new("self_attn", &ac),
-        fsc_rmsnorm_new("post_attention_layernorm", c->d_model, norm_eps(c)),
+        fsc_rmsnorm_new("post_attention_layernorm", c->d_model, llama_norm_eps(c)),
         fsc_swiglu_mlp_new("mlp", c->d_model, fsc_gpt_ffn_hidden(c), 0.02f, 0.02f),
     };
     return fsc_block_of(name, children);
@@ -51,7 +39,7 @@ static fsc_module *llama_block(void *st, const fsc_gpt_config *c, const char *na
 
 static fsc_module *llama_norm(void *st, const fsc_gpt_config *c) {
     (void)st;
-    return fsc_rmsnorm_new("model.norm", c->d_model, norm_eps(c));
+    return fsc_rmsnorm_new("model.norm", c->d_model, llama_norm_eps(c));
 }
 
 static int llama_lm_head(void *st, const fsc_gpt_config *c, fsc_module **out) {

@@ -18,6 +18,24 @@ int fsc_rope_tables_alloc(fsc_arena *a, const float *inv_freq, int T, int hd, in
 int fsc_rope_check_config(const char *kind, const char *name, int hd, float theta,
                           const fsc_rope_scaling *sc);
 
+/* LLaMA's RMSNorm epsilon of c: rms_norm_eps, 1e-5 when unset. */
+static inline float llama_norm_eps(const fsc_gpt_config *c) {
+    return c->norm_eps > 0.f ? c->norm_eps : 1e-5f;
+}
+
+/* The attention of c's decoder layers, with Hugging Face's initialisation
+ * (every Linear N(0, initializer_range 0.02)). */
+static inline fsc_llama_attention_config llama_attention_config(const fsc_gpt_config *c) {
+    return (fsc_llama_attention_config){.d_model = c->d_model,
+                                        .n_heads = c->heads,
+                                        .n_kv_heads = c->kv_heads,
+                                        .qkv_bias = c->qkv_bias,
+                                        .rope_theta = c->rope_theta,
+                                        .rope_scaling = c->rope_scaling,
+                                        .init_std = 0.02f,
+                                        .proj_std = 0.02f};
+}
+
 /* How a layout makes a decoder layer's projections and norms: one process
  * (llama_plain_maker) or a tensor-parallel group of t ranks. `column` makes
  * a Linear (nn.Linear's (out,in) weight) whose outputs are split over the t

@@ -56,20 +56,8 @@ static int part_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const f
 
 static const fsc_module_ops part_ops = {"LlamaDecoderLayerPart", part_forward, part_backward, NULL};
 
-static float norm_eps(const fsc_gpt_config *c) {
-    return c->norm_eps > 0.f ? c->norm_eps : 1e-5f;
-}
-
-/* Hugging Face's initialisation: every Linear N(0, initializer_range 0.02). */
 static fsc_module *attention(const fsc_gpt_config *c, const llama_proj_maker *mk) {
-    const fsc_llama_attention_config ac = {.d_model = c->d_model,
-                                           .n_heads = c->heads,
-                                           .n_kv_heads = c->kv_heads,
-                                           .qkv_bias = c->qkv_bias,
-                                           .rope_theta = c->rope_theta,
-                                           .rope_scaling = c->rope_scaling,
-                                           .init_std = 0.02f,
-                                           .proj_std = 0.02f};
+    const fsc_llama_attention_config ac = llama_attention_config(c);
     return llama_attention_split_new("self_attn", &ac, mk->t, mk);
 }
 
@@ -117,13 +105,13 @@ fsc_module *llama_layer_new(const fsc_gpt_config *c, const char *name, int from,
     fsc_module *parts[4] = {NULL};
     int n = 0;
     if (from == FSC_BLOCK_ATTN) {
-        parts[n++] = mk->norm(mk->user, "input_layernorm", C, norm_eps(c));
+        parts[n++] = mk->norm(mk->user, "input_layernorm", C, llama_norm_eps(c));
         parts[n++] = attention(c, mk);
     }
     const int mf = from > FSC_BLOCK_FC ? from : FSC_BLOCK_FC;
     if (mf < to) {
         if (mf == FSC_BLOCK_FC)
-            parts[n++] = mk->norm(mk->user, "post_attention_layernorm", C, norm_eps(c));
+            parts[n++] = mk->norm(mk->user, "post_attention_layernorm", C, llama_norm_eps(c));
         parts[n++] = mlp_range(c, mf, to, mk);
     }
     if (from == FSC_BLOCK_ATTN && to == FSC_BLOCK_SEGMENTS) return fsc_block_of(name, parts);

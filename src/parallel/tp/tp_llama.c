@@ -28,43 +28,21 @@ typedef struct {
     float eps;
 } tp_rms;
 
-typedef struct {
-    fsc_tensor x;
-    float *rstd;
-} rms_saved;
-
 static int rms_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, fsc_tensor *y,
                        void **saved) {
     const tp_rms *l = (const tp_rms *)m;
-    int rc = fsc_check_last(m, x, l->dim);
-    if (!rc) rc = fsc_alloc_like(ctx->arena, x, l->dim, y);
-    if (rc) return rc;
-    const int64_t n = fsc_rows(x);
-    rms_saved *s = fsc_arena_alloc(ctx->arena, sizeof *s);
-    if (!s || !(s->rstd = fsc_arena_alloc(ctx->arena, (size_t)n * sizeof(float))))
-        return FSC_ERR_NOMEM;
-    s->x = *x;
-    fsc_rmsnorm_forward(y->data, s->rstd, x->data, m->params[0].data, (int)n, l->dim, l->eps);
-    *saved = s;
-    return FSC_OK;
+    return fsc_rmsnorm_module_forward(m, ctx, x, l->dim, l->eps, y, saved);
 }
 
 /* Under SP this shard's weight gradient is summed over the group first. */
 static int rms_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fsc_tensor *dy,
                         fsc_tensor *dx) {
     tp_rms *l = (tp_rms *)m;
-    const rms_saved *s = saved;
-    int rc = fsc_check_saved(m, saved);
-    if (!rc) rc = fsc_check_dy_like(m, dy, &s->x, l->dim);
-    fsc_tensor tmp;
-    if (!dx) dx = &tmp; /* the kernel computes dx alongside dweight */
-    if (!rc) rc = fsc_alloc_like(ctx->arena, &s->x, l->dim, dx);
-    if (rc) return rc;
     float *dw = m->params[0].grad;
     if (l->tp.sp && !(dw = fsc_arena_calloc(ctx->arena, (size_t)l->dim * sizeof(float))))
         return FSC_ERR_NOMEM;
-    fsc_rmsnorm_backward(dx->data, dw, dy->data, s->x.data, m->params[0].data, s->rstd,
-                         (int)fsc_rows(&s->x), l->dim);
+    int rc = fsc_rmsnorm_module_backward(m, ctx, saved, dy, l->dim, dw, dx);
+    if (rc) return rc;
     return l->tp.sp ? tp_accumulate_replicated(&l->tp, m->params[0].grad, dw, l->dim) : FSC_OK;
 }
 
@@ -95,10 +73,6 @@ static fsc_module *tp_norm(void *user, const char *name, int dim, float eps) {
     return tp_rmsnorm_new(name, dim, eps, user);
 }
 
-static float norm_eps(const fsc_gpt_config *c) {
-    return c->norm_eps > 0.f ? c->norm_eps : 1e-5f;
-}
-
 /* ---- the layout --------------------------------------------------------------------------- */
 
 static fsc_module *tp_llama_wte(void *st, const fsc_gpt_config *c) {
@@ -120,7 +94,7 @@ static fsc_module *tp_llama_block(void *st, const fsc_gpt_config *c, const char 
 }
 
 static fsc_module *tp_llama_norm(void *st, const fsc_gpt_config *c) {
-    return tp_rmsnorm_new("model.norm", c->d_model, norm_eps(c), &((tp_ends *)st)->opt);
+    return tp_rmsnorm_new("model.norm", c->d_model, llama_norm_eps(c), &((tp_ends *)st)->opt);
 }
 
 /* An untied head: its (V, C) weight split by vocabulary rows as wte's is,
