@@ -306,9 +306,10 @@ static int finetune_layout(trainer *t, fsc_gpt_layout *l) {
     l->groups = t->groups, l->ngroups = t->ngroups;
     if (!o->lora_rank) {
         if (o->lora_targets || o->lora_alpha || o->lora_dropout || o->save_adapter ||
-            o->lora_merge)
+            o->lora_merge || o->lora_from)
             return fsc_error(FSC_ERR_INVALID, "--lora-targets, --lora-alpha, --lora-dropout, "
-                                              "--save-adapter and --lora-merge need --lora-rank");
+                                              "--save-adapter, --lora-from and --lora-merge need "
+                                              "--lora-rank");
         return FSC_OK;
     }
     const char *targets = o->lora_targets ? o->lora_targets : "q_proj,v_proj";
@@ -381,11 +382,14 @@ int trainer_init(trainer *t, const train_options *o) {
     if ((rc = make_trainer(t))) return rc;
     if (o->init_from) {
         int unused = 0;
-        if ((rc = fsc_strategy_load_weights(t->s, o->init_from, &unused)))
+        if ((rc = o->lora_rank ? train_lora_init_from(t, o->init_from)
+                               : fsc_strategy_load_weights(t->s, o->init_from, &unused)))
             return fsc_error_context(rc, "--init-from: ");
         if (unused)
             fsc_log(FSC_LOG_INFO, "--init-from: %d tensors in the file were not used", unused);
     }
+    if (o->lora_from && !o->resume && (rc = train_lora_load_adapter(t, o->lora_from)))
+        return fsc_error_context(rc, "--lora-from %s: ", o->lora_from);
     if (o->resume && (rc = resume(t))) return fsc_error_context(rc, "--resume %s: ", o->resume);
     size_t n = (size_t)o->batch * o->model.seq;
     t->x = malloc(n * sizeof *t->x);

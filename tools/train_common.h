@@ -70,6 +70,7 @@ typedef struct train_options {
     double lora_alpha, lora_dropout;
     const char *lora_targets; /* comma-separated module names (NULL: q_proj,v_proj) */
     const char *save_adapter; /* LoRA: the adapters as a PEFT directory at the end */
+    const char *lora_from;    /* LoRA: start the adapters from this PEFT directory */
     bool lora_merge;          /* LoRA: --save writes the base weights with the adapters merged */
     const char *param_group;  /* "PATTERN:lr=X,wd=Y[;PATTERN:...]": optimizer param groups */
     int log_every;
@@ -232,5 +233,11 @@ int train_lora_save_adapter(trainer *t, const char *dir);
 /* --lora-merge, rank 0: rewrites the weights file at path with B A scale
  * folded into each adapted weight and the adapters left out. */
 int train_lora_merge_file(const trainer *t, const char *path);
+/* --lora-from: the adapters of a PEFT directory (as --save-adapter writes
+ * it) into the model, after --init-from (collective). */
+int train_lora_load_adapter(trainer *t, const char *dir);
+/* --init-from with --lora-rank: the base file's tensors into the model, the
+ * adapters keeping their initialisation (a base has none). */
+int train_lora_init_from(trainer *t, const char *base);
 
 #endif

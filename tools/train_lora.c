@@ -1,7 +1,9 @@
 /* fsc-train's LoRA files: the adapters as a Hugging Face PEFT directory
  * (--save-adapter: adapter_model.safetensors under PEFT's names and
  * adapter_config.json), and --lora-merge (the saved weights with B A
- * scale folded into each adapted base weight, the adapters left out).
+ * scale folded into each adapted base weight, the adapters left out), and
+ * --lora-from (such a directory's adapters into the model, refused by name
+ * when its rank, alpha, targets or tensors do not fit).
  *
  * Both start from the weights file every strategy writes by global name
  * (fsc_trainer_save_weights, on rank 0), so they work under any layout. */
@@ -11,6 +13,8 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <cjson/cJSON.h>
 
 #include "train_common.h"
 
@@ -158,4 +162,176 @@ int train_lora_merge_file(const trainer *t, const char *path) {
     if (!rc && rename(tmp, path))
         rc = fsc_error(FSC_ERR_IO, "%s: cannot replace it (%s)", path, strerror(errno));
     return rc;
+}
+
+/* ---- --lora-from: an adapter directory into the model ------------------------------------ */
+
+/* adapter_config.json against the flags: r, lora_alpha and target_modules must match. */
+static int check_config(const trainer *t, const char *dir) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    FILE *f = fopen(path, "rb");
+    if (!f) return fsc_error(FSC_ERR_IO, "%s: %s", path, strerror(errno));
+    char text[65536];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    cJSON *j = cJSON_Parse(text);
+    int rc = FSC_OK;
+    const train_options *o = &t->opt;
+    const cJSON *r = cJSON_GetObjectItemCaseSensitive(j, "r"),
+                *a = cJSON_GetObjectItemCaseSensitive(j, "lora_alpha"),
+                *tm = cJSON_GetObjectItemCaseSensitive(j, "target_modules"),
+                *pt = cJSON_GetObjectItemCaseSensitive(j, "peft_type");
+    const double alpha = o->lora_alpha > 0 ? o->lora_alpha : o->lora_rank;
+    if (!cJSON_IsObject(j))
+        rc = fsc_error(FSC_ERR_FORMAT, "%s is not a JSON object", path);
+    else if (!cJSON_IsString(pt) || strcmp(pt->valuestring, "LORA"))
+        rc = fsc_error(FSC_ERR_FORMAT, "%s: peft_type is not \"LORA\"", path);
+    else if (!cJSON_IsNumber(r) || r->valuedouble != o->lora_rank)
+        rc = fsc_error(FSC_ERR_INVALID, "%s: r is %g, --lora-rank is %d", path,
+                       cJSON_IsNumber(r) ? r->valuedouble : -1.0, o->lora_rank);
+    else if (!cJSON_IsNumber(a) || a->valuedouble != alpha)
+        rc = fsc_error(FSC_ERR_INVALID, "%s: lora_alpha is %g, --lora-alpha is %g", path,
+                       cJSON_IsNumber(a) ? a->valuedouble : -1.0, alpha);
+    else if (!cJSON_IsArray(tm) || cJSON_GetArraySize(tm) != t->nlora_targets)
+        rc = fsc_error(FSC_ERR_INVALID, "%s: target_modules are not --lora-targets' %d modules",
+                       path, t->nlora_targets);
+    for (int k = 0; !rc && k < t->nlora_targets; k++) {
+        bool found = false;
+        const cJSON *e;
+        cJSON_ArrayForEach(e, tm) found |=
+            cJSON_IsString(e) && !strcmp(e->valuestring, t->lora_targets[k]);
+        if (!found)
+            rc = fsc_error(FSC_ERR_INVALID, "%s: target_modules lack --lora-targets' %s", path,
+                           t->lora_targets[k]);
+    }
+    cJSON_Delete(j);
+    return rc;
+}
+
+/* Rank 0: the model's weights `from` with the adapter's tensors in place of
+ * its adapters, into `to`. Every adapter of the model must be in the
+ * directory, in its shape, and nothing else. */
+static int combine(const trainer *t, const char *from, const char *dir, const char *to) {
+    char path[4096], name[FSC_NAME_MAX * 3];
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+    int rc = check_config(t, dir);
+    fsc_st_file *m = rc ? NULL : fsc_st_open(from, &rc);
+    fsc_st_file *a = rc ? NULL : fsc_st_open(path, &rc);
+    fsc_st_writer *w = rc ? NULL : fsc_st_writer_open(to, &rc);
+    int used = 0;
+    for (int i = 0; w && !rc && i < fsc_st_count(m); i++) {
+        const fsc_st_entry *e = fsc_st_entry_at(m, i), *ae = NULL;
+        if (is_adapter(e->name)) {
+            peft_name(&t->opt, e->name, name, sizeof name);
+            if (!(ae = fsc_st_find(a, name)))
+                rc = fsc_error(FSC_ERR_NOT_FOUND, "%s: no tensor %s", path, name);
+            else if (ae->ndim != e->ndim || ae->shape[0] != e->shape[0] ||
+                     ae->shape[1] != e->shape[1])
+                rc = fsc_error(FSC_ERR_SHAPE, "%s: %s is [%lld, %lld], the model's is [%lld, %lld]",
+                               path, name, (long long)ae->shape[0], (long long)ae->shape[1],
+                               (long long)e->shape[0], (long long)e->shape[1]);
+            used++;
+        }
+        if (!rc) rc = fsc_st_writer_declare(w, e->name, FSC_DTYPE_F32, e->ndim, e->shape);
+    }
+    if (!rc && w && used != fsc_st_count(a))
+        rc = fsc_error(FSC_ERR_INVALID, "%s holds %d tensors, the model has %d adapters", path,
+                       fsc_st_count(a), used);
+    for (int i = 0; w && !rc && i < fsc_st_count(m); i++) {
+        const fsc_st_entry *e = fsc_st_entry_at(m, i);
+        const fsc_st_entry *src = e;
+        fsc_st_file *in = m;
+        if (is_adapter(e->name)) {
+            peft_name(&t->opt, e->name, name, sizeof name);
+            src = fsc_st_find(a, name), in = a;
+        }
+        float *buf = read_f32(in, src, &rc);
+        if (buf) rc = fsc_st_writer_write(w, e->name, buf, e->nbytes);
+        free(buf);
+    }
+    if (w && rc) fsc_st_writer_abort(w);
+    if (w && !rc) rc = fsc_st_writer_close(w);
+    fsc_st_close(m);
+    fsc_st_close(a);
+    return rc;
+}
+
+/* Rank 0: `from` (the model's weights) with every tensor that is not an
+ * adapter taken from the base file instead, into `to`: a base model has no
+ * adapters, which keep their initialisation (B = 0: the base's function). */
+static int combine_base(const trainer *t, const char *from, const char *base, const char *to) {
+    (void)t;
+    int rc = FSC_OK;
+    fsc_st_file *m = fsc_st_open(from, &rc);
+    fsc_st_file *b = rc ? NULL : fsc_st_open(base, &rc);
+    fsc_st_writer *w = rc ? NULL : fsc_st_writer_open(to, &rc);
+    for (int i = 0; w && !rc && i < fsc_st_count(m); i++) {
+        const fsc_st_entry *e = fsc_st_entry_at(m, i);
+        rc = fsc_st_writer_declare(w, e->name, FSC_DTYPE_F32, e->ndim, e->shape);
+    }
+    for (int i = 0; w && !rc && i < fsc_st_count(m); i++) {
+        const fsc_st_entry *e = fsc_st_entry_at(m, i), *src = e;
+        fsc_st_file *in = m;
+        if (!is_adapter(e->name)) {
+            in = b;
+            if (!(src = fsc_st_find(b, e->name))) {
+                rc = fsc_error(FSC_ERR_NOT_FOUND, "%s: no tensor %s", base, e->name);
+                break;
+            }
+            if (src->nbytes != e->nbytes || src->ndim != e->ndim) {
+                rc = fsc_error(FSC_ERR_SHAPE, "%s: %s has another shape than the model's", base,
+                               e->name);
+                break;
+            }
+        }
+        float *buf = read_f32(in, src, &rc);
+        if (buf) rc = fsc_st_writer_write(w, e->name, buf, e->nbytes);
+        free(buf);
+    }
+    if (w && rc) fsc_st_writer_abort(w);
+    if (w && !rc) rc = fsc_st_writer_close(w);
+    fsc_st_close(m);
+    fsc_st_close(b);
+    return rc;
+}
+
+/* Saves the model's weights, has rank 0 make a file from them (make), and
+ * loads that file on every rank; beside `near`. */
+static int load_made(trainer *t, const char *near, const char *src,
+                     int (*make)(const trainer *, const char *, const char *, const char *)) {
+    if (!t->opt.lora_rank) return fsc_error(FSC_ERR_INVALID, "needs --lora-rank");
+    char from[4200], to[4200]; /* near is a path (< 4096) */
+    snprintf(from, sizeof from, "%.4095s.fsc-model.tmp", near);
+    snprintf(to, sizeof to, "%.4095s.fsc-combined.tmp", near);
+    int rc = fsc_trainer_save_weights(t->tr, t->rank == 0 ? from : NULL, 0, NULL, NULL);
+    if (!rc && fsc_dist_rank() == 0) rc = make(t, from, src, to);
+    /* every rank learns whether rank 0 made the file before any reads it */
+    int worst = -rc;
+    int crc = fsc_group_allreduce(fsc_group_world(), &worst, 1, FSC_DTYPE_I32, FSC_REDUCE_MAX);
+    if (!rc && crc) rc = crc;
+    if (!rc && worst) rc = fsc_error(-worst, "rank 0 could not read %s (see its message)", src);
+    if (!rc) rc = fsc_strategy_load_weights(t->s, to, NULL);
+    crc = fsc_group_barrier(fsc_group_world());
+    if (fsc_dist_rank() == 0) unlink(from), unlink(to);
+    return rc ? rc : crc;
+}
+
+static int make_adapter(const trainer *t, const char *from, const char *dir, const char *to) {
+    return combine(t, from, dir, to);
+}
+
+int train_lora_load_adapter(trainer *t, const char *dir) {
+    return load_made(t, dir, dir, make_adapter);
+}
+
+int train_lora_init_from(trainer *t, const char *base) {
+    char file[4096];
+    struct stat st;
+    if (!stat(base, &st) && S_ISDIR(st.st_mode)) { /* a Hugging Face directory's one file */
+        snprintf(file, sizeof file, "%s/model.safetensors", base);
+        base = file;
+    }
+    return load_made(t, base, base, combine_base);
 }

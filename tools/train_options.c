@@ -186,6 +186,9 @@ static const flag flags[] = {
     F("save-adapter", ARG_STR, save_adapter,
       "with --lora-rank: write the adapters at the end as a Hugging Face PEFT directory "
       "(adapter_model.safetensors, adapter_config.json)"),
+    F("lora-from", ARG_STR, lora_from,
+      "with --lora-rank: start the adapters from this PEFT directory (after --init-from's "
+      "base); its r, lora_alpha, target_modules and tensors must match"),
     F("lora-merge", ARG_FLAG, lora_merge,
       "with --lora-rank: --save (and --save-init) write the base weights with B A alpha/r "
       "merged in and no adapters"),

@@ -185,6 +185,49 @@ def peft(data, torch_gpt):
     print(f"LoRA: PEFT adapter directory ({len(a)} tensors), merged weights within {worst:.1e}")
 
 
+def lora_from(data, torch_gpt):
+    """--init-from a base without adapters, --lora-from a PEFT directory, refusals by name."""
+    import json
+    import shutil
+    import struct
+    g = ["--layers", "2", "--d-model", "64", "--heads", "4", "--seq", "32", "--vocab", "512",
+         "--dropout", "0", "--data", data, "--batch", "4", "--lr", "1e-2", "--quiet"]
+    lo = ["--lora-rank", "4", "--lora-targets", "c_attn,c_fc"]
+    base, ad, ad2, s0 = (os.path.join(TMP, n) for n in ("lf_base.st", "lf_ad", "lf_ad2", "lf_s0.st"))
+    run(*g, "--steps", "3", "--save", base)
+    run(*g, *lo, "--steps", "3", "--init-from", base, "--save-adapter", ad)
+    run(*g, *lo, "--steps", "0", "--init-from", base, "--lora-from", ad, "--save-adapter", ad2,
+        "--save", s0)
+    same = open(os.path.join(ad, "adapter_model.safetensors"), "rb").read() == \
+        open(os.path.join(ad2, "adapter_model.safetensors"), "rb").read()
+    b, _ = torch_gpt.load_safetensors(base)
+    m, _ = torch_gpt.load_safetensors(s0)
+    if not same or any(not bool((b[n] == m[n]).all()) for n in b):
+        sys.exit("FAIL: --init-from BASE --lora-from DIR did not load the base and the adapters")
+    p = run(*g, "--lora-rank", "8", "--lora-targets", "c_attn,c_fc", "--steps", "1",
+            "--init-from", base, "--lora-from", ad, expect_ok=False)
+    expect_refused(p, "r is 4, --lora-rank is 8", "--lora-from with another rank")
+    p = run(*g, "--lora-rank", "4", "--lora-targets", "c_attn", "--steps", "1",
+            "--init-from", base, "--lora-from", ad, expect_ok=False)
+    expect_refused(p, "target_modules", "--lora-from with other targets")
+    bad = os.path.join(TMP, "lf_bad")
+    os.makedirs(bad, exist_ok=True)
+    shutil.copy(os.path.join(ad, "adapter_config.json"), bad)
+    t, _ = torch_gpt.load_safetensors(os.path.join(ad, "adapter_model.safetensors"))
+    names = sorted(t)[1:]  # one tensor missing
+    hdr, blobs, off = {}, b"", 0
+    for n in names:
+        raw = t[n].float().numpy().tobytes()
+        hdr[n] = {"dtype": "F32", "shape": list(t[n].shape), "data_offsets": [off, off + len(raw)]}
+        off, blobs = off + len(raw), blobs + raw
+    h = json.dumps(hdr).encode()
+    with open(os.path.join(bad, "adapter_model.safetensors"), "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + blobs)
+    p = run(*g, *lo, "--steps", "1", "--init-from", base, "--lora-from", bad, expect_ok=False)
+    expect_refused(p, "no tensor " + sorted(t)[0], "--lora-from with a tensor missing")
+    print("LoRA: --init-from a base and --lora-from an adapter directory; bad directories refused")
+
+
 def lora():
     try:
         import torch
@@ -229,6 +272,7 @@ def lora():
     compare("LoRA on GPT-2's c_attn, c_proj, c_fc: fsdp on 2 ranks against one process",
             [r["loss"] for r in metrics(g2)], [r["loss"] for r in metrics(g1)])
     peft(data, torch_gpt)
+    lora_from(data, torch_gpt)
     p = mpiexec(2, *gpt, "--strategy", "ddp", "--tp", "2", "--batch", "4", expect_ok=False)
     expect_refused(p, "LoRA with --tp 2", "LoRA under --tp")
     p = run(*LLAMA, "--data", data, "--batch", "4", *TRAIN, "--lora-rank", "4",
