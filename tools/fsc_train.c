@@ -209,8 +209,9 @@ static void summary(const trainer *t, double first_loss, double last_loss, doubl
     if (o->pp > 1) fprintf(stderr, ": %d replica(s) x pp %d", t->world, o->pp);
     if (o->pp > 1 && o->tp > 1) fprintf(stderr, " x tp %d", o->tp);
     fprintf(stderr, ") ==\n");
-    fprintf(stderr, "model      GPT L%d C%d H%d T%d V%d, %.2fM parameters\n", o->model.layers,
-            o->model.d_model, o->model.heads, o->model.seq, o->model.vocab,
+    char name[96];
+    fprintf(stderr, "model      %s, %.2fM parameters\n",
+            progress_model_name(&o->model, name, sizeof name),
             (double)fsc_gpt_num_params(&o->model) / 1e6);
     fprintf(stderr, "loss       %.4f -> %.4f over %" PRId64 " steps (%.1f s)\n", first_loss,
             last_loss, steps, seconds);

@@ -91,14 +91,25 @@ void progress_header(progress *p, const train_options *o, int ranks) {
         n += (size_t)snprintf(extra + n, sizeof extra - n, ", %s", o->mixed_precision);
     if (o->checkpoint_activations)
         snprintf(extra + n, sizeof extra - n, ", activations recomputed");
+    char name[96];
     fprintf(stderr,
-            "fsc-train: GPT L%d C%d H%d T%d V%d (%.2fM parameters) | %s%s on %d rank%s%s | "
+            "fsc-train: %s (%.2fM parameters) | %s%s on %d rank%s%s | "
             "%.0f tokens/step (batch %d x grad-accum %d) | %s lr %g, %s, warmup %" PRId64
             " | %" PRId64 " steps | data %s | seed %" PRIu64 "\n",
-            m->layers, m->d_model, m->heads, m->seq, m->vocab, (double)fsc_gpt_num_params(m) / 1e6,
+            progress_model_name(m, name, sizeof name), (double)fsc_gpt_num_params(m) / 1e6,
             o->strategy, defaulted ? " (the default with more than one rank)" : "", ranks,
             ranks > 1 ? "s" : "", extra, p->tokens_per_step, o->batch, o->grad_accum, o->optimizer,
             o->lr, o->schedule, o->warmup, o->steps, o->data, o->seed);
+}
+
+const char *progress_model_name(const fsc_gpt_config *m, char *buf, size_t n) {
+    if (m->arch == FSC_ARCH_LLAMA)
+        snprintf(buf, n, "LLaMA L%d C%d H%d KV%d T%d V%d", m->layers, m->d_model, m->heads,
+                 m->kv_heads > 0 ? m->kv_heads : m->heads, m->seq, m->vocab);
+    else
+        snprintf(buf, n, "GPT L%d C%d H%d T%d V%d", m->layers, m->d_model, m->heads, m->seq,
+                 m->vocab);
+    return buf;
 }
 
 double progress_elapsed(const progress *p) {

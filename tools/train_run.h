@@ -45,6 +45,9 @@ void progress_step(progress *p, int64_t step, const fsc_step_result *r, double v
 void progress_note(progress *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Ends the live line and closes the terminal progress_start opened. */
 void progress_end(progress *p);
+/* "GPT L4 C256 H4 T128 V256" or "LLaMA L4 C256 H8 KV2 T128 V256": the
+ * model's family and shape, as the header and the summary name it. */
+const char *progress_model_name(const fsc_gpt_config *m, char *buf, size_t n);
 /* Seconds since progress_start. */
 double progress_elapsed(const progress *p);
 /* One metrics row: step, loss, lr, val_loss (when not NAN), grad_norm,
