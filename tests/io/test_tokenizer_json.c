@@ -2,13 +2,15 @@
  * there): merges as "a b" strings and as ["a", "b"] pairs give the same
  * ids; ignore_merges takes a piece that is a token whole; added tokens are
  * found before pre-tokenizing (special or not, lstrip); the template's
- * BOS/EOS come only when asked for; a Sequence of Splits (Isolated,
- * Removed, a literal String) cuts as Hugging Face's does; decoding gives
+ * BOS/EOS come only when asked for; a Sequence of Splits (a regex, a
+ * literal String) and each of the five behaviours, inverted too, cut as
+ * Hugging Face's do; decoding gives
  * the text back; what fsc does not run (a Metaspace pre-tokenizer, a
  * Unigram model, an NFC normalizer) and malformed merges are refused with
  * the field named; a directory gives its tokenizer.json, else GPT-2's two
  * files under either pair of names. */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp */
+#include <cjson/cJSON.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -157,6 +159,65 @@ static void test_split_sequence(void **state) {
     fsc_bpe_free(b);
 }
 
+/* strings.json with its pre-tokenizer replaced by one literal Split. */
+static fsc_bpe *with_split(const char *literal, const char *behavior, bool invert) {
+    char *text;
+    size_t len;
+    assert_int_equal(fsc_file_read_all(data("strings.json"), 1 << 20, &text, &len), FSC_OK);
+    cJSON *root = cJSON_ParseWithLength(text, len);
+    free(text);
+    cJSON *split = cJSON_CreateObject(), *pattern = cJSON_CreateObject();
+    cJSON_AddStringToObject(split, "type", "Split");
+    cJSON_AddStringToObject(pattern, "String", literal);
+    cJSON_AddItemToObject(split, "pattern", pattern);
+    cJSON_AddStringToObject(split, "behavior", behavior);
+    cJSON_AddBoolToObject(split, "invert", invert);
+    cJSON_ReplaceItemInObjectCaseSensitive(root, "pre_tokenizer", split);
+    char *out = cJSON_PrintUnformatted(root);
+    write_raw(tmp("split.json"), out, strlen(out));
+    free(out);
+    cJSON_Delete(root);
+    fsc_bpe *b = NULL;
+    if (fsc_bpe_load(tmp("split.json"), &b)) fail_msg("%s", fsc_last_error());
+    return b;
+}
+
+/* Hugging Face's five behaviours, seen through ignore_merges: a piece "xyz"
+ * is token XYZ, anything else is its bytes. */
+static void test_split_behaviours(void **state) {
+    (void)state;
+    static const struct {
+        const char *literal, *behavior;
+        bool invert;
+        const char *pieces; /* what "xyz" becomes: 'T' for XYZ, else the bytes */
+    } cases[] = {
+        {"z", "Isolated", false, "xyz"},         {"z", "Removed", false, "xy"},
+        {"z", "MergedWithPrevious", false, "T"}, {"z", "MergedWithNext", false, "xyz"},
+        {"x", "MergedWithNext", false, "T"},     {"x", "MergedWithPrevious", false, "xyz"},
+        {"y", "Contiguous", false, "xyz"},       {"z", "Removed", true, "z"},
+        {"q", "Isolated", false, "T"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        fsc_bpe *b = with_split(cases[i].literal, cases[i].behavior, cases[i].invert);
+        int32_t want[8];
+        int n = 0;
+        for (const char *p = cases[i].pieces; *p; p++) want[n++] = *p == 'T' ? XYZ : byte_id(b, *p);
+        print_message("split \"%s\" %s%s\n", cases[i].literal, cases[i].behavior,
+                      cases[i].invert ? " inverted" : "");
+        expect(b, "xyz", false, want, n);
+        fsc_bpe_free(b);
+    }
+    /* a match that follows a match stays apart: x | x | yz -> a, x, xyz */
+    fsc_bpe *b = with_split("x", "MergedWithNext", false);
+    const int32_t d[] = {byte_id(b, 'a'), byte_id(b, 'x'), XYZ};
+    expect(b, "axxyz", false, d, 3);
+    fsc_bpe_free(b);
+    b = with_split("z", "MergedWithPrevious", false); /* xy | z | z -> xyz, z */
+    const int32_t e[] = {XYZ, byte_id(b, 'z')};
+    expect(b, "xyzz", false, e, 2);
+    fsc_bpe_free(b);
+}
+
 static void expect_refused(const char *name, int code, const char *needle) {
     fsc_bpe *b = NULL;
     int rc = fsc_bpe_load(data(name), &b);
@@ -241,6 +302,7 @@ int main(void) {
         cmocka_unit_test(test_both_merge_forms), cmocka_unit_test(test_added_tokens),
         cmocka_unit_test(test_post_processor),   cmocka_unit_test(test_split_sequence),
         cmocka_unit_test(test_refused),          cmocka_unit_test(test_directories),
+        cmocka_unit_test(test_split_behaviours),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
