@@ -34,7 +34,9 @@ static const char *USAGE =
     "them) or else the last --val-fraction of the data, held out of training.\n"
     "--resume takes the checkpoint's flags (model, data, schedule, batch, and the outputs:\n"
     "--checkpoint-dir, --save-every, --keep-last, --metrics, --save) unless given;\n"
-    "--init-from takes the model flags from the file (metadata, config.json beside it, shapes).\n"
+    "--init-from takes the model flags from the file (metadata, config.json beside it, shapes)\n"
+    "or a Hugging Face LLaMA directory (config.json; flags that contradict it are refused);\n"
+    "with --arch llama, --save/--save-init DIR write one (config.json, safetensors shards).\n"
     "SIGINT/SIGTERM stop after the current step, write a checkpoint into --checkpoint-dir and\n"
     "exit with status 75; a second signal stops at once.";
 

@@ -470,38 +470,28 @@ int train_config_init_from(train_options *o, bool verbose) {
 int train_config_write_hf(const train_options *o, const char *weights) {
     if (train_hf_dir_target(o, weights)) return fsc_hf_config_write(weights, &o->model, NULL);
     char path[4096], *text = NULL;
+    if (o->model.arch == FSC_ARCH_LLAMA) { /* LlamaConfig's fields, beside the file */
+        const char *slash = strrchr(weights, '/');
+        snprintf(path, sizeof path, "%.*s", slash ? (int)(slash - weights) : 1,
+                 slash ? weights : ".");
+        return fsc_hf_config_write(path, &o->model, NULL);
+    }
     size_t len = 0;
     config_json_path(weights, path, sizeof path);
     FILE *f = open_memstream(&text, &len); /* then written atomically, never at a fixed name */
     if (!f) return fsc_error(FSC_ERR_NOMEM, "%s: out of memory", path);
     const fsc_gpt_config *m = &o->model;
     const float p = m->dropout;
-    if (m->arch == FSC_ARCH_LLAMA) /* LlamaConfig's fields */
-        fprintf(f,
-                "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n"
-                "  \"vocab_size\": %d,\n  \"max_position_embeddings\": %d,\n"
-                "  \"hidden_size\": %d,\n  \"intermediate_size\": %d,\n"
-                "  \"num_hidden_layers\": %d,\n  \"num_attention_heads\": %d,\n"
-                "  \"num_key_value_heads\": %d,\n  \"hidden_act\": \"silu\",\n"
-                "  \"rope_theta\": %.9g,\n  \"rms_norm_eps\": %.9g,\n"
-                "  \"tie_word_embeddings\": %s,\n  \"attention_bias\": %s,\n"
-                "  \"initializer_range\": 0.02,\n  \"torch_dtype\": \"float32\"",
-                m->vocab, m->seq, m->d_model, fsc_gpt_ffn_hidden(m), m->layers, m->heads,
-                m->kv_heads ? m->kv_heads : m->heads,
-                (double)(m->rope_theta > 0 ? m->rope_theta : 10000.f),
-                (double)(m->norm_eps > 0 ? m->norm_eps : 1e-5f),
-                m->tie_embeddings ? "true" : "false", m->qkv_bias ? "true" : "false");
-    else
-        fprintf(f,
-                "{\n  \"architectures\": [\"GPT2LMHeadModel\"],\n  \"model_type\": \"gpt2\",\n"
-                "  \"vocab_size\": %d,\n  \"n_positions\": %d,\n  \"n_ctx\": %d,\n"
-                "  \"n_embd\": %d,\n  \"n_layer\": %d,\n  \"n_head\": %d,\n  \"n_inner\": null,\n"
-                "  \"activation_function\": \"gelu_new\",\n  \"resid_pdrop\": %g,\n"
-                "  \"embd_pdrop\": %g,\n  \"attn_pdrop\": 0.0,\n  \"layer_norm_epsilon\": 1e-05,\n"
-                "  \"initializer_range\": 0.02,\n  \"tie_word_embeddings\": true,\n"
-                "  \"bos_token_id\": %d,\n  \"eos_token_id\": %d,\n  \"torch_dtype\": \"float32\"",
-                m->vocab, m->seq, m->seq, m->d_model, m->layers, m->heads, (double)p, (double)p,
-                m->vocab - 1, m->vocab - 1);
+    fprintf(f,
+            "{\n  \"architectures\": [\"GPT2LMHeadModel\"],\n  \"model_type\": \"gpt2\",\n"
+            "  \"vocab_size\": %d,\n  \"n_positions\": %d,\n  \"n_ctx\": %d,\n"
+            "  \"n_embd\": %d,\n  \"n_layer\": %d,\n  \"n_head\": %d,\n  \"n_inner\": null,\n"
+            "  \"activation_function\": \"gelu_new\",\n  \"resid_pdrop\": %g,\n"
+            "  \"embd_pdrop\": %g,\n  \"attn_pdrop\": 0.0,\n  \"layer_norm_epsilon\": 1e-05,\n"
+            "  \"initializer_range\": 0.02,\n  \"tie_word_embeddings\": true,\n"
+            "  \"bos_token_id\": %d,\n  \"eos_token_id\": %d,\n  \"torch_dtype\": \"float32\"",
+            m->vocab, m->seq, m->seq, m->d_model, m->layers, m->heads, (double)p, (double)p,
+            m->vocab - 1, m->vocab - 1);
     if (o->moe_experts) /* top-2 MoE MLPs in blocks l with (l + 1) % step == 0, as Qwen2-MoE's */
         fprintf(f,
                 ",\n  \"num_experts\": %d,\n  \"num_experts_per_tok\": 2,\n"

@@ -188,16 +188,26 @@ int fsc_hf_config_read(const char *dir, fsc_gpt_config *cfg) {
     return rc;
 }
 
+/* The shortest decimal that reads back as f (1e-05, not 9.99999975e-06). */
+static void fmt_float(char *out, size_t n, float f) {
+    for (int digits = 6; digits <= 9; digits++) {
+        snprintf(out, n, "%.*g", digits, (double)f);
+        if (strtof(out, NULL) == f) return;
+    }
+}
+
 int fsc_hf_config_write(const char *dir, const fsc_gpt_config *m, const char *torch_dtype) {
     if (!dir || !m) return fsc_error(FSC_ERR_INVALID, "fsc_hf_config_write: NULL argument");
     if (m->arch != FSC_ARCH_LLAMA)
         return fsc_error(FSC_ERR_INVALID,
                          "fsc_hf_config_write: the LLaMA family's config (GPT-2's is "
                          "fsc-train's, with its MoE fields)");
-    char path[4096], *text = NULL, scaling[256] = "null";
+    char path[4096], *text = NULL, scaling[256] = "null", theta[32], eps[32];
     size_t len = 0;
     snprintf(path, sizeof path, "%s/config.json", dir);
     const fsc_rope_scaling *s = &m->rope_scaling;
+    fmt_float(theta, sizeof theta, m->rope_theta > 0 ? m->rope_theta : 10000.f);
+    fmt_float(eps, sizeof eps, m->norm_eps > 0 ? m->norm_eps : 1e-5f);
     if (s->factor > 0)
         snprintf(scaling, sizeof scaling,
                  "{\"rope_type\": \"llama3\", \"factor\": %.9g, \"low_freq_factor\": %.9g, "
@@ -212,15 +222,14 @@ int fsc_hf_config_write(const char *dir, const fsc_gpt_config *m, const char *to
             "  \"hidden_size\": %d,\n  \"intermediate_size\": %d,\n"
             "  \"num_hidden_layers\": %d,\n  \"num_attention_heads\": %d,\n"
             "  \"num_key_value_heads\": %d,\n  \"head_dim\": %d,\n  \"hidden_act\": \"silu\",\n"
-            "  \"rope_theta\": %.9g,\n  \"rope_scaling\": %s,\n  \"rms_norm_eps\": %.9g,\n"
+            "  \"rope_theta\": %s,\n  \"rope_scaling\": %s,\n  \"rms_norm_eps\": %s,\n"
             "  \"tie_word_embeddings\": %s,\n  \"attention_bias\": %s,\n  \"mlp_bias\": false,\n"
             "  \"attention_dropout\": 0.0,\n  \"initializer_range\": 0.02,\n"
             "  \"torch_dtype\": \"%s\"\n}\n",
             m->vocab, m->seq, m->d_model, fsc_gpt_ffn_hidden(m), m->layers, m->heads,
-            m->kv_heads ? m->kv_heads : m->heads, m->d_model / m->heads,
-            (double)(m->rope_theta > 0 ? m->rope_theta : 10000.f), scaling,
-            (double)(m->norm_eps > 0 ? m->norm_eps : 1e-5f), m->tie_embeddings ? "true" : "false",
-            m->qkv_bias ? "true" : "false", torch_dtype ? torch_dtype : "float32");
+            m->kv_heads ? m->kv_heads : m->heads, m->d_model / m->heads, theta, scaling, eps,
+            m->tie_embeddings ? "true" : "false", m->qkv_bias ? "true" : "false",
+            torch_dtype ? torch_dtype : "float32");
     const bool bad = ferror(f) | (fclose(f) != 0);
     int rc = bad || !text ? fsc_error(FSC_ERR_NOMEM, "%s: out of memory", path)
                           : fsc_file_write_atomic(path, text, len);
