@@ -51,8 +51,8 @@ def compare(what, fsc, ref):
 
 
 def frozen_unchanged(what, init, saved, torch_gpt, patterns):
-    a, _ = torch_gpt.load_safetensors(init)
-    b, _ = torch_gpt.load_safetensors(saved)
+    a, _ = torch_gpt.load_safetensors(weights_file(init))
+    b, _ = torch_gpt.load_safetensors(weights_file(saved))
     names = [n for n in a if frozen(n, patterns)]
     moved = [n for n in names if not bool((a[n] == b[n]).all())]
     trained = [n for n in a if not frozen(n, patterns) and bool((a[n] == b[n]).all())]
