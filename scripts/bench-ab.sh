@@ -23,7 +23,7 @@
 # the ranks' polling while they wait).
 set -euo pipefail
 me=bench-ab.sh
-[ $# -ge 2 ] || { sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[ $# -ge 2 ] || { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 a=$(readlink -f "$1")/tools/fsc-bench
 b=$(readlink -f "$2")/tools/fsc-bench
 rounds=${3:-2}
