@@ -288,14 +288,13 @@ static int split_list(const char *flag, const char *s, char **text, const char *
 static int finetune_layout(trainer *t, fsc_gpt_layout *l) {
     const train_options *o = &t->opt;
     int rc = FSC_OK;
-    if (o->freeze && (rc = split_list("--freeze", o->freeze, &t->freeze_text, &t->freeze,
-                                      &t->nfreeze)))
+    if (o->freeze &&
+        (rc = split_list("--freeze", o->freeze, &t->freeze_text, &t->freeze, &t->nfreeze)))
         return rc;
     l->freeze = t->freeze, l->nfreeze = t->nfreeze;
     const char **groups = NULL;
-    if (o->param_group &&
-        (rc = split_list_at(';', "--param-group", o->param_group, &t->group_text, &groups,
-                            &t->ngroups)))
+    if (o->param_group && (rc = split_list_at(';', "--param-group", o->param_group, &t->group_text,
+                                              &groups, &t->ngroups)))
         return rc;
     if (t->ngroups && !(t->groups = calloc((size_t)t->ngroups, sizeof *t->groups)))
         rc = fsc_error(FSC_ERR_NOMEM, "out of memory");
@@ -326,7 +325,7 @@ static int finetune_layout(trainer *t, fsc_gpt_layout *l) {
 }
 
 static int resume(trainer *t) {
-    char model[256];
+    char model[512]; /* model_json: LLaMA's fields make ~270 characters */
     model_json(&t->opt.model, model, sizeof model);
     const char *keys[] = {"model"}, *values[] = {model};
     return fsc_trainer_resume(t->tr, t->opt.resume, 1, keys, values);
@@ -410,7 +409,7 @@ int64_t trainer_next_step(const trainer *t) {
 
 /* The metadata every weights file carries. */
 typedef struct {
-    char cfg[256], step[32];
+    char cfg[512], step[32]; /* model_json's text */
     const char *keys[3], *values[3];
 } weights_meta;
 
@@ -446,14 +445,15 @@ int trainer_save(trainer *t, const char *path) {
     }
     int rc = fsc_trainer_save_weights(t->tr, t->rank == 0 ? (dir ? file : path) : NULL, 3, m.keys,
                                       m.values);
-    if (!rc && t->opt.lora_merge && t->rank == 0) rc = train_lora_merge_file(t, dir ? file : path);
+    if (!rc && t->opt.lora_merge && fsc_dist_rank() == 0)
+        rc = train_lora_merge_file(t, dir ? file : path);
     /* world rank 0 writes (t->rank is the replica rank: 0 on every stage of a pipeline) */
     if (!rc && dir && fsc_dist_rank() == 0) rc = train_hf_finish(&t->opt, path);
     return rc;
 }
 
 int trainer_checkpoint(trainer *t) {
-    char model[256], global_batch[32];
+    char model[512], global_batch[32];
     model_json(&t->opt.model, model, sizeof model);
     snprintf(global_batch, sizeof global_batch, "%lld",
              (long long)t->opt.batch * t->opt.grad_accum * t->world);

@@ -103,8 +103,9 @@ int train_lora_save_adapter(trainer *t, const char *dir) {
     char tmp[4096];
     snprintf(tmp, sizeof tmp, "%s/.fsc-weights.tmp.safetensors", dir);
     int rc = fsc_trainer_save_weights(t->tr, t->rank == 0 ? tmp : NULL, 0, NULL, NULL);
-    if (!rc && t->rank == 0) rc = write_adapter(t, tmp, dir);
-    if (t->rank == 0) unlink(tmp);
+    /* world rank 0 alone: t->rank is the replica rank, 0 on every stage of a pipeline */
+    if (!rc && fsc_dist_rank() == 0) rc = write_adapter(t, tmp, dir);
+    if (fsc_dist_rank() == 0) unlink(tmp);
     return rc;
 }
 
