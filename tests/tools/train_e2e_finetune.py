@@ -27,20 +27,10 @@ def frozen(name, patterns):
 
 
 def torch_losses(init, tokens, torch, torch_gpt, torch_llama):
-    tensors, _ = torch_gpt.load_safetensors(init)
-    model = torch_llama.Llama(tensors, layers_=2, heads=4, kv_heads=2)
-    for n in model.names:
-        model.p(n).requires_grad_(not frozen(n, FREEZE))
-    opt = torch_gpt.adamw(model, LR, (0.9, 0.95), 1e-8, 0.1)
-    out = []
-    for s in range(STEPS):
-        x, y = torch_gpt.batch(tokens, s, 0, 0, 4, 1, 1, 32)
-        opt.zero_grad()
-        loss = model.loss(x, y)
-        loss.backward()
-        opt.step()
-        out.append(loss.item())
-    return out
+    """train_e2e_llama's reference with the FREEZE tensors frozen."""
+    import train_e2e_llama
+    return train_e2e_llama.torch_losses(init, tokens, torch, torch_gpt, torch_llama,
+                                        trainable=lambda n: not frozen(n, FREEZE))
 
 
 def compare(what, fsc, ref):

@@ -15,9 +15,13 @@ STEPS, LR = 20, 1e-3
 TRAIN = ["--steps", STEPS, "--lr", LR, "--schedule", "constant", "--clip", "0", "--quiet"]
 
 
-def torch_losses(init, tokens, torch, torch_gpt, torch_llama):
+def torch_losses(init, tokens, torch, torch_gpt, torch_llama, trainable=None):
+    """The reference's per-step losses from init's weights; trainable(name) False
+    freezes a tensor (requires_grad=False, as a frozen or LoRA base tensor)."""
     tensors, _ = torch_gpt.load_safetensors(init)
     model = torch_llama.Llama(tensors, layers_=2, heads=4, kv_heads=2)
+    for n in model.names if trainable else ():
+        model.p(n).requires_grad_(trainable(n))
     opt = torch_gpt.adamw(model, LR, (0.9, 0.95), 1e-8, 0.1)
     out = []
     for s in range(STEPS):
