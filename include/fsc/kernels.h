@@ -330,6 +330,47 @@ FSC_API void fsc_attention_gqa_backward_prec(float *dq, float *dk, float *dv, co
                                              const float *att, int B, int T, int NH, int NKV,
                                              int hd, fsc_gemm_prec prec);
 
+/* ---- flash attention (tiled, online softmax) -------------------------------- */
+/* One call's operands: B batch rows, NH query heads reading NKV key/value
+ * heads (query head h reads KV head h / (NH/NKV)), head size hd; Tq query
+ * positions against Tk key positions. Position r of batch row b of query
+ * head h starts at q + (b*Tq + r)*ldq + h*hd; dq has q's layout, out and
+ * dout use ldo, and k, dk (v, dv) use Tk rows of ldk (ldv) with KV head j
+ * at j*hd. So a fused GPT-2 qkv (B,T,3C) is q = qkv, k = qkv + C,
+ * v = qkv + 2C, with ldq = ldk = ldv = 3C.
+ * Causality is by global position: key j is visible to query i when
+ * k_pos0 + j <= q_pos0 + i, so one call can be a block of a longer sequence
+ * (context parallelism's ring passes key blocks of other ranks). */
+typedef struct fsc_attn_dims {
+    int B, NH, NKV, hd;
+    int Tq, Tk;
+    int64_t q_pos0, k_pos0;
+    int ldq, ldk, ldv, ldo; /* floats between consecutive positions: q/dq, k/dk, v/dv, out/dout */
+} fsc_attn_dims;
+
+/* out (B,Tq,.. ldo) = softmax(q k^T / sqrt(hd), causal) v, tiled over query
+ * and key blocks with an online softmax; lse (B,NH,Tq) the log-sum-exp of
+ * each row's scaled scores, all backward needs besides the operands. A
+ * query row that sees no key gets out = 0 and lse = -inf. With merge, the
+ * call's result for these keys is folded into the out and lse already there
+ * (as if the earlier keys and these had been one call): how a ring of key
+ * blocks builds one row's attention. GEMMs at precision prec. */
+FSC_API void fsc_flash_attention_forward(const fsc_attn_dims *d, const float *q, const float *k,
+                                         const float *v, float *out, float *lse, bool merge,
+                                         fsc_gemm_prec prec);
+/* delta (B,NH,Tq) = rowsum(dout * out) per head: backward's correction term,
+ * computed once per row from the final out (not per key block). */
+FSC_API void fsc_flash_attention_delta(const fsc_attn_dims *d, const float *out,
+                                       const float *dout, float *delta);
+/* Adds this call's gradients into dq, dk and dv (the caller zeroes them
+ * first; a ring adds one key block at a time), recomputing each tile's
+ * probabilities from lse. A shared KV head's gradients sum its query heads
+ * in order. */
+FSC_API void fsc_flash_attention_backward(const fsc_attn_dims *d, const float *q, const float *k,
+                                          const float *v, const float *dout, const float *lse,
+                                          const float *delta, float *dq, float *dk, float *dv,
+                                          fsc_gemm_prec prec);
+
 #ifdef __cplusplus
 }
 #endif
