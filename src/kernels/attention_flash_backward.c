@@ -1,0 +1,186 @@
+/* Flash attention's backward: each tile's probabilities recomputed from the
+ * row's lse, never stored.
+ *
+ * Per tile (query block x key block): S = q k^T / sqrt(hd), P = exp(S -
+ * lse), dP = dout v^T, dS = P (dP - delta) / sqrt(hd); then dv += P^T dout,
+ * dk += dS^T q, dq += dS k. The key block's dk and dv are sums over every
+ * query head of its group and every query block, and a query block's dq a
+ * sum over key blocks: to stay free of races and deterministic, the sums
+ * run in one fixed order whatever the thread count. With at least as many
+ * (batch, KV head) pairs as threads, one task owns a pair and walks key
+ * blocks, then heads, then query blocks (FlashAttention-2's loop, dq added
+ * as it goes); with fewer, a first pass gives each (batch, KV head, key
+ * block) its dk and dv and a second each (batch, head, query block) its dq,
+ * recomputing the tiles (7 GEMMs a tile instead of 5). Both passes make the
+ * same GEMM calls on the same tiles in the same order per element as the
+ * fused loop, so the two give the same bits. */
+#include <math.h>
+#include <string.h>
+
+#include "fastmath.h"
+#include "fsc/core.h"
+#include "fsc/kernels.h"
+#include "kernels/attention_flash_internal.h"
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#define BR FSC_FLASH_BR
+#define BC FSC_FLASH_BC
+
+typedef struct {
+    const fsc_attn_dims *d;
+    const float *q, *k, *v, *dout, *lse, *delta;
+    float *dq, *dk, *dv;
+    fsc_gemm_prec prec;
+    float scale;
+} bwd;
+
+/* Per-thread scratch: P and dS (BR x BC each), dk and dv of a key block (BC x hd each). */
+static size_t per_thread(int hd) {
+    return 2 * (size_t)BR * BC + 2 * (size_t)BC * hd;
+}
+
+/* First query row of the call that sees key c0 (Tq if none). */
+static int first_row(const fsc_attn_dims *d, int c0) {
+    int64_t r = d->k_pos0 + c0 - d->q_pos0;
+    return r < 0 ? 0 : r > d->Tq ? d->Tq : (int)r;
+}
+
+/* P and dS of the tile rows [r0, r0+rows) x keys [c0, c0+cols) of head h of
+ * batch row b, into P and dS (row stride BC). */
+static void tile(const bwd *a, int b, int h, int r0, int rows, int c0, int cols, float *P,
+                 float *dS) {
+    const fsc_attn_dims *d = a->d;
+    const int hd = d->hd, j = h / (d->NH / d->NKV);
+    const float *qb = a->q + ((size_t)b * d->Tq + r0) * d->ldq + (size_t)h * hd;
+    const float *gb = a->dout + ((size_t)b * d->Tq + r0) * d->ldo + (size_t)h * hd;
+    const float *kb = a->k + ((size_t)b * d->Tk + c0) * d->ldk + (size_t)j * hd;
+    const float *vb = a->v + ((size_t)b * d->Tk + c0) * d->ldv + (size_t)j * hd;
+    const size_t row = ((size_t)b * d->NH + h) * d->Tq + r0;
+    const float *L = a->lse + row, *D = a->delta + row;
+    fsc_gemm(a->prec, false, true, rows, cols, hd, a->scale, qb, d->ldq, kb, d->ldk, 0.f, P, BC);
+    fsc_gemm(a->prec, false, true, rows, cols, hd, 1.f, gb, d->ldo, vb, d->ldv, 0.f, dS, BC);
+    for (int r = 0; r < rows; r++) {
+        float *p = P + (size_t)r * BC, *ds = dS + (size_t)r * BC;
+        int n = fsc_flash_visible(d, r0 + r) - c0;
+        n = L[r] == -INFINITY || n < 0 ? 0 : n > cols ? cols : n;
+        const float lr = L[r], dr = D[r], s = a->scale;
+#pragma omp simd
+        for (int u = 0; u < n; u++) {
+            p[u] = fsc_fast_expf(p[u] - lr);
+            ds[u] = p[u] * (ds[u] - dr) * s;
+        }
+        if (n < cols) {
+            memset(p + n, 0, (size_t)(cols - n) * sizeof(float));
+            memset(ds + n, 0, (size_t)(cols - n) * sizeof(float));
+        }
+    }
+}
+
+/* Key block [c0, c0+cols) of KV head j of batch row b: its dk and dv summed
+ * over the group's heads and the query blocks that see it, then added into
+ * dk and dv; with_dq also adds each tile's dS k into dq. */
+static void key_block(const bwd *a, int b, int j, int c0, int cols, bool with_dq, float *ws) {
+    const fsc_attn_dims *d = a->d;
+    const int hd = d->hd, group = d->NH / d->NKV;
+    float *P = ws, *dS = P + (size_t)BR * BC, *dKb = dS + (size_t)BR * BC, *dVb = dKb + BC * hd;
+    memset(dKb, 0, 2 * (size_t)BC * hd * sizeof(float));
+    const int start = first_row(d, c0) / BR * BR;
+    const float *kb = a->k + ((size_t)b * d->Tk + c0) * d->ldk + (size_t)j * hd;
+    for (int g = 0; g < group; g++) {
+        const int h = j * group + g;
+        for (int r0 = start; r0 < d->Tq; r0 += BR) {
+            const int rows = d->Tq - r0 < BR ? d->Tq - r0 : BR;
+            const size_t qo = ((size_t)b * d->Tq + r0) * d->ldq + (size_t)h * hd;
+            const float *gb = a->dout + ((size_t)b * d->Tq + r0) * d->ldo + (size_t)h * hd;
+            tile(a, b, h, r0, rows, c0, cols, P, dS);
+            fsc_gemm(a->prec, true, false, cols, hd, rows, 1.f, P, BC, gb, d->ldo, 1.f, dVb, hd);
+            fsc_gemm(a->prec, true, false, cols, hd, rows, 1.f, dS, BC, a->q + qo, d->ldq, 1.f, dKb,
+                     hd);
+            if (with_dq)
+                fsc_gemm(a->prec, false, false, rows, hd, cols, 1.f, dS, BC, kb, d->ldk, 1.f,
+                         a->dq + qo, d->ldq);
+        }
+    }
+    for (int c = 0; c < cols; c++) {
+        float *dk = a->dk + ((size_t)b * d->Tk + c0 + c) * d->ldk + (size_t)j * hd;
+        float *dv = a->dv + ((size_t)b * d->Tk + c0 + c) * d->ldv + (size_t)j * hd;
+        const float *sk = dKb + (size_t)c * hd, *sv = dVb + (size_t)c * hd;
+#pragma omp simd
+        for (int e = 0; e < hd; e++) {
+            dk[e] += sk[e];
+            dv[e] += sv[e];
+        }
+    }
+}
+
+/* dq of query block [r0, r0+rows) of head h: the key blocks it sees, in order. */
+static void query_block(const bwd *a, int b, int h, int r0, int rows, float *ws) {
+    const fsc_attn_dims *d = a->d;
+    const int hd = d->hd, j = h / (d->NH / d->NKV);
+    float *P = ws, *dS = P + (size_t)BR * BC;
+    float *dq = a->dq + ((size_t)b * d->Tq + r0) * d->ldq + (size_t)h * hd;
+    const int kend = fsc_flash_visible(d, r0 + rows - 1);
+    for (int c0 = 0; c0 < kend; c0 += BC) {
+        const int cols = d->Tk - c0 < BC ? d->Tk - c0 : BC; /* the fused loop's key block */
+        if (first_row(d, c0) >= r0 + rows) break;
+        tile(a, b, h, r0, rows, c0, cols, P, dS);
+        const float *kb = a->k + ((size_t)b * d->Tk + c0) * d->ldk + (size_t)j * hd;
+        fsc_gemm(a->prec, false, false, rows, hd, cols, 1.f, dS, BC, kb, d->ldk, 1.f, dq, d->ldq);
+    }
+}
+
+void fsc_flash_attention_backward(const fsc_attn_dims *d, const float *q, const float *k,
+                                  const float *v, const float *dout, const float *lse,
+                                  const float *delta, float *dq, float *dk, float *dv,
+                                  fsc_gemm_prec prec) {
+    if (!fsc_flash_dims_ok(d, "flash attention backward") || d->Tq == 0 || d->Tk == 0) return;
+    const bwd a = {d, q, k, v, dout, lse, delta, dq, dk, dv, prec, 1.0f / sqrtf((float)d->hd)};
+    const int threads = fsc_get_num_threads(), nkb = (d->Tk + BC - 1) / BC;
+    const int nqb = (d->Tq + BR - 1) / BR;
+    const size_t per = per_thread(d->hd);
+    float *ws = fsc_mem_alloc(FSC_MEM_WORK, (size_t)threads * per * sizeof(float));
+    if (!ws) {
+        fsc_log(FSC_LOG_ERROR, "flash attention backward: %s", fsc_last_error());
+        return;
+    }
+    const bool big = (int64_t)d->Tq * d->Tk * d->hd >= (1 << 16);
+    const int64_t pairs = (int64_t)d->B * d->NKV;
+    if (pairs >= threads) {
+#pragma omp parallel for schedule(dynamic) if (pairs > 1 && big)
+        for (int64_t t = 0; t < pairs; t++) {
+            int tid = 0;
+#ifdef _OPENMP
+            tid = omp_get_thread_num();
+#endif
+            const int b = (int)(t / d->NKV), j = (int)(t % d->NKV);
+            for (int c0 = 0; c0 < d->Tk; c0 += BC)
+                key_block(&a, b, j, c0, d->Tk - c0 < BC ? d->Tk - c0 : BC, true,
+                          ws + (size_t)tid * per);
+        }
+    } else {
+        const int64_t kt = pairs * nkb, qt = (int64_t)d->B * d->NH * nqb;
+#pragma omp parallel if (big)
+        {
+            int tid = 0;
+#ifdef _OPENMP
+            tid = omp_get_thread_num();
+#endif
+            float *w = ws + (size_t)tid * per;
+#pragma omp for schedule(dynamic) nowait
+            for (int64_t t = 0; t < kt; t++) {
+                const int c0 = (int)(t % nkb) * BC, j = (int)(t / nkb % d->NKV);
+                key_block(&a, (int)(t / nkb / d->NKV), j, c0, d->Tk - c0 < BC ? d->Tk - c0 : BC,
+                          false, w);
+            }
+#pragma omp for schedule(dynamic)
+            for (int64_t t = 0; t < qt; t++) {
+                const int r0 = (int)(t % nqb) * BR, h = (int)(t / nqb % d->NH);
+                query_block(&a, (int)(t / nqb / d->NH), h, r0, d->Tq - r0 < BR ? d->Tq - r0 : BR,
+                            w);
+            }
+        }
+    }
+    fsc_mem_free(ws);
+}
