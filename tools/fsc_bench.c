@@ -6,7 +6,9 @@
  * then timed steps; tokens/s over the timed steps, ms/step median, model
  * GFLOP/s, and its share of the sgemm peak measured in this same process;
  * on one thread also tokens per second of this process's CPU time, which a
- * shared machine's other load stretches far less than the wall clock.
+ * shared machine's other load stretches far less than the wall clock. One
+ * process also measures the GEMM peak of the model's own shapes (bench_peak.h)
+ * in bf16 and fp32 and gives the model's share of it, by both clocks.
  * `--blas-info` prints the BLAS kernels fsc would run here, as one JSON line,
  * so that scripts give a peer the same kernels. */
 #include <inttypes.h>
@@ -17,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_peak.h"
 #include "fsc/version.h"
 #include "tool_flags.h"
 #include "train_common.h"
@@ -84,6 +87,7 @@ static bool recompute_attention;       /* --recompute-attention */
 static bool recompute_activation;      /* --recompute-activation */
 static const char *pipe_schedule = "1f1b", *balance = NULL;
 static const char *trace = NULL; /* --trace: the last step's pipeline as a Chrome trace */
+static bool no_shape_peak;       /* --no-shape-peak: skip bench_peaks_measure */
 /* --moe-experts: an MoE GPT (fsc/moe.h), its experts over the ranks under ddp */
 static int moe_experts = 0, moe_every = 2, moe_hidden = 0;
 static double moe_capacity = 2.0;
@@ -244,7 +248,7 @@ static int measure(const bench_config *c, const char *strategy, int steps, int w
 static void print_result(const bench_config *c, const char *strategy, int ranks, int threads,
                          int steps, const bench_result *r, const bench_result *single,
                          const int64_t *stage_mem, const float *pipe_figs, const float *faults,
-                         int fault_ranks) {
+                         int fault_ranks, const bench_peaks *peaks) {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     fsc_strategy_info info;
@@ -340,6 +344,17 @@ static void print_result(const bench_config *c, const char *strategy, int ranks,
         print_json_string(fsc_bf16_gemm_describe());
         printf(", ");
     }
+    if (peaks) { /* the model's share of its own shapes' peak, by both clocks */
+        const bool bf16 = !strcmp(mixed_precision, "bf16");
+        const double peak = bf16 ? peaks->best : peaks->fp32;
+        const double cpu_peak = bf16 ? peaks->cpu_best : peaks->cpu_fp32;
+        const double cpu_gflops = r->cpu > 0 ? r->gflops * r->elapsed / r->cpu : 0;
+        bench_peaks_print(peaks);
+        printf("\"share_of_shape_peak\": %.3f, \"cpu_model_gflops\": %.1f, "
+               "\"cpu_share_of_shape_peak\": %.3f, ",
+               peak > 0 ? r->gflops / peak : 0, cpu_gflops,
+               cpu_peak > 0 ? cpu_gflops / cpu_peak : 0);
+    }
     /* faults: first timed step, then per later step, for each rank */
     printf("\"page_faults_first_step_by_rank\": [");
     for (int q = 0; q < fault_ranks; q++) printf("%s%.0f", q ? ", " : "", faults[2 * q]);
@@ -413,9 +428,17 @@ static int run(const bench_config *c, const char *strategy, int steps, int warmu
                                              FSC_MEM_TAG_COUNT, FSC_DTYPE_I64)
                        : fsc_error(FSC_ERR_NOMEM, "out of memory");
     }
+    /* one process: its Linears' GEMMs timed alone (on 2+ ranks the others'
+     * polling would share the cores) */
+    static bench_peaks peaks;
+    const bool with_peaks = !rc && world == 1 && !no_shape_peak;
+    if (with_peaks)
+        rc = bench_peaks_measure(&wide.model, wide.batch * wide.model.seq,
+                                 fsc_bf16_gemm_available(), 3, &peaks);
     if (!rc && rank == 0)
         print_result(c, strategy, world, threads, steps, &r, scaled ? &single : NULL, stage_mem,
-                     pipe_figs, all_faults, info.spans_ranks ? world : 1);
+                     pipe_figs, all_faults, info.spans_ranks ? world : 1,
+                     with_peaks ? &peaks : NULL);
     free(stage_mem), free(pipe_figs);
     if (all_faults != faults) free(all_faults);
     return rc;
@@ -508,6 +531,8 @@ int main(int argc, char **argv) {
          .help = "with --moe-experts: capacity factor (default 2)"},
         {.name = "moe-hidden", .kind = ARG_INT, .ptr = &moe_hidden,
          .help = "with --moe-experts: expert MLP width (0: 4 x d_model)"},
+        {.name = "no-shape-peak", .kind = ARG_FLAG, .ptr = &no_shape_peak,
+         .help = "one process: skip timing the model's own GEMM shapes (bf16 and fp32 peaks)"},
         {.name = "blas-info", .kind = ARG_FLAG, .ptr = &blas,
          .help = "print the BLAS kernels fsc runs here as one JSON line, and exit"},
     };

@@ -117,6 +117,20 @@ FSC_API void fsc_bf16_gemm_reset_stats(void); /* zeroes the counters */
  * the BLAS thread count on an n x n x n product: the best of reps timed
  * runs; 0 if oneDNN is absent, refuses the shape, or memory is short. */
 FSC_API double fsc_bf16_gemm_peak_gflops(int n, int reps);
+/* One GEMM shape's measured throughput (fsc_gemm_shape_peak). */
+typedef struct fsc_gemm_peak {
+    double gflops;     /* best of the timed runs, by the wall clock */
+    double cpu_gflops; /* best of the timed runs, per second of this process's CPU time */
+    const char *impl;  /* oneDNN's kernel ("brg:avx512_core_bf16"), or "sgemm"; static */
+} fsc_gemm_peak;
+/* Times C(M,N) = op(A) op(B) (C += when acc) as fsc_gemm runs it at prec, at
+ * the BLAS thread count, with A and B already in that precision (bf16 on
+ * oneDNN: the rounding is not the GEMM's cost), dense (lda K, or M when ta;
+ * ldb N, or K when tb; ldc N): one warm-up, then the best of reps runs.
+ * FSC_ERR_INVALID for sizes < 1 or reps < 1; FSC_ERR_NOT_FOUND when prec is
+ * FSC_GEMM_BF16 and oneDNN is absent or refuses the shape; FSC_ERR_NOMEM. */
+FSC_API int fsc_gemm_shape_peak(fsc_gemm_prec prec, bool ta, bool tb, int M, int N, int K,
+                                bool acc, int reps, fsc_gemm_peak *out);
 /* dst[i] = src[i] rounded to bf16 (nearest even, as fsc_f32_to_bf16) and
  * widened back: the values a bf16 GEMM multiplies. dst may equal src. */
 FSC_API void fsc_round_bf16(float *dst, const float *src, int64_t n);
