@@ -233,37 +233,39 @@ typedef enum {
 FSC_API fsc_group_stats fsc_group_get_stats(const fsc_group *g);
 FSC_API void fsc_group_reset_stats(fsc_group *g); /* zeroes them; accepts NULL */
 
-/* ---- device mesh: dp x pp x tp, tp varying fastest ----------------------------- */
-/* World rank = (d * pp + p) * tp + t (over a group: the group's rank). Every
- * technique takes its process groups from one mesh built from the layout:
- * the strategies (fsc_strategy_options.mesh), the pipeline and tensor
- * parallelism through them, MoE's experts (the dp group) and the tools. */
+/* ---- device mesh: dp x pp x cp x tp, tp varying fastest, then cp ------------- */
+/* World rank = ((d * pp + p) * cp + c) * tp + t (over a group: the group's
+ * rank), so a TP group is a run of adjacent ranks and a context-parallel
+ * ring the next closest. Every technique takes its process groups from one
+ * mesh built from the layout: the strategies (fsc_strategy_options.mesh),
+ * the pipeline, tensor and context parallelism through them, MoE's experts
+ * (the dp group) and the tools. */
 typedef struct fsc_mesh fsc_mesh;
 
 /* The layout. Zero means the default: 1, and for dp the parent's size /
- * (pp x tp). cp (context parallelism: the sequence split over ranks) and ep
- * (experts over a group of their own; MoE's experts spread over dp today)
- * are room for the next dimensions: nothing runs them yet, so a size > 1 is
- * refused (FSC_ERR_UNSUPPORTED, naming the dimension). */
+ * (pp x tp x cp). cp is context parallelism (each rank of a cp group holds
+ * part of every sequence, fsc/cp.h); ep (experts over a group of their own;
+ * MoE's experts spread over dp today) is room for the next dimension:
+ * nothing runs it yet, so ep > 1 is refused (FSC_ERR_UNSUPPORTED). */
 typedef struct fsc_mesh_shape {
     int dp, pp, tp, cp, ep;
 } fsc_mesh_shape;
 
 /* Refuses sizes that do not multiply to the world size, naming the numbers
  * (FSC_ERR_INVALID, as for sizes < 1, a NULL out or a call before
- * fsc_dist_init). Collective over the world. The caller owns *out. */
+ * fsc_dist_init). Collective over the world. The caller owns *out. cp is 1. */
 FSC_API int fsc_mesh_new(int dp, int pp, int tp, fsc_mesh **out);
 /* The mesh over the ranks of parent (NULL: the world), laid out by parent's
  * ranks as fsc_mesh_new lays out the world's. Refuses as fsc_mesh_new does,
- * and cp or ep > 1 (see fsc_mesh_shape). Collective over parent, which
- * must outlive the mesh. The caller owns *out. */
+ * and ep > 1 (see fsc_mesh_shape). Collective over parent, which must
+ * outlive the mesh. The caller owns *out. */
 FSC_API int fsc_mesh_new_over(fsc_group *parent, fsc_mesh_shape shape, fsc_mesh **out);
 /* Frees the mesh and its groups (collective, as fsc_group_free). Accepts NULL. */
 FSC_API void fsc_mesh_free(fsc_mesh *m);
 /* The group the mesh lays out (the world or fsc_mesh_new_over's parent;
  * not owned by the mesh). NULL for a NULL mesh. */
 FSC_API fsc_group *fsc_mesh_parent(const fsc_mesh *m);
-typedef enum { FSC_MESH_DP = 0, FSC_MESH_PP, FSC_MESH_TP } fsc_mesh_dim;
+typedef enum { FSC_MESH_DP = 0, FSC_MESH_PP, FSC_MESH_TP, FSC_MESH_CP, FSC_MESH_DIMS } fsc_mesh_dim;
 /* The group of ranks that differ from this rank only along `dim` (owned by
  * the mesh: do not free it). NULL for a NULL mesh or a bad dim. */
 FSC_API fsc_group *fsc_mesh_group(const fsc_mesh *m, fsc_mesh_dim dim);
@@ -271,9 +273,15 @@ FSC_API int fsc_mesh_size(const fsc_mesh *m, fsc_mesh_dim dim); /* 0 for NULL or
 /* This rank's index along dim; -1 for NULL or a bad dim. */
 FSC_API int fsc_mesh_coord(const fsc_mesh *m, fsc_mesh_dim dim);
 /* The ranks of this rank's model replica: every pp and tp coordinate with
- * this rank's dp coordinate, ranked p * tp + t (owned by the mesh). NULL
- * for a NULL mesh. */
+ * this rank's dp and cp coordinates, ranked p * tp + t (owned by the mesh).
+ * NULL for a NULL mesh. */
 FSC_API fsc_group *fsc_mesh_replica(const fsc_mesh *m);
+/* The ranks that hold the same parameters as this one and see different
+ * tokens: every dp and cp coordinate with this rank's pp and tp
+ * coordinates, ranked d * cp + c (owned by the mesh); data-parallel
+ * gradients are summed over it. The dp group when cp is 1. NULL for a NULL
+ * mesh. */
+FSC_API fsc_group *fsc_mesh_dp_cp(const fsc_mesh *m);
 /* A group of some ranks along dim (e.g. the pipeline stages that hold one
  * shared parameter): this rank's line along dim, cut to the coordinates
  * whose bits are set in coords, ranked by coordinate; *out is NULL on a

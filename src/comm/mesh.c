@@ -1,40 +1,40 @@
-/* The device mesh: a group's ranks laid out as dp x pp x tp with tp varying
- * fastest, and one process group per dimension. Every technique takes its
- * groups from one mesh built from the layout (the strategies, the pipeline
- * and TP through them, MoE's experts, the tools), so this file is the only
- * place that turns a rank into coordinates.
+/* The device mesh: a group's ranks laid out as dp x pp x cp x tp with tp
+ * varying fastest, then cp, and one process group per dimension. Every
+ * technique takes its groups from one mesh built from the layout (the
+ * strategies, the pipeline, TP and context parallelism through them, MoE's
+ * experts, the tools), so this file is the only place that turns a rank
+ * into coordinates.
  *
- * The one idea: rank = (d * pp + p) * tp + t, so a tensor-parallel group
- * (the chattiest: an allreduce per layer) is always a run of adjacent
- * ranks, which launchers place on the same node.
+ * The one idea: rank = ((d * pp + p) * cp + c) * tp + t, so a tensor-parallel
+ * group (the chattiest: an allreduce per layer) is always a run of adjacent
+ * ranks, which launchers place on the same node, and a context-parallel
+ * ring (a K/V block per layer and ring step) the next closest.
  */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "dist_internal.h"
 
 struct fsc_mesh {
     fsc_group *parent; /* borrowed: the world or the caller's group */
-    int size[3];
-    int coord[3];
-    fsc_group *group[3];
-    fsc_group *replica; /* pp x tp: the ranks with this rank's dp coordinate */
+    int size[FSC_MESH_DIMS];
+    int coord[FSC_MESH_DIMS];
+    fsc_group *group[FSC_MESH_DIMS];
+    fsc_group *replica; /* pp x tp: the ranks with this rank's dp and cp coordinates */
+    fsc_group *dp_cp;   /* dp x cp: the ranks a replicated gradient is summed over */
 };
 
 void fsc_mesh_free(fsc_mesh *m) {
     if (!m) return;
-    for (int d = 0; d < 3; d++) fsc_group_free(m->group[d]);
+    for (int d = 0; d < FSC_MESH_DIMS; d++) fsc_group_free(m->group[d]);
     fsc_group_free(m->replica);
+    fsc_group_free(m->dp_cp);
     free(m);
 }
 
-/* cp and ep: sizes 0 and 1 are the one layout anything runs today. */
+/* ep: sizes 0 and 1 are the one layout anything runs today. */
 static int refuse_unused(const char *fn, const fsc_mesh_shape *s) {
-    if (s->cp > 1)
-        return fsc_error(FSC_ERR_UNSUPPORTED,
-                         "%s: context parallelism (cp %d) is not implemented yet: no layer splits "
-                         "the sequence over ranks; cp must be 0 or 1",
-                         fn, s->cp);
     if (s->ep > 1)
         return fsc_error(FSC_ERR_UNSUPPORTED,
                          "%s: an expert dimension of its own (ep %d) is not implemented yet: "
@@ -56,34 +56,46 @@ int fsc_mesh_new_over(fsc_group *parent, fsc_mesh_shape shape, fsc_mesh **out) {
     fsc_group *g = parent ? parent : fsc_dist_rt.world;
     const int n = fsc_group_size(g), r = fsc_group_rank(g);
     const int pp = shape.pp ? shape.pp : 1, tp = shape.tp ? shape.tp : 1;
-    const int dp = shape.dp ? shape.dp : pp > 0 && tp > 0 ? n / (pp * tp) : 0;
-    if (dp < 1 || pp < 1 || tp < 1)
-        return fsc_error(FSC_ERR_INVALID, "%s: mesh sizes must be >= 1 (dp %d, pp %d, tp %d)", fn,
-                         dp, pp, tp);
-    if ((int64_t)dp * pp * tp != n)
+    const int cp = shape.cp ? shape.cp : 1;
+    const int dp = shape.dp                       ? shape.dp
+                   : pp > 0 && tp > 0 && cp > 0 ? n / (pp * tp * cp)
+                                                  : 0;
+    if (dp < 1 || pp < 1 || tp < 1 || cp < 1)
         return fsc_error(FSC_ERR_INVALID,
-                         "%s: dp %d x pp %d x tp %d = %lld does not match the %s size %d", fn, dp,
-                         pp, tp, (long long)dp * pp * tp, parent ? "group's" : "world", n);
+                         "%s: mesh sizes must be >= 1 (dp %d, pp %d, tp %d, cp %d)", fn, dp, pp,
+                         tp, cp);
+    if ((int64_t)dp * pp * tp * cp != n) {
+        char cps[24] = "";
+        if (cp > 1) snprintf(cps, sizeof cps, " x cp %d", cp);
+        return fsc_error(FSC_ERR_INVALID,
+                         "%s: dp %d x pp %d x tp %d%s = %lld does not match the %s size %d", fn,
+                         dp, pp, tp, cps, (long long)dp * pp * tp * cp,
+                         parent ? "group's" : "world", n);
+    }
     fsc_mesh *m = calloc(1, sizeof *m);
     if (!m) return fsc_error(FSC_ERR_NOMEM, "%s: out of memory", fn);
     m->parent = g;
     m->size[FSC_MESH_DP] = dp;
     m->size[FSC_MESH_PP] = pp;
     m->size[FSC_MESH_TP] = tp;
-    int d = r / (pp * tp), p = (r / tp) % pp, t = r % tp;
+    m->size[FSC_MESH_CP] = cp;
+    const int t = r % tp, c = (r / tp) % cp, p = (r / (tp * cp)) % pp, d = r / (tp * cp * pp);
     m->coord[FSC_MESH_DP] = d;
     m->coord[FSC_MESH_PP] = p;
     m->coord[FSC_MESH_TP] = t;
+    m->coord[FSC_MESH_CP] = c;
     /* color: the coordinates that stay fixed along the group; key: the one that varies */
-    static const char *names[3] = {"dp", "pp", "tp"};
-    const int color[3] = {p * tp + t, d * tp + t, d * pp + p};
-    const int key[3] = {d, p, t};
-    for (int k = 0; k < 3 && !rc; k++)
+    static const char *names[FSC_MESH_DIMS] = {"dp", "pp", "tp", "cp"};
+    const int color[FSC_MESH_DIMS] = {(p * cp + c) * tp + t, (d * cp + c) * tp + t,
+                                      (d * pp + p) * cp + c, (d * pp + p) * tp + t};
+    const int key[FSC_MESH_DIMS] = {d, p, t, c};
+    for (int k = 0; k < FSC_MESH_DIMS && !rc; k++)
         rc = fsc_group_split(g, color[k], key[k], names[k], &m->group[k]);
-    if (!rc) rc = fsc_group_split(g, d, p * tp + t, "replica", &m->replica);
+    if (!rc) rc = fsc_group_split(g, d * cp + c, p * tp + t, "replica", &m->replica);
+    if (!rc && cp > 1) rc = fsc_group_split(g, p * tp + t, d * cp + c, "dp_cp", &m->dp_cp);
     if (rc) {
         fsc_mesh_free(m);
-        return fsc_error_context(rc, "%s(%d, %d, %d): ", fn, dp, pp, tp);
+        return fsc_error_context(rc, "%s(%d, %d, %d, %d): ", fn, dp, pp, tp, cp);
     }
     *out = m;
     return FSC_OK;
@@ -103,19 +115,23 @@ fsc_group *fsc_mesh_parent(const fsc_mesh *m) {
 }
 
 fsc_group *fsc_mesh_group(const fsc_mesh *m, fsc_mesh_dim dim) {
-    return m && (unsigned)dim < 3 ? m->group[dim] : NULL;
+    return m && (unsigned)dim < FSC_MESH_DIMS ? m->group[dim] : NULL;
 }
 
 int fsc_mesh_size(const fsc_mesh *m, fsc_mesh_dim dim) {
-    return m && (unsigned)dim < 3 ? m->size[dim] : 0;
+    return m && (unsigned)dim < FSC_MESH_DIMS ? m->size[dim] : 0;
 }
 
 int fsc_mesh_coord(const fsc_mesh *m, fsc_mesh_dim dim) {
-    return m && (unsigned)dim < 3 ? m->coord[dim] : -1;
+    return m && (unsigned)dim < FSC_MESH_DIMS ? m->coord[dim] : -1;
 }
 
 fsc_group *fsc_mesh_replica(const fsc_mesh *m) {
     return m ? m->replica : NULL;
+}
+
+fsc_group *fsc_mesh_dp_cp(const fsc_mesh *m) {
+    return !m ? NULL : m->dp_cp ? m->dp_cp : m->group[FSC_MESH_DP];
 }
 
 int fsc_mesh_subgroup(const fsc_mesh *m, fsc_mesh_dim dim, uint64_t coords, const char *name,
@@ -123,7 +139,7 @@ int fsc_mesh_subgroup(const fsc_mesh *m, fsc_mesh_dim dim, uint64_t coords, cons
     static const char *fn = "fsc_mesh_subgroup";
     if (!out) return fsc_error(FSC_ERR_INVALID, "%s: out is NULL", fn);
     *out = NULL;
-    if (!m || (unsigned)dim >= 3)
+    if (!m || (unsigned)dim >= FSC_MESH_DIMS)
         return fsc_error(FSC_ERR_INVALID, "%s: %s", fn, m ? "no such dimension" : "mesh is NULL");
     if (m->size[dim] > 64)
         return fsc_error(FSC_ERR_UNSUPPORTED,

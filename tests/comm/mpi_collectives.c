@@ -395,7 +395,7 @@ static void check_mesh(int dp, int pp, int tp) {
         assert_int_equal(fsc_group_world_rank(sub, 0), (d * pp + 0) * tp + t);
         fsc_group_free(sub);
     }
-    assert_int_equal(fsc_mesh_subgroup(m, (fsc_mesh_dim)3, ends, "bad", &sub), FSC_ERR_INVALID);
+    assert_int_equal(fsc_mesh_subgroup(m, FSC_MESH_DIMS, ends, "bad", &sub), FSC_ERR_INVALID);
     assert_null(sub);
     fsc_mesh_free(m);
 }
@@ -417,7 +417,7 @@ static void test_mesh(void **state) {
 }
 
 /* A mesh over a group lays out the group's ranks as fsc_mesh_new lays out
- * the world's (dp 0: the rest of the group); cp and ep are refused above 1. */
+ * the world's (dp 0: the rest of the group); ep is refused above 1. */
 static void test_mesh_over_group(void **state) {
     (void)state;
     const int W = fsc_dist_size(), w = fsc_dist_rank();
@@ -436,15 +436,45 @@ static void test_mesh_over_group(void **state) {
         assert_int_equal(fsc_group_world_rank(tpg, r), fsc_group_world_rank(half, d * tp + r));
     fsc_mesh_free(m);
     m = NULL;
-    assert_int_equal(fsc_mesh_new_over(NULL, (fsc_mesh_shape){.tp = W, .cp = 2}, &m),
-                     FSC_ERR_UNSUPPORTED);
+    assert_int_equal(fsc_mesh_new_over(NULL, (fsc_mesh_shape){.dp = 1, .tp = W, .cp = 2}, &m),
+                     FSC_ERR_INVALID);
     assert_null(m);
-    assert_non_null(strstr(fsc_last_error(), "context parallelism (cp 2)"));
+    assert_non_null(strstr(fsc_last_error(), "x cp 2 = "));
     assert_int_equal(fsc_mesh_new_over(NULL, (fsc_mesh_shape){.ep = 2}, &m), FSC_ERR_UNSUPPORTED);
     assert_non_null(strstr(fsc_last_error(), "(ep 2)"));
     assert_int_equal(fsc_mesh_new_over(half, (fsc_mesh_shape){.dp = n + 1}, &m), FSC_ERR_INVALID);
     assert_non_null(strstr(fsc_last_error(), "does not match the group's size"));
     fsc_group_free(half);
+}
+
+/* cp sits between pp and tp: rank = ((d * pp + p) * cp + c) * tp + t; the
+ * cp group is a line of ranks tp apart, and dp x cp every rank with this
+ * rank's pp and tp coordinates, ranked d * cp + c. */
+static void test_mesh_cp(void **state) {
+    (void)state;
+    const int W = fsc_dist_size(), w = fsc_dist_rank();
+    if (W % 2) skip();
+    const int tp = W % 4 ? 1 : 2, cp = 2, dp = W / (tp * cp);
+    fsc_mesh *m = NULL;
+    CHECK_RC(fsc_mesh_new_over(NULL, (fsc_mesh_shape){.tp = tp, .cp = cp}, &m));
+    assert_int_equal(fsc_mesh_size(m, FSC_MESH_CP), cp);
+    assert_int_equal(fsc_mesh_size(m, FSC_MESH_DP), dp);
+    const int d = fsc_mesh_coord(m, FSC_MESH_DP), c = fsc_mesh_coord(m, FSC_MESH_CP);
+    const int t = fsc_mesh_coord(m, FSC_MESH_TP);
+    assert_int_equal(w, (d * cp + c) * tp + t);
+    fsc_group *cpg = fsc_mesh_group(m, FSC_MESH_CP), *dc = fsc_mesh_dp_cp(m);
+    assert_int_equal(fsc_group_size(cpg), cp);
+    assert_int_equal(fsc_group_rank(cpg), c);
+    for (int r = 0; r < cp; r++)
+        assert_int_equal(fsc_group_world_rank(cpg, r), (d * cp + r) * tp + t);
+    assert_int_equal(fsc_group_size(dc), dp * cp);
+    assert_int_equal(fsc_group_rank(dc), d * cp + c);
+    for (int r = 0; r < dp * cp; r++) assert_int_equal(fsc_group_world_rank(dc, r), r * tp + t);
+    assert_int_equal(fsc_group_size(fsc_mesh_replica(m)), tp);
+    fsc_mesh_free(m);
+    CHECK_RC(fsc_mesh_new(W, 1, 1, &m)); /* cp 1: dp x cp is the dp group itself */
+    assert_ptr_equal(fsc_mesh_dp_cp(m), fsc_mesh_group(m, FSC_MESH_DP));
+    fsc_mesh_free(m);
 }
 
 /* ---- desync guard ---------------------------------------------------------------------- */
@@ -544,6 +574,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_message_pieces),
         cmocka_unit_test(test_mesh),
         cmocka_unit_test(test_mesh_over_group),
+        cmocka_unit_test(test_mesh_cp),
         cmocka_unit_test(test_desync_kind),
         cmocka_unit_test(test_desync_count),
         cmocka_unit_test(test_stats_and_errors),
