@@ -24,6 +24,7 @@
 #include "fsc/checkpoint.h"
 #include "train_common.h"
 #include "train_run.h"
+#include "tool_report.h"
 
 static const char *USAGE =
     "Trains a GPT-2 style model: in one process (--strategy single), over threads (dp), or\n"
@@ -361,8 +362,8 @@ int main(int argc, char **argv) {
     }
     if (val.train_spec) o.data = val.train_spec; /* llm.c's *_val shards are not trained on */
     trainer t;
-    if ((rc = trainer_init(&t, &o))) {
-        if (rank == 0 || world > 1) fprintf(stderr, "fsc-train: %s\n", fsc_last_error());
+    if ((rc = tool_agree(trainer_init(&t, &o), "setting up"))) { /* said once */
+        tool_report("fsc-train", "%s", "");
         return fail(&t, world, 1);
     }
     if (bpe && strncmp(o.data, "builtin", 7) && !strstr(o.data, ".bin")) { /* text: GPT-2 ids */
@@ -374,15 +375,15 @@ int main(int argc, char **argv) {
                           "%" PRId64 " tokens of vocab %d: needs --seq + 1 (%d) tokens and "
                           "--vocab >= %d",
                           t.tokens.count, t.tokens.vocab, o.model.seq + 1, t.tokens.vocab);
-            fprintf(stderr, "fsc-train: --tokenizer, --data %s: %s\n", o.data, fsc_last_error());
+            tool_report("fsc-train", "--tokenizer, --data %s: ", o.data);
             return fail(&t, world, 1);
         }
         if (!o.quiet)
             fprintf(stderr, "fsc-train: --data %s: %" PRId64 " GPT-2 BPE tokens\n", o.data,
                     t.tokens.count);
     }
-    if (val.on && (rc = load_validation(&t, bpe, &val))) {
-        if (rank == 0 || world > 1) fprintf(stderr, "fsc-train: %s\n", fsc_last_error());
+    if (val.on && (rc = tool_agree(load_validation(&t, bpe, &val), "loading the validation data"))) {
+        tool_report("fsc-train", "%s", "");
         return fail(&t, world, 1);
     }
     if (val.train_spec && !o.quiet)
@@ -398,8 +399,9 @@ int main(int argc, char **argv) {
     if (fault && sscanf(fault, "inf@%d:%lld", &fault_rank, &fault_step) == 2 && fault_rank == rank)
         t.poison_step = fault_step;
     /* a save's needs are checked now, not at the first save many steps in */
-    if (o.checkpoint_dir && fsc_ckpt_check_dir(o.checkpoint_dir)) {
-        fprintf(stderr, "fsc-train: --checkpoint-dir: %s\n", fsc_last_error());
+    if (o.checkpoint_dir &&
+        tool_agree(fsc_ckpt_check_dir(o.checkpoint_dir), "checking --checkpoint-dir")) {
+        tool_report("fsc-train", "--checkpoint-dir: ");
         return fail(&t, world, 1);
     }
     FILE *metrics = NULL;
@@ -441,14 +443,15 @@ int main(int argc, char **argv) {
         fsc_step_result r;
         inject_fault(rank, s + 1);
         if ((rc = trainer_step(&t, &r))) {
-            fprintf(stderr, "\nfsc-train%s: %s\n", world > 1 ? " (a rank)" : "", fsc_last_error());
+            progress_end(&prog);
+            tool_report("fsc-train", "step %" PRId64 ": ", s + 1);
             break;
         }
         steps++;
         comm += r.comm_wait_s;
         if ((rc = train_signals_agree(&stop))) {
-            fprintf(stderr, "\nfsc-train%s: after step %" PRId64 ": %s\n",
-                    world > 1 ? " (a rank)" : "", s + 1, fsc_last_error());
+            progress_end(&prog);
+            tool_report("fsc-train", "after step %" PRId64 ": ", s + 1);
             break;
         }
         if (s == first_step) first_loss = r.loss;
@@ -459,8 +462,8 @@ int main(int argc, char **argv) {
             o.adascale ? fsc_trainer_progress(t.tr) >= (double)o.steps : s + 1 == o.steps;
         const bool eval_now = val.on && ((s + 1) % o.eval_every == 0 || last_step);
         if (eval_now && (rc = evaluate(&t, &val, s + 1))) {
-            fprintf(stderr, "\nfsc-train: validation after step %" PRId64 ": %s\n", s + 1,
-                    fsc_last_error());
+            progress_end(&prog);
+            tool_report("fsc-train", "validation after step %" PRId64 ": ", s + 1);
             break;
         }
         /* evaluated first, so that the checkpoint carries its val loss; with
@@ -469,8 +472,8 @@ int main(int argc, char **argv) {
         const bool saved_now =
             (o.save_every && (s + 1) % o.save_every == 0) || (o.keep_best > 0 && eval_now);
         if (((stop && o.checkpoint_dir) || saved_now) && (rc = trainer_checkpoint(&t))) {
-            fprintf(stderr, "\nfsc-train: checkpoint at step %" PRId64 ": %s\n", s + 1,
-                    fsc_last_error());
+            progress_end(&prog);
+            tool_report("fsc-train", "checkpoint at step %" PRId64 ": ", s + 1);
             break;
         }
         if (metrics) progress_metrics(&prog, metrics, s + 1, &r, tok_s, eval_now ? val.loss : NAN);
@@ -515,27 +518,26 @@ int main(int argc, char **argv) {
         return TRAIN_EXIT_STOPPED;
     }
     if (o.trace && steps && fsc_strategy_write_trace(t.s, o.trace)) {
-        fprintf(stderr, "fsc-train: --trace %s: %s\n", o.trace, fsc_last_error());
+        tool_report("fsc-train", "--trace %s: ", o.trace);
         return fail(&t, world, 1);
     }
     if (o.save && trainer_save(&t, o.save)) {
-        fprintf(stderr, "fsc-train: --save %s: %s\n", o.save, fsc_last_error());
+        tool_report("fsc-train", "--save %s: ", o.save);
         return fail(&t, world, 1);
     }
     if (o.save_adapter && train_lora_save_adapter(&t, o.save_adapter)) {
-        fprintf(stderr, "fsc-train: --save-adapter %s: %s\n", o.save_adapter, fsc_last_error());
+        tool_report("fsc-train", "--save-adapter %s: ", o.save_adapter);
         return fail(&t, world, 1);
     }
     if (o.save && rank == 0 && train_config_write_hf(&t.opt, o.save)) /* Hugging Face's */
         fprintf(stderr, "fsc-train: --save: config.json: %s\n", fsc_last_error());
     if (o.save_sharded && trainer_save_sharded(&t, o.save_sharded)) {
-        fprintf(stderr, "fsc-train: --save-sharded %s (rank %d): %s\n", o.save_sharded, rank,
-                fsc_last_error());
+        tool_report("fsc-train", "--save-sharded %s: ", o.save_sharded);
         return fail(&t, world, 1);
     }
     int64_t *mem = calloc((size_t)mem_ranks(&t) * FSC_MEM_TAG_COUNT, sizeof *mem);
     if (!mem || gather_mem_peaks(&t, mem)) {
-        fprintf(stderr, "fsc-train: gathering memory figures: %s\n", fsc_last_error());
+        tool_report("fsc-train", "gathering memory figures: ");
         free(mem);
         return fail(&t, world, 1);
     }

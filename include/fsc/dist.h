@@ -150,6 +150,12 @@ FSC_API int fsc_group_allgatherv(fsc_group *g, const void *in, void *out, const 
  * message as "rank R of group G failed <what>: <its error>". what is a
  * phrase such as "writing the checkpoint". A group of one returns rc. */
 FSC_API int fsc_group_agree(fsc_group *g, int rc, const char *what);
+/* Who should print the current error (fsc_last_error) so that a job says it
+ * once: after fsc_group_agree failed, every rank of the group holds the same
+ * text, and this returns the world rank that failed first (the one its text
+ * names), also once callers have prefixed context to the text. -1 when the
+ * current error is this rank's own: print it, naming the rank. */
+FSC_API int fsc_dist_error_reporter(void);
 /* in holds size * count elements; rank r receives the reduction of chunk r in out. */
 FSC_API int fsc_group_reduce_scatter(fsc_group *g, const void *in, void *out, int64_t count,
                                      fsc_dtype dt, fsc_reduce_op op);

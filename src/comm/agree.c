@@ -10,6 +10,11 @@
 
 #include "fsc/dist.h"
 
+/* The latest verdict this thread agreed on and the world rank that found it:
+ * a tool prints a verdict once, from that rank (fsc_dist_error_reporter). */
+static _Thread_local char agreed_text[1024];
+static _Thread_local int agreed_reporter = -1;
+
 /* msg is a verdict this group already agreed on (an inner step's): passed on
  * as it is, not wrapped in a second "rank R of group G failed". */
 static bool agreed_before(const char *msg, const fsc_group *g) {
@@ -40,5 +45,17 @@ int fsc_group_agree(fsc_group *g, int rc, const char *what) {
     crc = fsc_group_broadcast(g, text, 256, FSC_DTYPE_I32, q);
     if (crc) return fsc_error_context(crc, "%s: ", what);
     ((char *)text)[sizeof text - 1] = '\0';
+    snprintf(agreed_text, sizeof agreed_text, "%s", (char *)text);
+    agreed_reporter = fsc_group_world_rank(g, q);
     return fsc_error(status, "%s", (char *)text);
+}
+
+int fsc_dist_error_reporter(void) {
+    /* the verdict still stands while the current message carries it
+     * (fsc_error_context prefixes, and may cut the end: its head is enough);
+     * any other error is this rank's */
+    char head[257];
+    snprintf(head, sizeof head, "%s", agreed_text);
+    if (agreed_reporter < 0 || !head[0] || !strstr(fsc_last_error(), head)) return -1;
+    return agreed_reporter;
 }

@@ -120,6 +120,18 @@ def launcher():
     if p.stderr.count("--save-every needs --checkpoint-dir") != 1:
         sys.exit(f"FAIL: a flag refusal under mpiexec is not printed once:\n{p.stderr}")
     print("ok  refusals under mpiexec are printed once")
+    # found after start-up by every rank (the shard's header, the held-out data): one line
+    bad = os.path.join(TMP, "bad-shard.bin")
+    open(bad, "wb").write(b"not an llm.c shard")
+    for extra, what in ((["--data", bad], "--data"), (["--eval-every", "1", "--val-data", bad],
+                                                      "--val-data")):
+        p = mpiexec(2, *TINY, "--steps", "2", "--vocab", "256", *extra, expect_ok=False)
+        said = p.stderr.count("too short for the 1024-byte llm.c shard header")
+        lines = [l for l in p.stderr.splitlines() if l.startswith("fsc-train:")]
+        if p.returncode == 0 or said != 1 or len(lines) != 1:
+            sys.exit(f"FAIL: a bad {what} shard under mpiexec, found by both ranks after "
+                     f"start-up: exit {p.returncode}, said {said} times:\n{p.stderr}")
+        print(f"ok  a bad {what} shard on 2 ranks is one line:", lines[0][:100])
 
 
 def sample_tokenizer():
