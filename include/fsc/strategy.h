@@ -315,6 +315,23 @@ FSC_API int fsc_strategy_save_sharded(fsc_strategy *s, const char *path, int n_m
 
 /* This rank's communication so far (all zero for a strategy with none). */
 FSC_API fsc_strategy_stats fsc_strategy_get_stats(const fsc_strategy *s);
+/* Whether the strategy keeps state of its own beyond weights and optimizer
+ * state (slowmo: the local step count, the slow momentum, every rank's
+ * optimizer state and, between averages, every rank's replica), which a
+ * checkpoint then carries in a file of its own. */
+FSC_API bool fsc_strategy_has_state(const fsc_strategy *s);
+/* Writes that state by global name to `path` (needed on root only).
+ * Collective over the group; every rank returns the same status.
+ * FSC_ERR_INVALID for a strategy without one. */
+FSC_API int fsc_strategy_save_state(fsc_strategy *s, const char *path, int root);
+/* Reads such a file after fsc_strategy_load_weights and _load_optim: at the
+ * world size it was written at each rank takes its own state back, at
+ * another each takes the mean of the saved ranks'. Settings that differ
+ * (frequencies, slow momentum, optimizer kind) are refused by name; nothing
+ * changes unless every rank could load. path NULL: the checkpoint has none
+ * (another strategy's), the state starts afresh with a warning. FSC_OK for a
+ * strategy without state. Collective over the group. */
+FSC_API int fsc_strategy_load_state(fsc_strategy *s, const char *path);
 /* A pipeline's last step as a Chrome trace (fsc_pipe_write_trace), written
  * by rank 0; collective over fsc_strategy_all. FSC_ERR_INVALID for a
  * strategy without a pipeline. */

@@ -382,6 +382,20 @@ int fsc_strategy_save_sharded(fsc_strategy *s, const char *path, int n_meta,
 
 fsc_strategy_stats fsc_strategy_get_stats(const fsc_strategy *s) {
     fsc_strategy_stats st = {0};
+bool fsc_strategy_has_state(const fsc_strategy *s) {
+    return s && s->ops->save_state;
+}
+
+int fsc_strategy_save_state(fsc_strategy *s, const char *path, int root) {
+    if (!s->ops->save_state)
+        return fsc_error(FSC_ERR_INVALID, "strategy %s keeps no state of its own", s->ops->name);
+    return s->ops->save_state(s, path, root);
+}
+
+int fsc_strategy_load_state(fsc_strategy *s, const char *path) {
+    return s->ops->load_state ? s->ops->load_state(s, path) : FSC_OK;
+}
+
     if (s->ops->stats) s->ops->stats(s, &st);
     return st;
 }

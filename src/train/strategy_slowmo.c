@@ -19,19 +19,8 @@
 
 #include "fsc/kernels.h"
 #include "fsc/weights.h"
-#include "strategy_internal.h"
+#include "slowmo_internal.h"
 
-struct slowmo_state {
-    int localsgd_every, slowmo_every;
-    double momentum, lr; /* slow momentum beta and slow learning rate alpha */
-    bool outer;          /* FairScale: slowmo_lr != 1 or slowmo_momentum != 0 */
-    int64_t updates;     /* local steps taken */
-    bool last_micro;     /* the micro-step being run is the step's last */
-    int64_t shard, begin, end; /* FairScale's world_portion_length; this rank's [begin, end) */
-    float *old, *buf;          /* end - begin floats each (FSC_MEM_OPTIM) */
-    int64_t averages, outer_steps;
-    double wait_s;
-};
 
 static int setup(fsc_strategy *s, const fsc_optim_config *optim) {
     const fsc_strategy_options *o = &s->opt;
@@ -186,8 +175,9 @@ static int load_weights(fsc_strategy *s, const char *path, int *n_unused) {
     return rc;
 }
 
-/* The local optimizers' states differ between ranks: root's is saved, and
- * loaded by every rank. */
+/* The local optimizers' states differ between ranks: root's is saved (the
+ * file any strategy resumes from), and loaded by every rank; each rank's own
+ * travels in the row's state file (strategy_slowmo_state.c). */
 static int save_optim(fsc_strategy *s, const char *path, int root) {
     int32_t rc = s->rank == root ? fsc_oss_save_optim(s->oss, path, 0) : 0;
     if (s->world > 1 && fsc_group_broadcast(s->group, &rc, 1, FSC_DTYPE_I32, root))
@@ -220,5 +210,7 @@ const strategy_ops fsc_strategy_slowmo = {
     .load_weights = load_weights,
     .save_optim = save_optim,
     .load_optim = load_optim,
+    .save_state = slowmo_save_state,
+    .load_state = slowmo_load_state,
     .stats = stats,
 };
