@@ -55,7 +55,9 @@ int fsc_dist_error_reporter(void) {
      * (fsc_error_context prefixes, and may cut the end: its head is enough);
      * any other error is this rank's */
     char head[257];
-    snprintf(head, sizeof head, "%s", agreed_text);
+    const size_t n = strnlen(agreed_text, sizeof head - 1);
+    memcpy(head, agreed_text, n);
+    head[n] = '\0';
     if (agreed_reporter < 0 || !head[0] || !strstr(fsc_last_error(), head)) return -1;
     return agreed_reporter;
 }
