@@ -74,7 +74,8 @@ typedef struct fsc_tp_strategy_options {
 /* Zero fields mean the documented default. */
 typedef struct fsc_strategy_options {
     /* "single" (default), "dp" (threads), "ddp", "oss" (ZeRO-1), "sdp"
-     * (ShardedDDP, ZeRO-2) or "fsdp" (ZeRO-3); fsc_strategy_names lists them. */
+     * (ShardedDDP, ZeRO-2), "fsdp" (ZeRO-3), "slowmo" or "hsdp" (hybrid
+     * sharding, see shard_group); fsc_strategy_names lists them. */
     const char *name;
     /* The data-parallel group of ddp, oss, sdp and fsdp (NULL: the world);
      * single and dp always run on this process alone. Borrowed. */
@@ -109,6 +110,13 @@ typedef struct fsc_strategy_options {
     /* fsdp: accumulate full gradients over micro-steps and reduce once (more
      * memory, less traffic) instead of reduce-scattering every micro-step. */
     bool accum_no_sync;
+    /* hsdp (required there): ranks per shard group. The group's ranks form
+     * size / shard_group groups of shard_group consecutive ranks; each runs
+     * fsdp over itself (fsdp's options apply within it) and the groups are
+     * replicas: gradients are reduce-scattered within a group, then the
+     * shards all-reduced over the ranks that own the same shard in every
+     * group. Must divide the group's size; no pipeline or tensor parallelism. */
+    int shard_group;
     /* dp: worker threads (0: 1), each with a replica made by make_replica
      * (same parameter layout as the model). */
     int threads;

@@ -11,6 +11,7 @@
 static const strategy_ops *const TABLE[] = {
     &fsc_strategy_single, &fsc_strategy_dp,  &fsc_strategy_ddp,
     &fsc_strategy_oss,    &fsc_strategy_sdp, &fsc_strategy_fsdp, &fsc_strategy_slowmo,
+    &fsc_strategy_hsdp,
 };
 enum { NROWS = sizeof TABLE / sizeof TABLE[0] };
 
@@ -67,6 +68,7 @@ static int option_uses(const fsc_strategy_options *o, option_use *out) {
         {"slowmo_frequency", OPT_SLOWMO, o && o->slowmo_frequency != 0},
         {"slowmo_momentum", OPT_SLOWMO, o && o->slowmo_momentum != 0},
         {"slowmo_lr", OPT_SLOWMO, o && o->slowmo_lr != 0},
+        {"shard_group", OPT_HSDP, o && o->shard_group != 0},
     };
     memcpy(out, uses, sizeof uses);
     return (int)(sizeof uses / sizeof uses[0]);
@@ -409,7 +411,8 @@ static double count_params(const fsc_module *m, bool trainable_only) {
 }
 
 fsc_strategy_memory fsc_strategy_memory_plan(const fsc_strategy *s) {
-    const int stage = s->pipe ? s->pipe_zero : s->ops->zero_stage, N = s->world;
+    const int stage = s->pipe ? s->pipe_zero : s->ops->zero_stage;
+    const int N = s->shard_ranks ? s->shard_ranks : s->world;
     const fsc_optim_config cfg = fsc_optim_get_config(s->optim);
     double P = s->model ? count_params(s->model, false) : 0;
     double T = s->model ? count_params(s->model, true) : 0;           /* not frozen */

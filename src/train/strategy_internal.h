@@ -17,6 +17,7 @@ enum {
     OPT_THREADS = 1 << 4, /* threads, make_replica, replica_user */
     OPT_PROBE = 1 << 5,   /* grad_probe, grad_probe_user */
     OPT_SLOWMO = 1 << 6,  /* localsgd_frequency, slowmo_frequency, slowmo_momentum, slowmo_lr */
+    OPT_HSDP = 1 << 7,    /* shard_group */
 };
 
 typedef struct strategy_ops {
@@ -63,6 +64,7 @@ struct fsc_strategy {
     fsc_group *group;   /* data-parallel group (self for single, dp) */
     fsc_group *all; /* every rank of the strategy (group, or the pipeline's replicas x stages) */
     int rank, world;
+    int shard_ranks; /* hsdp: the ranks its ZeRO stage shards over (0: world) */
     fsc_optim *optim;        /* this rank's optimizer (owned by oss or fsdp below) */
     fsc_optim_range *ranges; /* the optimizer's ranges as one array */
     int nranges;
@@ -98,6 +100,7 @@ struct fsc_strategy {
     double pipe_wait_s;
     int64_t pipe_messages, dp_allreduces;
     struct slowmo_state *slowmo; /* strategy_slowmo.c */
+    struct hsdp_state *hsdp;     /* strategy_hsdp.c: its groups, the fsdp row's state above */
 };
 
 /* strategy.c. The layout's groups from the mesh (opt.mesh, or one built
@@ -117,11 +120,15 @@ int strategy_bind(fsc_strategy *s, fsc_params *out);
 
 /* The rows, defined beside their code. */
 extern const strategy_ops fsc_strategy_single, fsc_strategy_dp, fsc_strategy_ddp, fsc_strategy_oss,
-    fsc_strategy_sdp, fsc_strategy_fsdp, fsc_strategy_slowmo;
+    fsc_strategy_sdp, fsc_strategy_fsdp, fsc_strategy_slowmo, fsc_strategy_hsdp;
 /* Not in the table: what a row that composes with a pipeline becomes, and
  * what fsdp becomes with tp.size > 1 and no pipeline (strategy_pipe.c: a
  * pipeline of one stage, the whole TP model, run micro-step by micro-step). */
 extern const strategy_ops fsc_strategy_pipe, fsc_strategy_pipe_whole;
+
+/* strategy_hsdp.c: the group across shard groups (this rank's peers that
+ * own the same shard), or NULL when s is not hsdp; for tests' statistics. */
+fsc_group *strategy_hsdp_replica(const fsc_strategy *s);
 
 /* Copies the optimizer's ranges into s->ranges (after setup). */
 int strategy_collect_ranges(fsc_strategy *s);

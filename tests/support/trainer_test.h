@@ -115,6 +115,7 @@ static inline fsc_module *tt_make_tp_stage(void *user, int first, int end,
 typedef struct tt_run {
     const char *strategy;
     fsc_group *group;       /* NULL: the world (single: this process) */
+    int shard_group;        /* hsdp: ranks per shard group */
     int pp, tp;             /* pipeline stages, tensor-parallel size (0 or 1: none) */
     bool parts;             /* with pp, no tp: stages of parts, cut inside blocks too */
     const int *balance;     /* with pp: layers (parts) per stage (NULL: even) */
@@ -145,7 +146,10 @@ static inline fsc_trainer *tt_trainer_new(const tt_run *c, tt_data *d, fsc_modul
     const bool single = !strcmp(c->strategy, "single");
     const int dp = single ? 1 : fsc_group_size(tt_ranks(c)) / (pp * tp);
     const int B = EQ_GLOBAL_BATCH / (dp * m);
-    fsc_trainer_config tc = {.strategy = {.name = c->strategy, .group = c->group, .seed = 5},
+    fsc_trainer_config tc = {.strategy = {.name = c->strategy,
+                                          .group = c->group,
+                                          .seed = 5,
+                                          .shard_group = c->shard_group},
                              .optim = EQ_ADAMW,
                              .batch = B,
                              .grad_accum = m,

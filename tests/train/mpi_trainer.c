@@ -98,6 +98,9 @@ static fsc_trainer_config trainer_config(const run_cfg *c) {
         .clip = c->clip,
         .loss = mse_loss,
     };
+    /* hsdp: two groups where there are 4 ranks, else replicas of one rank */
+    if (fsc_strategy_takes(c->strategy, "shard_group"))
+        cfg.strategy.shard_group = world >= 4 ? world / 2 : 1;
     if (fsc_strategy_takes(c->strategy, "threads")) {
         cfg.strategy.threads = c->threads;
         cfg.strategy.make_replica = resmlp_new;
@@ -257,9 +260,9 @@ static void test_bad_configs(void **state) {
     fsc_trainer_config ok = trainer_config(&(run_cfg){.strategy = "ddp"});
     fsc_trainer_config c = ok;
     c.strategy.name = "zero9";
-    expect_refused(&c, "expected single, dp, ddp, oss, sdp, fsdp or slowmo");
+    expect_refused(&c, "expected single, dp, ddp, oss, sdp, fsdp, slowmo or hsdp");
     c = ok, c.strategy.min_params = 100;
-    expect_refused(&c, "option min_params applies to fsdp only, not to ddp");
+    expect_refused(&c, "option min_params applies to fsdp, hsdp only, not to ddp");
     c = ok, c.strategy.partition = FSC_PARTITION_EVEN;
     expect_refused(&c, "option partition applies to oss, sdp only");
     c = ok, c.strategy.name = "dp";
