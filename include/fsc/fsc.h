@@ -18,6 +18,7 @@
 #include "fsc/checkpoint.h"
 #include "fsc/checkpoint_wrapper.h"
 #include "fsc/core.h"
+#include "fsc/cp.h"
 #include "fsc/dist.h"
 #include "fsc/flat_shards.h"
 #include "fsc/fsdp.h"

@@ -27,6 +27,31 @@
 extern "C" {
 #endif
 
+/* fsc_ctx.seq: where this rank's rows sit in the whole sequence under
+ * context parallelism (fsc/cp.h makes it). Every (B, runs*len, ...)
+ * activation holds, per batch row, `runs` runs of `len` consecutive
+ * positions, run r starting at global position pos0[r] of a T-long
+ * sequence. Layers keyed by position read it: position embeddings and
+ * rotary angles are taken at the global positions, dropout masks are those
+ * of the global elements. Attention's keys also live on other ranks, so an
+ * attention layer hands its local q, k, v (d: Tq = Tk = runs*len, the
+ * positions fields ignored) to attend, which writes out and lse
+ * (B*NH*runs*len floats, laid out as the implementation likes), and in
+ * backward hands them back with dout to attend_backward, which writes dq,
+ * dk and dv (the local rows' gradients, from every rank's queries). Both
+ * are collective over the ranks that share the sequence. */
+#define FSC_SEQ_RUNS_MAX 2
+typedef struct fsc_seq_split {
+    int T, runs, len;
+    int64_t pos0[FSC_SEQ_RUNS_MAX];
+    void *impl;
+    int (*attend)(void *impl, const fsc_attn_dims *d, const float *q, const float *k,
+                  const float *v, float *out, float *lse, fsc_gemm_prec prec);
+    int (*attend_backward)(void *impl, const fsc_attn_dims *d, const float *q, const float *k,
+                           const float *v, const float *out, const float *dout, const float *lse,
+                           float *dq, float *dk, float *dv, fsc_gemm_prec prec);
+} fsc_seq_split;
+
 /* What forward and backward of one step need to know beyond their tensors. */
 typedef struct fsc_ctx {
     fsc_arena *arena; /* outputs and saved state live here until the step ends */
@@ -75,6 +100,9 @@ typedef struct fsc_ctx {
      * cached position, and the GPT's position embeddings start at the
      * cache's length. Forward only, batch 1; NULL elsewhere. */
     struct fsc_kv_cache *kv;
+    /* Context parallelism: this rank's positions of each sequence and the
+     * ring attention runs over (see fsc_seq_split); NULL elsewhere. */
+    const fsc_seq_split *seq;
 } fsc_ctx;
 
 /* fsc_ctx.head_loss: what a fused head needs besides its input. The module
@@ -357,6 +385,12 @@ FSC_API fsc_module *fsc_dropout_new(const char *name, float p, uint32_t layer_id
  * (g, e / 4)), for layers that apply the same masks to shards of the tensor
  * (tensor/sequence parallelism). ctx must not be NULL. */
 FSC_API uint64_t fsc_dropout_key(const fsc_ctx *ctx, uint32_t layer_id);
+/* Dropout of x (B, runs*len, W) under fsc_ctx.seq (non-NULL): each run gets
+ * the mask of its global elements, as in the whole (B, T, W) tensor; out
+ * may equal in, and backward is the same call on the gradient. Refuses
+ * another shape (FSC_ERR_SHAPE). For layers outside nn that drop by key. */
+FSC_API int fsc_dropout_seq(const fsc_ctx *ctx, float *out, const float *in, float p, uint64_t key,
+                            const fsc_tensor *x);
 /* Sequential: y = f_n(...f_1(x)). Takes ownership of the children given, even
  * on failure (they are freed then). */
 FSC_API fsc_module *fsc_sequential_new(const char *name, int n, fsc_module **children);

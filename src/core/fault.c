@@ -27,7 +27,8 @@ bool fsc_fault_set(const char *name) {
     } names[] = {{"drop-grad", FSC_FAULT_DROP_GRAD},
                  {"reduce-twice", FSC_FAULT_REDUCE_TWICE},
                  {"shard-offset", FSC_FAULT_SHARD_OFFSET},
-                 {"io-write", FSC_FAULT_IO_WRITE}};
+                 {"io-write", FSC_FAULT_IO_WRITE},
+                 {"cp-skip-block", FSC_FAULT_CP_SKIP_BLOCK}};
     fsc_fault_active = FSC_FAULT_NONE;
     if (!name || !*name) return true;
     if (strncmp(name, "ckpt-kill:", 10) == 0) {

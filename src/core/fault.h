@@ -17,7 +17,10 @@
  *                 test can crash a save at every step and resume after;
  *   IO_WRITE      "io-write": the last rank's part of a parallel (MPI-IO)
  *                 save fails as a write error would, while it keeps joining
- *                 the collective writes. */
+ *                 the collective writes;
+ *   CP_SKIP_BLOCK "cp-skip-block": in every forward of ring attention, the
+ *                 last rank of the context-parallel group skips the first
+ *                 key block that visits it from another rank. */
 #ifndef FSC_CORE_FAULT_H
 #define FSC_CORE_FAULT_H
 
@@ -30,6 +33,7 @@ typedef enum {
     FSC_FAULT_SHARD_OFFSET,
     FSC_FAULT_CKPT_KILL,
     FSC_FAULT_IO_WRITE,
+    FSC_FAULT_CP_SKIP_BLOCK,
 } fsc_fault;
 
 /* The commit points of a checkpoint save (src/io/checkpoint.c), in order.
@@ -52,7 +56,7 @@ enum {
 extern fsc_fault fsc_fault_active;
 
 /* Sets the fault from its name ("drop-grad", "reduce-twice", "shard-offset",
- * "io-write", "ckpt-kill:K" with 1 <= K <= FSC_CKPT_POINTS, "" or NULL for none);
+ * "io-write", "cp-skip-block", "ckpt-kill:K" with 1 <= K <= FSC_CKPT_POINTS, "" or NULL for none);
  * returns false for an unknown name. */
 bool fsc_fault_set(const char *name);
 

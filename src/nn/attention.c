@@ -6,6 +6,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "attention_seq.h"
 #include "layers_internal.h"
 
 typedef struct {
@@ -69,6 +70,7 @@ static int attention_cached(fsc_module *const parts[3], const fsc_ctx *ctx, cons
 int fsc_attention_parts_forward(fsc_module *const parts[3], const fsc_ctx *ctx, const fsc_tensor *x,
                                 fsc_tensor *y, void **saved, int C, int NH) {
     if (ctx->kv) return attention_cached(parts, ctx, x, y, saved, C, NH);
+    if (ctx->seq) return nn_attention_seq_forward(parts, ctx, x, y, saved, C, NH);
     fsc_attn_saved *s = fsc_arena_alloc(ctx->arena, sizeof *s);
     if (!s) return FSC_ERR_NOMEM;
     int rc = fsc_module_forward(parts[0], ctx, x, &s->qkv, &s->c_attn);
@@ -89,6 +91,7 @@ int fsc_attention_parts_forward(fsc_module *const parts[3], const fsc_ctx *ctx, 
 int fsc_attention_parts_backward(fsc_module *const parts[3], const fsc_ctx *ctx,
                                  const fsc_attn_saved *s, const fsc_tensor *dy, fsc_tensor *dx,
                                  int C, int NH) {
+    if (ctx->seq) return nn_attention_seq_backward(parts, ctx, s, dy, dx, C, NH);
     int B = (int)s->qkv.shape[0], T = (int)s->qkv.shape[1];
     fsc_tensor dp, dh, dqkv;
     int rc = fsc_module_backward(parts[2], ctx, s->drop, dy, &dp);

@@ -61,6 +61,11 @@ static int model_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x,
     int B = 0, T = 0;
     int rc = check_input(g, x, &B, &T);
     if (rc) return rc;
+    if (ctx->kv && ctx->seq)
+        return fsc_error(FSC_ERR_UNSUPPORTED,
+                         "%s '%s': a KV cache decodes in one process, not under context "
+                         "parallelism",
+                         g->ops->label, m->name);
     if (ctx->kv && (!g->embed || !g->head || !g->ops->decodes || B != 1))
         return fsc_error(FSC_ERR_UNSUPPORTED,
                          "%s '%s': a KV cache decodes one sequence (batch 1) through the whole "
@@ -290,9 +295,47 @@ static int plain_width(void *st, const fsc_gpt_config *c, int p) {
     return fsc_gpt_part_width(c, p);
 }
 
+/* Under context parallelism (fsc_ctx.seq) row b's runs take the position
+ * rows of their global positions. */
+static int embed_seq(gpt_model *g, const fsc_ctx *ctx, const fsc_tensor *ids, fsc_tensor *e) {
+    const fsc_seq_split *q = ctx->seq;
+    const int B = (int)ids->shape[0], T = (int)ids->shape[1], C = g->cfg.d_model;
+    if (T != q->runs * q->len || q->T > g->cfg.seq)
+        return fsc_error(FSC_ERR_SHAPE,
+                         "GPT: context parallelism holds %d runs of %d positions of %d (the "
+                         "model's %d), got %d ids per row",
+                         q->runs, q->len, q->T, g->cfg.seq, T);
+    *e = fsc_tensor_arena(ctx->arena, FSC_DTYPE_F32, 3, (int64_t[]){B, T, C});
+    if (!e->data) return FSC_ERR_NOMEM;
+    const float *wte = g->wte->params[0].data, *wpe = g->wpe ? g->wpe->params[0].data : NULL;
+    for (int b = 0; b < B; b++)
+        for (int r = 0; r < q->runs; r++) {
+            const size_t at = (size_t)b * T + (size_t)r * q->len;
+            fsc_encoder_forward((float *)e->data + at * C, (const int32_t *)ids->data + at, wte,
+                                wpe ? wpe + q->pos0[r] * C : NULL, 1, q->len, C);
+        }
+    return FSC_OK;
+}
+
+static void embed_seq_backward(const fsc_ctx *ctx, fsc_param *wte, fsc_param *wpe,
+                               const fsc_tensor *de, const int32_t *ids, int B, int T, int C) {
+    const fsc_seq_split *q = ctx->seq;
+    for (int b = 0; b < B; b++)
+        for (int r = 0; r < q->runs; r++) {
+            const size_t at = (size_t)b * T + (size_t)r * q->len;
+            const float *d = (const float *)de->data + at * C;
+            float *dwpe = wpe && !wpe->frozen ? (float *)wpe->grad + q->pos0[r] * C : NULL;
+            if (!wte->frozen)
+                fsc_encoder_backward(wte->grad, dwpe, d, ids + at, 1, q->len, C);
+            else if (dwpe)
+                fsc_add_inplace(dwpe, d, (int64_t)q->len * C);
+        }
+}
+
 /* Positions start at 0, or after the cached ones when decoding. */
 int gpt_plain_embed_forward(gpt_model *g, const fsc_ctx *ctx, const fsc_tensor *ids,
                             fsc_tensor *e) {
+    if (ctx->seq) return embed_seq(g, ctx, ids, e);
     const int B = (int)ids->shape[0], T = (int)ids->shape[1], C = g->cfg.d_model;
     const int p0 = ctx->kv ? ctx->kv->len : 0;
     if (p0 + T > g->cfg.seq)
@@ -307,9 +350,12 @@ int gpt_plain_embed_forward(gpt_model *g, const fsc_ctx *ctx, const fsc_tensor *
 
 int gpt_plain_embed_backward(gpt_model *g, const fsc_ctx *ctx, const gpt_saved *s,
                              const fsc_tensor *de) {
-    (void)ctx;
     const int B = (int)s->in.shape[0], T = s->T, C = g->cfg.d_model;
     fsc_param *wte = &g->wte->params[0], *wpe = g->wpe ? &g->wpe->params[0] : NULL;
+    if (ctx->seq) {
+        embed_seq_backward(ctx, wte, wpe, de, s->in.data, B, T, C);
+        return FSC_OK;
+    }
     if (!wte->frozen) {
         fsc_encoder_backward(wte->grad, wpe && !wpe->frozen ? wpe->grad : NULL, de->data,
                              s->in.data, B, T, C);

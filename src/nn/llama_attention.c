@@ -9,6 +9,7 @@
  * the rows attend over it. */
 #include <string.h>
 
+#include "attention_seq.h"
 #include "layers_internal.h"
 #include "llama_internal.h"
 
@@ -25,7 +26,35 @@ typedef struct {
     fsc_tensor q, k, v; /* q and k rotated */
     float *att;         /* (B, NH, T, T) */
     float *cos_t, *sin_t;
+    fsc_tensor h;       /* under fsc_ctx.seq: the attention output, and */
+    float *lse;         /* the ring's log-sum-exps instead of att */
 } lattn_saved;
+
+/* The ring's operands: q (B,T,NH*hd), k and v (B,T,NKV*hd), out like q. */
+static fsc_attn_dims seq_dims(const llama_attention *a, const lattn_saved *s) {
+    const int T = (int)s->q.shape[1];
+    return (fsc_attn_dims){.B = (int)s->q.shape[0],
+                           .NH = a->NH,
+                           .NKV = a->NKV,
+                           .hd = a->hd,
+                           .Tq = T,
+                           .Tk = T,
+                           .ldq = a->NH * a->hd,
+                           .ldk = a->NKV * a->hd,
+                           .ldv = a->NKV * a->hd,
+                           .ldo = a->NH * a->hd};
+}
+
+/* Attention over every rank's keys under context parallelism: the ring
+ * (fsc_ctx.seq) writes h and the log-sum-exps; no probabilities kept. */
+static int seq_attend(const llama_attention *a, const fsc_ctx *ctx, lattn_saved *s, fsc_tensor *h) {
+    const fsc_attn_dims d = seq_dims(a, s);
+    s->lse = fsc_arena_alloc(ctx->arena, (size_t)d.B * d.NH * d.Tq * sizeof(float));
+    if (!s->lse) return FSC_ERR_NOMEM;
+    s->h = *h;
+    return ctx->seq->attend(ctx->seq->impl, &d, s->q.data, s->k.data, s->v.data, h->data, s->lse,
+                            fsc_ctx_prec(ctx));
+}
 
 /* The forward under fsc_ctx.kv: x (1, n, C) at positions p0 .. p0+n-1,
  * p0 the cache's length; this layer's slot holds (T, NKV*hd) keys and
@@ -88,12 +117,28 @@ static int lattn_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x,
     if (rc) return rc;
     /* the whole sequence: x may be a sequence shard the projections gathered */
     const int B = (int)s->q.shape[0], T = (int)s->q.shape[1];
-    rc = fsc_rope_tables_alloc(ctx->arena, a->inv_freq, T, a->hd, 0, &s->cos_t, &s->sin_t);
+    if (ctx->seq && T != ctx->seq->runs * ctx->seq->len)
+        return fsc_error(FSC_ERR_SHAPE,
+                         "LlamaAttention %s: %d rows per sequence under context parallelism, "
+                         "expected %d runs of %d",
+                         m->name, T, ctx->seq->runs, ctx->seq->len);
+    rc = ctx->seq ? nn_rope_tables_seq(ctx->arena, a->inv_freq, ctx->seq, a->hd, &s->cos_t,
+                                       &s->sin_t)
+                  : fsc_rope_tables_alloc(ctx->arena, a->inv_freq, T, a->hd, 0, &s->cos_t,
+                                          &s->sin_t);
     if (rc) return rc;
     /* the projections' outputs are this layer's to keep: rotate in place */
     fsc_rope_forward(s->q.data, s->q.data, s->cos_t, s->sin_t, B, T, a->NH, a->hd);
     fsc_rope_forward(s->k.data, s->k.data, s->cos_t, s->sin_t, B, T, a->NKV, a->hd);
     fsc_tensor h;
+    if (ctx->seq) {
+        s->att = NULL;
+        rc = fsc_alloc_like(ctx->arena, &s->q, s->q.shape[2], &h);
+        if (!rc) rc = seq_attend(a, ctx, s, &h);
+        if (!rc) rc = fsc_module_forward(a->o_proj, ctx, &h, y, &s->o_rec);
+        *saved = s;
+        return rc;
+    }
     s->att = fsc_arena_alloc(ctx->arena, (size_t)B * a->NH * T * T * sizeof(float));
     rc = s->att ? fsc_alloc_like(ctx->arena, &s->q, s->q.shape[2], &h) : FSC_ERR_NOMEM;
     if (rc) return rc;
@@ -118,9 +163,17 @@ static int lattn_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const 
     if (!rc) rc = fsc_alloc_like(ctx->arena, &s->k, s->k.shape[2], &dk);
     if (!rc) rc = fsc_alloc_like(ctx->arena, &s->v, s->v.shape[2], &dv);
     if (rc) return rc;
-    fsc_attention_gqa_backward_prec(dq.data, dk.data, dv.data, dh.data, s->q.data, s->k.data,
-                                    s->v.data, s->att, B, T, a->NH, a->NKV, a->hd,
-                                    fsc_ctx_prec(ctx));
+    if (ctx->seq) {
+        const fsc_attn_dims d = seq_dims(a, s);
+        rc = ctx->seq->attend_backward(ctx->seq->impl, &d, s->q.data, s->k.data, s->v.data,
+                                       s->h.data, dh.data, s->lse, dq.data, dk.data, dv.data,
+                                       fsc_ctx_prec(ctx));
+        if (rc) return rc;
+    } else {
+        fsc_attention_gqa_backward_prec(dq.data, dk.data, dv.data, dh.data, s->q.data, s->k.data,
+                                        s->v.data, s->att, B, T, a->NH, a->NKV, a->hd,
+                                        fsc_ctx_prec(ctx));
+    }
     fsc_rope_backward(dq.data, dq.data, s->cos_t, s->sin_t, B, T, a->NH, a->hd);
     fsc_rope_backward(dk.data, dk.data, s->cos_t, s->sin_t, B, T, a->NKV, a->hd);
     rc = fsc_module_backward(a->q_proj, ctx, s->q_rec, &dq, dx);

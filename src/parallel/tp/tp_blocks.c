@@ -68,7 +68,8 @@ static int attn_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, 
                               x);
     fsc_module *parts[3] = {a->c_attn, a->c_proj, a->drop};
     int C = a->C / a->tp.size, NH = a->NH / a->tp.size;
-    if (a->recompute) return attn_forward_recompute(parts, ctx, x, y, saved, C, NH);
+    if (a->recompute && !ctx->seq) /* the ring keeps no probabilities anyway */
+        return attn_forward_recompute(parts, ctx, x, y, saved, C, NH);
     return fsc_attention_parts_forward(parts, ctx, x, y, saved, C, NH);
 }
 
@@ -83,7 +84,7 @@ static int attn_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const f
     fsc_module *parts[3] = {a->c_attn, a->c_proj, a->drop};
     int C = a->C / a->tp.size, NH = a->NH / a->tp.size;
     fsc_attn_saved again;
-    if (!s->att) { /* recompute_attention */
+    if (!s->att && !ctx->seq) { /* recompute_attention */
         if ((rc = attn_recompute(ctx, s, C, NH, &again))) return rc;
         s = &again;
     }

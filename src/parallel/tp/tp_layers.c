@@ -335,6 +335,9 @@ static int drop_apply(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *in, f
     }
     int rc = fsc_alloc_like(ctx->arena, in, in->shape[in->ndim - 1], out);
     if (rc) return rc;
+    if (ctx->seq && !d->tp.sp) /* context parallelism: runs of the sequence */
+        return fsc_dropout_seq(ctx, out->data, in->data, d->p, fsc_dropout_key(ctx, d->layer_id),
+                               in);
     int64_t rows = in->shape[0], len = fsc_tensor_numel(in) / rows;
     int64_t e0 = d->tp.sp ? (int64_t)d->tp.rank * len : 0;
     fsc_dropout_slice(out->data, in->data, d->p, fsc_dropout_key(ctx, d->layer_id), ctx->sample0,
