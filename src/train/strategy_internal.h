@@ -44,12 +44,12 @@ typedef struct strategy_ops {
     int (*load_weights)(fsc_strategy *s, const char *path, int *n_unused);
     int (*save_optim)(fsc_strategy *s, const char *path, int root);
     int (*load_optim)(fsc_strategy *s, const char *path);
-    int (*save_sharded)(fsc_strategy *s, const char *path, int n_meta, const char *const *keys,
     /* The row's own state beyond weights and optimizer (a checkpoint's
      * strategy.safetensors); load gets NULL for a checkpoint without one.
      * NULL: none. */
     int (*save_state)(fsc_strategy *s, const char *path, int root);
     int (*load_state)(fsc_strategy *s, const char *path);
+    int (*save_sharded)(fsc_strategy *s, const char *path, int n_meta, const char *const *keys,
                         const char *const *values);                /* NULL: none */
     void (*stats)(const fsc_strategy *s, fsc_strategy_stats *out); /* NULL: none */
     int (*run_pipeline)(fsc_strategy *s, const fsc_ctx *ctx, const fsc_pipe_io *io, float *loss);

@@ -81,15 +81,15 @@ int fsc_trainer_save_checkpoint(fsc_trainer *t, const char *dir, int n_state,
     rc = fsc_strategy_save_weights(t->s, weights, 0, 2 + n_state, mk, mv);
     int orc = fsc_strategy_save_optim(t->s, optim, 0);
     if (!rc) rc = orc;
-    /* committed only when every rank's part is on disk: a rank whose write
-     * failed stops the commit, and every rank names it */
-    rc = fsc_group_agree(fsc_strategy_all(t->s), rc, "writing the checkpoint's files");
     if (fsc_strategy_has_state(t->s)) { /* e.g. slowmo's slow momentum and local steps */
         char extra[4096] = "";
         if (root) snprintf(extra, sizeof extra, "%s", fsc_ckpt_member(w, "strategy.safetensors"));
         int src = fsc_strategy_save_state(t->s, extra, 0);
         if (!rc) rc = src;
     }
+    /* committed only when every rank's part is on disk: a rank whose write
+     * failed stops the commit, and every rank names it */
+    rc = fsc_group_agree(fsc_strategy_all(t->s), rc, "writing the checkpoint's files");
     if (root) {
         if (!rc) rc = set_state(t, w, n_state, keys, json_values);
         if (!rc)
@@ -143,10 +143,10 @@ int fsc_trainer_resume(fsc_trainer *t, const char *dir, int n_expect, const char
                        "the checkpoint lacks model.safetensors or optim.safetensors");
     if (!rc) rc = fsc_strategy_load_weights(t->s, weights, NULL);
     if (!rc) rc = fsc_strategy_load_optim(t->s, optim);
+    if (!rc) rc = fsc_strategy_load_state(t->s, fsc_ckpt_path(c, "strategy.safetensors"));
     /* a run without fp16 loss scaling may continue one that had it, and back */
     if (!rc && t->scaler && fsc_ckpt_get(c, "grad_scaler"))
         rc = load_scaler(t->scaler, fsc_ckpt_get(c, "grad_scaler"));
-    if (!rc) rc = fsc_strategy_load_state(t->s, fsc_ckpt_path(c, "strategy.safetensors"));
     if (!rc && t->ada) rc = trainer_ada_load_json(t, fsc_ckpt_get(c, "adascale"), fsc_ckpt_step(c));
     if (!rc) t->step = fsc_ckpt_step(c);
     fsc_ckpt_close(c);
