@@ -117,6 +117,7 @@ static int strategy_options(trainer *t, const fsc_optim_config *optim, fsc_strat
     so->min_params = o->min_params;
     so->keep_after_forward = !o->reshard_after_forward;
     so->accum_no_sync = o->accum_no_sync;
+    so->shard_group = o->shard_group; /* the row refuses it by name unless it is hsdp */
     /* the row refuses them by name unless it is slowmo */
     so->localsgd_frequency = o->localsgd_frequency, so->slowmo_frequency = o->slowmo_frequency;
     so->slowmo_momentum = o->slowmo_momentum, so->slowmo_lr = o->slowmo_lr;

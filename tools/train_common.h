@@ -35,6 +35,7 @@ typedef struct train_options {
     const char *mixed_precision; /* fp32 | bf16 | fp16 */
     const char *reduce_dtype;    /* f32 | bf16 | f16 (default: the strategy's) */
     bool accum_no_sync;          /* accumulate full gradients, reduce once */
+    int shard_group;             /* hsdp: ranks per shard group */
     bool checkpoint_activations; /* recompute every block in backward */
     int pp;                      /* pipeline stages (1: none) */
     int tp;                      /* tensor-parallel ranks per replica (1: none) */

@@ -107,6 +107,9 @@ static const flag flags[] = {
       "rounded, with loss scaling)"),
     F("reduce-dtype", ARG_STR, reduce_dtype,
       "fsdp, sdp: f32 | bf16 | f16 gradient reduction (fsdp default: the compute dtype)"),
+    F("shard-group", ARG_INT, shard_group,
+      "hsdp: ranks per shard group (FSDP within each group of N consecutive ranks, the groups "
+      "replicas of each other; N divides the ranks)"),
     F("accum-no-sync", ARG_FLAG, accum_no_sync,
       "fsdp: with --grad-accum, keep full gradients and reduce once (more memory, less traffic)"),
     F("checkpoint-activations", ARG_FLAG, checkpoint_activations,
@@ -286,6 +289,7 @@ static const flag_range ranges[] = {
     {"bucket-mb", 0, 1048576, false}, /* and > 0 */
     {"min-params", 0, 1099511627776.0, false},
     {"reshard-after-forward", 0, 1, false},
+    {"shard-group", 0, 1048576, false},
     {"pp", 1, 4096, false},
     {"tp", 1, 4096, false},
     {"localsgd-frequency", 0, 1000000, false},

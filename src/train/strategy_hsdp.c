@@ -37,14 +37,14 @@ static int setup(fsc_strategy *s, const fsc_optim_config *optim) {
     const int N = s->opt.shard_group, R = s->world;
     if (N < 1 || R % N)
         return fsc_error(FSC_ERR_INVALID,
-                         "hsdp: shard_group %d must be >= 1 and divide the data-parallel group's "
+                         "shard_group %d must be >= 1 and divide the data-parallel group's "
                          "%d ranks (it is the ranks each FSDP group shards over)",
                          N, R);
     struct hsdp_state *h = s->hsdp = calloc(1, sizeof *h);
-    if (!h) return fsc_error(FSC_ERR_NOMEM, "hsdp: out of memory");
+    if (!h) return fsc_error(FSC_ERR_NOMEM, "out of memory");
     int rc = fsc_group_split(s->group, s->rank / N, s->rank, "hsdp.shard", &h->shard);
     if (!rc) rc = fsc_group_split(s->group, s->rank % N, s->rank, "hsdp.replica", &h->replica);
-    if (rc) return fsc_error_context(rc, "hsdp: splitting the data-parallel group: ");
+    if (rc) return fsc_error_context(rc, "splitting the data-parallel group: ");
     /* the fsdp row sets up over the shard group; the data-parallel group
      * stays the strategy's (the trainer's data order and loss normaliser) */
     fsc_group *dp = s->group;
@@ -58,8 +58,7 @@ static int setup(fsc_strategy *s, const fsc_optim_config *optim) {
     for (int i = 0; i < n; i++) h->owned += r[i].n;
     h->stage = fsc_mem_alloc(FSC_MEM_COMM, sizeof(float) * (size_t)(h->owned + 1));
     if (!h->stage)
-        return fsc_error(FSC_ERR_NOMEM, "hsdp: staging %lld floats: out of memory",
-                         (long long)h->owned);
+        return fsc_error(FSC_ERR_NOMEM, "staging %lld floats: out of memory", (long long)h->owned);
     return FSC_OK;
 }
 
