@@ -214,6 +214,21 @@ FSC_API int fsc_tp_gpt_train_micro(fsc_module *gpt, const fsc_ctx *ctx, const in
 FSC_API int fsc_tp_gpt_eval_loss(fsc_module *gpt, const fsc_ctx *ctx, const int32_t *x,
                                  const int32_t *y, int B, int T, int ignore_index, float *loss);
 
+/* ---- LoRA ------------------------------------------------------------------------ */
+/* fsc_lora_apply (fsc/lora.h) for a tree that may hold TP Linears: a
+ * column-parallel target gets lora_A (r, in) replicated and lora_B (out, r)
+ * split by output rows as its weight is; a row-parallel one lora_A split by
+ * input columns as its weight is and lora_B replicated; the low-rank
+ * partial products are summed over the group with the base's (one more
+ * collective of N x r floats per adapted Linear, in backward). Shards are
+ * slices of the one-process tensors under the same names, so weights and
+ * adapters save and load by global name as any TP parameter. Plain Linears
+ * are adapted as fsc_lora_apply does. FSC_ERR_UNSUPPORTED for a target that
+ * names a TP module other than a Linear (the vocabulary-parallel lm_head);
+ * the rest as fsc_lora_apply. */
+struct fsc_lora_config;
+FSC_API int fsc_tp_lora_apply(fsc_module *root, const struct fsc_lora_config *cfg, int *adapted);
+
 /* ---- parameters ------------------------------------------------------------------ */
 /* fsc_params_bind for a tree of TP (and plain) modules: then every sharded
  * parameter is initialised as its slice of the global tensor, from (seed,

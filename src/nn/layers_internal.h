@@ -23,6 +23,17 @@ static inline void *fsc_module_alloc(size_t size, const fsc_module_ops *ops, con
 bool nn_linear_is(const fsc_module *m);
 fsc_weight_layout nn_linear_layout(const fsc_module *m);
 
+/* lora.c's fsc_lora_apply for trees whose Linears may be another floor's
+ * (tensor parallelism's): `other` is asked about each target that is not a
+ * plain Linear (its base parameters frozen already; layer_id keys its
+ * dropout masks) and returns 1 when it adapted m, 0 when m is no Linear it
+ * knows (the walk goes on into its children), or a negative status. */
+struct fsc_lora_config;
+typedef int (*nn_lora_adapt_fn)(fsc_module *m, const struct fsc_lora_config *c,
+                                uint32_t layer_id);
+int nn_lora_apply_with(fsc_module *root, const struct fsc_lora_config *cfg, nn_lora_adapt_fn other,
+                       int *adapted);
+
 /* Allocates an output tensor shaped like x but with the last dim replaced. */
 static inline int fsc_alloc_like(fsc_arena *a, const fsc_tensor *x, int64_t last, fsc_tensor *out) {
     fsc_tensor t = *x;

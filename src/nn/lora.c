@@ -144,31 +144,42 @@ static bool is_target(const fsc_module *m, const fsc_lora_config *c, int *which)
 
 /* Adapts the targets and freezes every other parameter, as PEFT does:
  * only the adapters train. */
-static int walk(fsc_module *m, const fsc_lora_config *c, int *hits, int *adapted) {
+static int walk(fsc_module *m, const fsc_lora_config *c, nn_lora_adapt_fn other, int *hits,
+                int *adapted) {
     int k;
     for (int i = 0; i < m->nparams; i++) m->params[i].frozen = true;
-    if (m->ops == &lora_ops) {
-        char path[FSC_NAME_MAX * 2];
+    char path[FSC_NAME_MAX * 2];
+    if (m->ops == &lora_ops)
         return fsc_error(FSC_ERR_INVALID, "LoRA: %s is adapted already",
                          fsc_module_path(m, path, sizeof path));
-    }
-    if (nn_linear_is(m) && is_target(m, c, &k)) {
+    if (is_target(m, c, &k)) {
         /* masks keyed by the module's path, so a pipeline stage draws as one process */
-        char path[FSC_NAME_MAX * 2];
         fsc_module_path(m, path, sizeof path);
-        int rc = adapt(m, c, c->layer_id ^ (uint32_t)fsc_rng_key(0, path));
-        if (rc) return rc;
-        hits[k]++, (*adapted)++;
-        return FSC_OK; /* its children are the adapters */
+        const uint32_t id = c->layer_id ^ (uint32_t)fsc_rng_key(0, path);
+        int rc = 0; /* 1: adapted */
+        if (nn_linear_is(m) && !(rc = adapt(m, c, id)))
+            rc = 1;
+        else if (!nn_linear_is(m) && other)
+            rc = other(m, c, id);
+        if (rc < 0) return rc;
+        if (rc == 1) { /* its children are the adapters */
+            hits[k]++, (*adapted)++;
+            return FSC_OK;
+        }
     }
     for (int i = 0; i < m->nchildren; i++) {
-        int rc = walk(m->children[i], c, hits, adapted);
+        int rc = walk(m->children[i], c, other, hits, adapted);
         if (rc) return rc;
     }
     return FSC_OK;
 }
 
 int fsc_lora_apply(fsc_module *root, const fsc_lora_config *cfg, int *adapted) {
+    return nn_lora_apply_with(root, cfg, NULL, adapted);
+}
+
+int nn_lora_apply_with(fsc_module *root, const fsc_lora_config *cfg, nn_lora_adapt_fn other,
+                       int *adapted) {
     if (adapted) *adapted = 0;
     if (!root || !cfg) return fsc_error(FSC_ERR_INVALID, "LoRA: root and cfg must not be NULL");
     fsc_lora_config c = *cfg;
@@ -182,7 +193,7 @@ int fsc_lora_apply(fsc_module *root, const fsc_lora_config *cfg, int *adapted) {
     if (!c.layer_id) c.layer_id = 0x10A0;
     int *hits = calloc((size_t)c.ntargets, sizeof *hits), n = 0;
     if (!hits) return fsc_error(FSC_ERR_NOMEM, "LoRA: out of memory");
-    int rc = walk(root, &c, hits, &n);
+    int rc = walk(root, &c, other, hits, &n);
     for (int k = 0; !rc && !c.partial && k < c.ntargets; k++)
         if (!hits[k])
             rc = fsc_error(FSC_ERR_INVALID, "LoRA: target module '%s' names no Linear of the model",

@@ -3,6 +3,7 @@
  * against the one-process model, since a pipeline stage or a TP slice holds
  * only part of it (a pattern may rightly match nothing on one stage). */
 #include "fsc/lora.h"
+#include "fsc/tp.h"
 #include "gpt_layout_internal.h"
 
 int gpt_layout_finetune(const fsc_gpt_plan *p, fsc_module *m, bool whole) {
@@ -12,7 +13,8 @@ int gpt_layout_finetune(const fsc_gpt_plan *p, fsc_module *m, bool whole) {
     if (l->lora) {
         fsc_lora_config c = *l->lora;
         c.partial = !whole; /* a stage holds some of the targets (the embedding's none) */
-        if ((rc = fsc_lora_apply(m, &c, NULL))) return fsc_error_context(rc, "LoRA: ");
+        /* plain and tensor-parallel Linears alike */
+        if ((rc = fsc_tp_lora_apply(m, &c, NULL))) return fsc_error_context(rc, "LoRA: ");
     }
     rc = l->nfreeze ? fsc_module_freeze(m, l->freeze, l->nfreeze, whole, NULL) : FSC_OK;
     if (rc) return fsc_error_context(rc, "--freeze: ");
@@ -23,11 +25,6 @@ int gpt_layout_finetune(const fsc_gpt_plan *p, fsc_module *m, bool whole) {
 }
 
 int gpt_layout_finetune_check(const fsc_gpt_plan *p) {
-    if (p->layout.lora && p->layout.tp > 1)
-        return fsc_error(FSC_ERR_UNSUPPORTED,
-                         "LoRA with --tp %d: the tensor-parallel layers carry no adapters yet "
-                         "(run LoRA under single, dp, ddp, oss, sdp, fsdp or --pp)",
-                         p->layout.tp);
     if (p->layout.nfreeze == 0 && !p->layout.lora && p->layout.ngroups == 0) return FSC_OK;
     fsc_module *whole = fsc_gpt_new(&p->cfg); /* a tree of names, no storage */
     if (!whole) return FSC_ERR_INVALID;

@@ -83,7 +83,10 @@ def freeze():
                         ("sdp", ["--strategy", "sdp", "--batch", "2"]),
                         ("fsdp", ["--strategy", "fsdp", "--batch", "2"]),
                         ("pp2", ["--strategy", "ddp", "--pp", "2", "--batch", "2",
-                                 "--grad-accum", "2"])):
+                                 "--grad-accum", "2"]),
+                        ("tp2", ["--strategy", "ddp", "--tp", "2", "--batch", "4"]),
+                        ("tp2 + sequence parallel", ["--strategy", "ddp", "--tp", "2", "--batch",
+                                                     "4", "--sequence-parallel"])):
         m2, s2 = os.path.join(TMP, f"ft_{name}.jsonl"), os.path.join(TMP, f"ft_{name}.st")
         mpiexec(2, *LLAMA, "--data", data, *extra, *TRAIN, "--freeze", FREEZE, "--metrics", m2,
                 "--save", s2)
@@ -218,6 +221,39 @@ def lora_from(data, torch_gpt):
     print("LoRA: --init-from a base and --lora-from an adapter directory; bad directories refused")
 
 
+def tp_adapters(data, init, ref, torch_gpt):
+    """--tp 2's adapters are layout-free: a checkpoint of --tp 2 resumes in one process on the
+    reference's losses, and its PEFT directory holds one process's names in full shapes and
+    loads into one process unchanged."""
+    lora = [*LLAMA, "--data", data, *TRAIN[2:], *LORA]  # TRAIN less its --steps
+    tp = ["--strategy", "ddp", "--tp", "2", "--batch", "4"]
+    ckpt, m1, m2 = (os.path.join(TMP, n) for n in ("lora_tp_ckpt", "lora_tp_a.jsonl",
+                                                    "lora_tp_b.jsonl"))
+    mpiexec(2, *lora, *tp, "--steps", "10", "--save-every", "10", "--checkpoint-dir", ckpt,
+            "--metrics", m1)
+    run(*lora, "--strategy", "single", "--tp", "1", "--batch", "4", "--steps", STEPS,
+        "--resume", ckpt, "--metrics", m2)
+    got = [r["loss"] for r in metrics(m1)] + [r["loss"] for r in metrics(m2) if r["step"] > 10]
+    compare("LoRA, --tp 2 checkpoint at step 10 resumed in one process", got, ref)
+    ad_tp, ad_one, ad_back = (os.path.join(TMP, n) for n in ("lora_ad_tp", "lora_ad_one",
+                                                             "lora_ad_back"))
+    mpiexec(2, *lora, *tp, "--steps", STEPS, "--save-adapter", ad_tp)
+    run(*lora, "--batch", "4", "--steps", STEPS, "--save-adapter", ad_one)
+    a, _ = torch_gpt.load_safetensors(os.path.join(ad_tp, "adapter_model.safetensors"))
+    b, _ = torch_gpt.load_safetensors(os.path.join(ad_one, "adapter_model.safetensors"))
+    if set(a) != set(b) or any(a[n].shape != b[n].shape for n in a):
+        sys.exit(f"FAIL: --tp 2's adapter holds {sorted(a)}, one process's {sorted(b)}")
+    # the values: the losses above here, the parameters against the noise floor in mpi_tp_lora
+    print(f"LoRA: --tp 2's PEFT adapter holds one process's {len(a)} tensors in full shapes")
+    run(*LLAMA, "--data", data, "--batch", "4", *LORA, "--steps", "0", "--quiet",
+        "--init-from", init, "--lora-from", ad_tp, "--save-adapter", ad_back)
+    same = open(os.path.join(ad_tp, "adapter_model.safetensors"), "rb").read() == \
+        open(os.path.join(ad_back, "adapter_model.safetensors"), "rb").read()
+    if not same:
+        sys.exit("FAIL: one process --lora-from --tp 2's adapter did not load it unchanged")
+    print("LoRA: --tp 2's adapter loads into one process (--init-from + --lora-from) bit for bit")
+
+
 def lora():
     try:
         import torch
@@ -249,7 +285,10 @@ def lora():
     for name, extra in (("ddp", ["--strategy", "ddp", "--batch", "2"]),
                         ("fsdp", ["--strategy", "fsdp", "--batch", "2"]),
                         ("pp2", ["--strategy", "ddp", "--pp", "2", "--batch", "2",
-                                 "--grad-accum", "2"])):
+                                 "--grad-accum", "2"]),
+                        ("tp2", ["--strategy", "ddp", "--tp", "2", "--batch", "4"]),
+                        ("tp2 + sequence parallel", ["--strategy", "ddp", "--tp", "2", "--batch",
+                                                     "4", "--sequence-parallel"])):
         m2 = os.path.join(TMP, f"lora_{name}.jsonl")
         mpiexec(2, *LLAMA, "--data", data, *extra, *TRAIN, *LORA, "--metrics", m2)
         compare(f"LoRA, {name} on 2 ranks", [r["loss"] for r in metrics(m2)], ref)
@@ -261,10 +300,16 @@ def lora():
     mpiexec(2, *gpt, "--strategy", "fsdp", "--batch", "2", "--metrics", g2)
     compare("LoRA on GPT-2's c_attn, c_proj, c_fc: fsdp on 2 ranks against one process",
             [r["loss"] for r in metrics(g2)], [r["loss"] for r in metrics(g1)])
+    g3 = os.path.join(TMP, "lora_g3.jsonl")
+    mpiexec(2, *gpt, "--strategy", "ddp", "--tp", "2", "--batch", "4", "--metrics", g3)
+    compare("LoRA on GPT-2's c_attn (q, k, v blocks), c_proj, c_fc: --tp 2 against one process",
+            [r["loss"] for r in metrics(g3)], [r["loss"] for r in metrics(g1)])
+    tp_adapters(data, init, ref, torch_gpt)
     peft(data, torch_gpt)
     lora_from(data, torch_gpt)
-    p = mpiexec(2, *gpt, "--strategy", "ddp", "--tp", "2", "--batch", "4", expect_ok=False)
-    expect_refused(p, "LoRA with --tp 2", "LoRA under --tp")
+    p = mpiexec(2, *LLAMA, "--data", data, "--strategy", "ddp", "--tp", "2", "--batch", "4",
+                *TRAIN, "--lora-rank", "4", "--lora-targets", "q_proj,lm_head", expect_ok=False)
+    expect_refused(p, "lm_head is a VocabParallelEmbedding", "LoRA on the lm_head under --tp")
     p = run(*LLAMA, "--data", data, "--batch", "4", *TRAIN, "--lora-rank", "4",
             "--lora-targets", "q_proj,qproj", expect_ok=False)
     expect_refused(p, "target module 'qproj' names no Linear", "a LoRA target naming nothing")

@@ -71,6 +71,25 @@ tp_placement tp_place(fsc_module *root, const fsc_param *p);
 typedef int (*tp_run_fn)(void *user, int64_t local, int64_t global, int64_t n);
 int tp_for_each_run(const tp_placement *pl, const fsc_param *p, tp_run_fn fn, void *user);
 
+/* ---- LoRA adapters on the TP Linears (tp_lora.c) ------------------------------ */
+/* A column- or row-parallel Linear's global in and out sizes (tp_layers.c). */
+void tp_linear_dims(const fsc_module *m, int *in, int *out);
+/* Whether TP Linear m carries adapters (fsc_tp_lora_apply). */
+bool tp_lora_has(const fsc_module *m);
+/* Column: y_local += scale B_local A dropout(xin), xin the region's input
+ * (gathered under SP); backward adds this rank's part of the input gradient
+ * to dxin (NULL: none wanted) before the region's sum, and the adapters'
+ * weight gradients (now, or deferred with ctx->defer). */
+int tp_lora_column_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *xin,
+                           fsc_tensor *yl);
+int tp_lora_column_backward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *xin,
+                            const fsc_tensor *dyl, fsc_tensor *dxin);
+/* Row: part += scale B A_r dropout(x_r) before the region's sum; backward
+ * from dyf, the whole output gradient (gathered under SP), into dxl. */
+int tp_lora_row_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *xl, fsc_tensor *part);
+int tp_lora_row_backward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *xl,
+                         const fsc_tensor *dyf, fsc_tensor *dxl);
+
 /* ---- the conjugate communication operations (tp_regions.c) ------------------- */
 /* Sum over the group, in place (n floats). `grad` marks a gradient reduction
  * that the test-only fault DROP_GRAD may corrupt (the last rank's share lost). */

@@ -40,6 +40,7 @@ static int column_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x
     fsc_matmul_forward_prec(yl.data, xin.data, m->params[0].data,
                             l->bias ? m->params[1].data : NULL, (int)fsc_rows(&xin), l->in,
                             l->out_local, l->layout, fsc_ctx_prec(ctx));
+    if (tp_lora_has(m) && (rc = tp_lora_column_forward(m, ctx, &xin, &yl))) return rc;
     fsc_arena_release(ctx->arena, mark); /* the gathered input, if any */
     rc = l->gather ? tp_last_gather(&l->tp, ctx->arena, &yl, y) : (*y = yl, FSC_OK);
     return rc ? rc : fsc_save_input(ctx->arena, x, saved);
@@ -82,8 +83,11 @@ static int column_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const
         fsc_matmul_backward_prec(dx ? dxin.data : NULL, dw, db, dyl.data, xin.data,
                                  m->params[0].data, N, l->in, l->out_local, l->layout,
                                  fsc_ctx_prec(ctx));
-        fsc_arena_release(ctx->arena, mark);
     }
+    /* the adapters' part of dx joins the base's before the region's sum */
+    if (tp_lora_has(m) && (rc = tp_lora_column_backward(m, ctx, &xin, &dyl, dx ? &dxin : NULL)))
+        return rc;
+    if (!ctx->defer) fsc_arena_release(ctx->arena, mark);
     if (!dx) return FSC_OK;
     *dx = dxin;
     if ((rc = tp_enter_backward(&l->tp, ctx->arena, dx)) || !drop_full) return rc;
@@ -189,6 +193,8 @@ static int row_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, f
     if ((rc = fsc_alloc_like(ctx->arena, &xl, l->out, &part))) return rc;
     fsc_matmul_forward_prec(part.data, xl.data, m->params[0].data, NULL, (int)fsc_rows(&xl),
                             l->in_local, l->out, l->layout, fsc_ctx_prec(ctx));
+    /* the adapters' partial product joins the base's in the region's sum */
+    if (tp_lora_has(m) && (rc = tp_lora_row_forward(m, ctx, &xl, &part))) return rc;
     if ((rc = tp_leave_forward(&l->tp, ctx->arena, &part, y))) return rc;
     if (shard.data) {
         memcpy(shard.data, y->data, fsc_tensor_nbytes(&shard));
@@ -235,8 +241,10 @@ static int row_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fs
         fsc_matmul_backward_prec(
             dx ? dxl.data : NULL, m->params[0].frozen ? NULL : m->params[0].grad, NULL, dyf.data,
             xl->data, m->params[0].data, N, l->in_local, l->out, l->layout, fsc_ctx_prec(ctx));
-        fsc_arena_release(ctx->arena, mark);
     }
+    if (tp_lora_has(m) && (rc = tp_lora_row_backward(m, ctx, xl, &dyf, dx ? &dxl : NULL)))
+        return rc;
+    if (!ctx->defer) fsc_arena_release(ctx->arena, mark);
     if (!dx) return FSC_OK;
     if (l->input_parallel) {
         *dx = dxl;
@@ -263,6 +271,16 @@ fsc_module *fsc_tp_row_linear_new(const char *name, int in, int out, bool bias,
     l->in_local = in / l->tp.size, l->out = out, l->bias = bias;
     l->input_parallel = input_is_parallel, l->layout = layout;
     return &l->tp.base;
+}
+
+void tp_linear_dims(const fsc_module *m, int *in, int *out) {
+    if (m->ops->kind == TP_KIND_COLUMN) {
+        const column *l = (const column *)m;
+        *in = l->in, *out = l->out_local * l->tp.size;
+    } else {
+        const row *l = (const row *)m;
+        *in = l->in_local * l->tp.size, *out = l->out;
+    }
 }
 
 /* ---- LayerNorm outside TP regions ------------------------------------------------ */

@@ -222,6 +222,10 @@ static int map_pieces(fsc_optim *optim, const fsc_params *ps, const piece_list *
     }
     for (int k = 0; !rc && k < l->n; k++) {
         const piece *p = &l->at[k];
+        if (ps->entries[p->entry].param->frozen) { /* no state: its range is empty */
+            map[k] = -1, off[k] = 0;
+            continue;
+        }
         const uintptr_t at = (uintptr_t)(ps->entries[p->entry].param->data + p->local);
         int lo = 0, hi = nr; /* the last range starting at or before the piece */
         while (lo < hi) {
