@@ -154,6 +154,28 @@ FSC_API void fsc_bf16_view_remove(const float *fp32);
 /* The bf16 rounding of p[0, n) if a registered view holds all of it, else NULL. */
 FSC_API const uint16_t *fsc_bf16_view_find(const float *p, int64_t n);
 
+/* ---- bf16 weights, rounded once per weights version ------------------------- */
+/* Bumps the weights version: every writer of parameters calls it after
+ * writing (fsc_optim_step, weights and state loads, broadcasts, the trainer
+ * before each step), so that no bf16 copy made before the write is served
+ * after it. Thread-safe, lock-free. */
+FSC_API void fsc_weights_changed(void);
+/* The current weights version (starts at 1, only grows). */
+FSC_API uint64_t fsc_weights_version(void);
+/* Turns the bf16 weight cache on or off (off by default; off frees every
+ * copy). On, fsc_matmul_forward_prec/backward_prec at FSC_GEMM_BF16 take a
+ * weight's bf16 rounding from a copy made at the current weights version
+ * instead of rounding it per call: the caller then promises that every
+ * write to a weight is followed by fsc_weights_changed before the next GEMM
+ * reads it. The copies are FSC_MEM_WORK, 2 bytes per weight element. */
+FSC_API void fsc_bf16_weight_cache_set(bool on);
+FSC_API bool fsc_bf16_weight_cache_on(void);
+/* w[0, n) in bf16 as the GEMMs take it: a registered view
+ * (fsc_bf16_view_find), else, with the cache on, its copy at the current
+ * weights version (rounded now if older or new), else NULL (the GEMM rounds
+ * it itself). The copy stays valid until the version changes. */
+FSC_API const uint16_t *fsc_bf16_weight_find(const float *w, int64_t n);
+
 /* ---- matmul (Linear) ------------------------------------------------------- */
 /* Weight layouts: torch nn.Linear keeps weight as (OC, C); Hugging Face GPT-2's
  * Conv1D keeps it as (C, OC). Both are supported without copies. */

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fsc/kernels.h"
 #include "heartbeat.h"
 
 static int check_common(fsc_group *g, int64_t count, const char *fn) {
@@ -128,12 +129,20 @@ int fsc_group_ireduce(fsc_group *g, void *buf, int64_t count, fsc_dtype dt, fsc_
     return in_place(g, REDUCE_ARGS, true, req, "fsc_group_ireduce");
 }
 
+/* A broadcast or gather may be writing parameters (DDP's start, OSS's and
+ * ZeRO's updated shards): the weights version moves after a blocking one and
+ * at the start of a non-blocking one (its data lands at the wait, before any
+ * GEMM of the step that reads it; the trainer moves the version before each
+ * step too). */
 int fsc_group_broadcast(fsc_group *g, void *buf, int64_t count, fsc_dtype dt, int root) {
-    return in_place(g, BROADCAST_ARGS, false, NULL, "fsc_group_broadcast");
+    int rc = in_place(g, BROADCAST_ARGS, false, NULL, "fsc_group_broadcast");
+    fsc_weights_changed();
+    return rc;
 }
 
 int fsc_group_ibroadcast(fsc_group *g, void *buf, int64_t count, fsc_dtype dt, int root,
                          fsc_request **req) {
+    fsc_weights_changed();
     return in_place(g, BROADCAST_ARGS, true, req, "fsc_group_ibroadcast");
 }
 
@@ -197,17 +206,22 @@ int fsc_group_allgatherv(fsc_group *g, const void *in, void *out, const int64_t 
                        .counts = (int64_t *)counts,
                        .displs = (int64_t *)displs,
                        .dt = dt};
-    return chunked(g, a, NULL, "fsc_group_allgatherv");
+    int rc = chunked(g, a, NULL, "fsc_group_allgatherv");
+    fsc_weights_changed(); /* as a broadcast, above */
+    return rc;
 }
 
 int fsc_group_allgather(fsc_group *g, const void *in, void *out, int64_t count, fsc_dtype dt) {
     fsc_coll_args a = {.kind = FSC_COLL_ALLGATHER, .in = in, .out = out, .dt = dt};
-    return even(g, a, count, false, NULL, "fsc_group_allgather");
+    int rc = even(g, a, count, false, NULL, "fsc_group_allgather");
+    fsc_weights_changed();
+    return rc;
 }
 
 int fsc_group_iallgather(fsc_group *g, const void *in, void *out, int64_t count, fsc_dtype dt,
                          fsc_request **req) {
     fsc_coll_args a = {.kind = FSC_COLL_ALLGATHER, .in = in, .out = out, .dt = dt};
+    fsc_weights_changed();
     return even(g, a, count, true, req, "fsc_group_iallgather");
 }
 

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "fsc/io.h"
+#include "fsc/kernels.h"
 #include "fsc/weights.h"
 #include "io/st_parallel.h"
 
@@ -140,6 +141,7 @@ int fsc_weights_load(const char *path, fsc_params *ps, int *n_unused) {
         status = leading_rows(e, ps->entries[i].param) ? read_leading_rows(f, e, &t)
                                                        : fsc_st_read(f, e->name, &t);
     }
+    fsc_weights_changed(); /* even a partial read has written parameters */
     if (!status && n_unused) {
         int used = ps->count;
         *n_unused = fsc_st_count(f) - used > 0 ? fsc_st_count(f) - used : 0;

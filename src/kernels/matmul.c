@@ -1,8 +1,9 @@
 /* Linear layers through CBLAS sgemm (or, at FSC_GEMM_BF16, fsc_gemm's bf16
  * path). Both weight layouts (torch's (OC,C) and GPT-2 Conv1D's (C,OC)) map
  * onto GEMM transpose flags, so no copies. In bf16 each value is rounded at
- * most once per call: a weight with a bf16 view (FSDP's gather) not at all,
- * dout once for the two backward GEMMs that read it. */
+ * most once per call: a weight with a bf16 view (FSDP's gather) or a cached
+ * copy of this weights version (fsc_bf16_weight_find) not at all, dout once
+ * for the two backward GEMMs that read it. */
 #include <string.h>
 
 #include "fsc/kernels.h"
@@ -13,7 +14,7 @@ void fsc_matmul_forward_prec(float *out, const float *inp, const float *weight, 
                              int N, int C, int OC, fsc_weight_layout layout, fsc_gemm_prec prec) {
     bool in_out = layout == FSC_WEIGHT_IN_OUT;
     if (prec == FSC_GEMM_BF16) { /* oneDNN writes out directly, adding the bias in fp32 */
-        const uint16_t *wh = fsc_bf16_view_find(weight, (int64_t)C * OC);
+        const uint16_t *wh = fsc_bf16_weight_find(weight, (int64_t)C * OC);
         if (bias)
             fsc_gemm_bf16_bias(!in_out, N, OC, C, inp, C, weight, wh, in_out ? OC : C, bias, out,
                                OC);
@@ -40,7 +41,7 @@ void fsc_matmul_forward(float *out, const float *inp, const float *weight, const
 static void backward_bf16(float *dinp, float *dweight, const float *dout, const float *inp,
                           const float *weight, int N, int C, int OC, bool in_out) {
     const int ldw = in_out ? OC : C;
-    const uint16_t *wh = dinp ? fsc_bf16_view_find(weight, (int64_t)C * OC) : NULL;
+    const uint16_t *wh = dinp ? fsc_bf16_weight_find(weight, (int64_t)C * OC) : NULL;
     uint16_t *douth = NULL;
     if (dinp && dweight &&
         fsc_gemm_bf16_runs(false, in_out, N, C, OC, 1.f, dout, OC, weight, ldw, 0.f, C) &&

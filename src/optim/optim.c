@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "fsc/core.h"
+#include "fsc/kernels.h"
 #include "fsc/optim.h"
 
 #define MAX_STATES 2
@@ -242,6 +243,7 @@ int fsc_optim_step(fsc_optim *o) {
             return fsc_error(FSC_ERR_INTERNAL, "optim step: kind %d", (int)c->kind);
         }
     }
+    fsc_weights_changed(); /* bf16 copies of the old weights are stale now */
     return FSC_OK;
 }
 

@@ -73,11 +73,18 @@ fsc_trainer *fsc_trainer_new(fsc_module *model, const fsc_trainer_config *cfg) {
         fsc_trainer_free(t);
         return NULL;
     }
+    /* bf16: each weight rounded once per step where parameters stay in place
+     * (under ZeRO-3, FSDP gathers them into reused buffers, in bf16 already) */
+    fsc_strategy_info info;
+    if (cfg->strategy.compute_dtype == FSC_DTYPE_BF16 && !fsc_strategy_info_get(so.name, &info) &&
+        info.zero_stage < 3)
+        fsc_bf16_weight_cache_set(true);
     return t;
 }
 
 void fsc_trainer_free(fsc_trainer *t) {
     if (!t) return;
+    if (t->cfg.strategy.compute_dtype == FSC_DTYPE_BF16) fsc_bf16_weight_cache_set(false);
     fsc_strategy_free(t->s);
     trainer_ada_free(t);
     fsc_grad_scaler_free(t->scaler);
@@ -231,6 +238,9 @@ int fsc_trainer_step(fsc_trainer *t, fsc_step_result *r) {
     fsc_group *g = fsc_strategy_group(t->s);
     double loss = 0;
     if (t->ada) trainer_ada_begin_step(t);
+    /* whatever wrote parameters since the last step (averaging, a resume, a
+     * user's load) has not left a stale bf16 copy behind */
+    fsc_weights_changed();
     fsc_strategy_zero_grad(t->s);
     int rc =
         c->strategy.pipe.stages > 1 ? pipeline_step(t, scale, &loss) : micro_steps(t, scale, &loss);

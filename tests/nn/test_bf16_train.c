@@ -14,6 +14,10 @@
  * that the fp32 run leaves first, although gradients agree as closely: that
  * setting tests the optimizer's stability more than bf16.)
  *
+ * The bf16 run rounds each weight once per optimizer step, as the trainer
+ * does (the bf16 weight cache; test_bf16_weights.c shows it computes what
+ * rounding per call computes, bit for bit).
+ *
  * FSDP gathering in bf16 lends the gathered bf16 parameters to the GEMMs;
  * test_fsdp_bf16_views_follow_weights checks they always hold the current
  * weights. */
@@ -94,7 +98,10 @@ static void test_bf16_follows_fp32_curve(void **state) {
     fsc_bf16_gemm_set_mode(FSC_BF16_GEMM_ON); /* every GEMM in bf16, whatever is faster */
     fsc_bf16_gemm_reset_stats();
     float l[STEPS];
+    /* as the trainer runs bf16: each weight rounded once per optimizer step */
+    fsc_bf16_weight_cache_set(true);
     train(FSC_DTYPE_BF16, l);
+    fsc_bf16_weight_cache_set(false);
     fsc_bf16_gemm_stats st = fsc_bf16_gemm_get_stats();
     assert_true(st.calls_bf16 > 0);
     assert_int_equal(st.calls_f32, 0);
