@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "fsc/core.h"
@@ -131,17 +132,18 @@ static int encode_file(const fsc_bpe *bpe, const char *path, bool eot, stream *o
     return rc ? fsc_error_context(rc, "%s: ", path) : FSC_OK;
 }
 
-/* One shard: 256 little-endian int32 header words (magic, version, count),
- * then the tokens, 2 or 4 bytes each; written atomically (an unpredictable
- * temporary, fsynced, renamed: a link planted beside it is never followed). */
-static int write_shard(const char *path, const int32_t *ids, int64_t n, int version) {
+/* One shard: 256 little-endian int32 header words (magic, version, count,
+ * and the vocabulary's size: a word llm.c leaves 0 and ignores, from which
+ * fsc-train takes --vocab), then the tokens, 2 or 4 bytes each; written atomically (an
+ * unpredictable temporary, fsynced, renamed: a link planted beside it is never followed). */
+static int write_shard(const char *path, const int32_t *ids, int64_t n, int version, int vocab) {
     const int width = version == 1 ? 2 : 4;
     const size_t bytes = 1024 + (size_t)n * (size_t)width;
     unsigned char *h = calloc(bytes, 1), *t = h + 1024;
     if (!h) return fsc_error(FSC_ERR_NOMEM, "%s: out of memory for %zu bytes", path, bytes);
-    const uint32_t words[3] = {version == 1 ? SHARD_MAGIC_V1 : SHARD_MAGIC_V7, (uint32_t)version,
-                               (uint32_t)n};
-    for (int w = 0; w < 3; w++)
+    const uint32_t words[4] = {version == 1 ? SHARD_MAGIC_V1 : SHARD_MAGIC_V7, (uint32_t)version,
+                               (uint32_t)n, (uint32_t)vocab};
+    for (int w = 0; w < 4; w++)
         for (int k = 0; k < 4; k++) h[4 * w + k] = (unsigned char)(words[w] >> (8 * k));
     for (int64_t j = 0; j < n; j++)
         for (int b = 0; b < width; b++)
@@ -153,20 +155,45 @@ static int write_shard(const char *path, const int32_t *ids, int64_t n, int vers
 
 /* PREFIX_<split>_000000.bin, ...: n tokens in shards of --shard-tokens. */
 static int write_split(const tokenize_options *o, const char *split, const int32_t *ids, int64_t n,
-                       int version) {
+                       int version, int vocab) {
     int64_t shards = (n + o->shard_tokens - 1) / o->shard_tokens;
     for (int64_t s = 0; s < shards; s++) {
         char path[4096];
         const int64_t first = s * o->shard_tokens;
         const int64_t k = n - first < o->shard_tokens ? n - first : o->shard_tokens;
         snprintf(path, sizeof path, "%s_%s_%06" PRId64 ".bin", o->output, split, s);
-        int rc = write_shard(path, ids + first, k, version);
+        int rc = write_shard(path, ids + first, k, version, vocab);
         if (rc) return rc;
         if (!o->quiet)
             fprintf(stderr, "fsc-tokenize: %s: %" PRId64 " tokens (version %d)\n", path, k,
                     version);
     }
     return FSC_OK;
+}
+
+/* The directories of -o PREFIX (data/gpt2/book: data and data/gpt2), made
+ * as mkdir -p would, before any encoding: a prefix that cannot be written is
+ * refused at once, naming the directory and why. */
+static int make_output_dirs(const char *prefix) {
+    char dir[4096];
+    const char *slash = strrchr(prefix, '/');
+    if (!slash || slash == prefix) return FSC_OK; /* the working directory, or / */
+    if ((size_t)(slash - prefix) >= sizeof dir)
+        return fsc_error(FSC_ERR_INVALID, "-o %.64s...: the path is too long", prefix);
+    snprintf(dir, sizeof dir, "%.*s", (int)(slash - prefix), prefix);
+    for (char *p = dir + 1;; p++) {
+        const bool end = *p == '\0';
+        if (!end && *p != '/') continue;
+        *p = '\0';
+        struct stat sb;
+        if (mkdir(dir, 0777) && errno != EEXIST)
+            return fsc_error(FSC_ERR_IO, "-o %s: cannot create the directory %s (%s)", prefix, dir,
+                             strerror(errno));
+        if (stat(dir, &sb) || !S_ISDIR(sb.st_mode))
+            return fsc_error(FSC_ERR_IO, "-o %s: %s is not a directory", prefix, dir);
+        if (end) return FSC_OK;
+        *p = '/';
+    }
 }
 
 /* Encodes a comma list of files into out. */
@@ -245,6 +272,8 @@ int main(int argc, char **argv) {
     if (rc == TOOL_FLAGS_DONE) return 0;
     if (rc) return fprintf(stderr, "fsc-tokenize: %s (see --help)\n", fsc_last_error()), 2;
     if ((rc = check(&o, given, argc - first))) return rc;
+    if (make_output_dirs(o.output))
+        return fprintf(stderr, "fsc-tokenize: %s\n", fsc_last_error()), 1;
     fsc_bpe *bpe = NULL;
     if (load_tokenizer(o.tokenizer, &bpe)) return 1;
     const int vocab = bpe ? fsc_bpe_vocab_size(bpe) : 256;
@@ -272,8 +301,8 @@ int main(int argc, char **argv) {
     const double seconds = fsc_now() - t0;
     const int32_t *val_ids = o.val ? val.ids : train.ids + (train.n - nval);
     const int64_t ntrain = train.n - (o.val ? 0 : nval);
-    if (!rc) rc = write_split(&o, "train", train.ids, ntrain, version);
-    if (!rc && nval) rc = write_split(&o, "val", val_ids, nval, version);
+    if (!rc) rc = write_split(&o, "train", train.ids, ntrain, version, vocab);
+    if (!rc && nval) rc = write_split(&o, "val", val_ids, nval, version, vocab);
     if (rc)
         fprintf(stderr, "fsc-tokenize: %s\n", fsc_last_error());
     else if (!o.quiet)

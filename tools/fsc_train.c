@@ -3,7 +3,8 @@
  * Progress goes to stderr (a live line on a terminal, a line every
  * --log-every steps or --log-seconds otherwise: train_progress.c); --metrics
  * gets one JSON object per step; the closing summary gives throughput, model
- * FLOP/s against the sgemm peak measured in the same process, and peak
+ * FLOP/s against the sgemm peak (FSC_PEAK_GFLOPS, else measured in the same
+ * process), and peak
  * memory by tag. Flags may come from --config, a checkpoint or a weights
  * file (train_config.c); SIGINT/SIGTERM stop after the current step with a
  * checkpoint (train_signals.c). */
@@ -198,7 +199,8 @@ static int evaluate(trainer *t, validation *v, int64_t step) {
 }
 
 static void summary(const trainer *t, double first_loss, double last_loss, double seconds,
-                    int64_t steps, double peak_gflops, double comm_s, const int64_t *mem,
+                    int64_t steps, double peak_gflops, bool peak_fixed, double comm_s,
+                    const int64_t *mem,
                     const validation *v) {
     const train_options *o = &t->opt;
     const bool threads = fsc_strategy_takes(o->strategy, "threads");
@@ -224,9 +226,9 @@ static void summary(const trainer *t, double first_loss, double last_loss, doubl
                 v->loss, v->step, o->eval_batches, o->batch * o->grad_accum * t->world, v->source);
     fprintf(stderr,
             "throughput %.0f tokens/s, %.1f model GFLOP/s = %.0f%% of %d x %.1f GFLOP/s sgemm "
-            "peak\n",
+            "peak (%s)\n",
             tok_s, gflops, peak_gflops > 0 ? 100 * gflops / (peak_gflops * cores) : 0, cores,
-            peak_gflops);
+            peak_gflops, peak_fixed ? "FSC_PEAK_GFLOPS" : "measured at start-up");
     fsc_strategy_stats st = fsc_strategy_get_stats(t->s);
     if (st.messages)
         fprintf(stderr,
@@ -348,7 +350,11 @@ int main(int argc, char **argv) {
         if (rank == 0) fprintf(stderr, "fsc-train: --tokenizer: %s\n", fsc_last_error());
         return fail(NULL, world, 2);
     }
-    if (bpe && !train_flag_given(&o, "vocab")) o.model.vocab = fsc_bpe_vocab_size(bpe);
+    if (bpe && (rc = train_vocab_tokenizer(&o, bpe))) {
+        if (rank == 0) fprintf(stderr, "fsc-train: %s\n", fsc_last_error());
+        fsc_bpe_free(bpe);
+        return fail(NULL, world, 2);
+    }
     if ((rc = train_consistency_check(&o))) { /* every rank says it, before any training */
         fprintf(stderr, "fsc-train: rank %d: %s\n", rank, fsc_last_error());
         fsc_bpe_free(bpe);
@@ -360,11 +366,20 @@ int main(int argc, char **argv) {
         if (rank == 0) fprintf(stderr, "fsc-train: --data %s: %s\n", o.data, fsc_last_error());
         return fail(NULL, world, 2);
     }
+    const char *data_spec = o.data; /* as given, for the checkpoint's config */
     if (val.train_spec) o.data = val.train_spec; /* llm.c's *_val shards are not trained on */
     trainer t;
     if ((rc = tool_agree(trainer_init(&t, &o), "setting up"))) { /* said once */
         tool_report("fsc-train", "%s", "");
         return fail(&t, world, 1);
+    }
+    if (t.opt.model.vocab != o.model.vocab) { /* taken from the data: the config says so */
+        o.model.vocab = t.opt.model.vocab;
+        const char *trained_on = o.data;
+        o.data = data_spec;
+        free(config_json);
+        t.opt.config_json = o.config_json = config_json = train_config_json(&o);
+        o.data = trained_on;
     }
     if (bpe && strncmp(o.data, "builtin", 7) && !strstr(o.data, ".bin")) { /* text: GPT-2 ids */
         fsc_tokens_free(&t.tokens);
@@ -423,14 +438,20 @@ int main(int argc, char **argv) {
     if (!o.quiet) fprintf(stderr, "fsc-train: %s\n", fsc_blas_describe());
     if (!o.quiet && fsc_blas_hint()) fprintf(stderr, "fsc-train: %s\n", fsc_blas_hint());
     const bool threads = fsc_strategy_takes(o.strategy, "threads");
-    double peak = rank == 0 ? fsc_sgemm_peak_gflops(1024, 3) / (threads ? 1 : o.threads) : 0;
+    /* MFU's peak per core: FSC_PEAK_GFLOPS when set (one figure, so runs compare),
+     * else measured now, which the machine's load moves (docs/performance.md) */
+    double peak = 0;
+    const bool peak_fixed = fsc_env_given("FSC_PEAK_GFLOPS") &&
+                            !fsc_env_double("FSC_PEAK_GFLOPS", &peak); /* checked at start-up */
+    if (!peak_fixed && rank == 0)
+        peak = fsc_sgemm_peak_gflops(1024, 3) / (threads ? 1 : o.threads);
     double first_loss = NAN, last_loss = NAN, comm = 0, t0 = fsc_now();
     int64_t steps = 0;
     double tokens_per_step = (double)o.batch * o.grad_accum * o.model.seq * t.world;
     const int64_t first_step = trainer_next_step(&t);
     if (first_step && !o.quiet)
         fprintf(stderr, "fsc-train: resumed at step %" PRId64 " from %s\n", first_step, o.resume);
-    progress prog; /* MFU against every core's share of the measured sgemm peak */
+    progress prog; /* MFU against every core's share of the sgemm peak */
     const int cores = threads ? o.threads : world * o.threads;
     /* t.opt: the flags with the model as built (--moe-experts: its MoE layers) */
     progress_start(&prog, &t.opt, first_step, tokens_per_step, peak * 1e9 * cores);
@@ -542,7 +563,7 @@ int main(int argc, char **argv) {
         return fail(&t, world, 1);
     }
     if (!o.quiet && steps)
-        summary(&t, first_loss, last_loss, seconds, steps, peak, comm, mem, &val);
+        summary(&t, first_loss, last_loss, seconds, steps, peak, peak_fixed, comm, mem, &val);
     if (o.save && !o.quiet) fprintf(stderr, "saved %s (and config.json beside it)\n", o.save);
     free(mem);
     trainer_free(&t);

@@ -347,10 +347,11 @@ int trainer_init(trainer *t, const train_options *o) {
     if ((rc = fsc_data_format_parse(o->data_format, &format)) ||
         (rc = fsc_tokens_load_as(o->data, format, &t->tokens)))
         return fsc_error_context(rc, "--data %s: ", o->data);
-    if (t->tokens.vocab > o->model.vocab)
-        return fsc_error(FSC_ERR_INVALID,
-                         "--data %s has token ids up to %d but --vocab is %d; raise --vocab",
-                         o->data, t->tokens.vocab - 1, o->model.vocab);
+    /* --vocab left out: the shards' header or the largest id; given: checked */
+    char declared_by[4200];
+    const int declared = train_vocab_declared(o, declared_by, sizeof declared_by);
+    if ((rc = train_vocab_resolve(&t->opt, &t->tokens, declared_by, declared, !o->quiet)))
+        return rc;
     if (t->tokens.count < (int64_t)o->model.seq + 1)
         return fsc_error(FSC_ERR_INVALID, "--data %s has %" PRId64 " tokens, fewer than --seq + 1",
                          o->data, t->tokens.count);

@@ -12,6 +12,7 @@
 #include "fsc/layout.h"
 #include "fsc/lora.h"
 #include "fsc/moe_parallel.h"
+#include "fsc/tokenizer.h"
 #include "fsc/trainer.h"
 
 typedef struct train_options {
@@ -158,6 +159,19 @@ int train_env_check(void);
  * returns FSC_ERR_INVALID on every rank, naming each flag that differs and the
  * ranks on each side. Flags that may differ per rank are exempt (see there). */
 int train_consistency_check(const train_options *o);
+
+/* train_vocab.c: --vocab from the data or the tokenizer (docs/data.md).
+ * The vocabulary size word 3 of the first --data shard's header records
+ * (fsc-tokenize writes it; 0 when none), *source saying where from. */
+int train_vocab_declared(const train_options *o, char *source, size_t n);
+/* --vocab left out (and no --resume, --init-from or --tokenizer to give the
+ * model's): the declared size or data->vocab (its largest id + 1) when
+ * either passes the default; given: FSC_ERR_INVALID, naming both numbers,
+ * when it is smaller than either. */
+int train_vocab_resolve(train_options *o, const fsc_tokens *data, const char *declared_by,
+                        int declared, bool verbose);
+/* --tokenizer: its size when --vocab is left out; a smaller --vocab refused. */
+int train_vocab_tokenizer(train_options *o, const fsc_bpe *bpe);
 
 typedef struct trainer {
     train_options opt;

@@ -68,6 +68,9 @@ static const row rows[] = {
              "fault injection for the tests: rank RANK sleeps, exits, is killed or gets an inf "
              "gradient at step STEP"},
      .form = fault_form},
+    {.var = {"FSC_PEAK_GFLOPS", FSC_ENV_DOUBLE, "fsc-train", 0.1, 1e6, NULL,
+             "measured at start-up (sgemm 1024^3)", "GFLOP/s per core in [0.1, 1000000]",
+             "the fp32 peak per core that fsc-train's MFU is a share of: fix it to compare runs"}},
     {.var = {"FSC_GPT2_BPE_DIR", FSC_ENV_STRING, "fsc-tokenize", 0, 0, NULL,
              "$XDG_CACHE_HOME/fsc/gpt2, else ~/.cache/fsc/gpt2", "a directory",
              "where GPT-2's encoder.json and vocab.bpe are, when --tokenizer is not given"}},

@@ -55,6 +55,7 @@ MODES = {
     "launcher": user.launcher,
     "sample-tokenizer": user.sample_tokenizer,
     "messages": user.messages,
+    "vocab-mfu": user.vocab_mfu,
     "freeze": finetune.freeze,
     "lora": finetune.lora,
     "param-groups": finetune.param_groups,

@@ -146,7 +146,7 @@ def formats():
     run(*small, "--data", big, "--vocab", "70001")
     print("ok  a version-7 shard with token id 70000 trains with --vocab 70001")
     for args, needle in (
-            (["--data", big], "has token ids up to 70000 but --vocab is 256"),
+            (["--data", big, "--vocab", "256"], "has token ids up to 70000 but --vocab is 256"),
             (["--data", paths["nanogpt", "train"]], "--data-format nanogpt"),
             (["--data", paths["nanogpt", "train"]], "magic 20240801 version 7"),
             (["--data", paths["v1", "train"], "--data-format", "numpy"],

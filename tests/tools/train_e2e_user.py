@@ -199,3 +199,81 @@ def messages():
     if "install-deps.sh" in p.stderr:
         sys.exit(f"FAIL: fsc-tokenize says install-deps.sh fetches the BPE files:\n{p.stderr}")
     print("ok  fsc-tokenize without BPE files names scripts/fetch_gpt2_bpe.sh only")
+
+
+def vocab_mfu():
+    """Friction 8: --vocab left out is taken from the shards' header (word 3, which
+    fsc-tokenize writes) or else the largest token id in the data, and a given --vocab smaller
+    than either is refused naming both numbers; FSC_PEAK_GFLOPS fixes the peak that MFU is a
+    share of, and the summary says which peak it used. fsc-tokenize makes -o's directories
+    (friction list, item 5) and records the vocabulary in the header."""
+    import re
+    import struct
+    from train_e2e_data import write_shard
+    d = os.path.join(TMP, "vocab")
+    os.makedirs(d)
+    tok = [(i * 7 + i // 3) % 250 for i in range(3000)]
+    declared = os.path.join(d, "decl_train_000000.bin")
+    with open(declared, "wb") as f:
+        f.write(struct.pack("<256i", 20240520, 1, len(tok), 300, *([0] * 252)))
+        f.write(struct.pack(f"<{len(tok)}H", *tok))
+    small = ["--layers", "1", "--d-model", "16", "--heads", "2", "--seq", "16", "--batch", "2",
+             "--steps", "2"]
+    save = os.path.join(d, "m.safetensors")
+    p = run(*small, "--data", declared, "--save", save)
+    config = __import__("json").load(open(os.path.join(d, "config.json")))
+    if "--vocab 300, from the header of" not in p.stderr or config["vocab_size"] != 300:
+        sys.exit(f"FAIL: --vocab not taken from the header (config.json vocab_size "
+                 f"{config['vocab_size']}):\n{p.stderr}")
+    print("ok  --vocab from the shard's header: 300 (config.json says so)")
+    p = run(*small, "--data", declared, "--vocab", "256", expect_ok=False)
+    expect_refused(p, "--vocab 256 is smaller than the 300-token vocabulary", "--vocab 256")
+    print("ok  refused:", p.stderr.strip().splitlines()[-1][:110])
+    plain = os.path.join(d, "plain.bin")
+    write_shard(plain, tok[:5] + [411] + tok[6:])
+    p = run(*small, "--data", plain)
+    if "--vocab 412, from the largest token id in --data" not in p.stderr:
+        sys.exit(f"FAIL: --vocab not taken from the largest id (411):\n{p.stderr}")
+    p = run(*small, "--data", plain, "--vocab", "400", expect_ok=False)
+    expect_refused(p, "has token ids up to 411 but --vocab is 400", "--vocab 400")
+    print("ok  --vocab from the largest id: 412; --vocab 400 refused naming both")
+
+    def throughput(env):
+        q = subprocess.run([FSC_TRAIN, *small, "--steps", "3"], capture_output=True, text=True,
+                           timeout=300, env={**os.environ, **env})
+        line = next((l for l in q.stderr.splitlines() if l.startswith("throughput")), "")
+        m = re.search(r"([\d.]+) model GFLOP/s = (\d+)% of (\d+) x ([\d.]+) GFLOP/s sgemm peak "
+                      r"\((.*)\)", line)
+        if q.returncode != 0 or not m:
+            sys.exit(f"FAIL: no throughput line with its peak:\n{q.stderr}")
+        return float(m[1]), int(m[2]), int(m[3]), float(m[4]), m[5], line
+    gflops, share, cores, peak, source, line = throughput({"FSC_PEAK_GFLOPS": "40"})
+    # the share is printed whole and the GFLOP/s to 0.1: 1 point covers both roundings
+    if peak != 40 or source != "FSC_PEAK_GFLOPS" or abs(share - 100 * gflops / (
+            40 * cores)) > 1:
+        sys.exit(f"FAIL: MFU not against FSC_PEAK_GFLOPS=40: {line}")
+    print("ok  FSC_PEAK_GFLOPS=40:", line[line.index("="):])
+    if throughput({})[4] != "measured at start-up":
+        sys.exit("FAIL: the summary does not say the peak was measured")
+    bad = subprocess.run([FSC_TRAIN, *small], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "FSC_PEAK_GFLOPS": "fast"})
+    expect_refused(bad, "FSC_PEAK_GFLOPS=fast: expected GFLOP/s per core", "FSC_PEAK_GFLOPS=fast")
+    print("ok  FSC_PEAK_GFLOPS=fast refused at start-up")
+
+    tokenize = os.path.join(TOOLS, "fsc-tokenize")
+    text = os.path.join(d, "t.txt")
+    open(text, "w").write("the cat sat on the mat\n" * 20)
+    out = os.path.join(d, "new", "deeper", "book")
+    q = subprocess.run([tokenize, "-o", out, "--tokenizer", "bytes", "--quiet", text],
+                       capture_output=True, text=True, timeout=60)
+    shard = out + "_train_000000.bin"
+    if q.returncode != 0 or not os.path.exists(shard):
+        sys.exit(f"FAIL: fsc-tokenize -o into a new directory: exit {q.returncode}:\n{q.stderr}")
+    words = struct.unpack("<4i", open(shard, "rb").read(16))
+    if words[3] != 256:
+        sys.exit(f"FAIL: fsc-tokenize's header words {words}: expected the vocab 256 in word 3")
+    print("ok  fsc-tokenize made", os.path.dirname(out), "and wrote vocab 256 in the header")
+    q = subprocess.run([tokenize, "-o", os.path.join(declared, "x", "book"), "--tokenizer",
+                        "bytes", text], capture_output=True, text=True, timeout=60)
+    expect_refused(q, "is not a directory", "fsc-tokenize -o under a file")
+    print("ok  refused:", q.stderr.strip()[:110])
