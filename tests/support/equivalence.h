@@ -14,6 +14,7 @@
 #include "core/fault.h"
 #include "fsc/gpt.h"
 #include "fsc/io.h"
+#include "fsc/lora.h"
 #include "fsc/optim.h"
 #include "fsc/weights.h"
 
@@ -69,6 +70,9 @@ typedef struct eq_options {
     /* The TP group sizes of the layouts compared (0 ends the list; 1 adds
      * nothing): the noise floor also takes the order of each (eq_tp_orders). */
     int tp[EQ_TP_SIZES];
+    /* LoRA adapters on the model (fsc/lora.h; its other parameters frozen).
+     * The TP orders' hooks redo a Linear's base product only: leave tp empty. */
+    const fsc_lora_config *lora;
 } eq_options;
 
 /* One legal summation order of the reference: the global batch as `micro`
@@ -281,7 +285,9 @@ static float *eq_run_reference(const eq_options *o, const eq_order *ord, fsc_par
     int nr;
     fsc_tokens tk;
     eq_tokens(&tk);
-    if (!m || fsc_params_bind(m, 5, true, ps) || fsc_optim_ranges_from_params(ps, &r, &nr)) abort();
+    if (!m || (o->lora && fsc_lora_apply(m, o->lora, NULL)) || fsc_params_bind(m, 5, true, ps) ||
+        fsc_optim_ranges_from_params(ps, &r, &nr))
+        abort();
     if (ord->tp > 1) eq_tp_orders(m, ord->tp);
     if (ps->numel > EQ_MAX_NUMEL) abort();
     fsc_optim *opt = fsc_optim_new(o->optim ? o->optim : &EQ_ADAMW, r, nr);
