@@ -306,6 +306,7 @@ static void inject_fault(int rank, int64_t step) {
  * blocked in a collective: MPI_Finalize would hang, so exit without it and let
  * the launcher end the job (every rank exits non-zero). */
 static int fail(trainer *t, int world, int code) {
+    if (code == 1) code = fsc_dist_exit_status(code); /* a lost rank: FSC_DIST_LOST_EXIT */
     if (t) trainer_free(t);
     if (world > 1) {
         fflush(NULL);

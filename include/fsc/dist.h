@@ -45,6 +45,17 @@ typedef struct fsc_dist_options {
  * deadline: those calls cannot be abandoned, so the runtime prints what it
  * knows (the call, and the peers lost or not there yet) and ends the process. */
 #define FSC_DIST_DEADLINE_EXIT 124
+/* Exit status of a process that ends because the watchdog's verdict names a
+ * lost rank (a peer that died or stopped answering its heartbeat; not one
+ * merely stalled): what fsc-run relaunches on, on the survivors' slots from
+ * the last committed checkpoint. 69 is sysexits' EX_UNAVAILABLE. */
+#define FSC_DIST_LOST_EXIT 69
+/* Whether the watchdog's verdict in force names a lost rank (false without a
+ * verdict or when the ranks blamed are only stalled). */
+FSC_API bool fsc_dist_peer_lost(void);
+/* A process's exit status for a failure rc: 0 for FSC_OK,
+ * FSC_DIST_LOST_EXIT when fsc_dist_peer_lost(), else 1. */
+FSC_API int fsc_dist_exit_status(int rc);
 
 /* Initialises MPI (MPI_Init_thread, FUNNELED) unless the program already did.
  * First checks the options and the runtime's FSC_* variables (FSC_TIMEOUT_S,
