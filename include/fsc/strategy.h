@@ -315,14 +315,6 @@ FSC_API int fsc_strategy_save_optim(fsc_strategy *s, const char *path, int root)
 /* Reads such a file (written by any strategy, at any world size) into this
  * rank's part of the optimizer state. Collective over the group. */
 FSC_API int fsc_strategy_load_optim(fsc_strategy *s, const char *path);
-/* Each rank writes its own shards and their layout to `path` (sharded
- * strategies only: fsdp; fsc-consolidate rebuilds the full state dict from
- * the files). FSC_ERR_INVALID for a strategy without a sharded state dict. */
-FSC_API int fsc_strategy_save_sharded(fsc_strategy *s, const char *path, int n_meta,
-                                      const char *const *keys, const char *const *values);
-
-/* This rank's communication so far (all zero for a strategy with none). */
-FSC_API fsc_strategy_stats fsc_strategy_get_stats(const fsc_strategy *s);
 /* Whether the strategy keeps state of its own beyond weights and optimizer
  * state (slowmo: the local step count, the slow momentum, every rank's
  * optimizer state and, between averages, every rank's replica), which a
@@ -340,6 +332,14 @@ FSC_API int fsc_strategy_save_state(fsc_strategy *s, const char *path, int root)
  * (another strategy's), the state starts afresh with a warning. FSC_OK for a
  * strategy without state. Collective over the group. */
 FSC_API int fsc_strategy_load_state(fsc_strategy *s, const char *path);
+/* Each rank writes its own shards and their layout to `path` (sharded
+ * strategies only: fsdp; fsc-consolidate rebuilds the full state dict from
+ * the files). FSC_ERR_INVALID for a strategy without a sharded state dict. */
+FSC_API int fsc_strategy_save_sharded(fsc_strategy *s, const char *path, int n_meta,
+                                      const char *const *keys, const char *const *values);
+
+/* This rank's communication so far (all zero for a strategy with none). */
+FSC_API fsc_strategy_stats fsc_strategy_get_stats(const fsc_strategy *s);
 /* A pipeline's last step as a Chrome trace (fsc_pipe_write_trace), written
  * by rank 0; collective over fsc_strategy_all. FSC_ERR_INVALID for a
  * strategy without a pipeline. */

@@ -374,16 +374,6 @@ int fsc_strategy_load_optim(fsc_strategy *s, const char *path) {
     return s->ops->load_optim(s, path);
 }
 
-int fsc_strategy_save_sharded(fsc_strategy *s, const char *path, int n_meta,
-                              const char *const *keys, const char *const *values) {
-    if (!s->ops->save_sharded)
-        return fsc_error(FSC_ERR_INVALID, "strategy %s has no sharded state dict (fsdp has)",
-                         s->ops->name);
-    return s->ops->save_sharded(s, path, n_meta, keys, values);
-}
-
-fsc_strategy_stats fsc_strategy_get_stats(const fsc_strategy *s) {
-    fsc_strategy_stats st = {0};
 bool fsc_strategy_has_state(const fsc_strategy *s) {
     return s && s->ops->save_state;
 }
@@ -398,6 +388,16 @@ int fsc_strategy_load_state(fsc_strategy *s, const char *path) {
     return s->ops->load_state ? s->ops->load_state(s, path) : FSC_OK;
 }
 
+int fsc_strategy_save_sharded(fsc_strategy *s, const char *path, int n_meta,
+                              const char *const *keys, const char *const *values) {
+    if (!s->ops->save_sharded)
+        return fsc_error(FSC_ERR_INVALID, "strategy %s has no sharded state dict (fsdp has)",
+                         s->ops->name);
+    return s->ops->save_sharded(s, path, n_meta, keys, values);
+}
+
+fsc_strategy_stats fsc_strategy_get_stats(const fsc_strategy *s) {
+    fsc_strategy_stats st = {0};
     if (s->ops->stats) s->ops->stats(s, &st);
     return st;
 }
