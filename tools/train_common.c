@@ -383,9 +383,13 @@ int trainer_init(trainer *t, const train_options *o) {
     if ((rc = make_trainer(t))) return rc;
     if (o->init_from) {
         int unused = 0;
-        if ((rc = o->lora_rank ? train_lora_init_from(t, o->init_from)
-                               : fsc_strategy_load_weights(t->s, o->init_from, &unused)))
-            return fsc_error_context(rc, "--init-from: ");
+        if (o->lora_rank)
+            rc = train_lora_init_from(t, o->init_from);
+        else if (train_sharded_dir(o->init_from, NULL)) /* a --save-sharded directory */
+            rc = train_sharded_load(t, o->init_from);
+        else
+            rc = fsc_strategy_load_weights(t->s, o->init_from, &unused);
+        if (rc) return fsc_error_context(rc, "--init-from: ");
         if (unused)
             fsc_log(FSC_LOG_INFO, "--init-from: %d tensors in the file were not used", unused);
     }

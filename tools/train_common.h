@@ -254,5 +254,13 @@ int train_lora_load_adapter(trainer *t, const char *dir);
 /* --init-from with --lora-rank: the base file's tensors into the model, the
  * adapters keeping their initialisation (a base has none). */
 int train_lora_init_from(trainer *t, const char *base);
+/* train_sharded.c: --init-from a --save-sharded directory. Whether path is
+ * one (it holds shard-00000-of-N.safetensors; *world gets N, may be NULL);
+ * the path of its first file (FSC_ERR_NOT_FOUND if none); and the load: each
+ * rank its own file at the world size that saved them under fsdp, otherwise
+ * the full state dict rebuilt beside them and loaded by global name. */
+bool train_sharded_dir(const char *path, int *world);
+int train_sharded_first(const char *dir, char *out, size_t size);
+int train_sharded_load(trainer *t, const char *dir);
 
 #endif

@@ -395,6 +395,15 @@ static void config_json_path(const char *weights, char *out, size_t n) {
 }
 
 int train_config_init_from(train_options *o, bool verbose) {
+    char first[4096];
+    if (train_sharded_dir(o->init_from, NULL)) { /* the shapes from its first shard file */
+        const char *dir = o->init_from;
+        int rc = train_sharded_first(dir, first, sizeof first);
+        o->init_from = first;
+        if (!rc) rc = train_config_init_from(o, verbose);
+        o->init_from = dir;
+        return rc;
+    }
     bool llama = false; /* the LLaMA family's config: train_hf.c */
     int status = train_hf_init_from(o, verbose, &llama);
     if (status || llama) return status;

@@ -337,6 +337,13 @@ FSC_API int fsc_strategy_load_state(fsc_strategy *s, const char *path);
  * the files). FSC_ERR_INVALID for a strategy without a sharded state dict. */
 FSC_API int fsc_strategy_save_sharded(fsc_strategy *s, const char *path, int n_meta,
                                       const char *const *keys, const char *const *values);
+/* Each rank reads its own such file (fsc_fsdp_load_sharded: the same world
+ * size and layout, any difference refused by name). A refusal on any rank is
+ * one on every rank; ranks whose own file was good have loaded it by then,
+ * so the model is not to be trained on after a refusal. Collective.
+ * FSC_ERR_UNSUPPORTED (nothing read) for a strategy that reads no sharded
+ * state dict: rebuild the full one (fsc_flat_consolidate) and load that. */
+FSC_API int fsc_strategy_load_sharded(fsc_strategy *s, const char *path);
 
 /* This rank's communication so far (all zero for a strategy with none). */
 FSC_API fsc_strategy_stats fsc_strategy_get_stats(const fsc_strategy *s);

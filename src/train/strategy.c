@@ -396,6 +396,13 @@ int fsc_strategy_save_sharded(fsc_strategy *s, const char *path, int n_meta,
     return s->ops->save_sharded(s, path, n_meta, keys, values);
 }
 
+int fsc_strategy_load_sharded(fsc_strategy *s, const char *path) {
+    if (!s->ops->load_sharded)
+        return fsc_error(FSC_ERR_UNSUPPORTED, "strategy %s reads no sharded state dict (fsdp does)",
+                         s->ops->name);
+    return s->ops->load_sharded(s, path);
+}
+
 fsc_strategy_stats fsc_strategy_get_stats(const fsc_strategy *s) {
     fsc_strategy_stats st = {0};
     if (s->ops->stats) s->ops->stats(s, &st);

@@ -93,6 +93,12 @@ static int save_sharded(fsc_strategy *s, const char *path, int n_meta, const cha
     return fsc_fsdp_save_sharded(s->fsdp, path, n_meta, keys, values);
 }
 
+/* Every rank reads its own file; a refusal on one is a refusal on all. */
+static int load_sharded(fsc_strategy *s, const char *path) {
+    int rc = fsc_fsdp_load_sharded(s->fsdp, path);
+    return fsc_group_agree(s->group, rc, "loading the sharded state dict");
+}
+
 static void stats(const fsc_strategy *s, fsc_strategy_stats *out) {
     fsc_fsdp_stats st = fsc_fsdp_get_stats(s->fsdp);
     *out = (fsc_strategy_stats){.wait_s = st.wait_s,
@@ -119,5 +125,6 @@ const strategy_ops fsc_strategy_fsdp = {
     .save_optim = save_optim,
     .load_optim = load_optim,
     .save_sharded = save_sharded,
+    .load_sharded = load_sharded,
     .stats = stats,
 };

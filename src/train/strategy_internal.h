@@ -51,6 +51,7 @@ typedef struct strategy_ops {
     int (*load_state)(fsc_strategy *s, const char *path);
     int (*save_sharded)(fsc_strategy *s, const char *path, int n_meta, const char *const *keys,
                         const char *const *values);                /* NULL: none */
+    int (*load_sharded)(fsc_strategy *s, const char *path);       /* NULL: none */
     void (*stats)(const fsc_strategy *s, fsc_strategy_stats *out); /* NULL: none */
     int (*run_pipeline)(fsc_strategy *s, const fsc_ctx *ctx, const fsc_pipe_io *io, float *loss);
     int (*write_trace)(fsc_strategy *s, const char *path); /* NULL: nothing to trace */

@@ -147,6 +147,38 @@ def fsdp_precision():
         sys.exit("FAIL: the injected inf did not make rank 0 skip step 3 and halve the scale")
 
 
+def st_tensors(path):
+    """A safetensors file's tensors as {name: raw bytes} (metadata left out)."""
+    raw = open(path, "rb").read()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    return {k: raw[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]]
+            for k, v in header.items() if k != "__metadata__"}
+
+
+def sharded_init_from(common, shards, final):
+    """--init-from a --save-sharded directory (issue 29, item 8): at the world
+    size that saved it each rank reads its own file (fsc_fsdp_load_sharded),
+    at another the shards are rebuilt and loaded by name; either way the
+    weights are the saved ones, bit for bit. A run whose FSDP units differ
+    from the files' is refused, naming the difference."""
+    want = st_tensors(final)
+    for n, strategy in ((3, "fsdp"), (2, "fsdp"), (2, "ddp")):
+        out = os.path.join(TMP, f"from_shards_{n}_{strategy}.safetensors")
+        mpiexec(n, *common, "--strategy", strategy, "--batch", "2", "--steps", "0",
+                "--init-from", shards, "--save-init", out)
+        if st_tensors(out) != want:
+            sys.exit(f"FAIL: --init-from {shards} on {n} ranks ({strategy}) differs from --save")
+        print(f"ok  --init-from a --save-sharded directory (3 files) on {n} ranks, {strategy}: "
+              "the saved weights, bit for bit")
+    if [f for f in os.listdir(shards) if not f.startswith("shard-")]:
+        sys.exit(f"FAIL: --init-from left files in {shards}: {os.listdir(shards)}")
+    p = mpiexec(3, *common, "--strategy", "fsdp", "--batch", "2", "--steps", "0",
+                "--min-params", "1000", "--init-from", shards, expect_ok=False)
+    expect_refused(p, "saved with 3 units, this run has 9", "--init-from shards of other units")
+    print("ok  shards of other FSDP units refused:", p.stderr.strip().splitlines()[0][:150])
+
+
 def fsdp_files():
     """FSDP's full state dict is the very file one process writes, opens in
     PyTorch as a GPT-2, and equals what fsc-consolidate rebuilds from the
@@ -174,6 +206,7 @@ def fsdp_files():
         sys.exit("FAIL: consolidated shards differ from the full state dict")
     print(f"ok  fsc-consolidate of {len(os.listdir(shards))} shard files == full state dict, "
           "byte for byte")
+    sharded_init_from(common, shards, final)
     # one flipped bit in a shard's data: refused by its recorded CRC-32, nothing written
     # (before the checksum it consolidated into a corrupt model)
     shard = os.path.join(shards, sorted(os.listdir(shards))[1])
