@@ -452,7 +452,9 @@ int main(int argc, char **argv) {
     float *work = NULL;
     if ((rc = resolve(&o, &weights, &g.cfg))) goto done;
     char beside[4096];
-    if (!o.tokenizer && g.cfg.vocab >= GPT2_VOCAB &&
+    struct stat model_st; /* a directory ships its tokenizer on purpose, whatever its size */
+    const bool model_dir = !stat(o.model, &model_st) && S_ISDIR(model_st.st_mode);
+    if (!o.tokenizer && (g.cfg.vocab >= GPT2_VOCAB || model_dir) &&
         tokenizer_beside(o.model, beside, sizeof beside)) {
         o.tokenizer = beside; /* a Hugging Face directory ships them */
         if (!o.quiet) fprintf(stderr, "fsc-sample: --tokenizer %s (beside the model)\n", beside);

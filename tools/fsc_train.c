@@ -553,6 +553,10 @@ int main(int argc, char **argv) {
     }
     if (o.save && rank == 0 && train_config_write_hf(&t.opt, o.save)) /* Hugging Face's */
         fprintf(stderr, "fsc-train: --save: config.json: %s\n", fsc_last_error());
+    if (o.save_dir && train_save_dir(&t, o.save_dir)) {
+        tool_report("fsc-train", "--save-dir %s: ", o.save_dir);
+        return fail(&t, world, 1);
+    }
     if (o.save_sharded && trainer_save_sharded(&t, o.save_sharded)) {
         tool_report("fsc-train", "--save-sharded %s: ", o.save_sharded);
         return fail(&t, world, 1);

@@ -65,6 +65,7 @@ typedef struct train_options {
     int64_t save_every;          /* checkpoint every N steps (0: never) */
     const char *checkpoint_dir, *resume;
     const char *init_from, *save_init, *save, *metrics, *metrics_csv;
+    const char *save_dir; /* a Hugging Face directory at the end (train_save_dir.c) */
     const char *save_sharded; /* fsdp: directory for each rank's shard file at the end */
     const char *shard_size;   /* llama --save DIR: bytes per safetensors shard (NULL: 2 GB) */
     const char *freeze;       /* fine-tuning: comma-separated parameter-name globs */
@@ -226,6 +227,13 @@ void trainer_free(trainer *t);
 /* Saves weights with the model configuration in the metadata (collective;
  * rank 0 writes, path may be NULL elsewhere). */
 int trainer_save(trainer *t, const char *path);
+
+/* train_save_dir.c: --save-dir DIR, what from_pretrained reads: the weights
+ * (model.safetensors, cut into shards past --shard-size under llama),
+ * config.json, and the tokenizer's files copied from --tokenizer or from
+ * --init-from's directory (GPT-2's encoder.json and vocab.bpe under HF's
+ * names, vocab.json and merges.txt). Collective, as --save is. */
+int train_save_dir(trainer *t, const char *dir);
 /* fsdp: each rank writes DIR/shard-RRRRR-of-NNNNN.safetensors (its flat shards
  * and their layout, the same metadata as trainer_save); fsc-consolidate
  * rebuilds trainer_save's file from them. */

@@ -208,6 +208,9 @@ static const flag flags[] = {
     F("save", ARG_STR, save,
       "save the weights at the end (llama: a PATH not ending in .safetensors is a Hugging "
       "Face directory, as for --save-init)"),
+    F("save-dir", ARG_STR, save_dir,
+      "at the end, a directory Hugging Face's from_pretrained reads: model.safetensors, "
+      "config.json and the tokenizer's files (from --tokenizer or --init-from's directory)"),
     F("shard-size", ARG_STR, shard_size,
       "llama --save/--save-init DIR: safetensors shards of at most this size (2GB, 500MiB, "
       "bytes; default 2GB)"),
@@ -598,6 +601,7 @@ int train_options_check(const train_options *o) {
     if ((rc = train_hf_shard_bytes(o->shard_size, &shard_bytes))) return rc;
     int rc2 = check_writable("--save", o->save);
     if (!rc2) rc2 = check_writable("--save-init", o->save_init);
+    if (!rc2) rc2 = check_writable("--save-dir", o->save_dir);
     if (!rc2) rc2 = check_writable("--metrics", o->metrics);
     if (!rc2) rc2 = check_writable("--metrics-csv", o->metrics_csv);
     return rc2;

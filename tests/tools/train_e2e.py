@@ -56,6 +56,7 @@ MODES = {
     "sample-tokenizer": user.sample_tokenizer,
     "messages": user.messages,
     "vocab-mfu": user.vocab_mfu,
+    "save-dir": user.save_dir,
     "freeze": finetune.freeze,
     "lora": finetune.lora,
     "param-groups": finetune.param_groups,

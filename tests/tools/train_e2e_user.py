@@ -277,3 +277,60 @@ def vocab_mfu():
                         "bytes", text], capture_output=True, text=True, timeout=60)
     expect_refused(q, "is not a directory", "fsc-tokenize -o under a file")
     print("ok  refused:", q.stderr.strip()[:110])
+
+
+def save_dir():
+    """--save-dir DIR writes what from_pretrained reads: PyTorch's GPT-2 built from DIR's
+    config.json and model.safetensors (tests/reference/hf_gpt2_dir.py) gives fsc-sample's
+    logits within the float32 noise floor; GPT-2's encoder.json/vocab.bpe are copied as
+    vocab.json/merges.txt; fsc-sample --model DIR --prompt works without --tokenizer."""
+    try:
+        import torch
+    except ImportError:
+        print("SKIP: no torch")
+        sys.exit(77)
+    import json
+    import hf_gpt2_dir
+    from torch_gpt import load_safetensors
+    here = os.path.dirname(os.path.abspath(__file__))
+    bpe = os.path.join(here, "..", "data", "bpe_tiny")
+    d = os.path.join(TMP, "hf-gpt2")
+    text = os.path.join(TMP, "sd.txt")
+    open(text, "w").write("the cat sat on the mat. the dog ran to the cat!\n" * 200)
+    p = run("--layers", "2", "--d-model", "32", "--heads", "2", "--seq", "16", "--batch", "2",
+            "--steps", "3", "--data", text, "--tokenizer", bpe, "--save-dir", d)
+    if "--save-dir" not in p.stderr or "the tokenizer from" not in p.stderr:
+        sys.exit(f"FAIL: --save-dir did not report the tokenizer copied:\n{p.stderr}")
+    vocab, merges = hf_gpt2_dir.tokenizer_files(d)
+    if vocab != json.load(open(os.path.join(bpe, "encoder.json"))) or not merges or \
+            open(os.path.join(d, "merges.txt")).read() != \
+            open(os.path.join(bpe, "vocab.bpe")).read():
+        sys.exit("FAIL: vocab.json/merges.txt are not GPT-2's encoder.json/vocab.bpe")
+    prompt = [3, 70, 71, 200, 5, 99, 12]
+    sample = os.path.join(TOOLS, "fsc-sample")
+    out = os.path.join(TMP, "sd-logits.safetensors")
+    q = subprocess.run([sample, "--model", d, "--prompt-ids", ",".join(map(str, prompt)),
+                        "--max-new-tokens", "0", "--logits", out, "--quiet"],
+                       capture_output=True, text=True, timeout=120)
+    if q.returncode != 0:
+        sys.exit(f"FAIL: fsc-sample --model {d} --logits: exit {q.returncode}:\n{q.stderr}")
+    got = load_safetensors(out)[0]["logits"].double()
+    x = torch.tensor([prompt])
+    with torch.no_grad():
+        ref64 = hf_gpt2_dir.read(d, torch.float64)[0](x)[0]
+        ref32 = hf_gpt2_dir.read(d, torch.float32)[0](x)[0].double()
+    e32 = (ref32 - ref64).abs().max().item()
+    bound = max(8 * e32, 2 * 2.0 ** -23 * ref64.abs().max().item())  # hf_llama's noise floor
+    err = (got - ref64).abs().max().item()
+    if got.shape != ref64.shape or not err <= bound:
+        sys.exit(f"FAIL: PyTorch's logits from {d} differ from fsc's by {err:.2e} > {bound:.2e}")
+    print(f"ok  --save-dir read by PyTorch: logits within {err:.1e} of the float64 reference "
+          f"(PyTorch float32 {e32:.1e}, bound {bound:.1e}); vocab.json/merges.txt copied")
+    q = subprocess.run([sample, "--model", d, "--prompt", "the cat", "--max-new-tokens", "4"],
+                       capture_output=True, text=True, errors="replace", timeout=120)
+    if q.returncode != 0 or "beside the model" not in q.stderr or not q.stdout.startswith(
+            "the cat"):
+        sys.exit(f"FAIL: fsc-sample --model DIR --prompt without --tokenizer: exit "
+                 f"{q.returncode}:\n{q.stdout}{q.stderr}")
+    print("ok  fsc-sample --model DIR --prompt 'the cat' (no --tokenizer):",
+          q.stderr.splitlines()[0])
