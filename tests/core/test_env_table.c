@@ -80,7 +80,10 @@ static void test_docs_list_the_table(void **state) {
     char *text = slurp(readme);
     if (!text) fail_msg("cannot read %s", readme);
     char *sec = strstr(text, "\n## The variables\n");
-    if (!sec) fail_msg("%s: no \"## The variables\" section", readme);
+    if (!sec) {
+        fail_msg("%s: no \"## The variables\" section", readme);
+        return;
+    }
     char *end = strstr(sec + 1, "\n## ");
     if (end) *end = '\0';
     bool seen[MAX_ROWS] = {false};
