@@ -211,8 +211,9 @@ static void summary(const trainer *t, double first_loss, double last_loss, doubl
     int cores = threads ? o->threads : ranks * o->threads;
     fprintf(stderr, "\n== fsc-train summary (--strategy %s, %d rank%s%s", o->strategy, ranks,
             ranks > 1 ? "s" : "", threads ? ", threads" : "");
-    if (o->pp > 1) fprintf(stderr, ": %d replica(s) x pp %d", t->world, o->pp);
-    if (o->pp > 1 && o->tp > 1) fprintf(stderr, " x tp %d", o->tp);
+    if (o->pp > 1 || o->tp > 1) fprintf(stderr, ": %d replica(s)", t->world);
+    if (o->pp > 1) fprintf(stderr, " x pp %d", o->pp);
+    if (o->tp > 1) fprintf(stderr, " x tp %d", o->tp);
     fprintf(stderr, ") ==\n");
     char name[96];
     fprintf(stderr, "model      %s, %.2fM parameters\n",
@@ -244,6 +245,9 @@ static void summary(const trainer *t, double first_loss, double last_loss, doubl
             fprintf(stderr, ", %lld all-gathers over %d units", (long long)st.gathers, st.units);
         fprintf(stderr, "\n");
     }
+    if (o->tp > 1) /* the activations' all-reduces inside forward and backward */
+        fprintf(stderr, "tp comm    %.1f%% of step time in tensor-parallel collectives (rank 0)\n",
+                seconds > 0 ? 100 * st.tp_wait_s / seconds : 0);
     train_moe_report(t, seconds, stderr);
     for (int r = 0; r < mem_ranks(t); r++) {
         fprintf(stderr, "peak memory");

@@ -503,7 +503,7 @@ void print_mem_json(FILE *f, bool peak) {
 }
 
 int mem_ranks(const trainer *t) {
-    return t->opt.pp > 1 ? fsc_dist_size() : t->world;
+    return t->opt.pp > 1 || t->opt.tp > 1 ? fsc_dist_size() : t->world;
 }
 
 int gather_mem_peaks(const trainer *t, int64_t *out) {
@@ -514,7 +514,7 @@ int gather_mem_peaks(const trainer *t, int64_t *out) {
         memcpy(out, mine, sizeof mine);
         return FSC_OK;
     }
-    /* a pipeline's stages differ: every rank of the world */
-    fsc_group *g = t->opt.pp > 1 ? fsc_group_world() : fsc_strategy_group(t->s);
+    /* a pipeline's stages and TP's slices differ: every rank of the world */
+    fsc_group *g = mem_ranks(t) == fsc_dist_size() ? fsc_group_world() : fsc_strategy_group(t->s);
     return fsc_group_allgather(g, mine, out, FSC_MEM_TAG_COUNT, FSC_DTYPE_I64);
 }

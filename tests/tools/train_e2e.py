@@ -57,6 +57,7 @@ MODES = {
     "messages": user.messages,
     "vocab-mfu": user.vocab_mfu,
     "save-dir": user.save_dir,
+    "summary": user.summary,
     "freeze": finetune.freeze,
     "lora": finetune.lora,
     "param-groups": finetune.param_groups,

@@ -334,3 +334,21 @@ def save_dir():
                  f"{q.returncode}:\n{q.stdout}{q.stderr}")
     print("ok  fsc-sample --model DIR --prompt 'the cat' (no --tokenizer):",
           q.stderr.splitlines()[0])
+
+
+def summary():
+    """Friction 9: under --tp the summary's header names tp, a line gives the time in
+    tensor-parallel collectives, and the peak memory is listed for every rank (each holds
+    other slices); --balance auto names each stage apart in its line."""
+    p = mpiexec(2, *TINY, "--steps", "2", "--tp", "2")
+    head = next((l for l in p.stderr.splitlines() if "fsc-train summary" in l), "")
+    ranks = [l for l in p.stderr.splitlines() if l.startswith("peak memory rank ")]
+    if "x tp 2" not in head or "tp comm" not in p.stderr or len(ranks) != 2:
+        sys.exit(f"FAIL: the TP summary lacks tp, its communication or rank 1's memory:\n"
+                 f"{p.stderr}")
+    print("ok  --tp 2:", head.strip(), "| tp comm line | peak memory of ranks 0 and 1")
+    p = mpiexec(2, *TINY, "--steps", "1", "--grad-accum", "2", "--pp", "2", "--balance", "auto")
+    line = next((l for l in p.stderr.splitlines() if l.startswith("--balance auto")), "")
+    if ": stage 0 " not in line or ", stage 1 " not in line:
+        sys.exit(f"FAIL: the balance line does not name its stages apart: {line!r}")
+    print("ok ", line.strip()[:110])
