@@ -79,6 +79,7 @@ static int random_tokens(int vocab, int64_t n, uint64_t seed, fsc_tokens *out) {
 /* fsdp: --mixed-precision; every strategy: --checkpoint-activations; ddp:
  * --pp stages, their --pipe-schedule and --chunks micro-batches. */
 static const char *mixed_precision = "fp32";
+static const char *attention = "auto"; /* --attention */
 static bool checkpoint_activations;
 static int pp = 1, chunks = 1, virtual_stages = 0;
 static int tp = 1;                      /* --tp: tensor-parallel ranks per replica */
@@ -144,6 +145,7 @@ static int measure(const bench_config *c, const char *strategy, int steps, int w
     o.skip_grad_norm = true; /* as the PyTorch peer: no clipping, no norm */
     o.local_in_world = true; /* the baseline runs on rank 0 alone */
     o.mixed_precision = mixed_precision; /* bf16: autocast under every strategy */
+    o.attention = attention;
     o.checkpoint_activations = checkpoint_activations;
     o.moe_experts = moe_experts, o.moe_every = moe_every, o.moe_hidden = moe_hidden;
     o.moe_capacity = moe_capacity;
@@ -501,6 +503,8 @@ int main(int argc, char **argv) {
         {.name = "warmup", .kind = ARG_INT, .ptr = &warmup, .help = "untimed steps first (default 3)"},
         {.name = "threads", .kind = ARG_INT, .ptr = &threads,
          .help = "BLAS and OpenMP threads; dp: worker threads (default 1)"},
+        {.name = "attention", .kind = ARG_STR, .ptr = &attention, .meta = "K",
+         .help = "auto | naive | flash: the attention kernel (default auto: flash from T = 512)"},
         {.name = "mixed-precision", .kind = ARG_STR, .ptr = &mixed_precision, .meta = "P",
          .help = "fp32 | bf16 | fp16"},
         {.name = "checkpoint-activations", .kind = ARG_FLAG, .ptr = &checkpoint_activations,

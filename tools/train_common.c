@@ -210,7 +210,9 @@ static int make_trainer(trainer *t) {
                               .after_backward = poison,
                               .adascale = o->adascale,
                               .user = t};
-    int rc = optim_config(o, &cfg.optim);
+    int rc = fsc_attention_kind_parse(o->attention, &cfg.attention);
+    if (rc) rc = fsc_error_context(rc, "--attention: ");
+    if (!rc) rc = optim_config(o, &cfg.optim);
     if (!rc) rc = schedule_config(o, &cfg.schedule);
     if (!rc) rc = strategy_options(t, &cfg.optim, &cfg.strategy);
     if (!rc && !(t->tr = fsc_trainer_new(t->model, &cfg)))

@@ -34,6 +34,7 @@ typedef struct train_options {
     int64_t min_params;          /* auto-wrap threshold (0: one unit per block) */
     int reshard_after_forward;   /* 1 (default) or 0 */
     const char *mixed_precision; /* fp32 | bf16 | fp16 */
+    const char *attention;       /* auto | naive | flash */
     const char *reduce_dtype;    /* f32 | bf16 | f16 (default: the strategy's) */
     bool accum_no_sync;          /* accumulate full gradients, reduce once */
     int shard_group;             /* hsdp: ranks per shard group */

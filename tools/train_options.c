@@ -35,6 +35,7 @@ void train_options_default(train_options *o) {
     o->share_dtype = "f32";
     o->reshard_after_forward = 1;
     o->mixed_precision = "fp32";
+    o->attention = "auto";
     o->log_every = 10;
     o->log_seconds = 10;
     o->progress = "auto";
@@ -105,6 +106,9 @@ static const flag flags[] = {
     F("mixed-precision", ARG_STR, mixed_precision,
       "fp32 | bf16 (autocast, under every strategy) | fp16 (fsdp: parameters gathered and "
       "rounded, with loss scaling)"),
+    F("attention", ARG_STR, attention,
+      "auto | naive | flash: the attention kernel (flash keeps per-row statistics instead of "
+      "the T x T probabilities; auto: flash from T = 512)"),
     F("reduce-dtype", ARG_STR, reduce_dtype,
       "fsdp, sdp: f32 | bf16 | f16 gradient reduction (fsdp default: the compute dtype)"),
     F("shard-group", ARG_INT, shard_group,

@@ -52,6 +52,28 @@ typedef struct fsc_seq_split {
                            float *dq, float *dk, float *dv, fsc_gemm_prec prec);
 } fsc_seq_split;
 
+/* The attention kernel of fsc_ctx.attention. Both are causal softmax
+ * attention; they differ in what forward keeps for backward: naive the
+ * (B,NH,T,T) probabilities, flash (fsc_flash_attention_forward) the
+ * attention output and a (B,NH,T) log-sum-exp, recomputing each tile. */
+typedef enum {
+    FSC_ATTENTION_AUTO = 0, /* flash from FSC_ATTENTION_FLASH_MIN_T positions, else naive */
+    FSC_ATTENTION_NAIVE,
+    FSC_ATTENTION_FLASH,
+} fsc_attention_kind;
+/* AUTO's threshold: the shortest sequence at which flash measured at least
+ * as fast as naive in training (docs/benchmarks.md). */
+#define FSC_ATTENTION_FLASH_MIN_T 512
+/* Whether kind runs flash for sequences of T positions. */
+FSC_API bool fsc_attention_uses_flash(fsc_attention_kind kind, int64_t T);
+/* "auto", "naive" or "flash" -> *kind; FSC_ERR_INVALID naming s otherwise. */
+FSC_API int fsc_attention_kind_parse(const char *s, fsc_attention_kind *kind);
+FSC_API const char *fsc_attention_kind_name(fsc_attention_kind kind);
+/* Bytes attention's kernel keeps for backward per layer beyond q, k, v and
+ * its output (which both keep, the output as the next projection's input):
+ * naive B*NH*T*T probability floats, flash B*NH*T log-sum-exps. */
+FSC_API int64_t fsc_attention_saved_bytes(fsc_attention_kind kind, int64_t B, int64_t T, int NH);
+
 /* What forward and backward of one step need to know beyond their tensors. */
 typedef struct fsc_ctx {
     fsc_arena *arena; /* outputs and saved state live here until the step ends */
@@ -103,6 +125,9 @@ typedef struct fsc_ctx {
     /* Context parallelism: this rank's positions of each sequence and the
      * ring attention runs over (see fsc_seq_split); NULL elsewhere. */
     const fsc_seq_split *seq;
+    /* The attention kernel (AUTO, 0: by sequence length); both kernels
+     * give the same results within rounding. */
+    fsc_attention_kind attention;
 } fsc_ctx;
 
 /* fsc_ctx.head_loss: what a fused head needs besides its input. The module

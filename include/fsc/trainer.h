@@ -85,6 +85,7 @@ typedef struct fsc_trainer_config {
     double targets_per_sample; /* loss targets per sample, e.g. T for a GPT (0: 1) */
     float clip;                /* global 2-norm clip (0: off) */
     bool skip_grad_norm;       /* without clipping, do not compute the norm (saves a collective) */
+    fsc_attention_kind attention; /* every step's (and evaluation's) fsc_ctx.attention */
     /* fp16 (strategy.compute_dtype F16) always scales the loss dynamically;
      * grad_scaler tunes it (NULL: PyTorch's defaults). Borrowed. */
     const fsc_grad_scaler_config *grad_scaler;

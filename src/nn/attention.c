@@ -1,6 +1,7 @@
 /* Causal self-attention, GPT-2 layout: c_attn (C -> 3C, fused q|k|v), the
  * attention kernel, c_proj (C -> C), residual dropout. Saves qkv and the
- * softmax probabilities (B,NH,T,T) for backward. Under fsc_ctx.kv
+ * softmax probabilities (B,NH,T,T) for backward, or under flash attention
+ * (attention_kernel.c) per-row log-sum-exps. Under fsc_ctx.kv
  * (generation) the same parts run on the new rows only, which attend over
  * the keys and values the earlier rows left in the cache. */
 #include <math.h>
@@ -18,8 +19,25 @@ typedef struct {
 /* Causal attention of the n new rows (positions p0 .. p0+n-1) over cached
  * rows 0 .. p0+n-1 of one layer: qkv (n, 3C), k and v (T, C), y (n, C). */
 static int attend_cached(fsc_arena *a, const float *qkv, const float *k, const float *v, float *y,
-                         int p0, int n, int C, int NH) {
+                         int p0, int n, int C, int NH, bool flash) {
     const int hs = C / NH, keys = p0 + n;
+    if (flash) { /* the new rows as queries at positions p0.., the cache as keys */
+        const fsc_attn_dims d = {.B = 1,
+                                 .NH = NH,
+                                 .NKV = NH,
+                                 .hd = hs,
+                                 .Tq = n,
+                                 .Tk = keys,
+                                 .q_pos0 = p0,
+                                 .ldq = 3 * C,
+                                 .ldk = C,
+                                 .ldv = C,
+                                 .ldo = C};
+        float *lse = fsc_arena_alloc(a, (size_t)NH * n * sizeof(float));
+        if (!lse) return FSC_ERR_NOMEM;
+        fsc_flash_attention_forward(&d, qkv, k, v, y, lse, false, FSC_GEMM_F32);
+        return FSC_OK;
+    }
     const float scale = 1.0f / sqrtf((float)hs);
     float *scores = fsc_arena_alloc(a, (size_t)n * keys * sizeof(float));
     if (!scores) return FSC_ERR_NOMEM;
@@ -60,7 +78,9 @@ static int attention_cached(fsc_module *const parts[3], const fsc_ctx *ctx, cons
         memcpy(v + (size_t)(p0 + i) * C, row + 2 * C, (size_t)C * sizeof(float));
     }
     if ((rc = fsc_alloc_like(ctx->arena, x, C, &h))) return rc;
-    if ((rc = attend_cached(ctx->arena, qkv.data, k, v, h.data, p0, n, C, NH))) return rc;
+    if ((rc = attend_cached(ctx->arena, qkv.data, k, v, h.data, p0, n, C, NH,
+                            fsc_attention_uses_flash(ctx->attention, kv->T))))
+        return rc;
     rc = fsc_module_forward(parts[1], ctx, &h, &p, &rec);
     if (!rc) rc = fsc_module_forward(parts[2], ctx, &p, y, &rec);
     *saved = NULL;
@@ -75,12 +95,10 @@ int fsc_attention_parts_forward(fsc_module *const parts[3], const fsc_ctx *ctx, 
     if (!s) return FSC_ERR_NOMEM;
     int rc = fsc_module_forward(parts[0], ctx, x, &s->qkv, &s->c_attn);
     if (rc) return rc;
-    int B = (int)s->qkv.shape[0], T = (int)s->qkv.shape[1];
     fsc_tensor h;
-    s->att = fsc_arena_alloc(ctx->arena, (size_t)B * NH * T * T * sizeof(float));
-    rc = s->att ? fsc_alloc_like(ctx->arena, &s->qkv, C, &h) : FSC_ERR_NOMEM;
+    rc = fsc_alloc_like(ctx->arena, &s->qkv, C, &h);
+    if (!rc) rc = nn_attention_fused_forward(ctx, s, h.data, C, NH);
     if (rc) return rc;
-    fsc_attention_forward_prec(h.data, s->att, s->qkv.data, B, T, C, NH, fsc_ctx_prec(ctx));
     fsc_tensor p;
     rc = fsc_module_forward(parts[1], ctx, &h, &p, &s->c_proj);
     if (!rc) rc = fsc_module_forward(parts[2], ctx, &p, y, &s->drop);
@@ -92,14 +110,12 @@ int fsc_attention_parts_backward(fsc_module *const parts[3], const fsc_ctx *ctx,
                                  const fsc_attn_saved *s, const fsc_tensor *dy, fsc_tensor *dx,
                                  int C, int NH) {
     if (ctx->seq) return nn_attention_seq_backward(parts, ctx, s, dy, dx, C, NH);
-    int B = (int)s->qkv.shape[0], T = (int)s->qkv.shape[1];
     fsc_tensor dp, dh, dqkv;
     int rc = fsc_module_backward(parts[2], ctx, s->drop, dy, &dp);
     if (!rc) rc = fsc_module_backward(parts[1], ctx, s->c_proj, &dp, &dh);
     if (!rc) rc = fsc_alloc_like(ctx->arena, &s->qkv, 3 * C, &dqkv);
     if (rc) return rc;
-    fsc_attention_backward_prec(dqkv.data, dh.data, s->qkv.data, s->att, B, T, C, NH,
-                                fsc_ctx_prec(ctx));
+    if ((rc = nn_attention_fused_backward(ctx, s, dh.data, dqkv.data, C, NH))) return rc;
     return fsc_module_backward(parts[0], ctx, s->c_attn, &dqkv, dx);
 }
 

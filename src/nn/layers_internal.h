@@ -112,8 +112,16 @@ int fsc_layernorm_module_backward(fsc_module *m, const fsc_ctx *ctx, void *saved
 typedef struct {
     void *c_attn, *c_proj, *drop;
     fsc_tensor qkv; /* (B, T, 3C): the whole sequence */
-    float *att;     /* (B, NH, T, T) */
+    float *att;     /* (B, NH, T, T): the naive kernel's, else NULL */
+    float *lse;     /* (B, NH, T): the flash kernel's, else NULL */
+    float *out;     /* flash: the attention output (c_proj's input) */
 } fsc_attn_saved;
+/* The attention kernel on s->qkv, chosen by ctx->attention and T (see
+ * fsc_attention_uses_flash): h (B, T, C) written, s->att or s->lse and
+ * s->out set; backward follows the saved choice (dqkv written). */
+int nn_attention_fused_forward(const fsc_ctx *ctx, fsc_attn_saved *s, float *h, int C, int NH);
+int nn_attention_fused_backward(const fsc_ctx *ctx, const fsc_attn_saved *s, const float *dh,
+                                float *dqkv, int C, int NH);
 int fsc_attention_parts_forward(fsc_module *const parts[3], const fsc_ctx *ctx, const fsc_tensor *x,
                                 fsc_tensor *y, void **saved, int C, int NH);
 

@@ -56,6 +56,36 @@ static int seq_attend(const llama_attention *a, const fsc_ctx *ctx, lattn_saved 
                             fsc_ctx_prec(ctx));
 }
 
+/* Flash attention on this rank's whole sequence: h and the log-sum-exps
+ * kept (s->h, s->lse), no probabilities. */
+static int flash_attend(const llama_attention *a, const fsc_ctx *ctx, lattn_saved *s,
+                        fsc_tensor *h) {
+    const fsc_attn_dims d = seq_dims(a, s);
+    s->lse = fsc_arena_alloc(ctx->arena, (size_t)d.B * d.NH * d.Tq * sizeof(float));
+    if (!s->lse) return FSC_ERR_NOMEM;
+    s->h = *h;
+    fsc_flash_attention_forward(&d, s->q.data, s->k.data, s->v.data, h->data, s->lse, false,
+                                fsc_ctx_prec(ctx));
+    return FSC_OK;
+}
+
+/* Its backward: dq, dk, dv (zeroed here) get the gradients. */
+static int flash_backward(const llama_attention *a, const fsc_ctx *ctx, const lattn_saved *s,
+                          const float *dh, float *dq, float *dk, float *dv) {
+    const fsc_attn_dims d = seq_dims(a, s);
+    fsc_arena_mark_t mark = fsc_arena_mark(ctx->arena);
+    float *delta = fsc_arena_alloc(ctx->arena, (size_t)d.B * d.NH * d.Tq * sizeof(float));
+    if (!delta) return FSC_ERR_NOMEM;
+    memset(dq, 0, fsc_tensor_numel(&s->q) * sizeof(float));
+    memset(dk, 0, fsc_tensor_numel(&s->k) * sizeof(float));
+    memset(dv, 0, fsc_tensor_numel(&s->v) * sizeof(float));
+    fsc_flash_attention_delta(&d, s->h.data, dh, delta);
+    fsc_flash_attention_backward(&d, s->q.data, s->k.data, s->v.data, dh, s->lse, delta, dq, dk,
+                                 dv, fsc_ctx_prec(ctx));
+    fsc_arena_release(ctx->arena, mark);
+    return FSC_OK;
+}
+
 /* The forward under fsc_ctx.kv: x (1, n, C) at positions p0 .. p0+n-1,
  * p0 the cache's length; this layer's slot holds (T, NKV*hd) keys and
  * values. Nothing is saved. */
@@ -85,6 +115,17 @@ static int lattn_cached(llama_attention *a, const fsc_ctx *ctx, const fsc_tensor
     fsc_rope_forward(q.data, q.data, cos_t, sin_t, 1, n, a->NH, a->hd);
     fsc_rope_forward(k + (size_t)p0 * ck, kn.data, cos_t, sin_t, 1, n, a->NKV, a->hd);
     memcpy(v + (size_t)p0 * ck, vn.data, (size_t)n * ck * sizeof(float));
+    if (fsc_attention_uses_flash(ctx->attention, kv->T)) {
+        /* the new rows as queries at positions p0.., the cache as keys */
+        const fsc_attn_dims d = {.B = 1, .NH = a->NH, .NKV = a->NKV, .hd = a->hd, .Tq = n,
+                                 .Tk = keys, .q_pos0 = p0, .ldq = cq, .ldk = ck, .ldv = ck,
+                                 .ldo = cq};
+        float *lse = fsc_arena_alloc(ctx->arena, (size_t)a->NH * n * sizeof(float));
+        if (!lse) return FSC_ERR_NOMEM;
+        fsc_flash_attention_forward(&d, q.data, k, v, h.data, lse, false, fsc_ctx_prec(ctx));
+        *saved = NULL;
+        return fsc_module_forward(a->o_proj, ctx, &h, y, &rec);
+    }
     const int group = a->NH / a->NKV;
     const float scale = 1.0f / sqrtf((float)a->hd);
     for (int hh = 0; hh < a->NH; hh++) {
@@ -139,6 +180,15 @@ static int lattn_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x,
         *saved = s;
         return rc;
     }
+    s->lse = NULL;
+    if (fsc_attention_uses_flash(ctx->attention, T)) {
+        s->att = NULL;
+        rc = fsc_alloc_like(ctx->arena, &s->q, s->q.shape[2], &h);
+        if (!rc) rc = flash_attend(a, ctx, s, &h);
+        if (!rc) rc = fsc_module_forward(a->o_proj, ctx, &h, y, &s->o_rec);
+        *saved = s;
+        return rc;
+    }
     s->att = fsc_arena_alloc(ctx->arena, (size_t)B * a->NH * T * T * sizeof(float));
     rc = s->att ? fsc_alloc_like(ctx->arena, &s->q, s->q.shape[2], &h) : FSC_ERR_NOMEM;
     if (rc) return rc;
@@ -168,6 +218,9 @@ static int lattn_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const 
         rc = ctx->seq->attend_backward(ctx->seq->impl, &d, s->q.data, s->k.data, s->v.data,
                                        s->h.data, dh.data, s->lse, dq.data, dk.data, dv.data,
                                        fsc_ctx_prec(ctx));
+        if (rc) return rc;
+    } else if (s->lse) {
+        rc = flash_backward(a, ctx, s, dh.data, dq.data, dk.data, dv.data);
         if (rc) return rc;
     } else {
         fsc_attention_gqa_backward_prec(dq.data, dk.data, dv.data, dh.data, s->q.data, s->k.data,

@@ -195,7 +195,8 @@ static int pipeline_step(fsc_trainer *t, double scale, double *loss) {
                    .seed = c->strategy.seed,
                    .step = t->step,
                    .keyed = true,
-                   .autocast = autocast(c)};
+                   .autocast = autocast(c),
+                   .attention = c->attention};
     float part = 0;
     int rc = fsc_strategy_run_pipeline(t->s, &ctx, &io, &part);
     *loss += part / scale;
@@ -217,7 +218,8 @@ static int micro_steps(fsc_trainer *t, double scale, double *loss) {
                        .seed = c->strategy.seed,
                        .step = t->step,
                        .sample0 = call.mb.sample0,
-                       .autocast = autocast(c)};
+                       .autocast = autocast(c),
+                   .attention = c->attention};
         float part = 0;
         if (t->ada) trainer_ada_before_micro(t);
         rc = fsc_strategy_forward_backward(t->s, &ctx, k, K, B, run_rows, &call, &part);

@@ -64,7 +64,8 @@ static int eval_pipeline(fsc_trainer *t, const fsc_trainer_eval_config *cfg, dou
     int rc = FSC_OK;
     for (call.k = 0; call.k < cfg->batches && !rc; call.k++) {
         fsc_ctx ctx = {
-            .training = false, .keyed = true, .seed = t->cfg.strategy.seed, .step = call.k};
+            .training = false, .keyed = true, .seed = t->cfg.strategy.seed, .step = call.k,
+            .attention = t->cfg.attention};
         float part = 0;
         rc = fsc_strategy_run_pipeline(t->s, &ctx, &io, &part);
         *sum += part;
@@ -95,7 +96,8 @@ int fsc_trainer_eval(fsc_trainer *t, const fsc_trainer_eval_config *cfg, double 
                            .keyed = true,
                            .seed = t->cfg.strategy.seed,
                            .step = call.k,
-                           .sample0 = mb.sample0};
+                           .sample0 = mb.sample0,
+                           .attention = t->cfg.attention};
             float part = 0;
             rc = cfg->loss(m, &ctx, &mb, cfg->user, &part);
             sum += part;

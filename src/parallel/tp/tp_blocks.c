@@ -32,11 +32,16 @@ static int attn_forward_recompute(fsc_module *const parts[3], const fsc_ctx *ctx
     if (!rc) rc = fsc_alloc_like(ctx->arena, &s->qkv, C, &h);
     if (rc) return rc;
     int B = (int)s->qkv.shape[0], T = (int)s->qkv.shape[1];
-    fsc_arena_mark_t mark = fsc_arena_mark(ctx->arena);
-    float *att = fsc_arena_alloc(ctx->arena, (size_t)B * NH * T * T * sizeof(float));
-    if (!att) return FSC_ERR_NOMEM;
-    fsc_attention_forward_prec(h.data, att, s->qkv.data, B, T, C, NH, fsc_ctx_prec(ctx));
-    fsc_arena_release(ctx->arena, mark);
+    if (fsc_attention_uses_flash(ctx->attention, T)) { /* it keeps no probabilities anyway */
+        rc = nn_attention_fused_forward(ctx, s, h.data, C, NH);
+    } else {
+        fsc_arena_mark_t mark = fsc_arena_mark(ctx->arena);
+        float *att = fsc_arena_alloc(ctx->arena, (size_t)B * NH * T * T * sizeof(float));
+        if (!att) return FSC_ERR_NOMEM;
+        fsc_attention_forward_prec(h.data, att, s->qkv.data, B, T, C, NH, fsc_ctx_prec(ctx));
+        fsc_arena_release(ctx->arena, mark);
+    }
+    if (rc) return rc;
     fsc_tensor p;
     rc = fsc_module_forward(parts[1], ctx, &h, &p, &s->c_proj);
     if (!rc) rc = fsc_module_forward(parts[2], ctx, &p, y, &s->drop);
@@ -84,7 +89,7 @@ static int attn_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const f
     fsc_module *parts[3] = {a->c_attn, a->c_proj, a->drop};
     int C = a->C / a->tp.size, NH = a->NH / a->tp.size;
     fsc_attn_saved again;
-    if (!s->att && !ctx->seq) { /* recompute_attention */
+    if (!s->att && !s->lse && !ctx->seq) { /* recompute_attention */
         if ((rc = attn_recompute(ctx, s, C, NH, &again))) return rc;
         s = &again;
     }
