@@ -15,6 +15,7 @@ Exit 0 = pass, 1 = fail, 77 = skipped (no PyTorch).
 """
 import sys
 
+import train_e2e_attention as attention_e2e
 import train_e2e_data as data
 import train_e2e_faults as faults
 import train_e2e_finetune as finetune
@@ -28,6 +29,7 @@ import train_e2e_user as user
 
 MODES = {
     "learns": training.learns,
+    "attention": attention_e2e.attention,
     "accum": training.accumulation,
     "strategies": training.strategies,
     "optimizers": training.optimizers,
