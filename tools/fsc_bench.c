@@ -20,9 +20,11 @@
 #include <unistd.h>
 
 #include "bench_peak.h"
+#include "fsc/profile.h"
 #include "fsc/version.h"
 #include "tool_flags.h"
 #include "train_common.h"
+#include "train_profile.h"
 
 typedef struct {
     const char *name;
@@ -88,6 +90,8 @@ static bool recompute_attention;       /* --recompute-attention */
 static bool recompute_activation;      /* --recompute-activation */
 static const char *pipe_schedule = "1f1b", *balance = NULL;
 static const char *trace = NULL; /* --trace: the last step's pipeline as a Chrome trace */
+static const char *profile = NULL; /* --profile: the timed steps' spans, and a summary */
+static bool profiling;             /* this measure() is the profiled one (not the baseline) */
 static bool no_shape_peak;       /* --no-shape-peak: skip bench_peaks_measure */
 /* --moe-experts: an MoE GPT (fsc/moe.h), its experts over the ranks under ddp */
 static int moe_experts = 0, moe_every = 2, moe_hidden = 0;
@@ -188,6 +192,7 @@ static int measure(const bench_config *c, const char *strategy, int steps, int w
             tp_wait0 = fsc_strategy_get_stats(t.s).tp_wait_s;
             moe0 = fsc_moe_get_stats(t.model);
             if (t.world > 1) rc = fsc_group_barrier(fsc_group_world());
+            if (!rc && profiling) rc = fsc_prof_start();
         }
         fsc_step_result r;
         long faults0 = minor_faults();
@@ -210,6 +215,7 @@ static int measure(const bench_config *c, const char *strategy, int steps, int w
             out->pipe_compute += ps.compute_s;
         }
     }
+    if (!rc && profiling) rc = train_profile_finish(profile, fsc_group_world(), stderr);
     if (!rc && trace && fsc_strategy_get_pipe(t.s)) rc = fsc_strategy_write_trace(t.s, trace);
     if (!rc && fsc_strategy_get_pipe(t.s)) { /* over the stages of this rank's pipeline */
         out->pipe_slowest = (float)out->pipe_compute;
@@ -407,7 +413,9 @@ static int run(const bench_config *c, const char *strategy, int steps, int warmu
         int all = fsc_group_barrier(fsc_group_world()); /* the others wait for the baseline */
         if (!rc) rc = all;
     }
+    profiling = profile != NULL;
     if (!rc) rc = measure(&wide, strategy, steps, warmup, on_threads ? threads : 1, &r);
+    profiling = false;
     int64_t *stage_mem = NULL; /* --pp: every rank's steady peaks, for rank 0 to print */
     float *pipe_figs = NULL; /* --pp: every rank's wait, span, compute, its pipeline's slowest */
     float faults[2] = {(float)r.faults_first, (float)r.faults_later}, *all_faults = faults;
@@ -518,6 +526,9 @@ int main(int argc, char **argv) {
          .help = "with --pipe-schedule interleaved: stages per rank"},
         {.name = "balance", .kind = ARG_STR, .ptr = &balance, .meta = "3,7",
          .help = "with --pp: layers per stage (a block splits at .5 and .75, as fsc-train's), or auto"},
+        {.name = "profile", .kind = ARG_STR, .ptr = &profile, .meta = "FILE",
+         .help = "the timed steps' spans, every rank's, as one Chrome trace, and where their "
+                 "time went (stderr; needs one --config)"},
         {.name = "trace", .kind = ARG_STR, .ptr = &trace, .meta = "FILE",
          .help = "with --pp: the last step's pipeline as a Chrome trace"},
         {.name = "tp", .kind = ARG_INT, .ptr = &tp, .help = "tensor-parallel ranks per replica"},
@@ -575,6 +586,10 @@ int main(int argc, char **argv) {
     fsc_strategy_info info;
     if (fsc_strategy_info_get(strategy, &info)) {
         fprintf(stderr, "fsc-bench: --strategy: %s\n", fsc_last_error());
+        return 2;
+    }
+    if (profile && !strcmp(which, "all")) {
+        fprintf(stderr, "fsc-bench: --profile writes one run: name it with --config\n");
         return 2;
     }
     /* stderr: stdout stays one JSON line per config */

@@ -23,7 +23,9 @@
 #include "fsc/tokenizer.h"
 #include "fsc/version.h"
 #include "fsc/checkpoint.h"
+#include "fsc/profile.h"
 #include "train_common.h"
+#include "train_profile.h"
 #include "train_run.h"
 #include "tool_report.h"
 
@@ -463,6 +465,10 @@ int main(int argc, char **argv) {
     progress_header(&prog, &t.opt, world);
     train_signals_install();
     int stop = 0;
+    if (o.profile && fsc_prof_start()) {
+        fprintf(stderr, "fsc-train: --profile %s: %s\n", o.profile, fsc_last_error());
+        return fail(&t, world, 1);
+    }
     /* under --adascale --steps counts scale-invariant steps (each advances by the gain) */
     for (int64_t s = first_step;
          (o.adascale ? fsc_trainer_progress(t.tr) < (double)o.steps : s < o.steps) && !stop; s++) {
@@ -563,6 +569,10 @@ int main(int argc, char **argv) {
     }
     if (o.save_sharded && trainer_save_sharded(&t, o.save_sharded)) {
         tool_report("fsc-train", "--save-sharded %s: ", o.save_sharded);
+        return fail(&t, world, 1);
+    }
+    if (o.profile && train_profile_finish(o.profile, fsc_group_world(), stdout)) {
+        fprintf(stderr, "fsc-train: --profile %s: %s\n", o.profile, fsc_last_error());
         return fail(&t, world, 1);
     }
     int64_t *mem = calloc((size_t)mem_ranks(&t) * FSC_MEM_TAG_COUNT, sizeof *mem);

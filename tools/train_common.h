@@ -63,6 +63,7 @@ typedef struct train_options {
     bool print_schedule;         /* print the pipeline's schedule grid (rank 0) */
     const char *pipe_checkpoint; /* never | always | except_last */
     const char *trace;           /* with --pp: the last step as a Chrome trace */
+    const char *profile;         /* every rank's spans as a Chrome trace, and a summary */
     int64_t save_every;          /* checkpoint every N steps (0: never) */
     const char *checkpoint_dir, *resume;
     const char *init_from, *save_init, *save, *metrics, *metrics_csv;

@@ -94,7 +94,8 @@ static void suggestion(const char *key, char *out, size_t n) {
 static bool per_run(const char *name) {
     static const char *const names[] = {"config",    "resume",       "init-from",
                                         "save-init", "trace",        "print-schedule",
-                                        "quiet",     "allow-change", "progress"};
+                                        "quiet",     "allow-change", "progress",
+                                        "profile"};
     for (size_t i = 0; i < sizeof names / sizeof *names; i++)
         if (!strcmp(name, names[i])) return true;
     return false;

@@ -35,7 +35,7 @@
 typedef enum { BY_VALUE, BY_PRESENCE, EXEMPT } compare_mode;
 
 static compare_mode mode_of(const char *flag) {
-    static const char *const presence[] = {"save", "save-dir", "save-init", "trace"};
+    static const char *const presence[] = {"save", "save-dir", "save-init", "trace", "profile"};
     static const char *const exempt[] = {"metrics",   "metrics-csv", "quiet",
                                          "log-every", "log-seconds", "print-schedule",
                                          "threads",   "config",      "progress"};

@@ -170,6 +170,9 @@ static const flag flags[] = {
       "--checkpoint-activations means always)"),
     F("trace", ARG_STR, trace,
       "with --pp: write the last step's actions, per rank, as a Chrome trace (Perfetto)"),
+    F("profile", ARG_STR, profile,
+      "write every rank's spans (steps, modules, GEMMs, collectives, ...) as one Chrome trace "
+      "and print where the steps' time went (docs/performance.md)"),
     F("print-schedule", ARG_FLAG, print_schedule,
       "with --pp: print the schedule's grid, one row per rank, and its bubble"),
     F("save-every", ARG_I64, save_every,
@@ -608,5 +611,6 @@ int train_options_check(const train_options *o) {
     if (!rc2) rc2 = check_writable("--save-dir", o->save_dir);
     if (!rc2) rc2 = check_writable("--metrics", o->metrics);
     if (!rc2) rc2 = check_writable("--metrics-csv", o->metrics_csv);
+    if (!rc2) rc2 = check_writable("--profile", o->profile);
     return rc2;
 }

@@ -35,6 +35,7 @@
 #include "fsc/parallel.h"
 #include "fsc/pipe.h"
 #include "fsc/pipe_schedule.h"
+#include "fsc/profile.h"
 #include "fsc/sharded_grad_scaler.h"
 #include "fsc/strategy.h"
 #include "fsc/tokenizer.h"

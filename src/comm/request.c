@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fsc/profile.h"
 #include "heartbeat.h"
 
 static void list_remove(fsc_request *r) {
@@ -214,22 +215,47 @@ int fsc_request_test(fsc_request **req, bool *done) {
     return collect(req);
 }
 
+/* The profiler's span of a wait: the collective, its bytes and how it runs;
+ * inside it a "peers" span while the control exchange (every peer's
+ * arrival) is not done, so waiting for a late rank and moving data part. */
+static bool prof_wait_begin(const fsc_request *r, double *bytes) {
+    const fsc_coll_args *a = &r->a;
+    int64_t n = a->count;
+    for (int i = 0; a->counts && i < r->g->size; i++) n += a->counts[i];
+    *bytes = (double)n * (double)fsc_dtype_size(a->dt);
+    char detail[192];
+    snprintf(detail, sizeof detail, "group %s, %.0f bytes, %s", r->g->name, *bytes,
+             r->signed_early ? "eager (signature in the first message)" : "MPI");
+    char name[64];
+    snprintf(name, sizeof name, "%s %s", fsc_coll_kind_name(a->kind), fsc_dtype_name(a->dt));
+    fsc_prof_begin(FSC_PROF_COMM, name, detail);
+    if (r->phase >= REQ_DATA) return false;
+    fsc_prof_begin(FSC_PROF_COMM_WAIT, "waiting for peers", NULL);
+    return true;
+}
+
 int fsc_request_wait(fsc_request **req) {
     if (!req || !*req) return FSC_OK;
     fsc_request *r = *req;
     fsc_group *g = r->g;
     double t0 = fsc_now();
+    const bool prof = fsc_prof_enabled;
+    double bytes = 0;
+    bool peers = prof && prof_wait_begin(r, &bytes);
     if (g->size > 1) /* the self group's are not news */
         fsc_hb_note_collective(fsc_coll_kind_name(r->a.kind), r->seq, r->a.root, r->a.tag, g->name);
     else
         fsc_hb_note_wait(NULL, true);
     for (unsigned spins = 0;; spins++) {
         progress_all(NULL);
+        if (peers && r->phase >= REQ_DATA) peers = false, fsc_prof_end(0, 0);
         if (r->phase >= REQ_DONE || check_deadline(r)) break;
         /* spin briefly, then give the core away: ranks are often oversubscribed */
         if (spins > 64) sched_yield();
     }
     g->stats.wait_s += fsc_now() - t0;
+    if (peers) fsc_prof_end(0, 0);
+    if (prof) fsc_prof_end(0, bytes);
     fsc_hb_note_wait(NULL, false);
     return collect(req);
 }

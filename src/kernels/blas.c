@@ -16,6 +16,7 @@
 
 #include "fsc/core.h"
 #include "fsc/kernels.h"
+#include "fsc/profile.h"
 #include "kernels/blas_internal.h"
 
 /* CBLAS enums (cblas.h): row-major 101, no-trans 111, trans 112. */
@@ -191,7 +192,9 @@ const char *fsc_blas_hint(void) {
 void fsc_sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
                const float *B, int ldb, float beta, float *C, int ldc) {
     ensure_loaded();
+    if (fsc_prof_enabled) fsc_prof_gemm_begin(FSC_PROF_GEMM_F32, ta, tb, M, N, K);
     blas.sgemm(101, ta ? 112 : 111, tb ? 112 : 111, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    if (fsc_prof_enabled) fsc_prof_end(2.0 * M * N * (double)K, 0);
 }
 
 double fsc_sgemm_peak_gflops(int n, int reps) {

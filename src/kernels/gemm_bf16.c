@@ -25,6 +25,7 @@
 
 #include "fsc/core.h"
 #include "fsc/kernels.h"
+#include "fsc/profile.h"
 #include "kernels/blas_internal.h"
 #include "kernels/dnnl_internal.h"
 #include "kernels/gemm_bf16_internal.h"
@@ -351,7 +352,9 @@ static void gemm_bf16(bool ta, bool tb, int M, int N, int K, float alpha, const 
                       float beta, float *C, int ldc, const float *bias) {
     double t0 = fsc_now();
     shape *s = choose(ta, tb, M, N, K, alpha, A, Ah, lda, B, Bh, ldb, beta, ldc, bias);
+    if (s && fsc_prof_enabled) fsc_prof_gemm_begin(FSC_PROF_GEMM_BF16, ta, tb, M, N, K);
     int path = s && run_bf16(s, alpha, A, Ah, lda, B, Bh, ldb, beta, C, ldc, bias) ? 0 : 1;
+    if (s && fsc_prof_enabled) fsc_prof_end(path ? 0 : 2.0 * M * N * (double)K, 0);
     if (path)
         run_f32(&(shape){.ta = ta, .tb = tb, .M = M, .N = N, .K = K}, alpha, A, lda, B, ldb, beta,
                 C, ldc, bias);

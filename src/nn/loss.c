@@ -1,5 +1,6 @@
 /* Cross-entropy loss for language models: the fused softmax + cross-entropy
  * kernel, with the global-batch normaliser and checked targets. */
+#include "fsc/profile.h"
 #include "layers_internal.h"
 
 int fsc_cross_entropy(float *loss_out, fsc_tensor *logits, const fsc_tensor *targets,
@@ -16,8 +17,10 @@ int fsc_cross_entropy(float *loss_out, fsc_tensor *logits, const fsc_tensor *tar
     if (!losses) return FSC_ERR_NOMEM;
     const int32_t *y = targets->data;
     int64_t bad = -1;
+    FSC_PROF_BEGIN(FSC_PROF_LOSS, "cross_entropy");
     fsc_crossentropy_fused(losses, logits->data, y, (int)N, (int)V, ignore_index,
                            (float)(1.0 / norm), &bad);
+    if (fsc_prof_enabled) fsc_prof_end(0, 8.0 * (double)N * (double)V); /* logits read, dlogits */
     if (bad >= 0)
         return fsc_error(FSC_ERR_INVALID,
                          "cross_entropy: target %d at position %lld outside [0,%lld)", y[bad],

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "fsc/nn.h"
+#include "fsc/profile.h"
 
 void fsc_module_init(fsc_module *m, const fsc_module_ops *ops, const char *name) {
     memset(m, 0, sizeof *m);
@@ -202,16 +203,47 @@ static int check_bound(const fsc_module *m, bool grads) {
     return rc;
 }
 
+/* The profiler's span of one module call: the op is the kind and direction,
+ * the detail the module's path (the memory rows' key), and the arena's
+ * bytes in use before and after are what the call kept. */
+static void prof_begin(const fsc_module *m, const fsc_ctx *ctx, bool forward) {
+    const char *kind = m->ops->kind;
+    fsc_prof_cat cat = strstr(kind, "Attention") ? FSC_PROF_ATTENTION : FSC_PROF_OTHER;
+    static const char *const elementwise[] = {"Norm", "GELU", "ReLU", "Dropout", "Embedding"};
+    for (size_t i = 0; i < sizeof elementwise / sizeof *elementwise; i++)
+        if (strstr(kind, elementwise[i])) cat = FSC_PROF_ELEMENTWISE;
+    char path[FSC_NAME_MAX * 2], name[FSC_NAME_MAX + 32];
+    fsc_module_path(m, path, sizeof path);
+    snprintf(name, sizeof name, "%s %s", kind,
+             !forward         ? "backward"
+             : ctx->recompute ? "recompute"
+                              : "forward");
+    fsc_prof_begin_mem(cat, name, path, (int64_t)fsc_arena_used(ctx->arena));
+}
+
+static double tensor_bytes(const fsc_tensor *t) {
+    return t && t->data ? (double)fsc_tensor_numel(t) * (double)fsc_dtype_size(t->dtype) : 0;
+}
+
+static void prof_end(const fsc_ctx *ctx, const fsc_tensor *in, const fsc_tensor *out,
+                     bool forward) {
+    fsc_prof_end_mem((int64_t)fsc_arena_used(ctx->arena), forward ? 0 : 1,
+                     tensor_bytes(in) + tensor_bytes(out));
+}
+
 int fsc_module_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, fsc_tensor *y,
                        void **saved) {
     void *dummy = NULL;
     if (!saved) saved = &dummy;
     *saved = NULL;
     int rc = check_call(m, ctx, x, y, true);
+    const bool prof = !rc && fsc_prof_enabled;
+    if (prof) prof_begin(m, ctx, true);
     if (!rc) rc = run_hooks(m, FSC_HOOK_PRE_FORWARD, ctx, x);
     if (!rc) rc = check_bound(m, false); /* after the hooks: FSDP binds there */
     if (!rc) rc = m->ops->forward(m, ctx, x, y, saved);
     if (!rc) rc = run_hooks(m, FSC_HOOK_POST_FORWARD, ctx, y);
+    if (prof) prof_end(ctx, x, y, true);
     return rc;
 }
 
@@ -222,10 +254,13 @@ int fsc_module_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fs
     if (!m->ops->backward)
         return fsc_error(FSC_ERR_UNSUPPORTED, "module %s (%s) has no backward", m->name,
                          m->ops->kind);
+    const bool prof = fsc_prof_enabled;
+    if (prof) prof_begin(m, ctx, false);
     rc = run_hooks(m, FSC_HOOK_PRE_BACKWARD, ctx, dy);
     if (!rc) rc = check_bound(m, true);
     if (!rc) rc = m->ops->backward(m, ctx, saved, dy, dx);
     if (!rc) rc = run_hooks(m, FSC_HOOK_POST_BACKWARD, ctx, dx);
+    if (prof) prof_end(ctx, dy, dx, false);
     return rc;
 }
 

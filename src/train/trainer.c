@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "fsc/io.h"
+#include "fsc/profile.h"
 #include "fsc/sharded_grad_scaler.h"
 #include "trainer_internal.h"
 
@@ -210,7 +211,9 @@ static int micro_steps(fsc_trainer *t, double scale, double *loss) {
     const double targets = (double)B * K * world * c->targets_per_sample;
     for (int k = 0; k < K; k++) {
         micro_call call = {.t = t, .mb = trainer_micro_batch(t, t->step, k, targets / scale)};
+        FSC_PROF_BEGIN(FSC_PROF_DATA, "load batch");
         int rc = c->load ? c->load(&call.mb, c->user) : FSC_OK;
+        FSC_PROF_END();
         if (rc) return rc;
         fsc_ctx ctx = {.arena = t->arena,
                        .training = true,
@@ -222,7 +225,9 @@ static int micro_steps(fsc_trainer *t, double scale, double *loss) {
                    .attention = c->attention};
         float part = 0;
         if (t->ada) trainer_ada_before_micro(t);
+        FSC_PROF_BEGIN(FSC_PROF_OTHER, "micro-batch");
         rc = fsc_strategy_forward_backward(t->s, &ctx, k, K, B, run_rows, &call, &part);
+        FSC_PROF_END();
         if (rc) return rc;
         if (t->ada) trainer_ada_after_micro(t, k);
         *loss += part / scale;
@@ -230,8 +235,17 @@ static int micro_steps(fsc_trainer *t, double scale, double *loss) {
     return FSC_OK;
 }
 
+static int trainer_step(fsc_trainer *t, fsc_step_result *r);
+
 int fsc_trainer_step(fsc_trainer *t, fsc_step_result *r) {
     if (!t || !r) return fsc_error(FSC_ERR_INVALID, "trainer: step needs a trainer and a result");
+    FSC_PROF_BEGIN(FSC_PROF_STEP, "step");
+    int rc = trainer_step(t, r);
+    FSC_PROF_END();
+    return rc;
+}
+
+static int trainer_step(fsc_trainer *t, fsc_step_result *r) {
     const fsc_trainer_config *c = &t->cfg;
     const double t0 = fsc_now(), wait0 = fsc_strategy_get_stats(t->s).wait_s;
     /* fp16: the loss (so every gradient) is multiplied by the scale, simply
@@ -263,8 +277,11 @@ int fsc_trainer_step(fsc_trainer *t, fsc_step_result *r) {
         if (rc) return rc;
     }
     float gnorm = 0;
-    if (!skip && (c->clip > 0 || !c->skip_grad_norm || t->ada))
+    if (!skip && (c->clip > 0 || !c->skip_grad_norm || t->ada)) {
+        FSC_PROF_BEGIN(FSC_PROF_OPTIM, "clip grad norm");
         rc = fsc_strategy_clip_grad_norm(t->s, c->clip > 0 ? c->clip : FLT_MAX, &gnorm);
+        FSC_PROF_END();
+    }
     if (!skip && (rc == FSC_ERR_NUMERIC || !isfinite(loss)))
         return fsc_error(FSC_ERR_NUMERIC,
                          "step %lld: loss %g, gradient norm %g: training diverged (lower the "
@@ -280,7 +297,9 @@ int fsc_trainer_step(fsc_trainer *t, fsc_step_result *r) {
     r->lr = skip ? fsc_strategy_get_lr(t->s) : r->base_lr * r->gain;
     if (!skip) {
         rc = fsc_strategy_set_lr(t->s, r->lr);
+        FSC_PROF_BEGIN(FSC_PROF_OPTIM, "optimizer step");
         if (!rc) rc = fsc_strategy_step(t->s);
+        FSC_PROF_END();
         if (rc) return rc;
         if (t->ada) trainer_ada_advance(t, r->gain);
     }
@@ -295,5 +314,8 @@ int fsc_trainer_step(fsc_trainer *t, fsc_step_result *r) {
 
 int fsc_trainer_save_weights(fsc_trainer *t, const char *path, int n_meta, const char *const *keys,
                              const char *const *values) {
-    return fsc_strategy_save_weights(t->s, path, 0, n_meta, keys, values);
+    FSC_PROF_BEGIN(FSC_PROF_CKPT, "save weights");
+    int rc = fsc_strategy_save_weights(t->s, path, 0, n_meta, keys, values);
+    FSC_PROF_END();
+    return rc;
 }

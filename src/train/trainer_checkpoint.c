@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "fsc/checkpoint.h"
+#include "fsc/profile.h"
 #include "trainer_internal.h"
 
 /* Every rank of the strategy learns rank 0's status. */
@@ -78,8 +79,10 @@ int fsc_trainer_save_checkpoint(fsc_trainer *t, const char *dir, int n_state,
         snprintf(names[i], sizeof names[i], "fsc.%s", keys[i]);
         mk[2 + i] = names[i], mv[2 + i] = json_values[i];
     }
+    FSC_PROF_BEGIN(FSC_PROF_CKPT, "checkpoint write");
     rc = fsc_strategy_save_weights(t->s, weights, 0, 2 + n_state, mk, mv);
     int orc = fsc_strategy_save_optim(t->s, optim, 0);
+    FSC_PROF_END();
     if (!rc) rc = orc;
     if (fsc_strategy_has_state(t->s)) { /* e.g. slowmo's slow momentum and local steps */
         char extra[4096] = "";
