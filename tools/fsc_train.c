@@ -23,6 +23,7 @@
 #include "fsc/tokenizer.h"
 #include "fsc/version.h"
 #include "fsc/checkpoint.h"
+#include "fsc/cp.h"
 #include "fsc/profile.h"
 #include "train_common.h"
 #include "train_profile.h"
@@ -206,7 +207,8 @@ static void summary(const trainer *t, double first_loss, double last_loss, doubl
                     const validation *v) {
     const train_options *o = &t->opt;
     const bool threads = fsc_strategy_takes(o->strategy, "threads");
-    double tokens = (double)steps * o->batch * o->grad_accum * o->model.seq * t->world;
+    /* the strategy's world counts --cp's ranks, which share each sequence */
+    double tokens = (double)steps * o->batch * o->grad_accum * o->model.seq * t->world / o->cp;
     double tok_s = seconds > 0 ? tokens / seconds : 0;
     double gflops = tok_s * fsc_gpt_flops_per_token(&o->model, o->model.seq) / 1e9;
     const int ranks = fsc_dist_size();
@@ -226,7 +228,14 @@ static void summary(const trainer *t, double first_loss, double last_loss, doubl
     if (v->on && !isnan(v->loss))
         fprintf(stderr,
                 "val loss   %.4f after step %" PRId64 " (%d batches of %d sequences from %s)\n",
-                v->loss, v->step, o->eval_batches, o->batch * o->grad_accum * t->world, v->source);
+                v->loss, v->step, o->eval_batches, o->batch * o->grad_accum * t->world / o->cp,
+                v->source);
+    const fsc_cp_stats ring = fsc_cp_get_stats(fsc_gpt_plan_cp(t->plan));
+    if (o->cp > 1)
+        fprintf(stderr,
+                "cp ring    rank 0: %.2f s waiting on K/V blocks, %.2f s in attention tiles, %.1f "
+                "MB sent\n",
+                ring.wait_s, ring.compute_s, (double)ring.bytes / 1e6);
     fprintf(stderr,
             "throughput %.0f tokens/s, %.1f model GFLOP/s = %.0f%% of %d x %.1f GFLOP/s sgemm "
             "peak (%s)\n",
@@ -454,7 +463,7 @@ int main(int argc, char **argv) {
         peak = fsc_sgemm_peak_gflops(1024, 3) / (threads ? 1 : o.threads);
     double first_loss = NAN, last_loss = NAN, comm = 0, t0 = fsc_now();
     int64_t steps = 0;
-    double tokens_per_step = (double)o.batch * o.grad_accum * o.model.seq * t.world;
+    double tokens_per_step = (double)o.batch * o.grad_accum * o.model.seq * t.world / o.cp;
     const int64_t first_step = trainer_next_step(&t);
     if (first_step && !o.quiet)
         fprintf(stderr, "fsc-train: resumed at step %" PRId64 " from %s\n", first_step, o.resume);

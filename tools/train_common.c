@@ -124,20 +124,19 @@ static int strategy_options(trainer *t, const fsc_optim_config *optim, fsc_strat
     return fsc_gpt_plan_options(t->plan, optim, so);
 }
 
+/* Under --cp the replica's micro-batch (fsc_gpt_plan_data_batch). */
 static int load_batch(const fsc_micro_batch *mb, void *user) {
     trainer *t = user;
-    return fsc_tokens_batch(&t->tokens, mb->step, mb->micro, mb->rank, mb->batch, mb->micros,
-                            mb->world, t->opt.model.seq, t->x, t->y);
+    const fsc_micro_batch d = fsc_gpt_plan_data_batch(t->plan, mb);
+    return fsc_tokens_batch(&t->tokens, d.step, d.micro, d.rank, d.batch, d.micros, d.world,
+                            t->opt.model.seq, t->x, t->y);
 }
 
 static int gpt_loss(fsc_module *m, const fsc_ctx *ctx, const fsc_micro_batch *mb, void *user,
                     float *loss) {
     trainer *t = user;
     t->step_arena = ctx->arena;
-    const int T = t->opt.model.seq;
-    const int32_t *x = t->x + (size_t)mb->row0 * T, *y = t->y + (size_t)mb->row0 * T;
-    return t->opt.tp > 1 ? fsc_tp_gpt_train_micro(m, ctx, x, y, mb->rows, T, -1, mb->norm, loss)
-                         : fsc_gpt_train_micro(m, ctx, x, y, mb->rows, T, -1, mb->norm, loss);
+    return fsc_gpt_plan_train_micro(t->plan, m, ctx, mb, t->x, t->y, loss);
 }
 
 /* Under --pp: stage 0 keeps each micro-batch's ids until its backward. */
@@ -199,7 +198,7 @@ static int make_trainer(trainer *t) {
     const train_options *o = &t->opt;
     fsc_trainer_config cfg = {.batch = o->batch,
                               .grad_accum = o->grad_accum,
-                              .targets_per_sample = o->model.seq,
+                              .targets_per_sample = fsc_gpt_plan_targets_per_sample(t->plan),
                               .clip = (float)o->clip,
                               .skip_grad_norm = o->skip_grad_norm,
                               .load = load_batch,
@@ -230,9 +229,10 @@ static int layout_mesh(trainer *t) {
     const train_options *o = &t->opt;
     fsc_strategy_info info;
     if (fsc_strategy_info_get(o->strategy, &info) || !info.spans_ranks) return FSC_OK;
-    int rc = fsc_mesh_new_over(NULL, (fsc_mesh_shape){.pp = o->pp, .tp = o->tp}, &t->mesh);
-    return rc ? fsc_error_context(rc, "--pp %d x --tp %d on %d ranks: ", o->pp, o->tp,
-                                  fsc_dist_size())
+    int rc = fsc_mesh_new_over(NULL, (fsc_mesh_shape){.pp = o->pp, .tp = o->tp, .cp = o->cp},
+                               &t->mesh);
+    return rc ? fsc_error_context(rc, "--pp %d x --tp %d x --cp %d on %d ranks: ", o->pp, o->tp,
+                                  o->cp, fsc_dist_size())
               : FSC_OK;
 }
 
@@ -366,6 +366,7 @@ int trainer_init(trainer *t, const train_options *o) {
                              .pp = o->pp,
                              .balance = o->balance,
                              .tp = o->tp,
+                             .cp = o->cp,
                              .sequence_parallel = o->sequence_parallel,
                              .recompute_attention = o->recompute_attention,
                              .recompute_activation = o->recompute_activation,

@@ -41,6 +41,7 @@ typedef struct train_options {
     bool checkpoint_activations; /* recompute every block in backward */
     int pp;                      /* pipeline stages (1: none) */
     int tp;                      /* tensor-parallel ranks per replica (1: none) */
+    int cp;                      /* context-parallel ranks per replica (1: none) */
     bool sequence_parallel;      /* with --tp: LayerNorm/dropout regions on sequence shards */
     bool recompute_attention;    /* with --tp: attention probabilities recomputed in backward */
     bool recompute_activation;   /* with --tp: the MLP's GELU output recomputed in backward */

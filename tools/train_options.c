@@ -43,6 +43,7 @@ void train_options_default(train_options *o) {
     o->eval_batches = 4;
     o->pp = 1;
     o->tp = 1;
+    o->cp = 1;
     o->pipe_schedule = "1f1b";
     o->pipe_checkpoint = "never";
     o->arch = "gpt2";
@@ -129,6 +130,11 @@ static const flag flags[] = {
       "tensor-parallel ranks per model replica (adjacent ranks; Megatron's layers): ranks / tp "
       "data-parallel replicas under ddp, oss, sdp or fsdp; with --pp each stage over tp ranks, "
       "ranks / (tp x pp) replicas under ddp, oss, sdp or fsdp"),
+    F("cp", ARG_INT, cp,
+      "context-parallel ranks per model replica (ring attention): each holds 2 of 2 x cp chunks "
+      "of every sequence (--seq must divide by 2 x cp); ranks / (cp x tp) replicas under ddp, "
+      "oss, sdp or fsdp, gradients summed over replicas x cp; not with --pp, MoE or "
+      "--sequence-parallel"),
     F("sequence-parallel", ARG_FLAG, sequence_parallel,
       "with --tp: LayerNorm, dropout and residuals on sequence shards (less activation memory)"),
     F("recompute-attention", ARG_FLAG, recompute_attention,
@@ -302,6 +308,7 @@ static const flag_range ranges[] = {
     {"shard-group", 0, 1048576, false},
     {"pp", 1, 4096, false},
     {"tp", 1, 4096, false},
+    {"cp", 1, 4096, false},
     {"localsgd-frequency", 0, 1000000, false},
     {"slowmo-frequency", 0, 1000000, false},
     {"slowmo-momentum", 0, 1, true},
@@ -555,6 +562,7 @@ int train_options_check(const train_options *o) {
         return fsc_error(FSC_ERR_INVALID, "--val-fraction %g must be in [0, 1)", o->val_fraction);
     if (o->trace && o->pp < 2) return fsc_error(FSC_ERR_INVALID, "--trace needs --pp >= 2");
     if (o->tp < 1) return fsc_error(FSC_ERR_INVALID, "--tp %d must be >= 1", o->tp);
+    if (o->cp < 1) return fsc_error(FSC_ERR_INVALID, "--cp %d must be >= 1", o->cp);
     if (o->sequence_parallel && o->tp < 2)
         return fsc_error(FSC_ERR_INVALID, "--sequence-parallel needs --tp >= 2");
     if (o->recompute_attention && o->tp < 2)

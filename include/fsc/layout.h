@@ -59,6 +59,9 @@ typedef struct fsc_gpt_layout {
      * where the slowest stage is fastest within the memory budget */
     const char *balance;
     int tp;                      /* tensor-parallel ranks per replica (0 or 1: none) */
+    /* context-parallel ranks per replica (0 or 1: none; fsc/cp.h): each holds
+     * chunks c and 2cp-1-c of every sequence; the mesh's cp size */
+    int cp;
     bool sequence_parallel;      /* with tp: LayerNorm/dropout regions on sequence shards */
     bool recompute_attention;    /* with tp: attention probabilities recomputed in backward */
     bool recompute_activation;   /* with tp: the MLP's GELU output recomputed in backward */
@@ -131,6 +134,24 @@ typedef int (*fsc_gpt_batch_fn)(const fsc_micro_batch *mb, void *user, int32_t *
  * them. Call once; the plan must outlive the trainer. */
 FSC_API int fsc_gpt_plan_trainer_config(fsc_gpt_plan *p, fsc_gpt_batch_fn batch, void *batch_user,
                                         fsc_trainer_config *cfg);
+/* Context parallelism (layout.cp > 1) for a program with its own data and
+ * loss functions (fsc-train's): the strategy's ranks are then dp x cp,
+ * ranked d * cp + c (fsc_mesh_dp_cp), and the cp ranks of replica d read
+ * replica d's micro-batch. fsc_gpt_plan_data_batch gives the micro-batch to
+ * read for mb (mb itself without cp); fsc_gpt_plan_train_micro runs rows
+ * [mb->row0, +mb->rows) of x and y, (mb->batch, T) each, through m (the
+ * plan's GPT or TP GPT): under cp this rank's positions of them, with
+ * fsc_ctx.seq set and the replica's dropout keys; mb->norm normalises.
+ * fsc_gpt_plan_targets_per_sample is T / cp (the trainer's
+ * targets_per_sample: the strategy's world counts the cp ranks too). */
+FSC_API fsc_micro_batch fsc_gpt_plan_data_batch(const fsc_gpt_plan *p, const fsc_micro_batch *mb);
+FSC_API int fsc_gpt_plan_train_micro(fsc_gpt_plan *p, fsc_module *m, const fsc_ctx *ctx,
+                                     const fsc_micro_batch *mb, const int32_t *x,
+                                     const int32_t *y, float *loss);
+FSC_API int fsc_gpt_plan_targets_per_sample(const fsc_gpt_plan *p);
+/* The plan's ring (NULL without cp): its statistics (fsc_cp_get_stats). */
+FSC_API struct fsc_cp *fsc_gpt_plan_cp(const fsc_gpt_plan *p);
+
 /* Frees the plan and what it made (after the trainer or strategy that
  * borrows it); NULL is fine. */
 FSC_API void fsc_gpt_plan_free(fsc_gpt_plan *p);

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "fsc/checkpoint_wrapper.h"
+#include "fsc/cp.h"
 #include "fsc/pipe_schedule.h"
 #include "gpt_layout_internal.h"
 
@@ -98,6 +99,7 @@ int fsc_gpt_plan_new(const fsc_gpt_config *cfg, const fsc_gpt_layout *layout, fs
     if (!l->pipe_schedule) l->pipe_schedule = "1f1b";
     if (!l->pipe_checkpoint) l->pipe_checkpoint = "never";
     int rc = gpt_layout_finetune_check(p);
+    if (!rc) rc = gpt_layout_cp_setup(p);
     /* under pp each rank builds only its stages, under tp the strategy its slices */
     if (!rc && l->pp == 1 && l->tp == 1) {
         if (!(p->model = finetuned(p, fsc_gpt_new(&p->cfg), true)))
@@ -220,5 +222,7 @@ void fsc_gpt_plan_free(fsc_gpt_plan *p) {
     free(p->units);
     free(p->balance);
     free(p->x), free(p->y), free(p->px);
+    fsc_cp_free(p->cp);
+    free(p->cx), free(p->cy);
     free(p);
 }

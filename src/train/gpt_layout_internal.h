@@ -20,7 +20,16 @@ struct fsc_gpt_plan {
     fsc_gpt_batch_fn batch_fn;
     void *batch_user;
     int32_t *x, *y, *px;
+    /* context parallelism: the ring over the mesh's cp group, and this
+     * rank's positions of a micro-batch (batch x T/cp each) */
+    struct fsc_cp *cp;
+    int32_t *cx, *cy;
 };
+
+/* gpt_layout_cp.c. Under layout.cp > 1: checks the layout (the mesh's cp
+ * size, what context parallelism runs with) and makes the ring over the
+ * mesh's cp group; nothing without cp. */
+int gpt_layout_cp_setup(fsc_gpt_plan *p);
 
 /* gpt_layout_finetune.c. Freezes what layout.freeze names on m, a model
  * the plan made (whole: the one-process GPT, every pattern must match;

@@ -9,18 +9,17 @@
 #include "fsc/trainer.h"
 #include "gpt_layout_internal.h"
 
+/* Under context parallelism the replica's micro-batch (fsc_gpt_plan_data_batch). */
 static int load(const fsc_micro_batch *mb, void *user) {
     fsc_gpt_plan *p = user;
-    return p->batch_fn(mb, p->batch_user, p->x, p->y);
+    const fsc_micro_batch data = fsc_gpt_plan_data_batch(p, mb);
+    return p->batch_fn(&data, p->batch_user, p->x, p->y);
 }
 
 static int loss(fsc_module *m, const fsc_ctx *ctx, const fsc_micro_batch *mb, void *user,
                 float *out) {
-    const fsc_gpt_plan *p = user;
-    const int T = p->cfg.seq;
-    const int32_t *x = p->x + (size_t)mb->row0 * T, *y = p->y + (size_t)mb->row0 * T;
-    return p->layout.tp > 1 ? fsc_tp_gpt_train_micro(m, ctx, x, y, mb->rows, T, -1, mb->norm, out)
-                            : fsc_gpt_train_micro(m, ctx, x, y, mb->rows, T, -1, mb->norm, out);
+    return fsc_gpt_plan_train_micro(user, m, ctx, mb, ((fsc_gpt_plan *)user)->x,
+                                    ((fsc_gpt_plan *)user)->y, out);
 }
 
 /* Under a pipeline: stage 0 keeps each micro-batch's ids until its backward. */
@@ -68,7 +67,7 @@ int fsc_gpt_plan_trainer_config(fsc_gpt_plan *p, fsc_gpt_batch_fn batch, void *b
     p->batch_fn = batch, p->batch_user = batch_user;
     cfg->batch = l->batch;
     cfg->grad_accum = l->micro_batches;
-    cfg->targets_per_sample = p->cfg.seq;
+    cfg->targets_per_sample = fsc_gpt_plan_targets_per_sample(p);
     cfg->load = load;
     cfg->loss = loss;
     cfg->pipe_input = pipe_input;

@@ -156,7 +156,7 @@ int strategy_mesh(fsc_strategy *s) {
     }
     const fsc_mesh *m = s->opt.mesh ? s->opt.mesh : s->own_mesh;
     s->pp_group = fsc_mesh_group(m, FSC_MESH_PP);
-    s->dp_group = fsc_mesh_group(m, FSC_MESH_DP);
+    s->dp_group = fsc_mesh_dp_cp(m); /* replicas: dp x cp hold the same parameters */
     s->tp_group = T > 1 ? fsc_mesh_group(m, FSC_MESH_TP) : NULL;
     return FSC_OK;
 }
@@ -218,6 +218,14 @@ fsc_strategy *fsc_strategy_new(fsc_module *model, const fsc_optim_config *optim,
         return NULL;
     }
     if (check_mesh(opt, name)) return NULL;
+    const int cp = fsc_mesh_size(opt->mesh, FSC_MESH_CP);
+    if (cp > 1 && (piped || !ops->spans_ranks)) {
+        fsc_error(FSC_ERR_UNSUPPORTED,
+                  "strategy %s: context parallelism (cp %d) runs under ddp, oss, sdp and fsdp, "
+                  "with or without tensor parallelism, but not with a pipeline yet",
+                  name, cp);
+        return NULL;
+    }
     if (piped) ops = &fsc_strategy_pipe;
     if (whole) ops = &fsc_strategy_pipe_whole;
     if (!optim || (!model) != (piped || tensor)) {
@@ -245,7 +253,7 @@ fsc_strategy *fsc_strategy_new(fsc_module *model, const fsc_optim_config *optim,
     fsc_group *over = opt->mesh ? fsc_mesh_parent(opt->mesh) : opt->group;
     s->group = ops->spans_ranks ? (over ? over : fsc_group_world()) : fsc_group_self();
     if (opt->mesh && ops->spans_ranks && !piped && !tensor)
-        s->group = fsc_mesh_group(opt->mesh, FSC_MESH_DP);
+        s->group = fsc_mesh_dp_cp(opt->mesh); /* cp ranks see other tokens of one batch */
     s->all = s->group;
     s->rank = fsc_group_rank(s->group);
     s->world = fsc_group_size(s->group);

@@ -79,6 +79,13 @@ static int tp_width(void *st, const fsc_gpt_config *c, int p) {
 
 /* ---- the embedding --------------------------------------------------------------------------- */
 
+/* The global position of row i of the rows held: from t0 (a sequence
+ * shard's first), or under context parallelism in fsc_ctx.seq's runs. */
+static int64_t position(const fsc_ctx *ctx, int i, int t0) {
+    const fsc_seq_split *q = ctx->seq;
+    return q ? q->pos0[i / q->len] + i % q->len : t0 + i;
+}
+
 /* This rank's wte rows, summed over the group (or the sequence shard of
  * the sum), plus wpe's rows of the positions held. */
 int tp_gpt_embed_forward(gpt_model *g, const fsc_ctx *ctx, const fsc_tensor *ids, fsc_tensor *e) {
@@ -95,7 +102,7 @@ int tp_gpt_embed_forward(gpt_model *g, const fsc_ctx *ctx, const fsc_tensor *ids
     for (int b = 0; b < B; b++)
         for (int i = 0; i < S; i++)
             fsc_add_inplace((float *)e->data + ((int64_t)b * S + i) * C,
-                            wpe + (int64_t)(t0 + i) * C, C);
+                            wpe + position(ctx, i, t0) * C, C);
     return FSC_OK;
 }
 
@@ -113,7 +120,7 @@ static int wpe_backward(gpt_model *g, const fsc_ctx *ctx, const gpt_saved *s,
     const float *d = de->data;
     for (int b = 0; b < B; b++) /* fsc_encoder_backward's order */
         for (int i = 0; i < S; i++)
-            fsc_add_inplace(dwpe + (int64_t)(t0 + i) * C, d + ((int64_t)b * S + i) * C, C);
+            fsc_add_inplace(dwpe + position(ctx, i, t0) * C, d + ((int64_t)b * S + i) * C, C);
     return t->tp.sp ? tp_accumulate_replicated(&t->tp, g->wpe->params[0].grad, dwpe, (int64_t)T * C)
                     : FSC_OK;
 }
