@@ -6,7 +6,8 @@
 # test again under AddressSanitizer + UndefinedBehaviorSanitizer; last, when
 # clang is installed, a short fuzzing smoke run of each file reader
 # (scripts/fuzz.sh, FSC_FUZZ_SMOKE_S seconds each, default 12; 0 skips it).
-# Arguments go to every ctest run (e.g. -R golden).
+# Arguments go to every ctest run (e.g. -R golden). The multihost label (two
+# network namespaces, root only) is left out: `ctest -L multihost` runs it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh
@@ -25,7 +26,7 @@ cpu_kernels=$(field corename <<<"$cpu_info")
 
 echo "== Release: every test, environment's kernels (OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE-unset}): $(field blas <<<"$env_info")"
 SECONDS=0
-(cd build && ctest --output-on-failure -j "$(nproc)" "$@")
+(cd build && ctest --output-on-failure -j "$(nproc)" -LE multihost "$@")
 echo "== Release pass: ${SECONDS}s"
 
 if [ "$env_kernels" != "$cpu_kernels" ]; then
@@ -42,7 +43,7 @@ fi
 echo "== the same tests under ASan + UBSan =="
 cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=Debug -DFSC_WERROR=ON -DFSC_ASAN=ON -DFSC_UBSAN=ON >/dev/null
 cmake --build build-sanitize -j "$(nproc)" >/dev/null
-(cd build-sanitize && ctest --output-on-failure -j "$(nproc)" "$@")
+(cd build-sanitize && ctest --output-on-failure -j "$(nproc)" -LE multihost "$@")
 
 smoke=${FSC_FUZZ_SMOKE_S:-12}
 if [ "$smoke" != 0 ] && command -v clang >/dev/null; then

@@ -53,7 +53,7 @@ typedef struct {
 typedef struct {
     uint32_t ip[HB_MAX_IPS]; /* network order */
     int32_t nip, port, pid;
-    char host[64]; /* boot id + PID namespace: equal means /proc/<pid> is that process */
+    char host[64]; /* boot id + PID and network namespaces (host_identity) */
 } hb_addr;
 
 static struct {
@@ -99,18 +99,33 @@ static int64_t now_us(void) {
 
 /* ---- this process ------------------------------------------------------------ */
 
+/* The inode number of one of this process's namespaces ("pid:[4026531836]"
+ * -> "4026531836"), "" if unknown. */
+static void ns_inode(const char *which, char *out, size_t n) {
+    char path[32], link[48];
+    snprintf(path, sizeof path, "/proc/self/ns/%s", which);
+    ssize_t k = readlink(path, link, sizeof link - 1);
+    link[k > 0 ? k : 0] = '\0';
+    const char *at = strchr(link, '[');
+    snprintf(out, n, "%.*s", at ? (int)strcspn(at + 1, "]") : 0, at ? at + 1 : "");
+}
+
+/* Ranks with one identity see each other's /proc and reach each other's
+ * loopback: the same kernel (boot id), PID namespace and network namespace
+ * (two network namespaces on one kernel are two hosts to the heartbeat:
+ * tests/tools/multihost.py runs ranks so). */
 static void host_identity(char *out, size_t n) {
-    char boot[40] = "", ns[40] = "";
+    char boot[40] = "", pid[16], net[16];
     FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
     if (f) {
         if (!fgets(boot, sizeof boot, f)) boot[0] = '\0';
         fclose(f);
         boot[strcspn(boot, "\n")] = '\0';
     }
-    ssize_t k = readlink("/proc/self/ns/pid", ns, sizeof ns - 1);
-    ns[k > 0 ? k : 0] = '\0';
+    ns_inode("pid", pid, sizeof pid);
+    ns_inode("net", net, sizeof net);
     if (!boot[0]) gethostname(boot, sizeof boot - 1);
-    snprintf(out, n, "%.36s/%.24s", boot, ns);
+    snprintf(out, n, "%.36s/%.12s/%.12s", boot, pid, net);
     /* tests: FSC_HEARTBEAT_PROC=0 treats every peer as remote (no /proc, no loopback) */
     bool use_proc = true; /* an invalid value was refused by fsc_dist_init */
     fsc_env_bool("FSC_HEARTBEAT_PROC", &use_proc);
