@@ -45,6 +45,8 @@ BLAME = re.compile(r"world rank (\d+) (?:is lost|is stalled|has not reached)")
 # the heartbeat thread ending a rank stuck in a blocking call: what it was in, then the verdict
 EARLY = re.compile(r"^fsc: .* (?:cannot complete \(after [^)]*\)|did not return within [^:]*): (.*); "
                    r"ending this process")
+# a survivor's own failure in a step: "fsc-train: rank R: step N: ..." (tools/tool_report.c)
+STEP_FAILED = re.compile(r"^fsc-train: rank \d+: (?:step|after step|checkpoint at step) \d+: ")
 VERDICT = re.compile(r"(\S+ (?:#\d+ on group|of \d+ \S+ (?:to|from)) .*answer the heartbeat\))")
 
 
@@ -142,7 +144,7 @@ def run_case(train, kind, strategy, np, victim, step, timeout, tmp, exe, flags, 
     # a rank lost while the survivors sit in a blocking MPI call (an MPI-IO
     # save): the heartbeat thread ends them with its own line
     # (a verdict met inside a checkpoint save reads "fsc-train: checkpoint at step N: ...")
-    lines = [l for l in err.splitlines() if "fsc-train (a rank)" in l or EARLY.search(l)
+    lines = [l for l in err.splitlines() if STEP_FAILED.search(l) or EARLY.search(l)
              or (l.startswith("fsc-train: checkpoint at step") and VERDICT.search(l))]
     verdicts = {m.group(1) for l in lines for m in [VERDICT.search(l) or EARLY.search(l)] if m}
     blamed = {int(x) for v in verdicts for x in BLAME.findall(v)}
