@@ -18,36 +18,36 @@
 #define FR_NOISE_K 8.0     /* as equivalence.h's EQ_NOISE_K */
 #define FR_FLOOR_ULPS 64.0 /* as equivalence.h's EQ_FLOOR_ULPS */
 
-static float *fr_random(size_t n, uint64_t seed) {
+static inline float *fr_random(size_t n, uint64_t seed) {
     float *x = malloc(n * sizeof(float));
     fsc_rng_normal_fill(x, (int64_t)n, 0, fsc_rng_key(seed, "flash"), 0.f, 1.f);
     return x;
 }
 
 /* Rows [start, start + n) of each of B batch rows of x (B, T, W). */
-static float *fr_rows(const float *x, int B, int T, int W, int start, int n) {
+static inline float *fr_rows(const float *x, int B, int T, int W, int start, int n) {
     float *y = malloc((size_t)B * n * W * sizeof(float));
     for (int b = 0; b < B; b++)
         memcpy(y + (size_t)b * n * W, x + ((size_t)b * T + start) * W, (size_t)n * W * 4);
     return y;
 }
-static void fr_rows_add(float *x, const float *y, int B, int T, int W, int start, int n) {
+static inline void fr_rows_add(float *x, const float *y, int B, int T, int W, int start, int n) {
     for (int b = 0; b < B; b++)
         for (size_t i = 0; i < (size_t)n * W; i++)
             x[((size_t)b * T + start) * W + i] += y[(size_t)b * n * W + i];
 }
 
 /* Element e of head h at position t of batch row b, in a layout of stride ld. */
-static size_t fr_at(int b, int T, int t, int ld, int h, int hd, int e) {
+static inline size_t fr_at(int b, int T, int t, int ld, int h, int hd, int e) {
     return ((size_t)b * T + t) * ld + (size_t)h * hd + e;
 }
 
 /* The exact attention of d's operands: out (layout of ldo), lse, and with
  * dout the gradients (dq in q's layout, dk, dv in k's and v's), each
  * double and zeroed here. */
-static void fr_reference(const fsc_attn_dims *d, const float *q, const float *k, const float *v,
-                         const float *dout, double *out, double *lse, double *dq, double *dk,
-                         double *dv) {
+static inline void fr_reference(const fsc_attn_dims *d, const float *q, const float *k,
+                                const float *v, const float *dout, double *out, double *lse,
+                                double *dq, double *dk, double *dv) {
     const int hd = d->hd, group = d->NH / d->NKV;
     const double scale = 1 / sqrt((double)hd);
     memset(out, 0, (size_t)d->B * d->Tq * d->ldo * sizeof(double));
@@ -105,7 +105,7 @@ static void fr_reference(const fsc_attn_dims *d, const float *q, const float *k,
 /* Largest |analytic - central difference| of the reference's gradients of
  * sum(w * out) over every element of q, k and v (separate arrays of d's
  * strides), in double with a step of 1e-3 on the float operands. */
-static double fr_reference_gradcheck(const fsc_attn_dims *d) {
+static inline double fr_reference_gradcheck(const fsc_attn_dims *d) {
     const size_t nq = (size_t)d->B * d->Tq * d->ldq, nk = (size_t)d->B * d->Tk * d->ldk;
     const size_t nv = (size_t)d->B * d->Tk * d->ldv, no = (size_t)d->B * d->Tq * d->ldo;
     float *x[3] = {fr_random(nq, 21), fr_random(nk, 22), fr_random(nv, 23)};
@@ -144,8 +144,8 @@ typedef struct fr_case {
     double *r_out, *r_lse, *r_dq, *r_dk, *r_dv;
 } fr_case;
 
-static fr_case fr_case_run(const fsc_attn_dims *d, const float *q, const float *k, const float *v,
-                           const float *dout, fsc_gemm_prec prec) {
+static inline fr_case fr_case_run(const fsc_attn_dims *d, const float *q, const float *k,
+                                  const float *v, const float *dout, fsc_gemm_prec prec) {
     fr_case c = {.d = *d, .prec = prec};
     const size_t no = (size_t)d->B * d->Tq * d->ldo, nl = (size_t)d->B * d->NH * d->Tq;
     const size_t nq = (size_t)d->B * d->Tq * d->ldq, nk = (size_t)d->B * d->Tk * d->ldk;
@@ -161,14 +161,14 @@ static fr_case fr_case_run(const fsc_attn_dims *d, const float *q, const float *
     return c;
 }
 
-static void fr_case_free(fr_case *c) {
+static inline void fr_case_free(fr_case *c) {
     free(c->out), free(c->lse), free(c->delta), free(c->dq), free(c->dk), free(c->dv);
     free(c->r_out), free(c->r_lse), free(c->r_dq), free(c->r_dk), free(c->r_dv);
 }
 
 /* Largest |x - ref| and |ref| over the heads' columns of a (B, T, ld) tensor. */
-static void fr_err(const float *x, int xld, const double *ref, int ld, int B, int T, int W,
-                   double *err, double *mag) {
+static inline void fr_err(const float *x, int xld, const double *ref, int ld, int B, int T, int W,
+                          double *err, double *mag) {
     *err = 0, *mag = 0;
     for (size_t bt = 0; bt < (size_t)B * T; bt++)
         for (int e = 0; e < W; e++) {
@@ -181,7 +181,7 @@ static void fr_err(const float *x, int xld, const double *ref, int ld, int B, in
 /* Each of out, dq, dk, dv within rtol (relative to the tensor's largest
  * element) of the reference; lse within rtol of it where finite, -inf where
  * the reference's is. fp32: 1e-4; bf16 GEMM inputs: 3e-2. */
-static void fr_check_against_reference(const fr_case *c) {
+static inline void fr_check_against_reference(const fr_case *c) {
     const fsc_attn_dims *d = &c->d;
     const double rtol = c->prec == FSC_GEMM_F32 ? 1e-4 : 3e-2;
     struct {
@@ -218,8 +218,9 @@ static void fr_check_against_reference(const fr_case *c) {
  * kernel's (given in its own layout: dq with qld, dk with kld, dv with vld;
  * out compact (B,Tq,NH*hd)), plus FR_FLOOR_ULPS ulps of the tensor's
  * largest element; and within fr_check_against_reference's bound. */
-static void fr_check_against_naive(const fr_case *c, const float *out, const float *dq,
-                                   const float *dk, const float *dv, int qld, int kld, int vld) {
+static inline void fr_check_against_naive(const fr_case *c, const float *out, const float *dq,
+                                          const float *dk, const float *dv, int qld, int kld,
+                                          int vld) {
     const fsc_attn_dims *d = &c->d;
     fr_check_against_reference(c);
     struct {
@@ -245,8 +246,8 @@ static void fr_check_against_naive(const fr_case *c, const float *out, const flo
     }
 }
 
-static void fr_assert_close(const char *name, const float *x, const float *y, size_t n,
-                            double rtol) {
+static inline void fr_assert_close(const char *name, const float *x, const float *y, size_t n,
+                                   double rtol) {
     double err = 0, mag = 0;
     for (size_t i = 0; i < n; i++) {
         if (x[i] == y[i]) continue; /* -inf lse included */
