@@ -203,8 +203,7 @@ static int evaluate(trainer *t, validation *v, int64_t step) {
 
 static void summary(const trainer *t, double first_loss, double last_loss, double seconds,
                     int64_t steps, double peak_gflops, bool peak_fixed, double comm_s,
-                    const int64_t *mem,
-                    const validation *v) {
+                    const int64_t *mem, const validation *v) {
     const train_options *o = &t->opt;
     const bool threads = fsc_strategy_takes(o->strategy, "threads");
     /* the strategy's world counts --cp's ranks, which share each sequence */
@@ -382,7 +381,7 @@ int main(int argc, char **argv) {
         if (rank == 0) fprintf(stderr, "fsc-train: --data %s: %s\n", o.data, fsc_last_error());
         return fail(NULL, world, 2);
     }
-    const char *data_spec = o.data; /* as given, for the checkpoint's config */
+    const char *data_spec = o.data;              /* as given, for the checkpoint's config */
     if (val.train_spec) o.data = val.train_spec; /* llm.c's *_val shards are not trained on */
     trainer t;
     if ((rc = tool_agree(trainer_init(&t, &o), "setting up"))) { /* said once */
@@ -413,7 +412,8 @@ int main(int argc, char **argv) {
             fprintf(stderr, "fsc-train: --data %s: %" PRId64 " GPT-2 BPE tokens\n", o.data,
                     t.tokens.count);
     }
-    if (val.on && (rc = tool_agree(load_validation(&t, bpe, &val), "loading the validation data"))) {
+    if (val.on &&
+        (rc = tool_agree(load_validation(&t, bpe, &val), "loading the validation data"))) {
         tool_report("fsc-train", "%s", "");
         return fail(&t, world, 1);
     }
@@ -459,8 +459,7 @@ int main(int argc, char **argv) {
     double peak = 0;
     const bool peak_fixed = fsc_env_given("FSC_PEAK_GFLOPS") &&
                             !fsc_env_double("FSC_PEAK_GFLOPS", &peak); /* checked at start-up */
-    if (!peak_fixed && rank == 0)
-        peak = fsc_sgemm_peak_gflops(1024, 3) / (threads ? 1 : o.threads);
+    if (!peak_fixed && rank == 0) peak = fsc_sgemm_peak_gflops(1024, 3) / (threads ? 1 : o.threads);
     double first_loss = NAN, last_loss = NAN, comm = 0, t0 = fsc_now();
     int64_t steps = 0;
     double tokens_per_step = (double)o.batch * o.grad_accum * o.model.seq * t.world / o.cp;

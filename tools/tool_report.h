@@ -13,8 +13,7 @@
  * the other ranks print nothing and wait a moment before returning, so the
  * launcher, ending the job once a rank exits, does not end the reporter
  * before it has written. context is a printf format, "" for none. */
-void tool_report(const char *tool, const char *context, ...)
-    __attribute__((format(printf, 2, 3)));
+void tool_report(const char *tool, const char *context, ...) __attribute__((format(printf, 2, 3)));
 
 /* Every rank's rc for a step all ranks take together, over the world:
  * FSC_OK when every rank succeeded, else the first failing rank's status and

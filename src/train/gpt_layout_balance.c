@@ -164,8 +164,8 @@ static void balance_print(FILE *f, const fsc_gpt_config *cfg, const int *parts, 
     }
     fprintf(f, " layers per stage; predicted per micro-batch:");
     for (int s = 0; s < S && s < FSC_PIPE_MAX_STAGES; s++) /* each stage named, apart */
-        fprintf(f, "%s stage %d %.1f ms / %.0f MiB", s ? "," : "", s,
-                1e3 * rep->stage_seconds[s], rep->stage_bytes[s] / 1048576.0);
+        fprintf(f, "%s stage %d %.1f ms / %.0f MiB", s ? "," : "", s, 1e3 * rep->stage_seconds[s],
+                rep->stage_bytes[s] / 1048576.0);
     fprintf(f, "; slowest stage %.2f x the mean\n", worst / (sum / S));
 }
 
