@@ -169,7 +169,7 @@ FSC_API uint64_t fsc_weights_version(void);
  * write to a weight is followed by fsc_weights_changed before the next GEMM
  * reads it. The copies are FSC_MEM_WORK, 2 bytes per weight element. */
 FSC_API void fsc_bf16_weight_cache_set(bool on);
-FSC_API bool fsc_bf16_weight_cache_on(void);
+FSC_API bool fsc_bf16_weight_cache_on(void); /* whether the cache is on */
 /* w[0, n) in bf16 as the GEMMs take it: a registered view
  * (fsc_bf16_view_find), else, with the cache on, its copy at the current
  * weights version (rounded now if older or new), else NULL (the GEMM rounds
