@@ -229,8 +229,8 @@ static int layout_mesh(trainer *t) {
     const train_options *o = &t->opt;
     fsc_strategy_info info;
     if (fsc_strategy_info_get(o->strategy, &info) || !info.spans_ranks) return FSC_OK;
-    int rc = fsc_mesh_new_over(NULL, (fsc_mesh_shape){.pp = o->pp, .tp = o->tp, .cp = o->cp},
-                               &t->mesh);
+    int rc =
+        fsc_mesh_new_over(NULL, (fsc_mesh_shape){.pp = o->pp, .tp = o->tp, .cp = o->cp}, &t->mesh);
     return rc ? fsc_error_context(rc, "--pp %d x --tp %d x --cp %d on %d ranks: ", o->pp, o->tp,
                                   o->cp, fsc_dist_size())
               : FSC_OK;

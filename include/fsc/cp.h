@@ -58,7 +58,7 @@ typedef struct fsc_cp_stats {
     int64_t bytes, blocks;
 } fsc_cp_stats;
 FSC_API fsc_cp_stats fsc_cp_get_stats(const fsc_cp *cp); /* zeros for NULL */
-FSC_API void fsc_cp_reset_stats(fsc_cp *cp);              /* accepts NULL */
+FSC_API void fsc_cp_reset_stats(fsc_cp *cp);             /* accepts NULL */
 
 #ifdef __cplusplus
 }

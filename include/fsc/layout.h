@@ -58,7 +58,7 @@ typedef struct fsc_gpt_layout {
      * split of whole layers; "auto": every layer timed on every rank, cut
      * where the slowest stage is fastest within the memory budget */
     const char *balance;
-    int tp;                      /* tensor-parallel ranks per replica (0 or 1: none) */
+    int tp; /* tensor-parallel ranks per replica (0 or 1: none) */
     /* context-parallel ranks per replica (0 or 1: none; fsc/cp.h): each holds
      * chunks c and 2cp-1-c of every sequence; the mesh's cp size */
     int cp;
@@ -146,8 +146,8 @@ FSC_API int fsc_gpt_plan_trainer_config(fsc_gpt_plan *p, fsc_gpt_batch_fn batch,
  * targets_per_sample: the strategy's world counts the cp ranks too). */
 FSC_API fsc_micro_batch fsc_gpt_plan_data_batch(const fsc_gpt_plan *p, const fsc_micro_batch *mb);
 FSC_API int fsc_gpt_plan_train_micro(fsc_gpt_plan *p, fsc_module *m, const fsc_ctx *ctx,
-                                     const fsc_micro_batch *mb, const int32_t *x,
-                                     const int32_t *y, float *loss);
+                                     const fsc_micro_batch *mb, const int32_t *x, const int32_t *y,
+                                     float *loss);
 FSC_API int fsc_gpt_plan_targets_per_sample(const fsc_gpt_plan *p);
 /* The plan's ring (NULL without cp): its statistics (fsc_cp_get_stats). */
 FSC_API struct fsc_cp *fsc_gpt_plan_cp(const fsc_gpt_plan *p);

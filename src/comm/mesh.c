@@ -57,20 +57,17 @@ int fsc_mesh_new_over(fsc_group *parent, fsc_mesh_shape shape, fsc_mesh **out) {
     const int n = fsc_group_size(g), r = fsc_group_rank(g);
     const int pp = shape.pp ? shape.pp : 1, tp = shape.tp ? shape.tp : 1;
     const int cp = shape.cp ? shape.cp : 1;
-    const int dp = shape.dp                       ? shape.dp
-                   : pp > 0 && tp > 0 && cp > 0 ? n / (pp * tp * cp)
-                                                  : 0;
+    const int dp = shape.dp ? shape.dp : pp > 0 && tp > 0 && cp > 0 ? n / (pp * tp * cp) : 0;
     if (dp < 1 || pp < 1 || tp < 1 || cp < 1)
         return fsc_error(FSC_ERR_INVALID,
-                         "%s: mesh sizes must be >= 1 (dp %d, pp %d, tp %d, cp %d)", fn, dp, pp,
-                         tp, cp);
+                         "%s: mesh sizes must be >= 1 (dp %d, pp %d, tp %d, cp %d)", fn, dp, pp, tp,
+                         cp);
     if ((int64_t)dp * pp * tp * cp != n) {
         char cps[24] = "";
         if (cp > 1) snprintf(cps, sizeof cps, " x cp %d", cp);
-        return fsc_error(FSC_ERR_INVALID,
-                         "%s: dp %d x pp %d x tp %d%s = %lld does not match the %s size %d", fn,
-                         dp, pp, tp, cps, (long long)dp * pp * tp * cp,
-                         parent ? "group's" : "world", n);
+        return fsc_error(
+            FSC_ERR_INVALID, "%s: dp %d x pp %d x tp %d%s = %lld does not match the %s size %d", fn,
+            dp, pp, tp, cps, (long long)dp * pp * tp * cp, parent ? "group's" : "world", n);
     }
     fsc_mesh *m = calloc(1, sizeof *m);
     if (!m) return fsc_error(FSC_ERR_NOMEM, "%s: out of memory", fn);

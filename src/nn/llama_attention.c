@@ -26,8 +26,8 @@ typedef struct {
     fsc_tensor q, k, v; /* q and k rotated */
     float *att;         /* (B, NH, T, T) */
     float *cos_t, *sin_t;
-    fsc_tensor h;       /* under fsc_ctx.seq: the attention output, and */
-    float *lse;         /* the ring's log-sum-exps instead of att */
+    fsc_tensor h; /* under fsc_ctx.seq: the attention output, and */
+    float *lse;   /* the ring's log-sum-exps instead of att */
 } lattn_saved;
 
 /* The ring's operands: q (B,T,NH*hd), k and v (B,T,NKV*hd), out like q. */

@@ -26,9 +26,9 @@ int gpt_layout_cp_setup(fsc_gpt_plan *p) {
                          "context parallelism: the layout asks for cp %d but the mesh has cp %d "
                          "(build it with fsc_mesh_shape.cp)",
                          cp, mesh_cp);
-    const char *why = l->pp > 1                   ? "a pipeline (--pp)"
-                      : l->sequence_parallel      ? "sequence parallelism (--sequence-parallel)"
-                      : l->threads > 1            ? "a row of threads"
+    const char *why = l->pp > 1              ? "a pipeline (--pp)"
+                      : l->sequence_parallel ? "sequence parallelism (--sequence-parallel)"
+                      : l->threads > 1       ? "a row of threads"
                       : p->cfg.moe && p->cfg.moe->experts > 0 ? "Mixture-of-Experts layers"
                                                               : NULL;
     if (why)

@@ -209,9 +209,9 @@ int main(int argc, char **argv) {
     eq_fault_from_env();
     eq_tokens(&tokens);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_ddp),       cmocka_unit_test(test_oss),
-        cmocka_unit_test(test_sdp),       cmocka_unit_test(test_fsdp),
-        cmocka_unit_test(test_ddp_tp2),   cmocka_unit_test(test_resume),
+        cmocka_unit_test(test_ddp),      cmocka_unit_test(test_oss),
+        cmocka_unit_test(test_sdp),      cmocka_unit_test(test_fsdp),
+        cmocka_unit_test(test_ddp_tp2),  cmocka_unit_test(test_resume),
         cmocka_unit_test(test_refusals),
     };
     int failed = cmocka_run_group_tests(tests, setup_dir, teardown_dir);

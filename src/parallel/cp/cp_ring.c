@@ -227,7 +227,8 @@ static int ring_backward(void *impl, const fsc_attn_dims *d, const float *q, con
                 rc = fsc_group_isend(cp->g, kv[s & 1], n, FSC_DTYPE_F32, next, TAG_KV, &reqs[1]);
             cp->st.bytes += bytes;
         }
-        if (!rc && s > 0) rc = fsc_group_irecv(cp->g, in, n, FSC_DTYPE_F32, prev, TAG_DKV, &reqs[2]);
+        if (!rc && s > 0)
+            rc = fsc_group_irecv(cp->g, in, n, FSC_DTYPE_F32, prev, TAG_DKV, &reqs[2]);
         float *pd = part[s & 1];
         if (!rc) {
             memset(pd, 0, (size_t)n * sizeof(float));
@@ -274,14 +275,14 @@ fsc_cp *fsc_cp_new(fsc_group *g, int T) {
     }
     cp->g = g, cp->P = P, cp->me = fsc_group_rank(g);
     const int L = T / (2 * P);
-    cp->seq = (fsc_seq_split){.T = T,
-                              .runs = RUNS,
-                              .len = L,
-                              .pos0 = {(int64_t)chunk_of(cp, cp->me, 0) * L,
-                                       (int64_t)chunk_of(cp, cp->me, 1) * L},
-                              .impl = cp,
-                              .attend = ring_forward,
-                              .attend_backward = ring_backward};
+    cp->seq = (fsc_seq_split){
+        .T = T,
+        .runs = RUNS,
+        .len = L,
+        .pos0 = {(int64_t)chunk_of(cp, cp->me, 0) * L, (int64_t)chunk_of(cp, cp->me, 1) * L},
+        .impl = cp,
+        .attend = ring_forward,
+        .attend_backward = ring_backward};
     return cp;
 }
 

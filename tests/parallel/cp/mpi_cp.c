@@ -80,9 +80,8 @@ static float *run(const fsc_gpt_config *model, fsc_mesh *mesh, int micro, double
         }
         if (mesh) {
             fsc_group *g = fsc_mesh_dp_cp(mesh);
-            assert_int_equal(fsc_group_allreduce(g, ps.grad, ps.numel, FSC_DTYPE_F32,
-                                                 FSC_REDUCE_SUM),
-                             FSC_OK);
+            assert_int_equal(
+                fsc_group_allreduce(g, ps.grad, ps.numel, FSC_DTYPE_F32, FSC_REDUCE_SUM), FSC_OK);
             float share = (float)loss; /* as the trainer sums the ranks' shares */
             assert_int_equal(fsc_group_allreduce(g, &share, 1, FSC_DTYPE_F32, FSC_REDUCE_SUM),
                              FSC_OK);
