@@ -137,17 +137,18 @@ FSC_API int fsc_gpt_plan_trainer_config(fsc_gpt_plan *p, fsc_gpt_batch_fn batch,
 /* Context parallelism (layout.cp > 1) for a program with its own data and
  * loss functions (fsc-train's): the strategy's ranks are then dp x cp,
  * ranked d * cp + c (fsc_mesh_dp_cp), and the cp ranks of replica d read
- * replica d's micro-batch. fsc_gpt_plan_data_batch gives the micro-batch to
- * read for mb (mb itself without cp); fsc_gpt_plan_train_micro runs rows
- * [mb->row0, +mb->rows) of x and y, (mb->batch, T) each, through m (the
- * plan's GPT or TP GPT): under cp this rank's positions of them, with
- * fsc_ctx.seq set and the replica's dropout keys; mb->norm normalises.
- * fsc_gpt_plan_targets_per_sample is T / cp (the trainer's
- * targets_per_sample: the strategy's world counts the cp ranks too). */
+ * replica d's micro-batch. This gives the micro-batch to read for mb (mb
+ * itself without cp). */
 FSC_API fsc_micro_batch fsc_gpt_plan_data_batch(const fsc_gpt_plan *p, const fsc_micro_batch *mb);
+/* Runs rows [mb->row0, +mb->rows) of x and y, (mb->batch, T) each, through
+ * m (the plan's GPT or TP GPT), mb->norm normalising: under cp this rank's
+ * positions of them, with fsc_ctx.seq set and the replica's dropout keys.
+ * fsc_gpt_train_micro's status. */
 FSC_API int fsc_gpt_plan_train_micro(fsc_gpt_plan *p, fsc_module *m, const fsc_ctx *ctx,
                                      const fsc_micro_batch *mb, const int32_t *x, const int32_t *y,
                                      float *loss);
+/* T / cp: the trainer's targets_per_sample (the strategy's world counts
+ * the cp ranks too, so the normaliser stays the global target count). */
 FSC_API int fsc_gpt_plan_targets_per_sample(const fsc_gpt_plan *p);
 /* The plan's ring (NULL without cp): its statistics (fsc_cp_get_stats). */
 FSC_API struct fsc_cp *fsc_gpt_plan_cp(const fsc_gpt_plan *p);
