@@ -276,6 +276,15 @@ static void print_result(const bench_config *c, const char *strategy, int ranks,
            "\"model_gflops\": %.1f, \"sgemm_peak_gflops\": %.1f, \"share_of_peak\": %.3f, ",
            c->model.seq, c->model.vocab, c->batch, fsc_gpt_num_params(&c->model), steps, r->tok_s,
            r->ms_median, r->gflops, r->peak, r->gflops / (r->peak * workers));
+    { /* what attention keeps for backward on a rank: its heads, its stage's blocks */
+        fsc_attention_kind kind = FSC_ATTENTION_AUTO;
+        fsc_attention_kind_parse(attention, &kind); /* checked by make_trainer already */
+        const int blocks = (c->model.layers + pp - 1) / pp, heads = c->model.heads / tp;
+        const int64_t per = fsc_attention_saved_bytes(kind, c->batch, c->model.seq, heads);
+        printf("\"attention\": \"%s\", \"attention_saved_mib_per_rank\": %.3f, ",
+               fsc_attention_uses_flash(kind, c->model.seq) ? "flash" : "naive",
+               (double)per * blocks / (1024.0 * 1024.0));
+    }
     if (single)
         printf("\"single_tokens_per_s\": %.1f, \"scaling_efficiency\": %.3f, ", single->tok_s,
                r->tok_s / (workers * single->tok_s));

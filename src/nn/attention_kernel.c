@@ -4,6 +4,7 @@
  * the matching backward. The choice is made per call from fsc_ctx.attention
  * and T, and recorded in the saved state (lse set or att set), so backward
  * follows forward whatever the context says then. */
+#include <inttypes.h>
 #include <string.h>
 
 #include "layers_internal.h"
@@ -33,6 +34,17 @@ int64_t fsc_attention_saved_bytes(fsc_attention_kind kind, int64_t B, int64_t T,
     return (int64_t)sizeof(float) * (fsc_attention_uses_flash(kind, T) ? rows : rows * T);
 }
 
+int nn_attention_refused(int64_t B, int64_t T, int NH) {
+    const double mib = 1024.0 * 1024.0;
+    return fsc_error_context(
+        FSC_ERR_NOMEM,
+        "naive attention keeps (B,NH,T,T) = (%" PRId64 ",%d,%" PRId64 ",%" PRId64
+        ") probabilities, %.1f MiB per layer; --attention flash keeps %.3f MiB (or --cp C "
+        "splits the sequence over C ranks): ",
+        B, NH, T, T, fsc_attention_saved_bytes(FSC_ATTENTION_NAIVE, B, T, NH) / mib,
+        fsc_attention_saved_bytes(FSC_ATTENTION_FLASH, B, T, NH) / mib);
+}
+
 static fsc_attn_dims fused_dims(int B, int T, int C, int NH) {
     return (fsc_attn_dims){.B = B,
                            .NH = NH,
@@ -60,7 +72,7 @@ int nn_attention_fused_forward(const fsc_ctx *ctx, fsc_attn_saved *s, float *h, 
         return FSC_OK;
     }
     s->att = fsc_arena_alloc(ctx->arena, (size_t)B * NH * T * T * sizeof(float));
-    if (!s->att) return FSC_ERR_NOMEM;
+    if (!s->att) return nn_attention_refused(B, T, NH);
     fsc_attention_forward_prec(h, s->att, qkv, B, T, C, NH, fsc_ctx_prec(ctx));
     return FSC_OK;
 }

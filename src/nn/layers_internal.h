@@ -122,6 +122,9 @@ typedef struct {
 int nn_attention_fused_forward(const fsc_ctx *ctx, fsc_attn_saved *s, float *h, int C, int NH);
 int nn_attention_fused_backward(const fsc_ctx *ctx, const fsc_attn_saved *s, const float *dh,
                                 float *dqkv, int C, int NH);
+/* FSC_ERR_NOMEM with the probabilities' size under naive attention and
+ * what flash (or --cp) would keep instead, as the error's context. */
+int nn_attention_refused(int64_t B, int64_t T, int NH);
 int fsc_attention_parts_forward(fsc_module *const parts[3], const fsc_ctx *ctx, const fsc_tensor *x,
                                 fsc_tensor *y, void **saved, int C, int NH);
 

@@ -190,7 +190,8 @@ static int lattn_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x,
         return rc;
     }
     s->att = fsc_arena_alloc(ctx->arena, (size_t)B * a->NH * T * T * sizeof(float));
-    rc = s->att ? fsc_alloc_like(ctx->arena, &s->q, s->q.shape[2], &h) : FSC_ERR_NOMEM;
+    rc = s->att ? fsc_alloc_like(ctx->arena, &s->q, s->q.shape[2], &h)
+                : nn_attention_refused(B, T, a->NH);
     if (rc) return rc;
     fsc_attention_gqa_forward_prec(h.data, s->att, s->q.data, s->k.data, s->v.data, B, T, a->NH,
                                    a->NKV, a->hd, fsc_ctx_prec(ctx));

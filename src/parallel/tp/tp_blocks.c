@@ -37,7 +37,7 @@ static int attn_forward_recompute(fsc_module *const parts[3], const fsc_ctx *ctx
     } else {
         fsc_arena_mark_t mark = fsc_arena_mark(ctx->arena);
         float *att = fsc_arena_alloc(ctx->arena, (size_t)B * NH * T * T * sizeof(float));
-        if (!att) return FSC_ERR_NOMEM;
+        if (!att) return nn_attention_refused(B, T, NH);
         fsc_attention_forward_prec(h.data, att, s->qkv.data, B, T, C, NH, fsc_ctx_prec(ctx));
         fsc_arena_release(ctx->arena, mark);
     }
