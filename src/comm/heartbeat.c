@@ -388,12 +388,12 @@ static void deadline_passed(bool early) {
  * armed (a group split, an MPI-IO save under FSC_IO_TIMEOUT_S): such a call
  * would otherwise wait for its whole deadline on a dead peer. A peer counts
  * as lost when its process on this host has exited, or when it misses two
- * probes in a row (a loaded peer may miss one). */
-static bool armed_peer_lost(int *missed) {
+ * probes of `grace` seconds in a row (a loaded peer may miss one). */
+static bool armed_peer_lost(int *missed, double grace) {
     if (!connected() || hb.size < 2 || atomic_load(&hb.phase) != FSC_HB_RUN) return false;
     hb_peer *st = calloc((size_t)hb.size, sizeof *st);
     if (!st) return false;
-    probe(st, 2.0, true);
+    probe(st, grace, true);
     bool lost = false;
     for (int q = 0; q < hb.size; q++) {
         const hb_peer *p = &st[q];
@@ -415,15 +415,19 @@ static void *thread_main(void *arg) {
         pthread_mutex_lock(&hb.mu);
         double d = hb.deadline, at = hb.armed_at;
         pthread_mutex_unlock(&hb.mu);
-        /* a probe a second (at most every timeout): a lost peer ends the wait
-         * within the communication timeout, as the watchdog does elsewhere */
+        /* a probe a second, each waiting up to 2 s for answers; under a
+         * communication timeout T below 8 s, every T/4 and T/4: a remote peer
+         * (no /proc to ask) is then found lost within 3T/4 (a check's wait,
+         * two missed probes), and with the verdict's agreement within T + 1 s,
+         * as the watchdog names one elsewhere */
         const double t = fsc_dist_rt.timeout_s > 0 ? fsc_dist_rt.timeout_s : 300;
-        const double now = fsc_now(), every = t < 1.0 ? t : 1.0;
+        const double now = fsc_now(), every = t / 4 < 1.0 ? t / 4 : 1.0;
+        const double grace = t / 4 < 2.0 ? t / 4 : 2.0;
         if (d > 0 && now > d) deadline_passed(false);
         if (d > 0 && now - at >= every && now - checked >= every && connected() && hb.size > 1) {
             if (!missed) missed = calloc((size_t)hb.size, sizeof *missed);
             checked = now;
-            if (missed && armed_peer_lost(missed)) deadline_passed(true);
+            if (missed && armed_peer_lost(missed, grace)) deadline_passed(true);
         } else if (d <= 0 && missed) {
             memset(missed, 0, sizeof *missed * (size_t)hb.size);
         }

@@ -24,6 +24,13 @@ signal to the last survivor's exit, against FSC_TIMEOUT_S + 1 s. With
 with a message (exit 124) instead of hanging; --as-remote makes ranks see each other as remote peers (the
 heartbeat alone decides, without /proc); with --lifecycle (tests/mpi_lifecycle built), a rank stops itself
 just before MPI_Finalize and the others must end with a message naming it.
+--remote-save SHIM (tests/tools/io_fault_shim.c built) is the case of
+issue 29, item 7: ranks as if on other hosts, a checkpoint every step whose
+MPI-IO writes the shim slows (100 ms each), the kill sent once a save's
+files are being written: the survivors then wait inside MPI-IO, where only
+the heartbeat can tell;
+each kill must be named within FSC_TIMEOUT_S + 1 s (3 s: it took a fixed
+~5.1 s before the probes followed the timeout).
 Standard library only (Debian's python3). Exit status 1 if any case
 fails its check (--fast: misnamed, or no exit within FSC_TIMEOUT_S + 10 s).
 """
@@ -92,11 +99,14 @@ def gone(pid):
     return stat[stat.rindex(")") + 2] in "ZX"
 
 
-def run_case(train, kind, strategy, np, victim, step, timeout, tmp, exe, flags, rng, checkpoint):
+def run_case(train, kind, strategy, np, victim, step, timeout, tmp, exe, flags, rng, checkpoint,
+             shim=None):
     tag = f"{os.getpid()}-{time.time_ns()}"
     metrics = os.path.join(tmp, f"m-{tag}.jsonl")
     ck = os.path.join(tmp, f"ck-{tag}")
     env = dict(os.environ, FSC_TIMEOUT_S=str(timeout), FSC_WDF_TAG=tag)
+    if shim:  # every write into the checkpoints is slow: the victim dies inside a save
+        env.update(LD_PRELOAD=shim, FSC_SHIM_PATH="step-", FSC_SHIM_DELAY_MS="100")
     env.pop("FSC_FAULT", None)
     log = open(os.path.join(tmp, f"err-{tag}.txt"), "w+")
     p = subprocess.Popen([exe, "-n", str(np), *flags, train, *MODEL, "--strategy", strategy,
@@ -115,6 +125,15 @@ def run_case(train, kind, strategy, np, victim, step, timeout, tmp, exe, flags, 
                 res.update(ok=False, why="the run ended or never got going")
                 return res
             time.sleep(0.005)
+        while shim and time.time() - t_start < 60 and p.poll() is None:
+            # until a save after the first committed one is writing its files
+            # (each write then takes 100 ms)
+            tmps = [os.path.join(ck, d) for d in os.listdir(ck) if ".tmp-" in d and d[0] == "."] \
+                if os.path.exists(os.path.join(ck, "latest")) else []
+            if any(os.path.isdir(d) and os.listdir(d) for d in tmps):
+                time.sleep(0.05)
+                break
+            time.sleep(0.002)
         pids = rank_pids(tag)
         if sorted(pids) != list(range(np)):
             res.update(ok=False, why=f"found ranks {sorted(pids)}")
@@ -213,9 +232,14 @@ def main():
     ap.add_argument("--checkpoint", action="store_true",
                     help="save every step; the last committed checkpoint must survive the signal")
     ap.add_argument("--lifecycle", help="tests/mpi_lifecycle: also stall a rank before MPI_Finalize")
+    ap.add_argument("--remote-save", metavar="SHIM",
+                    help="kills inside slowed MPI-IO saves of ranks as if on other hosts, each "
+                         "named within FSC_TIMEOUT_S + 1 s (the ctest watchdog_faults_remote_save)")
     a = ap.parse_args()
     if a.fast:
         a.kills, a.stops, a.timeout, a.init_stall = 2, 2, 2.0, True
+    if a.remote_save:
+        a.kills, a.stops, a.timeout, a.as_remote, a.checkpoint = 4, 0, 3.0, True, True
     if a.as_remote:
         os.environ["FSC_HEARTBEAT_PROC"] = "0"
     exe, flags = launcher()
@@ -227,13 +251,14 @@ def main():
     for kind, n in (("kill", a.kills), ("stop", a.stops)):
         for i in range(n):
             np = 2 + (i + (kind == "stop")) % 3
-            plan.append((kind, ("ddp", "fsdp")[i % 2], np, rng.randrange(np), rng.randint(2, 5)))
+            plan.append((kind, ("ddp", "fsdp")[i % 2], np, rng.randrange(np),
+                         0 if a.remote_save else rng.randint(2, 5)))
     failed = 0
     stats = {}
     with tempfile.TemporaryDirectory(prefix="fsc_wdf_") as tmp:
         for kind, strategy, np, victim, step in plan:
             r = run_case(a.train, kind, strategy, np, victim, step, a.timeout, tmp, exe, flags, rng,
-                         a.checkpoint)
+                         a.checkpoint, a.remote_save)
             took = r.get("took", float("nan"))
             in_time = took <= a.timeout + 1.0
             s = stats.setdefault(kind, [0, 0, 0, 0.0])
