@@ -71,6 +71,7 @@ typedef struct train_options {
     const char *save_dir; /* a Hugging Face directory at the end (train_save_dir.c) */
     const char *save_sharded; /* fsdp: directory for each rank's shard file at the end */
     const char *shard_size;   /* llama --save DIR: bytes per safetensors shard (NULL: 2 GB) */
+    const char *save_dtype;   /* llama --save DIR: "fp32" (NULL) or "bf16" tensors */
     const char *freeze;       /* fine-tuning: comma-separated parameter-name globs */
     int lora_rank;            /* LoRA adapters of this rank (0: none) */
     double lora_alpha, lora_dropout;
@@ -145,6 +146,8 @@ int train_hf_init_from(train_options *o, bool verbose, bool *handled);
 /* After DIR/model.safetensors is saved (rank 0): shards past --shard-size
  * and config.json. */
 int train_hf_finish(const train_options *o, const char *dir);
+/* config.json's torch_dtype for --save-dtype: "bfloat16", or NULL (float32). */
+const char *train_hf_torch_dtype(const train_options *o);
 void train_config_free(void); /* the strings the functions above kept */
 /* Turns --arch, --tie-embeddings and --qkv-bias into o->model's fields,
  * after every source of flags (command line, --config, --resume); refuses

@@ -478,7 +478,8 @@ int train_config_init_from(train_options *o, bool verbose) {
 }
 
 int train_config_write_hf(const train_options *o, const char *weights) {
-    if (train_hf_dir_target(o, weights)) return fsc_hf_config_write(weights, &o->model, NULL);
+    if (train_hf_dir_target(o, weights))
+        return fsc_hf_config_write(weights, &o->model, train_hf_torch_dtype(o));
     char path[4096], *text = NULL;
     if (o->model.arch == FSC_ARCH_LLAMA) { /* LlamaConfig's fields, beside the file */
         const char *slash = strrchr(weights, '/');

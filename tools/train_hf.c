@@ -150,11 +150,16 @@ int train_hf_init_from(train_options *o, bool verbose, bool *handled) {
     return FSC_OK;
 }
 
+const char *train_hf_torch_dtype(const train_options *o) {
+    return o->save_dtype && !strcmp(o->save_dtype, "bf16") ? "bfloat16" : NULL;
+}
+
 int train_hf_finish(const train_options *o, const char *dir) {
     int64_t bytes;
     int n = 1, rc = train_hf_shard_bytes(o->shard_size, &bytes);
+    if (!rc && train_hf_torch_dtype(o)) rc = fsc_hf_narrow_bf16(dir); /* shards of bf16 bytes */
     if (!rc) rc = fsc_hf_shard(dir, bytes, &n);
-    if (!rc) rc = fsc_hf_config_write(dir, &o->model, NULL);
+    if (!rc) rc = fsc_hf_config_write(dir, &o->model, train_hf_torch_dtype(o));
     if (!rc && !o->quiet && n > 1)
         fprintf(stderr, "fsc-train: %s: %d shards of at most %lld bytes\n", dir, n,
                 (long long)bytes);

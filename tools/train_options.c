@@ -227,6 +227,9 @@ static const flag flags[] = {
     F("shard-size", ARG_STR, shard_size,
       "llama --save/--save-init DIR: safetensors shards of at most this size (2GB, 500MiB, "
       "bytes; default 2GB)"),
+    F("save-dtype", ARG_STR, save_dtype,
+      "llama --save/--save-init DIR: the tensors' dtype, fp32 (default) or bf16 (rounded to "
+      "nearest even as torch rounds; config.json's torch_dtype says which)"),
     F("metrics", ARG_STR, metrics, "write one JSON object per step to this file"),
     F("metrics-csv", ARG_STR, metrics_csv,
       "also write the metrics as CSV to this file (a header, then a row per step)"),
@@ -614,6 +617,9 @@ int train_options_check(const train_options *o) {
                          o->strategy, fsc_dist_size());
     int64_t shard_bytes;
     if ((rc = train_hf_shard_bytes(o->shard_size, &shard_bytes))) return rc;
+    if (o->save_dtype && strcmp(o->save_dtype, "fp32") && strcmp(o->save_dtype, "bf16"))
+        return fsc_error(FSC_ERR_INVALID, "--save-dtype \"%s\": expected fp32 or bf16",
+                         o->save_dtype);
     int rc2 = check_writable("--save", o->save);
     if (!rc2) rc2 = check_writable("--save-init", o->save_init);
     if (!rc2) rc2 = check_writable("--save-dir", o->save_dir);

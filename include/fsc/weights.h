@@ -86,6 +86,13 @@ FSC_API int fsc_hf_config_write(const char *dir, const fsc_gpt_config *cfg,
  * FSC_ERR_INVALID for a NULL dir or max_shard_bytes < 1; else the reader's
  * and writer's errors. */
 FSC_API int fsc_hf_shard(const char *dir, int64_t max_shard_bytes, int *n_shards);
+/* Rewrites DIR/model.safetensors (atomically, metadata kept) with every F32
+ * tensor rounded to BF16 to nearest even, as torch's .to(torch.bfloat16)
+ * rounds; tensors of other dtypes are copied as they are. Call before
+ * fsc_hf_shard, and write config.json with torch_dtype "bfloat16".
+ * FSC_ERR_INVALID for a NULL dir; else the reader's and writer's errors
+ * (the file unchanged). */
+FSC_API int fsc_hf_narrow_bf16(const char *dir);
 
 #ifdef __cplusplus
 }

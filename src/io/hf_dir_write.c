@@ -8,7 +8,9 @@
  * before the tensor that would take it past the size (a larger tensor gets
  * a shard of its own). Each shard is written atomically and the index last,
  * so a failure leaves model.safetensors in place and readable; only once
- * the index is committed is model.safetensors removed.
+ * the index is committed is model.safetensors removed. Before cutting, the
+ * file may be rewritten in bf16 (fsc_hf_narrow_bf16: save_pretrained's
+ * torch_dtype=bfloat16), rounded to nearest even as torch rounds.
  */
 #define _POSIX_C_SOURCE 200809L /* open_memstream */
 #include <stdio.h>
@@ -16,6 +18,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "fsc/kernels.h"
 #include "fsc/weights.h"
 #include "io/io_internal.h"
 
@@ -111,5 +114,62 @@ int fsc_hf_shard(const char *dir, int64_t max_shard_bytes, int *n_shards) {
     if (!rc && shards > 1) rc = fsc_fsync_dir(dir);
     if (!rc && n_shards) *n_shards = shards > 1 ? shards : 1;
     free(shard_of), free(buf);
+    return rc;
+}
+
+/* ---- bf16 files ------------------------------------------------------------------------------ */
+
+/* Entry e of src (F32) into w as BF16, a chunk at a time. */
+static int narrow_entry(fsc_st_file *src, const fsc_st_entry *e, fsc_st_writer *w, float *buf,
+                        uint16_t *half) {
+    int rc = FSC_OK;
+    const uint64_t chunk = COPY_CHUNK / sizeof(float) * sizeof(float);
+    for (uint64_t at = 0; !rc && at < e->nbytes; at += chunk) {
+        const size_t m = e->nbytes - at < chunk ? (size_t)(e->nbytes - at) : (size_t)chunk;
+        rc = fsc_st_read_bytes(src, e, at, buf, m);
+        if (rc) break;
+        fsc_narrow_bf16(half, buf, (int64_t)(m / sizeof(float)));
+        rc = fsc_st_writer_write(w, e->name, half, m / 2);
+    }
+    return rc;
+}
+
+int fsc_hf_narrow_bf16(const char *dir) {
+    if (!dir) return fsc_error(FSC_ERR_INVALID, "fsc_hf_narrow_bf16: dir must not be NULL");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    int rc = FSC_OK;
+    fsc_st_file *src = fsc_st_open(path, &rc);
+    if (!src) return rc;
+    float *buf = malloc(COPY_CHUNK);
+    uint16_t *half = malloc(COPY_CHUNK / 2);
+    /* the writer's temporary is renamed over path at close: src stays readable until then */
+    fsc_st_writer *w = buf && half ? fsc_st_writer_open(path, &rc) : NULL;
+    if (!buf || !half) rc = fsc_error(FSC_ERR_NOMEM, "%s: out of memory", path);
+    for (int i = 0; w && !rc && i < fsc_st_metadata_count(src); i++) {
+        const char *k, *v;
+        if (!(rc = fsc_st_metadata_at(src, i, &k, &v))) rc = fsc_st_writer_set_metadata(w, k, v);
+    }
+    for (int i = 0; w && !rc && i < fsc_st_count(src); i++) {
+        const fsc_st_entry *e = fsc_st_entry_at(src, i);
+        const bool f32 = e->dtype == FSC_DTYPE_F32;
+        rc = fsc_st_writer_declare(w, e->name, f32 ? FSC_DTYPE_BF16 : e->dtype, e->ndim, e->shape);
+    }
+    for (int i = 0; w && !rc && i < fsc_st_count(src); i++) {
+        const fsc_st_entry *e = fsc_st_entry_at(src, i);
+        if (e->dtype == FSC_DTYPE_F32) {
+            rc = narrow_entry(src, e, w, buf, half);
+            continue;
+        }
+        for (uint64_t at = 0; !rc && at < e->nbytes; at += COPY_CHUNK) { /* as it is */
+            const size_t m = e->nbytes - at < COPY_CHUNK ? (size_t)(e->nbytes - at) : COPY_CHUNK;
+            rc = fsc_st_read_bytes(src, e, at, buf, m);
+            if (!rc) rc = fsc_st_writer_write(w, e->name, buf, m);
+        }
+    }
+    if (w && rc) fsc_st_writer_abort(w);
+    if (w && !rc) rc = fsc_st_writer_close(w);
+    fsc_st_close(src);
+    free(buf), free(half);
     return rc;
 }

@@ -8,7 +8,8 @@ FSC_TRAIN FSC_SAMPLE.
     fsc-sample --logits gives its logits within the noise floor.
 (b) fsc-train --save-init DIR (sharded by --shard-size) loads in PyTorch with
     fsc's logits, and --init-from DIR trains from it; ddp, fsdp and --pp 2 on
-    2 ranks write the very same files.
+    2 ranks write the very same files; with --save-dtype bf16 every tensor is
+    torch's bf16 rounding of the float32 one and fsc reads it back.
 (c) Bad directories are refused naming what is wrong.
 (d) fsc-sample draws the same ids with and without the KV cache.
 
@@ -120,6 +121,26 @@ def fsc_writes(torch, hd, train, sample):
     return d
 
 
+def fsc_writes_bf16(torch, hd, train, sample, d):
+    """(b) in bf16: --save-dtype bf16 writes every tensor as torch's .to(torch.bfloat16) of the
+    float32 directory's, bit for bit, config.json says torch_dtype bfloat16, and fsc reads it
+    back with PyTorch's logits on those weights."""
+    b = os.path.join(TMP, "fsc_dir_bf16")
+    tool(train, *LLAMA, "--steps", 0, "--save-init", b, "--shard-size", "50KB", "--save-dtype",
+         "bf16", "--quiet")
+    got, config = hd.read_dir(b)
+    want, _ = hd.read_dir(d)
+    wrong = [n for n in want if n not in got or got[n].dtype != torch.bfloat16 or
+             not torch.equal(got[n].view(torch.int16), want[n].to(torch.bfloat16).view(torch.int16))]
+    if wrong or set(got) != set(want) or config.get("torch_dtype") != "bfloat16":
+        sys.exit(f"FAIL: --save-dtype bf16: tensors not torch's bf16 rounding {wrong}, "
+                 f"torch_dtype {config.get('torch_dtype')}")
+    print(f"ok  (b) --save-dtype bf16: {len(got)} tensors, torch's round-to-nearest-even bit for "
+          f"bit, torch_dtype bfloat16")
+    compare("(b) fsc's bf16 directory in PyTorch", torch, hd, got, config,
+            fsc_logits(sample, b, hd))
+
+
 def same_files(train, d):
     """Every strategy's save path writes the same directory, byte for byte."""
     launcher = os.environ.get("FSC_MPIEXEC", "mpiexec")
@@ -189,6 +210,7 @@ def main():
     torch.set_num_threads(1)
     torch_dir = torch_writes(torch, hd, sample)
     d = fsc_writes(torch, hd, train, sample)
+    fsc_writes_bf16(torch, hd, train, sample, d)
     same_files(train, d)
     metrics = os.path.join(TMP, "m.jsonl")  # --init-from DIR trains (model flags from config.json)
     tool(train, "--init-from", d, "--steps", 2, "--batch", 2, "--quiet", "--metrics", metrics)
