@@ -215,6 +215,7 @@ FSC_API int fsc_tp_gpt_eval_loss(fsc_module *gpt, const fsc_ctx *ctx, const int3
                                  const int32_t *y, int B, int T, int ignore_index, float *loss);
 
 /* ---- LoRA ------------------------------------------------------------------------ */
+struct fsc_lora_config;
 /* fsc_lora_apply (fsc/lora.h) for a tree that may hold TP Linears: a
  * column-parallel target gets lora_A (r, in) replicated and lora_B (out, r)
  * split by output rows as its weight is; a row-parallel one lora_A split by
@@ -226,7 +227,6 @@ FSC_API int fsc_tp_gpt_eval_loss(fsc_module *gpt, const fsc_ctx *ctx, const int3
  * are adapted as fsc_lora_apply does. FSC_ERR_UNSUPPORTED for a target that
  * names a TP module other than a Linear (the vocabulary-parallel lm_head);
  * the rest as fsc_lora_apply. */
-struct fsc_lora_config;
 FSC_API int fsc_tp_lora_apply(fsc_module *root, const struct fsc_lora_config *cfg, int *adapted);
 
 /* ---- parameters ------------------------------------------------------------------ */
