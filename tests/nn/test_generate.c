@@ -356,11 +356,44 @@ static void test_llama_kv_matches_full_forward(void **state) {
     model_free(&m);
 }
 
+/* A cache of 512 positions or more decodes through flash attention
+ * (fsc_ctx.attention AUTO at the cache's capacity: the new rows as queries
+ * at the cache's length), while the full forward of these 20 positions runs
+ * the naive kernel: the two agree within the noise floor, GPT-2 and a
+ * grouped-query LLaMA. */
+static void test_kv_flash_matches_full_forward(void **state) {
+    (void)state;
+    static const fsc_gpt_config GPT = {
+        .vocab = 50, .seq = FSC_ATTENTION_FLASH_MIN_T, .layers = 2, .d_model = 32, .heads = 4};
+    static const fsc_gpt_config LLAMA = {.vocab = 50,
+                                         .seq = FSC_ATTENTION_FLASH_MIN_T,
+                                         .layers = 2,
+                                         .d_model = 32,
+                                         .heads = 4,
+                                         .arch = FSC_ARCH_LLAMA,
+                                         .kv_heads = 2};
+    const fsc_gpt_config *cfgs[2] = {&GPT, &LLAMA};
+    enum { T = 20 };
+    for (int c = 0; c < 2; c++) {
+        model m;
+        model_new_cfg(&m, cfgs[c]);
+        const int V = cfgs[c]->vocab;
+        int32_t ids[T];
+        for (int i = 0; i < T; i++) ids[i] = (i * 11 + 7) % V;
+        float *full = malloc(sizeof(float) * T * V), *got = malloc(sizeof(float) * T * V);
+        fsc_gpt_kv_free(
+            decode_and_compare(&m, ids, T, 7, full, got, c ? "LLaMA, flash" : "GPT-2, flash"));
+        free(full), free(got);
+        model_free(&m);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kv_matches_full_forward),
         cmocka_unit_test(test_kv_refuses_other_models),
         cmocka_unit_test(test_llama_kv_matches_full_forward),
+        cmocka_unit_test(test_kv_flash_matches_full_forward),
         cmocka_unit_test(test_sampling),
         cmocka_unit_test(test_moe_kv_matches_full_forward),
         cmocka_unit_test(test_moe_sampling_same_ids),
