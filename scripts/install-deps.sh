@@ -20,6 +20,8 @@ packages=(
 # PyTorch cross-checks (a model saved by fsc evaluated in PyTorch), golden
 # regeneration and the peer benchmark; FSC_NO_TORCH=1 skips it (those tests skip).
 if [ "${FSC_NO_TORCH:-0}" != 1 ]; then packages+=(python3-torch); fi
+# MPICH beside Open MPI, for a -DFSC_MPICH=ON build (Open MPI stays the default).
+if [ "${FSC_MPICH:-0}" = 1 ]; then packages+=(libmpich-dev mpich); fi
 
 missing=()
 for p in "${packages[@]}"; do
