@@ -211,6 +211,12 @@ static int make_trainer(trainer *t) {
                               .user = t};
     int rc = fsc_attention_kind_parse(o->attention, &cfg.attention);
     if (rc) rc = fsc_error_context(rc, "--attention: ");
+    if (!rc && o->cp > 1 && cfg.attention == FSC_ATTENTION_NAIVE)
+        rc = fsc_error(FSC_ERR_INVALID,
+                       "--attention naive with --cp %d: the ring attends with flash tiles (each "
+                       "block keeps a log-sum-exp per row, never the T x T probabilities); use "
+                       "--attention flash or auto",
+                       o->cp);
     if (!rc) rc = optim_config(o, &cfg.optim);
     if (!rc) rc = schedule_config(o, &cfg.schedule);
     if (!rc) rc = strategy_options(t, &cfg.optim, &cfg.strategy);
