@@ -566,6 +566,11 @@ int train_options_check(const train_options *o) {
     if (o->trace && o->pp < 2) return fsc_error(FSC_ERR_INVALID, "--trace needs --pp >= 2");
     if (o->tp < 1) return fsc_error(FSC_ERR_INVALID, "--tp %d must be >= 1", o->tp);
     if (o->cp < 1) return fsc_error(FSC_ERR_INVALID, "--cp %d must be >= 1", o->cp);
+    if (o->cp > 1 && o->eval_every > 0)
+        return fsc_error(FSC_ERR_UNSUPPORTED,
+                         "--eval-every with --cp %d: validation does not split the sequence over "
+                         "the cp ranks yet; evaluate the saved weights without --cp",
+                         o->cp);
     if (o->sequence_parallel && o->tp < 2)
         return fsc_error(FSC_ERR_INVALID, "--sequence-parallel needs --tp >= 2");
     if (o->recompute_attention && o->tp < 2)
