@@ -12,14 +12,11 @@
 #include "fsdp_internal.h"
 #include "io/st_parallel.h"
 
-/* Makes every rank return the worst status; peers of a failed rank say so. */
+/* Every rank returns the first failing rank's status and message. */
 static int agree(fsc_fsdp *f, int rc, const char *what, const char *path) {
-    int worst = -rc; /* statuses are <= 0: the max of their negations is 0 iff all succeeded */
-    int crc = fsc_group_allreduce(f->g, &worst, 1, FSC_DTYPE_I32, FSC_REDUCE_MAX);
-    if (rc) return rc;
-    if (crc) return fsc_error_context(crc, "%s %s: ", what, path);
-    if (worst) return fsc_error(-worst, "%s %s (see its error)", what, path);
-    return FSC_OK;
+    char doing[4400];
+    snprintf(doing, sizeof doing, "%s %.4095s", what, path);
+    return fsc_group_agree(f->g, rc, doing);
 }
 
 static bool busy(const fsc_fsdp *f) {

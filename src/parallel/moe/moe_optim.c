@@ -181,10 +181,7 @@ static int build(layout *l, fsc_params *ps, fsc_optim *optim, fsc_group *g, bool
     if (!rc) rc = make_partition(l, P, saving);
     if (!rc) rc = map_pieces(l, ps, optim, me);
     if (rc) fsc_error_context(rc, "%s (rank %d): ", who, me);
-    int32_t worst = -rc;
-    int crc = fsc_group_allreduce(g, &worst, 1, FSC_DTYPE_I32, FSC_REDUCE_MAX);
-    if (!rc && crc) rc = fsc_error_context(crc, "%s: ", who);
-    if (!rc && worst) rc = fsc_error(-worst, "%s: another rank refused (see its error)", who);
+    rc = fsc_group_agree(g, rc, who);
     if (rc) layout_free(l);
     return rc;
 }

@@ -112,13 +112,9 @@ static int collect(fsc_pipe *p, piece_list *l) {
     return rc;
 }
 
-/* The worst status of any rank of g, on every rank. */
+/* The first failing rank's status and message, on every rank of g. */
 static int agree(fsc_group *g, int rc) {
-    int32_t worst = -rc;
-    int crc = fsc_group_allreduce(g, &worst, 1, FSC_DTYPE_I32, FSC_REDUCE_MAX);
-    if (rc) return rc;
-    if (crc) return fsc_error_context(crc, "pipeline optimizer state: ");
-    return worst ? fsc_error(-worst, "pipeline optimizer state: another rank failed") : FSC_OK;
+    return fsc_group_agree(g, rc, "the pipeline optimizer state");
 }
 
 static int partition_alloc(fsc_partition *q, int world) {

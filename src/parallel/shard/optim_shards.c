@@ -59,14 +59,11 @@ static int tensor_name(char *dst, size_t size, const optim_shards *o, int which,
     return FSC_OK;
 }
 
-/* Makes every rank return the worst status; peers of a failed rank say so. */
+/* Every rank returns the first failing rank's status and message. */
 static int agree(optim_shards *o, int rc, const char *what, const char *path) {
-    int worst = -rc; /* statuses are <= 0: the max of their negations is 0 iff all succeeded */
-    int crc = fsc_group_allreduce(o->g, &worst, 1, FSC_DTYPE_I32, FSC_REDUCE_MAX);
-    if (rc) return rc;
-    if (crc) return fsc_error_context(crc, "%s: %s %s: ", o->who, what, path);
-    if (worst) return fsc_error(-worst, "%s: %s %s (see its error)", o->who, what, path);
-    return FSC_OK;
+    char doing[4400];
+    snprintf(doing, sizeof doing, "%s (%s %.4095s)", o->who, what, path);
+    return fsc_group_agree(o->g, rc, doing);
 }
 
 /* ---- save ---------------------------------------------------------------------- */

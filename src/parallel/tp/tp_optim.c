@@ -259,14 +259,9 @@ static int map_pieces(fsc_optim *optim, const fsc_params *ps, const piece_list *
     return rc;
 }
 
-/* The worst status of any rank, on every rank. */
+/* The first failing rank's status and message, on every rank. */
 static int agree(fsc_group *g, int rc) {
-    int32_t worst = -rc;
-    int crc = fsc_group_allreduce(g, &worst, 1, FSC_DTYPE_I32, FSC_REDUCE_MAX);
-    if (rc) return rc;
-    if (crc) return fsc_error_context(crc, "fsc_tp_optim_state_new: ");
-    if (worst) return fsc_error(-worst, "fsc_tp_optim_state_new: another TP rank failed");
-    return FSC_OK;
+    return fsc_group_agree(g, rc, "fsc_tp_optim_state_new");
 }
 
 /* Every rank's pieces (entry, begin, count, replicated) into both partitions;

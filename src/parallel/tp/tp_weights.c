@@ -54,13 +54,9 @@ int tp_for_each_run(const tp_placement *pl, const fsc_param *p, tp_run_fn fn, vo
 }
 
 /* ---- save -------------------------------------------------------------------------- */
-/* The same status on every rank: the first failure's code (codes are negative). */
+/* The first failing rank's status and message, on every rank. */
 static int agree(fsc_group *g, int rc) {
-    int32_t worst = -rc; /* codes are negative: the largest magnitude wins */
-    if (fsc_group_allreduce(g, &worst, 1, FSC_DTYPE_I32, FSC_REDUCE_MAX) != FSC_OK)
-        return FSC_ERR_MPI;
-    if (worst && !rc) return fsc_error(-worst, "tensor-parallel save: another rank failed");
-    return rc;
+    return fsc_group_agree(g, rc, "the tensor-parallel save");
 }
 
 static int write_header_file(const char *tmp, fsc_module *root, const fsc_params *ps, int n_meta,
