@@ -98,6 +98,7 @@ typedef struct fsc_prof_totals {
     double outside_s[FSC_PROF_CAT_COUNT]; /* self time of spans outside any step */
     int64_t events, dropped; /* trace events kept; spans beyond the buffer, totalled only */
 } fsc_prof_totals;
+/* The totals so far (zeroes when nothing was recorded). */
 FSC_API fsc_prof_totals fsc_prof_get_totals(void);
 
 typedef struct fsc_prof_op {
