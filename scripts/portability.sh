@@ -192,7 +192,7 @@ for b in $needed; do
   elif [ "$b" = release ] && [ ! -f build/CMakeCache.txt ]; then
     bash scripts/build.sh
   elif [ "$b" = asan ] && [ ! -f build-sanitize/CMakeCache.txt ]; then
-    cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=Debug -DFSC_WERROR=ON -DFSC_ASAN=ON -DFSC_UBSAN=ON >/dev/null
+    cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS_DEBUG="-g -O1" -DFSC_WERROR=ON -DFSC_ASAN=ON -DFSC_UBSAN=ON >/dev/null
     cmake --build build-sanitize -j "$(nproc)" >/dev/null
   else
     cmake --build "$dir" -j "$(nproc)" >/dev/null
