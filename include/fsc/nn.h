@@ -68,7 +68,7 @@ typedef enum {
 FSC_API bool fsc_attention_uses_flash(fsc_attention_kind kind, int64_t T);
 /* "auto", "naive" or "flash" -> *kind; FSC_ERR_INVALID naming s otherwise. */
 FSC_API int fsc_attention_kind_parse(const char *s, fsc_attention_kind *kind);
-FSC_API const char *fsc_attention_kind_name(fsc_attention_kind kind);
+FSC_API const char *fsc_attention_kind_name(fsc_attention_kind kind); /* "auto", "naive", "flash" */
 /* Bytes attention's kernel keeps for backward per layer beyond q, k, v and
  * its output (which both keep, the output as the next projection's input):
  * naive B*NH*T*T probability floats, flash B*NH*T log-sum-exps. */
