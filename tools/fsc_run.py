@@ -2,6 +2,7 @@
 """fsc-run: elastic restart around mpiexec (installed as fsc-run).
 
     fsc-run [--max-restarts K] [--launcher EXE] -n N PROGRAM ARGS...
+    fsc-run --version | --help
 
 Runs `mpiexec -n N PROGRAM ARGS` (the launcher keeps the survivors of a
 dead rank alive: Open MPI's --enable-recovery, MPICH's -disable-auto-cleanup)
@@ -28,6 +29,7 @@ import sys
 import time
 
 LOST_EXIT = 69  # FSC_DIST_LOST_EXIT, include/fsc/dist.h
+VERSION = "@PROJECT_VERSION@"  # CMake writes project()'s version into the built copy
 LOST = re.compile(r"world rank (\d+) is lost")
 
 
@@ -122,6 +124,9 @@ def main(argv):
                 n = num
         elif argv[i] in ("-h", "--help"):
             print(__doc__.strip())
+            return 0
+        elif argv[i] == "--version":
+            print(f"fsc-run {VERSION}")
             return 0
         else:
             usage(f"unknown option \"{argv[i]}\" (options come before PROGRAM)")
