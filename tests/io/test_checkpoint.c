@@ -334,7 +334,7 @@ static void test_keep_last(void **state) {
     (void)state;
     const char *d = strdup(tmp("keep"));
     for (int s = 1; s <= 5; s++) {
-        char p[8];
+        char p[16];
         snprintf(p, sizeof p, "w%d", s);
         assert_int_equal(save_in(d, s, p, 2), FSC_OK);
     }
@@ -361,7 +361,7 @@ static void test_keep_best(void **state) {
     for (int s = 1; s <= 8; s++) {
         fsc_ckpt_writer *w;
         assert_int_equal(fsc_ckpt_begin(d, s, &w), FSC_OK);
-        char payload[8];
+        char payload[16];
         snprintf(payload, sizeof payload, "w%d", s);
         write_text(fsc_ckpt_member(w, "model.bin"), payload);
         if (val[s - 1]) assert_int_equal(fsc_ckpt_set(w, "val_loss", val[s - 1]), FSC_OK);
