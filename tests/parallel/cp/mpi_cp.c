@@ -70,7 +70,11 @@ static float *run(const fsc_gpt_config *model, fsc_mesh *mesh, int micro, double
                            .seed = 5,
                            .step = s,
                            .sample0 = fsc_batch_first_sample(s, k, d, B, micro, dp),
-                           .seq = fsc_cp_seq(cp)};
+                           .seq = fsc_cp_seq(cp),
+                           /* the ring attends with flash tiles: the reference
+                            * runs them too, so the bound measures the ring, not
+                            * flash against naive (train_attention tests that) */
+                           .attention = FSC_ATTENTION_FLASH};
             if (cp) fsc_cp_take(cp, x, B, xl), fsc_cp_take(cp, y, B, yl);
             float part;
             if (fsc_gpt_train_micro(m, &ctx, cp ? xl : x, cp ? yl : y, B, Tl, -1, (double)G * T,
