@@ -20,56 +20,13 @@
 /* The GPT-2 layout: q, k, v as column blocks of one (B,T,3C) array. */
 static void test_gpt2_fused_matches_reference_and_naive(void **state) {
     (void)state;
-    enum { B = 2, T = 150, NH = 4, HD = 16, C = NH * HD };
-    float *qkv = fr_random((size_t)B * T * 3 * C, 1);
-    float *dout = fr_random((size_t)B * T * C, 2);
-    fsc_attn_dims d = {.B = B,
-                       .NH = NH,
-                       .NKV = NH,
-                       .hd = HD,
-                       .Tq = T,
-                       .Tk = T,
-                       .ldq = 3 * C,
-                       .ldk = 3 * C,
-                       .ldv = 3 * C,
-                       .ldo = C};
-    fr_case c = fr_case_run(&d, qkv, qkv + C, qkv + 2 * C, dout, FSC_GEMM_F32);
-    /* the naive kernel on the same operands */
-    float *out = malloc((size_t)B * T * C * 4), *att = calloc((size_t)B * NH * T * T, 4);
-    float *dqkv = malloc((size_t)B * T * 3 * C * 4);
-    fsc_attention_forward_prec(out, att, qkv, B, T, C, NH, FSC_GEMM_F32);
-    fsc_attention_backward_prec(dqkv, dout, qkv, att, B, T, C, NH, FSC_GEMM_F32);
-    fr_check_against_naive(&c, out, dqkv, dqkv + C, dqkv + 2 * C, 3 * C, 3 * C, 3 * C);
-    fr_case_free(&c);
-    free(qkv), free(dout), free(out), free(att), free(dqkv);
+    fr_gpt2_fused_case(FSC_GEMM_F32, 1);
 }
 
-/* LLaMA's layout: separate q (B,T,NH*hd), k and v (B,T,NKV*hd), two query heads per KV head. */
+/* LLaMA's layout: separate q, k and v, two query heads per KV head. */
 static void test_llama_gqa_matches_reference_and_naive(void **state) {
     (void)state;
-    enum { B = 1, T = 200, NH = 4, NKV = 2, HD = 16, CQ = NH * HD, CK = NKV * HD };
-    float *q = fr_random((size_t)B * T * CQ, 3), *k = fr_random((size_t)B * T * CK, 4);
-    float *v = fr_random((size_t)B * T * CK, 5), *dout = fr_random((size_t)B * T * CQ, 6);
-    fsc_attn_dims d = {.B = B,
-                       .NH = NH,
-                       .NKV = NKV,
-                       .hd = HD,
-                       .Tq = T,
-                       .Tk = T,
-                       .ldq = CQ,
-                       .ldk = CK,
-                       .ldv = CK,
-                       .ldo = CQ};
-    fr_case c = fr_case_run(&d, q, k, v, dout, FSC_GEMM_F32);
-    float *out = malloc((size_t)B * T * CQ * 4), *att = calloc((size_t)B * NH * T * T, 4);
-    float *dq = malloc((size_t)B * T * CQ * 4), *dk = malloc((size_t)B * T * CK * 4);
-    float *dv = malloc((size_t)B * T * CK * 4);
-    fsc_attention_gqa_forward_prec(out, att, q, k, v, B, T, NH, NKV, HD, FSC_GEMM_F32);
-    fsc_attention_gqa_backward_prec(dq, dk, dv, dout, q, k, v, att, B, T, NH, NKV, HD,
-                                    FSC_GEMM_F32);
-    fr_check_against_naive(&c, out, dq, dk, dv, CQ, CK, CK);
-    fr_case_free(&c);
-    free(q), free(k), free(v), free(dout), free(out), free(att), free(dq), free(dk), free(dv);
+    fr_llama_gqa_case(FSC_GEMM_F32, 3);
 }
 
 /* The reference's backward by central differences in double: what the

@@ -262,4 +262,64 @@ static inline void fr_assert_close(const char *name, const float *x, const float
         fail();
     }
 }
+/* GPT-2's layout (q, k, v as column blocks of one (B,T,3C) array, T = 150,
+ * not a multiple of the tiles): flash at precision prec against the
+ * reference and the naive kernel at the same precision. Under
+ * FSC_GEMM_BF16 the flash tiles must have run bf16 GEMMs. Operands from
+ * seeds seed and seed + 1. */
+static inline void fr_gpt2_fused_case(fsc_gemm_prec prec, uint64_t seed) {
+    enum { B = 2, T = 150, NH = 4, HD = 16, C = NH * HD };
+    float *qkv = fr_random((size_t)B * T * 3 * C, seed);
+    float *dout = fr_random((size_t)B * T * C, seed + 1);
+    fsc_attn_dims d = {.B = B,
+                       .NH = NH,
+                       .NKV = NH,
+                       .hd = HD,
+                       .Tq = T,
+                       .Tk = T,
+                       .ldq = 3 * C,
+                       .ldk = 3 * C,
+                       .ldv = 3 * C,
+                       .ldo = C};
+    fsc_bf16_gemm_reset_stats();
+    fr_case c = fr_case_run(&d, qkv, qkv + C, qkv + 2 * C, dout, prec);
+    if (prec == FSC_GEMM_BF16) assert_true(fsc_bf16_gemm_get_stats().calls_bf16 > 0);
+    float *out = malloc((size_t)B * T * C * 4), *att = calloc((size_t)B * NH * T * T, 4);
+    float *dqkv = malloc((size_t)B * T * 3 * C * 4);
+    fsc_attention_forward_prec(out, att, qkv, B, T, C, NH, prec);
+    fsc_attention_backward_prec(dqkv, dout, qkv, att, B, T, C, NH, prec);
+    fr_check_against_naive(&c, out, dqkv, dqkv + C, dqkv + 2 * C, 3 * C, 3 * C, 3 * C);
+    fr_case_free(&c);
+    free(qkv), free(dout), free(out), free(att), free(dqkv);
+}
+
+/* LLaMA's layout: separate q (B,T,NH*hd), k and v (B,T,NKV*hd), two query
+ * heads per KV head, T = 200; as fr_gpt2_fused_case, operands from seeds
+ * seed .. seed + 3. */
+static inline void fr_llama_gqa_case(fsc_gemm_prec prec, uint64_t seed) {
+    enum { B = 1, T = 200, NH = 4, NKV = 2, HD = 16, CQ = NH * HD, CK = NKV * HD };
+    float *q = fr_random((size_t)B * T * CQ, seed), *k = fr_random((size_t)B * T * CK, seed + 1);
+    float *v = fr_random((size_t)B * T * CK, seed + 2);
+    float *dout = fr_random((size_t)B * T * CQ, seed + 3);
+    fsc_attn_dims d = {.B = B,
+                       .NH = NH,
+                       .NKV = NKV,
+                       .hd = HD,
+                       .Tq = T,
+                       .Tk = T,
+                       .ldq = CQ,
+                       .ldk = CK,
+                       .ldv = CK,
+                       .ldo = CQ};
+    fr_case c = fr_case_run(&d, q, k, v, dout, prec);
+    float *out = malloc((size_t)B * T * CQ * 4), *att = calloc((size_t)B * NH * T * T, 4);
+    float *dq = malloc((size_t)B * T * CQ * 4), *dk = malloc((size_t)B * T * CK * 4);
+    float *dv = malloc((size_t)B * T * CK * 4);
+    fsc_attention_gqa_forward_prec(out, att, q, k, v, B, T, NH, NKV, HD, prec);
+    fsc_attention_gqa_backward_prec(dq, dk, dv, dout, q, k, v, att, B, T, NH, NKV, HD, prec);
+    fr_check_against_naive(&c, out, dq, dk, dv, CQ, CK, CK);
+    fr_case_free(&c);
+    free(q), free(k), free(v), free(dout), free(out), free(att), free(dq), free(dk), free(dv);
+}
+
 #endif
