@@ -123,26 +123,30 @@ static int weight_grad(const fsc_ctx *ctx, fsc_param *w, const float *dy, const 
 
 /* ---- column-parallel ------------------------------------------------------------------------ */
 
+/* y += scale * B (A xd) over the N rows of xd (this rank's columns of a
+ * row-parallel input, or the whole input of a column-parallel one). */
+static int add_low_rank(const tp_lora *st, fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *xd,
+                        float *y) {
+    const fsc_param *A = &m->children[CHILD_A]->params[0], *B = &m->children[CHILD_B]->params[0];
+    const int N = (int)fsc_rows(xd), in = (int)A->shape[1], r = st->rank;
+    const int out = (int)B->shape[0];
+    float *h = arena_floats(ctx->arena, (int64_t)N * r);
+    float *z = h ? arena_floats(ctx->arena, (int64_t)N * out) : NULL;
+    if (!z) return FSC_ERR_NOMEM;
+    fsc_matmul_forward_prec(h, xd->data, A->data, NULL, N, in, r, FSC_WEIGHT_OUT_IN,
+                            fsc_ctx_prec(ctx));
+    fsc_matmul_forward_prec(z, h, B->data, NULL, N, r, out, FSC_WEIGHT_OUT_IN, fsc_ctx_prec(ctx));
+    for (int64_t i = 0; i < (int64_t)N * out; i++) y[i] += st->scale * z[i];
+    return FSC_OK;
+}
+
 int tp_lora_column_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *xin,
                            fsc_tensor *yl) {
     const tp_lora *st = settings_of(m);
-    const fsc_param *A = &m->children[CHILD_A]->params[0], *B = &m->children[CHILD_B]->params[0];
-    const int N = (int)fsc_rows(xin), in = (int)A->shape[1], r = st->rank;
-    const int out = (int)B->shape[0];
     fsc_arena_mark_t mark = fsc_arena_mark(ctx->arena);
     fsc_tensor xd;
     int rc = dropped_whole(st, ctx, xin, &xd);
-    float *h = rc ? NULL : arena_floats(ctx->arena, (int64_t)N * r);
-    float *z = h ? arena_floats(ctx->arena, (int64_t)N * out) : NULL;
-    if (!rc && !z) rc = FSC_ERR_NOMEM;
-    if (!rc) {
-        fsc_matmul_forward_prec(h, xd.data, A->data, NULL, N, in, r, FSC_WEIGHT_OUT_IN,
-                                fsc_ctx_prec(ctx));
-        fsc_matmul_forward_prec(z, h, B->data, NULL, N, r, out, FSC_WEIGHT_OUT_IN,
-                                fsc_ctx_prec(ctx));
-        float *y = yl->data;
-        for (int64_t i = 0; i < (int64_t)N * out; i++) y[i] += st->scale * z[i];
-    }
+    if (!rc) rc = add_low_rank(st, m, ctx, &xd, yl->data);
     fsc_arena_release(ctx->arena, mark);
     return rc;
 }
@@ -186,23 +190,10 @@ int tp_lora_column_backward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor 
 
 int tp_lora_row_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *xl, fsc_tensor *part) {
     const tp_lora *st = settings_of(m);
-    const fsc_param *A = &m->children[CHILD_A]->params[0], *B = &m->children[CHILD_B]->params[0];
-    const int N = (int)fsc_rows(xl), in = (int)A->shape[1], r = st->rank;
-    const int out = (int)B->shape[0];
     fsc_arena_mark_t mark = fsc_arena_mark(ctx->arena);
     fsc_tensor xd;
     int rc = dropped_columns(st, tp_module_of(m), ctx, xl, &xd);
-    float *h = rc ? NULL : arena_floats(ctx->arena, (int64_t)N * r);
-    float *z = h ? arena_floats(ctx->arena, (int64_t)N * out) : NULL;
-    if (!rc && !z) rc = FSC_ERR_NOMEM;
-    if (!rc) {
-        fsc_matmul_forward_prec(h, xd.data, A->data, NULL, N, in, r, FSC_WEIGHT_OUT_IN,
-                                fsc_ctx_prec(ctx));
-        fsc_matmul_forward_prec(z, h, B->data, NULL, N, r, out, FSC_WEIGHT_OUT_IN,
-                                fsc_ctx_prec(ctx));
-        float *y = part->data;
-        for (int64_t i = 0; i < (int64_t)N * out; i++) y[i] += st->scale * z[i];
-    }
+    if (!rc) rc = add_low_rank(st, m, ctx, &xd, part->data);
     fsc_arena_release(ctx->arena, mark);
     return rc;
 }
