@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "adam_internal.h"
 #include "fsc/core.h"
 #include "fsc/kernels.h"
 #include "fsc/optim.h"
@@ -24,6 +25,10 @@ struct fsc_optim {
     int64_t numel;           /* sum of range lengths */
     float *state[MAX_STATES];
     int64_t step; /* steps taken */
+    /* Adam/AdamW: the multi-tensor pass's per-step tables, one slot per range */
+    fsc_adam_tensor *tensors;
+    fsc_adam_consts *consts;
+    int64_t *block_start; /* nranges + 1 */
 };
 
 static const char *kind_name(fsc_optim_kind k) {
@@ -141,6 +146,9 @@ void fsc_optim_free(fsc_optim *o) {
         for (int i = 0; i < o->nranges; i++) free((char *)o->ranges[i].name);
     free(o->ranges);
     free(o->offsets);
+    free(o->tensors);
+    free(o->consts);
+    free(o->block_start);
     free(o);
 }
 
@@ -188,6 +196,12 @@ fsc_optim *fsc_optim_new(const fsc_optim_config *cfg, const fsc_optim_range *ran
     o->ranges = calloc(cnt, sizeof *o->ranges);
     o->offsets = calloc(cnt, sizeof *o->offsets);
     if (!o->ranges || !o->offsets) goto nomem;
+    if (c.kind == FSC_OPTIM_ADAM || c.kind == FSC_OPTIM_ADAMW) {
+        o->tensors = calloc(cnt, sizeof *o->tensors);
+        o->consts = calloc(cnt, sizeof *o->consts);
+        o->block_start = calloc(cnt + 1, sizeof *o->block_start);
+        if (!o->tensors || !o->consts || !o->block_start) goto nomem;
+    }
     int64_t off = 0;
     for (int i = 0; i < n; i++) {
         o->ranges[i] = ranges[i];
@@ -213,35 +227,55 @@ nomem:
 }
 
 /* ---- stepping ---------------------------------------------------------------- */
+/* A parameter group's own decay and lr (torch's param_groups). */
+static double range_wd(const fsc_optim_config *c, const fsc_optim_range *r) {
+    return r->wd_set ? r->wd : (r->decay || c->decay_all) ? c->weight_decay : 0.0;
+}
+
+static double range_lr(const fsc_optim_config *c, const fsc_optim_range *r) {
+    return r->lr_scale > 0 ? c->lr * r->lr_scale : c->lr;
+}
+
+/* Adam/AdamW: every non-empty range in one multi-tensor pass. */
+static void adam_step(fsc_optim *o, int64_t step) {
+    const fsc_optim_config *c = &o->cfg;
+    int count = 0;
+    for (int i = 0; i < o->nranges; i++) {
+        const fsc_optim_range *r = &o->ranges[i];
+        if (r->n == 0) continue;
+        o->tensors[count++] = (fsc_adam_tensor){.p = r->param,
+                                                .g = r->grad,
+                                                .m = o->state[0] + o->offsets[i],
+                                                .v = o->state[1] + o->offsets[i],
+                                                .n = r->n,
+                                                .lr = range_lr(c, r),
+                                                .wd = range_wd(c, r)};
+    }
+    fsc_adam_multi_update(o->tensors, count, o->consts, o->block_start, c->beta1, c->beta2, c->eps,
+                          c->kind == FSC_OPTIM_ADAMW, step);
+}
+
 int fsc_optim_step(fsc_optim *o) {
     if (!o) return fsc_error(FSC_ERR_INVALID, "optim step: o must not be NULL");
     const fsc_optim_config *c = &o->cfg;
     const bool first = o->step == 0;
     const int64_t step = ++o->step;
-    for (int i = 0; i < o->nranges; i++) {
-        const fsc_optim_range *r = &o->ranges[i];
-        if (r->n == 0) continue;
-        /* a parameter group's own decay and lr (torch's param_groups) */
-        const double wd = r->wd_set ? r->wd : (r->decay || c->decay_all) ? c->weight_decay : 0.0;
-        const double lr = r->lr_scale > 0 ? c->lr * r->lr_scale : c->lr;
-        float *s0 = o->nstates > 0 ? o->state[0] + o->offsets[i] : NULL;
-        float *s1 = o->nstates > 1 ? o->state[1] + o->offsets[i] : NULL;
-        switch (c->kind) {
-        case FSC_OPTIM_SGD:
-            fsc_sgd_update(r->param, r->grad, s0, r->n, lr, c->momentum, c->dampening, c->nesterov,
-                           wd, first);
-            break;
-        case FSC_OPTIM_ADAM:
-            fsc_adam_update(r->param, r->grad, s0, s1, r->n, lr, c->beta1, c->beta2, c->eps, wd,
-                            step);
-            break;
-        case FSC_OPTIM_ADAMW:
-            fsc_adamw_update(r->param, r->grad, s0, s1, r->n, lr, c->beta1, c->beta2, c->eps, wd,
-                             step);
-            break;
-        default:
-            return fsc_error(FSC_ERR_INTERNAL, "optim step: kind %d", (int)c->kind);
+    switch (c->kind) {
+    case FSC_OPTIM_SGD:
+        for (int i = 0; i < o->nranges; i++) {
+            const fsc_optim_range *r = &o->ranges[i];
+            if (r->n == 0) continue;
+            float *s0 = o->nstates > 0 ? o->state[0] + o->offsets[i] : NULL;
+            fsc_sgd_update(r->param, r->grad, s0, r->n, range_lr(c, r), c->momentum, c->dampening,
+                           c->nesterov, range_wd(c, r), first);
         }
+        break;
+    case FSC_OPTIM_ADAM:
+    case FSC_OPTIM_ADAMW:
+        adam_step(o, step);
+        break;
+    default:
+        return fsc_error(FSC_ERR_INTERNAL, "optim step: kind %d", (int)c->kind);
     }
     fsc_weights_changed(); /* bf16 copies of the old weights are stale now */
     return FSC_OK;
