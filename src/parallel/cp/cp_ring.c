@@ -113,11 +113,34 @@ static bool block_at(const fsc_cp *cp, const fsc_attn_dims *d, int src, int b, i
     return true;
 }
 
+/* A block's calls: slices of `per` KV heads with their query heads, so the
+ * ring's messages are tested between slices (on one thread a whole block
+ * takes hundreds of milliseconds). Heads are independent in the kernels, so
+ * slicing changes no arithmetic. One KV head per call on one thread; with
+ * more, as many KV heads per call as threads, to keep the kernels' threads
+ * busy. */
+static int heads_per_call(const fsc_attn_dims *d) {
+    const int t = fsc_get_num_threads();
+    return t < d->NKV ? t : d->NKV;
+}
+
+/* slice j0 .. j0+per-1 of block k's KV heads: its dims and float offsets
+ * into the query/out rows (h), the key/value rows (kvh) and the lse/delta
+ * rows (st) of the whole block */
+static fsc_attn_dims slice_at(const block *k, int j0, int per, size_t *h, size_t *kvh, size_t *st) {
+    fsc_attn_dims s = k->d;
+    const int group = s.NH / s.NKV, n = s.NKV - j0 < per ? s.NKV - j0 : per;
+    s.NKV = n, s.NH = n * group;
+    *h = (size_t)j0 * group * s.hd, *kvh = (size_t)j0 * s.hd;
+    *st = (size_t)j0 * group * s.Tq;
+    return s;
+}
+
 /* This rank's queries against src's keys and values, held in kv. */
 static void forward_blocks(fsc_cp *cp, const fsc_attn_dims *d, int s, int src, const float *q,
                            const float *kv, float *out, float *lse, fsc_gemm_prec prec,
                            fsc_request **reqs, int nreq) {
-    const int W = d->NKV * d->hd;
+    const int W = d->NKV * d->hd, per = heads_per_call(d);
     const double t0 = fsc_now();
     bool fault = s > 0 && cp->me == cp->P - 1 && fsc_fault_is(FSC_FAULT_CP_SKIP_BLOCK);
     for (int b = 0; b < d->B; b++)
@@ -130,11 +153,15 @@ static void forward_blocks(fsc_cp *cp, const fsc_attn_dims *d, int s, int src, c
                     continue;
                 }
                 const float *kb = kv + k.krow * 2 * W;
-                fsc_flash_attention_forward(&k.d, q + k.qrow * d->ldq, kb, kb + W,
-                                            out + k.qrow * d->ldo, lse + k.stat,
-                                            !(s == 0 && kr == 0), prec);
+                for (int j0 = 0; j0 < d->NKV; j0 += per) {
+                    size_t h, kvh, st;
+                    const fsc_attn_dims sd = slice_at(&k, j0, per, &h, &kvh, &st);
+                    fsc_flash_attention_forward(&sd, q + k.qrow * d->ldq + h, kb + kvh,
+                                                kb + W + kvh, out + k.qrow * d->ldo + h,
+                                                lse + k.stat + st, !(s == 0 && kr == 0), prec);
+                    poll(reqs, nreq);
+                }
                 cp->st.blocks++;
-                poll(reqs, nreq);
             }
     cp->st.compute_s += fsc_now() - t0;
 }
@@ -171,7 +198,7 @@ static void backward_blocks(fsc_cp *cp, const fsc_attn_dims *d, int src, const f
                             const float *kv, const float *dout, const float *lse,
                             const float *delta, float *dq, float *part, fsc_gemm_prec prec,
                             fsc_request **reqs, int nreq) {
-    const int W = d->NKV * d->hd;
+    const int W = d->NKV * d->hd, per = heads_per_call(d);
     const double t0 = fsc_now();
     for (int b = 0; b < d->B; b++)
         for (int qr = 0; qr < RUNS; qr++)
@@ -180,11 +207,16 @@ static void backward_blocks(fsc_cp *cp, const fsc_attn_dims *d, int src, const f
                 if (!block_at(cp, d, src, b, qr, kr, &k)) continue;
                 const float *kb = kv + k.krow * 2 * W;
                 float *pb = part + k.krow * 2 * W;
-                fsc_flash_attention_backward(&k.d, q + k.qrow * d->ldq, kb, kb + W,
-                                             dout + k.qrow * d->ldo, lse + k.stat, delta + k.stat,
-                                             dq + k.qrow * d->ldq, pb, pb + W, prec);
+                for (int j0 = 0; j0 < d->NKV; j0 += per) {
+                    size_t h, kvh, st;
+                    const fsc_attn_dims sd = slice_at(&k, j0, per, &h, &kvh, &st);
+                    fsc_flash_attention_backward(
+                        &sd, q + k.qrow * d->ldq + h, kb + kvh, kb + W + kvh,
+                        dout + k.qrow * d->ldo + h, lse + k.stat + st, delta + k.stat + st,
+                        dq + k.qrow * d->ldq + h, pb + kvh, pb + W + kvh, prec);
+                    poll(reqs, nreq);
+                }
                 cp->st.blocks++;
-                poll(reqs, nreq);
             }
     cp->st.compute_s += fsc_now() - t0;
 }
