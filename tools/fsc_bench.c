@@ -10,7 +10,9 @@
  * process also measures the GEMM peak of the model's own shapes (bench_peak.h)
  * in bf16 and fp32 and gives the model's share of it, by both clocks.
  * `--blas-info` prints the BLAS kernels fsc would run here, as one JSON line,
- * so that scripts give a peer the same kernels. */
+ * so that scripts give a peer the same kernels. `--cp C` splits each
+ * sequence over C ranks and reports the ring's waits beside the baseline
+ * (bench_cp.h); --seq, --batch and --layers resize a config. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_cp.h"
 #include "bench_peak.h"
 #include "fsc/profile.h"
 #include "fsc/version.h"
@@ -85,6 +88,9 @@ static const char *attention = "auto"; /* --attention */
 static bool checkpoint_activations;
 static int pp = 1, chunks = 1, virtual_stages = 0;
 static int tp = 1;                      /* --tp: tensor-parallel ranks per replica */
+static int cp = 1; /* --cp: context-parallel ranks per replica (ring attention) */
+/* --seq, --batch, --layers: the config's own unless given (0) */
+static int seq_flag = 0, batch_flag = 0, layers_flag = 0;
 static bool sequence_parallel = false; /* --sequence-parallel */
 static bool recompute_attention;       /* --recompute-attention */
 static bool recompute_activation;      /* --recompute-activation */
@@ -117,6 +123,7 @@ typedef struct {
     /* minor page faults (fresh pages) of this process: in the first timed
      * step, and per step over the later ones */
     double faults_first, faults_later;
+    fsc_cp_stats ring; /* --cp: this rank's ring over the timed steps */
 } bench_result;
 
 /* CPU seconds of this process (all its threads) so far. */
@@ -161,6 +168,7 @@ static int measure(const bench_config *c, const char *strategy, int steps, int w
         o.pp = pp, o.grad_accum = chunks, o.pipe_schedule = pipe_schedule;
         o.virtual_stages = virtual_stages, o.balance = balance;
     }
+    if (cp > 1 && !alone) o.cp = cp; /* the baseline stays one process */
     fsc_mem_reset_peaks();
     trainer t;
     int rc = trainer_init(&t, &o);
@@ -186,11 +194,12 @@ static int measure(const bench_config *c, const char *strategy, int steps, int w
             /* The next step would first trade the arena's blocks (the first
              * step's chained and spare ones) for one block of what a step
              * uses; done here, they stay out of the steady peaks. */
-            if (t.step_arena) fsc_arena_reset(t.step_arena);
+            fsc_arena_reset(fsc_trainer_arena(t.tr));
             fsc_mem_reset_peaks();
             fsc_bf16_gemm_reset_stats();
             tp_wait0 = fsc_strategy_get_stats(t.s).tp_wait_s;
             moe0 = fsc_moe_get_stats(t.model);
+            fsc_cp_reset_stats(fsc_gpt_plan_cp(t.plan));
             if (t.world > 1) rc = fsc_group_barrier(fsc_group_world());
             if (!rc && profiling) rc = fsc_prof_start();
         }
@@ -228,13 +237,15 @@ static int measure(const bench_config *c, const char *strategy, int steps, int w
         out->bf16_peak = fsc_bf16_gemm_peak_gflops(1024, 5) / cores;
     if (!rc) {
         qsort(ms, (size_t)steps, sizeof *ms, cmp_double);
-        double tokens = (double)steps * o.grad_accum * o.batch * o.model.seq * t.world;
+        /* the strategy's world counts --cp's ranks, which share each sequence */
+        double tokens = (double)steps * o.grad_accum * o.batch * o.model.seq * t.world / o.cp;
         out->tok_s = tokens / elapsed;
         out->ms_median = ms[steps / 2];
         out->elapsed = elapsed;
         out->gflops = out->tok_s * fsc_gpt_flops_per_token(&t.opt.model, o.model.seq) / 1e9;
         out->peak = peak2 > peak ? peak2 : peak;
         out->comm_share = comm / elapsed;
+        out->ring = fsc_cp_get_stats(fsc_gpt_plan_cp(t.plan));
         out->tp_share = (fsc_strategy_get_stats(t.s).tp_wait_s - tp_wait0) / elapsed;
         const fsc_moe_stats moe1 = fsc_moe_get_stats(t.model);
         const double choices = 2.0 * (double)(moe1.tokens - moe0.tokens);
@@ -255,8 +266,8 @@ static int measure(const bench_config *c, const char *strategy, int steps, int w
 
 static void print_result(const bench_config *c, const char *strategy, int ranks, int threads,
                          int steps, const bench_result *r, const bench_result *single,
-                         const int64_t *stage_mem, const float *pipe_figs, const float *faults,
-                         int fault_ranks, const bench_peaks *peaks) {
+                         const int64_t *stage_mem, const float *pipe_figs, const float *cp_figs,
+                         const float *faults, int fault_ranks, const bench_peaks *peaks) {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     fsc_strategy_info info;
@@ -280,7 +291,8 @@ static void print_result(const bench_config *c, const char *strategy, int ranks,
         fsc_attention_kind kind = FSC_ATTENTION_AUTO;
         fsc_attention_kind_parse(attention, &kind); /* checked by make_trainer already */
         const int blocks = (c->model.layers + pp - 1) / pp, heads = c->model.heads / tp;
-        const int64_t per = fsc_attention_saved_bytes(kind, c->batch, c->model.seq, heads);
+        const int T = c->model.seq / (multi_rank ? cp : 1); /* --cp: this rank's positions */
+        const int64_t per = fsc_attention_saved_bytes(kind, c->batch, T, heads);
         printf("\"attention\": \"%s\", \"attention_saved_mib_per_rank\": %.3f, ",
                fsc_attention_uses_flash(kind, c->model.seq) ? "flash" : "naive",
                (double)per * blocks / (1024.0 * 1024.0));
@@ -347,6 +359,12 @@ static void print_result(const bench_config *c, const char *strategy, int ranks,
                 uneven, mean - uneven, bubble, r->tok_s);
         free(by_rank);
     }
+    if (cp > 1 && multi_rank && single && cp_figs)
+        bench_cp_print(c->name, cp, ranks, cp_figs, r->tok_s,
+                       &(bench_cp_run){.tok_s = single->tok_s,
+                                       .elapsed = single->elapsed,
+                                       .cpu = single->cpu,
+                                       .activ_bytes = single->steady[FSC_MEM_ACTIV]});
     if (!strcmp(mixed_precision, "bf16")) { /* where the time went, beside both GEMM peaks */
         const fsc_bf16_gemm_stats *b = &r->bf16;
         double timed = r->elapsed;
@@ -427,6 +445,7 @@ static int run(const bench_config *c, const char *strategy, int steps, int warmu
     profiling = false;
     int64_t *stage_mem = NULL; /* --pp: every rank's steady peaks, for rank 0 to print */
     float *pipe_figs = NULL; /* --pp: every rank's wait, span, compute, its pipeline's slowest */
+    float *cp_figs = NULL;   /* --cp: every rank's ring figures (bench_cp.h) */
     float faults[2] = {(float)r.faults_first, (float)r.faults_later}, *all_faults = faults;
     if (!rc && info.spans_ranks) { /* every rank's page faults, for rank 0 to print */
         all_faults = calloc((size_t)world * 2, sizeof *all_faults);
@@ -440,6 +459,19 @@ static int run(const bench_config *c, const char *strategy, int steps, int warmu
         pipe_figs = calloc((size_t)world * 4, sizeof *pipe_figs);
         rc = pipe_figs ? fsc_group_allgather(fsc_group_world(), mine, pipe_figs, 4, FSC_DTYPE_F32)
                        : fsc_error(FSC_ERR_NOMEM, "out of memory");
+    }
+    if (!rc && cp > 1 && info.spans_ranks) {
+        float mine[BENCH_CP_FIGS];
+        bench_cp_figures(&r.ring,
+                         &(bench_cp_run){.tok_s = r.tok_s,
+                                         .elapsed = r.elapsed,
+                                         .cpu = r.cpu,
+                                         .activ_bytes = r.steady[FSC_MEM_ACTIV]},
+                         mine);
+        cp_figs = calloc((size_t)world * BENCH_CP_FIGS, sizeof *cp_figs);
+        rc = cp_figs ? fsc_group_allgather(fsc_group_world(), mine, cp_figs, BENCH_CP_FIGS,
+                                           FSC_DTYPE_F32)
+                     : fsc_error(FSC_ERR_NOMEM, "out of memory");
     }
     if (!rc && (pp > 1 || tp > 1) && info.spans_ranks) {
         stage_mem = calloc((size_t)world * FSC_MEM_TAG_COUNT, sizeof *stage_mem);
@@ -456,9 +488,9 @@ static int run(const bench_config *c, const char *strategy, int steps, int warmu
                                  fsc_bf16_gemm_available(), 3, &peaks);
     if (!rc && rank == 0)
         print_result(c, strategy, world, threads, steps, &r, scaled ? &single : NULL, stage_mem,
-                     pipe_figs, all_faults, info.spans_ranks ? world : 1,
+                     pipe_figs, cp_figs, all_faults, info.spans_ranks ? world : 1,
                      with_peaks ? &peaks : NULL);
-    free(stage_mem), free(pipe_figs);
+    free(stage_mem), free(pipe_figs), free(cp_figs);
     if (all_faults != faults) free(all_faults);
     return rc;
 }
@@ -541,6 +573,15 @@ int main(int argc, char **argv) {
         {.name = "trace", .kind = ARG_STR, .ptr = &trace, .meta = "FILE",
          .help = "with --pp: the last step's pipeline as a Chrome trace"},
         {.name = "tp", .kind = ARG_INT, .ptr = &tp, .help = "tensor-parallel ranks per replica"},
+        {.name = "cp", .kind = ARG_INT, .ptr = &cp,
+         .help = "context-parallel ranks per replica (ring attention; ddp, oss, sdp, fsdp): "
+                 "reports the ring's waits and activations against the one-process baseline"},
+        {.name = "seq", .kind = ARG_INT, .ptr = &seq_flag,
+         .help = "sequence length T instead of the config's (e.g. 8192 with --cp)"},
+        {.name = "batch", .kind = ARG_INT, .ptr = &batch_flag,
+         .help = "sequences per worker instead of the config's"},
+        {.name = "layers", .kind = ARG_INT, .ptr = &layers_flag,
+         .help = "blocks instead of the config's"},
         {.name = "sequence-parallel", .kind = ARG_FLAG, .ptr = &sequence_parallel,
          .help = "with --tp: LayerNorm and dropout on sequence shards"},
         {.name = "recompute-attention", .kind = ARG_FLAG, .ptr = &recompute_attention,
@@ -587,14 +628,21 @@ int main(int argc, char **argv) {
         fprintf(stderr, "fsc-bench: %s\n", fsc_last_error());
         return 1;
     }
-    if (steps < 1 || warmup < 0 || threads < 1 || pp < 1 || chunks < 1 || tp < 1) {
-        fprintf(stderr, "fsc-bench: --steps must be >= 1, --warmup >= 0, --threads, --pp, --tp "
-                        "and --chunks >= 1\n");
+    if (steps < 1 || warmup < 0 || threads < 1 || pp < 1 || chunks < 1 || tp < 1 || cp < 1 ||
+        seq_flag < 0 || batch_flag < 0 || layers_flag < 0) {
+        fprintf(stderr, "fsc-bench: --steps must be >= 1, --warmup >= 0, --threads, --pp, --tp, "
+                        "--cp and --chunks >= 1, --seq, --batch and --layers >= 1 when given\n");
         return 2;
     }
     fsc_strategy_info info;
     if (fsc_strategy_info_get(strategy, &info)) {
         fprintf(stderr, "fsc-bench: --strategy: %s\n", fsc_last_error());
+        return 2;
+    }
+    if (cp > 1 && !info.spans_ranks) {
+        fprintf(stderr, "fsc-bench: --cp %d splits each sequence over ranks: run it under mpiexec "
+                        "with --strategy ddp, oss, sdp or fsdp (--strategy %s runs in one process)\n",
+                cp, strategy);
         return 2;
     }
     if (profile && !strcmp(which, "all")) {
@@ -608,7 +656,11 @@ int main(int argc, char **argv) {
     for (size_t k = 0; k < sizeof CONFIGS / sizeof *CONFIGS; k++) {
         if (strcmp(which, "all") && strcmp(which, configs[k].name)) continue;
         any = true;
-        if (run(&configs[k], strategy, steps, warmup, threads)) {
+        bench_config c = configs[k];
+        if (seq_flag) c.model.seq = seq_flag;
+        if (batch_flag) c.batch = batch_flag;
+        if (layers_flag) c.model.layers = layers_flag;
+        if (run(&c, strategy, steps, warmup, threads)) {
             fprintf(stderr, "fsc-bench: %s: %s\n", configs[k].name, fsc_last_error());
             fflush(NULL);
             _exit(1); /* other ranks may be blocked in a collective: no MPI_Finalize */
