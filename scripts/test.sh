@@ -1,11 +1,27 @@
 #!/usr/bin/env bash
-# README command 2: installs what is missing, builds, runs every test; runs the
-# numerics tests (ctest label `numerics`) again under fsc's own CPUID choice of
-# BLAS kernels when the environment's OPENBLAS_CORETYPE gives other kernels, so
-# that both kernel families are held to the same tolerances; then runs every
-# test again under AddressSanitizer + UndefinedBehaviorSanitizer; last, when
-# clang is installed, a short fuzzing smoke run of each file reader
-# (scripts/fuzz.sh, FSC_FUZZ_SMOKE_S seconds each, default 12; 0 skips it).
+# README command 2 (and CI, .ci/run): installs what is missing, builds, runs
+# the tests. What runs where, and why (labels are set in tests/CMakeLists.txt):
+#  1. Release, every test (-LE multihost), under the environment's BLAS
+#     kernels (OPENBLAS_CORETYPE). Every test runs here.
+#  2. Release, the `numerics` label again under fsc's own CPUID choice of
+#     kernels, when that differs from the environment's: the tests whose
+#     results pass through a GEMM and are held to a bound (goldens, gradient
+#     checks, equivalence against one process, fsc-train against PyTorch or
+#     another layout), so that both kernel families meet the same tolerances.
+#     Tests whose assertions no kernel's rounding can move (refusals,
+#     messages, files, collectives without a matmul, sleeps, byte counts, the
+#     fault_ reruns) run once, in pass 1.
+#  3. ASan + UBSan at -O1, every test but the `release_only` label: tests
+#     that run no fsc C code (repository checks, the PyTorch benchmark side),
+#     the fault_ reruns (they test that comparisons notice a fault; the clean
+#     runs are here), and the fsc-train modes about numerical agreement whose
+#     C paths the kept tests run under the sanitizers (the list and the
+#     reasons are beside the label).
+#  4. When clang is installed, a fuzzing smoke run of each file reader
+#     (scripts/fuzz.sh: every committed seed replayed, then FSC_FUZZ_SMOKE_S
+#     seconds each, default 6; 0 skips it).
+# Tests that start ranks ask ctest for that many processors (PROCESSORS), so
+# -j 2 on 2 cores runs a multi-rank test alone instead of oversubscribing.
 # Arguments go to every ctest run (e.g. -R golden). The multihost label (two
 # network namespaces, root only) is left out: `ctest -L multihost` runs it.
 set -euo pipefail
@@ -40,16 +56,18 @@ else
   echo "== OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE gives fsc's CPUID choice ($cpu_kernels kernels); no second numerics pass"
 fi
 
-echo "== the same tests under ASan + UBSan =="
+echo "== the same tests under ASan + UBSan, but the release_only label =="
 # -O1, as AddressSanitizer's own guide advises: the same checks, and the
 # instrumented tests run 1.4-2.4x faster than at -O0 (measured on
 # test_llama_layers, test_golden and mpi_tp_np2), which keeps the suite short.
 cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS_DEBUG="-g -O1" -DFSC_WERROR=ON \
   -DFSC_ASAN=ON -DFSC_UBSAN=ON >/dev/null
 cmake --build build-sanitize -j "$(nproc)" >/dev/null
-(cd build-sanitize && ctest --output-on-failure -j "$(nproc)" -LE multihost "$@")
+SECONDS=0
+(cd build-sanitize && ctest --output-on-failure -j "$(nproc)" -LE 'multihost|release_only' "$@")
+echo "== sanitizer pass: ${SECONDS}s"
 
-smoke=${FSC_FUZZ_SMOKE_S:-12}
+smoke=${FSC_FUZZ_SMOKE_S:-6}
 if [ "$smoke" != 0 ] && command -v clang >/dev/null; then
   echo "== fuzz smoke: each reader ${smoke}s under libFuzzer (scripts/fuzz.sh) =="
   SECONDS=0

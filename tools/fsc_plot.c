@@ -19,7 +19,6 @@
  * and a bounded file. Rows without a number for a field (NaN written as
  * `nan`, null, missing) leave a gap in that series only. */
 #define _POSIX_C_SOURCE 200809L /* getline */
-#include <cjson/cJSON.h>
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
@@ -30,6 +29,7 @@
 
 #include "fsc/core.h"
 #include "fsc/io.h"
+#include "plot_rows.h"
 #include "tool_flags.h"
 
 enum { S_LOSS, S_VAL, S_LR, S_TOKS, S_SMOOTH, NSERIES };
@@ -100,76 +100,11 @@ static void range_add(range *r, double v) {
     if (v > r->hi) r->hi = v;
 }
 
-/* A copy of a JSON line in which bare words other than true/false/null (C's
- * printf writes "nan", "-nan", "inf" for non-finite doubles, which JSON lacks)
- * become null, so that the rest of the row still counts. */
-static char *nonfinite_to_null(const char *s) {
-    size_t n = strlen(s);
-    char *out = malloc(4 * n + 1), *o = out; /* a one-letter word becomes "null": 4x */
-    if (!out) return NULL;
-    bool in_string = false;
-    for (size_t i = 0; i < n;) {
-        char c = s[i];
-        if (in_string) {
-            *o++ = c, i++;
-            if (c == '\\' && i < n)
-                *o++ = s[i++];
-            else if (c == '"')
-                in_string = false;
-            continue;
-        }
-        if (c == '"') {
-            in_string = true, *o++ = c, i++;
-            continue;
-        }
-        /* a word starts after a separator, optionally with a sign (not an exponent's e) */
-        size_t w = i;
-        if ((c == '-' || c == '+') && i + 1 < n && isalpha((unsigned char)s[i + 1])) w = i + 1;
-        bool after_sep = i == 0 || strchr(" \t:,[", s[i - 1]);
-        if (after_sep && isalpha((unsigned char)s[w])) {
-            size_t e = w;
-            while (e < n && isalnum((unsigned char)s[e])) e++;
-            size_t len = e - w;
-            bool keyword = (len == 4 && !strncmp(s + w, "true", 4)) ||
-                           (len == 5 && !strncmp(s + w, "false", 5)) ||
-                           (len == 4 && !strncmp(s + w, "null", 4));
-            if (keyword && w == i)
-                memcpy(o, s + w, len), o += len;
-            else
-                memcpy(o, "null", 4), o += 4;
-            i = e;
-            continue;
-        }
-        *o++ = c, i++;
-    }
-    *o = '\0';
-    return out;
-}
-
 /* 1: a metrics row (step and the series' values, NaN where absent); 0: JSON
- * without a step (not a metrics row); -1: not JSON. */
+ * without a step (not a metrics row); -1: not JSON (plot_rows.c). */
 static int parse_row(const char *line, double *step, double v[NSERIES]) {
-    cJSON *j = cJSON_Parse(line);
-    if (!j) {
-        char *fixed = nonfinite_to_null(line);
-        j = fixed ? cJSON_Parse(fixed) : NULL;
-        free(fixed);
-        if (!j) return -1;
-    }
-    const cJSON *s = cJSON_GetObjectItemCaseSensitive(j, "step");
-    /* steps are counts (below 2^53); values past 1e300 would make a span of
-     * inf and NaN coordinates: both are taken as absent */
-    int rc = cJSON_IsNumber(s) && fabs(s->valuedouble) <= 9007199254740992.0;
-    if (rc) {
-        *step = s->valuedouble;
-        v[S_SMOOTH] = NAN; /* computed from the loss (scan), not read */
-        for (int k = 0; k < S_SMOOTH; k++) {
-            const cJSON *x = cJSON_GetObjectItemCaseSensitive(j, KEYS[k]);
-            v[k] = cJSON_IsNumber(x) && fabs(x->valuedouble) <= 1e300 ? x->valuedouble : NAN;
-        }
-    }
-    cJSON_Delete(j);
-    return rc;
+    v[S_SMOOTH] = NAN; /* computed from the loss (scan), not read */
+    return plot_row_parse(line, KEYS, S_SMOOTH, step, v);
 }
 
 static bool blank(const char *s) {

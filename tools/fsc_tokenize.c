@@ -25,6 +25,7 @@
 #include "fsc/core.h"
 #include "fsc/io.h"
 #include "fsc/tokenizer.h"
+#include "tokenize_input.h"
 #include "tool_flags.h"
 
 #define SHARD_MAGIC_V1 20240520
@@ -69,68 +70,6 @@ static const tool_flag FLAGS[] = {
     F("quiet", ARG_FLAG, quiet, NULL, "no summary on stderr"),
 };
 #undef F
-
-/* A growing stream of token ids. */
-typedef struct {
-    int32_t *ids;
-    int64_t n, cap;
-} stream;
-
-static int stream_add(stream *s, const int32_t *ids, int64_t n) {
-    if (s->n + n > s->cap) {
-        int64_t cap = s->cap ? s->cap : 1 << 16;
-        while (cap < s->n + n) cap *= 2;
-        int32_t *p = realloc(s->ids, (size_t)cap * sizeof *p);
-        if (!p) return fsc_error(FSC_ERR_NOMEM, "out of memory for %" PRId64 " tokens", cap);
-        s->ids = p, s->cap = cap;
-    }
-    if (n) memcpy(s->ids + s->n, ids, (size_t)n * sizeof *ids);
-    s->n += n;
-    return FSC_OK;
-}
-
-/* A text file, whole: regular files only (a FIFO or /dev/zero is refused,
- * not waited on or read until memory runs out), of at most 16 GiB. */
-static int read_file(const char *path, char **text, size_t *len) {
-    return fsc_file_read_all(path, (size_t)16 << 30, text, len);
-}
-
-/* The id --eot puts before each file: <|endoftext|>, else the post-
- * processor's BOS, else LLaMA-3's <|begin_of_text|> (what llm.c's LLaMA-3
- * scripts put between documents; its tokenizer.json may have no template). */
-static int32_t separator(const fsc_bpe *bpe) {
-    if (!bpe) return -1;
-    if (fsc_bpe_eot(bpe) >= 0) return fsc_bpe_eot(bpe);
-    if (fsc_bpe_bos(bpe) >= 0) return fsc_bpe_bos(bpe);
-    return fsc_bpe_token_id(bpe, "<|begin_of_text|>", 17);
-}
-
-/* Appends path's tokens (after the separator under --eot); bpe NULL: bytes. */
-static int encode_file(const fsc_bpe *bpe, const char *path, bool eot, stream *out, double *bytes) {
-    char *text = NULL;
-    size_t len = 0;
-    int rc = read_file(path, &text, &len);
-    if (rc) return rc;
-    *bytes += (double)len;
-    const int32_t e = separator(bpe);
-    if (eot) rc = stream_add(out, &e, 1);
-    if (!rc && bpe) {
-        int32_t *ids = NULL;
-        int64_t n = 0;
-        rc = fsc_bpe_encode(bpe, text, len, &ids, &n);
-        if (!rc) rc = stream_add(out, ids, n);
-        free(ids);
-    } else if (!rc) {
-        for (size_t i = 0; !rc && i < len; i += 65536) {
-            int32_t chunk[65536];
-            size_t k = len - i < 65536 ? len - i : 65536;
-            for (size_t j = 0; j < k; j++) chunk[j] = (unsigned char)text[i + j];
-            rc = stream_add(out, chunk, (int64_t)k);
-        }
-    }
-    free(text);
-    return rc ? fsc_error_context(rc, "%s: ", path) : FSC_OK;
-}
 
 /* One shard: 256 little-endian int32 header words (magic, version, count,
  * and the vocabulary's size: a word llm.c leaves 0 and ignores, from which
@@ -194,17 +133,6 @@ static int make_output_dirs(const char *prefix) {
         if (end) return FSC_OK;
         *p = '/';
     }
-}
-
-/* Encodes a comma list of files into out. */
-static int encode_list(const fsc_bpe *bpe, const char *list, bool eot, stream *out, double *bytes) {
-    char *copy = strdup(list), *save = NULL;
-    if (!copy) return fsc_error(FSC_ERR_NOMEM, "out of memory");
-    int rc = FSC_OK;
-    for (char *p = strtok_r(copy, ",", &save); p && !rc; p = strtok_r(NULL, ",", &save))
-        rc = encode_file(bpe, p, eot, out, bytes);
-    free(copy);
-    return rc;
 }
 
 static const char *USAGE =
@@ -278,18 +206,18 @@ int main(int argc, char **argv) {
     if (load_tokenizer(o.tokenizer, &bpe)) return 1;
     const int vocab = bpe ? fsc_bpe_vocab_size(bpe) : 256;
     const int version = o.shard_version ? o.shard_version : vocab <= 65536 ? 1 : 7;
-    stream train = {0}, val = {0};
+    tokenize_stream train = {0}, val = {0};
     double bytes = 0, t0 = fsc_now();
     if (o.eot && !bpe)
         rc = fsc_error(FSC_ERR_INVALID, "--eot: --tokenizer bytes has no <|endoftext|> token");
-    else if (o.eot && separator(bpe) < 0)
+    else if (o.eot && tokenize_separator(bpe) < 0)
         rc = fsc_error(FSC_ERR_INVALID,
                        "--eot: this vocabulary has no <|endoftext|>, BOS or <|begin_of_text|>");
     else if (version == 1 && vocab > 65536)
         rc = fsc_error(FSC_ERR_INVALID,
                        "--shard-version 1 holds uint16 tokens, but the vocabulary has %d", vocab);
-    for (int i = first; !rc && i < argc; i++) rc = encode_file(bpe, argv[i], o.eot, &train, &bytes);
-    if (!rc && o.val) rc = encode_list(bpe, o.val, o.eot, &val, &bytes);
+    for (int i = first; !rc && i < argc; i++) rc = tokenize_encode_file(bpe, argv[i], o.eot, &train, &bytes);
+    if (!rc && o.val) rc = tokenize_encode_list(bpe, o.val, o.eot, &val, &bytes);
     int64_t nval = o.val ? val.n : (int64_t)llround(o.val_fraction * (double)train.n);
     if (!rc && !o.val && o.val_fraction > 0 && (nval < 1 || nval >= train.n))
         rc = fsc_error(FSC_ERR_INVALID,
