@@ -257,16 +257,6 @@ static void test_env_values_checked(void **state) {
     unsetenv("FSC_IO_TIMEOUT_S");
 }
 
-static int setup(void **state) {
-    (void)state;
-    return mpi_scratch_dir(dir, "fsc_pio");
-}
-
-static int teardown(void **state) {
-    (void)state;
-    return mpi_scratch_dir_remove(dir);
-}
-
 int main(int argc, char **argv) {
     if (fsc_dist_init(&argc, &argv, NULL) != FSC_OK) return 1;
     rank = fsc_dist_rank(), world = fsc_dist_size();
@@ -280,5 +270,5 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_failed_write_keeps_previous),
         cmocka_unit_test(test_missing_directory_named_everywhere),
     };
-    return mpi_test_finish(cmocka_run_group_tests(tests, setup, teardown));
+    return mpi_test_finish(mpi_run_tests_in_scratch(tests, "fsc_pio", dir));
 }

@@ -45,6 +45,28 @@ static inline unsigned char *mpi_read_file(const char *path, long *n) {
     return b;
 }
 
+/* ---- one scratch directory for a program's tests (cmocka group fixtures) ---- */
+
+static char *mpi_scratch;              /* the program's directory (64 bytes) */
+static const char *mpi_scratch_prefix; /* /tmp/<prefix>_XXXXXX */
+
+static inline int mpi_scratch_setup(void **state) {
+    (void)state;
+    return mpi_scratch_dir(mpi_scratch, mpi_scratch_prefix);
+}
+
+static inline int mpi_scratch_teardown(void **state) {
+    (void)state;
+    return mpi_scratch_dir_remove(mpi_scratch);
+}
+
+/* Runs the cmocka array `tests` with one scratch directory for the world in
+ * dir (64 bytes; /tmp/<prefix>_XXXXXX, made before the first test and
+ * removed after the last); cmocka's count of failed tests on this rank. */
+#define mpi_run_tests_in_scratch(tests, prefix, dir)                                               \
+    (mpi_scratch_prefix = (prefix), mpi_scratch = (dir),                                           \
+     cmocka_run_group_tests(tests, mpi_scratch_setup, mpi_scratch_teardown))
+
 static inline int mpi_test_finish(int failed) {
     int any = failed;
     fsc_group_allreduce(fsc_group_world(), &any, 1, FSC_DTYPE_I32, FSC_REDUCE_MAX);

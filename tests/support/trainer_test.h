@@ -293,19 +293,6 @@ static inline void tt_expect_norms(const char *what, const double *got, const do
 
 /* ---- the program --------------------------------------------------------------------------- */
 
-static char *tt_scratch;              /* the program's scratch directory (64 bytes) */
-static const char *tt_scratch_prefix; /* /tmp/<prefix>_XXXXXX */
-
-static inline int tt_setup(void **state) {
-    (void)state;
-    return mpi_scratch_dir(tt_scratch, tt_scratch_prefix);
-}
-
-static inline int tt_teardown(void **state) {
-    (void)state;
-    return mpi_scratch_dir_remove(tt_scratch);
-}
-
 /* MPI up, this process's rank and the world's size, and the fault switch
  * from FSC_TEST_FAULT; non-zero when MPI did not start. */
 static inline int tt_init(int *argc, char ***argv, int *rank, int *world) {
@@ -319,7 +306,6 @@ static inline int tt_init(int *argc, char ***argv, int *rank, int *world) {
  * dir (64 bytes; /tmp/<prefix>_XXXXXX, made before the first test and
  * removed after the last), then ends MPI with one verdict for every rank. */
 #define tt_run_tests(tests, prefix, dir)                                                           \
-    (tt_scratch_prefix = (prefix), tt_scratch = (dir),                                             \
-     mpi_test_finish(cmocka_run_group_tests(tests, tt_setup, tt_teardown)))
+    mpi_test_finish(mpi_run_tests_in_scratch(tests, prefix, dir))
 
 #endif

@@ -26,16 +26,6 @@
 static int rank, world;
 static char dir[64];
 
-static int setup_dir(void **state) {
-    (void)state;
-    return mpi_scratch_dir(dir, "fsc_cp_layout");
-}
-
-static int teardown_dir(void **state) {
-    (void)state;
-    return mpi_scratch_dir_remove(dir);
-}
-
 static fsc_tokens tokens;
 
 static int batch_fn(const fsc_micro_batch *mb, void *user, int32_t *x, int32_t *y) {
@@ -214,7 +204,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_ddp_tp2),  cmocka_unit_test(test_resume),
         cmocka_unit_test(test_refusals),
     };
-    int failed = cmocka_run_group_tests(tests, setup_dir, teardown_dir);
+    int failed = mpi_run_tests_in_scratch(tests, "fsc_cp_layout", dir);
     fsc_tokens_free(&tokens);
     return mpi_test_finish(failed);
 }

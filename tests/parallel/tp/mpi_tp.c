@@ -29,20 +29,11 @@
 #include "fsc/tp.h"
 #include "fsc/weights.h"
 #include "mpi_test.h"
+#include "tp_test.h"
 
 static int rank, world;
 static char dir[64];
 static const double U = FLT_EPSILON / 2; /* unit roundoff of f32 */
-
-static int setup_dir(void **state) {
-    (void)state;
-    return mpi_scratch_dir(dir, "fsc_tp");
-}
-
-static int teardown_dir(void **state) {
-    (void)state;
-    return mpi_scratch_dir_remove(dir);
-}
 
 /* The TP groups of size t over the world (adjacent ranks); *color names this
  * rank's. The world itself when t == world. */
@@ -304,21 +295,11 @@ static float *run_tp(const gpt_run *c, int t, int64_t *numel) {
     assert_int_equal(fsc_optim_ranges_from_params(&ps, &r, &nr), FSC_OK);
     fsc_optim *o = fsc_optim_new(&EQ_ADAMW, r, nr);
     fsc_arena *arena = fsc_arena_new(FSC_MEM_ACTIV, 1 << 20);
-    const int G = EQ_GLOBAL_BATCH, T = c->model.seq;
-    int32_t x[EQ_GLOBAL_BATCH * 16], y[EQ_GLOBAL_BATCH * 16];
+    const int T = c->model.seq;
     float first_norm = 0;
     for (int s = 0; s < EQ_STEPS; s++) {
-        fsc_params_zero_grad(&ps);
-        fsc_arena_reset(arena);
-        assert_int_equal(fsc_tokens_batch(&tk, s, 0, 0, G, 1, 1, T, x, y), FSC_OK);
-        fsc_ctx ctx = {.arena = arena,
-                       .training = true,
-                       .keyed = true,
-                       .seed = 5,
-                       .step = s,
-                       .sample0 = fsc_batch_first_sample(s, 0, 0, G, 1, 1)};
         float loss;
-        if (fsc_tp_gpt_train_micro(m, &ctx, x, y, G, T, -1, (double)G * T, &loss))
+        if (tp_test_micro(m, &ps, arena, &tk, T, s, &loss))
             fail_msg("rank %d: %s", rank, fsc_last_error());
         if (c->max_norm > 0) {
             float norm;
@@ -416,5 +397,5 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_gpt_padded_vocab), cmocka_unit_test(test_gpt_clipped),
         cmocka_unit_test(test_gpt_chunked_head),
     };
-    return mpi_test_finish(cmocka_run_group_tests(tests, setup_dir, teardown_dir));
+    return mpi_test_finish(mpi_run_tests_in_scratch(tests, "fsc_tp", dir));
 }

@@ -35,16 +35,6 @@
 static int rank, world;
 static char dir[64];
 
-static int setup_dir(void **state) {
-    (void)state;
-    return mpi_scratch_dir(dir, "fsc_tp_gpt");
-}
-
-static int teardown_dir(void **state) {
-    (void)state;
-    return mpi_scratch_dir_remove(dir);
-}
-
 static fsc_gpt_config model_v(int vocab) {
     fsc_gpt_config c = EQ_MODEL;
     c.vocab = vocab;
@@ -393,5 +383,5 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_grads_written_in_backward),
         cmocka_unit_test(test_bad_configs),
     };
-    return mpi_test_finish(cmocka_run_group_tests(tests, setup_dir, teardown_dir));
+    return mpi_test_finish(mpi_run_tests_in_scratch(tests, "fsc_tp_gpt", dir));
 }

@@ -26,19 +26,10 @@
 #include "fsc/tp.h"
 #include "fsc/weights.h"
 #include "mpi_test.h"
+#include "tp_test.h"
 
 static int rank, world;
 static char dir[64];
-
-static int setup_dir(void **state) {
-    (void)state;
-    return mpi_scratch_dir(dir, "fsc_tp_llama");
-}
-
-static int teardown_dir(void **state) {
-    (void)state;
-    return mpi_scratch_dir_remove(dir);
-}
 
 /* 8 query heads on 4 key/value heads (head_dim 4): t = 1, 2 and 4 all split
  * both, each rank's query heads sharing its own key/value heads. */
@@ -84,20 +75,10 @@ static float *run_tp(const llama_run *c, const char *init_file, int64_t *numel) 
     assert_int_equal(fsc_optim_ranges_from_params(&ps, &r, &nr), FSC_OK);
     fsc_optim *o = fsc_optim_new(&EQ_ADAMW, r, nr);
     fsc_arena *arena = fsc_arena_new(FSC_MEM_ACTIV, 1 << 20);
-    const int G = EQ_GLOBAL_BATCH, T = c->model.seq;
-    int32_t x[EQ_GLOBAL_BATCH * 16], y[EQ_GLOBAL_BATCH * 16];
+    const int T = c->model.seq;
     for (int s = 0; s < EQ_STEPS; s++) {
-        fsc_params_zero_grad(&ps);
-        fsc_arena_reset(arena);
-        assert_int_equal(fsc_tokens_batch(&tk, s, 0, 0, G, 1, 1, T, x, y), FSC_OK);
-        fsc_ctx ctx = {.arena = arena,
-                       .training = true,
-                       .keyed = true,
-                       .seed = 5,
-                       .step = s,
-                       .sample0 = fsc_batch_first_sample(s, 0, 0, G, 1, 1)};
         float loss;
-        if (fsc_tp_gpt_train_micro(m, &ctx, x, y, G, T, -1, (double)G * T, &loss))
+        if (tp_test_micro(m, &ps, arena, &tk, T, s, &loss))
             fail_msg("rank %d: %s", rank, fsc_last_error());
         assert_int_equal(fsc_optim_step(o), FSC_OK);
     }
@@ -213,5 +194,5 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_padded_vocab),
         cmocka_unit_test(test_refusals),
     };
-    return mpi_test_finish(cmocka_run_group_tests(tests, setup_dir, teardown_dir));
+    return mpi_test_finish(mpi_run_tests_in_scratch(tests, "fsc_tp_llama", dir));
 }

@@ -34,16 +34,6 @@ static char dir[64];
 
 enum { K1 = 2, K2 = EQ_STEPS - K1 }; /* steps before and after a resume */
 
-static int setup_dir(void **state) {
-    (void)state;
-    return mpi_scratch_dir(dir, "fsc_tp_optim");
-}
-
-static int teardown_dir(void **state) {
-    (void)state;
-    return mpi_scratch_dir_remove(dir);
-}
-
 /* vocab 67: not divisible by 2 or 4, so the last ranks hold padding rows */
 static fsc_gpt_config model(void) {
     fsc_gpt_config c = EQ_MODEL;
@@ -552,5 +542,5 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_resume),
         cmocka_unit_test(test_refuse_other_files),
     };
-    return mpi_test_finish(cmocka_run_group_tests(tests, setup_dir, teardown_dir));
+    return mpi_test_finish(mpi_run_tests_in_scratch(tests, "fsc_tp_optim", dir));
 }
