@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "equivalence.h"
+#include "golden_json.h"
 #include "fsc/checkpoint_wrapper.h"
 #include "fsc/gpt.h"
 #include "fsc/moe_parallel.h"
@@ -29,21 +30,7 @@ static cJSON *golden;
 
 static int load_golden(void **state) {
     (void)state;
-    const char *dir = getenv("FSC_TEST_DATA");
-    char path[1024];
-    snprintf(path, sizeof path, "%s/moe_golden.json", dir ? dir : "tests/data");
-    FILE *f = fopen(path, "rb");
-    if (!f) return fprintf(stderr, "cannot open golden %s\n", path), -1;
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *text = malloc((size_t)len + 1);
-    size_t got = text ? fread(text, 1, (size_t)len, f) : 0;
-    fclose(f);
-    if (!text || got != (size_t)len) return free(text), -1;
-    text[len] = '\0';
-    golden = cJSON_Parse(text);
-    free(text);
+    golden = golden_json("moe_golden.json");
     return golden ? 0 : -1;
 }
 

@@ -16,6 +16,7 @@
 #include "fsc/core.h"
 #include "fsc/nn.h"
 #include "fsc/optim.h"
+#include "golden_json.h"
 
 /* Parameters after each of 10 steps: float32 element-wise math in torch's
  * order, fused multiply-adds where torch fuses, so on a CPU with FMA the
@@ -32,28 +33,7 @@ static cJSON *golden;
 
 static int load_golden(void **state) {
     (void)state;
-    const char *dir = getenv("FSC_TEST_DATA");
-    char path[1024];
-    snprintf(path, sizeof path, "%s/optim_golden.json", dir ? dir : "tests/data");
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "cannot open golden %s\n", path);
-        return -1;
-    }
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *text = malloc((size_t)len + 1);
-    size_t got = text ? fread(text, 1, (size_t)len, f) : 0;
-    fclose(f);
-    if (!text || got != (size_t)len) {
-        free(text);
-        return -1;
-    }
-    text[len] = '\0';
-    golden = cJSON_Parse(text);
-    free(text);
-    if (!golden) fprintf(stderr, "golden %s is not valid JSON\n", path);
+    golden = golden_json("optim_golden.json");
     return golden ? 0 : -1;
 }
 
