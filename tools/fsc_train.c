@@ -302,6 +302,8 @@ static void summary(const trainer *t, double first_loss, double last_loss, doubl
  * "kill@R:S" sends it SIGKILL (no clean-up at all), and
  * "inf@R:S" puts an inf into one of rank R's gradients in step S (fp16 loss
  * scaling must then skip that step on every rank). */
+bool fsc_fault_set(const char *name); /* src/core/fault.h, for FSC_FAULT=ckpt@R:K */
+
 static void inject_fault(int rank, int64_t step) {
     const char *f; /* checked at start-up (train_env_check) */
     fsc_env_string("FSC_FAULT", &f);
@@ -429,6 +431,17 @@ int main(int argc, char **argv) {
     long long fault_step;
     if (fault && sscanf(fault, "inf@%d:%lld", &fault_rank, &fault_step) == 2 && fault_rank == rank)
         t.poison_step = fault_step;
+    /* ckpt@R:K: rank R dies at commit point K of its first checkpoint save
+     * (the library's test switch, core/fault.h; fsc-train links it statically) */
+    if (fault && sscanf(fault, "ckpt@%d:%lld", &fault_rank, &fault_step) == 2 &&
+        fault_rank == rank) {
+        char name[32];
+        snprintf(name, sizeof name, "ckpt-kill:%lld", fault_step);
+        if (!fsc_fault_set(name)) {
+            fprintf(stderr, "fsc-train: FSC_FAULT=%s: no commit point %lld\n", fault, fault_step);
+            return fail(&t, world, 2);
+        }
+    }
     /* a save's needs are checked now, not at the first save many steps in */
     if (o.checkpoint_dir &&
         tool_agree(fsc_ckpt_check_dir(o.checkpoint_dir), "checking --checkpoint-dir")) {
@@ -536,6 +549,15 @@ int main(int argc, char **argv) {
                           sig, s + 1, TRAIN_EXIT_STOPPED);
     }
     progress_end(&prog);
+    /* --async-save: the checkpoint still in flight is committed (or its
+     * failure reported) before the run ends, then pruned as a synchronous one */
+    if (!rc && (rc = fsc_trainer_checkpoint_wait(t.tr))) {
+        tool_report("fsc-train", "checkpoint written in the background: ");
+    } else if (!rc && o.async_save && (o.keep_last > 0 || o.keep_best > 0) && rank == 0 &&
+               fsc_ckpt_prune_best(o.checkpoint_dir, o.keep_last, o.keep_best, "val_loss")) {
+        fprintf(stderr, "fsc-train: --keep-last %d --keep-best %d: %s\n", o.keep_last, o.keep_best,
+                fsc_last_error());
+    }
     double seconds = fsc_now() - t0;
     if (metrics && (ferror(metrics) | (fclose(metrics) != 0))) { /* a full disk, say */
         fprintf(stderr, "fsc-train: --metrics %s: writing its rows failed: %s\n", o.metrics,

@@ -208,6 +208,7 @@ static int make_trainer(trainer *t) {
                               .pipe_targets = o->tp > 1 ? pipe_targets : NULL,
                               .after_backward = poison,
                               .adascale = o->adascale,
+                              .async_save = o->async_save,
                               .user = t};
     int rc = fsc_attention_kind_parse(o->attention, &cfg.attention);
     if (rc) rc = fsc_error_context(rc, "--attention: ");

@@ -66,6 +66,7 @@ typedef struct train_options {
     const char *trace;           /* with --pp: the last step as a Chrome trace */
     const char *profile;         /* every rank's spans as a Chrome trace, and a summary */
     int64_t save_every;          /* checkpoint every N steps (0: never) */
+    bool async_save;             /* checkpoints written by a background thread */
     const char *checkpoint_dir, *resume;
     const char *init_from, *save_init, *save, *metrics, *metrics_csv;
     const char *save_dir; /* a Hugging Face directory at the end (train_save_dir.c) */

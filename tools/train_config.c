@@ -95,7 +95,7 @@ static bool per_run(const char *name) {
     static const char *const names[] = {"config",    "resume",       "init-from",
                                         "save-init", "trace",        "print-schedule",
                                         "quiet",     "allow-change", "progress",
-                                        "profile"};
+                                        "profile",   "async-save"};
     for (size_t i = 0; i < sizeof names / sizeof *names; i++)
         if (!strcmp(name, names[i])) return true;
     return false;

@@ -183,6 +183,8 @@ static const flag flags[] = {
       "with --pp: print the schedule's grid, one row per rank, and its bubble"),
     F("save-every", ARG_I64, save_every,
       "write a checkpoint every N steps (needs --checkpoint-dir)"),
+    F("async-save", ARG_FLAG, async_save,
+      "write checkpoints in the background while training goes on (docs/checkpoints.md)"),
     F("checkpoint-dir", ARG_STR, checkpoint_dir, "directory of checkpoints (step-N/, latest)"),
     F("resume", ARG_STR, resume, "resume from this checkpoint directory's latest checkpoint"),
     F("save-sharded", ARG_STR, save_sharded,
@@ -589,6 +591,8 @@ int train_options_check(const train_options *o) {
                          o->balance);
     if (o->save_every > 0 && !o->checkpoint_dir)
         return fsc_error(FSC_ERR_INVALID, "--save-every needs --checkpoint-dir");
+    if (o->async_save && !o->checkpoint_dir)
+        return fsc_error(FSC_ERR_INVALID, "--async-save needs --checkpoint-dir");
     if (o->keep_last < 0)
         return fsc_error(FSC_ERR_INVALID, "--keep-last %d must be >= 0", o->keep_last);
     if (o->keep_last > 0 && !o->checkpoint_dir)

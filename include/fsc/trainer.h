@@ -114,6 +114,17 @@ typedef struct fsc_trainer_config {
      * estimator and the scale-invariant step. */
     bool adascale;
     fsc_adascale_config adascale_cfg; /* scale 0: world x grad_accum */
+    /* Checkpoints written in the background: fsc_trainer_save_checkpoint
+     * copies each rank's part of the files (the bytes it would write) into
+     * memory and returns; a thread writes them with POSIX calls while
+     * training goes on, and the checkpoint is committed (`latest` moves) only
+     * once every rank reported its part written, as a synchronous save is.
+     * Each fsc_trainer_step then starts with a 4-byte all-reduce while one is
+     * in flight, and returns its failure (naming the rank and the file; the
+     * previous checkpoint stays the newest). The next save and
+     * fsc_trainer_checkpoint_wait wait for it. Off, with a one-line notice,
+     * under tensor parallelism or below MPI_THREAD_FUNNELED. */
+    bool async_save;
 } fsc_trainer_config;
 
 typedef struct fsc_step_result {
@@ -163,9 +174,16 @@ FSC_API int fsc_trainer_save_weights(fsc_trainer *t, const char *path, int n_met
  * weights and optimizer state by global name, the seed, who saved it, the
  * fp16 loss scale, AdaScale's estimates and scale-invariant step, and the
  * given state pairs (values are JSON). Collective;
- * every rank returns rank 0's outcome. */
+ * every rank returns rank 0's outcome. With cfg.async_save it first waits for
+ * the save in flight, then stages this one and returns: its outcome comes
+ * from a later fsc_trainer_step or fsc_trainer_checkpoint_wait. */
 FSC_API int fsc_trainer_save_checkpoint(fsc_trainer *t, const char *dir, int n_state,
                                         const char *const *keys, const char *const *json_values);
+/* Waits for the asynchronous save in flight (cfg.async_save) and commits it;
+ * FSC_OK at once when there is none. Collective; every rank returns the
+ * first failing rank's error. Call it before fsc_trainer_free, which drops a
+ * save still in flight. */
+FSC_API int fsc_trainer_checkpoint_wait(fsc_trainer *t);
 /* Continues from dir's latest checkpoint: each given state pair must equal
  * the checkpoint's (compared as JSON; the message names the key and both
  * values), the seed too; then weights, optimizer state, loss scale, AdaScale's

@@ -28,7 +28,7 @@ static bool fault_form(const char *v) {
     long long s;
     return sscanf(v, "%7[a-z]@%d:%lld%c", kind, &r, &s, &tail) == 3 && r >= 0 && s >= 1 &&
            (!strcmp(kind, "sleep") || !strcmp(kind, "exit") || !strcmp(kind, "kill") ||
-            !strcmp(kind, "inf"));
+            !strcmp(kind, "inf") || !strcmp(kind, "ckpt"));
 }
 
 #define SECONDS_MAX 604800 /* a week */
@@ -64,9 +64,11 @@ static const row rows[] = {
              "0 treats every peer as on another host (for the tests)"}},
     /* ---- tools */
     {.var = {"FSC_FAULT", FSC_ENV_STRING, "fsc-train", 0, 0, NULL, "none",
-             "sleep|exit|kill|inf@RANK:STEP with RANK in [0, 2147483647] and STEP in [1, 2^63)",
+             "sleep|exit|kill|inf@RANK:STEP with RANK in [0, 2147483647] and STEP in [1, 2^63), "
+             "or ckpt@RANK:K",
              "fault injection for the tests: rank RANK sleeps, exits, is killed or gets an inf "
-             "gradient at step STEP"},
+             "gradient at step STEP, or (ckpt) is killed at commit point K of its first "
+             "checkpoint save (core/fault.h)"},
      .form = fault_form},
     {.var = {"FSC_PEAK_GFLOPS", FSC_ENV_DOUBLE, "fsc-train", 0.1, 1e6, NULL,
              "measured at start-up (sgemm 1024^3)", "GFLOP/s per core in [0.1, 1000000]",

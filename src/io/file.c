@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "fsc/core.h"
+#include "io/ckpt_stage.h"
 #include "io/io_internal.h"
 
 static const char *kind_of(mode_t m) {
@@ -221,12 +222,20 @@ int fsc_remove_tree(const char *path) {
 static void atomic_free(fsc_atomic_file *af) {
     free(af->path);
     free(af->tmp);
+    free(af->mem);
     memset(af, 0, sizeof *af);
 }
 
 int fsc_atomic_open(fsc_atomic_file *af, const char *path) {
     memset(af, 0, sizeof *af);
     if (!path || !*path) return fsc_error(FSC_ERR_INVALID, "output path is empty");
+    if (ckpt_stage_current()) { /* an asynchronous save's capture */
+        af->path = strdup(path);
+        if (af->path) af->fp = open_memstream(&af->mem, &af->mem_len);
+        if (af->fp) return FSC_OK;
+        atomic_free(af);
+        return fsc_error(FSC_ERR_NOMEM, "%s: out of memory staging it", path);
+    }
     size_t n = strlen(path) + 64;
     af->path = malloc(strlen(path) + 1);
     af->tmp = malloc(n);
@@ -258,7 +267,8 @@ int fsc_atomic_open(fsc_atomic_file *af, const char *path) {
 
 int fsc_atomic_write(fsc_atomic_file *af, const void *data, size_t nbytes) {
     if (nbytes && fwrite(data, 1, nbytes, af->fp) != nbytes)
-        return fsc_error(FSC_ERR_IO, "%s: write failed: %s", af->tmp, strerror(errno));
+        return fsc_error(FSC_ERR_IO, "%s: write failed: %s", af->tmp ? af->tmp : af->path,
+                         strerror(errno));
     return FSC_OK;
 }
 
@@ -270,6 +280,18 @@ void fsc_atomic_abort(fsc_atomic_file *af) {
 
 int fsc_atomic_commit(fsc_atomic_file *af) {
     int rc = FSC_OK;
+    if (!af->tmp) { /* captured: the bytes go to the stage, written later */
+        if (fclose(af->fp) != 0)
+            rc = fsc_error(FSC_ERR_NOMEM, "%s: out of memory staging it", af->path);
+        af->fp = NULL;
+        if (!rc)
+            rc = ckpt_stage_add_file(ckpt_stage_current(), af->path, af->mem, af->mem_len);
+        else
+            free(af->mem);
+        af->mem = NULL;
+        atomic_free(af);
+        return rc;
+    }
     if (fflush(af->fp) != 0 || fsync(fileno(af->fp)) != 0)
         rc = fsc_error(FSC_ERR_IO, "%s: flush failed: %s", af->tmp, strerror(errno));
     int closed = fclose(af->fp);

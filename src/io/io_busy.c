@@ -6,15 +6,21 @@
  * (default 600 s) instead of the communication timeout. Scopes nest (a
  * checkpoint's commit around its files' writes); the outermost one speaks
  * for the whole stretch. */
+#include <stdbool.h>
 #include <stdio.h>
 
 #include "comm/heartbeat.h"
 #include "io/io_internal.h"
 
 static _Thread_local int depth;
+static _Thread_local bool quiet; /* a background thread: it never speaks for the rank */
+
+void fsc_io_busy_quiet(void) {
+    quiet = true;
+}
 
 int fsc_io_busy_begin(const char *what) {
-    if (depth++ > 0) return FSC_OK;
+    if (quiet || depth++ > 0) return FSC_OK;
     double timeout; /* 600 s unless set; its range is the environment table's */
     int rc = fsc_env_double("FSC_IO_TIMEOUT_S", &timeout);
     if (rc) {
@@ -29,7 +35,7 @@ int fsc_io_busy_begin(const char *what) {
 }
 
 void fsc_io_busy_end(void) {
-    if (depth == 0 || --depth > 0) return;
+    if (quiet || depth == 0 || --depth > 0) return;
     fsc_hb_arm(0, "");
     fsc_hb_note_busy(NULL);
 }

@@ -16,9 +16,13 @@ typedef struct {
     FILE *fp;
     char *path;
     char *tmp;
+    char *mem; /* while a stage captures (ckpt_stage.h): the bytes, in memory */
+    size_t mem_len;
 } fsc_atomic_file;
 
-/* Creates the temporary. On failure af is zeroed and the error names path. */
+/* Creates the temporary. On failure af is zeroed and the error names path.
+ * While a checkpoint stage captures on this thread, the file is written to
+ * memory instead and handed to the stage at commit (nothing on disk). */
 int fsc_atomic_open(fsc_atomic_file *af, const char *path);
 int fsc_atomic_write(fsc_atomic_file *af, const void *data, size_t nbytes);
 /* fflush + fsync + rename; on any failure the temporary is removed. Frees af's fields. */
@@ -66,6 +70,10 @@ int fsc_shard_read(const char *path, void *dst, int width, int64_t count);
  * every begin that returned FSC_OK needs its end. */
 int fsc_io_busy_begin(const char *what);
 void fsc_io_busy_end(void);
+/* Makes both no-ops on the calling thread: a background writer's file work
+ * (an asynchronous checkpoint) must not arm or clear the deadline of the
+ * main thread's, which waits for it in a scope of its own. */
+void fsc_io_busy_quiet(void);
 
 /* Every finite number under node becomes a raw node holding its "%.17g"
  * text, so printing the tree keeps each double bit for bit (cJSON's own print

@@ -27,6 +27,7 @@
 #include "core/fault.h"
 #include "comm/heartbeat.h"
 #include "io/checkpoint_internal.h"
+#include "io/ckpt_stage.h"
 #include "io/io_internal.h"
 #include "io/st_parallel.h"
 
@@ -374,6 +375,8 @@ static int write_file(fsc_group *g, job *j, const char *tmp, bool is_root, const
 
 int st_parallel_save(fsc_group *g, int root, const char *path, fsc_st_writer *plan,
                      const st_pieces *pieces, int status) {
+    /* an asynchronous save keeps the pieces, written later (checkpoint_stage.c) */
+    if (ckpt_stage_current()) return ckpt_stage_parallel(g, root, path, plan, pieces, status);
     const int me = fsc_group_rank(g), world = fsc_group_size(g);
     const bool is_root = me == root;
     int32_t names[2 * PATH_WORDS] = {0}; /* root's path, then its temporary */

@@ -70,7 +70,7 @@ fsc_trainer *fsc_trainer_new(fsc_module *model, const fsc_trainer_config *cfg) {
         fsc_error_context(FSC_ERR_INVALID, "trainer: grad scaler: ");
     if (t->s && (!fp16 || t->scaler) && !(t->arena = fsc_arena_new(FSC_MEM_ACTIV, 1 << 20)))
         fsc_error(FSC_ERR_NOMEM, "trainer: out of memory");
-    if (!t->arena) {
+    if (!t->arena || trainer_async_begin(t)) {
         fsc_trainer_free(t);
         return NULL;
     }
@@ -86,6 +86,7 @@ fsc_trainer *fsc_trainer_new(fsc_module *model, const fsc_trainer_config *cfg) {
 void fsc_trainer_free(fsc_trainer *t) {
     if (!t) return;
     if (t->cfg.strategy.compute_dtype == FSC_DTYPE_BF16) fsc_bf16_weight_cache_set(false);
+    trainer_async_free(t); /* before the strategy: it holds the strategy's groups */
     fsc_strategy_free(t->s);
     trainer_ada_free(t);
     fsc_grad_scaler_free(t->scaler);
@@ -239,8 +240,11 @@ static int trainer_step(fsc_trainer *t, fsc_step_result *r);
 
 int fsc_trainer_step(fsc_trainer *t, fsc_step_result *r) {
     if (!t || !r) return fsc_error(FSC_ERR_INVALID, "trainer: step needs a trainer and a result");
+    /* a background checkpoint's progress: its failure ends training here */
+    int rc = trainer_async_poll(t, false);
+    if (rc) return rc;
     FSC_PROF_BEGIN(FSC_PROF_STEP, "step");
-    int rc = trainer_step(t, r);
+    rc = trainer_step(t, r);
     FSC_PROF_END();
     return rc;
 }

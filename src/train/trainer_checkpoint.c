@@ -1,5 +1,6 @@
 /* Checkpoints of a trainer: weights and optimizer state by global name (the
- * strategy writes them, whatever its sharding), plus the seed, the fp16
+ * strategy writes them, whatever its sharding; with async_save into memory,
+ * written later by trainer_async.c), plus the seed, the fp16
  * loss scale, AdaScale's estimates and progress, who saved it and the
  * caller's state. The data order and the dropout masks are functions of
  * (seed, step), so the step is the whole data position: a run resumes under
@@ -11,18 +12,8 @@
 
 #include "fsc/checkpoint.h"
 #include "fsc/profile.h"
+#include "io/ckpt_stage.h"
 #include "trainer_internal.h"
-
-/* Every rank of the strategy learns rank 0's status. */
-static int agree(fsc_trainer *t, int rc, const char *what) {
-    fsc_group *all = fsc_strategy_all(t->s);
-    if (fsc_group_size(all) == 1) return rc;
-    int32_t status = rc;
-    if (fsc_group_broadcast(all, &status, 1, FSC_DTYPE_I32, 0)) return FSC_ERR_MPI;
-    if (rc) return rc; /* this rank's own failure keeps its message */
-    if (status && fsc_group_rank(all) != 0) return fsc_error(status, "rank 0 could not %s", what);
-    return rc;
-}
 
 /* The state pairs every checkpoint carries, then the caller's. */
 static int set_state(fsc_trainer *t, fsc_ckpt_writer *w, int n, const char *const *keys,
@@ -61,10 +52,23 @@ int fsc_trainer_save_checkpoint(fsc_trainer *t, const char *dir, int n_state,
                          MAX_META - 2, n_state);
     /* rank 0 owns the checkpoint directory; the files in it are written by
      * every rank through MPI-IO, or by rank 0 alone (see the strategies) */
-    const bool root = fsc_group_rank(fsc_strategy_all(t->s)) == 0;
-    fsc_ckpt_writer *w = NULL;
-    int rc = agree(t, root ? fsc_ckpt_begin(dir, t->step, &w) : FSC_OK, "start a checkpoint");
+    fsc_group *all = fsc_strategy_all(t->s);
+    const bool root = fsc_group_rank(all) == 0;
+    /* asynchronous: the save in flight ends first (saves never overlap), and
+     * this one's files are captured in memory (trainer_async.c) */
+    const bool async = t->cfg.async_save;
+    int rc = async ? trainer_async_poll(t, true) : FSC_OK;
     if (rc) return rc;
+    fsc_ckpt_writer *w = NULL;
+    ckpt_stage *stage = async ? ckpt_stage_new() : NULL;
+    rc = async && !stage ? FSC_ERR_NOMEM : FSC_OK;
+    if (!rc && root) rc = fsc_ckpt_begin(dir, t->step, &w);
+    rc = fsc_group_agree(all, rc, "starting a checkpoint");
+    if (rc) {
+        fsc_ckpt_abort(w);
+        ckpt_stage_free(stage);
+        return rc;
+    }
     char weights[4096] = "", optim[4096] = "", step[32];
     if (root) {
         snprintf(weights, sizeof weights, "%s", fsc_ckpt_member(w, "model.safetensors"));
@@ -79,10 +83,10 @@ int fsc_trainer_save_checkpoint(fsc_trainer *t, const char *dir, int n_state,
         snprintf(names[i], sizeof names[i], "fsc.%s", keys[i]);
         mk[2 + i] = names[i], mv[2 + i] = json_values[i];
     }
-    FSC_PROF_BEGIN(FSC_PROF_CKPT, "checkpoint write");
+    FSC_PROF_BEGIN(FSC_PROF_CKPT, async ? "checkpoint staging" : "checkpoint write");
+    ckpt_stage_capture(stage);
     rc = fsc_strategy_save_weights(t->s, weights, 0, 2 + n_state, mk, mv);
     int orc = fsc_strategy_save_optim(t->s, optim, 0);
-    FSC_PROF_END();
     if (!rc) rc = orc;
     if (fsc_strategy_has_state(t->s)) { /* e.g. slowmo's slow momentum and local steps */
         char extra[4096] = "";
@@ -90,17 +94,26 @@ int fsc_trainer_save_checkpoint(fsc_trainer *t, const char *dir, int n_state,
         int src = fsc_strategy_save_state(t->s, extra, 0);
         if (!rc) rc = src;
     }
+    ckpt_stage_capture(NULL);
+    FSC_PROF_END();
     /* committed only when every rank's part is on disk: a rank whose write
      * failed stops the commit, and every rank names it */
-    rc = fsc_group_agree(fsc_strategy_all(t->s), rc, "writing the checkpoint's files");
+    const char *what = async ? "staging the checkpoint's files" : "writing the checkpoint's files";
+    rc = fsc_group_agree(all, rc, what);
+    if (root && !rc) rc = set_state(t, w, n_state, keys, json_values); /* this step's state */
+    if (async) return trainer_async_start(t, w, stage, fsc_group_agree(all, rc, "staging it"));
     if (root) {
-        if (!rc) rc = set_state(t, w, n_state, keys, json_values);
         if (!rc)
             rc = fsc_ckpt_commit(w);
         else
             fsc_ckpt_abort(w);
     }
-    return agree(t, rc, "write the checkpoint");
+    return fsc_group_agree(all, rc, "committing the checkpoint");
+}
+
+int fsc_trainer_checkpoint_wait(fsc_trainer *t) {
+    if (!t) return fsc_error(FSC_ERR_INVALID, "trainer: checkpoint_wait needs a trainer");
+    return trainer_async_poll(t, true);
 }
 
 /* The checkpoint's value of `key` equals `want` (as JSON). */

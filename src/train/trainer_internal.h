@@ -4,6 +4,7 @@
 #ifndef FSC_TRAIN_TRAINER_INTERNAL_H
 #define FSC_TRAIN_TRAINER_INTERNAL_H
 
+#include "fsc/checkpoint.h"
 #include "fsc/trainer.h"
 
 struct fsc_trainer {
@@ -13,6 +14,7 @@ struct fsc_trainer {
     fsc_arena *arena;
     int64_t step;                 /* next step to run, 0-based */
     struct trainer_adascale *ada; /* AdaScale (cfg.adascale), else NULL */
+    struct trainer_async *async;  /* cfg.async_save where it can run, else NULL */
 };
 
 /* Micro-batch k of step `step` as the callbacks see it (rows: all of it):
@@ -38,5 +40,19 @@ double trainer_ada_progress(const fsc_trainer *t);     /* scale-invariant steps 
 int trainer_ada_state_json(const fsc_trainer *t, char *buf, size_t n);
 int trainer_ada_load_json(fsc_trainer *t, const char *json, int64_t step);
 void trainer_ada_free(fsc_trainer *t);
+
+/* trainer_async.c: asynchronous checkpoints. Begin (after the strategy
+ * exists): turns cfg.async_save off, with a one-line notice, where it cannot
+ * run. Start: hands the captured save (w: the root's, else NULL) to the
+ * background writer; with rc set, drops it and returns rc. Poll (collective,
+ * at step boundaries): advances the save in flight, waiting for it to end
+ * when wait; its failure, agreed on every rank. */
+typedef struct trainer_async trainer_async;
+struct ckpt_stage;
+int trainer_async_begin(fsc_trainer *t);
+int trainer_async_start(fsc_trainer *t, fsc_ckpt_writer *w, struct ckpt_stage *stage, int rc);
+int trainer_async_poll(fsc_trainer *t, bool wait);
+bool trainer_async_busy(const fsc_trainer *t);
+void trainer_async_free(fsc_trainer *t);
 
 #endif

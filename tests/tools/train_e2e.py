@@ -7,7 +7,7 @@ usage: train_e2e.py FSC_TRAIN {learns|accum|strategies|watchdog|resume|bad-input
                               config|signals|optimizers|consistency|plot|io-faults|llama|
                               llama-strategies|llama-techniques|llama-resume|
                               resume-outputs|launcher|sample-tokenizer|messages|freeze|
-                              keep-best}
+                              keep-best|async-equal|async-faults|async-kill}
 One mode a ctest (train_<mode>); the checks live by feature in the train_e2e_*.py
 modules beside this file, what they share in train_e2e_common.py. (The progress
 output is tests/tools/progress_e2e.py.)
@@ -15,6 +15,7 @@ Exit 0 = pass, 1 = fail, 77 = skipped (no PyTorch).
 """
 import sys
 
+import train_e2e_async as async_e2e
 import train_e2e_attention as attention_e2e
 import train_e2e_data as data
 import train_e2e_faults as faults
@@ -44,6 +45,9 @@ MODES = {
     "signals": faults.signals,
     "consistency": faults.consistency,
     "io-faults": io.io_faults,
+    "async-equal": async_e2e.equal,
+    "async-faults": async_e2e.faults,
+    "async-kill": async_e2e.kill,
     "fsdp": fsdp.fsdp,
     "fsdp-precision": fsdp.fsdp_precision,
     "fsdp-files": fsdp.fsdp_files,
