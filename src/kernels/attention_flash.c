@@ -67,10 +67,11 @@ static float online_row(float *s, int n, int cols, float *m, float *l) {
 }
 
 /* One (b, h) query block of rows [r0, r0 + rows): ws holds S (BR x BC), O
- * (BR x hd), m and l (BR each). */
+ * (BR x hd), m and l (BR each). kt is k^T of the call (fsc_flash_transpose)
+ * when the tiles are fused products (fsc_flash_mm), else NULL. */
 static void forward_block(const fsc_attn_dims *d, const float *q, const float *k, const float *v,
-                          float *out, float *lse, bool merge, fsc_gemm_prec prec, int b, int h,
-                          int r0, int rows, float *ws) {
+                          float *out, float *lse, bool merge, fsc_gemm_prec prec, const float *kt,
+                          int b, int h, int r0, int rows, float *ws) {
     const int hd = d->hd, j = h / (d->NH / d->NKV);
     const float scale = 1.0f / sqrtf((float)hd);
     float *S = ws, *O = S + BR * BC, *m = O + (size_t)BR * hd, *l = m + BR;
@@ -91,8 +92,26 @@ static void forward_block(const fsc_attn_dims *d, const float *q, const float *k
     const int kend = fsc_flash_visible(d, r0 + rows - 1); /* the last row sees the most */
     for (int c0 = 0; c0 < kend; c0 += BC) {
         const int cols = kend - c0 < BC ? kend - c0 : BC;
-        fsc_gemm(prec, false, true, rows, cols, hd, scale, qb, d->ldq, kh + (size_t)c0 * d->ldk,
-                 d->ldk, 0.f, S, BC);
+        /* row r of the tile sees keys c0 .. c0 + r + diag */
+        const int64_t diag = d->q_pos0 + r0 - d->k_pos0 - c0;
+        fsc_flash_mm mm = {.M = rows,
+                           .N = cols,
+                           .K = hd,
+                           .A = qb,
+                           .sai = d->ldq,
+                           .sak = 1,
+                           .alpha = scale,
+                           .mask = FSC_FLASH_MASK_N_UPPER,
+                           .diag = diag};
+        if (kt) {
+            const int64_t tld = fsc_flash_t_ld(d);
+            mm.B = kt + ((size_t)b * d->NKV + j) * hd * tld + c0, mm.ldb = tld;
+            mm.C = S, mm.ldc = BC;
+            fsc_flash_mm_run(&mm);
+        } else {
+            fsc_gemm(prec, false, true, rows, cols, hd, scale, qb, d->ldq, kh + (size_t)c0 * d->ldk,
+                     d->ldk, 0.f, S, BC);
+        }
         for (int r = 0; r < rows; r++) {
             const float corr = online_row(S + (size_t)r * BC, fsc_flash_visible(d, r0 + r) - c0,
                                           cols, &m[r], &l[r]);
@@ -102,8 +121,26 @@ static void forward_block(const fsc_attn_dims *d, const float *q, const float *k
                 for (int e = 0; e < hd; e++) o[e] *= corr;
             }
         }
-        fsc_gemm(prec, false, false, rows, hd, cols, 1.f, S, BC, vh + (size_t)c0 * d->ldv, d->ldv,
-                 1.f, O, hd);
+        if (kt) {
+            mm = (fsc_flash_mm){.M = rows,
+                                .N = hd,
+                                .K = cols,
+                                .A = S,
+                                .sai = BC,
+                                .sak = 1,
+                                .B = vh + (size_t)c0 * d->ldv,
+                                .ldb = d->ldv,
+                                .C = O,
+                                .ldc = hd,
+                                .alpha = 1.f,
+                                .accumulate = true,
+                                .mask = FSC_FLASH_MASK_K_UPPER,
+                                .diag = diag};
+            fsc_flash_mm_run(&mm);
+        } else {
+            fsc_gemm(prec, false, false, rows, hd, cols, 1.f, S, BC, vh + (size_t)c0 * d->ldv,
+                     d->ldv, 1.f, O, hd);
+        }
     }
     for (int r = 0; r < rows; r++) {
         float *o = ob + (size_t)r * d->ldo;
@@ -125,8 +162,10 @@ void fsc_flash_attention_forward(const fsc_attn_dims *d, const float *q, const f
     if (!fsc_flash_dims_ok(d, "flash attention forward") || d->Tq == 0) return;
     const int nqb = (d->Tq + BR - 1) / BR, threads = fsc_get_num_threads();
     const size_t per = (size_t)BR * BC + (size_t)BR * d->hd + 2 * BR;
-    float *ws = fsc_mem_alloc(FSC_MEM_WORK, (size_t)threads * per * sizeof(float));
-    if (!ws) {
+    float *ws = fsc_flash_scratch(FSC_FLASH_WS, (size_t)threads * per);
+    const bool fused = fsc_flash_fused(prec);
+    const float *kt = fused ? fsc_flash_transpose(d, k, d->ldk, FSC_FLASH_KT) : NULL;
+    if (!ws || (fused && !kt)) {
         fsc_log(FSC_LOG_ERROR, "flash attention forward: %s", fsc_last_error());
         return;
     }
@@ -141,9 +180,9 @@ void fsc_flash_attention_forward(const fsc_attn_dims *d, const float *q, const f
         /* query blocks innermost: neighbours in time share a head's K and V */
         const int qi = (int)(t % nqb), h = (int)(t / nqb % d->NH), b = (int)(t / nqb / d->NH);
         const int r0 = qi * BR, rows = d->Tq - r0 < BR ? d->Tq - r0 : BR;
-        forward_block(d, q, k, v, out, lse, merge, prec, b, h, r0, rows, ws + (size_t)tid * per);
+        forward_block(d, q, k, v, out, lse, merge, prec, kt, b, h, r0, rows,
+                      ws + (size_t)tid * per);
     }
-    fsc_mem_free(ws);
 }
 
 void fsc_flash_attention_delta(const fsc_attn_dims *d, const float *out, const float *dout,

@@ -34,11 +34,20 @@ typedef struct {
     float *dq, *dk, *dv;
     fsc_gemm_prec prec;
     float scale;
+    /* k^T and v^T of the call (fsc_flash_transpose) when the tiles are fused
+     * products (fsc_flash_mm, attention_flash_tile.c), else NULL (fsc_gemm) */
+    const float *kt, *vt;
+    int64_t tld;
 } bwd;
 
 /* Per-thread scratch: P and dS (BR x BC each), dk and dv of a key block (BC x hd each). */
 static size_t per_thread(int hd) {
     return 2 * (size_t)BR * BC + 2 * (size_t)BC * hd;
+}
+
+/* Row r of a tile at query row r0 and key c0 sees keys c0 .. c0 + r + diag. */
+static int64_t tile_diag(const fsc_attn_dims *d, int r0, int c0) {
+    return d->q_pos0 + r0 - d->k_pos0 - c0;
 }
 
 /* First query row of the call that sees key c0 (Tq if none). */
@@ -59,8 +68,40 @@ static void tile(const bwd *a, int b, int h, int r0, int rows, int c0, int cols,
     const float *vb = a->v + ((size_t)b * d->Tk + c0) * d->ldv + (size_t)j * hd;
     const size_t row = ((size_t)b * d->NH + h) * d->Tq + r0;
     const float *L = a->lse + row, *D = a->delta + row;
-    fsc_gemm(a->prec, false, true, rows, cols, hd, a->scale, qb, d->ldq, kb, d->ldk, 0.f, P, BC);
-    fsc_gemm(a->prec, false, true, rows, cols, hd, 1.f, gb, d->ldo, vb, d->ldv, 0.f, dS, BC);
+    if (a->kt) {
+        const int64_t diag = tile_diag(d, r0, c0);
+        const size_t at = ((size_t)b * d->NKV + j) * hd * a->tld + c0;
+        fsc_flash_mm_run(&(fsc_flash_mm){.M = rows,
+                                         .N = cols,
+                                         .K = hd,
+                                         .A = qb,
+                                         .sai = d->ldq,
+                                         .sak = 1,
+                                         .B = a->kt + at,
+                                         .ldb = a->tld,
+                                         .C = P,
+                                         .ldc = BC,
+                                         .alpha = a->scale,
+                                         .mask = FSC_FLASH_MASK_N_UPPER,
+                                         .diag = diag});
+        fsc_flash_mm_run(&(fsc_flash_mm){.M = rows,
+                                         .N = cols,
+                                         .K = hd,
+                                         .A = gb,
+                                         .sai = d->ldo,
+                                         .sak = 1,
+                                         .B = a->vt + at,
+                                         .ldb = a->tld,
+                                         .C = dS,
+                                         .ldc = BC,
+                                         .alpha = 1.f,
+                                         .mask = FSC_FLASH_MASK_N_UPPER,
+                                         .diag = diag});
+    } else {
+        fsc_gemm(a->prec, false, true, rows, cols, hd, a->scale, qb, d->ldq, kb, d->ldk, 0.f, P,
+                 BC);
+        fsc_gemm(a->prec, false, true, rows, cols, hd, 1.f, gb, d->ldo, vb, d->ldv, 0.f, dS, BC);
+    }
     for (int r = 0; r < rows; r++) {
         float *p = P + (size_t)r * BC, *ds = dS + (size_t)r * BC;
         int n = fsc_flash_visible(d, r0 + r) - c0;
@@ -76,6 +117,25 @@ static void tile(const bwd *a, int b, int h, int r0, int rows, int c0, int cols,
             memset(ds + n, 0, (size_t)(cols - n) * sizeof(float));
         }
     }
+}
+
+/* dq (rows x hd, stride ldq) += dS k of one tile, fused. */
+static void dq_add(const bwd *a, int rows, int cols, const float *dS, const float *kb, float *dq,
+                   int64_t diag) {
+    fsc_flash_mm_run(&(fsc_flash_mm){.M = rows,
+                                     .N = a->d->hd,
+                                     .K = cols,
+                                     .A = dS,
+                                     .sai = BC,
+                                     .sak = 1,
+                                     .B = kb,
+                                     .ldb = a->d->ldk,
+                                     .C = dq,
+                                     .ldc = a->d->ldq,
+                                     .alpha = 1.f,
+                                     .accumulate = true,
+                                     .mask = FSC_FLASH_MASK_K_UPPER,
+                                     .diag = diag});
 }
 
 /* Key block [c0, c0+cols) of KV head j of batch row b: its dk and dv summed
@@ -95,12 +155,35 @@ static void key_block(const bwd *a, int b, int j, int c0, int cols, bool with_dq
             const size_t qo = ((size_t)b * d->Tq + r0) * d->ldq + (size_t)h * hd;
             const float *gb = a->dout + ((size_t)b * d->Tq + r0) * d->ldo + (size_t)h * hd;
             tile(a, b, h, r0, rows, c0, cols, P, dS);
-            fsc_gemm(a->prec, true, false, cols, hd, rows, 1.f, P, BC, gb, d->ldo, 1.f, dVb, hd);
-            fsc_gemm(a->prec, true, false, cols, hd, rows, 1.f, dS, BC, a->q + qo, d->ldq, 1.f, dKb,
-                     hd);
-            if (with_dq)
-                fsc_gemm(a->prec, false, false, rows, hd, cols, 1.f, dS, BC, kb, d->ldk, 1.f,
-                         a->dq + qo, d->ldq);
+            if (a->kt) {
+                const int64_t diag = tile_diag(d, r0, c0);
+                fsc_flash_mm m = {.M = cols,
+                                  .N = hd,
+                                  .K = rows,
+                                  .A = P,
+                                  .sai = 1,
+                                  .sak = BC,
+                                  .B = gb,
+                                  .ldb = d->ldo,
+                                  .C = dVb,
+                                  .ldc = hd,
+                                  .alpha = 1.f,
+                                  .accumulate = true,
+                                  .mask = FSC_FLASH_MASK_K_LOWER,
+                                  .diag = diag};
+                fsc_flash_mm_run(&m);
+                m.A = dS, m.B = a->q + qo, m.ldb = d->ldq, m.C = dKb;
+                fsc_flash_mm_run(&m);
+                if (with_dq) dq_add(a, rows, cols, dS, kb, a->dq + qo, diag);
+            } else {
+                fsc_gemm(a->prec, true, false, cols, hd, rows, 1.f, P, BC, gb, d->ldo, 1.f, dVb,
+                         hd);
+                fsc_gemm(a->prec, true, false, cols, hd, rows, 1.f, dS, BC, a->q + qo, d->ldq, 1.f,
+                         dKb, hd);
+                if (with_dq)
+                    fsc_gemm(a->prec, false, false, rows, hd, cols, 1.f, dS, BC, kb, d->ldk, 1.f,
+                             a->dq + qo, d->ldq);
+            }
         }
     }
     for (int c = 0; c < cols; c++) {
@@ -127,7 +210,11 @@ static void query_block(const bwd *a, int b, int h, int r0, int rows, float *ws)
         if (first_row(d, c0) >= r0 + rows) break;
         tile(a, b, h, r0, rows, c0, cols, P, dS);
         const float *kb = a->k + ((size_t)b * d->Tk + c0) * d->ldk + (size_t)j * hd;
-        fsc_gemm(a->prec, false, false, rows, hd, cols, 1.f, dS, BC, kb, d->ldk, 1.f, dq, d->ldq);
+        if (a->kt)
+            dq_add(a, rows, cols, dS, kb, dq, tile_diag(d, r0, c0));
+        else
+            fsc_gemm(a->prec, false, false, rows, hd, cols, 1.f, dS, BC, kb, d->ldk, 1.f, dq,
+                     d->ldq);
     }
 }
 
@@ -136,11 +223,31 @@ void fsc_flash_attention_backward(const fsc_attn_dims *d, const float *q, const 
                                   const float *delta, float *dq, float *dk, float *dv,
                                   fsc_gemm_prec prec) {
     if (!fsc_flash_dims_ok(d, "flash attention backward") || d->Tq == 0 || d->Tk == 0) return;
-    const bwd a = {d, q, k, v, dout, lse, delta, dq, dk, dv, prec, 1.0f / sqrtf((float)d->hd)};
+    bwd a = {.d = d,
+             .q = q,
+             .k = k,
+             .v = v,
+             .dout = dout,
+             .lse = lse,
+             .delta = delta,
+             .dq = dq,
+             .dk = dk,
+             .dv = dv,
+             .prec = prec,
+             .scale = 1.0f / sqrtf((float)d->hd)};
+    if (fsc_flash_fused(prec)) {
+        a.kt = fsc_flash_transpose(d, k, d->ldk, FSC_FLASH_KT);
+        a.vt = a.kt ? fsc_flash_transpose(d, v, d->ldv, FSC_FLASH_VT) : NULL;
+        a.tld = fsc_flash_t_ld(d);
+        if (!a.vt) {
+            fsc_log(FSC_LOG_ERROR, "flash attention backward: %s", fsc_last_error());
+            return;
+        }
+    }
     const int threads = fsc_get_num_threads(), nkb = (d->Tk + BC - 1) / BC;
     const int nqb = (d->Tq + BR - 1) / BR;
     const size_t per = per_thread(d->hd);
-    float *ws = fsc_mem_alloc(FSC_MEM_WORK, (size_t)threads * per * sizeof(float));
+    float *ws = fsc_flash_scratch(FSC_FLASH_WS, (size_t)threads * per);
     if (!ws) {
         fsc_log(FSC_LOG_ERROR, "flash attention backward: %s", fsc_last_error());
         return;
@@ -182,5 +289,4 @@ void fsc_flash_attention_backward(const fsc_attn_dims *d, const float *q, const 
             }
         }
     }
-    fsc_mem_free(ws);
 }

@@ -23,6 +23,51 @@ static inline int fsc_flash_visible(const fsc_attn_dims *d, int r) {
     return n < 0 ? 0 : n > d->Tk ? d->Tk : (int)n;
 }
 
+/* One tile product for attention_flash_tile.c: C[i, 0..N) = alpha *
+ * sum_k A[i*sai + k*sak] * B[k*ldb + 0..N) for i < M, k < K, added to C's
+ * old values when accumulate. The mask bounds what a row group computes by
+ * the causal diagonal diag (row i sees columns, or k, up to i + diag):
+ * N_UPPER and K_UPPER stop at the last row's bound (what lies past a row's
+ * own bound is zero in A, or masked by the caller), K_LOWER starts k at
+ * i - diag (for products over query rows, whose A is zero before it). */
+typedef enum {
+    FSC_FLASH_MASK_NONE,
+    FSC_FLASH_MASK_N_UPPER,
+    FSC_FLASH_MASK_K_UPPER,
+    FSC_FLASH_MASK_K_LOWER
+} fsc_flash_mask;
+
+typedef struct {
+    int M, N, K;
+    const float *A;
+    int64_t sai, sak;
+    const float *B;
+    int64_t ldb;
+    float *C;
+    int64_t ldc;
+    float alpha;
+    bool accumulate;
+    fsc_flash_mask mask;
+    int64_t diag;
+} fsc_flash_mm;
+
+/* True when the tiles run fsc_flash_mm (fp32 on a CPU with AVX-512, unless
+ * FSC_FLASH_TILES=gemm); otherwise they are fsc_gemm calls. */
+bool fsc_flash_fused(fsc_gemm_prec prec);
+void fsc_flash_mm_run(const fsc_flash_mm *m);
+/* This thread's scratch buffer slot (FSC_MEM_WORK, kept and grown for the
+ * thread's next call, freed when it exits) of at least floats; NULL
+ * (fsc_last_error says why) when out of memory. Slots: the call's k^T and
+ * v^T, and the tiles' per-thread scratch. */
+enum { FSC_FLASH_KT, FSC_FLASH_VT, FSC_FLASH_WS, FSC_FLASH_SCRATCH_SLOTS };
+float *fsc_flash_scratch(int slot, size_t floats);
+/* k^T (or v^T) of a whole call into scratch slot, the B of every tile's
+ * S = q k^T (dP = dout v^T): KV head j of batch row b at (b * NKV + j) * hd
+ * rows of fsc_flash_t_ld(d) floats, key t of element e at row e, column t
+ * (zeros past Tk). src is k (v) with its ld. NULL when out of memory. */
+float *fsc_flash_transpose(const fsc_attn_dims *d, const float *src, int ld, int slot);
+int64_t fsc_flash_t_ld(const fsc_attn_dims *d);
+
 /* Checks a call's dimensions; false (error logged, naming the field) when
  * they cannot be run. */
 bool fsc_flash_dims_ok(const fsc_attn_dims *d, const char *who);

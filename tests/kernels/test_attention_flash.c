@@ -6,7 +6,11 @@
  * against one call; rows that see no key; and the backward's two loop
  * orders giving the same bits whatever the thread count. Shapes: GPT-2's
  * fused qkv (NKV = NH) and LLaMA's grouped heads, T not a multiple of the
- * tile sizes. */
+ * tile sizes. Every case runs twice: with the tiles as this CPU runs them
+ * by default (fp32 on AVX-512: attention_flash_tile.c's register-blocked
+ * products) and as fsc_gemm calls (FSC_FLASH_TILES=gemm, what other CPUs
+ * run). */
+#define _POSIX_C_SOURCE 200809L
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -190,5 +194,8 @@ int main(void) {
         cmocka_unit_test(test_rows_without_keys),
         cmocka_unit_test(test_thread_count_independent),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    int failed = cmocka_run_group_tests_name("default tiles", tests, NULL, NULL);
+    setenv("FSC_FLASH_TILES", "gemm", 1);
+    failed += cmocka_run_group_tests_name("fsc_gemm tiles", tests, NULL, NULL);
+    return failed;
 }
