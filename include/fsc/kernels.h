@@ -95,6 +95,12 @@ FSC_API void fsc_bf16_gemm_set_mode(fsc_bf16_gemm_mode mode);
 FSC_API int fsc_bf16_gemm_init(void);
 /* fsc_bf16_gemm_init() == FSC_OK: oneDNN is there to run bf16 GEMMs. */
 FSC_API bool fsc_bf16_gemm_available(void);
+/* Whether FSC_GEMM_BF16 work is to run on oneDNN at all here: the mode is
+ * on, or auto on a CPU with native bf16, and oneDNN loads. (Per-shape
+ * measurement, under auto, is fsc_gemm_bf16's own business.) Under bf16
+ * autocast, the layers store activations that feed bf16 GEMMs in bf16 when
+ * this holds. */
+FSC_API bool fsc_bf16_gemm_wanted(void);
 /* One line: which path FSC_GEMM_BF16 calls take and why ("bf16 GEMM:
  * oneDNN 2.6.3 (libdnnl.so.2) where measured faster than sgemm (auto; CPU
  * has native bf16): 9 shapes bf16, 4 sgemm, 0 not yet measured"). Also the
@@ -136,6 +142,8 @@ FSC_API int fsc_gemm_shape_peak(fsc_gemm_prec prec, bool ta, bool tb, int M, int
 FSC_API void fsc_round_bf16(float *dst, const float *src, int64_t n);
 /* dst[i] = fsc_f32_to_bf16(src[i]), bit for bit, vectorised. */
 FSC_API void fsc_narrow_bf16(uint16_t *dst, const float *src, int64_t n);
+/* dst[i] = src[i] widened to fp32 (exact). */
+FSC_API void fsc_widen_bf16(float *dst, const uint16_t *src, int64_t n);
 
 /* ---- bf16 views of fp32 arrays ------------------------------------------------ */
 #define FSC_BF16_VIEWS_MAX 64 /* views registered at once */
@@ -201,6 +209,28 @@ FSC_API void fsc_matmul_forward_prec(float *out, const float *inp, const float *
 FSC_API void fsc_matmul_backward_prec(float *dinp, float *dweight, float *dbias, const float *dout,
                                       const float *inp, const float *weight, int N, int C, int OC,
                                       fsc_weight_layout layout, fsc_gemm_prec prec);
+
+/* ---- activations stored in bf16 (autocast's producers) ------------------------ */
+/* fsc_matmul_forward_prec at FSC_GEMM_BF16 for an input its producer
+ * stored in bf16 (inph, (N,C)): the same product and bias as for its fp32
+ * original. FSC_ERR_NOMEM when the per-thread fp32 workspace (FSC_MEM_WORK)
+ * cannot be had. */
+FSC_API int fsc_matmul_forward_bf16_act(float *out, const uint16_t *inph, const float *weight,
+                                        const float *bias, int N, int C, int OC,
+                                        fsc_weight_layout layout);
+/* fsc_matmul_backward_prec at FSC_GEMM_BF16 for the input a forward read in
+ * bf16 (inph, (N,C)): dinp (may be NULL) written, dweight and dbias (may be
+ * NULL) accumulated, all fp32. FSC_ERR_NOMEM as above. */
+FSC_API int fsc_matmul_backward_bf16_act(float *dinp, float *dweight, float *dbias,
+                                         const float *dout, const uint16_t *inph,
+                                         const float *weight, int N, int C, int OC,
+                                         fsc_weight_layout layout);
+/* fsc_gelu_forward with its output rounded once to bf16. */
+FSC_API void fsc_gelu_forward_bf16(uint16_t *out, const float *inp, int64_t n);
+/* fsc_layernorm_forward with its output rounded once to bf16. */
+FSC_API void fsc_layernorm_forward_bf16(uint16_t *out, float *mean, float *rstd, const float *inp,
+                                        const float *weight, const float *bias, int N, int C,
+                                        float eps);
 
 /* ---- layernorm ------------------------------------------------------------- */
 /* out, inp are (N,C); mean, rstd are (N) and kept for backward. */

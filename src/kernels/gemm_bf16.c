@@ -59,13 +59,7 @@ static struct {
 
 /* ---- conversion ------------------------------------------------------------ */
 
-/* Bit for bit fsc_f32_to_bf16, in a form the compiler vectorises. */
-static inline uint16_t to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    uint16_t h = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-    return (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)((u >> 16) | 0x40) : h;
-}
+#define to_bf16 fsc_bf16_round
 
 // dst (rows, cols) dense = bf16(src), src rows of stride ld
 static void pack_bf16(uint16_t *dst, const float *src, int rows, int cols, int ld) {
@@ -370,10 +364,11 @@ void fsc_gemm_bf16(bool ta, bool tb, int M, int N, int K, float alpha, const flo
         gemm_bf16(ta, tb, M, N, K, alpha, A, Ah, lda, B, Bh, ldb, beta, C, ldc, NULL);
 }
 
-void fsc_gemm_bf16_bias(bool tb, int M, int N, int K, const float *A, int lda, const float *B,
-                        const uint16_t *Bh, int ldb, const float *bias, float *C, int ldc) {
+void fsc_gemm_bf16_bias(bool tb, int M, int N, int K, const float *A, const uint16_t *Ah, int lda,
+                        const float *B, const uint16_t *Bh, int ldb, const float *bias, float *C,
+                        int ldc) {
     if (M > 0 && N > 0 && K > 0)
-        gemm_bf16(false, tb, M, N, K, 1.f, A, NULL, lda, B, Bh, ldb, 0.f, C, ldc, bias);
+        gemm_bf16(false, tb, M, N, K, 1.f, A, Ah, lda, B, Bh, ldb, 0.f, C, ldc, bias);
     else if (M > 0 && N > 0) /* K = 0: the product is empty, C is the bias */
         for (int i = 0; i < M; i++) memcpy(C + (size_t)i * ldc, bias, (size_t)N * sizeof(float));
 }

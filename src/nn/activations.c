@@ -1,5 +1,8 @@
 /* Parameter-free point-wise modules: GELU (tanh form) and ReLU. Both save a view
- * of their input and recompute what backward needs from it. */
+ * of their input and recompute what backward needs from it. Under bf16
+ * autocast a GELU that feeds a plain Linear (the MLP's c_proj) writes its
+ * output in bf16, as that GEMM would round it: the same product, and the
+ * widest activation the MLP keeps costs half. */
 #include "layers_internal.h"
 
 typedef void (*pointwise_fwd)(float *out, const float *inp, int64_t n);
@@ -9,6 +12,7 @@ typedef struct {
     fsc_module base;
     pointwise_fwd fwd;
     pointwise_bwd bwd;
+    const fsc_module *feeds; /* GELU: the Linear its output goes to, or NULL */
 } pointwise;
 
 static int pw_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, fsc_tensor *y,
@@ -16,9 +20,14 @@ static int pw_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, fs
     pointwise *p = (pointwise *)m;
     if (x->dtype != FSC_DTYPE_F32)
         return fsc_error(FSC_ERR_DTYPE, "%s %s: expected f32 input", m->ops->kind, m->name);
-    int rc = fsc_alloc_like(ctx->arena, x, x->shape[x->ndim - 1], y);
+    const bool out_h = p->feeds && nn_linear_is(p->feeds) && fsc_ctx_bf16_act(ctx);
+    int rc = fsc_alloc_like_dt(ctx->arena, x, x->shape[x->ndim - 1],
+                               out_h ? FSC_DTYPE_BF16 : FSC_DTYPE_F32, y);
     if (rc) return rc;
-    p->fwd(y->data, x->data, fsc_tensor_numel(x));
+    if (out_h)
+        fsc_gelu_forward_bf16(y->data, x->data, fsc_tensor_numel(x));
+    else
+        p->fwd(y->data, x->data, fsc_tensor_numel(x));
     return fsc_save_input(ctx->arena, x, saved);
 }
 
@@ -48,6 +57,10 @@ static fsc_module *pointwise_new(const char *name, const fsc_module_ops *ops, po
 
 fsc_module *fsc_gelu_new(const char *name) {
     return pointwise_new(name, &gelu_ops, fsc_gelu_forward, fsc_gelu_backward);
+}
+
+void nn_gelu_set_feeds(fsc_module *gelu, const fsc_module *linear) {
+    ((pointwise *)gelu)->feeds = linear;
 }
 
 fsc_module *fsc_relu_new(const char *name) {

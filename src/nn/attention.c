@@ -87,6 +87,25 @@ static int attention_cached(fsc_module *const parts[3], const fsc_ctx *ctx, cons
     return rc;
 }
 
+/* The attention output h (B,T,C) for c_proj. Under bf16 autocast, when
+ * c_proj is a plain Linear and the kernel is naive (flash's backward reads
+ * its output again), h is kept in bf16, as c_proj's GEMM would round it:
+ * the kernel writes fp32 into a scratch buffer that is given back at once. */
+static int attention_output(const fsc_ctx *ctx, fsc_attn_saved *s, const fsc_module *c_proj,
+                            fsc_tensor *h, int C, int NH) {
+    const bool bf16 = fsc_ctx_bf16_act(ctx) && nn_linear_is(c_proj) &&
+                      !fsc_attention_uses_flash(ctx->attention, (int)s->qkv.shape[1]);
+    int rc = fsc_alloc_like_dt(ctx->arena, &s->qkv, C, bf16 ? FSC_DTYPE_BF16 : FSC_DTYPE_F32, h);
+    if (rc || !bf16) return rc ? rc : nn_attention_fused_forward(ctx, s, h->data, C, NH);
+    const int64_t n = fsc_tensor_numel(h);
+    float *tmp = fsc_mem_alloc(FSC_MEM_WORK, (size_t)n * sizeof(float));
+    if (!tmp) return FSC_ERR_NOMEM;
+    rc = nn_attention_fused_forward(ctx, s, tmp, C, NH);
+    if (!rc) fsc_narrow_bf16(h->data, tmp, n);
+    fsc_mem_free(tmp);
+    return rc;
+}
+
 int fsc_attention_parts_forward(fsc_module *const parts[3], const fsc_ctx *ctx, const fsc_tensor *x,
                                 fsc_tensor *y, void **saved, int C, int NH) {
     if (ctx->kv) return attention_cached(parts, ctx, x, y, saved, C, NH);
@@ -96,8 +115,7 @@ int fsc_attention_parts_forward(fsc_module *const parts[3], const fsc_ctx *ctx, 
     int rc = fsc_module_forward(parts[0], ctx, x, &s->qkv, &s->c_attn);
     if (rc) return rc;
     fsc_tensor h;
-    rc = fsc_alloc_like(ctx->arena, &s->qkv, C, &h);
-    if (!rc) rc = nn_attention_fused_forward(ctx, s, h.data, C, NH);
+    rc = attention_output(ctx, s, parts[1], &h, C, NH);
     if (rc) return rc;
     fsc_tensor p;
     rc = fsc_module_forward(parts[1], ctx, &h, &p, &s->c_proj);
@@ -122,9 +140,12 @@ int fsc_attention_parts_backward(fsc_module *const parts[3], const fsc_ctx *ctx,
 static int attn_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, fsc_tensor *y,
                         void **saved) {
     attention *a = (attention *)m;
-    if (x->ndim != 3 || x->dtype != FSC_DTYPE_F32 || x->shape[2] != a->C)
-        return fsc_error(FSC_ERR_SHAPE, "CausalSelfAttention %s: expected f32 (B,T,%d) input",
-                         m->name, a->C);
+    /* bf16: ln_1's output under bf16 autocast, read only by c_attn */
+    if (x->ndim != 3 || (x->dtype != FSC_DTYPE_F32 && x->dtype != FSC_DTYPE_BF16) ||
+        x->shape[2] != a->C)
+        return fsc_error(FSC_ERR_SHAPE,
+                         "CausalSelfAttention %s: expected f32 (or bf16) (B,T,%d) input", m->name,
+                         a->C);
     fsc_module *parts[3] = {a->c_attn, a->c_proj, a->drop};
     return fsc_attention_parts_forward(parts, ctx, x, y, saved, a->C, a->NH);
 }

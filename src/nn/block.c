@@ -258,6 +258,10 @@ static fsc_module *block_make(const fsc_module_ops *ops, size_t size, const char
     }
     bool ok = m != NULL;
     for (int i = 0; i < n; i++) ok = ok && parts[i];
+    /* bf16 autocast: each LayerNorm's output in bf16 for the Linear that
+     * reads it first (attention's c_attn, the MLP's c_fc) */
+    if (ok && from == FSC_BLOCK_ATTN) nn_layernorm_set_feeds(parts[0], parts[1]->children[0]);
+    if (ok && mf == FSC_BLOCK_FC) nn_layernorm_set_feeds(parts[n - 2], parts[n - 1]->children[0]);
     int adopted = 0;
     for (; ok && adopted < n; adopted++) ok = fsc_module_add_child(m, parts[adopted]) == FSC_OK;
     if (!ok) { /* the adopted ones go with m */

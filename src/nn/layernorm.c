@@ -1,10 +1,13 @@
-/* LayerNorm module: saves x plus per-row mean and 1/std. */
+/* LayerNorm module: saves x plus per-row mean and 1/std. Its output, when it
+ * goes straight into a plain Linear under bf16 autocast, is written in
+ * bf16 (nn_layernorm_set_feeds): the same product, half the bytes. */
 #include "layers_internal.h"
 
 typedef struct {
     fsc_module base;
     int dim;
     float eps;
+    const fsc_module *feeds; /* the Linear reading the output, or NULL */
 } layernorm;
 
 typedef struct {
@@ -12,10 +15,12 @@ typedef struct {
     float *mean, *rstd;
 } ln_saved;
 
-int fsc_layernorm_module_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x,
-                                 fsc_tensor *y, void **saved, int dim, float eps) {
+/* The forward, its output in bf16 when out_bf16. */
+static int ln_module_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, fsc_tensor *y,
+                             void **saved, int dim, float eps, bool out_bf16) {
     int rc = fsc_check_last(m, x, dim);
-    if (!rc) rc = fsc_alloc_like(ctx->arena, x, dim, y);
+    if (!rc)
+        rc = fsc_alloc_like_dt(ctx->arena, x, dim, out_bf16 ? FSC_DTYPE_BF16 : FSC_DTYPE_F32, y);
     if (rc) return rc;
     int64_t n = fsc_rows(x);
     ln_saved *s = fsc_arena_alloc(ctx->arena, sizeof *s);
@@ -24,10 +29,19 @@ int fsc_layernorm_module_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_te
     s->mean = fsc_arena_alloc(ctx->arena, (size_t)n * sizeof(float));
     s->rstd = fsc_arena_alloc(ctx->arena, (size_t)n * sizeof(float));
     if (!s->mean || !s->rstd) return FSC_ERR_NOMEM;
-    fsc_layernorm_forward(y->data, s->mean, s->rstd, x->data, m->params[0].data, m->params[1].data,
-                          (int)n, dim, eps);
+    if (out_bf16)
+        fsc_layernorm_forward_bf16(y->data, s->mean, s->rstd, x->data, m->params[0].data,
+                                   m->params[1].data, (int)n, dim, eps);
+    else
+        fsc_layernorm_forward(y->data, s->mean, s->rstd, x->data, m->params[0].data,
+                              m->params[1].data, (int)n, dim, eps);
     *saved = s;
     return FSC_OK;
+}
+
+int fsc_layernorm_module_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x,
+                                 fsc_tensor *y, void **saved, int dim, float eps) {
+    return ln_module_forward(m, ctx, x, y, saved, dim, eps, false);
 }
 
 int fsc_layernorm_module_backward(fsc_module *m, const fsc_ctx *ctx, void *saved,
@@ -56,7 +70,9 @@ int fsc_layernorm_module_backward(fsc_module *m, const fsc_ctx *ctx, void *saved
 static int ln_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, fsc_tensor *y,
                       void **saved) {
     const layernorm *l = (const layernorm *)m;
-    return fsc_layernorm_module_forward(m, ctx, x, y, saved, l->dim, l->eps);
+    const bool out_bf16 =
+        l->feeds && nn_linear_is(l->feeds) && fsc_ctx_bf16_act(ctx) && !ctx->kv && !ctx->seq;
+    return ln_module_forward(m, ctx, x, y, saved, l->dim, l->eps, out_bf16);
 }
 
 static int ln_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fsc_tensor *dy,
@@ -67,6 +83,10 @@ static int ln_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fsc
 }
 
 static const fsc_module_ops ln_ops = {"LayerNorm", ln_forward, ln_backward, NULL};
+
+void nn_layernorm_set_feeds(fsc_module *m, const fsc_module *linear) {
+    ((layernorm *)m)->feeds = linear;
+}
 
 fsc_module *fsc_layernorm_new(const char *name, int dim, float eps) {
     if (dim <= 0) {

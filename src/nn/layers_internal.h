@@ -84,6 +84,35 @@ static inline fsc_gemm_prec fsc_ctx_prec(const fsc_ctx *ctx) {
     return ctx->autocast == FSC_DTYPE_BF16 ? FSC_GEMM_BF16 : FSC_GEMM_F32;
 }
 
+/* Whether this call stores activations that feed bf16 GEMMs in bf16
+ * (issue 27's bf16 end to end): bf16 autocast with bf16 GEMMs running here.
+ * Forced off (FSC_BF16_GEMM=off, or no native bf16 under auto), autocast
+ * computes in fp32 bit for bit as before, so producers keep fp32 too. */
+static inline bool fsc_ctx_bf16_act(const fsc_ctx *ctx) {
+    return ctx->autocast == FSC_DTYPE_BF16 && fsc_bf16_gemm_wanted();
+}
+
+/* Allocates an output shaped like x, last dim replaced, of dtype dt. */
+static inline int fsc_alloc_like_dt(fsc_arena *a, const fsc_tensor *x, int64_t last, fsc_dtype dt,
+                                    fsc_tensor *out) {
+    fsc_tensor t = *x;
+    t.dtype = dt;
+    t.shape[t.ndim - 1] = last;
+    t.data = fsc_arena_alloc(a, fsc_tensor_nbytes(&t));
+    if (!t.data) return FSC_ERR_NOMEM;
+    *out = t;
+    return FSC_OK;
+}
+
+/* Under fsc_ctx_bf16_act a producer whose output goes straight into a
+ * plain Linear (not one LoRA adapted, which reads fp32) writes it in bf16,
+ * which the Linear's GEMM would round it to anyway: GELU into the MLP's
+ * c_proj, LayerNorm into attention's c_attn or the MLP's c_fc (not under
+ * ctx->kv or ctx->seq, whose paths read fp32). Set by the module that owns
+ * both ends. */
+void nn_gelu_set_feeds(fsc_module *gelu, const fsc_module *linear);
+void nn_layernorm_set_feeds(fsc_module *layernorm, const fsc_module *linear);
+
 /* Checks x is an f32 tensor whose last dim is `last`. */
 static inline int fsc_check_last(const fsc_module *m, const fsc_tensor *x, int64_t last) {
     if (x->dtype != FSC_DTYPE_F32 || x->ndim < 1 || x->shape[x->ndim - 1] != last)

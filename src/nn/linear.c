@@ -1,7 +1,9 @@
 /* Linear: y = x W^T + b over the last dim, in torch's (out,in) layout or GPT-2
- * Conv1D's (in,out). Saves only a view of x for backward (fp32 even under
- * bf16 autocast: it is the producer's output, so a bf16 copy would add
- * memory, not save it; backward rounds it again, O(N*C) next to the GEMM). */
+ * Conv1D's (in,out). Saves only a view of x for backward: it is the
+ * producer's output, so a bf16 copy would add memory, not save it. Under
+ * bf16 autocast the producer may have stored x in bf16 already
+ * (fsc_ctx_bf16_act): the GEMMs then read it as is and backward reads the
+ * same bf16 values, as PyTorch's autocast saves them. */
 #include "layers_internal.h"
 
 typedef struct {
@@ -11,15 +13,34 @@ typedef struct {
     fsc_weight_layout layout;
 } linear;
 
+/* x's dtype: f32, or bf16 when this call stores activations in bf16. */
+static int check_input(const fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, int in) {
+    if (x->dtype != FSC_DTYPE_BF16) return fsc_check_last(m, x, in);
+    fsc_tensor f = *x;
+    f.dtype = FSC_DTYPE_F32; /* the shape check's */
+    int rc = fsc_check_last(m, &f, in);
+    if (!rc && !fsc_ctx_bf16_act(ctx))
+        rc = fsc_error(FSC_ERR_DTYPE,
+                       "%s (%s): a bf16 input needs bf16 autocast with bf16 GEMMs running "
+                       "(ctx->autocast %s)",
+                       m->name, m->ops->kind, fsc_dtype_name(ctx->autocast));
+    return rc;
+}
+
 static int linear_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, fsc_tensor *y,
                           void **saved) {
     linear *l = (linear *)m;
-    int rc = fsc_check_last(m, x, l->in);
+    int rc = check_input(m, ctx, x, l->in);
     if (!rc) rc = fsc_alloc_like(ctx->arena, x, l->out, y);
     if (rc) return rc;
-    fsc_matmul_forward_prec(y->data, x->data, m->params[0].data, l->bias ? m->params[1].data : NULL,
-                            (int)fsc_rows(x), l->in, l->out, l->layout, fsc_ctx_prec(ctx));
-    return fsc_save_input(ctx->arena, x, saved);
+    const float *b = l->bias ? m->params[1].data : NULL;
+    if (x->dtype == FSC_DTYPE_BF16)
+        rc = fsc_matmul_forward_bf16_act(y->data, x->data, m->params[0].data, b, (int)fsc_rows(x),
+                                         l->in, l->out, l->layout);
+    else
+        fsc_matmul_forward_prec(y->data, x->data, m->params[0].data, b, (int)fsc_rows(x), l->in,
+                                l->out, l->layout, fsc_ctx_prec(ctx));
+    return rc ? rc : fsc_save_input(ctx->arena, x, saved);
 }
 
 static int linear_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fsc_tensor *dy,
@@ -39,14 +60,27 @@ static int linear_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const
     float *dw = m->params[0].frozen ? NULL : m->params[0].grad;
     float *db = l->bias && !m->params[1].frozen ? m->params[1].grad : NULL;
     const fsc_gemm_prec prec = fsc_ctx_prec(ctx);
-    if (ctx->defer) { /* the input gradient now, the weight gradients at W */
-        fsc_matmul_backward_prec(dinp, NULL, NULL, dy->data, x->data, m->params[0].data,
-                                 (int)fsc_rows(x), l->in, l->out, l->layout, prec);
-        return fsc_deferred_matmul_prec(ctx->defer, dw, db, dy->data, x->data, m->params[0].data,
-                                        (int)fsc_rows(x), l->in, l->out, (int)l->layout, prec);
+    const int64_t n = fsc_rows(x);
+    const float *xf = x->data;
+    if (x->dtype == FSC_DTYPE_BF16) {
+        if (!ctx->defer)
+            return fsc_matmul_backward_bf16_act(dinp, dw, db, dy->data, x->data, m->params[0].data,
+                                                (int)n, l->in, l->out, l->layout);
+        /* the deferred weight gradient reads x later: its exact widening,
+         * kept in the arena as long as the deferred GEMM's other operands */
+        float *w = fsc_arena_alloc(ctx->arena, (size_t)(n * l->in) * sizeof(float));
+        if (!w) return FSC_ERR_NOMEM;
+        fsc_widen_bf16(w, x->data, n * l->in);
+        xf = w;
     }
-    fsc_matmul_backward_prec(dinp, dw, db, dy->data, x->data, m->params[0].data, (int)fsc_rows(x),
-                             l->in, l->out, l->layout, prec);
+    if (ctx->defer) { /* the input gradient now, the weight gradients at W */
+        fsc_matmul_backward_prec(dinp, NULL, NULL, dy->data, xf, m->params[0].data, (int)n, l->in,
+                                 l->out, l->layout, prec);
+        return fsc_deferred_matmul_prec(ctx->defer, dw, db, dy->data, xf, m->params[0].data, (int)n,
+                                        l->in, l->out, (int)l->layout, prec);
+    }
+    fsc_matmul_backward_prec(dinp, dw, db, dy->data, xf, m->params[0].data, (int)n, l->in, l->out,
+                             l->layout, prec);
     return FSC_OK;
 }
 

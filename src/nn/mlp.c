@@ -22,6 +22,9 @@ fsc_module *fsc_mlp_parts_new(const char *name, int C, float dropout, uint32_t l
             for (int j = from; j < to; j++) fsc_module_free(parts[j]);
             return NULL;
         }
+    /* bf16 autocast: GELU's output in bf16 when c_proj is here to read it
+     * (a pipeline cut after GELU packs fp32 rows) */
+    if (from <= 1 && to >= 3) nn_gelu_set_feeds(parts[1], parts[2]);
     return fsc_sequential_new(name, to - from, parts + from);
 }
 

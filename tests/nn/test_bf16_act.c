@@ -1,0 +1,163 @@
+/* Activations stored in bf16 under bf16 autocast (issue 27): a producer
+ * whose output goes straight into a Linear's bf16 GEMM (LayerNorm into
+ * c_attn and c_fc, GELU into c_proj, attention's output into c_proj) writes
+ * it rounded to bf16, which that GEMM would round it to anyway. So:
+ *  - a Linear reading a bf16 input computes bit for bit what it computes
+ *    from that input's fp32 widening (output, input gradient, weight and
+ *    bias gradients; both weight layouts);
+ *  - a GPT block keeps exactly 2 bytes instead of 4 per element of those
+ *    activations (ln_1, ln_2, attention output: C per row; GELU: 4C), and
+ *    its output, input gradient and parameter gradients are bit for bit
+ *    those of the same block whose LayerNorms and GELU are told no Linear
+ *    reads them (so they store fp32), every GEMM in bf16 both times;
+ *  - forced off (FSC_BF16_GEMM=off), nothing is stored in bf16. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fsc/nn.h"
+#include "nn/layers_internal.h" /* nn_*_set_feeds: the producers' switch */
+
+enum { B = 2, T = 32, C = 64, NH = 2, N = B * T };
+
+static float frand(uint64_t *s) {
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((*s >> 40) & 0xffffff) / (float)0x1000000 - 0.5f;
+}
+
+static bool have_bf16(void) {
+    if (fsc_bf16_gemm_available()) return true;
+    print_message("skipped: no oneDNN bf16 path here (%s)\n", fsc_last_error());
+    return false;
+}
+
+/* Forward and backward of a Linear on x (dtype dt), autocast bf16. */
+static void linear_run(fsc_module *m, fsc_params *ps, const fsc_tensor *x, const float *dyv,
+                       float *y, float *dx, float *grads) {
+    fsc_arena *a = fsc_arena_new(FSC_MEM_ACTIV, 1 << 20);
+    assert_non_null(a);
+    fsc_params_zero_grad(ps);
+    fsc_ctx ctx = {.arena = a, .training = true, .autocast = FSC_DTYPE_BF16};
+    fsc_tensor out, din;
+    void *saved;
+    assert_int_equal(fsc_module_forward(m, &ctx, x, &out, &saved), FSC_OK);
+    assert_int_equal(out.dtype, FSC_DTYPE_F32);
+    memcpy(y, out.data, fsc_tensor_nbytes(&out));
+    fsc_tensor dy = out;
+    dy.data = (void *)dyv;
+    assert_int_equal(fsc_module_backward(m, &ctx, saved, &dy, &din), FSC_OK);
+    assert_int_equal(din.dtype, FSC_DTYPE_F32);
+    memcpy(dx, din.data, fsc_tensor_nbytes(&din));
+    memcpy(grads, ps->grad, (size_t)ps->numel * sizeof(float));
+    fsc_arena_free(a);
+}
+
+static void linear_case(fsc_weight_layout layout) {
+    const int IN = 48, OUT = 40;
+    fsc_module *m = fsc_linear_new("lin", IN, OUT, true, layout, 0.05f);
+    assert_non_null(m);
+    fsc_params ps;
+    assert_int_equal(fsc_params_bind(m, 3, true, &ps), FSC_OK);
+    uint64_t seed = 11;
+    float xr[N * IN], dyv[N * OUT];
+    uint16_t xh[N * IN];
+    for (int i = 0; i < N * IN; i++) {
+        xh[i] = fsc_f32_to_bf16(frand(&seed));
+        xr[i] = fsc_bf16_to_f32(xh[i]);
+    }
+    for (int i = 0; i < N * OUT; i++) dyv[i] = frand(&seed);
+    fsc_tensor x32 = fsc_tensor_2d(xr, FSC_DTYPE_F32, N, IN);
+    fsc_tensor x16 = fsc_tensor_2d(xh, FSC_DTYPE_BF16, N, IN);
+    float y1[N * OUT], y2[N * OUT], dx1[N * IN], dx2[N * IN];
+    float *g1 = malloc((size_t)ps.numel * sizeof(float)), *g2 = malloc((size_t)ps.numel * 4);
+    assert_non_null(g1), assert_non_null(g2);
+    linear_run(m, &ps, &x32, dyv, y1, dx1, g1);
+    linear_run(m, &ps, &x16, dyv, y2, dx2, g2);
+    assert_memory_equal(y1, y2, sizeof y1);
+    assert_memory_equal(dx1, dx2, sizeof dx1);
+    assert_memory_equal(g1, g2, (size_t)ps.numel * sizeof(float));
+    free(g1), free(g2);
+    fsc_params_free(&ps);
+    fsc_module_free(m);
+}
+
+static void test_linear_reads_bf16_as_its_widening(void **state) {
+    (void)state;
+    if (!have_bf16()) skip();
+    fsc_bf16_gemm_set_mode(FSC_BF16_GEMM_ON);
+    linear_case(FSC_WEIGHT_IN_OUT);
+    linear_case(FSC_WEIGHT_OUT_IN);
+}
+
+/* A block's forward and backward under autocast bf16: the bytes its
+ * forward keeps in the arena; y, dx and the parameter gradients copied. */
+static size_t block_run(fsc_module *blk, fsc_params *ps, const float *xv, const float *dyv,
+                        float *y, float *dx, float *grads) {
+    fsc_arena *a = fsc_arena_new(FSC_MEM_ACTIV, 1 << 22);
+    assert_non_null(a);
+    fsc_params_zero_grad(ps);
+    fsc_ctx ctx = {.arena = a, .training = true, .keyed = true, .autocast = FSC_DTYPE_BF16};
+    fsc_tensor x = fsc_tensor_3d((void *)xv, FSC_DTYPE_F32, B, T, C), out, din;
+    void *saved;
+    assert_int_equal(fsc_module_forward(blk, &ctx, &x, &out, &saved), FSC_OK);
+    const size_t kept = fsc_arena_used(a);
+    memcpy(y, out.data, fsc_tensor_nbytes(&out));
+    fsc_tensor dy = out;
+    dy.data = (void *)dyv;
+    assert_int_equal(fsc_module_backward(blk, &ctx, saved, &dy, &din), FSC_OK);
+    memcpy(dx, din.data, fsc_tensor_nbytes(&din));
+    memcpy(grads, ps->grad, (size_t)ps->numel * sizeof(float));
+    fsc_arena_free(a);
+    return kept;
+}
+
+static void test_block_keeps_half_and_computes_the_same(void **state) {
+    (void)state;
+    if (!have_bf16()) skip();
+    fsc_module *blk = fsc_block_new("h.0", C, NH, 0.f, 0, 1);
+    assert_non_null(blk);
+    fsc_params ps;
+    assert_int_equal(fsc_params_bind(blk, 5, true, &ps), FSC_OK);
+    uint64_t seed = 23;
+    static float xv[N * C], dyv[N * C], y1[N * C], y2[N * C], dx1[N * C], dx2[N * C];
+    for (int i = 0; i < N * C; i++) xv[i] = frand(&seed), dyv[i] = frand(&seed);
+    float *g1 = malloc((size_t)ps.numel * sizeof(float)), *g2 = malloc((size_t)ps.numel * 4);
+    assert_non_null(g1), assert_non_null(g2);
+    fsc_bf16_gemm_set_mode(FSC_BF16_GEMM_ON); /* every GEMM in bf16 */
+    const size_t all = block_run(blk, &ps, xv, dyv, y1, dx1, g1);
+    /* ln_1, ln_2 and GELU told no Linear reads them: they store fp32 */
+    fsc_module *ln_1 = blk->children[0], *ln_2 = blk->children[2];
+    fsc_module *act = blk->children[3]->children[1];
+    const fsc_module *c_attn = blk->children[1]->children[0];
+    const fsc_module *c_fc = blk->children[3]->children[0];
+    const fsc_module *c_proj = blk->children[3]->children[2];
+    nn_layernorm_set_feeds(ln_1, NULL), nn_layernorm_set_feeds(ln_2, NULL);
+    nn_gelu_set_feeds(act, NULL);
+    const size_t some = block_run(blk, &ps, xv, dyv, y2, dx2, g2);
+    assert_memory_equal(y1, y2, sizeof y1);
+    assert_memory_equal(dx1, dx2, sizeof dx1);
+    assert_memory_equal(g1, g2, (size_t)ps.numel * sizeof(float));
+    assert_int_equal(some - all, (size_t)N * (C + C + 4 * C) * 2);
+    nn_layernorm_set_feeds(ln_1, c_attn), nn_layernorm_set_feeds(ln_2, c_fc);
+    nn_gelu_set_feeds(act, c_proj);
+    /* forced off: fp32 throughout, the attention output too */
+    fsc_bf16_gemm_set_mode(FSC_BF16_GEMM_OFF);
+    const size_t none = block_run(blk, &ps, xv, dyv, y2, dx2, g2);
+    assert_int_equal(none - all, (size_t)N * (C + C + C + 4 * C) * 2);
+    fsc_bf16_gemm_set_mode(FSC_BF16_GEMM_AUTO);
+    free(g1), free(g2);
+    fsc_params_free(&ps);
+    fsc_module_free(blk);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_linear_reads_bf16_as_its_widening),
+        cmocka_unit_test(test_block_keeps_half_and_computes_the_same),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
