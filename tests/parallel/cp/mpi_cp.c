@@ -6,6 +6,10 @@
  *    process's per-step losses and parameters within equivalence.h's noise
  *    floor: cp = the world (1, 2, 4 ranks) and, at 4 ranks, cp 2 x dp 2 with
  *    the gradients summed over dp x cp (fsc_mesh_dp_cp);
+ *  - the load balance: every cp rank computes the same 2C+1 (query run, key
+ *    run) blocks per batch row in each attention forward and as many in
+ *    its backward (chunks c and 2C-1-c; any other split gives the ranks
+ *    unequal counts);
  *  - a sequence length the 2C chunks do not divide is refused by name.
  * The fault row "cp:cp-skip-block" reruns this program with the last cp
  * rank skipping one visiting key block per attention forward; every
@@ -93,6 +97,15 @@ static float *run(const fsc_gpt_config *model, fsc_mesh *mesh, int micro, double
         }
         losses[s] = loss;
         fsc_optim_step(opt);
+    }
+    if (cp && fsc_fault_active == FSC_FAULT_NONE) { /* the fault skips a block on purpose */
+        const int64_t want = 2LL * (2 * C + 1) * B * model->layers * micro * EQ_STEPS;
+        const int64_t got = fsc_cp_get_stats(cp).blocks;
+        if (got != want)
+            fail_msg("cp rank %d of %d: %lld attention blocks forward and backward, expected "
+                     "2 x (2C+1) x B %d x layers %d x micro-batches %d x steps %d = %lld",
+                     fsc_group_rank(fsc_mesh_group(mesh, FSC_MESH_CP)), C, (long long)got, B,
+                     model->layers, micro, EQ_STEPS, (long long)want);
     }
     float *out = malloc(sizeof(float) * (size_t)ps.numel);
     memcpy(out, ps.data, sizeof(float) * (size_t)ps.numel);
