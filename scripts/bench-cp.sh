@@ -45,7 +45,7 @@ cmd=(mpiexec -n 2 --oversubscribe "$bin" --config medium "${size[@]}" --batch 1 
 echo "${cmd[*]}"
 echo "$(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg); $rounds rounds"
 for r in $(seq "$rounds"); do
-  line=$("${cmd[@]}" 2>>"$log" | tail -n 1)
+  line=$("${cmd[@]}" 2>>"$log" | tail -n 1) || { echo "bench-cp.sh: round $r failed; see $log" >&2; exit 1; }
   echo "$line" >>"$out"
   python3 - "$r" "$line" <<'PY'
 import json, sys
