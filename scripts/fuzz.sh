@@ -2,8 +2,9 @@
 # Fuzzes fsc's file readers with libFuzzer (issue 13, item 8): the safetensors
 # reader, the token readers (llm.c shards v1 and v7, nanoGPT, bytes), the
 # checkpoint state.json reader, the flat-shard metadata reader, the GPT-2 BPE
-# vocabulary/merges reader and encoder, Hugging Face tokenizer.json, and fsc-train's --config and
-# config.json readers (tests/fuzz/).
+# vocabulary/merges reader and encoder, Hugging Face tokenizer.json, fsc-train's --config and
+# config.json readers, fsc-plot's metrics-line reader and fsc-tokenize's input reader
+# (tests/fuzz/).
 #
 #   scripts/fuzz.sh [SECONDS] [HARNESS...]
 #
@@ -14,7 +15,8 @@
 # inputs collect in build-fuzz/corpus/<harness> (kept between runs; copy the
 # interesting ones into tests/fuzz/corpus/ by hand); a crash leaves
 # build-fuzz/artifacts/<harness>-crash-* and makes the script exit 1.
-# HARNESS: safetensors tokens state_json flat_layout bpe tokenizer_json config (default: all).
+# HARNESS: safetensors tokens state_json flat_layout bpe tokenizer_json config plot_rows
+# tokenize_input (default: all).
 # FSC_FUZZ_BUILD names another build directory (default build-fuzz).
 # Invocations may run side by side, one harness each (`nice -n 19
 # scripts/fuzz.sh 1800 bpe & nice -n 19 scripts/fuzz.sh 1800 config`): they
@@ -25,7 +27,8 @@ cd "$(dirname "$0")/.."
 seconds=${1:-60}
 shift || true
 harnesses=("$@")
-[ ${#harnesses[@]} -eq 0 ] && harnesses=(safetensors tokens state_json flat_layout bpe tokenizer_json config)
+[ ${#harnesses[@]} -eq 0 ] && harnesses=(safetensors tokens state_json flat_layout bpe tokenizer_json config plot_rows
+  tokenize_input)
 if ! command -v clang >/dev/null; then
   echo "fuzz: clang not found (scripts/install-deps.sh installs it)" >&2
   exit 77

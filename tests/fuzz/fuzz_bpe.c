@@ -14,39 +14,9 @@
  * decode(encode(text)) == text byte for byte, and the file path gives the
  * same ids.
  */
+#include "fuzz_byte_vocab.h"
 #include "fuzz_common.h"
 #include "fsc/tokenizer.h"
-
-/* GPT-2's bytes_to_unicode: printable Latin-1 stands for itself, the other
- * 68 bytes are U+0100.. in byte order. */
-static unsigned byte_cp(int b) {
-    int k = 0;
-    for (int c = 0; c < 256; c++) {
-        bool printable = (c >= '!' && c <= '~') || (c >= 0xA1 && c <= 0xAC) || c >= 0xAE;
-        if (c == b) return printable ? (unsigned)c : 256u + (unsigned)k;
-        if (!printable) k++;
-    }
-    return 0;
-}
-
-/* "{" and the 256 single-byte tokens, "<char>": byte, as JSON (no closing brace). */
-static size_t base_vocab(char *out, size_t cap) {
-    size_t k = (size_t)snprintf(out, cap, "{");
-    for (int b = 0; b < 256; b++) {
-        unsigned cp = byte_cp(b);
-        char ch[8];
-        int n = 0;
-        if (cp == '"' || cp == '\\') ch[n++] = '\\';
-        if (cp < 0x80) {
-            ch[n++] = (char)cp;
-        } else {
-            ch[n++] = (char)(0xC0 | cp >> 6);
-            ch[n++] = (char)(0x80 | (cp & 0x3F));
-        }
-        k += (size_t)snprintf(out + k, cap - k, "%s\"%.*s\": %d", b ? ", " : "", n, ch, b);
-    }
-    return k;
-}
 
 static void round_trip(const fsc_bpe *bpe, const uint8_t *text, size_t n) {
     const int V = fsc_bpe_vocab_size(bpe);
@@ -82,7 +52,7 @@ static void round_trip(const fsc_bpe *bpe, const uint8_t *text, size_t n) {
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     static char base[4096];
     static size_t base_len;
-    if (!base_len) base_len = base_vocab(base, sizeof base);
+    if (!base_len) base_len = fuzz_byte_tokens(base, sizeof base, "{");
     size_t at = 0, enc_n, merges_n, text_n;
     const uint8_t *enc = fuzz_part(data, size, &at, &enc_n);
     const uint8_t *merges = fuzz_part(data, size, &at, &merges_n);

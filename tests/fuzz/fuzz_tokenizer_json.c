@@ -13,41 +13,13 @@
  * ids inside the vocabulary, the same ids between the post-processor's
  * BOS/EOS when asked, and a decode of them that succeeds.
  */
+#include "fuzz_byte_vocab.h"
 #include "fuzz_common.h"
 #include "fsc/tokenizer.h"
 
-/* GPT-2's bytes_to_unicode: printable Latin-1 stands for itself, the other
- * 68 bytes are U+0100.. in byte order. */
-static unsigned byte_cp(int b) {
-    int k = 0;
-    for (int c = 0; c < 256; c++) {
-        bool printable = (c >= '!' && c <= '~') || (c >= 0xA1 && c <= 0xAC) || c >= 0xAE;
-        if (c == b) return printable ? (unsigned)c : 256u + (unsigned)k;
-        if (!printable) k++;
-    }
-    return 0;
-}
-
 /* The start of a file: decoder, model type, the 256 byte tokens (no closing braces). */
-static size_t base_file(char *out, size_t cap) {
-    size_t k = (size_t)snprintf(out, cap,
-                                "{\"decoder\": {\"type\": \"ByteLevel\"}, \"model\": {\"type\": "
-                                "\"BPE\", \"vocab\": {");
-    for (int b = 0; b < 256; b++) {
-        unsigned cp = byte_cp(b);
-        char ch[8];
-        int n = 0;
-        if (cp == '"' || cp == '\\') ch[n++] = '\\';
-        if (cp < 0x80) {
-            ch[n++] = (char)cp;
-        } else {
-            ch[n++] = (char)(0xC0 | cp >> 6);
-            ch[n++] = (char)(0x80 | (cp & 0x3F));
-        }
-        k += (size_t)snprintf(out + k, cap - k, "%s\"%.*s\": %d", b ? ", " : "", n, ch, b);
-    }
-    return k;
-}
+#define BASE_HEAD                                                                                  \
+    "{\"decoder\": {\"type\": \"ByteLevel\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {"
 
 static void check(const fsc_bpe *bpe, const uint8_t *text, size_t n) {
     const int V = fsc_bpe_vocab_size(bpe);
@@ -75,7 +47,7 @@ static void check(const fsc_bpe *bpe, const uint8_t *text, size_t n) {
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     static char base[4096];
     static size_t base_len;
-    if (!base_len) base_len = base_file(base, sizeof base);
+    if (!base_len) base_len = fuzz_byte_tokens(base, sizeof base, BASE_HEAD);
     size_t at = 0, file_n;
     const uint8_t *file = fuzz_part(data, size, &at, &file_n);
     const char *path = fuzz_path("tokenizer.json");
