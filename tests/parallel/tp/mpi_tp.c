@@ -287,39 +287,16 @@ static float *run_tp(const gpt_run *c, int t, int64_t *numel) {
             if (strncmp(m->children[i]->name, "h.", 2) == 0)
                 assert_int_equal(fsc_checkpoint_wrap(m->children[i]), FSC_OK);
     fsc_params ps;
-    fsc_optim_range *r;
-    int nr;
-    fsc_tokens tk;
-    eq_tokens(&tk);
     assert_int_equal(fsc_tp_params_bind(m, 5, true, &ps), FSC_OK);
-    assert_int_equal(fsc_optim_ranges_from_params(&ps, &r, &nr), FSC_OK);
-    fsc_optim *o = fsc_optim_new(&EQ_ADAMW, r, nr);
-    fsc_arena *arena = fsc_arena_new(FSC_MEM_ACTIV, 1 << 20);
-    const int T = c->model.seq;
     float first_norm = 0;
-    for (int s = 0; s < EQ_STEPS; s++) {
-        float loss;
-        if (tp_test_micro(m, &ps, arena, &tk, T, s, &loss))
-            fail_msg("rank %d: %s", rank, fsc_last_error());
-        if (c->max_norm > 0) {
-            float norm;
-            assert_int_equal(fsc_tp_clip_grad_norm(m, &ps, g, c->max_norm, &norm), FSC_OK);
-            if (s == 0) first_norm = norm;
-        }
-        assert_int_equal(fsc_optim_step(o), FSC_OK);
-    }
-    if (c->max_norm > 0) assert_true(first_norm > c->max_norm); /* the clip bites */
     char path[128];
     snprintf(path, sizeof path, "%s/tp%d_%d.safetensors", dir, t, color);
-    assert_int_equal(fsc_tp_save_weights(path, m, &ps, g, 0, NULL, NULL), FSC_OK);
+    tp_test_train_save(m, &ps, g, c->model.seq, c->max_norm, &first_norm, path);
+    if (c->max_norm > 0) assert_true(first_norm > c->max_norm); /* the clip bites */
     float *out = read_whole(&c->model, path, numel);
     assert_int_equal(fsc_group_barrier(g), FSC_OK); /* read before the next run rewrites it */
-    fsc_arena_free(arena);
-    fsc_optim_free(o);
-    fsc_optim_ranges_free(r);
     fsc_params_free(&ps);
     fsc_module_free(m);
-    fsc_tokens_free(&tk);
     tp_group_free(g);
     return out;
 }

@@ -69,33 +69,15 @@ static float *run_tp(const fsc_lora_config *lc, bool sp, int64_t *numel) {
     if (fsc_tp_lora_apply(m, lc, &adapted)) fail_msg("fsc_tp_lora_apply: %s", fsc_last_error());
     assert_int_equal(adapted, 7 * LLAMA.layers);
     fsc_params ps;
-    fsc_optim_range *r;
-    int nr;
-    fsc_tokens tk;
-    eq_tokens(&tk);
     assert_int_equal(fsc_tp_params_bind(m, 5, true, &ps), FSC_OK);
-    assert_int_equal(fsc_optim_ranges_from_params(&ps, &r, &nr), FSC_OK);
-    fsc_optim *o = fsc_optim_new(&EQ_ADAMW, r, nr);
-    fsc_arena *arena = fsc_arena_new(FSC_MEM_ACTIV, 1 << 20);
-    const int T = LLAMA.seq;
-    for (int s = 0; s < EQ_STEPS; s++) {
-        float loss;
-        if (tp_test_micro(m, &ps, arena, &tk, T, s, &loss))
-            fail_msg("rank %d: %s", rank, fsc_last_error());
-        assert_int_equal(fsc_optim_step(o), FSC_OK);
-    }
     char path[128];
     snprintf(path, sizeof path, "%s/tp_lora_%d.safetensors", dir, world);
-    assert_int_equal(fsc_tp_save_weights(path, m, &ps, fsc_group_world(), 0, NULL, NULL), FSC_OK);
+    tp_test_train_save(m, &ps, fsc_group_world(), LLAMA.seq, 0, NULL, path);
     float *out = read_adapted(lc, path, numel);
     if (!out) fail_msg("rank %d: %s: %s", rank, path, fsc_last_error());
     assert_int_equal(fsc_group_barrier(fsc_group_world()), FSC_OK); /* read before rewritten */
-    fsc_arena_free(arena);
-    fsc_optim_free(o);
-    fsc_optim_ranges_free(r);
     fsc_params_free(&ps);
     fsc_module_free(m);
-    fsc_tokens_free(&tk);
     return out;
 }
 
