@@ -16,28 +16,16 @@
 #include "fsc/io.h"
 
 #include "tmpdir.h"
+#include "tokens_test.h"
 
 /* A shard with chosen header words and ntok tokens actually present. */
 static void write_shard(const char *path, int32_t magic, int32_t version, int32_t count, int ntok) {
-    size_t n = 1024 + 2 * (size_t)ntok;
-    unsigned char *b = calloc(n, 1);
-    int32_t w[3] = {magic, version, count};
-    for (int i = 0; i < 3; i++)
-        for (int k = 0; k < 4; k++) b[4 * i + k] = (unsigned char)((uint32_t)w[i] >> (8 * k));
-    write_raw(path, b, n);
-    free(b);
+    tokens_write_shard(path, magic, version, count, NULL, ntok, 2);
 }
 
 static void expect_load_fails(const char *spec, int status, const char *needle) {
     fsc_tokens tk;
-    int rc = fsc_tokens_load(spec, &tk);
-    if (rc != status || !strstr(fsc_last_error(), needle))
-        print_error("spec %s: status %d (want %d), message \"%s\" (want \"%s\")\n", spec, rc,
-                    status, fsc_last_error(), needle);
-    assert_int_equal(rc, status);
-    assert_non_null(strstr(fsc_last_error(), needle));
-    assert_null(tk.data);
-    assert_int_equal(tk.count, 0);
+    expect_tokens_refused(spec, fsc_tokens_load(spec, &tk), &tk, status, needle);
 }
 
 /* ---- llm.c shards ------------------------------------------------------------------- */

@@ -16,24 +16,13 @@
 #include "fsc/io.h"
 
 #include "tmpdir.h"
-
-static void put32(unsigned char *b, uint32_t v) {
-    for (int k = 0; k < 4; k++) b[k] = (unsigned char)(v >> (8 * k));
-}
+#include "tokens_test.h"
 
 /* An llm.c shard: 256 int32 header words (magic, version, count), then ntok
  * tokens of `width` bytes each, little endian. */
 static void write_shard(const char *path, int32_t magic, int32_t version, int32_t count,
                         const uint32_t *tok, int ntok, int width) {
-    size_t n = 1024 + (size_t)width * (size_t)ntok;
-    unsigned char *b = calloc(n, 1);
-    assert_non_null(b);
-    put32(b, (uint32_t)magic), put32(b + 4, (uint32_t)version), put32(b + 8, (uint32_t)count);
-    for (int i = 0; i < ntok; i++)
-        for (int k = 0; k < width; k++)
-            b[1024 + (size_t)width * i + k] = (unsigned char)(tok[i] >> (8 * k));
-    write_raw(path, b, n);
-    free(b);
+    tokens_write_shard(path, magic, version, count, tok, ntok, width);
 }
 
 /* nanoGPT's train.bin: np.array(ids, dtype=np.uint16).tofile(path). */
@@ -48,14 +37,7 @@ static void write_nanogpt(const char *path, const uint32_t *tok, int ntok) {
 
 static void expect_fails(const char *spec, fsc_data_format f, int status, const char *needle) {
     fsc_tokens tk;
-    int rc = fsc_tokens_load_as(spec, f, &tk);
-    if (rc != status || !strstr(fsc_last_error(), needle))
-        print_error("spec %s: status %d (want %d), message \"%s\" (want \"%s\")\n", spec, rc,
-                    status, fsc_last_error(), needle);
-    assert_int_equal(rc, status);
-    assert_non_null(strstr(fsc_last_error(), needle));
-    assert_null(tk.data);
-    assert_int_equal(tk.count, 0);
+    expect_tokens_refused(spec, fsc_tokens_load_as(spec, f, &tk), &tk, status, needle);
 }
 
 static void expect_tokens(const fsc_tokens *tk, const uint32_t *tok, int n) {
