@@ -183,6 +183,9 @@ typedef struct fsc_fsdp_stats {
     int units;          /* N, the root included */
     int64_t allgathers; /* issued so far, prefetches included */
     int64_t reduce_scatters;
+    /* bytes put into reduce-scatters so far (a unit's full trainable-region
+     * gradient each, in the reduce dtype): frozen parameters add nothing */
+    int64_t reduced_bytes;
     int64_t shard_elems;   /* this rank's shard elements, padding included */
     int64_t padding_elems; /* of which padding and alignment gaps */
     int64_t largest_unit;  /* elements of the largest unit's padded flat buffer */

@@ -170,6 +170,7 @@ typedef struct fsc_sdp_stats {
     int64_t buckets;          /* buckets per synchronised backward */
     int64_t max_bucket_bytes; /* the largest, in F32 bytes (a parameter never straddles two) */
     int64_t reduces;          /* reduce collectives issued so far */
+    int64_t reduced_bytes;    /* bytes they carried (reduce dtype); frozen parameters: none */
     double wait_s;            /* blocked on reductions after backward */
     double last_wait_s;       /* ... in the last synchronised backward */
 } fsc_sdp_stats;

@@ -177,7 +177,7 @@ static int check_call(const fsc_module *m, const fsc_ctx *ctx, const fsc_tensor 
 static int params_bound(const fsc_module *owner, bool grads) {
     for (int i = 0; i < owner->nparams; i++) {
         const fsc_param *p = &owner->params[i];
-        if (p->data && (!grads || p->grad)) continue;
+        if (p->data && (!grads || p->grad || p->frozen)) continue; /* frozen: no gradient */
         char path[FSC_NAME_MAX * 2];
         fsc_module_path(owner, path, sizeof path);
         if (!p->data)

@@ -73,6 +73,9 @@ typedef struct eq_options {
     /* LoRA adapters on the model (fsc/lora.h; its other parameters frozen).
      * The TP orders' hooks redo a Linear's base product only: leave tp empty. */
     const fsc_lora_config *lora;
+    /* Parameters frozen by fsc_module_freeze's full-name globs (nfreeze of them). */
+    const char *const *freeze;
+    int nfreeze;
 } eq_options;
 
 /* One legal summation order of the reference: the global batch as `micro`
@@ -285,7 +288,9 @@ static float *eq_run_reference(const eq_options *o, const eq_order *ord, fsc_par
     int nr;
     fsc_tokens tk;
     eq_tokens(&tk);
-    if (!m || (o->lora && fsc_lora_apply(m, o->lora, NULL)) || fsc_params_bind(m, 5, true, ps) ||
+    if (!m || (o->lora && fsc_lora_apply(m, o->lora, NULL)) ||
+        (o->nfreeze && fsc_module_freeze(m, o->freeze, o->nfreeze, true, NULL)) ||
+        fsc_params_bind(m, 5, true, ps) ||
         fsc_optim_ranges_from_params(ps, &r, &nr))
         abort();
     if (ord->tp > 1) eq_tp_orders(m, ord->tp);

@@ -92,6 +92,16 @@ def freeze():
                 "--save", s2)
         compare(f"--freeze, {name} on 2 ranks", [r["loss"] for r in metrics(m2)], ref)
         frozen_unchanged(f"--freeze, {name} on 2 ranks", init, s2, torch_gpt, FREEZE)
+    # fsdp shards frozen tensors apart (no gradient); its checkpoint is still by name
+    ck, m3, m4 = (os.path.join(TMP, n) for n in ("ft_fsdp_ckpt", "ft_fsdp_a.jsonl", "ft_fsdp_b.jsonl"))
+    mpiexec(2, *LLAMA, "--data", data, "--strategy", "fsdp", "--batch", "2", *TRAIN[2:],
+            "--steps", "10", "--freeze", FREEZE, "--save-every", "10", "--checkpoint-dir", ck,
+            "--metrics", m3)
+    run(*LLAMA, "--data", data, "--batch", "4", *TRAIN, "--freeze", FREEZE, "--resume", ck,
+        "--metrics", m4)
+    compare("--freeze, fsdp checkpoint of 2 ranks at step 10 resumed in one process",
+            [r["loss"] for r in metrics(m3)] + [r["loss"] for r in metrics(m4) if r["step"] > 10],
+            ref)
 
     # GPT-2's names under tensor parallelism (llama is not split by --tp yet)
     gpt = ["--layers", "2", "--d-model", "64", "--heads", "4", "--seq", "32", "--vocab", "512",

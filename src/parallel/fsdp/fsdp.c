@@ -32,8 +32,12 @@ static void bind_params(fsc_fsdp *f, fsdp_unit *u, float *full) {
     for (int i = 0; i < u->n; i++) fsdp_member(f, u, i)->data = full ? full + u->offset[i] : NULL;
 }
 
+/* full: the trainable region's gradient; frozen members have none */
 static void bind_grads(fsc_fsdp *f, fsdp_unit *u, float *full) {
-    for (int i = 0; i < u->n; i++) fsdp_member(f, u, i)->grad = full ? full + u->offset[i] : NULL;
+    for (int i = 0; i < u->n; i++) {
+        fsc_param *p = fsdp_member(f, u, i);
+        p->grad = full && !p->frozen ? full + u->offset[i] : NULL;
+    }
 }
 
 /* ---- gathering ------------------------------------------------------------------------- */
@@ -43,19 +47,29 @@ static int gather_start(fsc_fsdp *f, fsdp_unit *u, bool exact) {
     const fsc_dtype dt = exact ? FSC_DTYPE_F32 : f->opt.compute_dtype;
     u->full = fsdp_buf_get(f, u->padded, false, &u->full_cap);
     if (!u->full) return fsc_error_context(FSC_ERR_NOMEM, "FSDP unit '%s': ", u->name);
-    int rc;
-    if (dt == FSC_DTYPE_F32) {
-        rc = fsc_group_iallgather(f->g, u->shard_data, u->full, u->shard, FSC_DTYPE_F32,
-                                  &u->gather_req);
-    } else {
+    const char *send = (const char *)u->shard_data;
+    char *recv = (char *)u->full;
+    if (dt != FSC_DTYPE_F32) {
         u->send_half = fsdp_half_get(f, FSC_MEM_COMM, (size_t)u->shard * 2);
         u->recv_half = fsdp_half_get(f, FSC_MEM_GATHERED, (size_t)u->padded * 2);
         if (!u->send_half || !u->recv_half)
             return fsc_error_context(FSC_ERR_NOMEM, "FSDP unit '%s': ", u->name);
         fsdp_narrow(u->send_half, u->shard_data, u->shard, dt);
-        rc = fsc_group_iallgather(f->g, u->send_half, u->recv_half, u->shard, dt, &u->gather_req);
+        send = u->send_half, recv = u->recv_half;
     }
-    f->stats.allgathers++;
+    /* each region is gathered alone: the trainable one, then the frozen one */
+    const size_t es = fsc_dtype_size(dt);
+    const int64_t fshard = u->shard - u->gshard;
+    int rc = FSC_OK;
+    if (u->gshard) {
+        rc = fsc_group_iallgather(f->g, send, recv, u->gshard, dt, &u->gather_req);
+        f->stats.allgathers++;
+    }
+    if (!rc && fshard) {
+        rc = fsc_group_iallgather(f->g, send + (size_t)u->gshard * es,
+                                  recv + (size_t)u->gpadded * es, fshard, dt, &u->fgather_req);
+        f->stats.allgathers++;
+    }
     return rc ? fsc_error_context(rc, "FSDP gather of unit '%s': ", u->name) : FSC_OK;
 }
 
@@ -66,9 +80,11 @@ static int gather_start(fsc_fsdp *f, fsdp_unit *u, bool exact) {
  * widened ones back, and fp32 consumers (LayerNorm, biases, embeddings)
  * read the widened. The view goes in fsdp_release, before the buffers. */
 static int gather_finish(fsc_fsdp *f, fsdp_unit *u) {
-    if (u->gather_req) {
+    for (int k = 0; k < 2; k++) {
+        fsc_request **req = k ? &u->fgather_req : &u->gather_req;
+        if (!*req) continue;
         double t0 = fsc_now();
-        int rc = fsc_request_wait(&u->gather_req);
+        int rc = fsc_request_wait(req);
         f->stats.wait_s += fsc_now() - t0;
         if (rc) return fsc_error_context(rc, "FSDP gather of unit '%s': ", u->name);
     }
@@ -84,10 +100,12 @@ static int gather_finish(fsc_fsdp *f, fsdp_unit *u) {
         u->send_half = NULL;
     }
     if (fsc_fault_is(FSC_FAULT_SHARD_OFFSET) && f->world > 1) { /* both copies, as one */
-        float *last = u->full + (f->world - 1) * u->shard;
-        memmove(last + 1, last, sizeof(float) * (size_t)(u->shard - 1));
-        uint16_t *h = view ? (uint16_t *)u->recv_half + (f->world - 1) * u->shard : NULL;
-        if (h) memmove(h + 1, h, sizeof(uint16_t) * (size_t)(u->shard - 1));
+        /* the last rank's slice of the trainable region (else the frozen one) */
+        const int64_t n = u->gshard ? u->gshard : u->shard - u->gshard;
+        const int64_t at = (u->gshard ? 0 : u->gpadded) + (f->world - 1) * n;
+        memmove(u->full + at + 1, u->full + at, sizeof(float) * (size_t)(n - 1));
+        uint16_t *h = view ? (uint16_t *)u->recv_half + at : NULL;
+        if (h) memmove(h + 1, h, sizeof(uint16_t) * (size_t)(n - 1));
     }
     bind_params(f, u, u->full);
     return FSC_OK;
@@ -102,6 +120,7 @@ void fsdp_release(fsdp_unit *u) {
     /* a buffer MPI may still write into is never freed: after a failed wait
      * (timeout) it is left to the process's end */
     if (u->gather_req && fsc_request_wait(&u->gather_req)) return;
+    if (u->fgather_req && fsc_request_wait(&u->fgather_req)) return;
     if (u->full) fsc_bf16_view_remove(u->full);
     bind_params(u->f, u, NULL);
     fsdp_buf_put(u->f, u->full, u->full_cap);
@@ -128,6 +147,7 @@ static fsdp_unit *neighbour(fsc_fsdp *f, const fsdp_unit *u, int step) {
 static void probe_unit(const fsc_fsdp *f, const fsdp_unit *u, const float *g) {
     for (int i = 0; i < u->n; i++) {
         const fsc_param_entry *e = &f->ps.entries[u->entries[i]];
+        if (e->param->frozen) continue; /* no gradient */
         f->opt.probe(f->opt.probe_user, e->offset, g + u->offset[i], e->param->numel);
     }
 }
@@ -139,22 +159,23 @@ static void probe_backward(fsc_fsdp *f, fsdp_unit *u) {
     if (!f->opt.probe || !u->full_grad) return;
     probe_unit(f, u, u->own_grad ? u->own_grad : u->full_grad);
     if (!u->own_grad) return;
-    fsc_add_inplace(u->full_grad, u->own_grad, u->padded);
+    fsc_add_inplace(u->full_grad, u->own_grad, u->gpadded);
     bind_grads(f, u, u->full_grad);
     fsdp_buf_put(f, u->own_grad, u->own_cap);
     u->own_grad = NULL;
 }
 
+/* Only the trainable region is reduced: frozen members have no gradient. */
 static int rs_start(fsc_fsdp *f, fsdp_unit *u) {
-    if (!u->padded) return FSC_OK;
+    if (!u->gpadded) return FSC_OK;
     const fsc_dtype dt = f->opt.reduce_dtype;
     void *in = u->full_grad;
     if (u->index == f->nunits - 1 && fsc_fault_is(FSC_FAULT_DROP_GRAD) && f->rank == f->world - 1)
-        memset(in, 0, sizeof(float) * (size_t)u->padded);
+        memset(in, 0, sizeof(float) * (size_t)u->gpadded);
     if (dt != FSC_DTYPE_F32) { /* round, and give the fp32 buffer back at once */
-        if (!(u->rs_in = fsdp_half_get(f, FSC_MEM_COMM, (size_t)u->padded * 2)))
+        if (!(u->rs_in = fsdp_half_get(f, FSC_MEM_COMM, (size_t)u->gpadded * 2)))
             return fsc_error_context(FSC_ERR_NOMEM, "FSDP unit '%s': ", u->name);
-        fsdp_narrow(u->rs_in, u->full_grad, u->padded, dt);
+        fsdp_narrow(u->rs_in, u->full_grad, u->gpadded, dt);
         bind_grads(f, u, NULL);
         fsdp_buf_put(f, u->full_grad, u->grad_cap);
         u->full_grad = NULL;
@@ -163,12 +184,13 @@ static int rs_start(fsc_fsdp *f, fsdp_unit *u) {
     /* straight into the shard when it is zero (the first micro-step) and fp32 */
     void *out = u->shard_grad;
     if (!(u->grad_zero && dt == FSC_DTYPE_F32) &&
-        !(out = u->rs_out = fsdp_half_get(f, FSC_MEM_COMM, (size_t)u->shard * fsc_dtype_size(dt))))
+        !(out = u->rs_out = fsdp_half_get(f, FSC_MEM_COMM, (size_t)u->gshard * fsc_dtype_size(dt))))
         return fsc_error_context(FSC_ERR_NOMEM, "FSDP unit '%s': ", u->name);
     u->grad_zero = false;
     u->rs_pending = true;
     f->stats.reduce_scatters++;
-    int rc = fsc_group_ireduce_scatter(f->g, in, out, u->shard, dt, FSC_REDUCE_SUM, &u->rs_req);
+    f->stats.reduced_bytes += u->gpadded * (int64_t)fsc_dtype_size(dt);
+    int rc = fsc_group_ireduce_scatter(f->g, in, out, u->gshard, dt, FSC_REDUCE_SUM, &u->rs_req);
     return rc ? fsc_error_context(rc, "FSDP reduce-scatter of unit '%s': ", u->name) : FSC_OK;
 }
 
@@ -189,13 +211,13 @@ static int rs_finish(fsc_fsdp *f, fsdp_unit *u, bool wait) {
         }
         if (rc) return fsc_error_context(rc, "FSDP reduce-scatter of unit '%s': ", u->name);
     }
-    if (u->rs_out) fsdp_widen(u->shard_grad, u->rs_out, u->shard, f->opt.reduce_dtype, true);
+    if (u->rs_out) fsdp_widen(u->shard_grad, u->rs_out, u->gshard, f->opt.reduce_dtype, true);
     if (u->index == f->nunits - 1 &&
         fsc_fault_fires(FSC_FAULT_REDUCE_TWICE)) /* the shard, accumulated or not */
-        for (int64_t i = 0; i < u->shard / 2; i++) u->shard_grad[i] *= 2;
+        for (int64_t i = 0; i < u->gshard / 2; i++) u->shard_grad[i] *= 2;
     fsdp_half_put(f, u->rs_out, FSC_MEM_COMM,
-                  (size_t)u->shard * fsc_dtype_size(f->opt.reduce_dtype));
-    fsdp_half_put(f, u->rs_in, FSC_MEM_COMM, (size_t)u->padded * 2);
+                  (size_t)u->gshard * fsc_dtype_size(f->opt.reduce_dtype));
+    fsdp_half_put(f, u->rs_in, FSC_MEM_COMM, (size_t)u->gpadded * 2);
     u->rs_out = u->rs_in = NULL;
     bind_grads(f, u, NULL);
     fsdp_buf_put(f, u->full_grad, u->grad_cap);
@@ -280,17 +302,17 @@ static int on_pre_backward(fsc_module *m, fsc_hook_kind kind, const fsc_ctx *ctx
     if (!rc && next) rc = gather_start(f, next, false);
     if (!rc && u->full_grad && f->opt.probe) {    /* kept by no_sync, joined after the probe */
         fsdp_buf_put(f, u->own_grad, u->own_cap); /* a failed backward's */
-        if (!(u->own_grad = fsdp_buf_get(f, u->padded, true, &u->own_cap)))
+        if (!(u->own_grad = fsdp_buf_get(f, u->gpadded, true, &u->own_cap)))
             return fsc_error_context(FSC_ERR_NOMEM, "FSDP unit '%s': ", u->name);
         bind_grads(f, u, u->own_grad);
         return FSC_OK;
     }
-    if (rc || u->full_grad || !u->padded) { /* kept by no_sync: accumulate into it */
+    if (rc || u->full_grad || !u->gpadded) { /* kept by no_sync: accumulate into it */
         if (!rc) bind_grads(f, u, u->full_grad);
         return rc;
     }
     if ((rc = make_room(f, f->newest_rs))) return rc;
-    u->full_grad = fsdp_buf_get(f, u->padded, true, &u->grad_cap);
+    u->full_grad = fsdp_buf_get(f, u->gpadded, true, &u->grad_cap);
     if (!u->full_grad) return fsc_error_context(FSC_ERR_NOMEM, "FSDP unit '%s': ", u->name);
     bind_grads(f, u, u->full_grad);
     return FSC_OK;
@@ -388,15 +410,15 @@ static int setup(fsc_fsdp *f, uint64_t seed, fsc_module *const *units, int n,
     if (!rc) rc = fsdp_lay_out_units(f);
     if (rc) return rc;
     f->data = fsc_mem_alloc(FSC_MEM_PARAMS, (size_t)f->shard_total * sizeof(float));
-    f->grad = fsc_mem_alloc(FSC_MEM_GRADS, (size_t)f->shard_total * sizeof(float));
-    if (f->shard_total && (!f->data || !f->grad))
+    f->grad = fsc_mem_alloc(FSC_MEM_GRADS, (size_t)f->grad_total * sizeof(float));
+    if (f->shard_total && (!f->data || (f->grad_total && !f->grad)))
         return fsc_error_context(FSC_ERR_NOMEM,
                                  "FSDP: shards of %lld elements: ", (long long)f->shard_total);
-    int64_t at = 0;
+    int64_t at = 0, gat = 0;
     for (int k = 0; k < f->nunits; k++) {
         fsdp_unit *u = &f->units[k];
-        u->shard_data = f->data + at, u->shard_grad = f->grad + at;
-        at += u->shard;
+        u->shard_data = f->data + at, u->shard_grad = f->grad ? f->grad + gat : NULL;
+        at += u->shard, gat += u->gshard;
         fsdp_init_shard(f, u, seed);
         bind_params(f, u, NULL);
         bind_grads(f, u, NULL);
@@ -520,7 +542,7 @@ int fsc_fsdp_step(fsc_fsdp *f) {
 }
 
 void fsc_fsdp_zero_grad(fsc_fsdp *f) {
-    if (f->grad) memset(f->grad, 0, (size_t)f->shard_total * sizeof(float));
+    if (f->grad) memset(f->grad, 0, (size_t)f->grad_total * sizeof(float));
     for (int k = 0; k < f->nunits; k++) {
         fsdp_unit *u = &f->units[k];
         u->grad_zero = true;

@@ -25,8 +25,15 @@ typedef struct fsdp_unit {
     int n;                          /* member parameters, in entry order */
     int *entries;                   /* indices into f->ps.entries */
     int64_t *offset;                /* each member's offset in the unit's flat buffer */
-    int64_t numel, shard, padded;   /* flat elements used; per rank; world * shard */
-    float *shard_data, *shard_grad; /* this rank's shard: views into f->data, f->grad */
+    /* The flat buffer is two regions, each sharded alone: the trainable
+     * members ([0, gpadded): gathered, reduce-scattered, with gradients and
+     * optimizer state) and the frozen ones ([gpadded, padded): gathered,
+     * never reduced, no gradient). A rank's shard is its slice of the first
+     * (gshard floats) then its slice of the second (shard - gshard). */
+    int64_t gnumel, gshard, gpadded; /* trainable region: elements used; per rank; world * gshard */
+    int64_t fnumel;                  /* frozen region: elements used */
+    int64_t shard, padded;           /* both regions: per rank; world * shard */
+    float *shard_data, *shard_grad;  /* this rank's shard (shard floats; gshard of gradient) */
     bool grad_zero;                 /* the gradient shard is known to be all zero */
     int fwd_pos;                    /* position in the recorded forward order, -1: none */
     /* gathered state (FSC_MEM_GATHERED unless noted) */
@@ -35,6 +42,7 @@ typedef struct fsdp_unit {
     void *recv_half;            /* compute-dtype gather buffer while in flight */
     void *send_half;            /* this rank's shard in the compute dtype (FSC_MEM_COMM) */
     fsc_request *gather_req;    /* a gather in flight into full / recv_half */
+    fsc_request *fgather_req;   /* ... and the frozen region's, when it has one */
     float *full_grad;           /* full gradients while backward computes them */
     float *own_grad;            /* with a probe under no_sync: this backward's alone */
     int64_t own_cap;            /* floats in own_grad */
@@ -54,7 +62,7 @@ struct fsc_fsdp {
     fsdp_unit *units;
     int nunits;
     float *data, *grad; /* all shards, FSC_MEM_PARAMS / FSC_MEM_GRADS */
-    int64_t shard_total;
+    int64_t shard_total, grad_total; /* floats in data and in grad (trainable regions only) */
     fsc_optim_range *ranges; /* this rank's shards by parameter, entry order */
     int nranges;
     fsc_optim *optim;
@@ -91,6 +99,13 @@ int fsdp_lay_out_units(fsc_fsdp *f);
 void fsdp_init_shard(fsc_fsdp *f, fsdp_unit *u, uint64_t seed);
 /* f->ranges (the optimizer's) and f->part (every rank's pieces). */
 int fsdp_plan_ranges(fsc_fsdp *f);
+
+/* Rank r's slice of member i's region: its first flat element (*lo), its
+ * length (*len) and where it starts in the rank's shard (*at). */
+void fsdp_region(const fsc_fsdp *f, const fsdp_unit *u, int i, int r, int64_t *lo, int64_t *len,
+                 int64_t *at);
+/* Copies this rank's slices of u's full (gathered) buffer into its shard. */
+void fsdp_take_shard(const fsc_fsdp *f, fsdp_unit *u);
 
 /* fsdp_buffers.c. dst[i] (+)= src[i] widened from dt (F32, BF16 or F16). */
 void fsdp_widen(float *dst, const void *src, int64_t n, fsc_dtype dt, bool add);

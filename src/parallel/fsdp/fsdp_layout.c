@@ -49,16 +49,46 @@ int fsdp_assign(fsc_fsdp *f, fsc_module *m, const char *path, int cur, fsc_modul
     return FSC_OK;
 }
 
+void fsdp_region(const fsc_fsdp *f, const fsdp_unit *u, int i, int r, int64_t *lo, int64_t *len,
+                 int64_t *at) {
+    if (!fsdp_member(f, u, i)->frozen) {
+        *lo = (int64_t)r * u->gshard, *len = u->gshard, *at = 0;
+        return;
+    }
+    const int64_t fshard = u->shard - u->gshard;
+    *lo = u->gpadded + (int64_t)r * fshard, *len = fshard, *at = u->gshard;
+}
+
+void fsdp_take_shard(const fsc_fsdp *f, fsdp_unit *u) {
+    const int64_t fshard = u->shard - u->gshard;
+    memcpy(u->shard_data, u->full + (int64_t)f->rank * u->gshard,
+           (size_t)u->gshard * sizeof(float));
+    memcpy(u->shard_data + u->gshard, u->full + u->gpadded + (int64_t)f->rank * fshard,
+           (size_t)fshard * sizeof(float));
+}
+
+/* Rank r's piece of member i of u: [*begin, *begin + *count) of the
+ * parameter, at *at in the rank's shard. */
+static bool member_piece(const fsc_fsdp *f, const fsdp_unit *u, int i, int r, int64_t *begin,
+                         int64_t *count, int64_t *at) {
+    int64_t lo, len, base;
+    fsdp_region(f, u, i, r, &lo, &len, &base);
+    const int64_t off = u->offset[i], numel = fsdp_member(f, u, i)->numel;
+    int64_t a = off > lo ? off : lo, b = off + numel < lo + len ? off + numel : lo + len;
+    if (b <= a) return false;
+    *begin = a - off, *count = b - a, *at = base + (a - lo);
+    return true;
+}
+
 /* Initial values of this rank's shard of u, drawn exactly as the full
  * tensors would be (keyed by name and element index). */
 void fsdp_init_shard(fsc_fsdp *f, fsdp_unit *u, uint64_t seed) {
-    const int64_t lo = (int64_t)f->rank * u->shard, hi = lo + u->shard;
     for (int i = 0; i < u->n; i++) {
         const fsc_param *p = fsdp_member(f, u, i);
-        int64_t a = u->offset[i] > lo ? u->offset[i] : lo;
-        int64_t b = u->offset[i] + p->numel < hi ? u->offset[i] + p->numel : hi;
-        if (b <= a) continue;
-        float *dst = u->shard_data + (a - lo);
+        int64_t begin, count, at;
+        if (!member_piece(f, u, i, f->rank, &begin, &count, &at)) continue;
+        const int64_t a = begin, b = begin + count;
+        float *dst = u->shard_data + at;
         switch (p->init) {
         case FSC_INIT_ZEROS:
             memset(dst, 0, (size_t)(b - a) * sizeof(float));
@@ -67,12 +97,12 @@ void fsdp_init_shard(fsc_fsdp *f, fsdp_unit *u, uint64_t seed) {
             for (int64_t j = 0; j < b - a; j++) dst[j] = 1.f;
             break;
         case FSC_INIT_NORMAL:
-            fsc_rng_normal_fill(dst, b - a, a - u->offset[i],
+            fsc_rng_normal_fill(dst, b - a, a,
                                 fsc_rng_key(seed, f->ps.entries[u->entries[i]].name), 0.f,
                                 p->init_std);
             break;
         case FSC_INIT_UNIFORM:
-            fsc_params_uniform_fill(dst, b - a, a - u->offset[i],
+            fsc_params_uniform_fill(dst, b - a, a,
                                     fsc_rng_key(seed, f->ps.entries[u->entries[i]].name),
                                     p->init_std);
             break;
@@ -80,17 +110,12 @@ void fsdp_init_shard(fsc_fsdp *f, fsdp_unit *u, uint64_t seed) {
     }
 }
 
-/* Rank r's piece of entry e: [*begin, *begin + *count) of the parameter. */
-static bool piece(const fsc_fsdp *f, int e, int r, int64_t *begin, int64_t *count) {
+/* Rank r's piece of entry e (member_piece's outputs). */
+static bool piece(const fsc_fsdp *f, int e, int r, int64_t *begin, int64_t *count, int64_t *at) {
     const fsdp_unit *u = &f->units[f->unit_of[e]];
     int i = 0;
     while (u->entries[i] != e) i++;
-    const int64_t lo = (int64_t)r * u->shard, hi = lo + u->shard, off = u->offset[i];
-    const int64_t numel = f->ps.entries[e].param->numel;
-    int64_t a = off > lo ? off : lo, b = off + numel < hi ? off + numel : hi;
-    if (b <= a) return false;
-    *begin = a - off, *count = b - a;
-    return true;
+    return member_piece(f, u, i, r, begin, count, at);
 }
 
 /* The optimizer's ranges (this rank's pieces, entry order) and every rank's
@@ -110,28 +135,24 @@ int fsdp_plan_ranges(fsc_fsdp *f) {
         if (!(p->ranges[r] = calloc((size_t)f->ps.count + 1, sizeof *p->ranges[r])))
             return fsc_error(FSC_ERR_NOMEM, "FSDP: out of memory");
         for (int e = 0; e < f->ps.count; e++) {
-            int64_t begin, count;
-            if (!piece(f, e, r, &begin, &count)) continue;
+            int64_t begin, count, at;
+            if (!piece(f, e, r, &begin, &count, &at)) continue;
             p->ranges[r][p->nranges[r]++] =
                 (fsc_shard_range){.entry = e, .begin = begin, .count = count};
             p->elems[r] += count;
             if (r != f->rank) continue;
             const fsdp_unit *u = &f->units[f->unit_of[e]];
-            int i = 0;
-            while (u->entries[i] != e) i++;
-            int64_t at = u->offset[i] + begin - (int64_t)f->rank * u->shard;
             const fsc_param *prm = f->ps.entries[e].param;
-            f->ranges[f->nranges++] =
-                (fsc_optim_range){.param = u->shard_data + at,
-                                  .grad = u->shard_grad + at,
-                                  /* frozen: carried in the
-                                   * shard, no state */
-                                  .n = prm->frozen ? 0 : count,
-                                  .decay = prm->weight_decay,
-                                  .lr_scale = prm->lr_scale, /* its param group */
-                                  .wd_set = prm->wd_set,
-                                  .wd = prm->wd,
-                                  .name = f->ps.entries[e].name};
+            /* frozen: a piece of the weights, no gradient, no state */
+            f->ranges[f->nranges++] = (fsc_optim_range){.param = u->shard_data + at,
+                                                        .grad = prm->frozen ? NULL
+                                                                            : u->shard_grad + at,
+                                                        .n = prm->frozen ? 0 : count,
+                                                        .decay = prm->weight_decay,
+                                                        .lr_scale = prm->lr_scale,
+                                                        .wd_set = prm->wd_set,
+                                                        .wd = prm->wd,
+                                                        .name = f->ps.entries[e].name};
         }
     }
     return FSC_OK;
@@ -154,18 +175,27 @@ int fsdp_lay_out_units(fsc_fsdp *f) {
                            "claim them all)",
                            u->name);
     }
+    /* trainable members first in their region, frozen ones in theirs (offsets
+     * from the region's start until the trainable region's size is known) */
     for (int e = 0; e < f->ps.count && !rc; e++) {
         fsdp_unit *u = &f->units[f->unit_of[e]];
+        const fsc_param *p = f->ps.entries[e].param;
+        int64_t *used = p->frozen ? &u->fnumel : &u->gnumel;
         u->entries[fill[u->index]] = e;
-        u->offset[fill[u->index]++] = u->numel;
-        u->numel += align_up(f->ps.entries[e].param->numel);
+        u->offset[fill[u->index]++] = *used;
+        *used += align_up(p->numel);
     }
     free(fill);
     for (int k = 0; k < f->nunits && !rc; k++) {
         fsdp_unit *u = &f->units[k];
-        u->shard = align_up((u->numel + f->world - 1) / f->world);
+        u->gshard = align_up((u->gnumel + f->world - 1) / f->world);
+        u->gpadded = u->gshard * f->world;
+        u->shard = u->gshard + align_up((u->fnumel + f->world - 1) / f->world);
         u->padded = u->shard * f->world;
+        for (int i = 0; i < u->n; i++)
+            if (fsdp_member(f, u, i)->frozen) u->offset[i] += u->gpadded;
         f->shard_total += u->shard;
+        f->grad_total += u->gshard;
         if (u->padded > f->stats.largest_unit) f->stats.largest_unit = u->padded;
     }
     return rc;

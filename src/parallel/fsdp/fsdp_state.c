@@ -48,9 +48,7 @@ int fsc_fsdp_release_full_params(fsc_fsdp *f, bool writeback) {
     if (!f || !f->summoned) return fsc_error(FSC_ERR_INVALID, "FSDP release: nothing summoned");
     for (int k = 0; k < f->nunits; k++) {
         fsdp_unit *u = &f->units[k];
-        if (writeback && u->full)
-            memcpy(u->shard_data, u->full + (int64_t)f->rank * u->shard,
-                   (size_t)u->shard * sizeof(float));
+        if (writeback && u->full) fsdp_take_shard(f, u);
         fsdp_release(u);
     }
     f->summoned = false;
@@ -211,30 +209,43 @@ int fsc_fsdp_load_weights(fsc_fsdp *f, const char *path) {
 /* ---- sharded state dict ------------------------------------------------------------------------
  */
 
-static int make_layout(const fsc_fsdp *f, fsc_flat_layout *L) {
+/* The shard files' layout: each unit's trainable region as a flat unit
+ * named by its path, and its frozen region, when it has one, as one more,
+ * "<path>[frozen]"; shards[j] (2 * nunits slots) is this rank's slice of
+ * flat unit j. */
+static int make_layout(const fsc_fsdp *f, fsc_flat_layout *L, float ***shards) {
     memset(L, 0, sizeof *L);
     L->world = f->world;
-    L->nunits = f->nunits;
     L->nparams = f->ps.count;
-    L->units = calloc((size_t)f->nunits, sizeof *L->units);
+    L->units = calloc(2 * (size_t)f->nunits, sizeof *L->units);
     L->params = calloc((size_t)f->ps.count + 1, sizeof *L->params);
-    if (!L->units || !L->params) {
-        free(L->units), free(L->params);
+    *shards = calloc(2 * (size_t)f->nunits, sizeof **shards);
+    if (!L->units || !L->params || !*shards) {
+        free(L->units), free(L->params), free(*shards);
         return fsc_error(FSC_ERR_NOMEM, "FSDP: out of memory");
     }
     for (int k = 0; k < f->nunits; k++) {
         const fsdp_unit *u = &f->units[k];
-        snprintf(L->units[k].name, sizeof L->units[k].name, "%s", u->name);
-        L->units[k].numel = u->numel;
-        L->units[k].shard = u->shard;
+        const int t = L->nunits++, fz = u->shard > u->gshard ? L->nunits++ : -1;
+        snprintf(L->units[t].name, sizeof L->units[t].name, "%s", u->name);
+        L->units[t].numel = u->gnumel;
+        L->units[t].shard = u->gshard;
+        (*shards)[t] = u->shard_data;
+        if (fz >= 0) {
+            snprintf(L->units[fz].name, sizeof L->units[fz].name, "%.*s[frozen]",
+                     (int)sizeof L->units[fz].name - 9, u->name);
+            L->units[fz].numel = u->fnumel;
+            L->units[fz].shard = u->shard - u->gshard;
+            (*shards)[fz] = u->shard_data + u->gshard;
+        }
         for (int i = 0; i < u->n; i++) {
             const fsc_param_entry *pe = &f->ps.entries[u->entries[i]];
             fsc_flat_param *fp = &L->params[u->entries[i]];
             snprintf(fp->name, sizeof fp->name, "%s", pe->name);
             fp->ndim = pe->param->ndim;
             memcpy(fp->shape, pe->param->shape, sizeof fp->shape);
-            fp->unit = k;
-            fp->offset = u->offset[i];
+            fp->unit = pe->param->frozen ? fz : t;
+            fp->offset = u->offset[i] - (pe->param->frozen ? u->gpadded : 0);
         }
     }
     return FSC_OK;
@@ -245,12 +256,10 @@ int fsc_fsdp_save_sharded(fsc_fsdp *f, const char *path, int n_meta, const char 
     if (!f || !path)
         return fsc_error(FSC_ERR_INVALID, "FSDP save_sharded: f and path must not be NULL");
     fsc_flat_layout L;
-    int rc = make_layout(f, &L);
+    float **shards;
+    int rc = make_layout(f, &L, &shards);
     if (rc) return rc;
-    const float **shards = calloc((size_t)f->nunits, sizeof *shards);
-    if (!shards) rc = fsc_error(FSC_ERR_NOMEM, "FSDP: out of memory");
-    for (int k = 0; !rc && k < f->nunits; k++) shards[k] = f->units[k].shard_data;
-    if (!rc) rc = fsc_flat_shard_save(path, &L, f->rank, shards, n_meta, keys, values);
+    rc = fsc_flat_shard_save(path, &L, f->rank, (const float **)shards, n_meta, keys, values);
     free(shards);
     free(L.units), free(L.params);
     return rc;
@@ -262,12 +271,10 @@ int fsc_fsdp_load_sharded(fsc_fsdp *f, const char *path) {
     if (busy(f) || f->summoned)
         return fsc_error(FSC_ERR_INVALID, "FSDP load_sharded %s: call it between steps", path);
     fsc_flat_layout L;
-    int rc = make_layout(f, &L);
+    float **shards;
+    int rc = make_layout(f, &L, &shards);
     if (rc) return rc;
-    float **shards = calloc((size_t)f->nunits, sizeof *shards);
-    if (!shards) rc = fsc_error(FSC_ERR_NOMEM, "FSDP: out of memory");
-    for (int k = 0; !rc && k < f->nunits; k++) shards[k] = f->units[k].shard_data;
-    if (!rc) rc = fsc_flat_shard_load(path, &L, f->rank, shards);
+    rc = fsc_flat_shard_load(path, &L, f->rank, shards);
     free(shards);
     free(L.units), free(L.params);
     return rc;

@@ -44,11 +44,14 @@ static int push_range(fsc_partition *p, int *cap, int r, int entry, int64_t begi
 typedef struct sized {
     int64_t numel;
     int entry;
+    bool frozen;
 } sized;
 
-/* Larger tensors first; equal sizes keep entry order (a deterministic sort). */
+/* Trainable tensors first, larger first; equal sizes keep entry order (a
+ * deterministic sort). */
 static int by_size_desc(const void *a, const void *b) {
     const sized *x = a, *y = b;
+    if (x->frozen != y->frozen) return x->frozen ? 1 : -1;
     if (x->numel != y->numel) return x->numel > y->numel ? -1 : 1;
     return (x->entry > y->entry) - (x->entry < y->entry);
 }
@@ -57,20 +60,25 @@ static int partition_greedy(fsc_partition *p, const fsc_params *ps, int *cap) {
     int n = ps->count;
     sized *order = malloc((size_t)(n > 0 ? n : 1) * sizeof *order);
     int *owner = malloc((size_t)(n > 0 ? n : 1) * sizeof *owner);
-    int64_t *load = calloc((size_t)p->world, sizeof *load);
+    /* trainable and frozen tensors are balanced apart: a rank's optimizer
+     * state and updates follow its trainable share alone (frozen ones carry
+     * none; they are owned only for the state file's zeros) */
+    int64_t *load = calloc(2 * (size_t)p->world, sizeof *load);
     int rc = FSC_OK;
     if (!order || !owner || !load) {
         rc = fsc_error(FSC_ERR_NOMEM, "partition: out of memory for %d entries", n);
         goto done;
     }
-    for (int i = 0; i < n; i++) order[i] = (sized){ps->entries[i].param->numel, i};
+    for (int i = 0; i < n; i++)
+        order[i] = (sized){ps->entries[i].param->numel, i, ps->entries[i].param->frozen};
     qsort(order, (size_t)n, sizeof *order, by_size_desc);
     for (int k = 0; k < n; k++) {
+        int64_t *l = load + (order[k].frozen ? p->world : 0);
         int best = 0;
         for (int r = 1; r < p->world; r++)
-            if (load[r] < load[best]) best = r;
+            if (l[r] < l[best]) best = r;
         owner[order[k].entry] = best;
-        load[best] += order[k].numel;
+        l[best] += order[k].numel;
     }
     /* ranges in flat-buffer (entry) order; empty tensors need no range */
     for (int i = 0; i < n && !rc; i++)

@@ -32,20 +32,31 @@ void fsc_oss_free(fsc_oss *o) {
     free(o);
 }
 
-/* Flat span of rank r's ranges and whether no other rank owns anything in it. */
+static bool is_frozen(const fsc_oss *o, const fsc_shard_range *s) {
+    return o->ps->entries[s->entry].param->frozen;
+}
+
+/* Flat span of rank r's trainable ranges (frozen tensors never change, so
+ * they are never shared), their elements, and whether nothing else (another
+ * rank's tensor, a frozen one) lies in the span. */
 static void greedy_spans(fsc_oss *o) {
     const fsc_partition *p = o->part;
     for (int r = 0; r < o->world; r++) {
-        o->lo[r] = o->hi[r] = 0;
+        o->lo[r] = o->hi[r] = o->moved[r] = 0;
         o->contiguous[r] = true;
-        if (p->nranges[r] == 0) continue;
-        const fsc_shard_range *a = &p->ranges[r][0], *b = &p->ranges[r][p->nranges[r] - 1];
-        o->lo[r] = o->ps->entries[a->entry].offset + a->begin;
-        o->hi[r] = o->ps->entries[b->entry].offset + b->begin + b->count;
+        for (int k = 0; k < p->nranges[r]; k++) {
+            const fsc_shard_range *a = &p->ranges[r][k];
+            if (is_frozen(o, a)) continue;
+            const int64_t lo = o->ps->entries[a->entry].offset + a->begin;
+            if (!o->moved[r]) o->lo[r] = lo;
+            o->hi[r] = lo + a->count;
+            o->moved[r] += a->count;
+        }
     }
     for (int r = 0; r < o->world; r++)
         for (int q = 0; q < o->world && o->contiguous[r]; q++)
-            for (int k = 0; q != r && k < p->nranges[q]; k++) {
+            for (int k = 0; k < p->nranges[q]; k++) {
+                if (q == r && !is_frozen(o, &p->ranges[q][k])) continue;
                 int64_t at = o->ps->entries[p->ranges[q][k].entry].offset + p->ranges[q][k].begin;
                 if (at >= o->lo[r] && at < o->hi[r]) {
                     o->contiguous[r] = false;
@@ -72,14 +83,14 @@ static int plan_sharing(fsc_oss *o) {
         }
         if (o->opt.share_dtype != FSC_DTYPE_F32) comm = (size_t)numel * esz;
     } else {
-        o->lo = malloc(2 * (size_t)o->world * sizeof *o->lo);
+        o->lo = malloc(3 * (size_t)o->world * sizeof *o->lo);
         o->contiguous = malloc((size_t)o->world * sizeof *o->contiguous);
         if (!o->lo || !o->contiguous) return fsc_error(FSC_ERR_NOMEM, "oss: out of memory");
-        o->hi = o->lo + o->world;
+        o->hi = o->lo + o->world, o->moved = o->hi + o->world;
         greedy_spans(o);
         for (int r = 0; r < o->world; r++)
             if (o->opt.share_dtype != FSC_DTYPE_F32 || !o->contiguous[r])
-                if ((size_t)p->elems[r] * esz > comm) comm = (size_t)p->elems[r] * esz;
+                if ((size_t)o->moved[r] * esz > comm) comm = (size_t)o->moved[r] * esz;
     }
     if (comm > 0 && !(o->comm = fsc_mem_alloc(FSC_MEM_COMM, comm)))
         return fsc_error_context(FSC_ERR_NOMEM, "oss: parameter-sharing buffer: ");
@@ -175,9 +186,10 @@ static int pack(fsc_oss *o, int r, bool into_buf) {
     int64_t at = 0;
     for (int k = 0; k < p->nranges[r]; k++) {
         const fsc_shard_range *s = &p->ranges[r][k];
+        if (is_frozen(o, s)) continue;
         float *x = o->ps->data + o->ps->entries[s->entry].offset + s->begin;
         /* test-only fault: peers unpack the owner's first range one element early */
-        if (!into_buf && k == 0 && r != o->rank && fsc_fault_is(FSC_FAULT_SHARD_OFFSET) &&
+        if (!into_buf && at == 0 && r != o->rank && fsc_fault_is(FSC_FAULT_SHARD_OFFSET) &&
             x > o->ps->data)
             x--;
         int rc = into_buf ? f32_to_share(x, buf + (size_t)at * esz, s->count, dt)
@@ -191,8 +203,8 @@ static int pack(fsc_oss *o, int r, bool into_buf) {
 static int share_greedy(fsc_oss *o) {
     const fsc_dtype dt = o->opt.share_dtype;
     for (int r = 0; r < o->world; r++) {
-        int64_t n = o->part->elems[r];
-        if (n == 0) continue; /* every rank knows r owns nothing */
+        int64_t n = o->moved[r];
+        if (n == 0) continue; /* every rank knows r updates nothing */
         int rc;
         if (dt == FSC_DTYPE_F32 && o->contiguous[r]) {
             /* test-only fault: peers place every shard but the first one early */

@@ -18,7 +18,8 @@ struct fsc_oss {
     fsc_optim *local;
     /* sharing after the step */
     int64_t *counts, *displs; /* EVEN: per rank, elements of ps->data each shard covers */
-    int64_t *lo, *hi;         /* GREEDY: per rank, the flat span of its tensors */
+    int64_t *lo, *hi;         /* GREEDY: per rank, the flat span of its trainable tensors */
+    int64_t *moved;           /* GREEDY: per rank, their elements (what it shares) */
     bool *contiguous;         /* GREEDY: span holds no other rank's tensor (F32: no packing) */
     void *comm;               /* FSC_MEM_COMM packing / half-precision buffer, or NULL */
 };

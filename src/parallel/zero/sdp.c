@@ -193,6 +193,7 @@ static int launch(sdp *s, bucket *b) {
                                              FSC_REDUCE_SUM, sg->owner, &b->reqs[i]);
         if (rc) return rc;
         s->stats.reduces++;
+        s->stats.reduced_bytes += sg->count * (int64_t)fsc_dtype_size(s->opt.reduce_dtype);
     }
     return FSC_OK;
 }
@@ -248,7 +249,7 @@ static int settle(sdp *s, bucket *b, bool wait) {
 }
 
 static void mark_ready(sdp *s, int e) {
-    if (s->ready[e]) return;
+    if (s->ready[e] || s->bucket_of[e] < 0) return; /* frozen: in no bucket */
     s->ready[e] = true;
     s->buckets[s->bucket_of[e]].pending--;
 }
@@ -361,12 +362,16 @@ static int add_entry(sdp *s, bucket *b, int e) {
 static int make_plan(sdp *s, const bool *root) {
     fsc_params *ps = s->params;
     if (s->buckets && !memcmp(root, s->root, (size_t)ps->count * sizeof *root)) return FSC_OK;
-    bool *hooked = malloc((size_t)ps->count * sizeof *hooked + 1);
+    /* skip lists: frozen entries are in no bucket (no gradient, never reduced) */
+    bool *hooked = malloc(2 * (size_t)ps->count * sizeof *hooked + 1), *rooted = hooked + ps->count;
     if (!hooked) return fsc_error(FSC_ERR_NOMEM, "ShardedDDP: out of memory");
-    for (int e = 0; e < ps->count; e++) hooked[e] = !root[e];
+    for (int e = 0; e < ps->count; e++) {
+        const bool frozen = ps->entries[e].param->frozen;
+        hooked[e] = !root[e] || frozen, rooted[e] = root[e] || frozen;
+    }
     size_t cap = s->opt.bucket_bytes / 2;
     bucket_plan hp, rp = {0};
-    int rc = bucket_plan_capped(ps, cap, root, &hp);
+    int rc = bucket_plan_capped(ps, cap, rooted, &hp);
     if (!rc) rc = bucket_plan_capped(ps, cap, hooked, &rp);
     free(hooked);
     free_buckets(s);
@@ -377,8 +382,10 @@ static int make_plan(sdp *s, const bool *root) {
     }
     int64_t max_elems = 0;
     for (int e = 0; !rc && e < ps->count; e++) {
-        s->bucket_of[e] = root[e] ? hp.n + rp.bucket_of[e] : hp.bucket_of[e];
-        rc = add_entry(s, &s->buckets[s->bucket_of[e]], e);
+        s->bucket_of[e] = ps->entries[e].param->frozen ? -1
+                          : root[e]                    ? hp.n + rp.bucket_of[e]
+                                                       : hp.bucket_of[e];
+        if (s->bucket_of[e] >= 0) rc = add_entry(s, &s->buckets[s->bucket_of[e]], e);
     }
     for (int b = 0; !rc && b < s->nbuckets; b++) {
         bucket *bk = &s->buckets[b];
@@ -432,7 +439,8 @@ static int sdp_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fs
         memset(s->ready, 0, (size_t)ps->count * sizeof *s->ready);
         memset(s->hooked, 0, (size_t)ps->count * sizeof *s->hooked);
         for (int b = 0; b < s->nbuckets; b++) s->buckets[b].pending = 0;
-        for (int e = 0; e < ps->count; e++) s->buckets[s->bucket_of[e]].pending++;
+        for (int e = 0; e < ps->count; e++)
+            if (s->bucket_of[e] >= 0) s->buckets[s->bucket_of[e]].pending++;
         s->next_launch = 0;
         s->status = FSC_OK;
     }
@@ -531,7 +539,7 @@ static int init_entries(sdp *s) {
         s->owner_of[e] = fsc_partition_owner(s->part, ps, ps->entries[e].offset);
         s->live[e] = true;
         int64_t lo = ps->entries[e].offset, hi = span_end(ps, e);
-        while (lo < hi) {
+        while (lo < hi && !ps->entries[e].param->frozen) { /* frozen: nothing to commit */
             int64_t stop;
             if (run_of(s, e, lo, hi, &stop) != s->rank)
                 s->foreign[e] += (size_t)(stop - lo) * sizeof(float);
