@@ -84,6 +84,7 @@ get_filename_component(FSC_ZLIB_LIBDIR "${FSC_ZLIB_FIRST_LIB}" DIRECTORY)
 fsc_pc_dep(zlib "${FSC_ZLIB_LIBDIR}" ${ZLIB_LIBRARIES})
 fsc_pc_dep(libcjson "${FSC_CJSON_LIBRARY_DIR}" ${CJSON_LIBRARY})
 fsc_pc_dep(libpcre2-8 "${FSC_PCRE2_LIBRARY_DIR}" ${PCRE2_LIBRARY})
+fsc_pc_dep(icu-uc "${FSC_ICU_UC_LIBRARY_DIR}" ${ICU_UC_LIBRARY})
 
 # OpenMP as the compiler spells it (-fopenmp links libgomp or libomp itself).
 if(OpenMP_C_FLAGS)

@@ -9,6 +9,7 @@ packages=(
   libopenmpi-dev openmpi-bin
   libcjson-dev           # safetensors headers, checkpoint manifests
   libpcre2-dev           # tokenizer.json's pre-tokenizer regexes (Unicode, JIT)
+  libicu-dev             # tokenizer.json's NFC normalizer (Qwen 2)
   zlib1g-dev             # checkpoint checksums (CRC-32)
   libcmocka-dev          # unit tests
   libomp-dev

@@ -193,10 +193,12 @@ static int encode_segment(const fsc_bpe *t, encoder *e, const unsigned char *s, 
     return rc;
 }
 
-/* Added tokens of pass, and of the passes after it in the text between them. */
 static int encode_added(const fsc_bpe *t, encoder *e, int pass, const unsigned char *s, size_t n,
-                        int32_t *out, int64_t *k) {
-    if (pass == 2) return encode_segment(t, e, s, n, out, k);
+                        int32_t *out, int64_t *k);
+
+/* Added tokens of pass, and of the passes after it in the text between them. */
+static int added_pass(const fsc_bpe *t, encoder *e, int pass, const unsigned char *s, size_t n,
+                      int32_t *out, int64_t *k) {
     size_t pos = 0, start, end;
     int32_t id;
     int rc = FSC_OK;
@@ -206,6 +208,20 @@ static int encode_added(const fsc_bpe *t, encoder *e, int pass, const unsigned c
         pos = end;
     }
     return rc ? rc : encode_added(t, e, pass + 1, s + pos, n - pos, out, k);
+}
+
+/* Pass 0 matches added tokens on the raw text; the normalizer (NFC) sees
+ * what lies between them, before pass 1 and the pre-tokenizer. */
+static int encode_added(const fsc_bpe *t, encoder *e, int pass, const unsigned char *s, size_t n,
+                        int32_t *out, int64_t *k) {
+    if (pass == 2) return encode_segment(t, e, s, n, out, k);
+    if (pass == 0 || !t->nfc || !n) return added_pass(t, e, pass, s, n, out, k);
+    char *norm;
+    size_t m;
+    int rc = fsc_bpe_normalize((const char *)s, n, &norm, &m);
+    if (!rc) rc = added_pass(t, e, pass, (const unsigned char *)norm, m, out, k);
+    free(norm);
+    return rc;
 }
 
 static int encode_gpt2(const fsc_bpe *t, encoder *e, const unsigned char *s, size_t n, int32_t *out,
@@ -229,7 +245,8 @@ int fsc_bpe_encode_with(const fsc_bpe *t, const char *text, size_t n, fsc_bpe_en
     if (!n && !extra) return FSC_OK;
     /* never more ids than bytes, plus a prefix space per segment (segments
      * are separated by added tokens of one byte or more) */
-    const size_t cap = n + (t->prefix_space ? n + 1 : 0) + (size_t)extra;
+    const size_t m = t->nfc ? 3 * n : n; /* NFC grows UTF-8 at most 3x */
+    const size_t cap = m + (t->prefix_space ? m + 1 : 0) + (size_t)extra;
     encoder e = {0};
     int32_t *out = malloc(cap * sizeof *out);
     if (n > 4096) { /* a cache pays back its set-up on long texts only */

@@ -48,6 +48,7 @@ struct fsc_bpe {
     bool json;
     bool ignore_merges; /* a piece that is a token is that token, merges or not */
     bool prefix_space;  /* ByteLevel add_prefix_space: " " before a segment without one */
+    bool nfc;           /* normalizer NFC: the text between raw-matched added tokens */
     uint8_t *kind;      /* per id, BPE_TOKEN_* */
     bpe_split *split;   /* the pre-tokenizer's steps, in order */
     int nsplit;
@@ -106,6 +107,13 @@ typedef struct {
  * naming the field for a kind fsc does not run, FSC_ERR_FORMAT for a
  * malformed one or a regex PCRE2 refuses. */
 int fsc_bpe_split_parse(fsc_bpe *t, const void *pre_tokenizer_json, const char *path);
+/* ---- the normalizer of tokenizer.json (tokenizer_json_normalize.c) ---- */
+/* Reads "normalizer" (a cJSON; NULL or null: none): NFC, or a Sequence of
+ * NFC, sets t->nfc; anything else is FSC_ERR_UNSUPPORTED naming it. */
+int fsc_bpe_normalizer_parse(fsc_bpe *t, const void *normalizer_json, const char *path);
+/* *out (malloc'ed, *out_n bytes, at most 3n) = the NFC of s[0, n); text
+ * that is not UTF-8 comes back as is. */
+int fsc_bpe_normalize(const char *s, size_t n, char **out, size_t *out_n);
 void fsc_bpe_split_free(fsc_bpe *t);
 /* Per-call scratch of the splitter (match data and range lists). */
 typedef struct bpe_split_ws bpe_split_ws;

@@ -6,7 +6,8 @@
  * else; bpe_added.c), "pre_tokenizer" (tokenizer_json_split.c),
  * "post_processor" (the ids TemplateProcessing, RobertaProcessing or
  * BertProcessing put around a single text when the caller asks for special
- * tokens), "normalizer" (none) and "decoder" (ByteLevel). Anything else a
+ * tokens), "normalizer" (none or NFC; tokenizer_json_normalize.c) and
+ * "decoder" (ByteLevel). Anything else a
  * file asks for is refused with the field named, never half-run: a
  * tokenizer that loads encodes as Hugging Face's does. "truncation" and
  * "padding" are batch settings of the Python API and are not read: fsc
@@ -307,13 +308,10 @@ static int read_post(fsc_bpe *t, const cJSON *pp, const char *path) {
                      path, ty);
 }
 
-static int check_rest(const cJSON *root, const char *path) {
-    const cJSON *norm = item(root, "normalizer"), *dec = item(root, "decoder");
-    if (norm && !cJSON_IsNull(norm))
-        return fsc_error(FSC_ERR_UNSUPPORTED,
-                         "%s: normalizer \"%s\" is not supported (only none: byte-level BPE "
-                         "files have none)",
-                         path, type_of(norm) ? type_of(norm) : "?");
+static int check_rest(fsc_bpe *t, const cJSON *root, const char *path) {
+    const cJSON *dec = item(root, "decoder");
+    int rc = fsc_bpe_normalizer_parse(t, item(root, "normalizer"), path);
+    if (rc) return rc;
     const char *ty = type_of(dec);
     if (!ty || strcmp(ty, "ByteLevel"))
         return fsc_error(FSC_ERR_UNSUPPORTED,
@@ -337,7 +335,7 @@ static int load(fsc_bpe *t, const cJSON *root, const char *path) {
                          "%s: model.type \"%s\" is not supported: fsc reads byte-level BPE "
                          "tokenizers (model.type \"BPE\")",
                          path, ty);
-    int rc = check_rest(root, path);
+    int rc = check_rest(t, root, path);
     int n = 0;
     if (!rc && !cJSON_IsObject(item(model, "vocab")))
         rc = fsc_error(FSC_ERR_FORMAT, "%s: model.vocab: expected an object", path);

@@ -6,7 +6,7 @@
  * literal String) and each of the five behaviours, inverted too, cut as
  * Hugging Face's do; decoding gives
  * the text back; what fsc does not run (a Metaspace pre-tokenizer, a
- * Unigram model, an NFC normalizer) and malformed merges are refused with
+ * Unigram model; normalizers: test_tokenizer_nfc.c) and malformed merges are refused with
  * the field named; a directory gives its tokenizer.json, else GPT-2's two
  * files under either pair of names. */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp */
@@ -231,7 +231,6 @@ static void test_refused(void **state) {
     (void)state;
     expect_refused("metaspace.json", FSC_ERR_UNSUPPORTED, "pre_tokenizer.type \"Metaspace\"");
     expect_refused("unigram.json", FSC_ERR_UNSUPPORTED, "model.type \"Unigram\"");
-    expect_refused("nfc.json", FSC_ERR_UNSUPPORTED, "normalizer \"NFC\"");
     /* a merge whose parts are not tokens, and a regex PCRE2 cannot compile */
     char *text;
     size_t len;

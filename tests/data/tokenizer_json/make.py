@@ -4,7 +4,8 @@ a byte-level BPE vocabulary (the 256 byte tokens in GPT-2's order, a few
 merges, "xyz" reachable only whole), its merges as "a b" strings
 (strings.json: ignore_merges, a BOS/EOS template) and as ["a", "b"] pairs
 (pairs.json), a Sequence pre-tokenizer of Splits (split.json), and files
-fsc must refuse (metaspace.json, unigram.json, nfc.json)."""
+fsc must refuse (metaspace.json, unigram.json); nfc.json is strings.json
+with Qwen 2's NFC normalizer (tests/io/test_tokenizer_nfc.c)."""
 import copy, json, os
 
 def bytes_to_unicode():  # GPT-2's byte alphabet
