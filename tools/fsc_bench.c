@@ -194,7 +194,7 @@ static int measure(const bench_config *c, const char *strategy, int steps, int w
             /* The next step would first trade the arena's blocks (the first
              * step's chained and spare ones) for one block of what a step
              * uses; done here, they stay out of the steady peaks. */
-            if (t.step_arena) fsc_arena_reset(t.step_arena);
+            fsc_arena_reset(fsc_trainer_arena(t.tr));
             fsc_mem_reset_peaks();
             fsc_bf16_gemm_reset_stats();
             tp_wait0 = fsc_strategy_get_stats(t.s).tp_wait_s;

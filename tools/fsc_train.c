@@ -57,6 +57,7 @@ typedef struct {
     double loss;       /* latest (NAN before the first) */
     int64_t step;      /* after which step */
     double seconds;    /* the latest evaluation's wall time */
+    int seq;           /* tokens per sequence, for its batches */
 } validation;
 
 static bool is_val_shard(const char *path) {
@@ -167,35 +168,21 @@ static int load_validation(trainer *t, const fsc_bpe *bpe, validation *v) {
     return FSC_OK;
 }
 
-typedef struct {
-    trainer *t;
-    const fsc_tokens *val;
-} eval_call;
-
-static int val_load(const fsc_micro_batch *mb, void *user) {
-    eval_call *e = user;
-    return fsc_tokens_batch(e->val, mb->step, mb->micro, mb->rank, mb->batch, mb->micros, mb->world,
-                            e->t->opt.model.seq, e->t->x, e->t->y);
-}
-
-static int val_loss(fsc_module *m, const fsc_ctx *ctx, const fsc_micro_batch *mb, void *user,
-                    float *loss) {
-    const eval_call *e = user;
-    const int T = e->t->opt.model.seq;
-    const int32_t *x = e->t->x + (size_t)mb->row0 * T, *y = e->t->y + (size_t)mb->row0 * T;
-    float mean = 0;
-    int rc = e->t->opt.tp > 1 ? fsc_tp_gpt_eval_loss(m, ctx, x, y, mb->rows, T, -1, &mean)
-                              : fsc_gpt_eval_loss(m, ctx, x, y, mb->rows, T, -1, &mean);
-    *loss = (float)((double)mean * mb->rows * T / mb->norm);
-    return rc;
+/* The validation tokens of micro-batch mb (the plan's eval config keeps
+ * them where its loss, or the pipeline's ends, read them). */
+static int val_tokens(const fsc_micro_batch *mb, void *user, int32_t *x, int32_t *y) {
+    const validation *v = user;
+    return fsc_tokens_batch(&v->tokens, mb->step, mb->micro, mb->rank, mb->batch, mb->micros,
+                            mb->world, v->seq, x, y);
 }
 
 static int evaluate(trainer *t, validation *v, int64_t step) {
-    eval_call call = {.t = t, .val = &v->tokens};
-    fsc_trainer_eval_config cfg = {
-        .batches = t->opt.eval_batches, .load = val_load, .loss = val_loss, .user = &call};
+    fsc_trainer_eval_config cfg = {.batches = t->opt.eval_batches};
+    v->seq = t->opt.model.seq;
+    int rc = fsc_gpt_plan_eval_config(t->plan, val_tokens, v, &cfg);
+    if (rc) return rc;
     double t0 = fsc_now();
-    int rc = fsc_trainer_eval(t->tr, &cfg, &v->loss);
+    rc = fsc_trainer_eval(t->tr, &cfg, &v->loss);
     v->seconds = fsc_now() - t0;
     v->step = step;
     return rc;

@@ -85,7 +85,7 @@ static int schedule_config(const train_options *o, fsc_lr_schedule_config *s) {
 
 /* The strategy's options from the flags; the GPT's layout (model or
  * stage makers, pipeline, TP) is the plan's (fsc/layout.h). */
-static int strategy_options(trainer *t, const fsc_optim_config *optim, fsc_strategy_options *so) {
+static int strategy_options(const trainer *t, fsc_strategy_options *so) {
     const train_options *o = &t->opt;
     *so = (fsc_strategy_options){0};
     int rc = FSC_OK;
@@ -121,55 +121,21 @@ static int strategy_options(trainer *t, const fsc_optim_config *optim, fsc_strat
     /* the row refuses them by name unless it is slowmo */
     so->localsgd_frequency = o->localsgd_frequency, so->slowmo_frequency = o->slowmo_frequency;
     so->slowmo_momentum = o->slowmo_momentum, so->slowmo_lr = o->slowmo_lr;
-    return fsc_gpt_plan_options(t->plan, optim, so);
-}
-
-/* Under --cp the replica's micro-batch (fsc_gpt_plan_data_batch). */
-static int load_batch(const fsc_micro_batch *mb, void *user) {
-    trainer *t = user;
-    const fsc_micro_batch d = fsc_gpt_plan_data_batch(t->plan, mb);
-    return fsc_tokens_batch(&t->tokens, d.step, d.micro, d.rank, d.batch, d.micros, d.world,
-                            t->opt.model.seq, t->x, t->y);
-}
-
-static int gpt_loss(fsc_module *m, const fsc_ctx *ctx, const fsc_micro_batch *mb, void *user,
-                    float *loss) {
-    trainer *t = user;
-    t->step_arena = ctx->arena;
-    return fsc_gpt_plan_train_micro(t->plan, m, ctx, mb, t->x, t->y, loss);
-}
-
-/* Under --pp: stage 0 keeps each micro-batch's ids until its backward. */
-static int pipe_input(const fsc_micro_batch *mb, void *user, fsc_tensor *x) {
-    trainer *t = user;
-    const int T = t->opt.model.seq;
-    int32_t *ids = t->px + (size_t)mb->micro * mb->batch * T;
-    memcpy(ids, t->x, sizeof *ids * (size_t)mb->batch * T);
-    *x = fsc_tensor_2d(ids, FSC_DTYPE_I32, mb->batch, T);
     return FSC_OK;
 }
 
-static int pipe_loss(const fsc_micro_batch *mb, void *user, fsc_tensor *y, fsc_arena *arena,
-                     float *loss) {
-    trainer *t = user;
-    fsc_tensor targets = fsc_tensor_2d(t->y, FSC_DTYPE_I32, mb->batch, t->opt.model.seq);
-    return t->opt.tp > 1 ? fsc_tp_cross_entropy(loss, y, &targets, t->opt.model.vocab, -1, mb->norm,
-                                                fsc_gpt_plan_tp_group(t->plan), arena)
-                         : fsc_cross_entropy(loss, y, &targets, -1, mb->norm, arena);
-}
-
-/* Under --tp --pp: the last stage's head runs fused with the loss on these. */
-static int pipe_targets(const fsc_micro_batch *mb, void *user, const int32_t **targets,
-                        int *ignore_index) {
-    (void)mb;
-    *targets = ((trainer *)user)->y;
-    *ignore_index = -1;
-    return FSC_OK;
+/* The tokens of micro-batch mb; the plan's trainer config (fsc/layout.h)
+ * calls this with the replica's micro-batch under --cp and keeps them for
+ * its loss functions. */
+static int batch_tokens(const fsc_micro_batch *mb, void *user, int32_t *x, int32_t *y) {
+    const trainer *t = user;
+    return fsc_tokens_batch(&t->tokens, mb->step, mb->micro, mb->rank, mb->batch, mb->micros,
+                            mb->world, t->opt.model.seq, x, y);
 }
 
 /* Tests (FSC_FAULT=inf@R:S): an overflow in this rank's gradients alone. */
-static int poison(fsc_trainer *tr, void *user) {
-    const trainer *t = user;
+static int poison(fsc_trainer *tr, void *plan) {
+    const trainer *t = fsc_gpt_plan_user(plan);
     if (t->poison_step != fsc_trainer_get_step(tr) + 1) return FSC_OK;
     int n;
     const fsc_optim_range *r = fsc_strategy_grad_ranges(fsc_trainer_strategy(tr), &n);
@@ -196,20 +162,11 @@ static void model_json(const fsc_gpt_config *m, char *buf, size_t n) {
 
 static int make_trainer(trainer *t) {
     const train_options *o = &t->opt;
-    fsc_trainer_config cfg = {.batch = o->batch,
-                              .grad_accum = o->grad_accum,
-                              .targets_per_sample = fsc_gpt_plan_targets_per_sample(t->plan),
-                              .clip = (float)o->clip,
+    fsc_trainer_config cfg = {.clip = (float)o->clip,
                               .skip_grad_norm = o->skip_grad_norm,
-                              .load = load_batch,
-                              .loss = gpt_loss,
-                              .pipe_input = pipe_input,
-                              .pipe_loss = pipe_loss,
-                              .pipe_targets = o->tp > 1 ? pipe_targets : NULL,
                               .after_backward = poison,
                               .adascale = o->adascale,
-                              .async_save = o->async_save,
-                              .user = t};
+                              .async_save = o->async_save};
     int rc = fsc_attention_kind_parse(o->attention, &cfg.attention);
     if (rc) rc = fsc_error_context(rc, "--attention: ");
     if (!rc && o->cp > 1 && cfg.attention == FSC_ATTENTION_NAIVE)
@@ -220,7 +177,9 @@ static int make_trainer(trainer *t) {
                        o->cp);
     if (!rc) rc = optim_config(o, &cfg.optim);
     if (!rc) rc = schedule_config(o, &cfg.schedule);
-    if (!rc) rc = strategy_options(t, &cfg.optim, &cfg.strategy);
+    if (!rc) rc = strategy_options(t, &cfg.strategy);
+    /* batch, grad_accum, the data and loss functions (cfg.user: the plan) */
+    if (!rc) rc = fsc_gpt_plan_trainer_config(t->plan, batch_tokens, t, &cfg);
     if (!rc && !(t->tr = fsc_trainer_new(t->model, &cfg)))
         rc = fsc_error_context(FSC_ERR_INVALID, "--strategy %s: ", o->strategy);
     if (rc) return rc;
@@ -406,11 +365,6 @@ int trainer_init(trainer *t, const train_options *o) {
     if (o->lora_from && !o->resume && (rc = train_lora_load_adapter(t, o->lora_from)))
         return fsc_error_context(rc, "--lora-from %s: ", o->lora_from);
     if (o->resume && (rc = resume(t))) return fsc_error_context(rc, "--resume %s: ", o->resume);
-    size_t n = (size_t)o->batch * o->model.seq;
-    t->x = malloc(n * sizeof *t->x);
-    t->y = malloc(n * sizeof *t->y);
-    t->px = o->pp > 1 ? malloc(n * (size_t)o->grad_accum * sizeof *t->px) : NULL;
-    if (!t->x || !t->y || (o->pp > 1 && !t->px)) return fsc_error(FSC_ERR_NOMEM, "out of memory");
     if (o->save_init && (rc = trainer_save(t, o->save_init)))
         return fsc_error_context(rc, "--save-init: ");
     return FSC_OK;
@@ -494,9 +448,6 @@ void trainer_free(trainer *t) {
     fsc_gpt_plan_free(t->plan); /* and the model it made */
     fsc_mesh_free(t->mesh);     /* after everything that talks over its groups */
     fsc_tokens_free(&t->tokens);
-    free(t->x);
-    free(t->y);
-    free(t->px);
     free(t->freeze_text);
     free(t->freeze);
     free(t->lora_text);

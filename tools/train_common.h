@@ -188,8 +188,6 @@ typedef struct trainer {
     fsc_strategy *s; /* tr's */
     int rank, world; /* data-parallel rank and size */
     fsc_tokens tokens;
-    int32_t *x, *y; /* this rank's current micro-batch */
-    int32_t *px;    /* pipeline: the step's ids, by micro-batch (stage 0 keeps them) */
     /* the GPT on the layout (fsc/layout.h): the model or the stage makers,
      * the balance, the TP group of the loss under --pp */
     fsc_gpt_plan *plan;
@@ -199,9 +197,6 @@ typedef struct trainer {
      * MoE's experts and --balance auto take their groups from it; NULL when
      * the strategy runs in this process alone */
     fsc_mesh *mesh;
-    /* the arena the trainer last gave the loss function (not under --pp),
-     * for fsc-bench to reset between its warm-up and timed steps */
-    fsc_arena *step_arena;
     /* --freeze and --lora-targets split at their commas (pointing into the
      * texts), and the LoRA configuration the plan borrows */
     char *freeze_text, *lora_text;

@@ -134,6 +134,19 @@ typedef int (*fsc_gpt_batch_fn)(const fsc_micro_batch *mb, void *user, int32_t *
  * them. Call once; the plan must outlive the trainer. */
 FSC_API int fsc_gpt_plan_trainer_config(fsc_gpt_plan *p, fsc_gpt_batch_fn batch, void *batch_user,
                                         fsc_trainer_config *cfg);
+/* Fills an evaluation config (fsc_trainer_eval) for the plan: load
+ * (calling `batch`, with batch_user, for the validation batches) and the
+ * forward-only loss of the whole or TP GPT, or, under a pipeline, the
+ * trainer's pipeline ends (which read the batches from the same buffers);
+ * cfg->user becomes the plan. Call after fsc_gpt_plan_trainer_config, before
+ * each fsc_trainer_eval; batches is the caller's. FSC_ERR_UNSUPPORTED under
+ * context parallelism. */
+FSC_API int fsc_gpt_plan_eval_config(fsc_gpt_plan *p, fsc_gpt_batch_fn batch, void *batch_user,
+                                     fsc_trainer_eval_config *cfg);
+/* The batch_user given to fsc_gpt_plan_trainer_config (NULL before it):
+ * the caller's own hooks in that config (after_backward) receive the plan
+ * as their user and find the caller's data here. */
+FSC_API void *fsc_gpt_plan_user(const fsc_gpt_plan *p);
 /* Context parallelism (layout.cp > 1) for a program with its own data and
  * loss functions (fsc-train's): the strategy's ranks are then dp x cp,
  * ranked d * cp + c (fsc_mesh_dp_cp), and the cp ranks of replica d read

@@ -157,6 +157,11 @@ FSC_API void fsc_trainer_free(fsc_trainer *t);
 FSC_API int fsc_trainer_step(fsc_trainer *t, fsc_step_result *r);
 
 FSC_API fsc_strategy *fsc_trainer_strategy(fsc_trainer *t); /* owned by t */
+/* The arena micro-steps run in (the loss function's ctx->arena outside a
+ * pipeline and dp's threads, which keep their own); reset at each micro-step,
+ * so a caller may reset it between steps to drop the blocks a first step
+ * chained. Owned by t. */
+FSC_API fsc_arena *fsc_trainer_arena(fsc_trainer *t);
 FSC_API int64_t fsc_trainer_get_step(const fsc_trainer *t); /* the next step to run, 0-based */
 /* fp16 loss scaling's scaler, or NULL without it. Owned by t. */
 FSC_API fsc_grad_scaler *fsc_trainer_grad_scaler(fsc_trainer *t);

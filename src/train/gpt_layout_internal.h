@@ -20,6 +20,10 @@ struct fsc_gpt_plan {
     fsc_gpt_batch_fn batch_fn;
     void *batch_user;
     int32_t *x, *y, *px;
+    /* fsc_gpt_plan_eval_config: the validation batches, read into x and y
+     * (the trainer's pipeline ends read them there as in training) */
+    fsc_gpt_batch_fn eval_fn;
+    void *eval_user;
     /* context parallelism: the ring over the mesh's cp group, and this
      * rank's positions of a micro-batch (batch x T/cp each) */
     struct fsc_cp *cp;

@@ -50,6 +50,49 @@ static int pipe_targets(const fsc_micro_batch *mb, void *user, const int32_t **t
     return FSC_OK;
 }
 
+/* Validation: the caller's batches into the same buffers. */
+static int eval_load(const fsc_micro_batch *mb, void *user) {
+    fsc_gpt_plan *p = user;
+    return p->eval_fn(mb, p->eval_user, p->x, p->y);
+}
+
+/* Forward only, the rows' mean loss rescaled to mb->norm as in training. */
+static int eval_loss(fsc_module *m, const fsc_ctx *ctx, const fsc_micro_batch *mb, void *user,
+                     float *out) {
+    const fsc_gpt_plan *p = user;
+    const int T = p->cfg.seq;
+    const int32_t *x = p->x + (size_t)mb->row0 * T, *y = p->y + (size_t)mb->row0 * T;
+    float mean = 0;
+    int rc = p->layout.tp > 1 ? fsc_tp_gpt_eval_loss(m, ctx, x, y, mb->rows, T, -1, &mean)
+                              : fsc_gpt_eval_loss(m, ctx, x, y, mb->rows, T, -1, &mean);
+    *out = (float)((double)mean * mb->rows * T / mb->norm);
+    return rc;
+}
+
+int fsc_gpt_plan_eval_config(fsc_gpt_plan *p, fsc_gpt_batch_fn batch, void *batch_user,
+                             fsc_trainer_eval_config *cfg) {
+    if (!p || !batch || !cfg)
+        return fsc_error(FSC_ERR_INVALID, "fsc_gpt_plan_eval_config: NULL argument");
+    if (!p->x)
+        return fsc_error(FSC_ERR_INVALID,
+                         "fsc_gpt_plan_eval_config: call fsc_gpt_plan_trainer_config first (its "
+                         "buffers hold the batches)");
+    if (p->layout.cp > 1)
+        return fsc_error(FSC_ERR_UNSUPPORTED,
+                         "fsc_gpt_plan_eval_config: validation does not split the sequence over "
+                         "the %d cp ranks yet",
+                         p->layout.cp);
+    p->eval_fn = batch, p->eval_user = batch_user;
+    cfg->load = eval_load;
+    cfg->loss = eval_loss;
+    cfg->user = p;
+    return FSC_OK;
+}
+
+void *fsc_gpt_plan_user(const fsc_gpt_plan *p) {
+    return p ? p->batch_user : NULL;
+}
+
 int fsc_gpt_plan_trainer_config(fsc_gpt_plan *p, fsc_gpt_batch_fn batch, void *batch_user,
                                 fsc_trainer_config *cfg) {
     if (!p || !batch || !cfg)

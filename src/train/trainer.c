@@ -97,6 +97,9 @@ void fsc_trainer_free(fsc_trainer *t) {
 fsc_strategy *fsc_trainer_strategy(fsc_trainer *t) {
     return t->s;
 }
+fsc_arena *fsc_trainer_arena(fsc_trainer *t) {
+    return t->arena;
+}
 int64_t fsc_trainer_get_step(const fsc_trainer *t) {
     return t->step;
 }
