@@ -143,9 +143,10 @@ int fsdp_plan_ranges(fsc_fsdp *f) {
             if (r != f->rank) continue;
             const fsdp_unit *u = &f->units[f->unit_of[e]];
             const fsc_param *prm = f->ps.entries[e].param;
-            /* frozen: a piece of the weights, no gradient, no state */
+            /* frozen: a piece of the weights, no gradient (n = 0: its grad,
+             * the param's address, is never read), no state */
             f->ranges[f->nranges++] = (fsc_optim_range){.param = u->shard_data + at,
-                                                        .grad = prm->frozen ? NULL
+                                                        .grad = prm->frozen ? u->shard_data + at
                                                                             : u->shard_grad + at,
                                                         .n = prm->frozen ? 0 : count,
                                                         .decay = prm->weight_decay,
