@@ -227,6 +227,8 @@ FSC_API int fsc_matmul_backward_bf16_act(float *dinp, float *dweight, float *dbi
                                          fsc_weight_layout layout);
 /* fsc_gelu_forward with its output rounded once to bf16. */
 FSC_API void fsc_gelu_forward_bf16(uint16_t *out, const float *inp, int64_t n);
+/* fsc_swiglu_forward with its output rounded once to bf16. */
+FSC_API void fsc_swiglu_forward_bf16(uint16_t *out, const float *gate, const float *up, int64_t n);
 /* fsc_layernorm_forward with its output rounded once to bf16. */
 FSC_API void fsc_layernorm_forward_bf16(uint16_t *out, float *mean, float *rstd, const float *inp,
                                         const float *weight, const float *bias, int N, int C,

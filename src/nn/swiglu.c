@@ -1,7 +1,9 @@
 /* SwiGLU MLP (LLaMA's): down_proj(silu(gate_proj(x)) * up_proj(x)), three
  * bias-free nn.Linear children under Hugging Face's names. Saves the
  * children's records and the two projections; the gated product lives on
- * as down_proj's saved input. */
+ * as down_proj's saved input, in bf16 under bf16 autocast (the rounding
+ * down_proj's GEMM would make: fsc_ctx_bf16_act) unless down_proj is
+ * LoRA-adapted. */
 #include "layers_internal.h"
 
 typedef struct {
@@ -25,9 +27,15 @@ static int swiglu_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x
     fsc_tensor h;
     rc = fsc_module_forward(p->gate, ctx, x, &s->g, &s->gate_rec);
     if (!rc) rc = fsc_module_forward(p->up, ctx, x, &s->u, &s->up_rec);
-    if (!rc) rc = fsc_alloc_like(ctx->arena, &s->g, p->F, &h);
+    const bool h_bf16 = fsc_ctx_bf16_act(ctx) && nn_linear_is(p->down);
+    if (!rc)
+        rc =
+            fsc_alloc_like_dt(ctx->arena, &s->g, p->F, h_bf16 ? FSC_DTYPE_BF16 : FSC_DTYPE_F32, &h);
     if (rc) return rc;
-    fsc_swiglu_forward(h.data, s->g.data, s->u.data, fsc_tensor_numel(&h));
+    if (h_bf16)
+        fsc_swiglu_forward_bf16(h.data, s->g.data, s->u.data, fsc_tensor_numel(&h));
+    else
+        fsc_swiglu_forward(h.data, s->g.data, s->u.data, fsc_tensor_numel(&h));
     rc = fsc_module_forward(p->down, ctx, &h, y, &s->down_rec);
     *saved = s;
     return rc;

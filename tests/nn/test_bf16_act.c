@@ -10,7 +10,9 @@
  *    its output, input gradient and parameter gradients are bit for bit
  *    those of the same block whose LayerNorms and GELU are told no Linear
  *    reads them (so they store fp32), every GEMM in bf16 both times;
- *  - forced off (FSC_BF16_GEMM=off), nothing is stored in bf16. */
+ *  - forced off (FSC_BF16_GEMM=off), nothing is stored in bf16;
+ *  - LLaMA's SwiGLU MLP keeps its gated product (down_proj's input) in
+ *    bf16: F elements per row at 2 bytes, the output unchanged in dtype. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -154,10 +156,48 @@ static void test_block_keeps_half_and_computes_the_same(void **state) {
     fsc_module_free(blk);
 }
 
+static size_t swiglu_kept(fsc_module *m, const float *xv, fsc_dtype *out_dt) {
+    fsc_arena *a = fsc_arena_new(FSC_MEM_ACTIV, 1 << 22);
+    assert_non_null(a);
+    fsc_ctx ctx = {.arena = a, .training = true, .autocast = FSC_DTYPE_BF16};
+    fsc_tensor x = fsc_tensor_3d((void *)xv, FSC_DTYPE_F32, B, T, C), out;
+    void *saved;
+    assert_int_equal(fsc_module_forward(m, &ctx, &x, &out, &saved), FSC_OK);
+    *out_dt = out.dtype;
+    const size_t kept = fsc_arena_used(a);
+    fsc_arena_free(a);
+    return kept;
+}
+
+static void test_swiglu_keeps_its_product_in_bf16(void **state) {
+    (void)state;
+    if (!have_bf16()) skip();
+    const int F = 160;
+    fsc_module *m = fsc_swiglu_mlp_new("mlp", C, F, 0.02f, 0.02f);
+    assert_non_null(m);
+    fsc_params ps;
+    assert_int_equal(fsc_params_bind(m, 9, true, &ps), FSC_OK);
+    uint64_t seed = 31;
+    static float xv[N * C];
+    for (int i = 0; i < N * C; i++) xv[i] = frand(&seed);
+    fsc_dtype on_dt, off_dt;
+    fsc_bf16_gemm_set_mode(FSC_BF16_GEMM_ON);
+    const size_t on = swiglu_kept(m, xv, &on_dt);
+    fsc_bf16_gemm_set_mode(FSC_BF16_GEMM_OFF);
+    const size_t off = swiglu_kept(m, xv, &off_dt);
+    fsc_bf16_gemm_set_mode(FSC_BF16_GEMM_AUTO);
+    assert_int_equal(on_dt, FSC_DTYPE_F32);
+    assert_int_equal(off_dt, FSC_DTYPE_F32);
+    assert_int_equal(off - on, (size_t)N * F * 2);
+    fsc_params_free(&ps);
+    fsc_module_free(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_linear_reads_bf16_as_its_widening),
         cmocka_unit_test(test_block_keeps_half_and_computes_the_same),
+        cmocka_unit_test(test_swiglu_keeps_its_product_in_bf16),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
