@@ -68,10 +68,11 @@ static float online_row(float *s, int n, int cols, float *m, float *l) {
 
 /* One (b, h) query block of rows [r0, r0 + rows): ws holds S (BR x BC), O
  * (BR x hd), m and l (BR each). kt is k^T of the call (fsc_flash_transpose)
- * when the tiles are fused products (fsc_flash_mm), else NULL. */
+ * and vhd its v head by head (fsc_flash_heads) when the tiles are fused
+ * products (fsc_flash_mm), else both NULL. */
 static void forward_block(const fsc_attn_dims *d, const float *q, const float *k, const float *v,
                           float *out, float *lse, bool merge, fsc_gemm_prec prec, const float *kt,
-                          int b, int h, int r0, int rows, float *ws) {
+                          const float *vhd, int b, int h, int r0, int rows, float *ws) {
     const int hd = d->hd, j = h / (d->NH / d->NKV);
     const float scale = 1.0f / sqrtf((float)hd);
     float *S = ws, *O = S + BR * BC, *m = O + (size_t)BR * hd, *l = m + BR;
@@ -128,8 +129,8 @@ static void forward_block(const fsc_attn_dims *d, const float *q, const float *k
                                 .A = S,
                                 .sai = BC,
                                 .sak = 1,
-                                .B = vh + (size_t)c0 * d->ldv,
-                                .ldb = d->ldv,
+                                .B = vhd + (((size_t)b * d->NKV + j) * d->Tk + c0) * hd,
+                                .ldb = hd,
                                 .C = O,
                                 .ldc = hd,
                                 .alpha = 1.f,
@@ -165,7 +166,8 @@ void fsc_flash_attention_forward(const fsc_attn_dims *d, const float *q, const f
     float *ws = fsc_flash_scratch(FSC_FLASH_WS, (size_t)threads * per);
     const bool fused = fsc_flash_fused(prec);
     const float *kt = fused ? fsc_flash_transpose(d, k, d->ldk, FSC_FLASH_KT) : NULL;
-    if (!ws || (fused && !kt)) {
+    const float *vhd = kt ? fsc_flash_heads(d, v, d->ldv, d->Tk, d->NKV, FSC_FLASH_VH) : NULL;
+    if (!ws || (fused && !vhd)) {
         fsc_log(FSC_LOG_ERROR, "flash attention forward: %s", fsc_last_error());
         return;
     }
@@ -180,7 +182,7 @@ void fsc_flash_attention_forward(const fsc_attn_dims *d, const float *q, const f
         /* query blocks innermost: neighbours in time share a head's K and V */
         const int qi = (int)(t % nqb), h = (int)(t / nqb % d->NH), b = (int)(t / nqb / d->NH);
         const int r0 = qi * BR, rows = d->Tq - r0 < BR ? d->Tq - r0 : BR;
-        forward_block(d, q, k, v, out, lse, merge, prec, kt, b, h, r0, rows,
+        forward_block(d, q, k, v, out, lse, merge, prec, kt, vhd, b, h, r0, rows,
                       ws + (size_t)tid * per);
     }
 }

@@ -38,6 +38,8 @@ typedef struct {
      * products (fsc_flash_mm, attention_flash_tile.c), else NULL (fsc_gemm) */
     const float *kt, *vt;
     int64_t tld;
+    /* and k, q and dout head by head (fsc_flash_heads) */
+    const float *kh, *qh, *gh;
 } bwd;
 
 /* Per-thread scratch: P and dS (BR x BC each), dk and dv of a key block (BC x hd each). */
@@ -74,8 +76,8 @@ static void tile(const bwd *a, int b, int h, int r0, int rows, int c0, int cols,
         fsc_flash_mm_run(&(fsc_flash_mm){.M = rows,
                                          .N = cols,
                                          .K = hd,
-                                         .A = qb,
-                                         .sai = d->ldq,
+                                         .A = a->qh + (((size_t)b * d->NH + h) * d->Tq + r0) * hd,
+                                         .sai = hd,
                                          .sak = 1,
                                          .B = a->kt + at,
                                          .ldb = a->tld,
@@ -87,8 +89,8 @@ static void tile(const bwd *a, int b, int h, int r0, int rows, int c0, int cols,
         fsc_flash_mm_run(&(fsc_flash_mm){.M = rows,
                                          .N = cols,
                                          .K = hd,
-                                         .A = gb,
-                                         .sai = d->ldo,
+                                         .A = a->gh + (((size_t)b * d->NH + h) * d->Tq + r0) * hd,
+                                         .sai = hd,
                                          .sak = 1,
                                          .B = a->vt + at,
                                          .ldb = a->tld,
@@ -119,23 +121,25 @@ static void tile(const bwd *a, int b, int h, int r0, int rows, int c0, int cols,
     }
 }
 
-/* dq (rows x hd, stride ldq) += dS k of one tile, fused. */
-static void dq_add(const bwd *a, int rows, int cols, const float *dS, const float *kb, float *dq,
-                   int64_t diag) {
-    fsc_flash_mm_run(&(fsc_flash_mm){.M = rows,
-                                     .N = a->d->hd,
-                                     .K = cols,
-                                     .A = dS,
-                                     .sai = BC,
-                                     .sak = 1,
-                                     .B = kb,
-                                     .ldb = a->d->ldk,
-                                     .C = dq,
-                                     .ldc = a->d->ldq,
-                                     .alpha = 1.f,
-                                     .accumulate = true,
-                                     .mask = FSC_FLASH_MASK_K_UPPER,
-                                     .diag = diag});
+/* dq (rows x hd, stride ldq) += dS k of one tile (keys from c0 of KV head j
+ * of batch row b), fused. */
+static void dq_add(const bwd *a, int b, int j, int c0, int rows, int cols, const float *dS,
+                   float *dq, int64_t diag) {
+    fsc_flash_mm_run(
+        &(fsc_flash_mm){.M = rows,
+                        .N = a->d->hd,
+                        .K = cols,
+                        .A = dS,
+                        .sai = BC,
+                        .sak = 1,
+                        .B = a->kh + (((size_t)b * a->d->NKV + j) * a->d->Tk + c0) * a->d->hd,
+                        .ldb = a->d->hd,
+                        .C = dq,
+                        .ldc = a->d->ldq,
+                        .alpha = 1.f,
+                        .accumulate = true,
+                        .mask = FSC_FLASH_MASK_K_UPPER,
+                        .diag = diag});
 }
 
 /* Key block [c0, c0+cols) of KV head j of batch row b: its dk and dv summed
@@ -163,8 +167,8 @@ static void key_block(const bwd *a, int b, int j, int c0, int cols, bool with_dq
                                   .A = P,
                                   .sai = 1,
                                   .sak = BC,
-                                  .B = gb,
-                                  .ldb = d->ldo,
+                                  .B = a->gh + (((size_t)b * d->NH + h) * d->Tq + r0) * hd,
+                                  .ldb = hd,
                                   .C = dVb,
                                   .ldc = hd,
                                   .alpha = 1.f,
@@ -172,9 +176,9 @@ static void key_block(const bwd *a, int b, int j, int c0, int cols, bool with_dq
                                   .mask = FSC_FLASH_MASK_K_LOWER,
                                   .diag = diag};
                 fsc_flash_mm_run(&m);
-                m.A = dS, m.B = a->q + qo, m.ldb = d->ldq, m.C = dKb;
+                m.A = dS, m.B = a->qh + (((size_t)b * d->NH + h) * d->Tq + r0) * hd, m.C = dKb;
                 fsc_flash_mm_run(&m);
-                if (with_dq) dq_add(a, rows, cols, dS, kb, a->dq + qo, diag);
+                if (with_dq) dq_add(a, b, j, c0, rows, cols, dS, a->dq + qo, diag);
             } else {
                 fsc_gemm(a->prec, true, false, cols, hd, rows, 1.f, P, BC, gb, d->ldo, 1.f, dVb,
                          hd);
@@ -211,7 +215,7 @@ static void query_block(const bwd *a, int b, int h, int r0, int rows, float *ws)
         tile(a, b, h, r0, rows, c0, cols, P, dS);
         const float *kb = a->k + ((size_t)b * d->Tk + c0) * d->ldk + (size_t)j * hd;
         if (a->kt)
-            dq_add(a, rows, cols, dS, kb, dq, tile_diag(d, r0, c0));
+            dq_add(a, b, j, c0, rows, cols, dS, dq, tile_diag(d, r0, c0));
         else
             fsc_gemm(a->prec, false, false, rows, hd, cols, 1.f, dS, BC, kb, d->ldk, 1.f, dq,
                      d->ldq);
@@ -239,7 +243,10 @@ void fsc_flash_attention_backward(const fsc_attn_dims *d, const float *q, const 
         a.kt = fsc_flash_transpose(d, k, d->ldk, FSC_FLASH_KT);
         a.vt = a.kt ? fsc_flash_transpose(d, v, d->ldv, FSC_FLASH_VT) : NULL;
         a.tld = fsc_flash_t_ld(d);
-        if (!a.vt) {
+        a.kh = a.vt ? fsc_flash_heads(d, k, d->ldk, d->Tk, d->NKV, FSC_FLASH_KH) : NULL;
+        a.qh = a.kh ? fsc_flash_heads(d, q, d->ldq, d->Tq, d->NH, FSC_FLASH_QH) : NULL;
+        a.gh = a.qh ? fsc_flash_heads(d, dout, d->ldo, d->Tq, d->NH, FSC_FLASH_GH) : NULL;
+        if (!a.gh) {
             fsc_log(FSC_LOG_ERROR, "flash attention backward: %s", fsc_last_error());
             return;
         }

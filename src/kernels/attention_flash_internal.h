@@ -59,7 +59,16 @@ void fsc_flash_mm_run(const fsc_flash_mm *m);
  * thread's next call, freed when it exits) of at least floats; NULL
  * (fsc_last_error says why) when out of memory. Slots: the call's k^T and
  * v^T, and the tiles' per-thread scratch. */
-enum { FSC_FLASH_KT, FSC_FLASH_VT, FSC_FLASH_WS, FSC_FLASH_SCRATCH_SLOTS };
+enum {
+    FSC_FLASH_KT,
+    FSC_FLASH_VT,
+    FSC_FLASH_KH, /* fsc_flash_heads of k, v, q and dout */
+    FSC_FLASH_VH,
+    FSC_FLASH_QH,
+    FSC_FLASH_GH,
+    FSC_FLASH_WS,
+    FSC_FLASH_SCRATCH_SLOTS
+};
 float *fsc_flash_scratch(int slot, size_t floats);
 /* k^T (or v^T) of a whole call into scratch slot, the B of every tile's
  * S = q k^T (dP = dout v^T): KV head j of batch row b at (b * NKV + j) * hd
@@ -67,6 +76,12 @@ float *fsc_flash_scratch(int slot, size_t floats);
  * (zeros past Tk). src is k (v) with its ld. NULL when out of memory. */
 float *fsc_flash_transpose(const fsc_attn_dims *d, const float *src, int ld, int slot);
 int64_t fsc_flash_t_ld(const fsc_attn_dims *d);
+/* src (B, T, ld) with H heads of hd floats at h * hd, copied head by head
+ * into scratch slot: head h of batch row b at rows (b * H + h) * T of hd
+ * floats. The B of the products over keys or queries (O += P v, dq += dS k,
+ * dk += dS^T q, dv += P^T dout): their rows are then neighbours in memory,
+ * where rows 3C apart crowd a few L1 sets. NULL when out of memory. */
+float *fsc_flash_heads(const fsc_attn_dims *d, const float *src, int ld, int T, int H, int slot);
 
 /* Checks a call's dimensions; false (error logged, naming the field) when
  * they cannot be run. */

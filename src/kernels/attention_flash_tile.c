@@ -78,8 +78,24 @@ float *fsc_flash_scratch(int slot, size_t floats) {
     return w->buf[slot];
 }
 
+float *fsc_flash_heads(const fsc_attn_dims *d, const float *src, int ld, int T, int H, int slot) {
+    const int hd = d->hd;
+    const int64_t rows = (int64_t)d->B * H * T;
+    float *dst = fsc_flash_scratch(slot, (size_t)(rows * hd));
+    if (!dst) return NULL;
+#pragma omp parallel for schedule(static) if (rows * hd >= (1 << 18))
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t t = r % T, h = r / T % H, b = r / T / H;
+        memcpy(dst + (size_t)r * hd, src + (size_t)(b * T + t) * ld + (size_t)h * hd,
+               (size_t)hd * sizeof(float));
+    }
+    return dst;
+}
+
+/* Keys rounded up to 16, plus 16: rows 2^n floats apart would all map to
+ * the same few L1 sets (a tile reads hd of them at once). */
 int64_t fsc_flash_t_ld(const fsc_attn_dims *d) {
-    return ((int64_t)d->Tk + 15) / 16 * 16;
+    return ((int64_t)d->Tk + 15) / 16 * 16 + 16;
 }
 
 #ifdef FLASH_AVX512
