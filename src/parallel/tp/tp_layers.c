@@ -12,6 +12,27 @@
 #include "nn/layers_internal.h"
 #include "tp_internal.h"
 
+/* The local GEMMs of either linear's backward, (N, in) x by (N, out) dy:
+ * dx (may be NULL) now, and the weight's (and db's, may be NULL) gradient
+ * now or, under ctx->defer, at the schedule's W. A frozen weight
+ * (fine-tuning) costs no GEMM and no write. */
+static int linear_grads(fsc_module *m, const fsc_ctx *ctx, float *dx, float *db,
+                        const fsc_tensor *dy, const fsc_tensor *x, int in, int out,
+                        fsc_weight_layout layout) {
+    float *dw = m->params[0].frozen ? NULL : m->params[0].grad;
+    const int N = (int)fsc_rows(x);
+    const fsc_gemm_prec prec = fsc_ctx_prec(ctx);
+    if (!ctx->defer) {
+        fsc_matmul_backward_prec(dx, dw, db, dy->data, x->data, m->params[0].data, N, in, out,
+                                 layout, prec);
+        return FSC_OK;
+    }
+    fsc_matmul_backward_prec(dx, NULL, NULL, dy->data, x->data, m->params[0].data, N, in, out,
+                             layout, prec);
+    return fsc_deferred_matmul_prec(ctx->defer, dw, db, dy->data, x->data, m->params[0].data, N, in,
+                                    out, (int)layout, prec);
+}
+
 /* ---- column-parallel linear ---------------------------------------------------- */
 typedef struct {
     tp_module tp;
@@ -68,22 +89,11 @@ static int column_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const
     if (dx && (rc = fsc_alloc_like(ctx->arena, &out, l->in, &dxin))) return rc;
     fsc_arena_mark_t mark = fsc_arena_mark(ctx->arena);
     if ((rc = tp_enter_forward(&l->tp, ctx->arena, x, &xin))) return rc;
-    /* a frozen weight or bias (fine-tuning) costs no GEMM and no write */
-    float *dw = m->params[0].frozen ? NULL : m->params[0].grad;
+    /* a frozen bias (fine-tuning) costs no write */
     float *db = l->bias && !m->params[1].frozen ? m->params[1].grad : NULL;
-    int N = (int)fsc_rows(&xin);
-    if (ctx->defer) { /* weight gradients at W: the gathered input stays */
-        fsc_matmul_backward_prec(dx ? dxin.data : NULL, NULL, NULL, dyl.data, xin.data,
-                                 m->params[0].data, N, l->in, l->out_local, l->layout,
-                                 fsc_ctx_prec(ctx));
-        rc = fsc_deferred_matmul_prec(ctx->defer, dw, db, dyl.data, xin.data, m->params[0].data, N,
-                                      l->in, l->out_local, (int)l->layout, fsc_ctx_prec(ctx));
-        if (rc) return rc;
-    } else {
-        fsc_matmul_backward_prec(dx ? dxin.data : NULL, dw, db, dyl.data, xin.data,
-                                 m->params[0].data, N, l->in, l->out_local, l->layout,
-                                 fsc_ctx_prec(ctx));
-    }
+    rc =
+        linear_grads(m, ctx, dx ? dxin.data : NULL, db, &dyl, &xin, l->in, l->out_local, l->layout);
+    if (rc) return rc;
     /* the adapters' part of dx joins the base's before the region's sum */
     if (tp_lora_has(m) && (rc = tp_lora_column_backward(m, ctx, &xin, &dyl, dx ? &dxin : NULL)))
         return rc;
@@ -127,19 +137,31 @@ static bool divisible(const char *kind, const char *name, const char *what, int 
     return false;
 }
 
+/* Either linear of `size` bytes with its weight (and bias) declared, split
+ * along the outputs (`split_out`, column) or the inputs (row); NULL with
+ * the error naming the size that is not positive or does not divide. */
+static void *linear_new(size_t size, const fsc_module_ops *ops, const char *name, int in, int out,
+                        bool bias, fsc_weight_layout layout, float init_std, bool split_out,
+                        const fsc_tp_options *tp) {
+    tp_module *t = tp_module_alloc(size, ops, name, tp);
+    if (!t) return NULL;
+    const int whole = split_out ? in : out, split = split_out ? out : in;
+    if (whole <= 0 || !divisible(ops->kind, name, split_out ? "out" : "in", split, t->size) ||
+        declare_linear(t, in, out, bias, layout, init_std, split_out)) {
+        if (whole <= 0)
+            fsc_error(FSC_ERR_INVALID, "%s %s: %s %d must be positive", ops->kind, name ? name : "",
+                      split_out ? "in" : "out", whole);
+        fsc_module_free(&t->base);
+        return NULL;
+    }
+    return t;
+}
+
 fsc_module *fsc_tp_column_linear_new(const char *name, int in, int out, bool bias,
                                      fsc_weight_layout layout, float init_std, bool gather_output,
                                      const fsc_tp_options *tp) {
-    column *l = tp_module_alloc(sizeof *l, &column_ops, name, tp);
+    column *l = linear_new(sizeof *l, &column_ops, name, in, out, bias, layout, init_std, true, tp);
     if (!l) return NULL;
-    if (in <= 0 || !divisible(TP_KIND_COLUMN, name, "out", out, l->tp.size) ||
-        declare_linear(&l->tp, in, out, bias, layout, init_std, true)) {
-        if (in <= 0)
-            fsc_error(FSC_ERR_INVALID, "%s %s: in %d must be positive", TP_KIND_COLUMN,
-                      name ? name : "", in);
-        fsc_module_free(&l->tp.base);
-        return NULL;
-    }
     l->in = in, l->out_local = out / l->tp.size, l->bias = bias, l->gather = gather_output;
     l->layout = layout;
     return &l->tp.base;
@@ -228,20 +250,8 @@ static int row_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fs
     if (dx && (rc = fsc_alloc_like(ctx->arena, xl, l->in_local, &dxl))) return rc;
     fsc_arena_mark_t mark = fsc_arena_mark(ctx->arena);
     if ((rc = tp_leave_backward(&l->tp, ctx->arena, dy, &dyf))) return rc;
-    int N = (int)fsc_rows(xl);
-    if (ctx->defer) {
-        fsc_matmul_backward_prec(dx ? dxl.data : NULL, NULL, NULL, dyf.data, xl->data,
-                                 m->params[0].data, N, l->in_local, l->out, l->layout,
-                                 fsc_ctx_prec(ctx));
-        rc = fsc_deferred_matmul_prec(ctx->defer, m->params[0].frozen ? NULL : m->params[0].grad,
-                                      NULL, dyf.data, xl->data, m->params[0].data, N, l->in_local,
-                                      l->out, (int)l->layout, fsc_ctx_prec(ctx));
-        if (rc) return rc;
-    } else {
-        fsc_matmul_backward_prec(
-            dx ? dxl.data : NULL, m->params[0].frozen ? NULL : m->params[0].grad, NULL, dyf.data,
-            xl->data, m->params[0].data, N, l->in_local, l->out, l->layout, fsc_ctx_prec(ctx));
-    }
+    rc = linear_grads(m, ctx, dx ? dxl.data : NULL, NULL, &dyf, xl, l->in_local, l->out, l->layout);
+    if (rc) return rc;
     if (tp_lora_has(m) && (rc = tp_lora_row_backward(m, ctx, xl, &dyf, dx ? &dxl : NULL)))
         return rc;
     if (!ctx->defer) fsc_arena_release(ctx->arena, mark);
@@ -258,16 +268,8 @@ static const fsc_module_ops row_ops = {TP_KIND_ROW, row_forward, row_backward, N
 fsc_module *fsc_tp_row_linear_new(const char *name, int in, int out, bool bias,
                                   fsc_weight_layout layout, float init_std, bool input_is_parallel,
                                   const fsc_tp_options *tp) {
-    row *l = tp_module_alloc(sizeof *l, &row_ops, name, tp);
+    row *l = linear_new(sizeof *l, &row_ops, name, in, out, bias, layout, init_std, false, tp);
     if (!l) return NULL;
-    if (out <= 0 || !divisible(TP_KIND_ROW, name, "in", in, l->tp.size) ||
-        declare_linear(&l->tp, in, out, bias, layout, init_std, false)) {
-        if (out <= 0)
-            fsc_error(FSC_ERR_INVALID, "%s %s: out %d must be positive", TP_KIND_ROW,
-                      name ? name : "", out);
-        fsc_module_free(&l->tp.base);
-        return NULL;
-    }
     l->in_local = in / l->tp.size, l->out = out, l->bias = bias;
     l->input_parallel = input_is_parallel, l->layout = layout;
     return &l->tp.base;
