@@ -140,6 +140,43 @@ static int add_low_rank(const tp_lora *st, fsc_module *m, const fsc_ctx *ctx, co
     return FSC_OK;
 }
 
+/* Either backward's shared steps. The adapters' sizes and buffers; g->xd
+ * (the dropped input) is the caller's. */
+typedef struct {
+    fsc_param *A, *B;
+    int N, in, r, out;
+    fsc_gemm_prec prec;
+    fsc_tensor xd;
+    float *h, *dh, *dz, *dxa; /* dxa: NULL without an input gradient */
+} lora_grads;
+
+/* The buffers, and h = A xd recomputed (forward kept nothing). */
+static int grads_begin(lora_grads *g, fsc_module *m, const fsc_ctx *ctx, bool want_dx) {
+    const tp_lora *st = settings_of(m);
+    g->A = &m->children[CHILD_A]->params[0], g->B = &m->children[CHILD_B]->params[0];
+    g->N = (int)fsc_rows(&g->xd), g->in = (int)g->A->shape[1], g->r = st->rank;
+    g->out = (int)g->B->shape[0];
+    g->prec = fsc_ctx_prec(ctx);
+    const int64_t N = g->N;
+    g->h = arena_floats(ctx->arena, N * g->r);
+    g->dh = g->h ? arena_floats(ctx->arena, N * g->r) : NULL;
+    g->dz = g->dh ? arena_floats(ctx->arena, N * g->out) : NULL;
+    g->dxa = g->dz && want_dx ? arena_floats(ctx->arena, N * g->in) : NULL;
+    if (!g->dz || (want_dx && !g->dxa)) return FSC_ERR_NOMEM;
+    fsc_matmul_forward_prec(g->h, g->xd.data, g->A->data, NULL, g->N, g->in, g->r,
+                            FSC_WEIGHT_OUT_IN, g->prec);
+    return FSC_OK;
+}
+
+/* dz = scale dy, dh = B^T dz (this rank's share), and B's gradient. */
+static int grads_b(lora_grads *g, const tp_lora *st, const fsc_ctx *ctx, const fsc_tensor *dy) {
+    const float *d = dy->data;
+    for (int64_t i = 0; i < (int64_t)g->N * g->out; i++) g->dz[i] = st->scale * d[i];
+    fsc_matmul_backward_prec(g->dh, NULL, NULL, g->dz, g->h, g->B->data, g->N, g->r, g->out,
+                             FSC_WEIGHT_OUT_IN, g->prec);
+    return weight_grad(ctx, g->B, g->dz, g->h, g->N, g->r, g->out);
+}
+
 int tp_lora_column_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *xin,
                            fsc_tensor *yl) {
     const tp_lora *st = settings_of(m);
@@ -154,34 +191,23 @@ int tp_lora_column_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *
 int tp_lora_column_backward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *xin,
                             const fsc_tensor *dyl, fsc_tensor *dxin) {
     const tp_lora *st = settings_of(m);
-    fsc_param *A = &m->children[CHILD_A]->params[0], *B = &m->children[CHILD_B]->params[0];
-    const int N = (int)fsc_rows(xin), in = (int)A->shape[1], r = st->rank;
-    const int out = (int)B->shape[0];
-    const fsc_gemm_prec prec = fsc_ctx_prec(ctx);
     fsc_arena_mark_t mark = fsc_arena_mark(ctx->arena);
-    fsc_tensor xd;
-    int rc = dropped_whole(st, ctx, xin, &xd);
-    float *h = rc ? NULL : arena_floats(ctx->arena, (int64_t)N * r);
-    float *dh = h ? arena_floats(ctx->arena, (int64_t)N * r) : NULL;
-    float *dz = dh ? arena_floats(ctx->arena, (int64_t)N * out) : NULL;
-    float *dxa = dz && dxin ? arena_floats(ctx->arena, (int64_t)N * in) : NULL;
-    if (!rc && (!dz || (dxin && !dxa))) rc = FSC_ERR_NOMEM;
+    lora_grads g;
+    int rc = dropped_whole(st, ctx, xin, &g.xd);
+    if (!rc) rc = grads_begin(&g, m, ctx, dxin != NULL);
+    if (!rc) rc = grads_b(&g, st, ctx, dyl);
     if (rc) return rc;
-    fsc_matmul_forward_prec(h, xd.data, A->data, NULL, N, in, r, FSC_WEIGHT_OUT_IN, prec);
-    const float *dy = dyl->data;
-    for (int64_t i = 0; i < (int64_t)N * out; i++) dz[i] = st->scale * dy[i];
-    fsc_matmul_backward_prec(dh, NULL, NULL, dz, h, B->data, N, r, out, FSC_WEIGHT_OUT_IN, prec);
-    if ((rc = weight_grad(ctx, B, dz, h, N, r, out))) return rc;
     if (dxin) { /* this rank's part of A^T dh, summed by the region's backward with the base's */
-        fsc_matmul_backward_prec(dxa, NULL, NULL, dh, xd.data, A->data, N, in, r, FSC_WEIGHT_OUT_IN,
-                                 prec);
+        fsc_matmul_backward_prec(g.dxa, NULL, NULL, g.dh, g.xd.data, g.A->data, g.N, g.in, g.r,
+                                 FSC_WEIGHT_OUT_IN, g.prec);
         if (drops(st, ctx))
-            fsc_dropout_backward(dxa, dxa, st->p, fsc_dropout_key(ctx, st->layer_id), ctx->sample0,
-                                 xin->shape[0], fsc_tensor_numel(xin) / xin->shape[0]);
-        fsc_add_inplace(dxin->data, dxa, (int64_t)N * in);
+            fsc_dropout_backward(g.dxa, g.dxa, st->p, fsc_dropout_key(ctx, st->layer_id),
+                                 ctx->sample0, xin->shape[0],
+                                 fsc_tensor_numel(xin) / xin->shape[0]);
+        fsc_add_inplace(dxin->data, g.dxa, (int64_t)g.N * g.in);
     }
-    if ((rc = tp_allreduce(tp_module_of(m), dh, (int64_t)N * r, true))) return rc;
-    if ((rc = weight_grad(ctx, A, dh, xd.data, N, in, r))) return rc;
+    if ((rc = tp_allreduce(tp_module_of(m), g.dh, (int64_t)g.N * g.r, true))) return rc;
+    if ((rc = weight_grad(ctx, g.A, g.dh, g.xd.data, g.N, g.in, g.r))) return rc;
     if (!ctx->defer) fsc_arena_release(ctx->arena, mark);
     return FSC_OK;
 }
@@ -202,32 +228,20 @@ int tp_lora_row_backward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *xl
                          const fsc_tensor *dyf, fsc_tensor *dxl) {
     const tp_lora *st = settings_of(m);
     const tp_module *t = tp_module_of(m);
-    fsc_param *A = &m->children[CHILD_A]->params[0], *B = &m->children[CHILD_B]->params[0];
-    const int N = (int)fsc_rows(xl), in = (int)A->shape[1], r = st->rank;
-    const int out = (int)B->shape[0];
-    const fsc_gemm_prec prec = fsc_ctx_prec(ctx);
     fsc_arena_mark_t mark = fsc_arena_mark(ctx->arena);
-    fsc_tensor xd;
-    int rc = dropped_columns(st, t, ctx, xl, &xd);
-    float *h = rc ? NULL : arena_floats(ctx->arena, (int64_t)N * r);
-    float *dh = h ? arena_floats(ctx->arena, (int64_t)N * r) : NULL;
-    float *dz = dh ? arena_floats(ctx->arena, (int64_t)N * out) : NULL;
-    float *dxa = dz && dxl ? arena_floats(ctx->arena, (int64_t)N * in) : NULL;
-    if (!rc && (!dz || (dxl && !dxa))) rc = FSC_ERR_NOMEM;
+    lora_grads g;
+    int rc = dropped_columns(st, t, ctx, xl, &g.xd);
+    if (!rc) rc = grads_begin(&g, m, ctx, dxl != NULL);
+    if (!rc) rc = tp_allreduce(t, g.h, (int64_t)g.N * g.r, false); /* h = sum of A_r x_r */
+    if (!rc) rc = grads_b(&g, st, ctx, dyf);
+    if (!rc) rc = weight_grad(ctx, g.A, g.dh, g.xd.data, g.N, g.in, g.r);
     if (rc) return rc;
-    fsc_matmul_forward_prec(h, xd.data, A->data, NULL, N, in, r, FSC_WEIGHT_OUT_IN, prec);
-    if ((rc = tp_allreduce(t, h, (int64_t)N * r, false))) return rc; /* h = sum of A_r x_r */
-    const float *dy = dyf->data;
-    for (int64_t i = 0; i < (int64_t)N * out; i++) dz[i] = st->scale * dy[i];
-    fsc_matmul_backward_prec(dh, NULL, NULL, dz, h, B->data, N, r, out, FSC_WEIGHT_OUT_IN, prec);
-    if ((rc = weight_grad(ctx, B, dz, h, N, r, out))) return rc;
-    if ((rc = weight_grad(ctx, A, dh, xd.data, N, in, r))) return rc;
     if (dxl) {
-        fsc_matmul_backward_prec(dxa, NULL, NULL, dh, xd.data, A->data, N, in, r, FSC_WEIGHT_OUT_IN,
-                                 prec);
+        fsc_matmul_backward_prec(g.dxa, NULL, NULL, g.dh, g.xd.data, g.A->data, g.N, g.in, g.r,
+                                 FSC_WEIGHT_OUT_IN, g.prec);
         if (drops(st, ctx))
-            drop_columns(st, ctx, dxa, xl, (int64_t)in * t->size, (int64_t)in * t->rank);
-        fsc_add_inplace(dxl->data, dxa, (int64_t)N * in);
+            drop_columns(st, ctx, g.dxa, xl, (int64_t)g.in * t->size, (int64_t)g.in * t->rank);
+        fsc_add_inplace(dxl->data, g.dxa, (int64_t)g.N * g.in);
     }
     if (!ctx->defer) fsc_arena_release(ctx->arena, mark);
     return FSC_OK;
