@@ -158,13 +158,18 @@ static int step(fsc_strategy *s) {
     return rc;
 }
 
+/* Root's status of a file it wrote alone, on every rank. */
+static int root_wrote(const fsc_strategy *s, int root, int32_t rc) {
+    if (s->world > 1 && fsc_group_broadcast(s->group, &rc, 1, FSC_DTYPE_I32, root))
+        return FSC_ERR_MPI;
+    return rc && s->rank != root ? fsc_error(rc, "rank %d could not write the file", root) : rc;
+}
+
 /* Rank root's replica: the ranks' agree right after an averaging step. */
 static int save_weights(fsc_strategy *s, const char *path, int root, int n_meta,
                         const char *const *keys, const char *const *values) {
     int32_t rc = s->rank == root ? fsc_weights_save(path, &s->params, n_meta, keys, values) : 0;
-    if (s->world > 1 && fsc_group_broadcast(s->group, &rc, 1, FSC_DTYPE_I32, root))
-        return FSC_ERR_MPI;
-    return rc && s->rank != root ? fsc_error(rc, "rank %d could not write the file", root) : rc;
+    return root_wrote(s, root, rc);
 }
 
 static int load_weights(fsc_strategy *s, const char *path, int *n_unused) {
@@ -179,10 +184,7 @@ static int load_weights(fsc_strategy *s, const char *path, int *n_unused) {
  * file any strategy resumes from), and loaded by every rank; each rank's own
  * travels in the row's state file (strategy_slowmo_state.c). */
 static int save_optim(fsc_strategy *s, const char *path, int root) {
-    int32_t rc = s->rank == root ? fsc_oss_save_optim(s->oss, path, 0) : 0;
-    if (s->world > 1 && fsc_group_broadcast(s->group, &rc, 1, FSC_DTYPE_I32, root))
-        return FSC_ERR_MPI;
-    return rc && s->rank != root ? fsc_error(rc, "rank %d could not write the file", root) : rc;
+    return root_wrote(s, root, s->rank == root ? fsc_oss_save_optim(s->oss, path, 0) : 0);
 }
 
 static int load_optim(fsc_strategy *s, const char *path) {
