@@ -28,8 +28,8 @@
 bool fsc_flash_fused(fsc_gemm_prec prec) {
 #ifdef FLASH_AVX512
     if (prec != FSC_GEMM_F32) return false;
-    const char *e = getenv("FSC_FLASH_TILES");
-    if (e && !strcmp(e, "gemm")) return false;
+    int tiles; /* the table's words: auto|gemm; an invalid value keeps auto */
+    if (fsc_env_enum("FSC_FLASH_TILES", &tiles) == FSC_OK && tiles == 1) return false;
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f");
 #else
