@@ -20,8 +20,8 @@
 #  4. When clang is installed, a fuzzing smoke run of each file reader
 #     (scripts/fuzz.sh: every committed seed replayed, then FSC_FUZZ_SMOKE_S
 #     seconds each, default 6; 0 skips it).
-# Tests that start ranks ask ctest for that many processors (PROCESSORS), so
-# -j 2 on 2 cores runs a multi-rank test alone instead of oversubscribing.
+# ctest -j $(nproc) runs tests side by side, multi-rank ones included (why
+# no test counts its ranks as PROCESSORS: tests/CMakeLists.txt's last block).
 # Arguments go to every ctest run (e.g. -R golden). The multihost label (two
 # network namespaces, root only) is left out: `ctest -L multihost` runs it.
 set -euo pipefail
