@@ -265,6 +265,8 @@ static int moe_swap(fsc_module *block, const fsc_gpt_config *c, int l) {
     fsc_module *m =
         fsc_moe_new("mlp", c->d_model, c->moe, c->dropout, (uint32_t)(2 * l + 2), 0.02f, proj_std);
     if (!m) return FSC_ERR_INVALID;
+    /* ln_2 fed the dense MLP's c_fc (bf16 activations): it feeds a router now */
+    nn_layernorm_set_feeds(block->children[2], NULL);
     fsc_module_free(block->children[3]);
     block->children[3] = m;
     m->parent = block;
