@@ -23,6 +23,7 @@
 #include "io/checkpoint_internal.h"
 #include "io/ckpt_stage.h"
 #include "io/io_internal.h"
+#include "io/st_parallel.h"
 
 enum { PATH_WORDS = 1024 }; /* 4096 bytes, as st_parallel_save's broadcast */
 
@@ -191,19 +192,6 @@ static int stage_pieces(stage_file *f, fsc_st_writer *plan, const st_pieces *in,
     return rc;
 }
 
-/* The root's temporary beside path (O_EXCL: its name is ours). */
-static int make_temporary(const char *path, char *tmp, size_t cap) {
-    if (!path || !*path) return fsc_error(FSC_ERR_INVALID, "parallel save: output path is empty");
-    char prefix[PATH_WORDS * 4];
-    if ((size_t)snprintf(prefix, sizeof prefix, "%s.tmp.%ld.", path, (long)getpid()) + 13 > cap)
-        return fsc_error(FSC_ERR_INVALID, "%s: path too long for a parallel save", path);
-    int fd;
-    int rc = fsc_create_unique(prefix, tmp, cap, &fd);
-    if (rc) return fsc_error_context(rc, "%s: cannot create its temporary: ", path);
-    close(fd);
-    return FSC_OK;
-}
-
 int ckpt_stage_parallel(fsc_group *g, int root, const char *path, fsc_st_writer *plan,
                         const st_pieces *pieces, int status) {
     ckpt_stage *s = current;
@@ -213,7 +201,7 @@ int ckpt_stage_parallel(fsc_group *g, int root, const char *path, fsc_st_writer 
     char *rpath = (char *)names, *tmp = (char *)(names + PATH_WORDS);
     int rc = status    ? status
              : !plan   ? fsc_error(FSC_ERR_INVALID, "parallel save: no plan")
-             : is_root ? make_temporary(path, tmp, PATH_WORDS * 4)
+             : is_root ? st_make_temporary(path, tmp, PATH_WORDS * 4)
                        : FSC_OK;
     const bool made = is_root && !rc;
     if (made) snprintf(rpath, PATH_WORDS * 4, "%s", path);

@@ -320,7 +320,7 @@ static int verify_written(fsc_group *g, const job *j, const char *tmp, bool is_r
 /* ---- the save --------------------------------------------------------------------- */
 
 /* The root's temporary beside path (created empty, O_EXCL: its name is ours). */
-static int make_temporary(const char *path, char *tmp, size_t cap) {
+int st_make_temporary(const char *path, char *tmp, size_t cap) {
     if (!path || !*path) return fsc_error(FSC_ERR_INVALID, "parallel save: output path is empty");
     char prefix[PATH_WORDS * 4];
     if ((size_t)snprintf(prefix, sizeof prefix, "%s.tmp.%ld.", path, (long)getpid()) + 13 > cap)
@@ -383,7 +383,7 @@ int st_parallel_save(fsc_group *g, int root, const char *path, fsc_st_writer *pl
     char *rpath = (char *)names, *tmp = (char *)(names + PATH_WORDS);
     int rc = status    ? status
              : !plan   ? fsc_error(FSC_ERR_INVALID, "parallel save: no plan")
-             : is_root ? make_temporary(path, tmp, PATH_WORDS * 4)
+             : is_root ? st_make_temporary(path, tmp, PATH_WORDS * 4)
                        : FSC_OK;
     const bool made = is_root && !rc;
     if (made) snprintf(rpath, PATH_WORDS * 4, "%s", path);

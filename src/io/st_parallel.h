@@ -43,6 +43,10 @@ void st_plan_tensor(const fsc_st_writer *w, int i, fsc_dtype *dtype, uint64_t *b
                     uint64_t *nbytes);
 uint64_t st_plan_data_bytes(const fsc_st_writer *w);
 
+/* The root's temporary file beside path, created empty under a name of its own
+ * (O_EXCL) into tmp[cap]; shared by the parallel save and the async stage. */
+int st_make_temporary(const char *path, char *tmp, size_t cap);
+
 /* ---- pieces ---------------------------------------------------------------------- */
 
 /* count elements of plan tensor `tensor` from element elem0 on, taken from
