@@ -57,7 +57,7 @@ typedef struct train_options {
     int moe_every;               /* an MoE MLP every N blocks */
     double moe_capacity;         /* expert capacity factor */
     double moe_aux_coef;         /* weight of the load-balancing loss */
-    int moe_hidden;              /* expert MLP width (0: 4 x --d-model) */
+    int moe_hidden;              /* expert MLP width (0: 4 x --d-model; llama: ffn width) */
     const char *pipe_schedule;   /* gpipe | 1f1b | interleaved | zbh1 */
     int virtual_stages;          /* interleaved: stages per rank */
     const char *balance;         /* layers per stage, "3,6" (NULL: even) */

@@ -17,6 +17,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "fsc/moe.h"
 #include "fsc/weights.h"
 #include "train_common.h"
 
@@ -52,15 +53,21 @@ int train_hf_shard_bytes(const char *text, int64_t *out) {
                      text);
 }
 
-/* The LLaMA config of --init-from, if it is one: *found false for GPT-2. */
-static int read_config(const char *from, fsc_gpt_config *c, char *what, size_t n, bool *found) {
+/* The LLaMA config of --init-from, if it is one: *found false for GPT-2;
+ * *moe its MoE layers (Mixtral's fields; experts 0 for a dense model). */
+static int read_config(const char *from, fsc_gpt_config *c, fsc_moe_options *moe, char *what,
+                       size_t n, bool *found) {
     *found = false;
+    *moe = (fsc_moe_options){0};
     char *text = NULL;
     int rc = FSC_OK;
     if (is_dir(from)) {
         snprintf(what, n, "%s/config.json", from);
         rc = fsc_hf_config_read(from, c);
         *found = !rc && c->arch == FSC_ARCH_LLAMA;
+        if (*found && !(rc = fsc_file_read_all(what, (size_t)4 << 20, &text, NULL)))
+            rc = fsc_hf_config_parse_moe(text, what, moe);
+        free(text);
         return rc;
     }
     const char *slash = strrchr(from, '/');
@@ -70,9 +77,11 @@ static int read_config(const char *from, fsc_gpt_config *c, char *what, size_t n
         cJSON *j = cJSON_Parse(text);
         const cJSON *type = cJSON_GetObjectItemCaseSensitive(j, "model_type");
         const bool llama = cJSON_IsString(type) && (!strcmp(type->valuestring, "llama") ||
+                                                    !strcmp(type->valuestring, "mixtral") ||
                                                     !strcmp(type->valuestring, "qwen2"));
         cJSON_Delete(j);
         if (llama && !(rc = fsc_hf_config_parse(text, what, c))) *found = true;
+        if (*found) rc = fsc_hf_config_parse_moe(text, what, moe);
         free(text);
         if (rc || *found) return rc;
     }
@@ -99,10 +108,34 @@ static int contradicts(const char *flag, double given, double file, const char *
                      flag, given, what, file, flag);
 }
 
+/* A Mixtral config's MoE layers into the --moe-* flags left out; the
+ * shape's flags given must agree (a model of another shape cannot load the
+ * weights), the routing's (capacity, aux coefficient) may differ. */
+static int take_moe(train_options *o, const fsc_moe_options *moe, const char *what) {
+    if (!moe->experts) return FSC_OK; /* a dense LLaMA: --moe-experts makes a new one */
+    const struct {
+        const char *flag;
+        int *field, file;
+    } shape[] = {{"moe-experts", &o->moe_experts, moe->experts},
+                 {"moe-every", &o->moe_every, moe->every},
+                 {"moe-hidden", &o->moe_hidden, moe->hidden}};
+    for (size_t i = 0; i < sizeof shape / sizeof *shape; i++) {
+        int rc = train_flag_given(o, shape[i].flag)
+                     ? contradicts(shape[i].flag, *shape[i].field, shape[i].file, what)
+                     : FSC_OK;
+        if (rc) return rc;
+        *shape[i].field = shape[i].file;
+    }
+    if (!train_flag_given(o, "moe-capacity")) o->moe_capacity = moe->capacity_factor;
+    if (!train_flag_given(o, "moe-aux-coef")) o->moe_aux_coef = moe->aux_coef;
+    return FSC_OK;
+}
+
 int train_hf_init_from(train_options *o, bool verbose, bool *handled) {
     fsc_gpt_config c;
+    fsc_moe_options moe;
     char what[4200];
-    int rc = read_config(o->init_from, &c, what, sizeof what, handled);
+    int rc = read_config(o->init_from, &c, &moe, what, sizeof what, handled);
     if (rc) return fsc_error_context(rc, "--init-from %s: ", o->init_from);
     if (!*handled) return FSC_OK;
     if (train_flag_given(o, "arch") && strcmp(o->arch, "llama"))
@@ -129,6 +162,7 @@ int train_hf_init_from(train_options *o, bool verbose, bool *handled) {
         if (train_flag_given(o, model[i].flag) &&
             (rc = contradicts(model[i].flag, model[i].given, model[i].file, what)))
             return rc;
+    if ((rc = take_moe(o, &moe, what))) return rc;
     if (train_flag_given(o, "seq") && m->seq > c.seq)
         return fsc_error(FSC_ERR_INVALID,
                          "--init-from: --seq %d is longer than %s's max_position_embeddings %d",
@@ -147,6 +181,11 @@ int train_hf_init_from(train_options *o, bool verbose, bool *handled) {
                 what, c.vocab, c.seq, c.layers, c.d_model, c.heads, c.kv_heads, c.ffn_hidden,
                 (double)c.rope_theta, (double)c.norm_eps, c.tie_embeddings, c.qkv_bias,
                 c.rope_scaling.factor > 0 ? " (and its llama3 rope_scaling)" : "");
+    if (verbose && moe.experts)
+        fprintf(stderr,
+                "fsc-train: --init-from: Mixtral: --moe-experts %d --moe-every %d --moe-hidden %d "
+                "--moe-capacity %g --moe-aux-coef %g\n",
+                o->moe_experts, o->moe_every, o->moe_hidden, o->moe_capacity, o->moe_aux_coef);
     return FSC_OK;
 }
 

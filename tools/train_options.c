@@ -163,7 +163,8 @@ static const flag flags[] = {
       "with --moe-experts: capacity factor, tokens per expert = F x T / E (default 2)"),
     F("moe-aux-coef", ARG_DOUBLE, moe_aux_coef,
       "with --moe-experts: weight of the load-balancing loss (default 0.01)"),
-    F("moe-hidden", ARG_INT, moe_hidden, "with --moe-experts: expert MLP width (0: 4 x --d-model)"),
+    F("moe-hidden", ARG_INT, moe_hidden,
+      "with --moe-experts: expert MLP width (0: 4 x --d-model; --arch llama: --ffn-hidden)"),
     F("virtual", ARG_INT, virtual_stages, "with --pipe-schedule interleaved: stages per rank"),
     F("balance", ARG_STR, balance,
       "with --pp: layers per stage, e.g. 3,6 (the GPT has L + 2 layers: embedding, blocks, "

@@ -34,8 +34,14 @@
  *  step adds aux_coef * (mean of l_aux over the global batch's rows). Only
  *  the gradient is added (backward); the value is in fsc_moe_stats.
  *
- *  experts: E GPT-2 MLPs (c_fc C->H, GELU, c_proj H->C; H = hidden or 4C)
- *  named experts.{e}.c_fc.weight ... by their global index e. With an
+ *  experts: E MLPs of one kind, named experts.{e}.... by their global index
+ *  e: GPT-2's (c_fc C->H, GELU, c_proj H->C, Conv1D layout with biases;
+ *  H = hidden or 4C) or Mixtral's SwiGLU (w1 the gate and w3 the up
+ *  projection C->H, w2 the down projection H->C, nn.Linear layout, no
+ *  biases; y = w2(silu(w1 x) * w3 x)). Mixtral's router is this one with
+ *  capacity_factor >= E (nothing dropped); its load-balancing loss is not
+ *  l_aux above (GShard's, per row, first choices) but one over the whole
+ *  batch, every layer and both choices (docs/moe.md). With an
  *  expert-parallel exchange of P > 1 ranks, rank r holds experts
  *  [r*E/P, (r+1)*E/P) only and every token reaches its experts through two
  *  all-to-all exchanges each way (dispatch and combine forward; the same
@@ -63,13 +69,18 @@ typedef struct fsc_moe_exchange {
     void *user;
 } fsc_moe_exchange;
 
+/* The MLP each expert is: GPT-2's (c_fc, GELU, c_proj; biases) or the
+ * LLaMA family's SwiGLU under Mixtral's names (w1, w3, w2; no biases). */
+typedef enum fsc_moe_expert { FSC_MOE_EXPERT_GPT2 = 0, FSC_MOE_EXPERT_SWIGLU = 1 } fsc_moe_expert;
+
 /* Zero fields mean the documented default. */
 typedef struct fsc_moe_options {
     int experts;           /* E >= 2 (GPT: 0 means no MoE) */
     int every;             /* GPT: blocks l with (l + 1) % every == 0 are MoE (0: 1, all) */
     float capacity_factor; /* > 0 (0: 2.0, FairScale's 2S/E) */
     float aux_coef;        /* >= 0: weight of l_aux in the objective (0: none) */
-    int hidden;            /* expert MLP width H (0: 4 * C) */
+    int hidden;            /* expert MLP width H (0: 4 * C; a LLaMA GPT: its ffn width) */
+    fsc_moe_expert expert; /* the experts' kind (a GPT sets its family's: SwiGLU for LLaMA) */
     fsc_moe_exchange ep;   /* experts over ranks; borrowed, must outlive the layer */
 } fsc_moe_options;
 
@@ -80,8 +91,9 @@ typedef struct fsc_moe_options {
 FSC_API int fsc_moe_check(const fsc_moe_options *opt);
 /* The MoE MLP for width C: children gate (Linear C->E, no bias, (E,C)),
  * experts (this rank's experts, named by global index) and dropout (p,
- * layer_id as the dense MLP's). init_std and proj_std initialise gate and
- * c_fc, and c_proj, as fsc_mlp_new. NULL (error set) on bad options. */
+ * layer_id as the dense MLP's). init_std initialises gate and the experts'
+ * input projections (c_fc; w1, w3), proj_std their output one (c_proj;
+ * w2), as fsc_mlp_new. NULL (error set) on bad options. */
 FSC_API fsc_module *fsc_moe_new(const char *name, int C, const fsc_moe_options *opt, float dropout,
                                 uint32_t layer_id, float init_std, float proj_std);
 /* Whether m is a layer from fsc_moe_new. */

@@ -58,7 +58,8 @@ FSC_API const fsc_st_entry *fsc_weights_find(const fsc_st_file *f, const char *n
 #define FSC_HF_SHARD_BYTES ((int64_t)2000000000)
 
 /* A config.json's text into *cfg (changed only on success): model_type
- * "llama" or "qwen2" (LlamaConfig's / Qwen2Config's fields: hidden_size,
+ * "llama", "mixtral" (its MoE layers: fsc_hf_config_parse_moe) or "qwen2"
+ * (LlamaConfig's / Qwen2Config's fields: hidden_size,
  * intermediate_size, num_hidden_layers, num_attention_heads,
  * num_key_value_heads, rope_theta, rope_scaling null or "llama3",
  * rms_norm_eps, tie_word_embeddings, vocab_size, max_position_embeddings
@@ -71,10 +72,22 @@ FSC_API const fsc_st_entry *fsc_weights_find(const fsc_st_file *f, const char *n
  * (hidden_act other than silu, mlp_bias, a sliding window, head_dim other
  * than hidden_size / heads, another rope_scaling type). */
 FSC_API int fsc_hf_config_parse(const char *json, const char *what, fsc_gpt_config *cfg);
+/* The MoE layers of a config.json's text into *moe (changed only on
+ * success): all zeros unless model_type is "mixtral"; then experts from
+ * num_local_experts, SwiGLU experts, every from decoder_sparse_step (1),
+ * hidden from moe_intermediate_size (0: the dense width), capacity_factor
+ * from moe_capacity_factor (absent: experts, dropless), aux_coef from
+ * router_aux_loss_coef when output_router_logits is true (else 0). The
+ * caller points cfg->moe at it. FSC_ERR_FORMAT or FSC_ERR_UNSUPPORTED
+ * naming the field (num_experts_per_tok other than 2, router_jitter_noise
+ * other than 0, ...). */
+FSC_API int fsc_hf_config_parse_moe(const char *json, const char *what,
+                                    struct fsc_moe_options *moe);
 /* fsc_hf_config_parse of DIR/config.json (FSC_ERR_IO naming it if unreadable). */
 FSC_API int fsc_hf_config_read(const char *dir, fsc_gpt_config *cfg);
 /* Writes DIR/config.json (atomically) for a LLaMA-family cfg, LlamaConfig's
- * fields with torch_dtype as given (NULL: "float32", what fsc saves).
+ * fields with torch_dtype as given (NULL: "float32", what fsc saves); with
+ * cfg->moe experts, MixtralConfig's (fsc_hf_config_parse_moe's fields).
  * FSC_ERR_INVALID for a NULL argument or a GPT-2 cfg. */
 FSC_API int fsc_hf_config_write(const char *dir, const fsc_gpt_config *cfg,
                                 const char *torch_dtype);

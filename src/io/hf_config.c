@@ -5,6 +5,15 @@
  * biases, a sliding window, a rope_scaling type other than llama3, a
  * head_dim that is not hidden_size / heads) is refused by name rather than
  * loaded into a model that would compute something else.
+ *
+ * MixtralConfig's (model_type "mixtral") are LlamaConfig's plus the MoE
+ * layers' (fsc/moe.h with SwiGLU experts): num_local_experts,
+ * num_experts_per_tok (2: fsc routes top-2), router_aux_loss_coef (the
+ * weight of fsc's l_aux when output_router_logits, else 0) and
+ * router_jitter_noise (0). fsc's own fields beyond Mixtral's say what
+ * Mixtral cannot: decoder_sparse_step (an MoE layer every k, Qwen2-MoE's
+ * name), moe_intermediate_size (experts of another width than the dense
+ * MLP's) and moe_capacity_factor (absent: dropless, as Mixtral).
  */
 #define _POSIX_C_SOURCE 200809L /* open_memstream */
 #include <cjson/cJSON.h>
@@ -13,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fsc/moe.h"
 #include "fsc/weights.h"
 
 #define CONFIG_MAX ((size_t)4 << 20) /* bytes of config.json accepted */
@@ -165,16 +175,74 @@ int fsc_hf_config_parse(const char *json, const char *what, fsc_gpt_config *cfg)
     if (!cJSON_IsString(type))
         rc =
             fsc_error(FSC_ERR_FORMAT, "%s: \"model_type\" is missing (llama, qwen2 or gpt2)", what);
-    else if (!strcmp(type->valuestring, "llama") || !strcmp(type->valuestring, "qwen2"))
+    else if (!strcmp(type->valuestring, "llama") || !strcmp(type->valuestring, "qwen2") ||
+             !strcmp(type->valuestring, "mixtral"))
         rc = llama_fields(j, what, !strcmp(type->valuestring, "qwen2"), &c);
     else if (!strcmp(type->valuestring, "gpt2"))
         rc = gpt2_fields(j, what, &c);
     else
         rc = fsc_error(FSC_ERR_UNSUPPORTED,
-                       "%s: \"model_type\" \"%s\": fsc reads llama, qwen2 and gpt2 models", what,
-                       type->valuestring);
+                       "%s: \"model_type\" \"%s\": fsc reads llama, qwen2, mixtral and gpt2 "
+                       "models",
+                       what, type->valuestring);
     cJSON_Delete(j);
     if (!rc) *cfg = c;
+    return rc;
+}
+
+/* A non-negative finite number; absent leaves *out. */
+static int get_nonneg(const cJSON *j, const char *what, const char *key, float *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
+    if (!v || cJSON_IsNull(v)) return FSC_OK;
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0) || !isfinite((float)v->valuedouble))
+        return fsc_error(FSC_ERR_FORMAT, "%s: \"%s\" must be a number >= 0", what, key);
+    *out = (float)v->valuedouble;
+    return FSC_OK;
+}
+
+static int mixtral_fields(const cJSON *j, const char *what, fsc_moe_options *o) {
+    int k = 2;
+    bool router_logits = false;
+    float jitter = 0.f, coef = 0.f;
+    o->every = 1, o->expert = FSC_MOE_EXPERT_SWIGLU;
+    int rc = get_int(j, what, "num_local_experts", true, &o->experts);
+    if (!rc) rc = get_int(j, what, "num_experts_per_tok", false, &k);
+    if (!rc && k != 2)
+        rc = fsc_error(FSC_ERR_UNSUPPORTED,
+                       "%s: \"num_experts_per_tok\" is %d; fsc's router is top-2", what, k);
+    if (!rc && o->experts < 2)
+        rc = fsc_error(FSC_ERR_FORMAT, "%s: \"num_local_experts\" %d: top-2 needs at least 2", what,
+                       o->experts);
+    if (!rc) rc = get_int(j, what, "decoder_sparse_step", false, &o->every);
+    if (!rc) rc = get_int(j, what, "moe_intermediate_size", false, &o->hidden);
+    o->capacity_factor = (float)o->experts; /* dropless, as Mixtral */
+    if (!rc) rc = get_pos(j, what, "moe_capacity_factor", &o->capacity_factor);
+    if (!rc) rc = get_bool(j, what, "output_router_logits", &router_logits);
+    if (!rc) rc = get_nonneg(j, what, "router_aux_loss_coef", &coef);
+    if (!rc) rc = get_nonneg(j, what, "router_jitter_noise", &jitter);
+    if (!rc && jitter > 0)
+        rc = fsc_error(FSC_ERR_UNSUPPORTED,
+                       "%s: \"router_jitter_noise\" %g: fsc's router is deterministic (0)", what,
+                       (double)jitter);
+    o->aux_coef = router_logits ? coef : 0.f; /* HF adds the term only with router logits */
+    return rc;
+}
+
+int fsc_hf_config_parse_moe(const char *json, const char *what, fsc_moe_options *moe) {
+    if (!json || !what || !moe)
+        return fsc_error(FSC_ERR_INVALID, "fsc_hf_config_parse_moe: NULL argument");
+    cJSON *j = cJSON_Parse(json);
+    if (!cJSON_IsObject(j)) {
+        cJSON_Delete(j);
+        return fsc_error(FSC_ERR_FORMAT, "%s: not a JSON object", what);
+    }
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(j, "model_type");
+    fsc_moe_options o = {0};
+    int rc = FSC_OK;
+    if (cJSON_IsString(type) && !strcmp(type->valuestring, "mixtral"))
+        rc = mixtral_fields(j, what, &o);
+    cJSON_Delete(j);
+    if (!rc) *moe = o;
     return rc;
 }
 
@@ -214,10 +282,13 @@ int fsc_hf_config_write(const char *dir, const fsc_gpt_config *m, const char *to
                  "\"high_freq_factor\": %.9g, \"original_max_position_embeddings\": %d}",
                  (double)s->factor, (double)s->low_freq_factor, (double)s->high_freq_factor,
                  s->original_max_position_embeddings);
+    const fsc_moe_options *o = m->moe && m->moe->experts ? m->moe : NULL;
+    const int F = fsc_gpt_ffn_hidden(m), H = o && o->hidden ? o->hidden : F;
+    const int every = o && o->every > 1 ? o->every : 1;
     FILE *f = open_memstream(&text, &len); /* then written atomically */
     if (!f) return fsc_error(FSC_ERR_NOMEM, "%s: out of memory", path);
     fprintf(f,
-            "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n"
+            "{\n  \"architectures\": [\"%s\"],\n  \"model_type\": \"%s\",\n"
             "  \"vocab_size\": %d,\n  \"max_position_embeddings\": %d,\n"
             "  \"hidden_size\": %d,\n  \"intermediate_size\": %d,\n"
             "  \"num_hidden_layers\": %d,\n  \"num_attention_heads\": %d,\n"
@@ -225,11 +296,26 @@ int fsc_hf_config_write(const char *dir, const fsc_gpt_config *m, const char *to
             "  \"rope_theta\": %s,\n  \"rope_scaling\": %s,\n  \"rms_norm_eps\": %s,\n"
             "  \"tie_word_embeddings\": %s,\n  \"attention_bias\": %s,\n  \"mlp_bias\": false,\n"
             "  \"attention_dropout\": 0.0,\n  \"initializer_range\": 0.02,\n"
-            "  \"torch_dtype\": \"%s\"\n}\n",
-            m->vocab, m->seq, m->d_model, fsc_gpt_ffn_hidden(m), m->layers, m->heads,
+            "  \"torch_dtype\": \"%s\"",
+            o ? "MixtralForCausalLM" : "LlamaForCausalLM", o ? "mixtral" : "llama", m->vocab,
+            m->seq, m->d_model, every == 1 ? H : F, m->layers, m->heads,
             m->kv_heads ? m->kv_heads : m->heads, m->d_model / m->heads, theta, scaling, eps,
             m->tie_embeddings ? "true" : "false", m->qkv_bias ? "true" : "false",
             torch_dtype ? torch_dtype : "float32");
+    if (o) { /* Mixtral's fields, then fsc's where Mixtral has no word (see the top) */
+        char coef[32];
+        fmt_float(coef, sizeof coef, o->aux_coef);
+        fprintf(f,
+                ",\n  \"num_local_experts\": %d,\n  \"num_experts_per_tok\": 2,\n"
+                "  \"router_aux_loss_coef\": %s,\n  \"output_router_logits\": %s,\n"
+                "  \"router_jitter_noise\": 0.0",
+                o->experts, coef, o->aux_coef > 0 ? "true" : "false");
+        if (every > 1) fprintf(f, ",\n  \"decoder_sparse_step\": %d", every);
+        if (every > 1 && H != F) fprintf(f, ",\n  \"moe_intermediate_size\": %d", H);
+        const float cf = o->capacity_factor > 0 ? o->capacity_factor : 2.0f; /* fsc/moe.h's 0 */
+        if (cf < (float)o->experts) fprintf(f, ",\n  \"moe_capacity_factor\": %.9g", (double)cf);
+    }
+    fprintf(f, "\n}\n");
     const bool bad = ferror(f) | (fclose(f) != 0);
     int rc = bad || !text ? fsc_error(FSC_ERR_NOMEM, "%s: out of memory", path)
                           : fsc_file_write_atomic(path, text, len);

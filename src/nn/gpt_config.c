@@ -29,10 +29,6 @@ static int llama_check(const fsc_gpt_config *c) {
     if (!(c->rope_theta >= 0.f) || !(c->norm_eps >= 0.f))
         return fsc_error(FSC_ERR_INVALID, "rope_theta %g and norm_eps %g must be >= 0 (0: default)",
                          (double)c->rope_theta, (double)c->norm_eps);
-    if (c->moe && c->moe->experts)
-        return fsc_error(FSC_ERR_UNSUPPORTED,
-                         "Mixture of Experts runs in the GPT-2 family only so far (LLaMA: no "
-                         "--moe-experts)");
     return FSC_OK;
 }
 
@@ -74,24 +70,31 @@ bool fsc_gpt_moe_block(const fsc_gpt_config *c, int l) {
 }
 
 /* Parameters of the MoE blocks beyond a dense MLP's, counting `experts`
- * experts per layer (all of them, or the two a token meets). */
+ * experts per layer (all of them, or the two a token meets): the gate (E,C)
+ * and GPT-2's experts (2CH + H + C each; the dense MLP 8C^2 + 5C) or the
+ * LLaMA family's SwiGLU experts (3CH each, no biases; the dense one 3CF). */
 static int64_t moe_extra_params(const fsc_gpt_config *c, int64_t experts) {
-    int64_t C = c->d_model, H = c->moe && c->moe->hidden ? c->moe->hidden : 4 * C, n = 0;
+    const bool llama = c->arch == FSC_ARCH_LLAMA;
+    const int64_t C = c->d_model, F = llama ? fsc_gpt_ffn_hidden(c) : 4 * C;
+    const int64_t H = c->moe && c->moe->hidden ? c->moe->hidden : F;
+    const int64_t expert = llama ? 3 * C * H : 2 * C * H + H + C;
+    const int64_t dense = llama ? 3 * C * F : 8 * C * C + 5 * C;
+    int64_t n = 0;
     for (int l = 0; l < c->layers; l++)
-        if (fsc_gpt_moe_block(c, l))
-            n += c->moe->experts * C + experts * (2 * C * H + H + C) - (8 * C * C + 5 * C);
+        if (fsc_gpt_moe_block(c, l)) n += c->moe->experts * C + experts * expert - dense;
     return n;
 }
 
 /* The LLaMA family's parameters: embedding, per layer two norms, q/k/v/o
- * (q/k/v biases when set) and the SwiGLU's three, the final norm, and
- * lm_head unless tied. */
+ * (q/k/v biases when set) and the SwiGLU's three (or an MoE layer's gate
+ * and experts), the final norm, and lm_head unless tied. */
 static int64_t llama_params(const fsc_gpt_config *c) {
     const int64_t C = c->d_model, F = fsc_gpt_ffn_hidden(c), hd = head_dim(c);
     const int64_t q = c->heads * hd, kv = (c->kv_heads ? c->kv_heads : c->heads) * hd;
     const int64_t per_layer =
         2 * C + C * q + 2 * C * kv + q * C + 3 * C * F + (c->qkv_bias ? q + 2 * kv : 0);
-    return (int64_t)c->vocab * C * (c->tie_embeddings ? 1 : 2) + c->layers * per_layer + C;
+    return (int64_t)c->vocab * C * (c->tie_embeddings ? 1 : 2) + c->layers * per_layer + C +
+           moe_extra_params(c, c->moe ? c->moe->experts : 0);
 }
 
 int64_t fsc_gpt_num_params(const fsc_gpt_config *c) {
@@ -103,12 +106,15 @@ int64_t fsc_gpt_num_params(const fsc_gpt_config *c) {
 }
 
 double fsc_gpt_flops_per_token(const fsc_gpt_config *c, int T) {
+    /* a token meets two experts of an MoE layer, not all of them */
+    const double unused =
+        (double)(moe_extra_params(c, c->moe ? c->moe->experts : 0) - moe_extra_params(c, 2));
     if (c->arch == FSC_ARCH_LLAMA) { /* the head's GEMM counts, the embedding's lookup not */
         const double lookup = c->tie_embeddings ? 0.0 : (double)c->vocab * c->d_model;
-        return 6.0 * ((double)llama_params(c) - lookup) + 12.0 * c->layers * (double)c->d_model * T;
+        return 6.0 * ((double)llama_params(c) - lookup - unused) +
+               12.0 * c->layers * (double)c->d_model * T;
     }
-    double n = (double)fsc_gpt_num_params(c) - (double)c->seq * c->d_model;
-    n += (double)(moe_extra_params(c, 2) - moe_extra_params(c, c->moe ? c->moe->experts : 0));
+    const double n = (double)fsc_gpt_num_params(c) - (double)c->seq * c->d_model - unused;
     return 6.0 * n + 12.0 * c->layers * (double)c->d_model * T;
 }
 

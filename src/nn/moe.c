@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "layers_internal.h"
+#include "llama_internal.h"
 #include "moe_internal.h"
 
 typedef struct {
@@ -252,6 +253,9 @@ int fsc_moe_check(const fsc_moe_options *o) {
         return fsc_error(FSC_ERR_INVALID, "MoE: aux_coef %g must be finite and >= 0",
                          (double)o->aux_coef);
     if (o->hidden < 0) return fsc_error(FSC_ERR_INVALID, "MoE: hidden %d must be >= 0", o->hidden);
+    if (o->expert != FSC_MOE_EXPERT_GPT2 && o->expert != FSC_MOE_EXPERT_SWIGLU)
+        return fsc_error(FSC_ERR_INVALID, "MoE: expert kind %d is neither GPT-2 (0) nor SwiGLU (1)",
+                         (int)o->expert);
     if (o->experts % P)
         return fsc_error(FSC_ERR_INVALID,
                          "MoE: %d experts do not divide evenly over %d expert-parallel ranks",
@@ -263,10 +267,18 @@ int fsc_moe_check(const fsc_moe_options *o) {
     return FSC_OK;
 }
 
-/* Expert e: c_fc (C->H), GELU, c_proj (H->C), GPT-2 Conv1D layout. */
-static fsc_module *expert_new(int e, int C, int H, float init_std, float proj_std) {
+/* Expert e of kind `kind`: GPT-2's c_fc (C->H), GELU, c_proj (H->C) in the
+ * Conv1D layout; or Mixtral's SwiGLU, the LLaMA MLP's own module over
+ * nn.Linears w1 (gate) and w3 (up), C->H, and w2 (down), H->C. */
+static fsc_module *expert_new(fsc_moe_expert kind, int e, int C, int H, float init_std,
+                              float proj_std) {
     char name[16];
     snprintf(name, sizeof name, "%d", e);
+    if (kind == FSC_MOE_EXPERT_SWIGLU)
+        return llama_gated_mlp_new(name, C, H,
+                                   fsc_linear_new("w1", C, H, false, FSC_WEIGHT_OUT_IN, init_std),
+                                   fsc_linear_new("w3", C, H, false, FSC_WEIGHT_OUT_IN, init_std),
+                                   fsc_linear_new("w2", H, C, false, FSC_WEIGHT_OUT_IN, proj_std));
     fsc_module *parts[3] = {fsc_linear_new("c_fc", C, H, true, FSC_WEIGHT_IN_OUT, init_std),
                             fsc_gelu_new("act"),
                             fsc_linear_new("c_proj", H, C, true, FSC_WEIGHT_IN_OUT, proj_std)};
@@ -303,7 +315,7 @@ fsc_module *fsc_moe_new(const char *name, int C, const fsc_moe_options *opt, flo
     m->drop = fsc_dropout_new("dropout", dropout, layer_id);
     int rc = m->experts && experts ? FSC_OK : FSC_ERR_NOMEM;
     for (int e = 0; !rc && e < m->El; e++) {
-        m->experts[e] = expert_new(m->rank * m->El + e, C, H, init_std, proj_std);
+        m->experts[e] = expert_new(opt->expert, m->rank * m->El + e, C, H, init_std, proj_std);
         rc = m->experts[e] ? fsc_module_add_child(experts, m->experts[e]) : FSC_ERR_INVALID;
         if (rc && m->experts[e]) fsc_module_free(m->experts[e]);
     }

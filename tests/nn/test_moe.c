@@ -2,7 +2,8 @@
  * and every gradient against a dense PyTorch evaluation of the same rules
  * (tests/reference/moe_ref.py -> tests/data/moe_golden.json), with and
  * without capacity drops; routing by sequence, so a batch split into
- * micro-batches trains as one; the MoE GPT's names and parameter count;
+ * micro-batches trains as one; the MoE GPT's names and parameter count
+ * (GPT-2's, and the LLaMA family's Mixtral layout);
  * bad options refused by name, and cfg->moe by the builders of dense
  * MLPs only (pipeline stages, tensor parallelism). */
 #include <setjmp.h>
@@ -299,6 +300,76 @@ static void test_gpt_names_and_count(void **state) {
     fsc_module_free(m);
 }
 
+/* The LLaMA family's MoE is Mixtral's layout: block_sparse_moe with a
+ * bias-free gate and SwiGLU experts w1, w3 (H,C) and w2 (C,H), as wide as
+ * the dense MLP unless moe.hidden says otherwise; dense layers keep mlp. The
+ * count is fsc_gpt_num_params's, and a token's FLOPs count two experts. */
+static void test_llama_names_and_count(void **state) {
+    (void)state;
+    fsc_moe_options o = {.experts = 4, .every = 2, .capacity_factor = 4.0f};
+    fsc_gpt_config c = {.vocab = 64,
+                        .seq = 8,
+                        .layers = 2,
+                        .d_model = 16,
+                        .heads = 4,
+                        .kv_heads = 2,
+                        .ffn_hidden = 24,
+                        .arch = FSC_ARCH_LLAMA,
+                        .moe = &o};
+    fsc_module *m = fsc_gpt_new(&c);
+    assert_non_null(m);
+    fsc_params ps;
+    assert_int_equal(fsc_params_bind(m, 3, false, &ps), FSC_OK);
+    assert_non_null(fsc_params_find(&ps, "model.layers.0.mlp.gate_proj.weight"));
+    assert_null(fsc_params_find(&ps, "model.layers.1.mlp.gate_proj.weight"));
+    const struct {
+        const char *name;
+        int64_t rows, cols;
+    } want[] = {{"model.layers.1.block_sparse_moe.gate.weight", 4, 16},
+                {"model.layers.1.block_sparse_moe.experts.3.w1.weight", 24, 16},
+                {"model.layers.1.block_sparse_moe.experts.3.w3.weight", 24, 16},
+                {"model.layers.1.block_sparse_moe.experts.3.w2.weight", 16, 24}};
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
+        const fsc_param_entry *p = fsc_params_find(&ps, want[i].name);
+        if (!p) fprintf(stderr, "missing %s\n", want[i].name);
+        assert_non_null(p);
+        assert_int_equal(p->param->shape[0], want[i].rows);
+        assert_int_equal(p->param->shape[1], want[i].cols);
+    }
+    int64_t total = 0, biases = 0;
+    for (int i = 0; i < ps.count; i++) {
+        total += ps.entries[i].param->numel;
+        biases += strstr(ps.entries[i].name, ".bias") != NULL;
+    }
+    assert_int_equal(biases, 0);
+    assert_int_equal(total, fsc_gpt_num_params(&c));
+    fsc_gpt_config dense = c;
+    dense.moe = NULL; /* one MoE layer: gate 4C and 4 experts for one 3CF MLP */
+    assert_int_equal(total - fsc_gpt_num_params(&dense), 4 * 16 + 3 * (3 * 16 * 24));
+    assert_true(fabs(fsc_gpt_flops_per_token(&c, 8) - fsc_gpt_flops_per_token(&dense, 8) -
+                     6.0 * (4 * 16 + 3 * 16 * 24)) < 1e-6);
+    fsc_params_free(&ps);
+    fsc_module_free(m);
+    o.hidden = 40; /* experts of their own width */
+    m = fsc_gpt_new(&c);
+    assert_non_null(m);
+    assert_int_equal(fsc_params_bind(m, 3, false, &ps), FSC_OK);
+    assert_int_equal(fsc_params_find(&ps, "model.layers.1.block_sparse_moe.experts.0.w2.weight")
+                         ->param->shape[1],
+                     40);
+    total = 0;
+    for (int i = 0; i < ps.count; i++) total += ps.entries[i].param->numel;
+    assert_int_equal(total, fsc_gpt_num_params(&c));
+    fsc_params_free(&ps);
+    fsc_module_free(m);
+    /* pipeline stages and tensor parallelism build dense layers only: refused */
+    assert_null(fsc_gpt_stage_new(&c, 0, c.layers + 2));
+    assert_non_null(strstr(fsc_last_error(), "cfg->moe asks for 4 experts"));
+    const fsc_tp_options tp = {0};
+    assert_null(fsc_tp_gpt_new(&c, &tp));
+    assert_non_null(strstr(fsc_last_error(), "cfg->moe asks for 4 experts"));
+}
+
 static void expect_refused(fsc_moe_options o, const char *needle) {
     assert_null(fsc_moe_new("mlp", 8, &o, 0.f, 0, 0.02f, 0.02f));
     if (!strstr(fsc_last_error(), needle)) fprintf(stderr, "message: %s\n", fsc_last_error());
@@ -313,6 +384,7 @@ static void test_bad_options(void **state) {
     expect_refused((fsc_moe_options){.experts = 4, .aux_coef = -0.5f}, "aux_coef");
     expect_refused((fsc_moe_options){.experts = 3, .ep = {.ranks = 2}}, "do not divide");
     expect_refused((fsc_moe_options){.experts = 4, .ep = {.ranks = 2, .rank = 0}}, "alltoall");
+    expect_refused((fsc_moe_options){.experts = 4, .expert = (fsc_moe_expert)7}, "expert kind 7");
     fsc_gpt_config bad = GPT;
     fsc_moe_options o = {.experts = 4, .hidden = -3};
     bad.moe = &o;
@@ -346,10 +418,11 @@ static void test_dense_builders_refuse(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_golden_drops),      cmocka_unit_test(test_golden_no_drops),
-        cmocka_unit_test(test_split_batch_equal), cmocka_unit_test(test_recompute_equal),
-        cmocka_unit_test(test_bf16_gating_fp32),  cmocka_unit_test(test_gpt_names_and_count),
-        cmocka_unit_test(test_bad_options),       cmocka_unit_test(test_dense_builders_refuse),
+        cmocka_unit_test(test_golden_drops),          cmocka_unit_test(test_golden_no_drops),
+        cmocka_unit_test(test_split_batch_equal),     cmocka_unit_test(test_recompute_equal),
+        cmocka_unit_test(test_bf16_gating_fp32),      cmocka_unit_test(test_gpt_names_and_count),
+        cmocka_unit_test(test_bad_options),           cmocka_unit_test(test_dense_builders_refuse),
+        cmocka_unit_test(test_llama_names_and_count),
     };
     return cmocka_run_group_tests(tests, load_golden, free_golden);
 }

@@ -5,7 +5,7 @@ PyTorch is present) its models and losses agree with PyTorch.
 usage: train_e2e.py FSC_TRAIN {learns|accum|strategies|watchdog|resume|bad-input|torch|
                               fsdp|fsdp-precision|fsdp-files|validation|formats|sample|
                               config|signals|optimizers|consistency|plot|io-faults|llama|
-                              llama-strategies|llama-techniques|llama-resume|
+                              llama-strategies|llama-techniques|llama-resume|llama-moe|
                               resume-outputs|launcher|sample-tokenizer|messages|freeze|
                               keep-best|async-equal|async-faults|async-kill}
 One mode a ctest (train_<mode>); the checks live by feature in the train_e2e_*.py
@@ -24,6 +24,7 @@ import train_e2e_fsdp as fsdp
 import train_e2e_io as io
 import train_e2e_llama as llama_e2e
 import train_e2e_llama_layouts as llama_layouts
+import train_e2e_llama_moe as llama_moe
 import train_e2e_tools as tools
 import train_e2e_training as training
 import train_e2e_user as user
@@ -39,6 +40,7 @@ MODES = {
     "llama-strategies": llama_layouts.llama_strategies,
     "llama-techniques": llama_layouts.llama_techniques,
     "llama-resume": llama_layouts.llama_resume,
+    "llama-moe": llama_moe.llama_moe,
     "bad-input": faults.bad_input,
     "watchdog": faults.watchdog,
     "resume": faults.resume,

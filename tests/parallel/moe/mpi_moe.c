@@ -1,5 +1,6 @@
 /* Expert parallelism on 1, 2 and 4 ranks: an MoE GPT (4 experts in every
- * block, capacity drops, dropout, gradient clipping on) trained under ddp
+ * block, capacity drops, dropout, gradient clipping on; GPT-2's experts, and
+ * again a LLaMA with Mixtral's SwiGLU experts, no dropout) trained under ddp
  * with its experts spread over the ranks ends with the same parameters as
  * one process holding every expert on the same global batch, within the
  * measured noise floor of tests/support/equivalence.h. The weights file (every
@@ -26,8 +27,20 @@ static const float MAX_NORM = 0.5f; /* below the gradient norm of these steps: c
 static fsc_moe_options one_moe = {
     .experts = 4, .every = 1, .capacity_factor = 1.0f, .aux_coef = 0.05f};
 
+/* The model the MoE layers go into: the test GPT-2, or (test_llama_*) a
+ * LLaMA of the same size, whose MoE layers are Mixtral's (SwiGLU experts). */
+static const fsc_gpt_config LLAMA = {.vocab = 64,
+                                     .seq = 16,
+                                     .layers = 2,
+                                     .d_model = 32,
+                                     .heads = 4,
+                                     .kv_heads = 2,
+                                     .ffn_hidden = 48,
+                                     .arch = FSC_ARCH_LLAMA};
+static const fsc_gpt_config *base = &EQ_MODEL;
+
 static fsc_gpt_config with_moe(const fsc_moe_options *o) {
-    fsc_gpt_config c = EQ_MODEL;
+    fsc_gpt_config c = *base;
     c.moe = o;
     return c;
 }
@@ -235,6 +248,21 @@ static void test_checkpoint_resume(void **state) {
     fsc_group_barrier(fsc_group_world());
 }
 
+/* The same two checks on the LLaMA family: Mixtral's block_sparse_moe with
+ * SwiGLU experts spread over the ranks equals one process holding them all,
+ * and its checkpoint resumes by global name across sizes. */
+static void test_llama_same_as_one_process(void **state) {
+    base = &LLAMA;
+    test_same_as_one_process(state);
+    base = &EQ_MODEL;
+}
+
+static void test_llama_checkpoint_resume(void **state) {
+    base = &LLAMA;
+    test_checkpoint_resume(state);
+    base = &EQ_MODEL;
+}
+
 /* Expert shards need ddp over their group: the others are refused by name. */
 static void test_other_strategies_refused(void **state) {
     (void)state;
@@ -280,6 +308,8 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_same_as_one_process),
         cmocka_unit_test(test_checkpoint_resume),
+        cmocka_unit_test(test_llama_same_as_one_process),
+        cmocka_unit_test(test_llama_checkpoint_resume),
         cmocka_unit_test(test_other_strategies_refused),
         cmocka_unit_test(test_mismatch_is_desync),
     };

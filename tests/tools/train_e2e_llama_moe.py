@@ -1,0 +1,108 @@
+"""fsc-train --arch llama --moe-experts: Mixtral's layout against a Mixtral
+written in plain torch ops (tests/reference/torch_mixtral.py). 20 AdamW steps
+(fp32, constant lr, no clipping, dropless top-2 with the load-balancing term
+on) from fsc's --save-init weights give PyTorch's per-step losses within
+1e-4 relative, in one process and with the experts spread over 2 ranks
+(ddp); the directory --save-init writes carries Mixtral's names and
+config.json (model_type mixtral, num_local_experts, num_experts_per_tok),
+and --init-from reads it back: the same model, the same tensors bit for bit.
+What MoE does not compose with (--pp, --tp) is refused by name."""
+import json
+import os
+import sys
+
+from train_e2e_common import TMP, expect_refused, metrics, mpiexec, run
+
+E = 4
+MOE = ["--arch", "llama", "--layers", "2", "--d-model", "64", "--heads", "4", "--kv-heads", "2",
+       "--seq", "32", "--vocab", "512", "--dropout", "0", "--ffn-hidden", "96",
+       "--moe-experts", E, "--moe-every", "1", "--moe-capacity", E, "--moe-aux-coef", "0.02"]
+STEPS, LR = 20, 1e-3
+TRAIN = ["--steps", STEPS, "--lr", LR, "--schedule", "constant", "--clip", "0", "--quiet"]
+
+
+def torch_losses(init, tokens, torch, torch_gpt, torch_mixtral):
+    tensors, _ = torch_gpt.load_safetensors(init)
+    model = torch_mixtral.Mixtral(tensors, E, 0.02, layers_=2, heads=4, kv_heads=2)
+    opt = torch_gpt.adamw(model, LR, (0.9, 0.95), 1e-8, 0.1)
+    out = []
+    for s in range(STEPS):
+        x, y = torch_gpt.batch(tokens, s, 0, 0, 4, 1, 1, 32)
+        opt.zero_grad()
+        objective, ce = model.objective(x, y)
+        objective.backward()
+        opt.step()
+        out.append(ce.item())
+    return out
+
+
+def compare(what, fsc, ref):
+    rel = max(abs(a - b) / abs(b) for a, b in zip(fsc, ref))
+    print(f"{what}: {len(fsc)} AdamW steps, max relative loss difference from PyTorch {rel:.2e}")
+    if len(fsc) != STEPS or rel > 1e-4:
+        print("  fsc  ", " ".join(f"{v:.5f}" for v in fsc[::4]))
+        print("  torch", " ".join(f"{v:.5f}" for v in ref[::4]))
+        sys.exit(f"FAIL: {what}: per-step losses differ from PyTorch by {rel:.2e} (> 1e-4)")
+
+
+def mixtral_files(init, torch_gpt):
+    """Mixtral's tensor names and config.json fields in a --save-init directory."""
+    tensors, _ = torch_gpt.load_safetensors(os.path.join(init, "model.safetensors"))
+    want = {f"model.layers.{i}.block_sparse_moe.gate.weight" for i in range(2)}
+    want |= {f"model.layers.{i}.block_sparse_moe.experts.{j}.w{k}.weight"
+             for i in range(2) for j in range(E) for k in (1, 2, 3)}
+    missing = want - set(tensors)
+    if missing or any(".mlp." in n for n in tensors):
+        sys.exit(f"FAIL: --save-init {init}: missing {sorted(missing)[:4]}, or a dense mlp")
+    shapes = {"gate": [E, 64], "w1": [96, 64], "w3": [96, 64], "w2": [64, 96]}
+    for n, t in tensors.items():
+        if ".block_sparse_moe." in n and list(t.shape) != shapes[n.split(".")[-2]]:
+            sys.exit(f"FAIL: {n} has shape {list(t.shape)}")
+    cfg = json.load(open(os.path.join(init, "config.json")))
+    got = {k: cfg.get(k) for k in ("model_type", "architectures", "num_local_experts",
+                                   "num_experts_per_tok", "intermediate_size",
+                                   "router_aux_loss_coef")}
+    if got != {"model_type": "mixtral", "architectures": ["MixtralForCausalLM"],
+               "num_local_experts": E, "num_experts_per_tok": 2, "intermediate_size": 96,
+               "router_aux_loss_coef": 0.02}:
+        sys.exit(f"FAIL: {init}/config.json: {got}")
+    print(f"Mixtral's names ({len(want)} MoE tensors) and config.json in {init}")
+    return tensors
+
+
+def llama_moe():
+    try:
+        import torch
+        import torch_gpt
+        import torch_mixtral
+    except ImportError:
+        print("SKIP: PyTorch is not installed (scripts/install-deps.sh installs python3-torch)")
+        sys.exit(77)
+    torch.set_num_threads(1)
+    data = os.path.join(TMP, "moe.txt")
+    with open(data, "wb") as f:  # varied bytes, deterministic
+        f.write(bytes((i * 7919 + (i // 13) * 31) % 251 for i in range(20000)))
+    tokens = torch.tensor(list(open(data, "rb").read()), dtype=torch.int64)
+    init, m = os.path.join(TMP, "moe_init"), os.path.join(TMP, "moe.jsonl")
+    run(*MOE, "--data", data, "--batch", "4", *TRAIN, "--save-init", init, "--metrics", m)
+    tensors = mixtral_files(init, torch_gpt)
+    ref = torch_losses(os.path.join(init, "model.safetensors"), tokens, torch, torch_gpt,
+                       torch_mixtral)
+    compare("llama MoE (Mixtral), one process", [r["loss"] for r in metrics(m)], ref)
+    m2 = os.path.join(TMP, "moe_ep.jsonl")
+    mpiexec(2, *MOE, "--data", data, "--strategy", "ddp", "--batch", "2", *TRAIN, "--metrics", m2)
+    compare("llama MoE, experts over 2 ranks (ddp)", [r["loss"] for r in metrics(m2)], ref)
+    # the directory reads back: the model from config.json alone, every tensor as written
+    back = os.path.join(TMP, "moe_back")
+    run("--data", data, "--init-from", init, "--steps", "0", "--quiet", "--save", back)
+    again, _ = torch_gpt.load_safetensors(os.path.join(back, "model.safetensors"))
+    if set(again) != set(tensors) or any(not bool((again[n] == tensors[n]).all()) for n in again):
+        sys.exit("FAIL: --init-from a Mixtral directory and --save did not give its tensors back")
+    mixtral_files(back, torch_gpt)
+    print("--init-from a Mixtral directory: the same model and tensors written back")
+    for flag, extra in (("pp", ["--pp", "2", "--batch", "2", "--grad-accum", "2"]),
+                        ("tp", ["--tp", "2", "--batch", "4"])):
+        p = mpiexec(2, *MOE, "--data", data, "--strategy", "ddp", *extra, *TRAIN,
+                    expect_ok=False)
+        expect_refused(p, f"--moe-experts does not run with --{flag}", f"MoE with --{flag} 2")
+    print("ok  llama MoE refusals name the flag")
