@@ -14,12 +14,19 @@
 #  3. ASan + UBSan at -O1, every test but the `release_only` label: tests
 #     that run no fsc C code (repository checks, the PyTorch benchmark side),
 #     the fault_ reruns (they test that comparisons notice a fault; the clean
-#     runs are here), and the fsc-train modes about numerical agreement whose
-#     C paths the kept tests run under the sanitizers (the list and the
-#     reasons are beside the label).
+#     runs are here), the fsc-train modes about numerical agreement whose
+#     C paths the kept tests run under the sanitizers, and the 4-rank runs of
+#     the MPI programs in which 4 ranks reach no code that 2 do not (no
+#     4-rank branch, no middle pipeline stage, no shard inside one tensor;
+#     their 1- and 2-rank runs stay). The lists and the reasons per program
+#     are beside the label.
 #  4. When clang is installed, a fuzzing smoke run of each file reader
 #     (scripts/fuzz.sh: every committed seed replayed, then FSC_FUZZ_SMOKE_S
 #     seconds each, default 6; 0 skips it).
+# Every pass runs programs started without mpiexec as isolated MPI
+# singletons (OMPI_MCA_ess_singleton_isolated in tests/CMakeLists.txt): no
+# orted daemon forked per fsc-train start, which fsc (never spawning) has no
+# use for.
 # ctest -j $(nproc) runs tests side by side, multi-rank ones included (why
 # no test counts its ranks as PROCESSORS: tests/CMakeLists.txt's last block).
 # Arguments go to every ctest run (e.g. -R golden). The multihost label (two
