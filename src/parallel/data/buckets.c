@@ -1,8 +1,9 @@
-/* Gradient buckets in reverse forward order, and per-module parameter lists:
- * the bookkeeping DDP and ShardedDDP share. DDP's buckets close once they
- * reach the size (fewest collectives); ShardedDDP's never exceed it, since
- * its bucket size is a bound on live gradient memory. Expert shards get
- * buckets of their own, which DDP never reduces. */
+/* Gradient buckets in reverse forward order, and the backward hooks on the
+ * modules that own parameters: the bookkeeping DDP and ShardedDDP share.
+ * DDP's buckets close once they reach the size (fewest collectives);
+ * ShardedDDP's never exceed it, since its bucket size is a bound on live
+ * gradient memory. Expert shards get buckets of their own, which DDP never
+ * reduces. */
 #include <stdlib.h>
 
 #include "buckets.h"
@@ -79,7 +80,8 @@ void bucket_plan_free(bucket_plan *p) {
     *p = (bucket_plan){0};
 }
 
-int module_entries(const fsc_params *ps, const fsc_module *m, int **entries, int *n) {
+/* Indices (into ps->entries) of the parameters module m declares itself. */
+static int module_entries(const fsc_params *ps, const fsc_module *m, int **entries, int *n) {
     *n = 0;
     *entries = malloc((size_t)(m->nparams ? m->nparams : 1) * sizeof **entries);
     if (!*entries) return fsc_error(FSC_ERR_NOMEM, "out of memory listing parameters");
@@ -89,10 +91,46 @@ int module_entries(const fsc_params *ps, const fsc_module *m, int **entries, int
     return FSC_OK;
 }
 
-int count_param_modules(const fsc_module *m) {
+/* Modules in the tree under m (m included) that declare parameters. */
+static int count_param_modules(const fsc_module *m) {
     int n = m->nparams > 0;
     for (int c = 0; c < m->nchildren; c++) n += count_param_modules(m->children[c]);
     return n;
+}
+
+static int add_under(owner_hooks *hs, const fsc_params *ps, fsc_module *m, void *wrapper) {
+    if (m->nparams) {
+        owner_hook *h = &hs->hooks[hs->n++];
+        h->wrapper = wrapper, h->module = m;
+        int rc = module_entries(ps, m, &h->entries, &h->n);
+        for (int k = 0; !rc && k < hs->nkinds; k++)
+            rc = fsc_module_add_hook(m, hs->kinds[k], hs->fns[k], h);
+        if (rc) return rc;
+    }
+    for (int c = 0; c < m->nchildren; c++) {
+        int rc = add_under(hs, ps, m->children[c], wrapper);
+        if (rc) return rc;
+    }
+    return FSC_OK;
+}
+
+int owner_hooks_add(owner_hooks *hs, const fsc_params *ps, fsc_module *child, void *wrapper,
+                    int nkinds, const fsc_hook_kind *kinds, const fsc_hook_fn *fns) {
+    *hs = (owner_hooks){.nkinds = nkinds};
+    for (int k = 0; k < nkinds; k++) hs->kinds[k] = kinds[k], hs->fns[k] = fns[k];
+    hs->hooks = calloc((size_t)count_param_modules(child) + 1, sizeof *hs->hooks);
+    if (!hs->hooks) return fsc_error(FSC_ERR_NOMEM, "out of memory listing parameter owners");
+    return add_under(hs, ps, child, wrapper);
+}
+
+void owner_hooks_free(owner_hooks *hs) {
+    for (int i = 0; i < hs->n; i++) {
+        for (int k = 0; k < hs->nkinds; k++)
+            fsc_module_remove_hook(hs->hooks[i].module, hs->kinds[k], hs->fns[k], &hs->hooks[i]);
+        free(hs->hooks[i].entries);
+    }
+    free(hs->hooks);
+    *hs = (owner_hooks){0};
 }
 
 /* Not reduced: an expert shard's gradient already sums every rank's tokens

@@ -1,6 +1,6 @@
 /* Shared by DDP and ShardedDDP (internal): gradient buckets over the flat
- * gradient buffer in reverse forward order, and the parameters each module
- * owns directly (what its backward hooks mark ready). */
+ * gradient buffer in reverse forward order, and the backward hooks on each
+ * module that owns parameters directly (the entries they mark ready). */
 #ifndef FSC_PARALLEL_BUCKETS_H
 #define FSC_PARALLEL_BUCKETS_H
 
@@ -25,10 +25,31 @@ int bucket_plan_make(const fsc_params *ps, size_t bucket_bytes, bucket_plan *out
 int bucket_plan_capped(const fsc_params *ps, size_t cap_bytes, const bool *skip, bucket_plan *out);
 void bucket_plan_free(bucket_plan *p);
 
-/* Indices (into ps->entries) of the parameters module m declares itself. */
-int module_entries(const fsc_params *ps, const fsc_module *m, int **entries, int *n);
-/* Modules in the tree under m (m included) that declare parameters. */
-int count_param_modules(const fsc_module *m);
+/* The user data of one module's backward hooks: the wrapper that installed
+ * them and the parameters (indices into ps->entries) the module declares. */
+typedef struct owner_hook {
+    void *wrapper;
+    fsc_module *module;
+    int n;
+    int *entries;
+} owner_hook;
+
+/* A wrapper's hooks: fns[k] of kind kinds[k] on every module under the
+ * child that declares parameters, each module with its own owner_hook. */
+typedef struct owner_hooks {
+    owner_hook *hooks;
+    int n, nkinds;
+    fsc_hook_kind kinds[2];
+    fsc_hook_fn fns[2];
+} owner_hooks;
+
+/* Installs the hooks (nkinds of 1 or 2, added in that order on each module,
+ * parents before children). On failure those added so far stay listed, for
+ * owner_hooks_free. */
+int owner_hooks_add(owner_hooks *hs, const fsc_params *ps, fsc_module *child, void *wrapper,
+                    int nkinds, const fsc_hook_kind *kinds, const fsc_hook_fn *fns);
+/* Removes every hook owner_hooks_add installed and frees the lists. */
+void owner_hooks_free(owner_hooks *hs);
 
 /* Cuts every bucket of plan where its entries change between expert shards
  * (fsc_param.expert: each rank holds its own experts) and the rest, so no

@@ -38,12 +38,6 @@ typedef struct bucket {
     fsc_request *req;
 } bucket;
 
-typedef struct owner_hook { /* user data of one module's post-backward hook */
-    struct ddp *ddp;
-    int n;
-    int *entries; /* indices into params->entries */
-} owner_hook;
-
 typedef struct ddp {
     fsc_module base;
     fsc_module *child;
@@ -52,10 +46,9 @@ typedef struct ddp {
     fsc_ddp_options opt;
     bucket *buckets;
     int nbuckets, next_launch;
-    int *bucket_of; /* entry index -> bucket */
-    bool *ready;    /* per entry */
-    owner_hook *hooks;
-    int nhooks;
+    int *bucket_of;    /* entry index -> bucket */
+    bool *ready;       /* per entry */
+    owner_hooks hooks; /* a post-backward hook per module that owns parameters */
     bool no_sync;
     bool in_backward; /* the wrapper's backward is running the child's */
     int status;       /* first communication error of this backward */
@@ -89,7 +82,7 @@ static int on_post_backward(fsc_module *m, fsc_hook_kind kind, const fsc_ctx *ct
                             const fsc_tensor *t, void *user) {
     (void)m, (void)kind, (void)ctx, (void)t;
     owner_hook *h = user;
-    ddp *d = h->ddp;
+    ddp *d = h->wrapper;
     if (!d->in_backward)
         return fsc_error(FSC_ERR_INVALID,
                          "DDP: the wrapped module's backward ran without the DDP wrapper (called "
@@ -142,18 +135,10 @@ static int ddp_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fs
     return rc;
 }
 
-static void remove_hooks(ddp *d, fsc_module *m) {
-    for (int i = 0; i < d->nhooks; i++)
-        fsc_module_remove_hook(m, FSC_HOOK_POST_BACKWARD, on_post_backward, &d->hooks[i]);
-    for (int c = 0; c < m->nchildren; c++) remove_hooks(d, m->children[c]);
-}
-
 /* Frees the wrapper only (not the child): the child's hooks go with it. */
 static void ddp_free(fsc_module *m) {
     ddp *d = (ddp *)m;
-    if (d->child && d->hooks) remove_hooks(d, d->child);
-    for (int i = 0; i < d->nhooks; i++) free(d->hooks[i].entries);
-    free(d->hooks);
+    owner_hooks_free(&d->hooks);
     free(d->buckets);
     free(d->bucket_of);
     free(d->ready);
@@ -188,22 +173,6 @@ static int make_buckets(ddp *d) {
     plan.bucket_of = NULL;
     bucket_plan_free(&plan);
     d->stats.buckets = d->nbuckets;
-    return FSC_OK;
-}
-
-/* One post-backward hook per module that owns parameters. */
-static int add_hooks(ddp *d, fsc_module *m) {
-    if (m->nparams) {
-        owner_hook *h = &d->hooks[d->nhooks++];
-        h->ddp = d;
-        int rc = module_entries(d->params, m, &h->entries, &h->n);
-        if (!rc) rc = fsc_module_add_hook(m, FSC_HOOK_POST_BACKWARD, on_post_backward, h);
-        if (rc) return rc;
-    }
-    for (int c = 0; c < m->nchildren; c++) {
-        int rc = add_hooks(d, m->children[c]);
-        if (rc) return rc;
-    }
     return FSC_OK;
 }
 
@@ -248,9 +217,11 @@ fsc_module *fsc_ddp_wrap(fsc_module *child, fsc_params *params, fsc_group *g,
     fsc_module_init(&d->base, &ddp_ops, "ddp");
     d->child = child, d->params = params, d->group = g, d->opt = o;
     d->base.wraps = child;
-    d->hooks = calloc((size_t)count_param_modules(child) + 1, sizeof *d->hooks);
-    int rc = d->hooks ? make_buckets(d) : fsc_error(FSC_ERR_NOMEM, "DDP: out of memory");
-    if (!rc) rc = add_hooks(d, child);
+    int rc = make_buckets(d);
+    if (!rc)
+        rc = owner_hooks_add(&d->hooks, params, child, d, 1,
+                             (fsc_hook_kind[]){FSC_HOOK_POST_BACKWARD},
+                             (fsc_hook_fn[]){on_post_backward});
     /* Every rank starts from rank 0's weights. */
     if (!rc && !o.no_broadcast) rc = broadcast_replicated(d);
     if (rc) {

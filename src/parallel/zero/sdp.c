@@ -54,12 +54,6 @@ typedef struct bucket {
     fsc_request **reqs; /* one per segment while in flight */
 } bucket;
 
-typedef struct owner_hook {
-    struct sdp *sdp;
-    int n;
-    int *entries;
-} owner_hook;
-
 typedef struct sdp {
     fsc_module base;
     fsc_module *child;
@@ -81,8 +75,7 @@ typedef struct sdp {
     size_t *foreign;   /* per entry: its non-owned bytes */
     size_t live_bytes; /* non-owned bytes committed, root-written entries not counted */
     bool *ready, *hooked, *hooked_last; /* per entry */
-    owner_hook *hooks;
-    int nhooks;
+    owner_hooks hooks; /* pre- and post-backward on each module that owns parameters */
     void *slot[2];
     size_t slot_bytes;
     int slot_bucket[2]; /* the bucket staged in each slot, -1: free */
@@ -283,7 +276,7 @@ static int on_pre_backward(fsc_module *m, fsc_hook_kind kind, const fsc_ctx *ctx
                            const fsc_tensor *t, void *user) {
     (void)m, (void)kind, (void)ctx, (void)t;
     owner_hook *h = user;
-    sdp *s = h->sdp;
+    sdp *s = h->wrapper;
     if (!s->in_backward) return bypassed();
     size_t need = 0;
     for (int i = 0; i < h->n; i++) {
@@ -300,7 +293,7 @@ static int on_post_backward(fsc_module *m, fsc_hook_kind kind, const fsc_ctx *ct
                             const fsc_tensor *t, void *user) {
     (void)m, (void)kind, (void)ctx, (void)t;
     owner_hook *h = user;
-    sdp *s = h->sdp;
+    sdp *s = h->wrapper;
     if (!s->in_backward) return bypassed();
     if (s->no_sync) return FSC_OK;
     for (int i = 0; i < h->n; i++) mark_ready(s, h->entries[i]);
@@ -470,25 +463,15 @@ static int sdp_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fs
     return rc;
 }
 
-static void remove_hooks(sdp *s, fsc_module *m) {
-    for (int i = 0; i < s->nhooks; i++) {
-        fsc_module_remove_hook(m, FSC_HOOK_PRE_BACKWARD, on_pre_backward, &s->hooks[i]);
-        fsc_module_remove_hook(m, FSC_HOOK_POST_BACKWARD, on_post_backward, &s->hooks[i]);
-    }
-    for (int c = 0; c < m->nchildren; c++) remove_hooks(s, m->children[c]);
-}
-
 static void sdp_free(fsc_module *m) {
     sdp *s = (sdp *)m;
-    if (s->child && s->hooks) remove_hooks(s, s->child);
-    for (int i = 0; i < s->nhooks; i++) free(s->hooks[i].entries);
+    owner_hooks_free(&s->hooks);
     if (s->live && s->root && s->foreign)
         for (int e = 0; e < s->params->count; e++)
             set_live(s, e, true); /* the buffer is whole again for its owner */
     free_buckets(s);
     fsc_mem_free(s->slot[0]);
     fsc_mem_free(s->slot[1]);
-    free(s->hooks);
     free(s->bucket_of);
     free(s->root);
     free(s->want_root);
@@ -502,22 +485,6 @@ static void sdp_free(fsc_module *m) {
 }
 
 static const fsc_module_ops sdp_ops = {"ShardedDDP", sdp_forward, sdp_backward, sdp_free};
-
-static int add_hooks(sdp *s, fsc_module *m) {
-    if (m->nparams) {
-        owner_hook *h = &s->hooks[s->nhooks++];
-        h->sdp = s;
-        int rc = module_entries(s->params, m, &h->entries, &h->n);
-        if (!rc) rc = fsc_module_add_hook(m, FSC_HOOK_PRE_BACKWARD, on_pre_backward, h);
-        if (!rc) rc = fsc_module_add_hook(m, FSC_HOOK_POST_BACKWARD, on_post_backward, h);
-        if (rc) return rc;
-    }
-    for (int c = 0; c < m->nchildren; c++) {
-        int rc = add_hooks(s, m->children[c]);
-        if (rc) return rc;
-    }
-    return FSC_OK;
-}
 
 /* Per-entry state; every gradient starts live (fsc_params_bind committed it). */
 static int init_entries(sdp *s) {
@@ -578,10 +545,12 @@ fsc_module *fsc_sdp_wrap(fsc_module *child, fsc_params *params, fsc_oss *oss,
     if (!s->opt.bucket_bytes) s->opt.bucket_bytes = (size_t)25 << 20;
     s->half = o.reduce_dtype != FSC_DTYPE_F32;
     s->slot_bucket[0] = s->slot_bucket[1] = -1;
-    s->hooks = calloc((size_t)count_param_modules(child) + 1, sizeof *s->hooks);
-    int rc = s->hooks ? init_entries(s) : fsc_error(FSC_ERR_NOMEM, "ShardedDDP: out of memory");
+    int rc = init_entries(s);
     if (!rc) rc = make_plan(s, s->root); /* no root-written entries known yet */
-    if (!rc) rc = add_hooks(s, child);
+    if (!rc)
+        rc = owner_hooks_add(&s->hooks, params, child, s, 2,
+                             (fsc_hook_kind[]){FSC_HOOK_PRE_BACKWARD, FSC_HOOK_POST_BACKWARD},
+                             (fsc_hook_fn[]){on_pre_backward, on_post_backward});
     if (!rc && !s->opt.no_broadcast)
         rc = fsc_group_broadcast(s->g, params->data, params->numel, FSC_DTYPE_F32, 0);
     /* from now on a rank holds only its own gradients between backwards */
