@@ -21,6 +21,7 @@
 #include "fsc/weights.h"
 #include "io/st_parallel.h"
 #include "mpi_test.h"
+#include "mse_test.h"
 
 static int rank, world;
 static char dir[64]; /* rank 0's scratch directory, known to every rank */
@@ -38,32 +39,19 @@ static fsc_module *model_new(void) {
     return fsc_sequential_new("mlp", 3, parts);
 }
 
-/* Half the squared error against targets that are functions of the global
- * sample index, over the global target count. */
+/* Inputs and targets are functions of the global sample index. */
+static float input(int64_t sample, int j) {
+    return (float)(sample * 5 % 11 + j) / 9.f - 0.5f;
+}
+static float target(int64_t sample, int k) {
+    return (float)((sample * 3 + k) % 4 - 1.5) / 2.f;
+}
+
+/* Half the squared error over the global count of targets (mse_test.h). */
 static int mse_loss(fsc_module *m, const fsc_ctx *ctx, const fsc_micro_batch *mb, void *user,
                     float *loss) {
     (void)user;
-    float x[G * IN];
-    const int64_t s0 = mb->sample0 + mb->row0;
-    for (int r = 0; r < mb->rows; r++)
-        for (int j = 0; j < IN; j++) x[r * IN + j] = (float)((s0 + r) * 5 % 11 + j) / 9.f - 0.5f;
-    fsc_tensor xt = fsc_tensor_2d(x, FSC_DTYPE_F32, mb->rows, IN), y;
-    void *saved;
-    int rc = fsc_module_forward(m, ctx, &xt, &y, &saved);
-    if (rc) return rc;
-    fsc_tensor dy = fsc_tensor_arena(ctx->arena, FSC_DTYPE_F32, 2, (int64_t[]){mb->rows, OUT});
-    if (!dy.data) return FSC_ERR_NOMEM;
-    const float *yd = y.data;
-    float *dyd = dy.data;
-    double sum = 0;
-    for (int r = 0; r < mb->rows; r++)
-        for (int k = 0; k < OUT; k++) {
-            float d = yd[r * OUT + k] - (float)(((s0 + r) * 3 + k) % 4 - 1.5) / 2.f;
-            sum += 0.5 * (double)d * d;
-            dyd[r * OUT + k] = (float)(d / mb->norm);
-        }
-    *loss = (float)(sum / mb->norm);
-    return fsc_module_backward(m, ctx, saved, &dy, NULL);
+    return mse_micro_batch(m, ctx, mb, IN, OUT, input, target, loss);
 }
 
 static fsc_trainer *trainer_new(const char *strategy, fsc_module **m) {

@@ -19,13 +19,12 @@
 
 #include "gpt2_files.h"
 #include "tmpdir.h"
+#include "tokenizer_test.h"
 
 static fsc_bpe *tiny;
 
 static int setup_all(void **state) {
-    char path[512];
-    snprintf(path, sizeof path, "%s/bpe_tiny",
-             getenv("FSC_TEST_DATA") ? getenv("FSC_TEST_DATA") : "tests/data");
+    const char *path = test_data("bpe_tiny");
     if (fsc_bpe_load(path, &tiny)) {
         fprintf(stderr, "loading %s: %s\n", path, fsc_last_error());
         return -1;
@@ -60,14 +59,7 @@ static void expect_tokens(const char *text, ...) {
     int32_t *ids;
     int64_t count;
     assert_int_equal(fsc_bpe_encode(tiny, text, strlen(text), &ids, &count), FSC_OK);
-    bool same = count == n && (n == 0 || !memcmp(ids, want, sizeof *ids * (size_t)n));
-    if (!same) {
-        fprintf(stderr, "\"%s\": got", text);
-        for (int64_t i = 0; i < count; i++) fprintf(stderr, " %d", ids[i]);
-        fprintf(stderr, ", want");
-        for (int i = 0; i < n; i++) fprintf(stderr, " %d", want[i]);
-        fprintf(stderr, "\n");
-    }
+    bool same = tokens_as_wanted(text, ids, count, want, n);
     free(ids);
     assert_true(same);
 }
@@ -167,9 +159,7 @@ static void test_malformed_files(void **state) {
     expect_load_fails("{\"a\": 0, \"b\": 1}", "", "no token for byte");
     /* a merge whose parts are not tokens: the tiny vocabulary plus one bad line */
     fsc_bpe *b = NULL;
-    char path[512];
-    snprintf(path, sizeof path, "%s/bpe_tiny/encoder.json",
-             getenv("FSC_TEST_DATA") ? getenv("FSC_TEST_DATA") : "tests/data");
+    const char *path = test_data("bpe_tiny/encoder.json");
     write_raw(tmp("merges"), "#version: 0.2\nl l\nq z\n", 22);
     assert_int_equal(fsc_bpe_load_files(path, tmp("merges"), &b), FSC_ERR_FORMAT);
     assert_non_null(strstr(fsc_last_error(), ":3: \"q z\""));

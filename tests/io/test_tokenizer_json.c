@@ -23,22 +23,10 @@
 #include "fsc/tokenizer.h"
 
 #include "tmpdir.h"
+#include "tokenizer_test.h"
 
 /* The ids of make.py's vocabulary. */
 enum { HELLO = 259, SP_WORLD = 264, N123 = 266, XYZ = 267, EOT = 268, BOS = 269, MASK = 270 };
-
-static const char *data(const char *name) {
-    static char path[600];
-    snprintf(path, sizeof path, "%s/tokenizer_json/%s",
-             getenv("FSC_TEST_DATA") ? getenv("FSC_TEST_DATA") : "tests/data", name);
-    return path;
-}
-
-static fsc_bpe *load(const char *name) {
-    fsc_bpe *b = NULL;
-    if (fsc_bpe_load(data(name), &b)) fail_msg("%s: %s", name, fsc_last_error());
-    return b;
-}
 
 /* The id of a single byte (GPT-2's order: '!' is 0). */
 static int32_t byte_id(const fsc_bpe *b, char c) {
@@ -53,16 +41,9 @@ static void expect(const fsc_bpe *b, const char *text, bool add, const int32_t *
                                          (fsc_bpe_encode_options){.add_special_tokens = add}, &ids,
                                          &count),
                      FSC_OK);
-    bool same = count == n && (!n || !memcmp(ids, want, sizeof *ids * (size_t)n));
-    if (!same) {
-        fprintf(stderr, "\"%s\": got", text);
-        for (int64_t i = 0; i < count; i++) fprintf(stderr, " %d", ids[i]);
-        fprintf(stderr, ", want");
-        for (int i = 0; i < n; i++) fprintf(stderr, " %d", want[i]);
-        fprintf(stderr, "\n");
-    }
-    assert_true(same);
+    bool same = tokens_as_wanted(text, ids, count, want, n);
     free(ids);
+    assert_true(same);
 }
 
 static void round_trip(const fsc_bpe *b, const char *text) {
@@ -79,7 +60,7 @@ static void round_trip(const fsc_bpe *b, const char *text) {
 
 static void test_both_merge_forms(void **state) {
     (void)state;
-    fsc_bpe *s = load("strings.json"), *p = load("pairs.json");
+    fsc_bpe *s = tokenizer_json_load("strings.json"), *p = tokenizer_json_load("pairs.json");
     assert_int_equal(fsc_bpe_vocab_size(s), 271);
     assert_int_equal(fsc_bpe_vocab_size(p), 271);
     const int32_t hw[] = {HELLO, SP_WORLD};
@@ -99,7 +80,7 @@ static void test_both_merge_forms(void **state) {
 
 static void test_added_tokens(void **state) {
     (void)state;
-    fsc_bpe *b = load("strings.json");
+    fsc_bpe *b = tokenizer_json_load("strings.json");
     assert_int_equal(fsc_bpe_eot(b), EOT);
     assert_true(fsc_bpe_is_special(b, EOT));
     assert_true(fsc_bpe_is_special(b, BOS));
@@ -122,7 +103,7 @@ static void test_added_tokens(void **state) {
 
 static void test_post_processor(void **state) {
     (void)state;
-    fsc_bpe *b = load("strings.json"), *p = load("pairs.json");
+    fsc_bpe *b = tokenizer_json_load("strings.json"), *p = tokenizer_json_load("pairs.json");
     assert_int_equal(fsc_bpe_bos(b), BOS);
     assert_int_equal(fsc_bpe_eos(b), EOT);
     const int32_t plain[] = {HELLO}, framed[] = {BOS, HELLO, EOT}, empty[] = {BOS, EOT};
@@ -138,7 +119,7 @@ static void test_post_processor(void **state) {
 
 static void test_split_sequence(void **state) {
     (void)state;
-    fsc_bpe *b = load("split.json");
+    fsc_bpe *b = tokenizer_json_load("split.json");
     /* \p{N}{1,3}: 123 | 45 */
     const int32_t n[] = {N123, byte_id(b, '4'), byte_id(b, '5')};
     expect(b, "12345", false, n, 3);
@@ -163,7 +144,8 @@ static void test_split_sequence(void **state) {
 static fsc_bpe *with_split(const char *literal, const char *behavior, bool invert) {
     char *text;
     size_t len;
-    assert_int_equal(fsc_file_read_all(data("strings.json"), 1 << 20, &text, &len), FSC_OK);
+    assert_int_equal(fsc_file_read_all(tokenizer_json_path("strings.json"), 1 << 20, &text, &len),
+                     FSC_OK);
     cJSON *root = cJSON_ParseWithLength(text, len);
     free(text);
     cJSON *split = cJSON_CreateObject(), *pattern = cJSON_CreateObject();
@@ -220,7 +202,7 @@ static void test_split_behaviours(void **state) {
 
 static void expect_refused(const char *name, int code, const char *needle) {
     fsc_bpe *b = NULL;
-    int rc = fsc_bpe_load(data(name), &b);
+    int rc = fsc_bpe_load(tokenizer_json_path(name), &b);
     if (rc != code || !strstr(fsc_last_error(), needle))
         fail_msg("%s: status %d, \"%s\" (want %d, \"%s\")", name, rc, fsc_last_error(), code,
                  needle);
@@ -234,7 +216,8 @@ static void test_refused(void **state) {
     /* a merge whose parts are not tokens, and a regex PCRE2 cannot compile */
     char *text;
     size_t len;
-    assert_int_equal(fsc_file_read_all(data("strings.json"), 1 << 20, &text, &len), FSC_OK);
+    assert_int_equal(fsc_file_read_all(tokenizer_json_path("strings.json"), 1 << 20, &text, &len),
+                     FSC_OK);
     char *bad = strstr(text, "\"l l\"");
     assert_non_null(bad);
     memcpy(bad, "\"q z\"", 5);
@@ -243,7 +226,8 @@ static void test_refused(void **state) {
     assert_int_equal(fsc_bpe_load(dir, &b), FSC_ERR_FORMAT); /* a directory with tokenizer.json */
     assert_non_null(strstr(fsc_last_error(), "model.merges[1]"));
     free(text);
-    assert_int_equal(fsc_file_read_all(data("split.json"), 1 << 20, &text, &len), FSC_OK);
+    assert_int_equal(fsc_file_read_all(tokenizer_json_path("split.json"), 1 << 20, &text, &len),
+                     FSC_OK);
     bad = strstr(text, "\\\\p{N}{1,3}");
     assert_non_null(bad);
     memcpy(bad, "((((((((((", 10);
@@ -262,14 +246,14 @@ static void test_directories(void **state) {
     char *enc, *merges, *json;
     size_t ne, nm, nj;
     char tiny[600];
-    snprintf(tiny, sizeof tiny, "%s/bpe_tiny",
-             getenv("FSC_TEST_DATA") ? getenv("FSC_TEST_DATA") : "tests/data");
+    snprintf(tiny, sizeof tiny, "%s", test_data("bpe_tiny"));
     char pe[700], pm[700];
     snprintf(pe, sizeof pe, "%s/encoder.json", tiny);
     snprintf(pm, sizeof pm, "%s/vocab.bpe", tiny);
     assert_int_equal(fsc_file_read_all(pe, 1 << 20, &enc, &ne), FSC_OK);
     assert_int_equal(fsc_file_read_all(pm, 1 << 20, &merges, &nm), FSC_OK);
-    assert_int_equal(fsc_file_read_all(data("strings.json"), 1 << 20, &json, &nj), FSC_OK);
+    assert_int_equal(fsc_file_read_all(tokenizer_json_path("strings.json"), 1 << 20, &json, &nj),
+                     FSC_OK);
     char hfdir[600];
     snprintf(hfdir, sizeof hfdir, "%s", tmp("hf"));
     assert_int_equal(mkdir(hfdir, 0700), 0);

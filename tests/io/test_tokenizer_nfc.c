@@ -21,18 +21,7 @@
 #include "fsc/io.h"
 #include "fsc/tokenizer.h"
 
-static const char *data(const char *name) {
-    static char path[600];
-    snprintf(path, sizeof path, "%s/tokenizer_json/%s",
-             getenv("FSC_TEST_DATA") ? getenv("FSC_TEST_DATA") : "tests/data", name);
-    return path;
-}
-
-static fsc_bpe *load(const char *name) {
-    fsc_bpe *b = NULL;
-    if (fsc_bpe_load(data(name), &b)) fail_msg("%s: %s", name, fsc_last_error());
-    return b;
-}
+#include "tokenizer_test.h"
 
 static int64_t encode(const fsc_bpe *b, const char *text, size_t n, int32_t **ids) {
     int64_t count;
@@ -53,7 +42,7 @@ static void expect_same(const fsc_bpe *nfc, const fsc_bpe *plain, const char *in
 
 static void test_nfc_forms(void **state) {
     (void)state;
-    fsc_bpe *nfc = load("nfc.json"), *plain = load("strings.json");
+    fsc_bpe *nfc = tokenizer_json_load("nfc.json"), *plain = tokenizer_json_load("strings.json");
     static const char *const cases[][2] = {
         {"cafe\xcc\x81", "caf\xc3\xa9"},
         {"\xe1\x84\x80\xe1\x85\xa1\xe1\x86\xa8 han", "\xea\xb0\x81 han"},
@@ -80,7 +69,7 @@ static void test_nfc_forms(void **state) {
 
 static void test_added_tokens_and_raw_bytes(void **state) {
     (void)state;
-    fsc_bpe *nfc = load("nfc.json"), *plain = load("strings.json");
+    fsc_bpe *nfc = tokenizer_json_load("nfc.json"), *plain = tokenizer_json_load("strings.json");
     /* raw-matched tokens between segments, each normalized alone */
     expect_same(nfc, plain, "e\xcc\x81<|endoftext|>A\xcc\x8a<s>x",
                 "\xc3\xa9<|endoftext|>\xc3\x85<s>x");
@@ -95,7 +84,8 @@ static void test_added_tokens_and_raw_bytes(void **state) {
 static int load_with(const char *normalizer, fsc_bpe **out) {
     char *text;
     size_t len;
-    assert_int_equal(fsc_file_read_all(data("nfc.json"), 1 << 20, &text, &len), FSC_OK);
+    assert_int_equal(fsc_file_read_all(tokenizer_json_path("nfc.json"), 1 << 20, &text, &len),
+                     FSC_OK);
     const char *key = "\"normalizer\": {\n  \"type\": \"NFC\"\n }";
     char *at = strstr(text, key);
     assert_non_null(at);
@@ -133,7 +123,7 @@ static void test_normalizers_refused_by_name(void **state) {
     assert_int_equal(load_with("{\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"NFC\"}]}",
                                &b),
                      FSC_OK);
-    fsc_bpe *plain = load("strings.json");
+    fsc_bpe *plain = tokenizer_json_load("strings.json");
     expect_same(b, plain, "cafe\xcc\x81", "caf\xc3\xa9");
     fsc_bpe_free(b);
     assert_int_equal(load_with("null", &b), FSC_OK);

@@ -20,6 +20,17 @@
 
 static const fsc_gpt_config EQ_MODEL = {
     .vocab = 64, .seq = 16, .layers = 2, .d_model = 32, .heads = 4, .dropout = 0.1f};
+/* The LLaMA the parallel tests share: 8 query heads on 4 key/value heads
+ * (head_dim 4), so that tensor-parallel sizes 1, 2 and 4 split both and each
+ * rank's query heads share its own key/value heads. */
+static const fsc_gpt_config EQ_LLAMA = {.arch = FSC_ARCH_LLAMA,
+                                        .vocab = 64,
+                                        .seq = 16,
+                                        .layers = 2,
+                                        .d_model = 32,
+                                        .heads = 8,
+                                        .kv_heads = 4,
+                                        .ffn_hidden = 64};
 enum { EQ_GLOBAL_BATCH = 8, EQ_STEPS = 5 };
 /* Tolerance from a measured noise floor, not from one CPU's rounding. Any
  * layout sums each gradient in some legal order; the reference is computed in
@@ -354,6 +365,25 @@ static void eq_set_noise(const fsc_params *ps, const float *ref, float *const *a
         for (int64_t i = off; i < off + p->numel; i++) eq_noise[i] = fmaxf(eq_noise[i], median);
         free(rows);
     }
+}
+
+/* eq_noise from the reference `ref` of model m's parameters (bound as
+ * fsc_params_bind(m, 5, false)) and two other summation orders alt[0], alt[1];
+ * returns the largest gap between their per-step losses (alt_losses: two rows
+ * of `steps`) and the reference's. Frees m and both alternates. */
+static inline double eq_noise_of_two(fsc_module *m, const float *ref, float *alt[2],
+                                     const double *losses, const double *alt_losses, int steps) {
+    fsc_params ps;
+    if (fsc_params_bind(m, 5, false, &ps) != FSC_OK) abort();
+    eq_set_noise(&ps, ref, alt, 2);
+    double loss_noise = 0;
+    for (int s = 0; s < steps; s++)
+        for (int a = 0; a < 2; a++)
+            loss_noise = fmax(loss_noise, fabs(alt_losses[a * steps + s] - losses[s]));
+    fsc_params_free(&ps);
+    fsc_module_free(m);
+    free(alt[0]), free(alt[1]);
+    return loss_noise;
 }
 
 /* One process, the whole global batch per step: the reference parameters

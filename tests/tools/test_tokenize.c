@@ -27,6 +27,7 @@
 
 #include "gpt2_files.h"
 #include "run_tool.h"
+#include "test_data.h"
 #include "tmpdir.h"
 
 static char log_text[8192];
@@ -209,18 +210,14 @@ static void round_trip(const char *vocab_dir, bool eot) {
 
 static void test_bpe_tiny_round_trip(void **state) {
     (void)state;
-    char path[512];
-    snprintf(path, sizeof path, "%s/bpe_tiny",
-             getenv("FSC_TEST_DATA") ? getenv("FSC_TEST_DATA") : "tests/data");
+    const char *path = test_data("bpe_tiny");
     round_trip(path, false);
     round_trip(path, true);
 }
 
 static void test_tokenizer_json_round_trip(void **state) {
     (void)state;
-    char path[512];
-    snprintf(path, sizeof path, "%s/tokenizer_json/strings.json",
-             getenv("FSC_TEST_DATA") ? getenv("FSC_TEST_DATA") : "tests/data");
+    const char *path = test_data("tokenizer_json/strings.json");
     round_trip(path, false);
     round_trip(path, true);
 }

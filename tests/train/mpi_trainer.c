@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "fsc/weights.h"
+#include "mse_test.h"
 #include "trainer_test.h"
 
 static int rank, world;
@@ -43,32 +44,11 @@ static float target(int64_t sample, int k) {
     return (float)((sample * 3 + k) % 5 - 2) / 2.f;
 }
 
-/* Half the squared error, summed over this call's rows and outputs, over
- * mb->norm (the global count of targets): the global mean. */
+/* Half the squared error over the global count of targets (mse_test.h). */
 static int mse_loss(fsc_module *m, const fsc_ctx *ctx, const fsc_micro_batch *mb, void *user,
                     float *loss) {
     (void)user;
-    float x[G * IN];
-    const int64_t s0 = mb->sample0 + mb->row0;
-    for (int r = 0; r < mb->rows; r++)
-        for (int j = 0; j < IN; j++) x[r * IN + j] = input(s0 + r, j);
-    fsc_tensor xt = fsc_tensor_2d(x, FSC_DTYPE_F32, mb->rows, IN), y;
-    void *saved;
-    int rc = fsc_module_forward(m, ctx, &xt, &y, &saved);
-    if (rc) return rc;
-    fsc_tensor dy = fsc_tensor_arena(ctx->arena, FSC_DTYPE_F32, 2, (int64_t[]){mb->rows, OUT});
-    if (!dy.data) return FSC_ERR_NOMEM;
-    const float *yd = y.data;
-    float *dyd = dy.data;
-    double sum = 0;
-    for (int r = 0; r < mb->rows; r++)
-        for (int k = 0; k < OUT; k++) {
-            float d = yd[r * OUT + k] - target(s0 + r, k);
-            sum += 0.5 * (double)d * d;
-            dyd[r * OUT + k] = (float)(d / mb->norm);
-        }
-    *loss = (float)(sum / mb->norm);
-    return fsc_module_backward(m, ctx, saved, &dy, NULL);
+    return mse_micro_batch(m, ctx, mb, IN, OUT, input, target, loss);
 }
 
 static const char *ckpt_dir(void) {
@@ -153,17 +133,7 @@ static float *reference(float clip, double *losses, double *loss_noise) {
     alt[1] = run(&(run_cfg){.strategy = "single", .local = true, .accum = 4, .clip = clip},
                  alt_losses[1]);
     float *ref = run(&(run_cfg){.strategy = "single", .local = true, .clip = clip}, losses);
-    fsc_module *m = resmlp_new(NULL);
-    fsc_params ps;
-    assert_int_equal(fsc_params_bind(m, 5, false, &ps), FSC_OK);
-    eq_set_noise(&ps, ref, alt, 2);
-    *loss_noise = 0;
-    for (int s = 0; s < STEPS; s++)
-        for (int a = 0; a < 2; a++)
-            *loss_noise = fmax(*loss_noise, fabs(alt_losses[a][s] - losses[s]));
-    fsc_params_free(&ps);
-    fsc_module_free(m);
-    free(alt[0]), free(alt[1]);
+    *loss_noise = eq_noise_of_two(resmlp_new(NULL), ref, alt, losses, alt_losses[0], STEPS);
     fsc_fault_active = fault;
     return ref;
 }

@@ -27,16 +27,6 @@
 
 static int world;
 
-/* 8 query heads on 4 key/value heads, head_dim 4, as mpi_tp_llama's. */
-static const fsc_gpt_config LLAMA = {.arch = FSC_ARCH_LLAMA,
-                                     .vocab = 64,
-                                     .seq = 16,
-                                     .layers = 2,
-                                     .d_model = 32,
-                                     .heads = 8,
-                                     .kv_heads = 4,
-                                     .ffn_hidden = 64};
-
 /* 5 AdamW steps of `model` on EQ_GLOBAL_BATCH sequences; under mesh (NULL:
  * one process, the batch in `micro` micro-batches) this rank's dp share of
  * the batch and its cp positions of each sequence, gradients summed over
@@ -131,17 +121,7 @@ static float *reference(const fsc_gpt_config *model, double *losses, double *los
     float *alt[2] = {run(model, NULL, 2, alt_losses[0], numel),
                      run(model, NULL, 4, alt_losses[1], numel)};
     float *ref = run(model, NULL, 1, losses, numel);
-    fsc_module *m = fsc_gpt_new(model);
-    fsc_params ps;
-    assert_int_equal(fsc_params_bind(m, 5, false, &ps), FSC_OK);
-    eq_set_noise(&ps, ref, alt, 2);
-    *loss_noise = 0;
-    for (int s = 0; s < EQ_STEPS; s++)
-        for (int a = 0; a < 2; a++)
-            *loss_noise = fmax(*loss_noise, fabs(alt_losses[a][s] - losses[s]));
-    fsc_params_free(&ps);
-    fsc_module_free(m);
-    free(alt[0]), free(alt[1]);
+    *loss_noise = eq_noise_of_two(fsc_gpt_new(model), ref, alt, losses, alt_losses[0], EQ_STEPS);
     fsc_fault_active = fault;
     return ref;
 }
@@ -177,7 +157,7 @@ static void test_gpt2_cp(void **state) {
 
 static void test_llama_cp(void **state) {
     (void)state;
-    expect_reference("llama (GQA 8/4) cp = world", &LLAMA, world);
+    expect_reference("llama (GQA 8/4) cp = world", &EQ_LLAMA, world);
 }
 
 static void test_gpt2_cp2_dp2(void **state) {

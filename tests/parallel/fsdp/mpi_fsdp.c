@@ -15,6 +15,7 @@
 #include "trainer_test.h"
 #include "fsc/checkpoint_wrapper.h"
 #include "fsc/fsdp.h"
+#include "fsdp_test.h"
 
 static int rank, world;
 
@@ -62,22 +63,6 @@ static fsc_module **pick_units(fsc_module *m, unit_plan plan, int *n) {
     if (plan == UNITS_MLPS) memmove(units, units + *n / 2, sizeof *units * (size_t)(*n / 2));
     if (plan == UNITS_MLPS) *n /= 2;
     return units;
-}
-
-/* Copies the full parameters into a buffer laid out as fsc_params_bind
- * would (*numel of them). */
-static float *full_params(fsc_fsdp *f, fsc_module *m, int64_t *numel) {
-    fsc_params layout;
-    assert_int_equal(fsc_params_collect(m, &layout), FSC_OK);
-    float *out = calloc((size_t)layout.numel, sizeof(float));
-    assert_int_equal(fsc_fsdp_summon_full_params(f), FSC_OK);
-    for (int e = 0; e < layout.count; e++)
-        memcpy(out + layout.entries[e].offset, layout.entries[e].param->data,
-               sizeof(float) * (size_t)layout.entries[e].param->numel);
-    assert_int_equal(fsc_fsdp_release_full_params(f, false), FSC_OK);
-    *numel = layout.numel;
-    free(layout.entries);
-    return out;
 }
 
 static float *run_fsdp(const fsdp_cfg *c, fsdp_out *out) {
@@ -147,7 +132,7 @@ static float *run_fsdp(const fsdp_cfg *c, fsdp_out *out) {
         out->gathered_after = fsc_mem_current(FSC_MEM_GATHERED);
     }
     int64_t numel;
-    float *got = full_params(f, m, &numel);
+    float *got = fsdp_full_params(f, m, &numel);
     if (out) out->numel = numel;
     fsc_arena_free(arena);
     fsc_fsdp_free(f);
@@ -299,7 +284,7 @@ static void test_initial_values_match_bind(void **state) {
     assert_non_null(f);
     free(units);
     int64_t numel;
-    float *full = full_params(f, b, &numel);
+    float *full = fsdp_full_params(f, b, &numel);
     assert_int_equal(numel, ps.numel);
     assert_memory_equal(full, ps.data, sizeof(float) * (size_t)ps.numel);
     /* between steps the model's views point nowhere */
@@ -312,7 +297,7 @@ static void test_initial_values_match_bind(void **state) {
     fsc_params_collect(b, &views);
     views.entries[0].param->data[3] = 42.f;
     assert_int_equal(fsc_fsdp_release_full_params(f, true), FSC_OK);
-    float *again = full_params(f, b, &numel);
+    float *again = fsdp_full_params(f, b, &numel);
     assert_float_equal(again[views.entries[0].offset + 3], 42.f, 0);
     free(views.entries);
     free(full), free(again);

@@ -20,6 +20,7 @@
 #include "fsc/io.h"
 #include "fsc/sharded_grad_scaler.h"
 #include "fsc/zero.h"
+#include "zero_test.h"
 
 static int rank, world;
 
@@ -260,15 +261,9 @@ static float *train(fsc_grad_scaler *gs, int64_t *numel) {
     }
     assert_int_equal(fsc_optim_get_step(fsc_oss_local(oss)), STEPS - 1);
     *numel = ps.numel;
-    float *out = malloc(sizeof(float) * (size_t)ps.numel);
-    memcpy(out, ps.data, sizeof(float) * (size_t)ps.numel);
+    float *out = params_copy(&ps);
     fsc_optim_ranges_free(owned);
-    fsc_arena_free(arena);
-    fsc_module_free(sdp);
-    fsc_oss_free(oss);
-    fsc_params_free(&ps);
-    fsc_tokens_free(&tk);
-    fsc_module_free(m);
+    sdp_run_free(arena, sdp, oss, &ps, &tk, m);
     return out;
 }
 

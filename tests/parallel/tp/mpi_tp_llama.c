@@ -31,19 +31,11 @@
 static int rank, world;
 static char dir[64];
 
-/* 8 query heads on 4 key/value heads (head_dim 4): t = 1, 2 and 4 all split
- * both, each rank's query heads sharing its own key/value heads. */
+/* EQ_LLAMA (8 query heads on 4 key/value heads) with this vocabulary, tied
+ * embeddings and q/k/v biases or not. */
 static fsc_gpt_config llama(int vocab, bool tie, bool bias) {
-    fsc_gpt_config c = {.arch = FSC_ARCH_LLAMA,
-                        .vocab = vocab,
-                        .seq = 16,
-                        .layers = 2,
-                        .d_model = 32,
-                        .heads = 8,
-                        .kv_heads = 4,
-                        .ffn_hidden = 64,
-                        .tie_embeddings = tie,
-                        .qkv_bias = bias};
+    fsc_gpt_config c = EQ_LLAMA;
+    c.vocab = vocab, c.tie_embeddings = tie, c.qkv_bias = bias;
     return c;
 }
 

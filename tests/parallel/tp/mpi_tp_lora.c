@@ -25,16 +25,6 @@
 static int rank, world;
 static char dir[64];
 
-/* 8 query heads on 4 key/value heads: t = 1, 2 and 4 split both. */
-static const fsc_gpt_config LLAMA = {.arch = FSC_ARCH_LLAMA,
-                                     .vocab = 64,
-                                     .seq = 16,
-                                     .layers = 2,
-                                     .d_model = 32,
-                                     .heads = 8,
-                                     .kv_heads = 4,
-                                     .ffn_hidden = 64};
-
 static const char *const TARGETS[] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
                                       "gate_proj", "up_proj", "down_proj"};
 
@@ -45,7 +35,7 @@ static fsc_lora_config lora(float dropout) {
 
 /* The parameters of a weights file in the one-process adapted model's flat layout. */
 static float *read_adapted(const fsc_lora_config *lc, const char *path, int64_t *numel) {
-    fsc_module *whole = fsc_gpt_new(&LLAMA);
+    fsc_module *whole = fsc_gpt_new(&EQ_LLAMA);
     fsc_params ps;
     float *out = NULL;
     assert_int_equal(fsc_lora_apply(whole, lc, NULL), FSC_OK);
@@ -63,16 +53,16 @@ static float *read_adapted(const fsc_lora_config *lc, const char *path, int64_t 
 /* EQ_STEPS steps of the whole global batch over the world as one TP group. */
 static float *run_tp(const fsc_lora_config *lc, bool sp, int64_t *numel) {
     fsc_tp_options opt = {.group = fsc_group_world(), .sequence_parallel = sp};
-    fsc_module *m = fsc_tp_gpt_new(&LLAMA, &opt);
+    fsc_module *m = fsc_tp_gpt_new(&EQ_LLAMA, &opt);
     if (!m) fail_msg("fsc_tp_gpt_new: %s", fsc_last_error());
     int adapted = 0;
     if (fsc_tp_lora_apply(m, lc, &adapted)) fail_msg("fsc_tp_lora_apply: %s", fsc_last_error());
-    assert_int_equal(adapted, 7 * LLAMA.layers);
+    assert_int_equal(adapted, 7 * EQ_LLAMA.layers);
     fsc_params ps;
     assert_int_equal(fsc_tp_params_bind(m, 5, true, &ps), FSC_OK);
     char path[128];
     snprintf(path, sizeof path, "%s/tp_lora_%d.safetensors", dir, world);
-    tp_test_train_save(m, &ps, fsc_group_world(), LLAMA.seq, 0, NULL, path);
+    tp_test_train_save(m, &ps, fsc_group_world(), EQ_LLAMA.seq, 0, NULL, path);
     float *out = read_adapted(lc, path, numel);
     if (!out) fail_msg("rank %d: %s: %s", rank, path, fsc_last_error());
     assert_int_equal(fsc_group_barrier(fsc_group_world()), FSC_OK); /* read before rewritten */
@@ -84,7 +74,7 @@ static float *run_tp(const fsc_lora_config *lc, bool sp, int64_t *numel) {
 static void expect_one_process(float dropout) {
     const fsc_lora_config lc = lora(dropout);
     int64_t ref_n;
-    float *ref = eq_reference_ex(&(eq_options){.model = &LLAMA, .lora = &lc}, &ref_n);
+    float *ref = eq_reference_ex(&(eq_options){.model = &EQ_LLAMA, .lora = &lc}, &ref_n);
     for (int sp = 0; sp < 2; sp++) {
         int64_t numel;
         float *got = run_tp(&lc, sp, &numel);
@@ -112,7 +102,7 @@ static void test_lora_dropout(void **state) {
 static void test_refusals(void **state) {
     (void)state;
     fsc_tp_options opt = {.group = fsc_group_world()};
-    fsc_module *m = fsc_tp_gpt_new(&LLAMA, &opt);
+    fsc_module *m = fsc_tp_gpt_new(&EQ_LLAMA, &opt);
     static const char *const head[] = {"lm_head"};
     fsc_lora_config lc = lora(0.f);
     lc.targets = head, lc.ntargets = 1;

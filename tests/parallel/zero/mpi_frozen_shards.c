@@ -21,7 +21,9 @@
 #include "trainer_test.h"
 #include "fsc/flat_shards.h"
 #include "fsc/fsdp.h"
+#include "fsdp_test.h"
 #include "fsc/zero.h"
+#include "zero_test.h"
 
 static int rank, world;
 static char scratch[64];
@@ -140,16 +142,9 @@ static void sdp_case(frozen_kind k, fsc_partition_policy policy, const char *wha
                 largest = ps.entries[e].param->numel;
         assert_true(owned <= (t.elems + world - 1) / world + largest);
     }
-    float *got = malloc(sizeof(float) * (size_t)ps.numel);
-    memcpy(got, ps.data, sizeof(float) * (size_t)ps.numel);
     eq_options ref = reference_of(k);
-    tt_expect_reference(&ref, what, got, ps.numel);
-    fsc_arena_free(arena);
-    fsc_module_free(sdp);
-    fsc_oss_free(oss);
-    fsc_params_free(&ps);
-    fsc_tokens_free(&tk);
-    fsc_module_free(m);
+    tt_expect_reference(&ref, what, params_copy(&ps), ps.numel);
+    sdp_run_free(arena, sdp, oss, &ps, &tk, m);
 }
 
 static void test_sdp_freeze(void **state) {
@@ -183,21 +178,6 @@ static fsc_fsdp *fsdp_of(fsc_module *m) {
     return f;
 }
 
-/* The full parameters, laid out as fsc_params_bind would. */
-static float *full_params(fsc_fsdp *f, fsc_module *m, int64_t *numel) {
-    fsc_params layout;
-    assert_int_equal(fsc_params_collect(m, &layout), FSC_OK);
-    float *out = calloc((size_t)layout.numel, sizeof(float));
-    assert_int_equal(fsc_fsdp_summon_full_params(f), FSC_OK);
-    for (int e = 0; e < layout.count; e++)
-        memcpy(out + layout.entries[e].offset, layout.entries[e].param->data,
-               sizeof(float) * (size_t)layout.entries[e].param->numel);
-    assert_int_equal(fsc_fsdp_release_full_params(f, false), FSC_OK);
-    *numel = layout.numel;
-    free(layout.entries);
-    return out;
-}
-
 /* Shard files of f (a frozen region in every unit) load into a fresh FSDP
  * and consolidate offline to the full weights. */
 static void shard_files_round_trip(frozen_kind k, fsc_fsdp *f, const float *want, int64_t numel) {
@@ -209,7 +189,7 @@ static void shard_files_round_trip(frozen_kind k, fsc_fsdp *f, const float *want
     assert_int_equal(fsc_group_barrier(fsc_group_world()), FSC_OK);
     assert_int_equal(fsc_fsdp_load_sharded(f2, path), FSC_OK);
     int64_t n2;
-    float *back = full_params(f2, m2, &n2);
+    float *back = fsdp_full_params(f2, m2, &n2);
     assert_int_equal(n2, numel);
     assert_memory_equal(back, want, sizeof(float) * (size_t)numel);
     if (rank == 0) {
@@ -277,7 +257,7 @@ static void fsdp_case(frozen_kind k, const char *what) {
     assert_int_equal(all_owned, t.elems);
     assert_int_equal(optim, 2 * 4 * owned);
     int64_t numel;
-    float *got = full_params(f, m, &numel);
+    float *got = fsdp_full_params(f, m, &numel);
     shard_files_round_trip(k, f, got, numel);
     eq_options ref = reference_of(k);
     tt_expect_reference(&ref, what, got, numel);

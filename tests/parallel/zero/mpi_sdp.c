@@ -12,6 +12,7 @@
 
 #include "trainer_test.h"
 #include "fsc/zero.h"
+#include "zero_test.h"
 
 static int rank, world;
 
@@ -122,14 +123,8 @@ static float *run_sdp(const sdp_cfg *c, sdp_out *out) {
     finish_out(sdp, &mine);
     mine.numel = ps.numel;
     if (out) *out = mine;
-    float *got = malloc(sizeof(float) * (size_t)ps.numel);
-    memcpy(got, ps.data, sizeof(float) * (size_t)ps.numel);
-    fsc_arena_free(arena);
-    fsc_module_free(sdp);
-    fsc_oss_free(oss);
-    fsc_params_free(&ps);
-    fsc_tokens_free(&tk);
-    fsc_module_free(m);
+    float *got = params_copy(&ps);
+    sdp_run_free(arena, sdp, oss, &ps, &tk, m);
     return got;
 }
 
@@ -393,13 +388,8 @@ static float *run_mlp(bool big, fsc_partition_policy policy, size_t budget, sdp_
         assert_int_equal(fsc_oss_step(oss), FSC_OK);
     }
     finish_out(sdp, out);
-    float *got = malloc(sizeof(float) * (size_t)ps.numel);
-    memcpy(got, ps.data, sizeof(float) * (size_t)ps.numel);
-    fsc_arena_free(arena);
-    fsc_module_free(sdp);
-    fsc_oss_free(oss);
-    fsc_params_free(&ps);
-    fsc_module_free(m);
+    float *got = params_copy(&ps);
+    sdp_run_free(arena, sdp, oss, &ps, NULL, m);
     return got;
 }
 
