@@ -51,7 +51,7 @@ static int setup(fsc_strategy *s, const fsc_optim_config *optim) {
 static void teardown(fsc_strategy *s) {
     fsc_fsdp_free(s->fsdp);
 }
-static void zero_grad(fsc_strategy *s) {
+void strategy_fsdp_zero_grad(fsc_strategy *s) {
     fsc_fsdp_zero_grad(s->fsdp);
 }
 
@@ -61,11 +61,11 @@ static void set_no_sync(fsc_strategy *s, bool no_sync) {
     fsc_fsdp_set_no_sync(s->fsdp, s->opt.accum_no_sync && no_sync);
 }
 
-static int clip(fsc_strategy *s, float max_norm, float *total) {
+int strategy_fsdp_clip(fsc_strategy *s, float max_norm, float *total) {
     return fsc_fsdp_clip_grad_norm(s->fsdp, max_norm, false, total);
 }
 
-static int step(fsc_strategy *s) {
+int strategy_fsdp_step(fsc_strategy *s) {
     return fsc_fsdp_step(s->fsdp);
 }
 
@@ -75,7 +75,7 @@ static int save_weights(fsc_strategy *s, const char *path, int root, int n_meta,
                                  values);
 }
 
-static int load_weights(fsc_strategy *s, const char *path, int *n_unused) {
+int strategy_fsdp_load_weights(fsc_strategy *s, const char *path, int *n_unused) {
     if (n_unused) *n_unused = 0; /* FSDP reads its slices by name and ignores the rest */
     return fsc_fsdp_load_weights(s->fsdp, path);
 }
@@ -84,7 +84,7 @@ static int save_optim(fsc_strategy *s, const char *path, int root) {
     return fsc_fsdp_save_optim(s->fsdp, s->rank == root ? path : "", root);
 }
 
-static int load_optim(fsc_strategy *s, const char *path) {
+int strategy_fsdp_load_optim(fsc_strategy *s, const char *path) {
     return fsc_fsdp_load_optim(s->fsdp, path);
 }
 
@@ -116,14 +116,14 @@ const strategy_ops fsc_strategy_fsdp = {
     .accepts = OPT_REDUCE | OPT_FSDP | OPT_PROBE,
     .setup = setup,
     .teardown = teardown,
-    .zero_grad = zero_grad,
+    .zero_grad = strategy_fsdp_zero_grad,
     .set_no_sync = set_no_sync,
-    .clip = clip,
-    .step = step,
+    .clip = strategy_fsdp_clip,
+    .step = strategy_fsdp_step,
     .save_weights = save_weights,
-    .load_weights = load_weights,
+    .load_weights = strategy_fsdp_load_weights,
     .save_optim = save_optim,
-    .load_optim = load_optim,
+    .load_optim = strategy_fsdp_load_optim,
     .save_sharded = save_sharded,
     .load_sharded = load_sharded,
     .stats = stats,

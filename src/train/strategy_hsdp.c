@@ -130,25 +130,6 @@ static int save_optim(fsc_strategy *s, const char *path, int root) {
     return fsc_group_agree(s->group, rc, "saving the optimizer state");
 }
 
-/* The rest is the fsdp row's, over the shard group: zeroing and stepping
- * the shards, the norm (each group holds the whole model once), loading
- * slices by name (every group reads). */
-static void zero_grad(fsc_strategy *s) {
-    fsc_strategy_fsdp.zero_grad(s);
-}
-static int clip(fsc_strategy *s, float max_norm, float *total) {
-    return fsc_strategy_fsdp.clip(s, max_norm, total);
-}
-static int step(fsc_strategy *s) {
-    return fsc_strategy_fsdp.step(s);
-}
-static int load_weights(fsc_strategy *s, const char *path, int *n_unused) {
-    return fsc_strategy_fsdp.load_weights(s, path, n_unused);
-}
-static int load_optim(fsc_strategy *s, const char *path) {
-    return fsc_strategy_fsdp.load_optim(s, path);
-}
-
 fsc_group *strategy_hsdp_replica(const fsc_strategy *s) {
     return s && s->hsdp ? s->hsdp->replica : NULL;
 }
@@ -159,6 +140,9 @@ static void stats(const fsc_strategy *s, fsc_strategy_stats *out) {
     out->wait_s += s->hsdp->wait_s;
 }
 
+/* zero_grad, clip, step and the loads are the fsdp row's, over the shard
+ * group: zeroing and stepping the shards, the norm (each group holds the
+ * whole model once), loading slices by name (every group reads). */
 const strategy_ops fsc_strategy_hsdp = {
     .name = "hsdp",
     .summary = "hybrid sharding: FSDP within groups of shard_group ranks, the groups replicas "
@@ -168,14 +152,14 @@ const strategy_ops fsc_strategy_hsdp = {
     .accepts = OPT_REDUCE | OPT_FSDP | OPT_HSDP,
     .setup = setup,
     .teardown = teardown,
-    .zero_grad = zero_grad,
+    .zero_grad = strategy_fsdp_zero_grad,
     .set_no_sync = set_no_sync,
     .run = run,
-    .clip = clip,
-    .step = step,
+    .clip = strategy_fsdp_clip,
+    .step = strategy_fsdp_step,
     .save_weights = save_weights,
-    .load_weights = load_weights,
+    .load_weights = strategy_fsdp_load_weights,
     .save_optim = save_optim,
-    .load_optim = load_optim,
+    .load_optim = strategy_fsdp_load_optim,
     .stats = stats,
 };

@@ -127,6 +127,14 @@ extern const strategy_ops fsc_strategy_single, fsc_strategy_dp, fsc_strategy_ddp
  * pipeline of one stage, the whole TP model, run micro-step by micro-step). */
 extern const strategy_ops fsc_strategy_pipe, fsc_strategy_pipe_whole;
 
+/* strategy_fsdp.c: the fsdp row's calls that hsdp takes as they are, over
+ * its shard group (each group holds the whole model once). */
+void strategy_fsdp_zero_grad(fsc_strategy *s);
+int strategy_fsdp_clip(fsc_strategy *s, float max_norm, float *total);
+int strategy_fsdp_step(fsc_strategy *s);
+int strategy_fsdp_load_weights(fsc_strategy *s, const char *path, int *n_unused);
+int strategy_fsdp_load_optim(fsc_strategy *s, const char *path);
+
 /* strategy_hsdp.c: the group across shard groups (this rank's peers that
  * own the same shard), or NULL when s is not hsdp; for tests' statistics. */
 fsc_group *strategy_hsdp_replica(const fsc_strategy *s);
