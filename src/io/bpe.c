@@ -7,6 +7,7 @@
  * from is the loaders' business: GPT-2's encoder.json + vocab.bpe
  * (bpe_gpt2.c) or Hugging Face's tokenizer.json (tokenizer_json.c).
  */
+#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -127,6 +128,19 @@ int fsc_bpe_read_file(const char *path, char **buf, size_t *size) {
     (*buf)[sz] = '\0';
     *size = (size_t)sz;
     return FSC_OK;
+}
+
+int fsc_bpe_read_json_object(const char *path, const char *what, cJSON **root) {
+    char *text;
+    size_t size;
+    int rc = fsc_bpe_read_file(path, &text, &size);
+    if (rc) return rc;
+    *root = cJSON_ParseWithLength(text, size);
+    free(text);
+    if (cJSON_IsObject(*root)) return FSC_OK;
+    cJSON_Delete(*root);
+    *root = NULL;
+    return fsc_error(FSC_ERR_FORMAT, "%s: not a JSON object %s", path, what);
 }
 
 /* ---- loading by path ------------------------------------------------------------------------ */

@@ -136,16 +136,9 @@ size_t fsc_bpe_gpt2_piece_end(const unsigned char *s, size_t n, size_t i) {
 
 /* encoder.json: {"token": id, ...} with ids 0..n-1, each once. */
 static int load_encoder(fsc_bpe *t, const char *path, const int16_t *cp_to_byte) {
-    char *text;
-    size_t size;
-    int rc = fsc_bpe_read_file(path, &text, &size);
+    cJSON *root;
+    int rc = fsc_bpe_read_json_object(path, "of token -> id", &root);
     if (rc) return rc;
-    cJSON *root = cJSON_ParseWithLength(text, size);
-    free(text);
-    if (!cJSON_IsObject(root)) {
-        cJSON_Delete(root);
-        return fsc_error(FSC_ERR_FORMAT, "%s: not a JSON object of token -> id", path);
-    }
     int n = cJSON_GetArraySize(root);
     size_t total = 0;
     const cJSON *e;

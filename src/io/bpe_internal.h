@@ -77,6 +77,10 @@ int32_t fsc_bpe_find(const fsc_bpe *t, const char *p, size_t len);
 int fsc_bpe_find_bytes(fsc_bpe *t, const char *what);
 /* Reads path whole (NUL-terminated); FSC_ERR_IO naming it. */
 int fsc_bpe_read_file(const char *path, char **buf, size_t *size);
+/* Reads and parses path, which must hold a JSON object (*root, the caller
+ * deletes it); else FSC_ERR_FORMAT "path: not a JSON object <what>". */
+struct cJSON;
+int fsc_bpe_read_json_object(const char *path, const char *what, struct cJSON **root);
 
 /* ---- GPT-2's alphabet and pre-tokenizer (bpe_gpt2.c) ---- */
 

@@ -369,16 +369,9 @@ static int load(fsc_bpe *t, const cJSON *root, const char *path) {
 }
 
 int fsc_bpe_load_json_file(const char *path, fsc_bpe **out) {
-    char *text;
-    size_t size;
-    int rc = fsc_bpe_read_file(path, &text, &size);
+    cJSON *root;
+    int rc = fsc_bpe_read_json_object(path, "(a tokenizer.json is one)", &root);
     if (rc) return rc;
-    cJSON *root = cJSON_ParseWithLength(text, size);
-    free(text);
-    if (!cJSON_IsObject(root)) {
-        cJSON_Delete(root);
-        return fsc_error(FSC_ERR_FORMAT, "%s: not a JSON object (a tokenizer.json is one)", path);
-    }
     fsc_bpe *t = calloc(1, sizeof *t);
     if (!t) rc = fsc_error(FSC_ERR_NOMEM, "%s: out of memory", path);
     if (t) t->json = true, t->eot = -1;
