@@ -166,16 +166,28 @@ static void moe_from_file(const fsc_st_file *f, fsc_gpt_config *cfg) {
     }
 }
 
+/* A Mixtral config's MoE layers into cfg (sample_moe, dropless as above);
+ * a dense LLaMA's leave it dense. */
+static int moe_from_config(const char *text, const char *what, fsc_gpt_config *cfg) {
+    int rc = fsc_hf_config_parse_moe(text, what, &sample_moe);
+    if (rc || !sample_moe.experts) return rc;
+    sample_moe.capacity_factor = (float)sample_moe.experts;
+    cfg->moe = &sample_moe;
+    return FSC_OK;
+}
+
 /* A LLaMA-family model's config (fsc_hf_config_parse) from text that says
- * model_type llama or qwen2: 1 when it does (parsed, or *rc set), 0 when
- * it is another family's. */
+ * model_type llama, mixtral or qwen2: 1 when it does (parsed, or *rc set),
+ * 0 when it is another family's. */
 static int llama_config(const char *text, const char *what, fsc_gpt_config *cfg, int *rc) {
     cJSON *j = text ? cJSON_Parse(text) : NULL;
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(j, "model_type");
-    const int llama = cJSON_IsString(type) &&
-                      (!strcmp(type->valuestring, "llama") || !strcmp(type->valuestring, "qwen2"));
+    const int llama = cJSON_IsString(type) && (!strcmp(type->valuestring, "llama") ||
+                                               !strcmp(type->valuestring, "mixtral") ||
+                                               !strcmp(type->valuestring, "qwen2"));
     cJSON_Delete(j);
     if (llama) *rc = fsc_hf_config_parse(text, what, cfg);
+    if (llama && !*rc) *rc = moe_from_config(text, what, cfg);
     return llama;
 }
 
@@ -207,7 +219,15 @@ static int resolve(const sample_options *o, char **weights, fsc_gpt_config *cfg)
     if (S_ISDIR(st.st_mode) && hf_dir(o->model)) { /* its config.json says the shape */
         *weights = strdup(o->model);
         if ((rc = fsc_hf_config_read(o->model, cfg))) return rc;
-        if (cfg->arch == FSC_ARCH_LLAMA) goto checked;
+        if (cfg->arch == FSC_ARCH_LLAMA) { /* and a Mixtral's experts */
+            char path[4200], *text = NULL;
+            snprintf(path, sizeof path, "%s/config.json", o->model);
+            if (!(rc = fsc_file_read_all(path, 1 << 22, &text, NULL)))
+                rc = moe_from_config(text, path, cfg);
+            free(text);
+            if (rc) return rc;
+            goto checked;
+        }
         *cfg = (fsc_gpt_config){0}; /* GPT-2: from the tensors, as a file of it */
     } else if (S_ISDIR(st.st_mode)) {
         if ((rc = fsc_ckpt_open(o->model, &c)))

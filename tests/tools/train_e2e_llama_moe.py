@@ -5,13 +5,15 @@ on) from fsc's --save-init weights give PyTorch's per-step losses within
 1e-4 relative, in one process and with the experts spread over 2 ranks
 (ddp); the directory --save-init writes carries Mixtral's names and
 config.json (model_type mixtral, num_local_experts, num_experts_per_tok),
-and --init-from reads it back: the same model, the same tensors bit for bit.
+and --init-from reads it back: the same model, the same tensors bit for bit;
+fsc-sample draws the same ids from it with and without the KV cache.
 What MoE does not compose with (--pp, --tp) is refused by name."""
 import json
 import os
+import subprocess
 import sys
 
-from train_e2e_common import TMP, expect_refused, metrics, mpiexec, run
+from train_e2e_common import FSC_TRAIN, TMP, expect_refused, metrics, mpiexec, run
 
 E = 4
 MOE = ["--arch", "llama", "--layers", "2", "--d-model", "64", "--heads", "4", "--kv-heads", "2",
@@ -100,6 +102,19 @@ def llama_moe():
         sys.exit("FAIL: --init-from a Mixtral directory and --save did not give its tensors back")
     mixtral_files(back, torch_gpt)
     print("--init-from a Mixtral directory: the same model and tensors written back")
+    # fsc-sample reads the experts from config.json: the KV cache = the full forward
+    sample = os.path.join(os.path.dirname(FSC_TRAIN), "fsc-sample")
+    got = []
+    for extra in ([], ["--no-kv-cache"]):
+        p = subprocess.run([sample, "--model", back, "--prompt-ids", "1,2,3,4,5",
+                            "--max-new-tokens", "16", "--ids", "--seed", "5", "--quiet", *extra],
+                           capture_output=True, text=True, timeout=300)
+        if p.returncode:
+            sys.exit(f"FAIL: fsc-sample --model {back} {' '.join(extra)}: {p.stderr}")
+        got.append(p.stdout.split())
+    if got[0] != got[1] or len(got[0]) != 16:
+        sys.exit(f"FAIL: fsc-sample of a Mixtral: KV cache {got[0]} vs full forward {got[1]}")
+    print("fsc-sample of a Mixtral directory: the same 16 ids with and without the KV cache")
     for flag, extra in (("pp", ["--pp", "2", "--batch", "2", "--grad-accum", "2"]),
                         ("tp", ["--tp", "2", "--batch", "4"])):
         p = mpiexec(2, *MOE, "--data", data, "--strategy", "ddp", *extra, *TRAIN,
