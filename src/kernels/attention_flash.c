@@ -66,16 +66,30 @@ static float online_row(float *s, int n, int cols, float *m, float *l) {
     return corr;
 }
 
-/* One (b, h) query block of rows [r0, r0 + rows): ws holds S (BR x BC), O
- * (BR x hd), m and l (BR each). kt is k^T of the call (fsc_flash_transpose)
- * and vhd its v head by head (fsc_flash_heads) when the tiles are fused
- * products (fsc_flash_mm), else both NULL. */
+/* The call's packed operands: kt (k^T, fsc_flash_transpose) and vhd (v
+ * head by head, fsc_flash_heads) when the tiles are fp32 fused products
+ * (fsc_flash_mm); kp, vp and qp (k, v and q in bf16 pairs, fsc_flash_pack)
+ * when they are bf16 ones (fsc_flash_mm16); all NULL for fsc_gemm tiles. */
+typedef struct {
+    const float *kt, *vhd;
+    const uint32_t *kp, *vp, *qp;
+} fwd_tiles;
+
+/* Per-thread scratch: S (BR x BC), O (BR x hd), m and l (BR each), and P
+ * in bf16 pairs (BR x BC / 2). */
+static size_t fwd_per_thread(int hd) {
+    return (size_t)BR * BC + (size_t)BR * hd + 2 * BR + (size_t)BR * BC / 2;
+}
+
+/* One (b, h) query block of rows [r0, r0 + rows), ws its scratch. */
 static void forward_block(const fsc_attn_dims *d, const float *q, const float *k, const float *v,
-                          float *out, float *lse, bool merge, fsc_gemm_prec prec, const float *kt,
-                          const float *vhd, int b, int h, int r0, int rows, float *ws) {
+                          float *out, float *lse, bool merge, fsc_gemm_prec prec,
+                          const fwd_tiles *tl, int b, int h, int r0, int rows, float *ws) {
     const int hd = d->hd, j = h / (d->NH / d->NKV);
     const float scale = 1.0f / sqrtf((float)hd);
+    const float *kt = tl->kt, *vhd = tl->vhd;
     float *S = ws, *O = S + BR * BC, *m = O + (size_t)BR * hd, *l = m + BR;
+    uint32_t *Pp = (uint32_t *)(l + BR);
     const float *qb = q + ((size_t)b * d->Tq + r0) * d->ldq + (size_t)h * hd;
     const float *kh = k + (size_t)b * d->Tk * d->ldk + (size_t)j * hd;
     const float *vh = v + (size_t)b * d->Tk * d->ldv + (size_t)j * hd;
@@ -104,7 +118,24 @@ static void forward_block(const fsc_attn_dims *d, const float *q, const float *k
                            .alpha = scale,
                            .mask = FSC_FLASH_MASK_N_UPPER,
                            .diag = diag};
-        if (kt) {
+        if (tl->kp) {
+            const int64_t ep = fsc_flash_pairs_ld(hd);
+            const int64_t kper = fsc_flash_pack_per_head(d, d->Tk, FSC_FLASH_PACK_KEYS_T);
+            fsc_flash_mm16_run(
+                &(fsc_flash_mm16){.M = rows,
+                                  .N = cols,
+                                  .K = hd,
+                                  .A = tl->qp + (((size_t)b * d->NH + h) * d->Tq + r0) * ep,
+                                  .sai = ep,
+                                  .sak = 1,
+                                  .B = tl->kp + ((size_t)b * d->NKV + j) * kper + c0,
+                                  .ldb = fsc_flash_t_ld(d),
+                                  .C = S,
+                                  .ldc = BC,
+                                  .alpha = scale,
+                                  .mask = FSC_FLASH_MASK_N_UPPER,
+                                  .diag = diag});
+        } else if (kt) {
             const int64_t tld = fsc_flash_t_ld(d);
             mm.B = kt + ((size_t)b * d->NKV + j) * hd * tld + c0, mm.ldb = tld;
             mm.C = S, mm.ldc = BC;
@@ -122,7 +153,25 @@ static void forward_block(const fsc_attn_dims *d, const float *q, const float *k
                 for (int e = 0; e < hd; e++) o[e] *= corr;
             }
         }
-        if (kt) {
+        if (tl->vp) {
+            const int64_t vper = fsc_flash_pack_per_head(d, d->Tk, FSC_FLASH_PACK_ROWS);
+            fsc_flash_pairs_of_rows(Pp, BC / 2, S, BC, rows, cols);
+            fsc_flash_mm16_run(&(fsc_flash_mm16){.M = rows,
+                                                 .N = hd,
+                                                 .K = cols,
+                                                 .A = Pp,
+                                                 .sai = BC / 2,
+                                                 .sak = 1,
+                                                 .B = tl->vp + ((size_t)b * d->NKV + j) * vper +
+                                                      (size_t)c0 / 2 * hd,
+                                                 .ldb = hd,
+                                                 .C = O,
+                                                 .ldc = hd,
+                                                 .alpha = 1.f,
+                                                 .accumulate = true,
+                                                 .mask = FSC_FLASH_MASK_K_UPPER,
+                                                 .diag = diag});
+        } else if (kt) {
             mm = (fsc_flash_mm){.M = rows,
                                 .N = hd,
                                 .K = cols,
@@ -162,12 +211,26 @@ void fsc_flash_attention_forward(const fsc_attn_dims *d, const float *q, const f
                                  fsc_gemm_prec prec) {
     if (!fsc_flash_dims_ok(d, "flash attention forward") || d->Tq == 0) return;
     const int nqb = (d->Tq + BR - 1) / BR, threads = fsc_get_num_threads();
-    const size_t per = (size_t)BR * BC + (size_t)BR * d->hd + 2 * BR;
+    const size_t per = fwd_per_thread(d->hd);
     float *ws = fsc_flash_scratch(FSC_FLASH_WS, (size_t)threads * per);
-    const bool fused = fsc_flash_fused(prec);
-    const float *kt = fused ? fsc_flash_transpose(d, k, d->ldk, FSC_FLASH_KT) : NULL;
-    const float *vhd = kt ? fsc_flash_heads(d, v, d->ldv, d->Tk, d->NKV, FSC_FLASH_VH) : NULL;
-    if (!ws || (fused && !vhd)) {
+    const bool fused = fsc_flash_fused(prec), b16 = fsc_flash_bf16_tiles(prec);
+    fwd_tiles tl = {0};
+    bool packed = true;
+    if (fused) {
+        tl.kt = fsc_flash_transpose(d, k, d->ldk, FSC_FLASH_KT);
+        tl.vhd = tl.kt ? fsc_flash_heads(d, v, d->ldv, d->Tk, d->NKV, FSC_FLASH_VH) : NULL;
+        packed = tl.vhd;
+    } else if (b16) {
+        tl.kp = fsc_flash_pack(d, k, d->ldk, d->Tk, d->NKV, FSC_FLASH_PACK_KEYS_T, FSC_FLASH_KT);
+        tl.vp = tl.kp
+                    ? fsc_flash_pack(d, v, d->ldv, d->Tk, d->NKV, FSC_FLASH_PACK_ROWS, FSC_FLASH_VH)
+                    : NULL;
+        tl.qp = tl.vp
+                    ? fsc_flash_pack(d, q, d->ldq, d->Tq, d->NH, FSC_FLASH_PACK_ELEMS, FSC_FLASH_QH)
+                    : NULL;
+        packed = tl.qp;
+    }
+    if (!ws || !packed) {
         fsc_log(FSC_LOG_ERROR, "flash attention forward: %s", fsc_last_error());
         return;
     }
@@ -182,7 +245,7 @@ void fsc_flash_attention_forward(const fsc_attn_dims *d, const float *q, const f
         /* query blocks innermost: neighbours in time share a head's K and V */
         const int qi = (int)(t % nqb), h = (int)(t / nqb % d->NH), b = (int)(t / nqb / d->NH);
         const int r0 = qi * BR, rows = d->Tq - r0 < BR ? d->Tq - r0 : BR;
-        forward_block(d, q, k, v, out, lse, merge, prec, kt, vhd, b, h, r0, rows,
+        forward_block(d, q, k, v, out, lse, merge, prec, &tl, b, h, r0, rows,
                       ws + (size_t)tid * per);
     }
 }

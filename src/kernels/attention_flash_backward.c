@@ -40,11 +40,36 @@ typedef struct {
     int64_t tld;
     /* and k, q and dout head by head (fsc_flash_heads) */
     const float *kh, *qh, *gh;
+    /* bf16 tiles (fsc_flash_mm16): k and v packed as the B of S and dP, q
+     * and dout as their A, and k, q and dout in pairs of rows (fsc_flash_pack) */
+    const uint32_t *kp, *vp, *qe, *ge, *kr, *qr, *gr;
 } bwd;
 
-/* Per-thread scratch: P and dS (BR x BC each), dk and dv of a key block (BC x hd each). */
+/* Per-thread scratch: P and dS (BR x BC each), dk and dv of a key block (BC
+ * x hd each), and for bf16 tiles dS in pairs of keys, P and dS in pairs of
+ * query rows (BR x BC / 2 each). */
 static size_t per_thread(int hd) {
-    return 2 * (size_t)BR * BC + 2 * (size_t)BC * hd;
+    return 2 * (size_t)BR * BC + 2 * (size_t)BC * hd + 3 * (size_t)BR * BC / 2;
+}
+
+/* One bf16 tile product into C (row stride ldc), added to it when acc. */
+static void mm16(int M, int N, int K, const uint32_t *A, int64_t sai, int64_t sak,
+                 const uint32_t *B, int64_t ldb, float *C, int64_t ldc, float alpha, bool acc,
+                 fsc_flash_mask mask, int64_t diag) {
+    fsc_flash_mm16_run(&(fsc_flash_mm16){.M = M,
+                                         .N = N,
+                                         .K = K,
+                                         .A = A,
+                                         .sai = sai,
+                                         .sak = sak,
+                                         .B = B,
+                                         .ldb = ldb,
+                                         .C = C,
+                                         .ldc = ldc,
+                                         .alpha = alpha,
+                                         .accumulate = acc,
+                                         .mask = mask,
+                                         .diag = diag});
 }
 
 /* Row r of a tile at query row r0 and key c0 sees keys c0 .. c0 + r + diag. */
@@ -70,7 +95,17 @@ static void tile(const bwd *a, int b, int h, int r0, int rows, int c0, int cols,
     const float *vb = a->v + ((size_t)b * d->Tk + c0) * d->ldv + (size_t)j * hd;
     const size_t row = ((size_t)b * d->NH + h) * d->Tq + r0;
     const float *L = a->lse + row, *D = a->delta + row;
-    if (a->kt) {
+    if (a->kp) {
+        const int64_t diag = tile_diag(d, r0, c0), ep = fsc_flash_pairs_ld(hd);
+        const size_t at =
+            ((size_t)b * d->NKV + j) * fsc_flash_pack_per_head(d, d->Tk, FSC_FLASH_PACK_KEYS_T) +
+            c0;
+        const size_t qa = (((size_t)b * d->NH + h) * d->Tq + r0) * ep;
+        mm16(rows, cols, hd, a->qe + qa, ep, 1, a->kp + at, a->tld, P, BC, a->scale, false,
+             FSC_FLASH_MASK_N_UPPER, diag);
+        mm16(rows, cols, hd, a->ge + qa, ep, 1, a->vp + at, a->tld, dS, BC, 1.f, false,
+             FSC_FLASH_MASK_N_UPPER, diag);
+    } else if (a->kt) {
         const int64_t diag = tile_diag(d, r0, c0);
         const size_t at = ((size_t)b * d->NKV + j) * hd * a->tld + c0;
         fsc_flash_mm_run(&(fsc_flash_mm){.M = rows,
@@ -122,9 +157,18 @@ static void tile(const bwd *a, int b, int h, int r0, int rows, int c0, int cols,
 }
 
 /* dq (rows x hd, stride ldq) += dS k of one tile (keys from c0 of KV head j
- * of batch row b), fused. */
+ * of batch row b), fused; bf16 tiles take dS in pairs of keys, dSp. */
 static void dq_add(const bwd *a, int b, int j, int c0, int rows, int cols, const float *dS,
-                   float *dq, int64_t diag) {
+                   uint32_t *dSp, float *dq, int64_t diag) {
+    const fsc_attn_dims *d = a->d;
+    if (a->kr) {
+        const int64_t per = fsc_flash_pack_per_head(d, d->Tk, FSC_FLASH_PACK_ROWS);
+        fsc_flash_pairs_of_rows(dSp, BC / 2, dS, BC, rows, cols);
+        mm16(rows, d->hd, cols, dSp, BC / 2, 1,
+             a->kr + ((size_t)b * d->NKV + j) * per + (size_t)c0 / 2 * d->hd, d->hd, dq, d->ldq,
+             1.f, true, FSC_FLASH_MASK_K_UPPER, diag);
+        return;
+    }
     fsc_flash_mm_run(
         &(fsc_flash_mm){.M = rows,
                         .N = a->d->hd,
@@ -149,6 +193,7 @@ static void key_block(const bwd *a, int b, int j, int c0, int cols, bool with_dq
     const fsc_attn_dims *d = a->d;
     const int hd = d->hd, group = d->NH / d->NKV;
     float *P = ws, *dS = P + (size_t)BR * BC, *dKb = dS + (size_t)BR * BC, *dVb = dKb + BC * hd;
+    uint32_t *dSp = (uint32_t *)(dVb + BC * hd), *Pt = dSp + BR * BC / 2, *dSt = Pt + BR * BC / 2;
     memset(dKb, 0, 2 * (size_t)BC * hd * sizeof(float));
     const int start = first_row(d, c0) / BR * BR;
     const float *kb = a->k + ((size_t)b * d->Tk + c0) * d->ldk + (size_t)j * hd;
@@ -159,7 +204,19 @@ static void key_block(const bwd *a, int b, int j, int c0, int cols, bool with_dq
             const size_t qo = ((size_t)b * d->Tq + r0) * d->ldq + (size_t)h * hd;
             const float *gb = a->dout + ((size_t)b * d->Tq + r0) * d->ldo + (size_t)h * hd;
             tile(a, b, h, r0, rows, c0, cols, P, dS);
-            if (a->kt) {
+            if (a->kp) {
+                const int64_t diag = tile_diag(d, r0, c0);
+                const size_t qo2 = ((size_t)b * d->NH + h) *
+                                       fsc_flash_pack_per_head(d, d->Tq, FSC_FLASH_PACK_ROWS) +
+                                   (size_t)r0 / 2 * hd;
+                fsc_flash_pairs_down(Pt, BC, P, BC, rows, cols);
+                fsc_flash_pairs_down(dSt, BC, dS, BC, rows, cols);
+                mm16(cols, hd, rows, Pt, 1, BC, a->gr + qo2, hd, dVb, hd, 1.f, true,
+                     FSC_FLASH_MASK_K_LOWER, diag);
+                mm16(cols, hd, rows, dSt, 1, BC, a->qr + qo2, hd, dKb, hd, 1.f, true,
+                     FSC_FLASH_MASK_K_LOWER, diag);
+                if (with_dq) dq_add(a, b, j, c0, rows, cols, dS, dSp, a->dq + qo, diag);
+            } else if (a->kt) {
                 const int64_t diag = tile_diag(d, r0, c0);
                 fsc_flash_mm m = {.M = cols,
                                   .N = hd,
@@ -178,7 +235,7 @@ static void key_block(const bwd *a, int b, int j, int c0, int cols, bool with_dq
                 fsc_flash_mm_run(&m);
                 m.A = dS, m.B = a->qh + (((size_t)b * d->NH + h) * d->Tq + r0) * hd, m.C = dKb;
                 fsc_flash_mm_run(&m);
-                if (with_dq) dq_add(a, b, j, c0, rows, cols, dS, a->dq + qo, diag);
+                if (with_dq) dq_add(a, b, j, c0, rows, cols, dS, NULL, a->dq + qo, diag);
             } else {
                 fsc_gemm(a->prec, true, false, cols, hd, rows, 1.f, P, BC, gb, d->ldo, 1.f, dVb,
                          hd);
@@ -207,6 +264,7 @@ static void query_block(const bwd *a, int b, int h, int r0, int rows, float *ws)
     const fsc_attn_dims *d = a->d;
     const int hd = d->hd, j = h / (d->NH / d->NKV);
     float *P = ws, *dS = P + (size_t)BR * BC;
+    uint32_t *dSp = (uint32_t *)(dS + (size_t)BR * BC + 2 * (size_t)BC * hd);
     float *dq = a->dq + ((size_t)b * d->Tq + r0) * d->ldq + (size_t)h * hd;
     const int kend = fsc_flash_visible(d, r0 + rows - 1);
     for (int c0 = 0; c0 < kend; c0 += BC) {
@@ -214,8 +272,8 @@ static void query_block(const bwd *a, int b, int h, int r0, int rows, float *ws)
         if (first_row(d, c0) >= r0 + rows) break;
         tile(a, b, h, r0, rows, c0, cols, P, dS);
         const float *kb = a->k + ((size_t)b * d->Tk + c0) * d->ldk + (size_t)j * hd;
-        if (a->kt)
-            dq_add(a, b, j, c0, rows, cols, dS, dq, tile_diag(d, r0, c0));
+        if (a->kt || a->kp)
+            dq_add(a, b, j, c0, rows, cols, dS, dSp, dq, tile_diag(d, r0, c0));
         else
             fsc_gemm(a->prec, false, false, rows, hd, cols, 1.f, dS, BC, kb, d->ldk, 1.f, dq,
                      d->ldq);
@@ -250,6 +308,28 @@ void fsc_flash_attention_backward(const fsc_attn_dims *d, const float *q, const 
             fsc_log(FSC_LOG_ERROR, "flash attention backward: %s", fsc_last_error());
             return;
         }
+    } else if (fsc_flash_bf16_tiles(prec)) {
+        /* the slots of the fp32 tiles' copies, which this call does not make */
+        const struct {
+            const uint32_t **dst;
+            const float *src;
+            int ld, T, H, kind, slot;
+        } p[7] = {{&a.kp, k, d->ldk, d->Tk, d->NKV, FSC_FLASH_PACK_KEYS_T, FSC_FLASH_KT},
+                  {&a.vp, v, d->ldv, d->Tk, d->NKV, FSC_FLASH_PACK_KEYS_T, FSC_FLASH_VT},
+                  {&a.qe, q, d->ldq, d->Tq, d->NH, FSC_FLASH_PACK_ELEMS, FSC_FLASH_QH},
+                  {&a.ge, dout, d->ldo, d->Tq, d->NH, FSC_FLASH_PACK_ELEMS, FSC_FLASH_GH},
+                  {&a.kr, k, d->ldk, d->Tk, d->NKV, FSC_FLASH_PACK_ROWS, FSC_FLASH_KH},
+                  {&a.qr, q, d->ldq, d->Tq, d->NH, FSC_FLASH_PACK_ROWS, FSC_FLASH_QR},
+                  {&a.gr, dout, d->ldo, d->Tq, d->NH, FSC_FLASH_PACK_ROWS, FSC_FLASH_GR}};
+        for (int i = 0; i < 7; i++) {
+            *p[i].dst = fsc_flash_pack(d, p[i].src, p[i].ld, p[i].T, p[i].H,
+                                       (fsc_flash_pack_kind)p[i].kind, p[i].slot);
+            if (!*p[i].dst) {
+                fsc_log(FSC_LOG_ERROR, "flash attention backward: %s", fsc_last_error());
+                return;
+            }
+        }
+        a.tld = fsc_flash_t_ld(d);
     }
     const int threads = fsc_get_num_threads(), nkb = (d->Tk + BC - 1) / BC;
     const int nqb = (d->Tq + BR - 1) / BR;

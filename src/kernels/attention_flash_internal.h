@@ -67,6 +67,8 @@ enum {
     FSC_FLASH_QH,
     FSC_FLASH_GH,
     FSC_FLASH_WS,
+    FSC_FLASH_QR, /* bf16 tiles' q and dout in pairs of rows */
+    FSC_FLASH_GR,
     FSC_FLASH_SCRATCH_SLOTS
 };
 float *fsc_flash_scratch(int slot, size_t floats);
@@ -82,6 +84,53 @@ int64_t fsc_flash_t_ld(const fsc_attn_dims *d);
  * dk += dS^T q, dv += P^T dout): their rows are then neighbours in memory,
  * where rows 3C apart crowd a few L1 sets. NULL when out of memory. */
 float *fsc_flash_heads(const fsc_attn_dims *d, const float *src, int ld, int T, int H, int slot);
+
+/* bf16 tiles (attention_flash_bf16.c): one product as fsc_flash_mm, with
+ * A's and B's values rounded to bf16 and packed in 32-bit pairs along k
+ * (bf16 k in the low half, k + 1 in the high half): pair p of row i of A
+ * at A[i * sai + p * sak], pair p of B's column n at B[p * ldb + n]. K, the
+ * mask and diag count k as fsc_flash_mm does (not pairs); a pair a bound
+ * cuts in two is summed whole, its other term being zero in A. */
+typedef struct {
+    int M, N, K;
+    const uint32_t *A;
+    int64_t sai, sak;
+    const uint32_t *B;
+    int64_t ldb;
+    float *C;
+    int64_t ldc;
+    float alpha;
+    bool accumulate;
+    fsc_flash_mask mask;
+    int64_t diag;
+} fsc_flash_mm16;
+
+/* True when bf16 tiles run fsc_flash_mm16 (FSC_GEMM_BF16 on a CPU with
+ * avx512_bf16, unless FSC_FLASH_TILES=gemm); otherwise fsc_gemm calls. */
+bool fsc_flash_bf16_tiles(fsc_gemm_prec prec);
+void fsc_flash_mm16_run(const fsc_flash_mm16 *m);
+/* How a whole call's (B, T, ld) operand with H heads is packed, head by
+ * head (fsc_flash_pack_per_head pairs each): KEYS_T as the B of S = q k^T
+ * and dP = dout v^T (pair p of key t at p * fsc_flash_t_ld + t, elements
+ * 2p and 2p + 1); ELEMS as their A (row t at t * fsc_flash_pairs_ld(hd));
+ * ROWS as the B of products over keys or queries (pair p of element e at
+ * p * hd + e, rows 2p and 2p + 1; a last odd row paired with zero). */
+typedef enum {
+    FSC_FLASH_PACK_KEYS_T,
+    FSC_FLASH_PACK_ELEMS,
+    FSC_FLASH_PACK_ROWS
+} fsc_flash_pack_kind;
+uint32_t *fsc_flash_pack(const fsc_attn_dims *d, const float *src, int ld, int T, int H,
+                         fsc_flash_pack_kind kind, int slot);
+int64_t fsc_flash_pack_per_head(const fsc_attn_dims *d, int T, fsc_flash_pack_kind kind);
+int64_t fsc_flash_pairs_ld(int n); /* pairs of n floats, rounded up to 16 */
+/* A tile (rows x cols floats, row stride lds) as pairs along its rows
+ * (dst[r * ldd + c / 2]) or down its columns (dst[r / 2 * ldd + c], rows r
+ * and r + 1); a cut pair's missing term is zero. */
+void fsc_flash_pairs_of_rows(uint32_t *dst, int64_t ldd, const float *src, int64_t lds, int rows,
+                             int cols);
+void fsc_flash_pairs_down(uint32_t *dst, int64_t ldd, const float *src, int64_t lds, int rows,
+                          int cols);
 
 /* Checks a call's dimensions; false (error logged, naming the field) when
  * they cannot be run. */
