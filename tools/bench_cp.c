@@ -2,14 +2,22 @@
 #include "bench_cp.h"
 
 #include <stdio.h>
+#include <stdlib.h>
+
+#include "fsc/dist.h"
 
 static const double MIB = 1024.0 * 1024.0;
 
-void bench_cp_figures(const fsc_cp_stats *ring, const bench_cp_run *run,
-                      float figs[BENCH_CP_FIGS]) {
-    figs[0] = (float)ring->wait_s, figs[1] = (float)ring->compute_s;
-    figs[2] = (float)((double)ring->bytes / 1e6), figs[3] = (float)run->elapsed;
-    figs[4] = (float)((double)run->activ_bytes / MIB), figs[5] = (float)run->cpu;
+int bench_cp_gather(const fsc_cp_stats *ring, const bench_cp_run *run, float **all) {
+    const float mine[BENCH_CP_FIGS] = {(float)ring->wait_s,
+                                       (float)ring->compute_s,
+                                       (float)((double)ring->bytes / 1e6),
+                                       (float)run->elapsed,
+                                       (float)((double)run->activ_bytes / MIB),
+                                       (float)run->cpu};
+    *all = calloc((size_t)fsc_dist_size() * BENCH_CP_FIGS, sizeof **all);
+    if (!*all) return fsc_error(FSC_ERR_NOMEM, "out of memory");
+    return fsc_group_allgather(fsc_group_world(), mine, *all, BENCH_CP_FIGS, FSC_DTYPE_F32);
 }
 
 static void array(const char *key, int ranks, const float *figs, int col) {

@@ -21,8 +21,10 @@ typedef struct {
     int64_t activ_bytes;
 } bench_cp_run;
 
-/* This rank's figures over the timed steps. */
-void bench_cp_figures(const fsc_cp_stats *ring, const bench_cp_run *run, float figs[BENCH_CP_FIGS]);
+/* Every rank's figures over the timed steps (world x BENCH_CP_FIGS, *all
+ * malloc'ed, the caller frees) from this rank's ring and run. Collective
+ * over the world. */
+int bench_cp_gather(const fsc_cp_stats *ring, const bench_cp_run *run, float **all);
 /* JSON fields for print_result's line (each followed by ", ") from every
  * rank's figures (ranks x BENCH_CP_FIGS) beside the one-process baseline,
  * and the same in words on stderr. The CPU seconds per token, summed over

@@ -21,8 +21,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_blas.h"
 #include "bench_cp.h"
 #include "bench_peak.h"
+#include "bench_pipe.h"
 #include "fsc/profile.h"
 #include "fsc/version.h"
 #include "tool_flags.h"
@@ -138,8 +140,6 @@ static long minor_faults(void) {
     getrusage(RUSAGE_SELF, &ru);
     return ru.ru_minflt;
 }
-
-static void print_json_string(const char *s);
 
 /* Trains `steps` timed steps after `warmup` ones under `strategy`. */
 static int measure(const bench_config *c, const char *strategy, int steps, int warmup, int threads,
@@ -322,42 +322,10 @@ static void print_result(const bench_config *c, const char *strategy, int ranks,
                "\"tp_collective_ms_per_step\": %.2f, ",
                tp, sequence_parallel ? "true" : "false", r->tp_share, r->tp_share * r->ms_median);
     if (pp > 1 && multi_rank && single && pipe_figs) {
-        /* the pipeline's ideal: every rank busy but for the schedule's bubble */
         fsc_pipe_kind kind;
         fsc_pipe_kind_parse(pipe_schedule, &kind);
-        int v = kind == FSC_PIPE_INTERLEAVED ? (virtual_stages ? virtual_stages : 2) : 1;
-        double bubble = fsc_pipe_kind_bubble(kind, pp, v, chunks), mean = 0, uneven = 0;
-        double *by_rank = calloc((size_t)ranks, sizeof *by_rank);
-        for (int q = 0; by_rank && q < ranks; q++) {
-            /* pipe_figs: wait, span, compute and its pipeline's slowest
-             * compute per rank. The bubble no schedule removes at this cut:
-             * the slowest stage's compute minus this one's */
-            const float *f = pipe_figs + 4 * q;
-            const double slowest = f[3];
-            by_rank[q] = f[1] > 0 ? f[0] / f[1] : 0;
-            mean += by_rank[q] / ranks;
-            uneven += f[1] > 0 ? (slowest - f[2]) / f[1] / ranks : 0;
-        }
-        printf("\"pp\": %d, \"chunks\": %d, \"pipe_schedule\": \"%s\", \"virtual\": %d, "
-               "\"theoretical_bubble\": %.4f, \"measured_bubble\": %.4f, "
-               "\"measured_bubble_by_rank\": [",
-               pp, chunks, fsc_pipe_kind_name(kind), v, bubble, mean);
-        for (int q = 0; by_rank && q < ranks; q++) printf("%s%.4f", q ? ", " : "", by_rank[q]);
-        printf("], \"stage_imbalance_bubble\": %.4f, \"bubble_beyond_imbalance\": %.4f, "
-               "\"tokens_per_s_vs_ideal\": %.3f, ",
-               uneven, mean - uneven, r->tok_s / ((1 - bubble) * ranks * single->tok_s));
-        /* the same in words, on stderr: stdout stays one JSON line per config */
-        fprintf(stderr,
-                "fsc-bench: %s, pipeline %s (%d ranks, %d micro-batches): measured bubble %.4f "
-                "(mean over ranks of",
-                c->name, fsc_pipe_kind_name(kind), pp, chunks, mean);
-        for (int q = 0; by_rank && q < ranks; q++)
-            fprintf(stderr, "%s %.4f", q ? "," : "", by_rank[q]);
-        fprintf(stderr,
-                "), of which %.4f stage imbalance and %.4f beyond it; theoretical %.4f; "
-                "%.1f tokens/s\n",
-                uneven, mean - uneven, bubble, r->tok_s);
-        free(by_rank);
+        bench_pipe_print(c->name, kind, pp, chunks, virtual_stages, ranks, pipe_figs, r->tok_s,
+                         single->tok_s);
     }
     if (cp > 1 && multi_rank && single && cp_figs)
         bench_cp_print(c->name, cp, ranks, cp_figs, r->tok_s,
@@ -366,18 +334,7 @@ static void print_result(const bench_config *c, const char *strategy, int ranks,
                                        .cpu = single->cpu,
                                        .activ_bytes = single->steady[FSC_MEM_ACTIV]});
     if (!strcmp(mixed_precision, "bf16")) { /* where the time went, beside both GEMM peaks */
-        const fsc_bf16_gemm_stats *b = &r->bf16;
-        double timed = r->elapsed;
-        printf("\"bf16_gemm_calls\": %" PRId64 ", \"bf16_fallback_sgemm_calls\": %" PRId64 ", "
-               "\"bf16_gemm_time_share\": %.3f, \"bf16_fallback_time_share\": %.3f, "
-               "\"bf16_gemm_gflops\": %.1f, \"bf16_peak_gflops\": %.1f, "
-               "\"fp32_peak_gflops\": %.1f, \"bf16_gemm\": ",
-               b->calls_bf16, b->calls_f32, timed > 0 ? b->seconds_bf16 / timed : 0,
-               timed > 0 ? b->seconds_f32 / timed : 0,
-               b->seconds_bf16 > 0 ? b->flops_bf16 / b->seconds_bf16 / 1e9 : 0, r->bf16_peak,
-               r->peak);
-        print_json_string(fsc_bf16_gemm_describe());
-        printf(", ");
+        bench_bf16_print(&r->bf16, r->elapsed, r->bf16_peak, r->peak);
     }
     if (peaks) { /* the model's share of its own shapes' peak, by both clocks */
         const bool bf16 = !strcmp(mixed_precision, "bf16");
@@ -453,26 +410,18 @@ static int run(const bench_config *c, const char *strategy, int steps, int warmu
                  ? fsc_group_allgather(fsc_group_world(), faults, all_faults, 2, FSC_DTYPE_F32)
                  : fsc_error(FSC_ERR_NOMEM, "out of memory");
     }
-    if (!rc && pp > 1 && info.spans_ranks) {
-        float mine[4] = {(float)r.pipe_wait, (float)r.pipe_span, (float)r.pipe_compute,
-                         r.pipe_slowest};
-        pipe_figs = calloc((size_t)world * 4, sizeof *pipe_figs);
-        rc = pipe_figs ? fsc_group_allgather(fsc_group_world(), mine, pipe_figs, 4, FSC_DTYPE_F32)
-                       : fsc_error(FSC_ERR_NOMEM, "out of memory");
-    }
-    if (!rc && cp > 1 && info.spans_ranks) {
-        float mine[BENCH_CP_FIGS];
-        bench_cp_figures(&r.ring,
-                         &(bench_cp_run){.tok_s = r.tok_s,
-                                         .elapsed = r.elapsed,
-                                         .cpu = r.cpu,
-                                         .activ_bytes = r.steady[FSC_MEM_ACTIV]},
-                         mine);
-        cp_figs = calloc((size_t)world * BENCH_CP_FIGS, sizeof *cp_figs);
-        rc = cp_figs ? fsc_group_allgather(fsc_group_world(), mine, cp_figs, BENCH_CP_FIGS,
-                                           FSC_DTYPE_F32)
-                     : fsc_error(FSC_ERR_NOMEM, "out of memory");
-    }
+    if (!rc && pp > 1 && info.spans_ranks)
+        rc = bench_pipe_gather(
+            (float[BENCH_PIPE_FIGS]){(float)r.pipe_wait, (float)r.pipe_span,
+                                     (float)r.pipe_compute, r.pipe_slowest},
+            &pipe_figs);
+    if (!rc && cp > 1 && info.spans_ranks)
+        rc = bench_cp_gather(&r.ring,
+                             &(bench_cp_run){.tok_s = r.tok_s,
+                                             .elapsed = r.elapsed,
+                                             .cpu = r.cpu,
+                                             .activ_bytes = r.steady[FSC_MEM_ACTIV]},
+                             &cp_figs);
     if (!rc && (pp > 1 || tp > 1) && info.spans_ranks) {
         stage_mem = calloc((size_t)world * FSC_MEM_TAG_COUNT, sizeof *stage_mem);
         rc = stage_mem ? fsc_group_allgather(fsc_group_world(), r.steady, stage_mem,
@@ -493,46 +442,6 @@ static int run(const bench_config *c, const char *strategy, int steps, int warmu
     free(stage_mem), free(pipe_figs), free(cp_figs);
     if (all_faults != faults) free(all_faults);
     return rc;
-}
-
-/* s as a JSON string (null for NULL): the environment's value may hold anything. */
-static void print_json_string(const char *s) {
-    if (!s) {
-        printf("null");
-        return;
-    }
-    putchar('"');
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\')
-            printf("\\%c", c);
-        else if (c < 0x20)
-            printf("\\u%04x", c);
-        else
-            putchar(c);
-    }
-    putchar('"');
-}
-
-/* --blas-info: loads OpenBLAS as training would (no MPI) and says which kernels
- * it runs, the environment's OPENBLAS_CORETYPE as given, and fsc's hint if any. */
-static int blas_info(void) {
-    const char *user = getenv("OPENBLAS_CORETYPE"); /* before fsc may set it */
-    const char *hint = fsc_blas_hint();
-    if (fsc_blas_init(0)) {
-        fprintf(stderr, "fsc-bench: %s\n", fsc_last_error());
-        return 1;
-    }
-    printf("{\"blas\": ");
-    print_json_string(fsc_blas_describe());
-    printf(", \"corename\": ");
-    print_json_string(fsc_blas_corename());
-    printf(", \"openblas_coretype\": ");
-    print_json_string(user);
-    printf(", \"hint\": ");
-    print_json_string(hint);
-    printf("}\n");
-    return 0;
 }
 
 int main(int argc, char **argv) {
@@ -623,7 +532,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "fsc-bench: --arch %s: expected gpt2 or llama\n", arch);
         return 2;
     }
-    if (blas) return blas_info(); /* a question about this machine alone: no MPI */
+    if (blas) return bench_blas_info(); /* a question about this machine alone: no MPI */
     if (fsc_dist_init(&argc, &argv, NULL)) {
         fprintf(stderr, "fsc-bench: %s\n", fsc_last_error());
         return 1;
