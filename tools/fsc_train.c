@@ -8,11 +8,8 @@
  * memory by tag. Flags may come from --config, a checkpoint or a weights
  * file (train_config.c); SIGINT/SIGTERM stop after the current step with a
  * checkpoint (train_signals.c). */
-#define _POSIX_C_SOURCE 200809L /* strdup, strtok_r, glob */
 #include <errno.h>
-#include <glob.h>
 #include <inttypes.h>
-#include <libgen.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -28,6 +25,7 @@
 #include "train_common.h"
 #include "train_profile.h"
 #include "train_run.h"
+#include "train_validation.h"
 #include "tool_report.h"
 
 static const char *USAGE =
@@ -44,149 +42,6 @@ static const char *USAGE =
     "with --arch llama, --save/--save-init DIR write one (config.json, safetensors shards).\n"
     "SIGINT/SIGTERM stop after the current step, write a checkpoint into --checkpoint-dir and\n"
     "exit with status 75; a second signal stops at once.";
-
-/* ---- validation data and evaluation -------------------------------------------------------- */
-
-/* The held-out tokens and the latest validation loss. */
-typedef struct {
-    bool on;           /* --eval-every > 0 */
-    fsc_tokens tokens; /* held-out stream */
-    char *train_spec;  /* --data without its llm.c validation shards (NULL: unchanged) */
-    char *val_spec;    /* the validation shards found (NULL: none) */
-    char source[200];  /* what the held-out data is, for messages */
-    double loss;       /* latest (NAN before the first) */
-    int64_t step;      /* after which step */
-    double seconds;    /* the latest evaluation's wall time */
-    int seq;           /* tokens per sequence, for its batches */
-} validation;
-
-static bool is_val_shard(const char *path) {
-    const char *base = strrchr(path, '/');
-    base = base ? base + 1 : path;
-    size_t n = strlen(base);
-    return strstr(base, "_val") && n > 4 && !strcmp(base + n - 4, ".bin");
-}
-
-/* Appends ",path" (or "path") to a malloc'ed comma list. */
-static int list_append(char **list, const char *path) {
-    size_t have = *list ? strlen(*list) : 0;
-    char *s = realloc(*list, have + strlen(path) + 2);
-    if (!s) return fsc_error(FSC_ERR_NOMEM, "out of memory");
-    if (have) s[have++] = ',';
-    strcpy(s + have, path);
-    *list = s;
-    return FSC_OK;
-}
-
-/* llm.c writes *_train*.bin and *_val*.bin shards side by side: a --data
- * glob keeps the training ones (unless it matched validation shards only),
- * and the validation ones, or those in the training shards' directories,
- * become the default held-out data. */
-static int find_val_shards(const train_options *o, validation *v) {
-    if (!strpbrk(o->data, "*?[") || !strstr(o->data, ".bin")) return FSC_OK;
-    char *spec = strdup(o->data), *train = NULL, *val = NULL, *save = NULL;
-    int rc = spec ? FSC_OK : fsc_error(FSC_ERR_NOMEM, "out of memory");
-    for (char *item = spec ? strtok_r(spec, ",", &save) : NULL; item && !rc;
-         item = strtok_r(NULL, ",", &save)) {
-        glob_t g;
-        if (!strpbrk(item, "*?[") || glob(item, 0, NULL, &g)) { /* the loader says what is wrong */
-            rc = list_append(&train, item);
-            continue;
-        }
-        for (size_t i = 0; i < g.gl_pathc && !rc; i++)
-            rc = list_append(is_val_shard(g.gl_pathv[i]) ? &val : &train, g.gl_pathv[i]);
-        globfree(&g);
-    }
-    if (!rc && !train) /* only validation shards were asked for: train on them */
-        train = val, val = NULL;
-    if (!rc && v->on && !val && train) { /* *_val*.bin in the first shard's directory */
-        char first[4096], pattern[4200];
-        snprintf(first, sizeof first, "%.*s", (int)strcspn(train, ","), train);
-        snprintf(pattern, sizeof pattern, "%s/*_val*.bin", dirname(first));
-        glob_t g;
-        if (!glob(pattern, 0, NULL, &g)) {
-            for (size_t i = 0; i < g.gl_pathc && !rc; i++) rc = list_append(&val, g.gl_pathv[i]);
-            globfree(&g);
-        }
-    }
-    free(spec);
-    if (rc || !val) {
-        free(train), free(val);
-        return rc;
-    }
-    v->train_spec = train, v->val_spec = val;
-    return FSC_OK;
-}
-
-/* Text or shards into tokens: text through the tokenizer when there is one. */
-static int load_tokens(const char *spec, const fsc_bpe *bpe, const char *format, fsc_tokens *out) {
-    bool text = bpe && strncmp(spec, "builtin", 7) && !strstr(spec, ".bin");
-    if (text) return fsc_bpe_encode_file(bpe, spec, out);
-    fsc_data_format f = FSC_DATA_AUTO; /* checked by train_options_check */
-    int rc = fsc_data_format_parse(format, &f);
-    return rc ? rc : fsc_tokens_load_as(spec, f, out);
-}
-
-/* The held-out stream: --val-data, the validation shards, or the tail of
- * the training stream (which training then no longer sees). */
-static int load_validation(trainer *t, const fsc_bpe *bpe, validation *v) {
-    const train_options *o = &t->opt;
-    const char *spec = o->val_data ? o->val_data : v->val_spec;
-    int rc;
-    if (spec) {
-        if ((rc = load_tokens(spec, bpe, o->data_format, &v->tokens)))
-            return fsc_error_context(rc, "--val-data %s: ", spec);
-        snprintf(v->source, sizeof v->source, "%s", spec);
-    } else {
-        const int64_t n = (int64_t)((double)t->tokens.count * o->val_fraction);
-        if (n < o->model.seq + 1 || t->tokens.count - n < o->model.seq + 1)
-            return fsc_error(FSC_ERR_INVALID,
-                             "--eval-every: --data has %" PRId64 " tokens; holding out "
-                             "--val-fraction %g of them leaves too few for --seq %d on one side "
-                             "(give --val-data, or a larger --val-fraction)",
-                             t->tokens.count, o->val_fraction, o->model.seq);
-        int32_t *tail = malloc((size_t)n * sizeof *tail);
-        if (!tail) return fsc_error(FSC_ERR_NOMEM, "out of memory");
-        const int64_t first = t->tokens.count - n;
-        for (int64_t i = 0; i < n; i++) tail[i] = fsc_tokens_at(&t->tokens, first + i);
-        rc = fsc_tokens_from_i32(tail, n, t->tokens.vocab, &v->tokens);
-        free(tail);
-        if (rc) return rc;
-        t->tokens.count = first; /* training stops before the held-out tail */
-        snprintf(v->source, sizeof v->source, "the last %g of --data (%" PRId64 " tokens)",
-                 o->val_fraction, n);
-    }
-    if (v->tokens.vocab > o->model.vocab)
-        return fsc_error(FSC_ERR_INVALID,
-                         "validation data has token ids up to %d but --vocab is %d",
-                         v->tokens.vocab - 1, o->model.vocab);
-    if (v->tokens.count < o->model.seq + 1)
-        return fsc_error(FSC_ERR_INVALID,
-                         "validation data has %" PRId64 " tokens, fewer than "
-                         "--seq + 1",
-                         v->tokens.count);
-    return FSC_OK;
-}
-
-/* The validation tokens of micro-batch mb (the plan's eval config keeps
- * them where its loss, or the pipeline's ends, read them). */
-static int val_tokens(const fsc_micro_batch *mb, void *user, int32_t *x, int32_t *y) {
-    const validation *v = user;
-    return fsc_tokens_batch(&v->tokens, mb->step, mb->micro, mb->rank, mb->batch, mb->micros,
-                            mb->world, v->seq, x, y);
-}
-
-static int evaluate(trainer *t, validation *v, int64_t step) {
-    fsc_trainer_eval_config cfg = {.batches = t->opt.eval_batches};
-    v->seq = t->opt.model.seq;
-    int rc = fsc_gpt_plan_eval_config(t->plan, val_tokens, v, &cfg);
-    if (rc) return rc;
-    double t0 = fsc_now();
-    rc = fsc_trainer_eval(t->tr, &cfg, &v->loss);
-    v->seconds = fsc_now() - t0;
-    v->step = step;
-    return rc;
-}
 
 static void summary(const trainer *t, double first_loss, double last_loss, double seconds,
                     int64_t steps, double peak_gflops, bool peak_fixed, double comm_s,
@@ -319,6 +174,17 @@ static int fail(trainer *t, int world, int code) {
     return code;
 }
 
+/* A run that ends well (or stops cleanly on a signal): everything freed, MPI
+ * finalised. */
+static void finish(trainer *t, validation *val, char *config_json, fsc_bpe *bpe) {
+    trainer_free(t);
+    validation_free(val);
+    free(config_json);
+    fsc_bpe_free(bpe);
+    train_config_free();
+    fsc_dist_finalize();
+}
+
 int main(int argc, char **argv) {
     int rc = fsc_dist_init(&argc, &argv, NULL);
     if (rc) {
@@ -366,7 +232,7 @@ int main(int argc, char **argv) {
     }
     char *config_json = train_config_json(&o); /* before --data loses its *_val shards */
     o.config_json = config_json;
-    if ((rc = find_val_shards(&o, &val))) {
+    if ((rc = validation_find_shards(&o, &val))) {
         if (rank == 0) fprintf(stderr, "fsc-train: --data %s: %s\n", o.data, fsc_last_error());
         return fail(NULL, world, 2);
     }
@@ -402,7 +268,7 @@ int main(int argc, char **argv) {
                     t.tokens.count);
     }
     if (val.on &&
-        (rc = tool_agree(load_validation(&t, bpe, &val), "loading the validation data"))) {
+        (rc = tool_agree(validation_load(&t, bpe, &val), "loading the validation data"))) {
         tool_report("fsc-train", "%s", "");
         return fail(&t, world, 1);
     }
@@ -501,7 +367,7 @@ int main(int argc, char **argv) {
         const bool last_step =
             o.adascale ? fsc_trainer_progress(t.tr) >= (double)o.steps : s + 1 == o.steps;
         const bool eval_now = val.on && ((s + 1) % o.eval_every == 0 || last_step);
-        if (eval_now && (rc = evaluate(&t, &val, s + 1))) {
+        if (eval_now && (rc = validation_run(&t, &val, s + 1))) {
             progress_end(&prog);
             tool_report("fsc-train", "validation after step %" PRId64 ": ", s + 1);
             break;
@@ -558,12 +424,7 @@ int main(int argc, char **argv) {
     }
     if (rc) return fail(&t, world, 1);
     if (stop) { /* every rank agreed: a clean stop, nothing more to write */
-        trainer_free(&t);
-        fsc_tokens_free(&val.tokens);
-        free(val.train_spec), free(val.val_spec), free(config_json);
-        fsc_bpe_free(bpe);
-        train_config_free();
-        fsc_dist_finalize();
+        finish(&t, &val, config_json, bpe);
         return TRAIN_EXIT_STOPPED;
     }
     if (o.trace && steps && fsc_strategy_write_trace(t.s, o.trace)) {
@@ -602,11 +463,6 @@ int main(int argc, char **argv) {
         summary(&t, first_loss, last_loss, seconds, steps, peak, peak_fixed, comm, mem, &val);
     if (o.save && !o.quiet) fprintf(stderr, "saved %s (and config.json beside it)\n", o.save);
     free(mem);
-    trainer_free(&t);
-    fsc_tokens_free(&val.tokens);
-    free(val.train_spec), free(val.val_spec), free(config_json);
-    fsc_bpe_free(bpe);
-    train_config_free();
-    fsc_dist_finalize();
+    finish(&t, &val, config_json, bpe);
     return 0;
 }
