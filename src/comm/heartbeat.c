@@ -22,7 +22,6 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
-#include <ifaddrs.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
@@ -53,7 +52,7 @@ typedef struct {
 typedef struct {
     uint32_t ip[HB_MAX_IPS]; /* network order */
     int32_t nip, port, pid;
-    char host[64]; /* boot id + PID and network namespaces (host_identity) */
+    char host[64]; /* boot id + PID and network namespaces (fsc_hb_host_identity) */
 } hb_addr;
 
 static struct {
@@ -98,65 +97,6 @@ static int64_t now_us(void) {
 }
 
 /* ---- this process ------------------------------------------------------------ */
-
-/* The inode number of one of this process's namespaces ("pid:[4026531836]"
- * -> "4026531836"), "" if unknown. */
-static void ns_inode(const char *which, char *out, size_t n) {
-    char path[32], link[48];
-    snprintf(path, sizeof path, "/proc/self/ns/%s", which);
-    ssize_t k = readlink(path, link, sizeof link - 1);
-    link[k > 0 ? k : 0] = '\0';
-    const char *at = strchr(link, '[');
-    snprintf(out, n, "%.*s", at ? (int)strcspn(at + 1, "]") : 0, at ? at + 1 : "");
-}
-
-/* Ranks with one identity see each other's /proc and reach each other's
- * loopback: the same kernel (boot id), PID namespace and network namespace
- * (two network namespaces on one kernel are two hosts to the heartbeat:
- * tests/tools/multihost.py runs ranks so). */
-static void host_identity(char *out, size_t n) {
-    char boot[40] = "", pid[16], net[16];
-    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
-    if (f) {
-        if (!fgets(boot, sizeof boot, f)) boot[0] = '\0';
-        fclose(f);
-        boot[strcspn(boot, "\n")] = '\0';
-    }
-    ns_inode("pid", pid, sizeof pid);
-    ns_inode("net", net, sizeof net);
-    if (!boot[0]) gethostname(boot, sizeof boot - 1);
-    snprintf(out, n, "%.36s/%.12s/%.12s", boot, pid, net);
-    /* tests: FSC_HEARTBEAT_PROC=0 treats every peer as remote (no /proc, no loopback) */
-    bool use_proc = true; /* an invalid value was refused by fsc_dist_init */
-    fsc_env_bool("FSC_HEARTBEAT_PROC", &use_proc);
-    if (!use_proc) snprintf(out, n, "pid-%d", (int)getpid());
-}
-
-static void local_ips(hb_addr *a) {
-    struct ifaddrs *list = NULL;
-    a->nip = 0;
-    if (getifaddrs(&list) != 0) return;
-    for (struct ifaddrs *i = list; i && a->nip < HB_MAX_IPS; i = i->ifa_next) {
-        if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET) continue;
-        uint32_t ip = ((struct sockaddr_in *)i->ifa_addr)->sin_addr.s_addr;
-        if ((ntohl(ip) >> 24) == 127) continue;
-        a->ip[a->nip++] = ip;
-    }
-    freeifaddrs(list);
-}
-
-/* 'R', 'S', 'T' ... from /proc/<pid>/stat; 0 if the process is gone (or not ours to see). */
-static char proc_state(int pid) {
-    char path[64], buf[512];
-    snprintf(path, sizeof path, "/proc/%d/stat", pid);
-    FILE *f = fopen(path, "r");
-    if (!f) return 0;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    const char *p = strrchr(buf, ')');
-    return p && p[1] == ' ' ? p[2] : 0;
-}
 
 /* What the main thread is doing, as text; the caller holds hb.mu. */
 static void format_doing(char *out, size_t n) {
@@ -297,7 +237,7 @@ static void probe(hb_peer *out, double grace, bool own_pump) {
         for (int q = 0; q < hb.size; q++) {
             if (q == hb.rank) continue;
             if (hb.seen_at[q] >= t0) continue;
-            char st = same_host(q) ? proc_state(hb.peers[q].pid) : 'R';
+            char st = same_host(q) ? fsc_hb_proc_state(hb.peers[q].pid) : 'R';
             if (same_host(q) && (st == 0 || st == 'Z' || st == 'X' || st == 'T')) continue;
             silent++;
         }
@@ -320,7 +260,7 @@ static void probe(hb_peer *out, double grace, bool own_pump) {
         out[q] = hb.seen[q];
         out[q].alive = q == hb.rank || hb.seen_at[q] >= t0;
         out[q].known = out[q].alive || hb.reachable[q] || same_host(q);
-        out[q].state = q != hb.rank && same_host(q) ? proc_state(hb.peers[q].pid) : 'R';
+        out[q].state = q != hb.rank && same_host(q) ? fsc_hb_proc_state(hb.peers[q].pid) : 'R';
         if (!out[q].state) out[q].state = 'X';
         out[q].pid = hb.peers[q].pid;
         out[q].same_host = q != hb.rank && same_host(q);
@@ -454,8 +394,8 @@ int fsc_hb_start(void) {
     }
     hb.me.port = ntohs(a.sin_port);
     hb.me.pid = (int32_t)getpid();
-    host_identity(hb.me.host, sizeof hb.me.host);
-    local_ips(&hb.me);
+    fsc_hb_host_identity(hb.me.host, sizeof hb.me.host);
+    hb.me.nip = fsc_hb_local_ips(hb.me.ip, HB_MAX_IPS);
     atomic_store(&hb.stop, false);
     atomic_store(&hb.last_poll_us, now_us());
     if (pthread_create(&hb.thread, NULL, thread_main, NULL) != 0) {

@@ -10,6 +10,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "dist_internal.h"
 
@@ -63,6 +64,19 @@ bool fsc_hb_verdict(char *out, size_t n);
 /* Agrees on one verdict with the other live ranks of st (a probe's result):
  * the lowest live rank keeps the first proposal it sees; out gets it. */
 void fsc_hb_agree(const hb_peer *st, const char *proposal, double grace, char *out, size_t n);
+
+/* heartbeat_host.c. Ranks with one identity see each other's /proc and
+ * reach each other's loopback: the same kernel (boot id), PID namespace and
+ * network namespace (two network namespaces on one kernel are two hosts to
+ * the heartbeat: tests/tools/multihost.py runs ranks so). FSC_HEARTBEAT_PROC=0
+ * makes it this process's own, so every peer is remote. */
+void fsc_hb_host_identity(char *out, size_t n);
+/* This host's IPv4 addresses but loopback, network order, at most max;
+ * returns how many. */
+int fsc_hb_local_ips(uint32_t *ip, int max);
+/* 'R', 'S', 'T' ... from /proc/<pid>/stat; 0 if the process is gone (or
+ * not ours to see). */
+char fsc_hb_proc_state(int pid);
 
 /* watchdog.c: writes "world rank 2 is lost: ...; world rank 3 is ..." for the
  * ranks of st that are lost, or stalled (alive but outside fsc for stall_s or
