@@ -75,3 +75,46 @@ def expect_torch_losses(what, model, tokens, fsc_eval):
     print(f"{what} in PyTorch: losses {torch_eval} vs fsc {fsc_eval} (rel {rel:.1e})")
     if rel > 1e-5:
         sys.exit(f"FAIL: the {what} gives different losses in PyTorch ({rel:.2e})")
+
+
+def varied_corpus(name):
+    """TMP/name: 20000 varied bytes, the same every run (the PyTorch cross-checks' corpus)."""
+    path = os.path.join(TMP, name)
+    with open(path, "wb") as f:
+        f.write(bytes((i * 7919 + (i // 13) * 31) % 251 for i in range(20000)))
+    return path
+
+
+def import_torch(*modules):
+    """torch (on one thread) and the named tests/reference modules, imported; exits 77 (the
+    test skips) where PyTorch is not installed."""
+    import importlib
+    try:
+        found = [importlib.import_module(m) for m in ("torch", *modules)]
+    except ImportError:
+        print("SKIP: PyTorch is not installed (scripts/install-deps.sh installs python3-torch)")
+        sys.exit(77)
+    found[0].set_num_threads(1)
+    return found
+
+
+def corpus_tokens(torch, path):
+    """The bytes of path as a PyTorch int64 tensor of token ids."""
+    with open(path, "rb") as f:
+        return torch.tensor(list(f.read()), dtype=torch.int64)
+
+
+def torch_losses_of(torch_gpt, model, opt, tokens, steps, after_step=None):
+    """Per-step losses of `steps` steps of opt on the PyTorch model, step s on the batch fsc-train
+    reads at step s of one process (batch 4, seq 32); after_step runs after each opt.step()."""
+    out = []
+    for s in range(steps):
+        x, y = torch_gpt.batch(tokens, s, 0, 0, 4, 1, 1, 32)
+        opt.zero_grad()
+        loss = model.loss(x, y)
+        loss.backward()
+        opt.step()
+        if after_step:
+            after_step()
+        out.append(loss.item())
+    return out

@@ -12,7 +12,8 @@ import os
 import re
 import sys
 
-from train_e2e_common import TMP, expect_refused, metrics, mpiexec, run
+from train_e2e_common import (TMP, corpus_tokens, expect_refused, import_torch, metrics, mpiexec,
+                              run, torch_losses_of, varied_corpus)
 
 LLAMA = ["--arch", "llama", "--layers", "2", "--d-model", "64", "--heads", "4", "--kv-heads", "2",
          "--seq", "32", "--vocab", "512", "--dropout", "0"]
@@ -59,18 +60,9 @@ def optim_mib(stderr):
 
 
 def freeze():
-    try:
-        import torch
-        import torch_gpt
-        import torch_llama
-    except ImportError:
-        print("SKIP: PyTorch is not installed (scripts/install-deps.sh installs python3-torch)")
-        sys.exit(77)
-    torch.set_num_threads(1)
-    data = os.path.join(TMP, "ft.txt")
-    with open(data, "wb") as f:  # varied bytes, deterministic
-        f.write(bytes((i * 7919 + (i // 13) * 31) % 251 for i in range(20000)))
-    tokens = torch.tensor(list(open(data, "rb").read()), dtype=torch.int64)
+    torch, torch_gpt, torch_llama = import_torch("torch_gpt", "torch_llama")
+    data = varied_corpus("ft.txt")
+    tokens = corpus_tokens(torch, data)
     init, m = os.path.join(TMP, "ft_init.safetensors"), os.path.join(TMP, "ft.jsonl")
     saved = os.path.join(TMP, "ft_saved.safetensors")
     run(*LLAMA, "--data", data, "--batch", "4", *TRAIN, "--freeze", FREEZE, "--save-init", init,
@@ -138,15 +130,7 @@ def lora_losses(init, tokens, torch, torch_gpt, torch_lora):
     tensors, _ = torch_gpt.load_safetensors(init)
     model = torch_lora.LoraLlama(tensors, 4, 8.0, layers_=2, heads=4, kv_heads=2)
     opt = model.adamw(LR, (0.9, 0.95), 1e-8, 0.1)
-    out = []
-    for s in range(STEPS):
-        x, y = torch_gpt.batch(tokens, s, 0, 0, 4, 1, 1, 32)
-        opt.zero_grad()
-        loss = model.loss(x, y)
-        loss.backward()
-        opt.step()
-        out.append(loss.item())
-    return out
+    return torch_losses_of(torch_gpt, model, opt, tokens, STEPS)
 
 
 def weights_file(path):
@@ -265,18 +249,9 @@ def tp_adapters(data, init, ref, torch_gpt):
 
 
 def lora():
-    try:
-        import torch
-        import torch_gpt
-        import torch_lora
-    except ImportError:
-        print("SKIP: PyTorch is not installed (scripts/install-deps.sh installs python3-torch)")
-        sys.exit(77)
-    torch.set_num_threads(1)
-    data = os.path.join(TMP, "lora.txt")
-    with open(data, "wb") as f:
-        f.write(bytes((i * 7919 + (i // 13) * 31) % 251 for i in range(20000)))
-    tokens = torch.tensor(list(open(data, "rb").read()), dtype=torch.int64)
+    torch, torch_gpt, torch_lora = import_torch("torch_gpt", "torch_lora")
+    data = varied_corpus("lora.txt")
+    tokens = corpus_tokens(torch, data)
     init, m = os.path.join(TMP, "lora_init"), os.path.join(TMP, "lora.jsonl")
     saved = os.path.join(TMP, "lora_saved")
     run(*LLAMA, "--data", data, "--batch", "4", *TRAIN, *LORA, "--save-init", init,
@@ -347,31 +322,13 @@ def group_losses(init, tokens, torch, torch_gpt, torch_llama, kind):
     else:
         opt = torch.optim.SGD(groups, momentum=0.9, foreach=False)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 5))
-    out = []
-    for s in range(STEPS):
-        x, y = torch_gpt.batch(tokens, s, 0, 0, 4, 1, 1, 32)
-        opt.zero_grad()
-        loss = model.loss(x, y)
-        loss.backward()
-        opt.step()
-        sched.step()
-        out.append(loss.item())
-    return out
+    return torch_losses_of(torch_gpt, model, opt, tokens, STEPS, after_step=sched.step)
 
 
 def param_groups():
-    try:
-        import torch
-        import torch_gpt
-        import torch_llama
-    except ImportError:
-        print("SKIP: PyTorch is not installed (scripts/install-deps.sh installs python3-torch)")
-        sys.exit(77)
-    torch.set_num_threads(1)
-    data = os.path.join(TMP, "pg.txt")
-    with open(data, "wb") as f:
-        f.write(bytes((i * 7919 + (i // 13) * 31) % 251 for i in range(20000)))
-    tokens = torch.tensor(list(open(data, "rb").read()), dtype=torch.int64)
+    torch, torch_gpt, torch_llama = import_torch("torch_gpt", "torch_llama")
+    data = varied_corpus("pg.txt")
+    tokens = corpus_tokens(torch, data)
     sched = ["--steps", STEPS, "--schedule", "warmup-constant", "--warmup", "5", "--clip", "0",
              "--quiet", "--param-group", GROUPS]
     for kind, flags in (("adamw", ["--lr", "1e-3", "--weight-decay", "0.1"]),

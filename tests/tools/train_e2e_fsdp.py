@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from train_e2e_common import (FSC_TRAIN, TMP, expect_refused, expect_torch_losses, metrics, mpiexec,
-                              run)
+                              run, varied_corpus)
 
 
 def compare(what, got, ref, tol):
@@ -183,9 +183,7 @@ def fsdp_files():
     """FSDP's full state dict is the very file one process writes, opens in
     PyTorch as a GPT-2, and equals what fsc-consolidate rebuilds from the
     sharded files."""
-    data = os.path.join(TMP, "data.txt")
-    with open(data, "wb") as f:  # varied bytes, deterministic
-        f.write(bytes((i * 7919 + (i // 13) * 31) % 251 for i in range(20000)))
+    data = varied_corpus("data.txt")
     common = ["--layers", "2", "--d-model", "64", "--heads", "4", "--seq", "32", "--quiet",
               "--data", data]
     single_init = os.path.join(TMP, "single_init.safetensors")

@@ -7,7 +7,8 @@ refused by name."""
 import os
 import sys
 
-from train_e2e_common import TMP, expect_refused, metrics, mpiexec, run
+from train_e2e_common import (TMP, corpus_tokens, expect_refused, import_torch, metrics, mpiexec,
+                              run, torch_losses_of, varied_corpus)
 
 LLAMA = ["--arch", "llama", "--layers", "2", "--d-model", "64", "--heads", "4", "--kv-heads", "2",
          "--seq", "32", "--vocab", "512", "--dropout", "0"]
@@ -23,15 +24,7 @@ def torch_losses(init, tokens, torch, torch_gpt, torch_llama, trainable=None):
     for n in model.names if trainable else ():
         model.p(n).requires_grad_(trainable(n))
     opt = torch_gpt.adamw(model, LR, (0.9, 0.95), 1e-8, 0.1)
-    out = []
-    for s in range(STEPS):
-        x, y = torch_gpt.batch(tokens, s, 0, 0, 4, 1, 1, 32)
-        opt.zero_grad()
-        loss = model.loss(x, y)
-        loss.backward()
-        opt.step()
-        out.append(loss.item())
-    return out
+    return torch_losses_of(torch_gpt, model, opt, tokens, STEPS)
 
 
 def compare(what, fsc, ref):
@@ -44,18 +37,9 @@ def compare(what, fsc, ref):
 
 
 def llama():
-    try:
-        import torch
-        import torch_gpt
-        import torch_llama
-    except ImportError:
-        print("SKIP: PyTorch is not installed (scripts/install-deps.sh installs python3-torch)")
-        sys.exit(77)
-    torch.set_num_threads(1)
-    data = os.path.join(TMP, "llama.txt")
-    with open(data, "wb") as f:  # varied bytes, deterministic
-        f.write(bytes((i * 7919 + (i // 13) * 31) % 251 for i in range(20000)))
-    tokens = torch.tensor(list(open(data, "rb").read()), dtype=torch.int64)
+    torch, torch_gpt, torch_llama = import_torch("torch_gpt", "torch_llama")
+    data = varied_corpus("llama.txt")
+    tokens = corpus_tokens(torch, data)
     init, m = os.path.join(TMP, "llama_init.safetensors"), os.path.join(TMP, "llama.jsonl")
     run(*LLAMA, "--data", data, "--batch", "4", *TRAIN, "--save-init", init, "--metrics", m)
     ref = torch_losses(init, tokens, torch, torch_gpt, torch_llama)

@@ -16,7 +16,7 @@ process, fsdp 2 -> pp 2) and continues the uninterrupted run's losses within 1e-
 import os
 import sys
 
-from train_e2e_common import TMP, metrics, mpiexec, run
+from train_e2e_common import TMP, metrics, mpiexec, run, varied_corpus
 
 MODEL = ["--arch", "llama", "--layers", "2", "--d-model", "64", "--heads", "4", "--kv-heads",
          "2", "--seq", "32", "--vocab", "512", "--dropout", "0"]
@@ -24,10 +24,7 @@ REL = 1e-5  # train_e2e_training.strategies' bound: the layouts differ in summat
 
 
 def corpus():
-    data = os.path.join(TMP, "llama_layouts.txt")
-    with open(data, "wb") as f:  # varied bytes, deterministic
-        f.write(bytes((i * 7919 + (i // 13) * 31) % 251 for i in range(20000)))
-    return data
+    return varied_corpus("llama_layouts.txt")
 
 
 def losses(n, name, *args, env=None):

@@ -5,7 +5,8 @@ import json
 import os
 import sys
 
-from train_e2e_common import TINY, TMP, expect_refused, expect_torch_losses, metrics, mpiexec, run
+from train_e2e_common import (TINY, TMP, corpus_tokens, expect_refused, expect_torch_losses,
+                              import_torch, metrics, mpiexec, run, varied_corpus)
 
 
 def learns():
@@ -164,16 +165,8 @@ def optimizers():
 
 
 def torch_cross_check():
-    try:
-        import torch
-        import torch_gpt
-    except ImportError:
-        print("SKIP: PyTorch is not installed (scripts/install-deps.sh installs python3-torch)")
-        sys.exit(77)
-    torch.set_num_threads(1)
-    data = os.path.join(TMP, "data.txt")
-    with open(data, "wb") as f:  # varied bytes, deterministic
-        f.write(bytes((i * 7919 + (i // 13) * 31) % 251 for i in range(20000)))
+    torch, torch_gpt = import_torch("torch_gpt")
+    data = varied_corpus("data.txt")
     init, final, m = (os.path.join(TMP, n) for n in ("init.safetensors", "final.safetensors", "m.jsonl"))
     steps, lr, warmup = 20, 1e-3, 5
     run(*TINY, "--data", data, "--steps", steps, "--lr", lr, "--warmup", warmup, "--clip", "1.0",
@@ -185,7 +178,7 @@ def torch_cross_check():
     model = torch_gpt.GPT(cfg["vocab_size"], cfg["n_positions"], cfg["n_layer"], cfg["n_embd"],
                           cfg["n_head"])
     model.load(tensors)
-    tokens = torch.tensor(list(open(data, "rb").read()), dtype=torch.int64)
+    tokens = corpus_tokens(torch, data)
     opt = torch_gpt.adamw(model, lr, (0.9, 0.95), 1e-8, 0.1)
     torch_losses = []
     for s in range(steps):
