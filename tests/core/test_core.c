@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "fsc/core.h"
+#include "test_main.h"
 
 static void test_error_message(void **state) {
     (void)state;
@@ -177,18 +178,10 @@ static void test_normal_fill_slices_match(void **state) {
     assert_true(fsc_rng_key(42, "a") != fsc_rng_key(42, "b"));
 }
 
-int main(void) {
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_error_message),
-        cmocka_unit_test(test_half_conversions),
-        cmocka_unit_test(test_mem_tags),
-        cmocka_unit_test(test_mem_discard_recommit),
-        cmocka_unit_test(test_arena_reuses_memory),
-        cmocka_unit_test(test_arena_mark_release),
-        cmocka_unit_test(test_arena_reset_block_resident),
-        cmocka_unit_test(test_tensor_views),
-        cmocka_unit_test(test_philox_known_answer),
-        cmocka_unit_test(test_normal_fill_slices_match),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FSC_TEST_MAIN(NULL, NULL, cmocka_unit_test(test_error_message),
+              cmocka_unit_test(test_half_conversions), cmocka_unit_test(test_mem_tags),
+              cmocka_unit_test(test_mem_discard_recommit),
+              cmocka_unit_test(test_arena_reuses_memory), cmocka_unit_test(test_arena_mark_release),
+              cmocka_unit_test(test_arena_reset_block_resident),
+              cmocka_unit_test(test_tensor_views), cmocka_unit_test(test_philox_known_answer),
+              cmocka_unit_test(test_normal_fill_slices_match))

@@ -11,6 +11,7 @@
 #include <cmocka.h>
 
 #include "fsc/core.h"
+#include "test_main.h"
 
 static void expect_refused(const char *name, const char *value, const char *range) {
     setenv(name, value, 1);
@@ -64,11 +65,6 @@ static void test_mem_limit_invalid_fails_allocations(void **state) {
     unsetenv("FSC_MEM_LIMIT_MB");
 }
 
-int main(void) {
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_invalid_values_named_with_range),
-        cmocka_unit_test(test_valid_values_accepted),
-        cmocka_unit_test(test_mem_limit_invalid_fails_allocations),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FSC_TEST_MAIN(NULL, NULL, cmocka_unit_test(test_invalid_values_named_with_range),
+              cmocka_unit_test(test_valid_values_accepted),
+              cmocka_unit_test(test_mem_limit_invalid_fails_allocations))

@@ -15,6 +15,7 @@
 
 #include "fsc/core.h"
 #include "fsc/profile.h"
+#include "test_main.h"
 
 static void spin(double seconds) {
     const double t = fsc_now();
@@ -181,11 +182,5 @@ static void test_what_is_not_recorded(void **state) {
     fsc_prof_free();
 }
 
-int main(void) {
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_self_times_add_up),
-        cmocka_unit_test(test_events_nest),
-        cmocka_unit_test(test_what_is_not_recorded),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FSC_TEST_MAIN(NULL, NULL, cmocka_unit_test(test_self_times_add_up),
+              cmocka_unit_test(test_events_nest), cmocka_unit_test(test_what_is_not_recorded))

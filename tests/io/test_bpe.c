@@ -20,6 +20,7 @@
 #include "gpt2_files.h"
 #include "tmpdir.h"
 #include "tokenizer_test.h"
+#include "test_main.h"
 
 static fsc_bpe *tiny;
 
@@ -288,15 +289,7 @@ static void test_gpt2_against_javascript(void **state) {
     fsc_bpe_free(b);
 }
 
-int main(void) {
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_vocabulary),
-        cmocka_unit_test(test_merges_by_rank),
-        cmocka_unit_test(test_pretokenizer),
-        cmocka_unit_test(test_round_trip_any_bytes),
-        cmocka_unit_test(test_malformed_files),
-        cmocka_unit_test(test_gpt2_known_ids),
-        cmocka_unit_test(test_gpt2_against_javascript),
-    };
-    return cmocka_run_group_tests(tests, setup_all, teardown_all);
-}
+FSC_TEST_MAIN(setup_all, teardown_all, cmocka_unit_test(test_vocabulary),
+              cmocka_unit_test(test_merges_by_rank), cmocka_unit_test(test_pretokenizer),
+              cmocka_unit_test(test_round_trip_any_bytes), cmocka_unit_test(test_malformed_files),
+              cmocka_unit_test(test_gpt2_known_ids), cmocka_unit_test(test_gpt2_against_javascript))

@@ -17,6 +17,7 @@
 
 #include "tmpdir.h"
 #include "tokens_test.h"
+#include "test_main.h"
 
 /* A shard with chosen header words and ntok tokens actually present. */
 static void write_shard(const char *path, int32_t magic, int32_t version, int32_t count, int ntok) {
@@ -266,15 +267,8 @@ static void test_batch_refuses_bad_input(void **state) {
     fsc_tokens_free(&tk);
 }
 
-int main(void) {
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_shard_round_trip),
-        cmocka_unit_test(test_shard_errors),
-        cmocka_unit_test(test_bytes_file),
-        cmocka_unit_test(test_builtin_corpus),
-        cmocka_unit_test(test_batch_matches_formula),
-        cmocka_unit_test(test_batch_layouts_agree),
-        cmocka_unit_test(test_batch_refuses_bad_input),
-    };
-    return cmocka_run_group_tests(tests, setup, teardown);
-}
+FSC_TEST_MAIN(setup, teardown, cmocka_unit_test(test_shard_round_trip),
+              cmocka_unit_test(test_shard_errors), cmocka_unit_test(test_bytes_file),
+              cmocka_unit_test(test_builtin_corpus), cmocka_unit_test(test_batch_matches_formula),
+              cmocka_unit_test(test_batch_layouts_agree),
+              cmocka_unit_test(test_batch_refuses_bad_input))

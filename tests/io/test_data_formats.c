@@ -17,6 +17,7 @@
 
 #include "tmpdir.h"
 #include "tokens_test.h"
+#include "test_main.h"
 
 /* An llm.c shard: 256 int32 header words (magic, version, count), then ntok
  * tokens of `width` bytes each, little endian. */
@@ -181,12 +182,6 @@ static void test_unknown_formats(void **state) {
     expect_fails(tmp("magic.bin"), (fsc_data_format)7, FSC_ERR_INVALID, "format 7");
 }
 
-int main(void) {
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_v7_reads_as_v1),
-        cmocka_unit_test(test_v7_large_ids),
-        cmocka_unit_test(test_nanogpt),
-        cmocka_unit_test(test_unknown_formats),
-    };
-    return cmocka_run_group_tests(tests, fill, teardown);
-}
+FSC_TEST_MAIN(fill, teardown, cmocka_unit_test(test_v7_reads_as_v1),
+              cmocka_unit_test(test_v7_large_ids), cmocka_unit_test(test_nanogpt),
+              cmocka_unit_test(test_unknown_formats))

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "flat_shards_test.h"
+#include "test_main.h"
 
 /* Deep copy, so a test can mutate one field. */
 static fsc_flat_layout copy_layout(const fsc_flat_layout *L) {
@@ -313,11 +314,5 @@ static void test_layout_check_and_save(void **state) {
     free_layout(&L);
 }
 
-int main(void) {
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_consolidate_refusals),
-        cmocka_unit_test(test_load_refusals),
-        cmocka_unit_test(test_layout_check_and_save),
-    };
-    return cmocka_run_group_tests(tests, model_setup, model_teardown);
-}
+FSC_TEST_MAIN(model_setup, model_teardown, cmocka_unit_test(test_consolidate_refusals),
+              cmocka_unit_test(test_load_refusals), cmocka_unit_test(test_layout_check_and_save))

@@ -20,6 +20,7 @@
 #include "fsc/io.h"
 #include "tmpdir.h"
 #include "tree_sum.h"
+#include "test_main.h"
 
 /* The fingerprint of the whole scratch directory (FIFOs are never opened). */
 static uint64_t scratch_sum(void) {
@@ -211,12 +212,7 @@ static void test_header_counts_against_budget(void **state) {
     assert_non_null(strstr(fsc_last_error(), "meta.safetensors"));
 }
 
-int main(void) {
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_special_inputs_refused),
-        cmocka_unit_test(test_planted_temporary_ignored),
-        cmocka_unit_test(test_dense_header_refused_cheaply),
-        cmocka_unit_test(test_header_counts_against_budget),
-    };
-    return cmocka_run_group_tests(tests, setup, teardown);
-}
+FSC_TEST_MAIN(setup, teardown, cmocka_unit_test(test_special_inputs_refused),
+              cmocka_unit_test(test_planted_temporary_ignored),
+              cmocka_unit_test(test_dense_header_refused_cheaply),
+              cmocka_unit_test(test_header_counts_against_budget))

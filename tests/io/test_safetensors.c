@@ -15,6 +15,7 @@
 #include "fsc/io.h"
 
 #include "tmpdir.h"
+#include "test_main.h"
 
 static size_t read_raw(const char *path, unsigned char *buf, size_t cap) {
     FILE *fp = fopen(path, "rb");
@@ -486,17 +487,11 @@ static void test_fuzz_mutations(void **state) {
     assert_int_equal(fsc_mem_current(FSC_MEM_WORK), work);
 }
 
-int main(void) {
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_round_trip),
-        cmocka_unit_test(test_read_converts_and_checks),
-        cmocka_unit_test(test_writer_streams_in_order),
-        cmocka_unit_test(test_atomic_write_keeps_old_file),
-        cmocka_unit_test(test_malformed_lengths),
-        cmocka_unit_test(test_malformed_json),
-        cmocka_unit_test(test_malformed_entries),
-        cmocka_unit_test(test_malformed_metadata_and_data),
-        cmocka_unit_test(test_fuzz_mutations),
-    };
-    return cmocka_run_group_tests(tests, setup, teardown);
-}
+FSC_TEST_MAIN(setup, teardown, cmocka_unit_test(test_round_trip),
+              cmocka_unit_test(test_read_converts_and_checks),
+              cmocka_unit_test(test_writer_streams_in_order),
+              cmocka_unit_test(test_atomic_write_keeps_old_file),
+              cmocka_unit_test(test_malformed_lengths), cmocka_unit_test(test_malformed_json),
+              cmocka_unit_test(test_malformed_entries),
+              cmocka_unit_test(test_malformed_metadata_and_data),
+              cmocka_unit_test(test_fuzz_mutations))

@@ -24,6 +24,7 @@
 
 #include "tmpdir.h"
 #include "tokenizer_test.h"
+#include "test_main.h"
 
 /* The ids of make.py's vocabulary. */
 enum { HELLO = 259, SP_WORLD = 264, N123 = 266, XYZ = 267, EOT = 268, BOS = 269, MASK = 270 };
@@ -280,12 +281,7 @@ static void test_directories(void **state) {
     free(enc), free(merges), free(json);
 }
 
-int main(void) {
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_both_merge_forms), cmocka_unit_test(test_added_tokens),
-        cmocka_unit_test(test_post_processor),   cmocka_unit_test(test_split_sequence),
-        cmocka_unit_test(test_refused),          cmocka_unit_test(test_directories),
-        cmocka_unit_test(test_split_behaviours),
-    };
-    return cmocka_run_group_tests(tests, setup, teardown);
-}
+FSC_TEST_MAIN(setup, teardown, cmocka_unit_test(test_both_merge_forms),
+              cmocka_unit_test(test_added_tokens), cmocka_unit_test(test_post_processor),
+              cmocka_unit_test(test_split_sequence), cmocka_unit_test(test_refused),
+              cmocka_unit_test(test_directories), cmocka_unit_test(test_split_behaviours))

@@ -22,6 +22,7 @@
 #include "fsc/tokenizer.h"
 
 #include "tokenizer_test.h"
+#include "test_main.h"
 
 static int64_t encode(const fsc_bpe *b, const char *text, size_t n, int32_t **ids) {
     int64_t count;
@@ -131,11 +132,6 @@ static void test_normalizers_refused_by_name(void **state) {
     fsc_bpe_free(b), fsc_bpe_free(plain);
 }
 
-int main(void) {
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_nfc_forms),
-        cmocka_unit_test(test_added_tokens_and_raw_bytes),
-        cmocka_unit_test(test_normalizers_refused_by_name),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FSC_TEST_MAIN(NULL, NULL, cmocka_unit_test(test_nfc_forms),
+              cmocka_unit_test(test_added_tokens_and_raw_bytes),
+              cmocka_unit_test(test_normalizers_refused_by_name))

@@ -12,6 +12,7 @@
 
 #include "fsc/kernels.h"
 #include "kernels/blas_internal.h"
+#include "test_main.h"
 
 /* Older families than the CPU's best earn one line naming the faster choice. */
 static void test_older_choice_gets_a_hint(void **state) {
@@ -95,11 +96,6 @@ static void test_public_hint_environment(void **state) {
         unsetenv("OPENBLAS_CORETYPE");
 }
 
-int main(void) {
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_older_choice_gets_a_hint),   cmocka_unit_test(test_no_hint),
-        cmocka_unit_test(test_names_compare_without_case), cmocka_unit_test(test_short_buffer),
-        cmocka_unit_test(test_public_hint_environment),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FSC_TEST_MAIN(NULL, NULL, cmocka_unit_test(test_older_choice_gets_a_hint),
+              cmocka_unit_test(test_no_hint), cmocka_unit_test(test_names_compare_without_case),
+              cmocka_unit_test(test_short_buffer), cmocka_unit_test(test_public_hint_environment))

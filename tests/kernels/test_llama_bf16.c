@@ -11,6 +11,7 @@
 #include <stdlib.h>
 
 #include "fsc/nn.h"
+#include "test_main.h"
 
 enum { B = 2 };
 
@@ -83,9 +84,4 @@ static void test_gqa_bf16(void **state) {
     free(q), free(k), free(v), free(o16), free(o32), free(a16), free(a32);
 }
 
-int main(void) {
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_gqa_bf16),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FSC_TEST_MAIN(NULL, NULL, cmocka_unit_test(test_gqa_bf16))

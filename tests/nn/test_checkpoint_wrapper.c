@@ -14,6 +14,7 @@
 
 #include "fsc/checkpoint_wrapper.h"
 #include "fsc/gpt.h"
+#include "test_main.h"
 
 #define ALIGN 64 /* the arena's allocation granule */
 
@@ -424,16 +425,10 @@ static void test_wrap_keeps_tree_and_frees(void **state) {
     fsc_module_free(lin);
 }
 
-int main(void) {
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_gpt_gradients_bit_identical),
-        cmocka_unit_test(test_block_keeps_only_output),
-        cmocka_unit_test(test_identity_keeps_aliases),
-        cmocka_unit_test(test_activation_memory_drops),
-        cmocka_unit_test(test_hooks_and_recompute_flag),
-        cmocka_unit_test(test_eval_is_plain),
-        cmocka_unit_test(test_wrap_twice_refused),
-        cmocka_unit_test(test_wrap_keeps_tree_and_frees),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FSC_TEST_MAIN(NULL, NULL, cmocka_unit_test(test_gpt_gradients_bit_identical),
+              cmocka_unit_test(test_block_keeps_only_output),
+              cmocka_unit_test(test_identity_keeps_aliases),
+              cmocka_unit_test(test_activation_memory_drops),
+              cmocka_unit_test(test_hooks_and_recompute_flag), cmocka_unit_test(test_eval_is_plain),
+              cmocka_unit_test(test_wrap_twice_refused),
+              cmocka_unit_test(test_wrap_keeps_tree_and_frees))

@@ -14,6 +14,7 @@
 #include "fsc/gpt.h"
 #include "fsc/lora.h"
 #include "fsc/optim.h"
+#include "test_main.h"
 
 static fsc_gpt_config llama_cfg(void) {
     return (fsc_gpt_config){.vocab = 64,
@@ -217,13 +218,7 @@ static void test_fsdp_wrap_kind(void **state) {
     }
 }
 
-int main(void) {
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_freeze_globs_and_refusals),
-        cmocka_unit_test(test_freeze_memory),
-        cmocka_unit_test(test_lora_linear_against_formula),
-        cmocka_unit_test(test_lora_refusals),
-        cmocka_unit_test(test_fsdp_wrap_kind),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FSC_TEST_MAIN(NULL, NULL, cmocka_unit_test(test_freeze_globs_and_refusals),
+              cmocka_unit_test(test_freeze_memory),
+              cmocka_unit_test(test_lora_linear_against_formula),
+              cmocka_unit_test(test_lora_refusals), cmocka_unit_test(test_fsdp_wrap_kind))

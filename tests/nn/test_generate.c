@@ -19,6 +19,7 @@
 #include "equivalence.h"
 #include "fsc/gpt.h"
 #include "fsc/moe.h"
+#include "test_main.h"
 
 static const fsc_gpt_config CFG = {.vocab = 50, .seq = 16, .layers = 3, .d_model = 32, .heads = 4};
 
@@ -388,16 +389,9 @@ static void test_kv_flash_matches_full_forward(void **state) {
     }
 }
 
-int main(void) {
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_kv_matches_full_forward),
-        cmocka_unit_test(test_kv_refuses_other_models),
-        cmocka_unit_test(test_llama_kv_matches_full_forward),
-        cmocka_unit_test(test_kv_flash_matches_full_forward),
-        cmocka_unit_test(test_sampling),
-        cmocka_unit_test(test_moe_kv_matches_full_forward),
-        cmocka_unit_test(test_moe_sampling_same_ids),
-        cmocka_unit_test(test_moe_kv_refusals),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FSC_TEST_MAIN(NULL, NULL, cmocka_unit_test(test_kv_matches_full_forward),
+              cmocka_unit_test(test_kv_refuses_other_models),
+              cmocka_unit_test(test_llama_kv_matches_full_forward),
+              cmocka_unit_test(test_kv_flash_matches_full_forward), cmocka_unit_test(test_sampling),
+              cmocka_unit_test(test_moe_kv_matches_full_forward),
+              cmocka_unit_test(test_moe_sampling_same_ids), cmocka_unit_test(test_moe_kv_refusals))

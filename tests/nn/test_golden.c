@@ -27,6 +27,7 @@
 #include "fsc/io.h"
 #include "golden_files.h"
 #include "fsc/optim.h"
+#include "test_main.h"
 
 /* Single layers: output and gradients. */
 static const double LAYER_ATOL = 1e-5, LAYER_RTOL = 1e-4;
@@ -402,13 +403,8 @@ static void test_train(void **state) {
     fsc_st_close(f);
 }
 
-int main(void) {
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_linear),        cmocka_unit_test(test_layernorm),
-        cmocka_unit_test(test_activations),   cmocka_unit_test(test_attention),
-        cmocka_unit_test(test_mlp),           cmocka_unit_test(test_block),
-        cmocka_unit_test(test_cross_entropy), cmocka_unit_test(test_gpt),
-        cmocka_unit_test(test_train),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FSC_TEST_MAIN(NULL, NULL, cmocka_unit_test(test_linear), cmocka_unit_test(test_layernorm),
+              cmocka_unit_test(test_activations), cmocka_unit_test(test_attention),
+              cmocka_unit_test(test_mlp), cmocka_unit_test(test_block),
+              cmocka_unit_test(test_cross_entropy), cmocka_unit_test(test_gpt),
+              cmocka_unit_test(test_train))

@@ -8,6 +8,7 @@
 
 #include "fsc/gpt.h"
 #include "gradcheck.h"
+#include "test_main.h"
 
 static const gradcheck_opts OPTS = {.atol = 2e-3, .rtol = 2e-2, .h = 1e-2, .samples = 24};
 
@@ -165,17 +166,8 @@ static void test_cross_entropy(void **state) {
     assert_int_equal(bad, 1);
 }
 
-int main(void) {
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_linear),
-        cmocka_unit_test(test_layernorm),
-        cmocka_unit_test(test_activations),
-        cmocka_unit_test(test_embedding),
-        cmocka_unit_test(test_attention),
-        cmocka_unit_test(test_attention_long_sequence),
-        cmocka_unit_test(test_containers_and_block),
-        cmocka_unit_test(test_gpt_logits),
-        cmocka_unit_test(test_cross_entropy),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FSC_TEST_MAIN(NULL, NULL, cmocka_unit_test(test_linear), cmocka_unit_test(test_layernorm),
+              cmocka_unit_test(test_activations), cmocka_unit_test(test_embedding),
+              cmocka_unit_test(test_attention), cmocka_unit_test(test_attention_long_sequence),
+              cmocka_unit_test(test_containers_and_block), cmocka_unit_test(test_gpt_logits),
+              cmocka_unit_test(test_cross_entropy))

@@ -27,6 +27,7 @@
 #include "fsc/io.h"
 #include "golden_files.h"
 #include "fsc/nn.h"
+#include "test_main.h"
 #include "nn/layers_internal.h" /* fsc_kv_cache */
 
 static const double NOISE_K = 4.0, ULP_K = 8.0;
@@ -230,13 +231,6 @@ static void test_attention_kv_cache(void **state) {
     check_cached("attention_mqa", fsc_llama_attention_new("attn", &mqa), 1);
 }
 
-int main(void) {
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_rmsnorm),
-        cmocka_unit_test(test_rope),
-        cmocka_unit_test(test_swiglu),
-        cmocka_unit_test(test_attention),
-        cmocka_unit_test(test_attention_kv_cache),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FSC_TEST_MAIN(NULL, NULL, cmocka_unit_test(test_rmsnorm), cmocka_unit_test(test_rope),
+              cmocka_unit_test(test_swiglu), cmocka_unit_test(test_attention),
+              cmocka_unit_test(test_attention_kv_cache))

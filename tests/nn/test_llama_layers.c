@@ -13,6 +13,7 @@
 #include <stdlib.h>
 
 #include "gradcheck.h"
+#include "test_main.h"
 
 /* h = 1e-2 keeps the fp32 noise of the difference quotient (~1e-7 / h)
  * well under atol; rtol covers the O(h^2) truncation of the central
@@ -240,15 +241,7 @@ static void test_rope_adjoint(void **state) {
     free(x), free(y), free(rx), free(rty);
 }
 
-int main(void) {
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_rmsnorm),
-        cmocka_unit_test(test_rope),
-        cmocka_unit_test(test_rope_scaling_bands),
-        cmocka_unit_test(test_rope_adjoint),
-        cmocka_unit_test(test_swiglu),
-        cmocka_unit_test(test_attention),
-        cmocka_unit_test(test_gqa_is_repeated_mha),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FSC_TEST_MAIN(NULL, NULL, cmocka_unit_test(test_rmsnorm), cmocka_unit_test(test_rope),
+              cmocka_unit_test(test_rope_scaling_bands), cmocka_unit_test(test_rope_adjoint),
+              cmocka_unit_test(test_swiglu), cmocka_unit_test(test_attention),
+              cmocka_unit_test(test_gqa_is_repeated_mha))

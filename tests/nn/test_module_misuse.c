@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "fsc/gpt.h"
+#include "test_main.h"
 
 static const fsc_gpt_config TINY = {
     .vocab = 64, .seq = 8, .layers = 2, .d_model = 16, .heads = 2, .dropout = 0.1f};
@@ -265,12 +266,8 @@ static void test_nan_through_exp(void **state) {
     assert_true(isnan(out[1]) && isnan(out[4]) && !isnan(out[0]) && !isnan(out[5]));
 }
 
-int main(void) {
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_unbound_parameters), cmocka_unit_test(test_unbound_gradients),
-        cmocka_unit_test(test_null_ctx_and_arena), cmocka_unit_test(test_wrong_dy_shape),
-        cmocka_unit_test(test_wrong_dy_shape_gpt), cmocka_unit_test(test_dropout_needs_a_keyed_ctx),
-        cmocka_unit_test(test_nan_through_exp),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FSC_TEST_MAIN(NULL, NULL, cmocka_unit_test(test_unbound_parameters),
+              cmocka_unit_test(test_unbound_gradients), cmocka_unit_test(test_null_ctx_and_arena),
+              cmocka_unit_test(test_wrong_dy_shape), cmocka_unit_test(test_wrong_dy_shape_gpt),
+              cmocka_unit_test(test_dropout_needs_a_keyed_ctx),
+              cmocka_unit_test(test_nan_through_exp))

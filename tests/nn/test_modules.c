@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "fsc/gpt.h"
+#include "test_main.h"
 
 typedef struct {
     char log[64][160];
@@ -154,12 +155,7 @@ static void test_bad_configurations(void **state) {
     fsc_module_free(g);
 }
 
-int main(void) {
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_hooks_fire_in_order),
-        cmocka_unit_test(test_dropout_mask_is_keyed_by_sample),
-        cmocka_unit_test(test_gpt_names_and_layout),
-        cmocka_unit_test(test_bad_configurations),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FSC_TEST_MAIN(NULL, NULL, cmocka_unit_test(test_hooks_fire_in_order),
+              cmocka_unit_test(test_dropout_mask_is_keyed_by_sample),
+              cmocka_unit_test(test_gpt_names_and_layout),
+              cmocka_unit_test(test_bad_configurations))

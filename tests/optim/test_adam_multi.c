@@ -14,6 +14,7 @@
 
 #include "fsc/core.h"
 #include "fsc/optim.h"
+#include "test_main.h"
 
 #define NR 8
 static const int64_t SIZES[NR] = {1, 511, 0, 512, 513, 70001, 3, 40000};
@@ -114,11 +115,5 @@ static void adam_two_threads(void **state) {
     check(FSC_OPTIM_ADAM, 2);
 }
 
-int main(void) {
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(adamw_one_thread),
-        cmocka_unit_test(adamw_two_threads),
-        cmocka_unit_test(adam_two_threads),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FSC_TEST_MAIN(NULL, NULL, cmocka_unit_test(adamw_one_thread), cmocka_unit_test(adamw_two_threads),
+              cmocka_unit_test(adam_two_threads))

@@ -17,6 +17,7 @@
 #include "fsc/gpt.h"
 #include "fsc/grad_scaler.h"
 #include "fsc/io.h"
+#include "test_main.h"
 
 /* Deterministic values of both signs spread over many binades. */
 static void fill(float *g, int64_t n, uint32_t seed) {
@@ -422,18 +423,10 @@ static void test_header_example(void **state) {
     fsc_module_free(model);
 }
 
-int main(void) {
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_unscale_exact),
-        cmocka_unit_test(test_inf_nan_found),
-        cmocka_unit_test(test_inf_in_any_range),
-        cmocka_unit_test(test_overflow_when_unscaling),
-        cmocka_unit_test(test_fp16_overflow_found),
-        cmocka_unit_test(test_update_trajectory),
-        cmocka_unit_test(test_defaults_and_float_scale),
-        cmocka_unit_test(test_bad_configs_refused),
-        cmocka_unit_test(test_state_round_trip),
-        cmocka_unit_test(test_header_example),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FSC_TEST_MAIN(NULL, NULL, cmocka_unit_test(test_unscale_exact),
+              cmocka_unit_test(test_inf_nan_found), cmocka_unit_test(test_inf_in_any_range),
+              cmocka_unit_test(test_overflow_when_unscaling),
+              cmocka_unit_test(test_fp16_overflow_found), cmocka_unit_test(test_update_trajectory),
+              cmocka_unit_test(test_defaults_and_float_scale),
+              cmocka_unit_test(test_bad_configs_refused), cmocka_unit_test(test_state_round_trip),
+              cmocka_unit_test(test_header_example))

@@ -17,6 +17,7 @@
 #include "fsc/nn.h"
 #include "fsc/optim.h"
 #include "golden_json.h"
+#include "test_main.h"
 
 /* Parameters after each of 10 steps: float32 element-wise math in torch's
  * order, fused multiply-adds where torch fuses, so on a CPU with FMA the
@@ -611,17 +612,9 @@ static void test_ranges_from_params(void **state) {
     fsc_module_free(unbound);
 }
 
-int main(void) {
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_steps_match_torch),
-        cmocka_unit_test(test_clip_matches_torch),
-        cmocka_unit_test(test_schedules),
-        cmocka_unit_test(test_state_bytes_exact),
-        cmocka_unit_test(test_halves_equal_whole),
-        cmocka_unit_test(test_nonfinite_norm_leaves_grads),
-        cmocka_unit_test(test_bad_configs_refused),
-        cmocka_unit_test(test_resume_from_state),
-        cmocka_unit_test(test_ranges_from_params),
-    };
-    return cmocka_run_group_tests(tests, load_golden, free_golden);
-}
+FSC_TEST_MAIN(load_golden, free_golden, cmocka_unit_test(test_steps_match_torch),
+              cmocka_unit_test(test_clip_matches_torch), cmocka_unit_test(test_schedules),
+              cmocka_unit_test(test_state_bytes_exact), cmocka_unit_test(test_halves_equal_whole),
+              cmocka_unit_test(test_nonfinite_norm_leaves_grads),
+              cmocka_unit_test(test_bad_configs_refused), cmocka_unit_test(test_resume_from_state),
+              cmocka_unit_test(test_ranges_from_params))

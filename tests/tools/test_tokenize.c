@@ -29,6 +29,7 @@
 #include "run_tool.h"
 #include "test_data.h"
 #include "tmpdir.h"
+#include "test_main.h"
 
 static char log_text[8192];
 
@@ -344,15 +345,8 @@ static void test_refusals(void **state) {
     }
 }
 
-int main(void) {
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_bytes_val_fraction),
-        cmocka_unit_test(test_shards_version7),
-        cmocka_unit_test(test_bpe_tiny_round_trip),
-        cmocka_unit_test(test_tokenizer_json_round_trip),
-        cmocka_unit_test(test_llama3_version7),
-        cmocka_unit_test(test_gpt2_round_trip),
-        cmocka_unit_test(test_refusals),
-    };
-    return cmocka_run_group_tests(tests, setup, teardown);
-}
+FSC_TEST_MAIN(setup, teardown, cmocka_unit_test(test_bytes_val_fraction),
+              cmocka_unit_test(test_shards_version7), cmocka_unit_test(test_bpe_tiny_round_trip),
+              cmocka_unit_test(test_tokenizer_json_round_trip),
+              cmocka_unit_test(test_llama3_version7), cmocka_unit_test(test_gpt2_round_trip),
+              cmocka_unit_test(test_refusals))

@@ -11,6 +11,7 @@
 #include "fsc/nn.h"
 #include "fsc/optim.h"
 #include "fsc/strategy.h"
+#include "test_main.h"
 
 /* Exits the test unless msg holds none of the prefixes twice in a row. */
 static void assert_no_doubled_prefix(const char *msg) {
@@ -54,11 +55,6 @@ static void test_error_context_names_once(void **state) {
     assert_string_equal(fsc_last_error(), "strategy fsdp: FSDP: unit 'h.0' has no parameters");
 }
 
-int main(void) {
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_ddp_without_dist_init),
-        cmocka_unit_test(test_option_that_does_not_apply),
-        cmocka_unit_test(test_error_context_names_once),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FSC_TEST_MAIN(NULL, NULL, cmocka_unit_test(test_ddp_without_dist_init),
+              cmocka_unit_test(test_option_that_does_not_apply),
+              cmocka_unit_test(test_error_context_names_once))

@@ -16,6 +16,7 @@
 #include "fsc/pipe_schedule.h"
 
 #include "tmpdir.h"
+#include "test_main.h"
 
 static fsc_pipe_config cfg(int p, int v, int m, bool split) {
     return (fsc_pipe_config){.ranks = p, .chunks = v, .micros = m, .split_backward = split};
@@ -605,15 +606,11 @@ static void test_print(void **state) {
     fsc_pipe_schedule_free(s);
 }
 
-int main(void) {
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_action_text),    cmocka_unit_test(test_kind_names),
-        cmocka_unit_test(test_gpipe_1f1b),     cmocka_unit_test(test_interleaved),
-        cmocka_unit_test(test_zbh1),           cmocka_unit_test(test_p4_m8),
-        cmocka_unit_test(test_lowering),       cmocka_unit_test(test_peers_tags),
-        cmocka_unit_test(test_make_refusals),  cmocka_unit_test(test_refusals),
-        cmocka_unit_test(test_csv_round_trip), cmocka_unit_test(test_csv_user_schedule),
-        cmocka_unit_test(test_csv_malformed),  cmocka_unit_test(test_print),
-    };
-    return cmocka_run_group_tests(tests, setup, teardown);
-}
+FSC_TEST_MAIN(setup, teardown, cmocka_unit_test(test_action_text),
+              cmocka_unit_test(test_kind_names), cmocka_unit_test(test_gpipe_1f1b),
+              cmocka_unit_test(test_interleaved), cmocka_unit_test(test_zbh1),
+              cmocka_unit_test(test_p4_m8), cmocka_unit_test(test_lowering),
+              cmocka_unit_test(test_peers_tags), cmocka_unit_test(test_make_refusals),
+              cmocka_unit_test(test_refusals), cmocka_unit_test(test_csv_round_trip),
+              cmocka_unit_test(test_csv_user_schedule), cmocka_unit_test(test_csv_malformed),
+              cmocka_unit_test(test_print))
