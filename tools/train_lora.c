@@ -46,23 +46,25 @@ static float *read_f32(fsc_st_file *f, const fsc_st_entry *e, int *rc) {
     return buf;
 }
 
+/* adapter_config.json, atomically: a failed write leaves the one there. */
 static int write_config(const trainer *t, const char *dir) {
-    char path[4096];
+    char path[4096], text[8192];
     snprintf(path, sizeof path, "%s/adapter_config.json", dir);
-    FILE *f = fopen(path, "w");
-    if (!f) return fsc_error(FSC_ERR_IO, "%s: %s", path, strerror(errno));
     const train_options *o = &t->opt;
-    fprintf(f, "{\n  \"peft_type\": \"LORA\",\n  \"task_type\": \"CAUSAL_LM\",\n  \"r\": %d,\n",
-            o->lora_rank);
-    fprintf(f, "  \"lora_alpha\": %.9g,\n  \"lora_dropout\": %.9g,\n  \"bias\": \"none\",\n",
-            o->lora_alpha > 0 ? o->lora_alpha : (double)o->lora_rank, o->lora_dropout);
-    fprintf(f, "  \"fan_in_fan_out\": %s,\n", o->model.arch == FSC_ARCH_LLAMA ? "false" : "true");
-    fprintf(f, "  \"base_model_name_or_path\": \"%s\",\n  \"target_modules\": [",
-            o->init_from ? o->init_from : "");
-    for (int k = 0; k < t->nlora_targets; k++)
-        fprintf(f, "%s\"%s\"", k ? ", " : "", t->lora_targets[k]);
-    fprintf(f, "]\n}\n");
-    return fclose(f) ? fsc_error(FSC_ERR_IO, "%s: %s", path, strerror(errno)) : FSC_OK;
+    size_t n = (size_t)snprintf(
+        text, sizeof text,
+        "{\n  \"peft_type\": \"LORA\",\n  \"task_type\": \"CAUSAL_LM\",\n  \"r\": %d,\n"
+        "  \"lora_alpha\": %.9g,\n  \"lora_dropout\": %.9g,\n  \"bias\": \"none\",\n"
+        "  \"fan_in_fan_out\": %s,\n  \"base_model_name_or_path\": \"%.2048s\",\n"
+        "  \"target_modules\": [",
+        o->lora_rank, o->lora_alpha > 0 ? o->lora_alpha : (double)o->lora_rank, o->lora_dropout,
+        o->model.arch == FSC_ARCH_LLAMA ? "false" : "true", o->init_from ? o->init_from : "");
+    for (int k = 0; k < t->nlora_targets && n < sizeof text; k++)
+        n += (size_t)snprintf(text + n, sizeof text - n, "%s\"%s\"", k ? ", " : "",
+                              t->lora_targets[k]);
+    if (n < sizeof text) n += (size_t)snprintf(text + n, sizeof text - n, "]\n}\n");
+    if (n >= sizeof text) return fsc_error(FSC_ERR_INVALID, "%s: too long", path);
+    return fsc_file_write_atomic(path, text, n);
 }
 
 /* Rank 0: the adapters of weights file `from` into dir. */
@@ -96,17 +98,24 @@ static int write_adapter(const trainer *t, const char *from, const char *dir) {
     return rc ? rc : write_config(t, dir);
 }
 
+/* Committed only when every rank reported success: rank 0 writes the
+ * directory's two files (each atomically), and every rank learns its outcome,
+ * naming the rank and the file, before any returns. */
 int train_lora_save_adapter(trainer *t, const char *dir) {
     if (!t->opt.lora_rank) return fsc_error(FSC_ERR_INVALID, "needs --lora-rank");
-    if (t->rank == 0 && mkdir(dir, 0777) && errno != EEXIST)
-        return fsc_error(FSC_ERR_IO, "%s: cannot create it (%s)", dir, strerror(errno));
+    fsc_group *world = fsc_group_world();
+    const bool root = fsc_dist_rank() == 0; /* t->rank is the replica rank, 0 on every stage */
+    int rc = root && mkdir(dir, 0777) && errno != EEXIST
+                 ? fsc_error(FSC_ERR_IO, "%s: cannot create it (%s)", dir, strerror(errno))
+                 : FSC_OK;
+    rc = fsc_group_agree(world, rc, "creating the adapter directory");
+    if (rc) return rc;
     char tmp[4096];
     snprintf(tmp, sizeof tmp, "%s/.fsc-weights.tmp.safetensors", dir);
-    int rc = fsc_trainer_save_weights(t->tr, t->rank == 0 ? tmp : NULL, 0, NULL, NULL);
-    /* world rank 0 alone: t->rank is the replica rank, 0 on every stage of a pipeline */
-    if (!rc && fsc_dist_rank() == 0) rc = write_adapter(t, tmp, dir);
-    if (fsc_dist_rank() == 0) unlink(tmp);
-    return rc;
+    rc = fsc_trainer_save_weights(t->tr, t->rank == 0 ? tmp : NULL, 0, NULL, NULL);
+    if (!rc && root) rc = write_adapter(t, tmp, dir);
+    if (root) unlink(tmp);
+    return fsc_group_agree(world, rc, "saving the LoRA adapter");
 }
 
 /* W += scale * B A in W's layout: (out, in) for LLaMA's nn.Linear, (in,
@@ -308,13 +317,11 @@ static int load_made(trainer *t, const char *near, const char *src,
     snprintf(to, sizeof to, "%.4095s.fsc-combined.tmp", near);
     int rc = fsc_trainer_save_weights(t->tr, t->rank == 0 ? from : NULL, 0, NULL, NULL);
     if (!rc && fsc_dist_rank() == 0) rc = make(t, from, src, to);
-    /* every rank learns whether rank 0 made the file before any reads it */
-    int worst = -rc;
-    int crc = fsc_group_allreduce(fsc_group_world(), &worst, 1, FSC_DTYPE_I32, FSC_REDUCE_MAX);
-    if (!rc && crc) rc = crc;
-    if (!rc && worst) rc = fsc_error(-worst, "rank 0 could not read %s (see its message)", src);
+    /* every rank learns whether rank 0 made the file (and rank 0's message)
+     * before any reads it */
+    rc = fsc_group_agree(fsc_group_world(), rc, "combining the weights");
     if (!rc) rc = fsc_strategy_load_weights(t->s, to, NULL);
-    crc = fsc_group_barrier(fsc_group_world());
+    int crc = fsc_group_barrier(fsc_group_world());
     if (fsc_dist_rank() == 0) unlink(from), unlink(to);
     return rc ? rc : crc;
 }

@@ -7,7 +7,8 @@ usage: train_e2e.py FSC_TRAIN {learns|accum|strategies|watchdog|resume|bad-input
                               config|signals|optimizers|consistency|plot|io-faults|llama|
                               llama-strategies|llama-techniques|llama-resume|llama-moe|
                               resume-outputs|launcher|sample-tokenizer|messages|freeze|
-                              keep-best|async-equal|async-faults|async-kill}
+                              keep-best|async-equal|async-faults|async-kill|
+                              save-agree}
 One mode a ctest (train_<mode>); the checks live by feature in the train_e2e_*.py
 modules beside this file, what they share in train_e2e_common.py. (The progress
 output is tests/tools/progress_e2e.py.)
@@ -25,6 +26,7 @@ import train_e2e_io as io
 import train_e2e_llama as llama_e2e
 import train_e2e_llama_layouts as llama_layouts
 import train_e2e_llama_moe as llama_moe
+import train_e2e_save_agree as save_agree
 import train_e2e_tools as tools
 import train_e2e_training as training
 import train_e2e_user as user
@@ -50,6 +52,7 @@ MODES = {
     "async-equal": async_e2e.equal,
     "async-faults": async_e2e.faults,
     "async-kill": async_e2e.kill,
+    "save-agree": save_agree.save_agree,
     "fsdp": fsdp.fsdp,
     "fsdp-precision": fsdp.fsdp_precision,
     "fsdp-files": fsdp.fsdp_files,

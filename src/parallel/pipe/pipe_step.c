@@ -91,12 +91,10 @@ static int receive_rank(fsc_pipe *p, int r, fsc_params *whole) {
  * rank 0's), once every one of them has assembled its part. */
 static int save_tp(fsc_pipe *p, const char *path, fsc_module *whole, const fsc_params *all,
                    int n_meta, const char *const *keys, const char *const *values, int rc) {
-    int32_t worst = -rc, n = path ? (int32_t)strlen(path) : -1;
+    int32_t n = path ? (int32_t)strlen(path) : -1;
     char where[4096]; /* a multiple of 4 bytes: it travels as int32 words */
-    if (fsc_group_allreduce(p->opt.tp, &worst, 1, FSC_DTYPE_I32, FSC_REDUCE_MAX))
-        return FSC_ERR_MPI;
+    rc = fsc_group_agree(p->opt.tp, rc, "assembling the weights to save");
     if (rc) return rc;
-    if (worst) return fsc_error(-worst, "pipeline save: another TP rank could not assemble");
     if (p->tp_rank == 0 && (size_t)n >= sizeof where) n = -1;
     if (fsc_group_broadcast(p->opt.tp, &n, 1, FSC_DTYPE_I32, 0)) return FSC_ERR_MPI;
     if (n < 0)
@@ -134,11 +132,8 @@ static int save_replica(fsc_pipe *p, const char *path, int root, int n_meta,
         if (whole) fsc_params_free(&all);
         fsc_module_free(whole);
     }
-    int32_t status = rc;
-    if (fsc_group_broadcast(p->g, &status, 1, FSC_DTYPE_I32, root)) return FSC_ERR_MPI;
-    if (status && p->rank != root)
-        return fsc_error(status, "pipeline: rank %d could not save", root);
-    return rc;
+    /* every stage learns the outcome, and the failing rank's message */
+    return fsc_group_agree(p->g, rc, "saving the pipeline's weights");
 }
 
 /* Sharded parameters are gathered for the while; the first replica writes. */
