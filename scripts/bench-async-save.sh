@@ -14,7 +14,8 @@
 # elapsed_s, which takes in the save at step EVERY (synchronous: its whole
 # write; asynchronous: the staging copy and the background write beside the
 # following steps) and leaves out start-up and the last step's save. Prints
-# each run's ms/step and, per round, sync/none and async/none.
+# each run's ms/step and, per round, sync/none and async/none, then the
+# medians of those ratios over the rounds.
 set -euo pipefail
 build=${1:?usage: $0 BUILD STRATEGY [SIZE [ROUNDS [STEPS [EVERY]]]]}
 strategy=${2:?strategy}
@@ -47,8 +48,16 @@ print(f"{1000 * (rows[last]['elapsed_s'] - rows[1]['elapsed_s']) / (last - 1):.1
 EOF
 }
 echo "# $strategy, $size, 2 ranks, --steps $steps --save-every $every; load $(cut -d' ' -f1-3 /proc/loadavg)"
+ratios=()
 for r in $(seq 1 "$rounds"); do
   none=$(run none); sync=$(run sync); async=$(run async)
   python3 -c "n,s,a=$none,$sync,$async; print(f'round $r: none {n} ms/step, sync {s} ({s/n:.3f}x), async {a} ({a/n:.3f}x)')"
+  ratios+=("$none,$sync,$async")
 done
+# the medians over the rounds of each round's ratios (a round's runs share its load)
+python3 -c '
+import statistics, sys
+rows = [tuple(map(float, x.split(","))) for x in sys.argv[1:]]
+s, a = (statistics.median(r[k] / r[0] for r in rows) for k in (1, 2))
+print(f"median of {len(rows)} rounds: sync {s:.3f}x, async {a:.3f}x of no save")' "${ratios[@]}"
 echo "# load after: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +34,7 @@ struct fsc_ckpt_writer {
     int64_t step;
     int keep_last; /* 0: keep every checkpoint */
     cJSON *meta;
+    cJSON *known; /* member name: [size, crc32] known from its writers (ckpt_writer_known) */
 };
 
 static int write_all(int fd, const char *p, size_t n, const char *path) {
@@ -124,10 +126,33 @@ void fsc_ckpt_abort(fsc_ckpt_writer *w) {
     if (!w) return;
     fsc_remove_tree(w->tmp);
     cJSON_Delete(w->meta);
+    cJSON_Delete(w->known);
     free(w);
 }
 
-/* The members' sizes and CRC-32s, each member fsynced on the way. */
+void ckpt_writer_known(fsc_ckpt_writer *w, const char *path, int64_t size, uint32_t crc) {
+    const size_t n = strlen(w->tmp);
+    if (strncmp(path, w->tmp, n) || path[n] != '/' || strchr(path + n + 1, '/')) return;
+    if (!w->known && !(w->known = cJSON_CreateObject())) return;
+    cJSON *v = cJSON_CreateArray();
+    if (!v) return;
+    cJSON_AddItemToArray(v, cJSON_CreateNumber((double)size));
+    cJSON_AddItemToArray(v, cJSON_CreateNumber((double)crc));
+    cJSON_DeleteItemFromObjectCaseSensitive(w->known, path + n + 1);
+    cJSON_AddItemToObject(w->known, path + n + 1, v);
+}
+
+/* Member `name`'s size and CRC-32 as its writers recorded them; false if none. */
+static bool known(const fsc_ckpt_writer *w, const char *name, int64_t *size, uint32_t *crc) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(w->known, name);
+    if (cJSON_GetArraySize(v) != 2) return false;
+    *size = (int64_t)cJSON_GetArrayItem(v, 0)->valuedouble;
+    *crc = (uint32_t)cJSON_GetArrayItem(v, 1)->valuedouble;
+    return true;
+}
+
+/* The members' sizes and CRC-32s (read, unless their writers recorded them),
+ * each member fsynced on the way. */
 static int checksum_members(fsc_ckpt_writer *w, cJSON *files) {
     DIR *d = opendir(w->tmp);
     if (!d) return fsc_error(FSC_ERR_IO, "%s: %s", w->tmp, strerror(errno));
@@ -142,7 +167,7 @@ static int checksum_members(fsc_ckpt_writer *w, cJSON *files) {
              : fsync(fd) != 0 ? fsc_error(FSC_ERR_IO, "%s: fsync failed: %s", path, strerror(errno))
                               : FSC_OK;
         if (fd >= 0) close(fd);
-        if (!rc) rc = ckpt_file_crc(path, &crc, &size);
+        if (!rc && !known(w, e->d_name, &size, &crc)) rc = ckpt_file_crc(path, &crc, &size);
         if (rc) break;
         cJSON *f = cJSON_CreateObject();
         cJSON_AddNumberToObject(f, "size", (double)size);
@@ -268,6 +293,7 @@ int fsc_ckpt_commit(fsc_ckpt_writer *w) {
     }
     if (busy) fsc_io_busy_end();
     cJSON_Delete(w->meta);
+    cJSON_Delete(w->known);
     free(w);
     return rc;
 }

@@ -16,6 +16,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "fsc/checkpoint.h"
+
 #define CKPT_DIR_LEN 1024 /* longest checkpoint directory accepted */
 #define CKPT_PATH_LEN 4096
 #define CKPT_SUM_KEY "state_crc32"       /* state.json's own checksum, its last member */
@@ -49,5 +51,11 @@ int ckpt_meta_number(const char *dir, int64_t step, const char *key, double *out
 int ckpt_rename_noreplace(const char *from, const char *to);
 /* CRC-32 and size of a regular file (never a link), streamed. */
 int ckpt_file_crc(const char *path, uint32_t *crc, int64_t *size);
+
+/* The size and CRC-32 of member file `path` of w (its full path, as
+ * fsc_ckpt_member gives it), known from the bytes written and read back by
+ * their writers: the commit records them instead of re-reading the file.
+ * Ignored (the commit reads the file) for a path outside w or out of memory. */
+void ckpt_writer_known(fsc_ckpt_writer *w, const char *path, int64_t size, uint32_t crc);
 
 #endif

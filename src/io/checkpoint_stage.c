@@ -34,17 +34,27 @@ typedef struct stage_file {
     bool is_root;         /* the parallel file's root (renames it) */
     char *path, *tmp;     /* tmp: the parallel file's temporary */
     unsigned char *bytes; /* this rank's bytes, runs back to back */
-    size_t nbytes;
+    size_t nbytes, bytes_cap;
     int64_t *runs; /* (offset, length, CRC-32) per run */
     int nruns;
     uint64_t total;     /* the parallel file's size */
     int64_t *all, nall; /* root: every rank's runs, after the gather */
+    uint32_t crc;       /* the whole file's CRC-32, once verified */
     bool renamed;
 } stage_file;
+
+enum { SPARE_MAX = 16 };
 
 struct ckpt_stage {
     stage_file *f;
     int n, cap;
+    /* byte buffers of the saves before, kept for the next capture: fresh
+     * memory takes a page fault per 4 KiB page at first touch, which cost
+     * the capture as much as a synchronous save's whole write (see
+     * docs/checkpoints.md) */
+    unsigned char *spare[SPARE_MAX];
+    size_t spare_cap[SPARE_MAX];
+    int nspare;
 };
 
 static _Thread_local ckpt_stage *current;
@@ -61,13 +71,46 @@ ckpt_stage *ckpt_stage_new(void) {
     return s;
 }
 
-void ckpt_stage_free(ckpt_stage *s) {
+/* The smallest spare buffer of at least n bytes, else a new one; *cap its size. */
+static unsigned char *take(ckpt_stage *s, size_t n, size_t *cap) {
+    int best = -1;
+    for (int i = 0; i < s->nspare; i++)
+        if (s->spare_cap[i] >= n && (best < 0 || s->spare_cap[i] < s->spare_cap[best])) best = i;
+    if (best < 0) {
+        *cap = n;
+        return malloc(n);
+    }
+    unsigned char *p = s->spare[best];
+    *cap = s->spare_cap[best];
+    s->nspare--;
+    s->spare[best] = s->spare[s->nspare], s->spare_cap[best] = s->spare_cap[s->nspare];
+    return p;
+}
+
+static void give(ckpt_stage *s, unsigned char *p, size_t cap) {
+    if (!p) return;
+    if (s->nspare == SPARE_MAX) {
+        free(p);
+        return;
+    }
+    s->spare[s->nspare] = p, s->spare_cap[s->nspare++] = cap;
+}
+
+void ckpt_stage_recycle(ckpt_stage *s) {
     if (!s) return;
     for (int i = 0; i < s->n; i++) {
         stage_file *f = &s->f[i];
         if (f->is_root && f->tmp && !f->renamed) unlink(f->tmp);
-        free(f->path), free(f->tmp), free(f->bytes), free(f->runs), free(f->all);
+        free(f->path), free(f->tmp), free(f->runs), free(f->all);
+        give(s, f->bytes, f->bytes_cap);
     }
+    s->n = 0;
+}
+
+void ckpt_stage_free(ckpt_stage *s) {
+    if (!s) return;
+    ckpt_stage_recycle(s);
+    for (int i = 0; i < s->nspare; i++) free(s->spare[i]);
     free(s->f);
     free(s);
 }
@@ -107,7 +150,8 @@ int ckpt_stage_add_file(ckpt_stage *s, const char *path, char *bytes, size_t n) 
         if (f) s->n--;
         return fsc_error(FSC_ERR_NOMEM, "%s: out of memory staging it", path);
     }
-    f->path = p, f->bytes = (unsigned char *)bytes, f->nbytes = n, f->is_root = true;
+    f->path = p, f->bytes = (unsigned char *)bytes, f->nbytes = f->bytes_cap = n;
+    f->is_root = true;
     f->runs = run, f->nruns = 1, f->total = n;
     run[0] = 0, run[1] = (int64_t)n, run[2] = 0;
     return FSC_OK;
@@ -127,7 +171,7 @@ static int by_off(const void *a, const void *b) {
 
 /* This rank's bytes of the file: root's header, then its pieces in file
  * order, converted to the file's dtypes; contiguous pieces make one run. */
-static int stage_pieces(stage_file *f, fsc_st_writer *plan, const st_pieces *in,
+static int stage_pieces(ckpt_stage *s, stage_file *f, fsc_st_writer *plan, const st_pieces *in,
                         const unsigned char *hdr, size_t hlen, uint64_t *data_bytes) {
     const int nt = st_plan_count(plan);
     placed *pl = in->n ? malloc((size_t)in->n * sizeof *pl) : NULL;
@@ -152,7 +196,7 @@ static int stage_pieces(stage_file *f, fsc_st_writer *plan, const st_pieces *in,
         total += (uint64_t)p->count * es;
     }
     if (!rc && in->n) qsort(pl, (size_t)in->n, sizeof *pl, by_off);
-    f->bytes = rc || !total ? NULL : malloc(total);
+    f->bytes = rc || !total ? NULL : take(s, total, &f->bytes_cap);
     f->runs = rc ? NULL : malloc(3 * sizeof *f->runs * (size_t)(in->n + 1));
     if (!rc && ((total && !f->bytes) || !f->runs))
         rc = fsc_error(FSC_ERR_NOMEM, "%s: staging %llu bytes: out of memory", f->path,
@@ -222,7 +266,7 @@ int ckpt_stage_parallel(fsc_group *g, int root, const char *path, fsc_st_writer 
         f->path = strdup(rpath), f->tmp = strdup(tmp);
         if (!f->path || !f->tmp) rc = fsc_error(FSC_ERR_NOMEM, "%s: out of memory", rpath);
         if (!rc) rc = st_plan_header(plan, &hdr, &hlen);
-        if (!rc) rc = stage_pieces(f, plan, pieces, hdr, hlen, &mine);
+        if (!rc) rc = stage_pieces(s, f, plan, pieces, hdr, hlen, &mine);
         f->total = hlen + (plan ? st_plan_data_bytes(plan) : 0);
     }
     free(hdr);
@@ -242,7 +286,8 @@ int ckpt_stage_parallel(fsc_group *g, int root, const char *path, fsc_st_writer 
     free(all);
     if (rc && f) { /* the last file added: drop it (and the root's temporary) */
         if (made) unlink(tmp);
-        free(f->path), free(f->tmp), free(f->bytes), free(f->runs);
+        free(f->path), free(f->tmp), free(f->runs);
+        give(s, f->bytes, f->bytes_cap);
         s->n--;
     } else if (rc && made) {
         unlink(tmp);
@@ -266,6 +311,27 @@ static int pwrite_all(int fd, const unsigned char *p, size_t n, uint64_t off, co
     return FSC_OK;
 }
 
+/* CRC-32 of n bytes of fd at off, read back in 1 MiB pieces. */
+static int crc_back(int fd, uint64_t off, size_t n, uLong *crc, const char *shown, int rank) {
+    enum { PIECE = 1 << 20 };
+    unsigned char *buf = malloc(n < PIECE ? (n ? n : 1) : PIECE);
+    if (!buf) return fsc_error(FSC_ERR_NOMEM, "rank %d: %s: out of memory", rank, shown);
+    uLong c = crc32(0L, Z_NULL, 0);
+    int rc = FSC_OK;
+    while (n > 0 && !rc) {
+        ssize_t got = pread(fd, buf, n < PIECE ? n : PIECE, (off_t)off);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0)
+            rc = fsc_error(FSC_ERR_IO, "rank %d: %s: reading back offset %llu failed: %s", rank,
+                           shown, (unsigned long long)off, got < 0 ? strerror(errno) : "end");
+        else
+            c = crc32(c, buf, (uInt)got), off += (uint64_t)got, n -= (size_t)got;
+    }
+    free(buf);
+    *crc = c;
+    return rc;
+}
+
 /* Every run of f at its offset in fd (their CRC-32s recorded), then fsync. */
 static int write_runs(stage_file *f, int fd, const char *shown, int rank) {
     const unsigned char *p = f->bytes;
@@ -281,6 +347,31 @@ static int write_runs(stage_file *f, int fd, const char *shown, int rank) {
     return rc;
 }
 
+/* Each run of f read back from path against the CRC-32 of the bytes written:
+ * every rank checks its own bytes on disk, so the root's commit re-reads
+ * nothing (the ranks share the reading, and a write that reported success
+ * but did not land is still caught). */
+static int check_runs(const stage_file *f, const char *path, int rank) {
+    if (!f->nruns) return FSC_OK;
+    const int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+        return fsc_error(FSC_ERR_IO, "rank %d: %s: cannot open to read back: %s", rank, path,
+                         strerror(errno));
+    int rc = FSC_OK;
+    for (int i = 0; i < f->nruns && !rc; i++) {
+        const int64_t *r = f->runs + 3 * i;
+        uLong got = 0;
+        rc = crc_back(fd, (uint64_t)r[0], (size_t)r[1], &got, path, rank);
+        if (!rc && got != (uLong)r[2])
+            rc = fsc_error(FSC_ERR_IO,
+                           "rank %d: %s: the bytes on disk are not the bytes written (CRC-32 "
+                           "%08lx read back from the %lld bytes at offset %lld, %08lx written)",
+                           rank, path, got, (long long)r[1], (long long)r[0], (unsigned long)r[2]);
+    }
+    close(fd);
+    return rc;
+}
+
 /* A one-writer file: temporary, writes, fsync, close, rename, fsync of the directory. */
 static int write_whole(stage_file *f, int rank) {
     size_t cap = strlen(f->path) + 64;
@@ -291,6 +382,8 @@ static int write_whole(stage_file *f, int rank) {
     if (!rc) rc = write_runs(f, fd, tmp, rank);
     if (fd >= 0 && close(fd) != 0 && !rc)
         rc = fsc_error(FSC_ERR_IO, "rank %d: %s: close failed: %s", rank, tmp, strerror(errno));
+    if (!rc) rc = check_runs(f, tmp, rank);
+    if (!rc) f->crc = (uint32_t)f->runs[2];
     if (!rc && rename(tmp, f->path) != 0)
         rc = fsc_error(FSC_ERR_IO, "rank %d: cannot rename %s to %s: %s", rank, tmp, f->path,
                        strerror(errno));
@@ -326,6 +419,7 @@ int ckpt_stage_write(ckpt_stage *s, int rank) {
         if (close(fd) != 0 && !rc)
             rc = fsc_error(FSC_ERR_IO, "rank %d: %s: close failed: %s", rank, f->tmp,
                            strerror(errno));
+        if (!rc) rc = check_runs(f, f->tmp, rank);
     }
     return rc;
 }
@@ -359,8 +453,9 @@ static int by_run_offset(const void *a, const void *b) {
 }
 
 /* The temporary holds exactly the bytes the ranks wrote: its size is the
- * plan's, the runs tile it, and their combined CRC-32 is a re-read's. */
-static int verify(const stage_file *f) {
+ * plan's and the runs tile it. Each rank read its own runs back before the
+ * agreement (check_runs), so the whole file's CRC-32 is their combination. */
+static int verify(stage_file *f) {
     struct stat sb;
     if (stat(f->tmp, &sb) != 0)
         return fsc_error(FSC_ERR_IO, "%s: cannot stat after writing: %s", f->tmp, strerror(errno));
@@ -380,27 +475,22 @@ static int verify(const stage_file *f) {
     if (at != f->total)
         return fsc_error(FSC_ERR_IO, "%s: the ranks wrote %llu of its %llu bytes", f->tmp,
                          (unsigned long long)at, (unsigned long long)f->total);
-    uint32_t got;
-    int64_t size;
-    int rc = ckpt_file_crc(f->tmp, &got, &size);
-    if (!rc && (got != (uint32_t)want || (uint64_t)size != f->total))
-        rc = fsc_error(FSC_ERR_IO,
-                       "%s: the bytes on disk are not the bytes written (CRC-32 %08x of %lld "
-                       "bytes read back, %08lx of %llu written)",
-                       f->tmp, got, (long long)size, want, (unsigned long long)f->total);
-    return rc;
+    f->crc = (uint32_t)want;
+    return FSC_OK;
 }
 
-int ckpt_stage_finish(ckpt_stage *s) {
+int ckpt_stage_finish(ckpt_stage *s, fsc_ckpt_writer *w) {
     int rc = FSC_OK;
     for (int i = 0; i < s->n && !rc; i++) {
         stage_file *f = &s->f[i];
-        if (!f->g || !f->is_root) continue;
-        rc = verify(f);
-        if (!rc && rename(f->tmp, f->path) != 0)
+        if (!f->is_root) continue;
+        if (f->g) rc = verify(f);
+        if (!rc && f->g && rename(f->tmp, f->path) != 0)
             rc = fsc_error(FSC_ERR_IO, "cannot rename %s to %s: %s", f->tmp, f->path,
                            strerror(errno));
-        if (!rc) f->renamed = true, rc = fsc_fsync_parent(f->path);
+        if (!rc && f->g) f->renamed = true, rc = fsc_fsync_parent(f->path);
+        /* the commit records these instead of reading the file again */
+        if (!rc && w && f->renamed) ckpt_writer_known(w, f->path, (int64_t)f->total, f->crc);
     }
     return rc;
 }

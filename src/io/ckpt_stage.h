@@ -11,13 +11,14 @@
  *
  * Staging memory per rank: the bytes that rank writes (its pieces of each
  * MPI-IO file, plus the header on the root; a one-writer file whole on its
- * writer), held from the capture until the files are verified.
+ * writer), held from the capture until the files are verified, and kept
+ * for the next capture by a recycled stage.
  *
  * Sequence for one checkpoint (every rank):
  *   capture (main thread, collective as the save it captures)
  *   ckpt_stage_write          background: POSIX writes, fsync, close
  *   agree, ckpt_stage_gather  main thread, collective: the runs' CRCs to roots
- *   ckpt_stage_finish         background, roots: sizes and CRCs on disk, renames
+ *   ckpt_stage_finish         background, roots: sizes and tiling, renames
  */
 #ifndef FSC_IO_CKPT_STAGE_H
 #define FSC_IO_CKPT_STAGE_H
@@ -25,6 +26,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "fsc/checkpoint.h"
 #include "io/st_parallel.h"
 
 typedef struct ckpt_stage ckpt_stage;
@@ -37,6 +39,11 @@ ckpt_stage *ckpt_stage_new(void);
 /* Removes this rank's temporaries not yet renamed into place and frees s.
  * Accepts NULL. */
 void ckpt_stage_free(ckpt_stage *s);
+/* As ckpt_stage_free, but s stays, empty, for the next capture, and keeps
+ * its byte buffers (up to 16) for it: memory already touched, so the next
+ * capture copies without a page fault per page. Between saves s then holds
+ * the bytes of the last one. Accepts NULL. */
+void ckpt_stage_recycle(ckpt_stage *s);
 
 /* Makes s the calling thread's capture target (NULL: none). */
 void ckpt_stage_capture(ckpt_stage *s);
@@ -54,15 +61,19 @@ size_t ckpt_stage_bytes(const ckpt_stage *s);
 
 /* Background (no MPI): writes this rank's bytes; a one-writer file goes to a
  * temporary, fsync, rename; pieces of a parallel file are pwritten into the
- * root's temporary, fsync, close. Errors name world rank `rank` and the file. */
+ * root's temporary, fsync, close. Every run is then read back and checked
+ * against the CRC-32 of the bytes written (a write that reported success
+ * but did not land fails here). Errors name world rank `rank` and the file. */
 int ckpt_stage_write(ckpt_stage *s, int rank);
 /* Main thread, collective in capture order, once every rank's write
  * succeeded: each parallel file's runs (offset, length, CRC-32) to its root. */
 int ckpt_stage_gather(ckpt_stage *s);
 /* Background, on each parallel file's root: the temporary's size is the
- * plan's, the ranks' runs tile it, and the CRC-32 of the bytes written
- * equals a re-read's; then it is renamed over its path and the directory
- * fsynced. A rank that is no root has nothing to do. */
-int ckpt_stage_finish(ckpt_stage *s);
+ * plan's and the ranks' runs tile it (each rank read its own runs back in
+ * ckpt_stage_write, against the CRC-32 of the bytes written); then it is
+ * renamed over its path and the directory fsynced. Each file this rank put in
+ * place has its size and CRC-32 recorded in w (when not NULL), so the commit
+ * reads none of them again. A rank that is no root has nothing to do. */
+int ckpt_stage_finish(ckpt_stage *s, fsc_ckpt_writer *w);
 
 #endif

@@ -16,6 +16,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "io/ckpt_stage.h"
 #include "io/io_internal.h"
@@ -25,12 +26,13 @@ enum { IDLE, WRITING, COMMITTING };
 
 struct trainer_async {
     ckpt_stage *stage;
+    ckpt_stage *spare;  /* the last save's stage, recycled: its buffers serve the next */
     fsc_ckpt_writer *w; /* the root's checkpoint, until committed or aborted */
     int phase, rank;
     pthread_t th;
     bool running; /* th started and not joined */
     atomic_int done;
-    int rc;
+    int rc, polls;  /* polls: the step boundaries' all-reduces while in flight */
     char msg[1024]; /* the thread's error (errors are per thread) */
     char name[64];  /* "checkpoint step-000010" */
 };
@@ -53,11 +55,19 @@ int trainer_async_begin(fsc_trainer *t) {
     return FSC_OK;
 }
 
+static double seconds(clockid_t clock) {
+    struct timespec ts;
+    clock_gettime(clock, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 static void *run(void *arg) {
     trainer_async *a = arg;
     fsc_io_busy_quiet(); /* the main thread's scope speaks for the rank */
-    int rc =
-        a->phase == WRITING ? ckpt_stage_write(a->stage, a->rank) : ckpt_stage_finish(a->stage);
+    /* what the thread costs the step beside it: its CPU time, against the wall */
+    const double t0 = seconds(CLOCK_MONOTONIC), c0 = seconds(CLOCK_THREAD_CPUTIME_ID);
+    int rc = a->phase == WRITING ? ckpt_stage_write(a->stage, a->rank)
+                                 : ckpt_stage_finish(a->stage, a->w);
     if (a->phase == COMMITTING && a->w) {
         if (rc)
             fsc_ckpt_abort(a->w);
@@ -66,6 +76,9 @@ static void *run(void *arg) {
         a->w = NULL;
     }
     if (rc) snprintf(a->msg, sizeof a->msg, "%s", fsc_last_error());
+    fsc_log(FSC_LOG_DEBUG, "async save: rank %d: %s of %s: %.3f s, %.3f s of CPU", a->rank,
+            a->phase == WRITING ? "writing" : "committing", a->name, seconds(CLOCK_MONOTONIC) - t0,
+            seconds(CLOCK_THREAD_CPUTIME_ID) - c0);
     a->rc = rc;
     atomic_store(&a->done, 1);
     return NULL;
@@ -86,12 +99,17 @@ static void join(trainer_async *a) {
     a->running = false;
 }
 
-/* Drops the save in flight: temporaries removed, `latest` untouched. */
+/* Drops the save in flight: temporaries removed, `latest` untouched; its
+ * stage kept, empty, with its buffers for the next save. */
 static void discard(trainer_async *a) {
     join(a);
-    ckpt_stage_free(a->stage);
+    ckpt_stage_recycle(a->stage);
+    if (a->spare)
+        ckpt_stage_free(a->stage);
+    else
+        a->spare = a->stage;
     fsc_ckpt_abort(a->w);
-    a->stage = NULL, a->w = NULL, a->phase = IDLE;
+    a->stage = NULL, a->w = NULL, a->phase = IDLE, a->polls = 0;
 }
 
 int trainer_async_start(fsc_trainer *t, fsc_ckpt_writer *w, ckpt_stage *stage, int rc) {
@@ -128,6 +146,7 @@ int trainer_async_poll(fsc_trainer *t, bool wait) {
             if (busy) fsc_io_busy_end();
         }
         int32_t pending = !atomic_load(&a->done);
+        a->polls++;
         if (fsc_group_size(all) > 1) {
             int rc = fsc_group_allreduce(all, &pending, 1, FSC_DTYPE_I32, FSC_REDUCE_MAX);
             if (rc) {
@@ -153,10 +172,19 @@ int trainer_async_poll(fsc_trainer *t, bool wait) {
         }
         snprintf(what, sizeof what, "committing %s in the background", a->name);
         rc = fsc_group_agree(all, rc, what);
-        if (!rc) fsc_log(FSC_LOG_DEBUG, "async save: rank %d: %s committed", a->rank, a->name);
-        discard(a); /* the thread is joined and w consumed: frees the stage */
+        if (!rc)
+            fsc_log(FSC_LOG_DEBUG, "async save: rank %d: %s committed (%d step polls)", a->rank,
+                    a->name, a->polls);
+        discard(a); /* the thread is joined and w consumed: recycles the stage */
         return rc;
     }
+}
+
+ckpt_stage *trainer_async_stage(fsc_trainer *t) {
+    trainer_async *a = t->async;
+    ckpt_stage *s = a->spare;
+    a->spare = NULL;
+    return s ? s : ckpt_stage_new();
 }
 
 void trainer_async_free(fsc_trainer *t) {
@@ -167,6 +195,7 @@ void trainer_async_free(fsc_trainer *t) {
                 "committed; fsc_trainer_checkpoint_wait commits it)",
                 t->async->name);
     discard(t->async);
+    ckpt_stage_free(t->async->spare);
     free(t->async);
     t->async = NULL;
 }

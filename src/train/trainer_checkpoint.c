@@ -9,6 +9,7 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "fsc/checkpoint.h"
 #include "fsc/profile.h"
@@ -60,7 +61,7 @@ int fsc_trainer_save_checkpoint(fsc_trainer *t, const char *dir, int n_state,
     int rc = async ? trainer_async_poll(t, true) : FSC_OK;
     if (rc) return rc;
     fsc_ckpt_writer *w = NULL;
-    ckpt_stage *stage = async ? ckpt_stage_new() : NULL;
+    ckpt_stage *stage = async ? trainer_async_stage(t) : NULL;
     rc = async && !stage ? FSC_ERR_NOMEM : FSC_OK;
     if (!rc && root) rc = fsc_ckpt_begin(dir, t->step, &w);
     rc = fsc_group_agree(all, rc, "starting a checkpoint");
@@ -83,6 +84,8 @@ int fsc_trainer_save_checkpoint(fsc_trainer *t, const char *dir, int n_state,
         snprintf(names[i], sizeof names[i], "fsc.%s", keys[i]);
         mk[2 + i] = names[i], mv[2 + i] = json_values[i];
     }
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     FSC_PROF_BEGIN(FSC_PROF_CKPT, async ? "checkpoint staging" : "checkpoint write");
     ckpt_stage_capture(stage);
     rc = fsc_strategy_save_weights(t->s, weights, 0, 2 + n_state, mk, mv);
@@ -96,6 +99,10 @@ int fsc_trainer_save_checkpoint(fsc_trainer *t, const char *dir, int n_state,
     }
     ckpt_stage_capture(NULL);
     FSC_PROF_END();
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    fsc_log(FSC_LOG_DEBUG, "checkpoint step-%06" PRId64 ": %s on rank %d in %.3f s", t->step,
+            async ? "staged" : "written", fsc_group_rank(all),
+            (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
     /* committed only when every rank's part is on disk: a rank whose write
      * failed stops the commit, and every rank names it */
     const char *what = async ? "staging the checkpoint's files" : "writing the checkpoint's files";

@@ -46,10 +46,13 @@ void trainer_ada_free(fsc_trainer *t);
  * run. Start: hands the captured save (w: the root's, else NULL) to the
  * background writer; with rc set, drops it and returns rc. Poll (collective,
  * at step boundaries): advances the save in flight, waiting for it to end
- * when wait; its failure, agreed on every rank. */
+ * when wait; its failure, agreed on every rank. Stage: an empty stage for
+ * the next capture, the last save's recycled (its buffers already touched)
+ * when there is one; NULL (error set) when out of memory. */
 typedef struct trainer_async trainer_async;
 struct ckpt_stage;
 int trainer_async_begin(fsc_trainer *t);
+struct ckpt_stage *trainer_async_stage(fsc_trainer *t);
 int trainer_async_start(fsc_trainer *t, fsc_ckpt_writer *w, struct ckpt_stage *stage, int rc);
 int trainer_async_poll(fsc_trainer *t, bool wait);
 bool trainer_async_busy(const fsc_trainer *t);

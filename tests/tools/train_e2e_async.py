@@ -114,6 +114,16 @@ def faults():
         expect_failed(f"async {strategy}, rank 1's background writes {err}", p,
                       ["rank 1", ".safetensors", "in the background", os.strerror(
                           {"EIO": 5, "ENOSPC": 28}[err])], ck)
+    # writes that report success but land as zeros: each rank reads its own bytes
+    # back (the commit re-reads nothing), on a parallel file and on a one-writer one
+    for what, rank, extra in (("ddp", 1, {}), ("ddp one writer", 0, {"FSC_PARALLEL_IO": "0"})):
+        ck = os.path.join(TMP, "garble-" + what.replace(" ", "-"))
+        env = shim_env(path=".step-000004.tmp", rank=rank, write="GARBLE", **{"from": 300000})
+        env.update(extra)
+        p = launch(2, [*base, "--strategy", "ddp", "--checkpoint-dir", ck, "--keep-last", 1],
+                   expect_ok=False, env=env)
+        expect_failed(f"async {what}, rank {rank}'s background writes lost", p,
+                      [f"rank {rank}", ".safetensors", "not the bytes written"], ck)
     ck = os.path.join(TMP, "fault-onewriter")
     env = shim_env(path=".step-000004.tmp", rank=0, fsync="EIO")
     env["FSC_PARALLEL_IO"] = "0"
