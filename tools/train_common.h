@@ -117,6 +117,11 @@ void train_flag_json(const train_options *o, int i, char *buf, size_t n);
  * marking it given by `source` (0: not given). A string value is kept by
  * pointer. Returns the flag's index, or a negative status naming it. */
 int train_flag_set(train_options *o, const char *name, const char *value, int source);
+/* The i-th flag of the table, NULL past its end (train_options_check.c). */
+const struct tool_flag *train_flag_at(int i);
+/* train_options_check.c: flag `name`'s documented range as "[lo, hi]" (or
+ * "[lo, hi)") into buf; false, buf untouched, for a flag without one. */
+bool train_flag_range_text(const char *name, char *buf, size_t n);
 
 /* train_config.c: --config, and the flags a checkpoint or weights file
  * carries. Reads FILE's flags into o, except those on the command line. */
