@@ -107,31 +107,31 @@ static int probe(const char *path, file_kind kind, int64_t *count) {
     return FSC_OK;
 }
 
-/* Reads a byte file as tokens; the bytes land in the upper half, then widen. */
-static int read_bytes(const char *path, uint16_t *dst, int64_t count) {
+/* Reads path whole into buf, which holds exactly its `bytes` (counted
+ * earlier: a file that changed size since fails). */
+static int read_exact(const char *path, void *buf, uint64_t bytes) {
     int fd;
     uint64_t size;
     int rc = fsc_open_read(path, &fd, &size);
     if (rc) return rc;
-    unsigned char *b = (unsigned char *)dst + count;
-    if (size != (uint64_t)count) rc = fsc_error(FSC_ERR_IO, "%s: changed size while loading", path);
-    if (!rc) rc = fsc_pread_full(fd, b, (size_t)count, 0, path);
+    if (size != bytes) rc = fsc_error(FSC_ERR_IO, "%s: changed size while loading", path);
+    if (!rc) rc = fsc_pread_full(fd, buf, (size_t)bytes, 0, path);
     close(fd);
+    return rc;
+}
+
+/* Reads a byte file as tokens; the bytes land in the upper half, then widen. */
+static int read_bytes(const char *path, uint16_t *dst, int64_t count) {
+    unsigned char *b = (unsigned char *)dst + count;
+    int rc = read_exact(path, b, (uint64_t)count);
     for (int64_t i = 0; !rc && i < count; i++) dst[i] = b[i]; /* b[i] lies at or after dst[i] */
     return rc;
 }
 
 /* Reads a nanoGPT file: little-endian uint16 tokens from byte 0. */
 static int read_raw_u16(const char *path, uint16_t *dst, int64_t count) {
-    int fd;
-    uint64_t size;
-    int rc = fsc_open_read(path, &fd, &size);
-    if (rc) return rc;
-    if (size != 2 * (uint64_t)count)
-        rc = fsc_error(FSC_ERR_IO, "%s: changed size while loading", path);
     unsigned char *b = (unsigned char *)dst;
-    if (!rc) rc = fsc_pread_full(fd, b, (size_t)count * 2, 0, path);
-    close(fd);
+    int rc = read_exact(path, b, 2 * (uint64_t)count);
     for (int64_t i = 0; !rc && i < count; i++) /* little-endian on disk, host order in memory */
         dst[i] = (uint16_t)(b[2 * i] | b[2 * i + 1] << 8);
     return rc;
