@@ -301,6 +301,25 @@ FSC_API void fsc_attention_forward_prec(float *out, float *att, const float *qkv
 FSC_API void fsc_attention_backward_prec(float *dqkv, const float *dout, const float *qkv,
                                          const float *att, int B, int T, int C, int NH,
                                          fsc_gemm_prec prec);
+/* Attention on operands stored in bf16 under bf16 autocast: qkvh (B,T,3C)
+ * as c_attn wrote it in bf16, the probabilities kept in bf16 in atth
+ * (B,NH,T,T; entries right of a query block's last key are not written).
+ * The forward computes bit for bit what fsc_attention_forward_prec at
+ * FSC_GEMM_BF16 computes on qkvh's widening (out, fp32) and stores its
+ * probabilities rounded to bf16; the backward (dqkv written, fp32) what
+ * fsc_attention_backward_prec at FSC_GEMM_BF16 computes on the widenings
+ * of qkvh and atth. Runs the batched bf16 GEMMs where
+ * fsc_attention_bf16_act_ready, else (or when memory is short) the
+ * per-head path on fp32 widenings in FSC_MEM_WORK. FSC_ERR_NOMEM when
+ * neither can have its workspace. */
+FSC_API int fsc_attention_forward_bf16_act(float *out, uint16_t *atth, const uint16_t *qkvh, int B,
+                                           int T, int C, int NH);
+FSC_API int fsc_attention_backward_bf16_act(float *dqkv, const float *dout, const uint16_t *qkvh,
+                                            const uint16_t *atth, int B, int T, int C, int NH);
+/* Whether the batched bf16 attention runs for (B,T,C,NH) here (bf16 GEMMs
+ * wanted, oneDNN made its primitives): where it does, storing q/k/v and the
+ * probabilities in bf16 costs no extra rounding in forward. */
+FSC_API bool fsc_attention_bf16_act_ready(int B, int T, int C, int NH);
 
 /* ---- embedding ------------------------------------------------------------- */
 /* out is (B,T,C) = wte[tokens] + wpe[position]; tokens (B,T) int32. wpe may be NULL. */

@@ -209,3 +209,136 @@ bool fsc_attention_bf16_backward(float *dqkv, const float *dout, const float *qk
     }
     return true;
 }
+
+/* ---- q/k/v and the probabilities stored in bf16 (autocast's saves) ----------
+ * The batched path above rounds qkv and p to bf16 for its GEMMs anyway, so
+ * under bf16 autocast they are kept that way: c_attn writes qkv in bf16, the
+ * forward writes p in bf16 and backward reads both as the GEMMs' operands.
+ * The softmax backward reads p widened from bf16 (fp32 arithmetic), the one
+ * place the numbers move against fp32 probabilities; the rest is bit for bit
+ * the batched path on the widened values. When that path cannot run (memory,
+ * a primitive failing) the per-head path runs on fp32 widenings in
+ * FSC_MEM_WORK, so the result is defined either way. */
+
+bool fsc_attention_bf16_act_ready(int B, int T, int C, int NH) {
+    return B > 0 && T > 0 && NH > 0 && get(B, T, C, NH) != NULL;
+}
+
+/* src widened into a new FSC_MEM_WORK array of n floats; NULL when out of memory. */
+static float *widened(const uint16_t *src, size_t n) {
+    float *f = fsc_mem_alloc(FSC_MEM_WORK, n * sizeof(float));
+    if (f) fsc_widen_bf16(f, src, (int64_t)n);
+    return f;
+}
+
+/* The probabilities' rows in bf16, entries right of each block's last key
+ * left unwritten (the batched path's causal blocks). */
+static void narrow_att(uint16_t *atth, const float *att, int BH, int T) {
+#pragma omp parallel for if (BH > 1 && fsc_get_num_threads() > 1)
+    for (int bh = 0; bh < BH; bh++)
+        for (int t = 0; t < T; t++) {
+            int ncols = (t / FSC_ATT_BLOCK + 1) * FSC_ATT_BLOCK;
+            size_t at = ((size_t)bh * T + t) * T;
+            fsc_pack_bf16(atth + at, att + at, 1, ncols < T ? ncols : T, 0);
+        }
+}
+
+static int forward_fallback(float *out, uint16_t *atth, const uint16_t *qkvh, int B, int T, int C,
+                            int NH) {
+    const size_t nq = (size_t)B * T * 3 * C, na = (size_t)B * NH * T * T;
+    float *qkv = widened(qkvh, nq), *att = fsc_mem_alloc(FSC_MEM_WORK, na * sizeof(float));
+    int rc = qkv && att ? FSC_OK : FSC_ERR_NOMEM;
+    if (!rc) {
+        fsc_attention_forward_prec(out, att, qkv, B, T, C, NH, FSC_GEMM_BF16);
+        narrow_att(atth, att, B * NH, T);
+    }
+    fsc_mem_free(qkv), fsc_mem_free(att);
+    return rc;
+}
+
+int fsc_attention_forward_bf16_act(float *out, uint16_t *atth, const uint16_t *qkvh, int B, int T,
+                                   int C, int NH) {
+    const config *c = get(B, T, C, NH);
+    buffers w;
+    /* the fp32 scores: backward's dp buffer, free during a forward */
+    if (!c || !buffers_get(c, true, &w)) return forward_fallback(out, atth, qkvh, B, T, C, NH);
+    const int hs = C / NH, nb = (T + FSC_ATT_BLOCK - 1) / FSC_ATT_BLOCK;
+    const float scale = 1.0f / sqrtf((float)hs);
+    for (int i = 0; i < nb; i++)
+        if (!run(c, QK, i, qkvh + (size_t)i * FSC_ATT_BLOCK * 3 * C, qkvh + C,
+                 w.dp + (size_t)i * FSC_ATT_BLOCK * T, w.scratch))
+            return forward_fallback(out, atth, qkvh, B, T, C, NH);
+#pragma omp parallel for if (B * NH > 1 && fsc_get_num_threads() > 1)
+    for (int bh = 0; bh < B * NH; bh++)
+        for (int t = 0; t < T; t++) { /* as fsc_attention_bf16_forward's rows */
+            int ncols = (t / FSC_ATT_BLOCK + 1) * FSC_ATT_BLOCK;
+            ncols = ncols < T ? ncols : T;
+            float *row = w.dp + ((size_t)bh * T + t) * T;
+#pragma omp simd
+            for (int u = 0; u <= t; u++) row[u] *= scale;
+            fsc_softmax_causal_row(row, t, ncols);
+            fsc_pack_bf16(atth + ((size_t)bh * T + t) * T, row, 1, ncols, 0);
+        }
+    for (int i = 0; i < nb; i++)
+        if (!run(c, PV, i, atth + (size_t)i * FSC_ATT_BLOCK * T, qkvh + 2 * C,
+                 out + (size_t)i * FSC_ATT_BLOCK * C, w.scratch))
+            return forward_fallback(out, atth, qkvh, B, T, C, NH);
+    return FSC_OK;
+}
+
+static int backward_fallback(float *dqkv, const float *dout, const uint16_t *qkvh,
+                             const uint16_t *atth, int B, int T, int C, int NH) {
+    const size_t nq = (size_t)B * T * 3 * C, na = (size_t)B * NH * T * T;
+    float *qkv = widened(qkvh, nq), *att = fsc_mem_alloc(FSC_MEM_WORK, na * sizeof(float));
+    int rc = qkv && att ? FSC_OK : FSC_ERR_NOMEM;
+    if (!rc) {
+#pragma omp parallel for if (B * NH > 1 && fsc_get_num_threads() > 1)
+        for (int bh = 0; bh < B * NH; bh++)
+            for (int t = 0; t < T; t++) { /* the causal part; the per-head path reads no more */
+                size_t at = ((size_t)bh * T + t) * T;
+                fsc_widen_bf16(att + at, atth + at, t + 1);
+                memset(att + at + t + 1, 0, (size_t)(T - t - 1) * sizeof(float));
+            }
+        fsc_attention_backward_prec(dqkv, dout, qkv, att, B, T, C, NH, FSC_GEMM_BF16);
+    }
+    fsc_mem_free(qkv), fsc_mem_free(att);
+    return rc;
+}
+
+int fsc_attention_backward_bf16_act(float *dqkv, const float *dout, const uint16_t *qkvh,
+                                    const uint16_t *atth, int B, int T, int C, int NH) {
+    const config *c = get(B, T, C, NH);
+    buffers w;
+    if (!c || !buffers_get(c, true, &w))
+        return backward_fallback(dqkv, dout, qkvh, atth, B, T, C, NH);
+    const int hs = C / NH, nb = (T + FSC_ATT_BLOCK - 1) / FSC_ATT_BLOCK;
+    const float scale = 1.0f / sqrtf((float)hs);
+    fsc_pack_bf16(w.dy, dout, B * T, C, C);
+    bool ok = true;
+    for (int i = 0; i < nb && ok; i++) /* dp = dy v^T, per query block */
+        ok = run(c, DP, i, w.dy + (size_t)i * FSC_ATT_BLOCK * C, qkvh + 2 * C,
+                 w.dp + (size_t)i * FSC_ATT_BLOCK * T, w.scratch);
+    for (int i = 0; i < nb && ok; i++) /* dv = p^T dy, per key block, p as saved */
+        ok = run(c, DV, i, atth + (size_t)i * FSC_ATT_BLOCK * (T + 1),
+                 w.dy + (size_t)i * FSC_ATT_BLOCK * C,
+                 dqkv + 2 * C + (size_t)i * FSC_ATT_BLOCK * 3 * C, w.scratch);
+    if (!ok) return backward_fallback(dqkv, dout, qkvh, atth, B, T, C, NH);
+#pragma omp parallel for if (B * NH > 1 && fsc_get_num_threads() > 1)
+    for (int bh = 0; bh < B * NH; bh++) { /* ds from p widened, fp32, then bf16 */
+        float p[BLOCKS_MAX * FSC_ATT_BLOCK];
+        for (int t = 0; t < T; t++) {
+            int ncols = (t / FSC_ATT_BLOCK + 1) * FSC_ATT_BLOCK;
+            ncols = ncols < T ? ncols : T;
+            size_t at = ((size_t)bh * T + t) * T;
+            fsc_widen_bf16(p, atth + at, t + 1);
+            fsc_softmax_causal_row_backward(w.dp + at, p, t, ncols, scale);
+            fsc_pack_bf16(w.p + at, w.dp + at, 1, ncols, 0);
+        }
+    }
+    for (int i = 0; i < nb && ok; i++) {
+        size_t r0 = (size_t)i * FSC_ATT_BLOCK;
+        ok = run(c, DQ, i, w.p + r0 * T, qkvh + C, dqkv + r0 * 3 * C, w.scratch) &&
+             run(c, DK, i, w.p + r0 * (T + 1), qkvh + r0 * 3 * C, dqkv + C + r0 * 3 * C, w.scratch);
+    }
+    return ok ? FSC_OK : backward_fallback(dqkv, dout, qkvh, atth, B, T, C, NH);
+}

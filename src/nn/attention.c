@@ -1,6 +1,7 @@
 /* Causal self-attention, GPT-2 layout: c_attn (C -> 3C, fused q|k|v), the
  * attention kernel, c_proj (C -> C), residual dropout. Saves qkv and the
- * softmax probabilities (B,NH,T,T) for backward, or under flash attention
+ * softmax probabilities (B,NH,T,T) for backward (both in bf16 under bf16
+ * autocast where the batched bf16 kernel runs), or under flash attention
  * (attention_kernel.c) per-row log-sum-exps. Under fsc_ctx.kv
  * (generation) the same parts run on the new rows only, which attend over
  * the keys and values the earlier rows left in the cache. */
@@ -85,6 +86,18 @@ static int attention_cached(fsc_module *const parts[3], const fsc_ctx *ctx, cons
     if (!rc) rc = fsc_module_forward(parts[2], ctx, &p, y, &rec);
     *saved = NULL;
     return rc;
+}
+
+/* c_attn's output, q/k/v, in bf16 (asked per call, nn_linear_set_out_bf16):
+ * under bf16 autocast where the batched bf16 kernel runs, which rounds q/k/v
+ * to bf16 for its GEMMs anyway; not for flash, whose tiles read fp32, nor
+ * under kv or seq, whose paths read fp32. The probabilities then stay in
+ * bf16 as well (attention_kernel.c). */
+static bool qkv_in_bf16(const fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x) {
+    const attention *a = (const attention *)m;
+    return fsc_ctx_bf16_act(ctx) && !ctx->kv && !ctx->seq && x->ndim == 3 &&
+           !fsc_attention_uses_flash(ctx->attention, x->shape[1]) &&
+           fsc_attention_bf16_act_ready((int)x->shape[0], (int)x->shape[1], a->C, a->NH);
 }
 
 /* The attention output h (B,T,C) for c_proj. Under bf16 autocast, when
@@ -182,5 +195,6 @@ fsc_module *fsc_attention_new(const char *name, int C, int NH, float dropout, ui
         fsc_module_free(a->c_attn), fsc_module_free(a->c_proj), fsc_module_free(a->drop);
         return NULL;
     }
+    nn_linear_set_out_bf16(a->c_attn, qkv_in_bf16, &a->base);
     return &a->base;
 }

@@ -1,7 +1,9 @@
 /* Which attention kernel runs, and the GPT-2 layout's call of either: the
  * fused qkv (B,T,3C) through fsc_attention_forward_prec (probabilities
  * saved) or through fsc_flash_attention_forward (out and lse saved), and
- * the matching backward. The choice is made per call from fsc_ctx.attention
+ * the matching backward; under bf16 autocast, qkv that c_attn wrote in bf16
+ * goes to the bf16 kernels, which keep the probabilities in bf16. The
+ * choice is made per call from fsc_ctx.attention
  * and T, and recorded in the saved state (lse set or att set), so backward
  * follows forward whatever the context says then. */
 #include <inttypes.h>
@@ -62,6 +64,12 @@ int nn_attention_fused_forward(const fsc_ctx *ctx, fsc_attn_saved *s, float *h, 
     const int B = (int)s->qkv.shape[0], T = (int)s->qkv.shape[1];
     const float *qkv = s->qkv.data;
     s->att = s->lse = NULL;
+    s->atth = NULL;
+    if (s->qkv.dtype == FSC_DTYPE_BF16) { /* q/k/v and the probabilities kept in bf16 */
+        s->atth = fsc_arena_alloc(ctx->arena, (size_t)B * NH * T * T * sizeof(uint16_t));
+        if (!s->atth) return nn_attention_refused(B, T, NH);
+        return fsc_attention_forward_bf16_act(h, s->atth, s->qkv.data, B, T, C, NH);
+    }
     if (fsc_attention_uses_flash(ctx->attention, T)) {
         const fsc_attn_dims d = fused_dims(B, T, C, NH);
         s->lse = fsc_arena_alloc(ctx->arena, (size_t)B * NH * T * sizeof(float));
@@ -81,6 +89,8 @@ int nn_attention_fused_backward(const fsc_ctx *ctx, const fsc_attn_saved *s, con
                                 float *dqkv, int C, int NH) {
     const int B = (int)s->qkv.shape[0], T = (int)s->qkv.shape[1];
     const float *qkv = s->qkv.data;
+    if (s->qkv.dtype == FSC_DTYPE_BF16)
+        return fsc_attention_backward_bf16_act(dqkv, dh, s->qkv.data, s->atth, B, T, C, NH);
     if (!s->lse) {
         fsc_attention_backward_prec(dqkv, dh, qkv, s->att, B, T, C, NH, fsc_ctx_prec(ctx));
         return FSC_OK;

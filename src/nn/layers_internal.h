@@ -111,6 +111,12 @@ static inline int fsc_alloc_like_dt(fsc_arena *a, const fsc_tensor *x, int64_t l
  * ctx->kv or ctx->seq, whose paths read fp32). Set by the module that owns
  * both ends. */
 void nn_gelu_set_feeds(fsc_module *gelu, const fsc_module *linear);
+/* A Linear's consumer that reads its output in bf16 (attention: q/k/v)
+ * says so per call: want(consumer, ctx, x) true makes that call's y bf16,
+ * the GEMM's fp32 result rounded once. Set by the module that owns both;
+ * want NULL keeps y fp32. Never for a LoRA-adapted Linear. */
+typedef bool (*nn_bf16_out_fn)(const fsc_module *consumer, const fsc_ctx *ctx, const fsc_tensor *x);
+void nn_linear_set_out_bf16(fsc_module *linear, nn_bf16_out_fn want, const fsc_module *consumer);
 void nn_layernorm_set_feeds(fsc_module *layernorm, const fsc_module *linear);
 
 /* Checks x is an f32 tensor whose last dim is `last`. */
@@ -140,8 +146,9 @@ int fsc_layernorm_module_backward(fsc_module *m, const fsc_ctx *ctx, void *saved
  * caller checks x (forward) and dy (backward). */
 typedef struct {
     void *c_attn, *c_proj, *drop;
-    fsc_tensor qkv; /* (B, T, 3C): the whole sequence */
+    fsc_tensor qkv; /* (B, T, 3C): the whole sequence; f32, or bf16 (atth set) */
     float *att;     /* (B, NH, T, T): the naive kernel's, else NULL */
+    uint16_t *atth; /* the same in bf16, when qkv is bf16 (autocast), else NULL */
     float *lse;     /* (B, NH, T): the flash kernel's, else NULL */
     float *out;     /* flash: the attention output (c_proj's input) */
 } fsc_attn_saved;

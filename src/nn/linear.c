@@ -3,7 +3,9 @@
  * producer's output, so a bf16 copy would add memory, not save it. Under
  * bf16 autocast the producer may have stored x in bf16 already
  * (fsc_ctx_bf16_act): the GEMMs then read it as is and backward reads the
- * same bf16 values, as PyTorch's autocast saves them. */
+ * same bf16 values, as PyTorch's autocast saves them. Its own output is
+ * written in bf16 when its consumer asks (nn_linear_set_out_bf16: attention
+ * reading q/k/v in bf16). */
 #include "layers_internal.h"
 
 typedef struct {
@@ -11,6 +13,8 @@ typedef struct {
     int in, out;
     bool bias;
     fsc_weight_layout layout;
+    nn_bf16_out_fn out_bf16;    /* asks, per call, for y in bf16; or NULL */
+    const fsc_module *consumer; /* what out_bf16 is asked about */
 } linear;
 
 /* x's dtype: f32, or bf16 when this call stores activations in bf16. */
@@ -30,16 +34,27 @@ static int check_input(const fsc_module *m, const fsc_ctx *ctx, const fsc_tensor
 static int linear_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, fsc_tensor *y,
                           void **saved) {
     linear *l = (linear *)m;
+    /* not when LoRA adapted this Linear: it adds its fp32 update to y */
+    const bool out_h = l->out_bf16 && nn_linear_is(m) && l->out_bf16(l->consumer, ctx, x);
     int rc = check_input(m, ctx, x, l->in);
-    if (!rc) rc = fsc_alloc_like(ctx->arena, x, l->out, y);
+    if (!rc)
+        rc = fsc_alloc_like_dt(ctx->arena, x, l->out, out_h ? FSC_DTYPE_BF16 : FSC_DTYPE_F32, y);
     if (rc) return rc;
+    const int64_t n = fsc_rows(x) * l->out;
+    /* a bf16 y: the GEMM's fp32 result in a scratch given back at once */
+    float *yf = out_h ? fsc_mem_alloc(FSC_MEM_WORK, (size_t)n * sizeof(float)) : y->data;
+    if (!yf) return FSC_ERR_NOMEM;
     const float *b = l->bias ? m->params[1].data : NULL;
     if (x->dtype == FSC_DTYPE_BF16)
-        rc = fsc_matmul_forward_bf16_act(y->data, x->data, m->params[0].data, b, (int)fsc_rows(x),
-                                         l->in, l->out, l->layout);
+        rc = fsc_matmul_forward_bf16_act(yf, x->data, m->params[0].data, b, (int)fsc_rows(x), l->in,
+                                         l->out, l->layout);
     else
-        fsc_matmul_forward_prec(y->data, x->data, m->params[0].data, b, (int)fsc_rows(x), l->in,
-                                l->out, l->layout, fsc_ctx_prec(ctx));
+        fsc_matmul_forward_prec(yf, x->data, m->params[0].data, b, (int)fsc_rows(x), l->in, l->out,
+                                l->layout, fsc_ctx_prec(ctx));
+    if (out_h) {
+        if (!rc) fsc_narrow_bf16(y->data, yf, n);
+        fsc_mem_free(yf);
+    }
     return rc ? rc : fsc_save_input(ctx->arena, x, saved);
 }
 
@@ -88,6 +103,11 @@ static const fsc_module_ops linear_ops = {"Linear", linear_forward, linear_backw
 
 bool nn_linear_is(const fsc_module *m) {
     return m && m->ops == &linear_ops;
+}
+
+void nn_linear_set_out_bf16(fsc_module *m, nn_bf16_out_fn want, const fsc_module *consumer) {
+    linear *l = (linear *)m;
+    l->out_bf16 = want, l->consumer = consumer;
 }
 
 fsc_weight_layout nn_linear_layout(const fsc_module *m) {

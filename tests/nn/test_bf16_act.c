@@ -11,12 +11,15 @@
  *    those of the same block whose LayerNorms and GELU are told no Linear
  *    reads them (so they store fp32), every GEMM in bf16 both times;
  *  - forced off (FSC_BF16_GEMM=off), nothing is stored in bf16;
+ *  - attention keeps q/k/v (3C per row) and its probabilities in bf16,
+ *    its output bit for bit the same;
  *  - LLaMA's SwiGLU MLP keeps its gated product (down_proj's input) in
  *    bf16: F elements per row at 2 bytes, the output unchanged in dtype. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <cmocka.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +28,8 @@
 #include "nn/layers_internal.h" /* nn_*_set_feeds: the producers' switch */
 
 enum { B = 2, T = 32, C = 64, NH = 2, N = B * T };
+/* what attention keeps of its probabilities in bf16 instead of fp32 */
+#define QKV_ATT_SAVED ((size_t)B * NH * T * T * 2)
 
 static float frand(uint64_t *s) {
     *s = *s * 6364136223846793005ull + 1442695040888963407ull;
@@ -149,7 +154,56 @@ static void test_block_keeps_half_and_computes_the_same(void **state) {
     /* forced off: fp32 throughout, the attention output too */
     fsc_bf16_gemm_set_mode(FSC_BF16_GEMM_OFF);
     const size_t none = block_run(blk, &ps, xv, dyv, y2, dx2, g2);
-    assert_int_equal(none - all, (size_t)N * (C + C + C + 4 * C) * 2);
+    assert_int_equal(none - all, (size_t)N * (C + C + C + 4 * C + 3 * C) * 2 + QKV_ATT_SAVED);
+    fsc_bf16_gemm_set_mode(FSC_BF16_GEMM_AUTO);
+    free(g1), free(g2);
+    fsc_params_free(&ps);
+    fsc_module_free(blk);
+}
+
+/* max |a - b| over max |b| */
+static double max_rel(const float *a, const float *b, int64_t n) {
+    double d = 0, m = 0;
+    for (int64_t i = 0; i < n; i++) {
+        d = fmax(d, fabs((double)a[i] - b[i]));
+        m = fmax(m, fabs((double)b[i]));
+    }
+    return d / m;
+}
+
+/* c_attn told its consumer reads fp32: q/k/v (3C per row) and the
+ * probabilities (B*NH*T*T) stay fp32, exactly those bytes more; the output
+ * is bit for bit the same (the bf16 GEMMs round both anyway), and so is
+ * the value gradient path; dx and the gradients differ only through the
+ * softmax backward reading p rounded (test_attention_bf16_act.c). */
+static void test_attention_keeps_qkv_and_probabilities_in_bf16(void **state) {
+    (void)state;
+    if (!have_bf16()) skip();
+    fsc_module *blk = fsc_block_new("h.0", C, NH, 0.f, 0, 1);
+    assert_non_null(blk);
+    fsc_params ps;
+    assert_int_equal(fsc_params_bind(blk, 5, true, &ps), FSC_OK);
+    uint64_t seed = 29;
+    static float xv[N * C], dyv[N * C], y1[N * C], y2[N * C], dx1[N * C], dx2[N * C];
+    for (int i = 0; i < N * C; i++) xv[i] = frand(&seed), dyv[i] = frand(&seed);
+    float *g1 = malloc((size_t)ps.numel * sizeof(float)), *g2 = malloc((size_t)ps.numel * 4);
+    assert_non_null(g1), assert_non_null(g2);
+    fsc_bf16_gemm_set_mode(FSC_BF16_GEMM_ON);
+    const size_t on = block_run(blk, &ps, xv, dyv, y1, dx1, g1);
+    fsc_module *c_attn = blk->children[1]->children[0];
+    nn_linear_set_out_bf16(c_attn, NULL, NULL);
+    const size_t off = block_run(blk, &ps, xv, dyv, y2, dx2, g2);
+    assert_int_equal(off - on, (size_t)N * 3 * C * 2 + QKV_ATT_SAVED);
+    assert_memory_equal(y1, y2, sizeof y1);
+    /* p off by at most 2^-9 p moves ds by about that relative to its
+     * terms; the bf16 GEMMs after it round ds itself by 2^-9 and err by
+     * up to e = 2^-7 of their sum|a||b|: so against the largest element,
+     * each tensor moves by less than 2^-7; it stays below p's own 2^-9 */
+    const double dxr = max_rel(dx1, dx2, N * C), gr = max_rel(g1, g2, ps.numel);
+    print_message("p rounded in the softmax backward: dx %.2g, gradients %.2g of their max\n", dxr,
+                  gr);
+    assert_true(dxr < 1.0 / 512 && gr < 1.0 / 512);
+    assert_true(memcmp(dx1, dx2, sizeof dx1) != 0); /* p really was read rounded */
     fsc_bf16_gemm_set_mode(FSC_BF16_GEMM_AUTO);
     free(g1), free(g2);
     fsc_params_free(&ps);
@@ -197,6 +251,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_linear_reads_bf16_as_its_widening),
         cmocka_unit_test(test_block_keeps_half_and_computes_the_same),
+        cmocka_unit_test(test_attention_keeps_qkv_and_probabilities_in_bf16),
         cmocka_unit_test(test_swiglu_keeps_its_product_in_bf16),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
