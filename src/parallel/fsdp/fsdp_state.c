@@ -183,12 +183,18 @@ static int read_pieces(fsc_fsdp *f, fsc_st_file *file, float *stage) {
     return rc;
 }
 
-int fsc_fsdp_load_weights(fsc_fsdp *f, const char *path) {
+/* A load replaces the shards: only between steps, nothing summoned. */
+static int check_load(const fsc_fsdp *f, const char *path, const char *what) {
     if (!f || !path)
-        return fsc_error(FSC_ERR_INVALID, "FSDP load_weights: f and path must not be NULL");
+        return fsc_error(FSC_ERR_INVALID, "FSDP %s: f and path must not be NULL", what);
     if (busy(f) || f->summoned)
-        return fsc_error(FSC_ERR_INVALID, "FSDP load_weights %s: call it between steps", path);
-    int rc = FSC_OK;
+        return fsc_error(FSC_ERR_INVALID, "FSDP %s %s: call it between steps", what, path);
+    return FSC_OK;
+}
+
+int fsc_fsdp_load_weights(fsc_fsdp *f, const char *path) {
+    int rc = check_load(f, path, "load_weights");
+    if (rc) return rc;
     float *stage = NULL;
     fsc_st_file *file = fsc_st_open(path, &rc);
     if (!file && !rc) rc = FSC_ERR_IO;
@@ -266,14 +272,11 @@ int fsc_fsdp_save_sharded(fsc_fsdp *f, const char *path, int n_meta, const char 
 }
 
 int fsc_fsdp_load_sharded(fsc_fsdp *f, const char *path) {
-    if (!f || !path)
-        return fsc_error(FSC_ERR_INVALID, "FSDP load_sharded: f and path must not be NULL");
-    if (busy(f) || f->summoned)
-        return fsc_error(FSC_ERR_INVALID, "FSDP load_sharded %s: call it between steps", path);
+    int rc = check_load(f, path, "load_sharded");
+    if (rc) return rc;
     fsc_flat_layout L;
     float **shards;
-    int rc = make_layout(f, &L, &shards);
-    if (rc) return rc;
+    if ((rc = make_layout(f, &L, &shards))) return rc;
     rc = fsc_flat_shard_load(path, &L, f->rank, shards);
     free(shards);
     free(L.units), free(L.params);
