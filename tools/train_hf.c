@@ -111,17 +111,18 @@ static int contradicts(const char *flag, double given, double file, const char *
 /* A Mixtral config's MoE layers into the --moe-* flags left out; the
  * shape's flags given must agree (a model of another shape cannot load the
  * weights), the routing's (capacity, aux coefficient) may differ. */
-static int take_moe(train_options *o, const fsc_moe_options *moe, const char *what) {
+static int take_moe(train_options *o, const fsc_moe_options *moe, int ffn, const char *what) {
     if (!moe->experts) return FSC_OK; /* a dense LLaMA: --moe-experts makes a new one */
     const struct {
         const char *flag;
-        int *field, file;
-    } shape[] = {{"moe-experts", &o->moe_experts, moe->experts},
-                 {"moe-every", &o->moe_every, moe->every},
-                 {"moe-hidden", &o->moe_hidden, moe->hidden}};
+        int *field, given, file; /* the width compared as resolved: 0 is the dense one */
+    } shape[] = {{"moe-experts", &o->moe_experts, o->moe_experts, moe->experts},
+                 {"moe-every", &o->moe_every, o->moe_every, moe->every},
+                 {"moe-hidden", &o->moe_hidden, o->moe_hidden ? o->moe_hidden : ffn,
+                  moe->hidden ? moe->hidden : ffn}};
     for (size_t i = 0; i < sizeof shape / sizeof *shape; i++) {
         int rc = train_flag_given(o, shape[i].flag)
-                     ? contradicts(shape[i].flag, *shape[i].field, shape[i].file, what)
+                     ? contradicts(shape[i].flag, shape[i].given, shape[i].file, what)
                      : FSC_OK;
         if (rc) return rc;
         *shape[i].field = shape[i].file;
@@ -162,7 +163,7 @@ int train_hf_init_from(train_options *o, bool verbose, bool *handled) {
         if (train_flag_given(o, model[i].flag) &&
             (rc = contradicts(model[i].flag, model[i].given, model[i].file, what)))
             return rc;
-    if ((rc = take_moe(o, &moe, what))) return rc;
+    if ((rc = take_moe(o, &moe, c.ffn_hidden, what))) return rc;
     if (train_flag_given(o, "seq") && m->seq > c.seq)
         return fsc_error(FSC_ERR_INVALID,
                          "--init-from: --seq %d is longer than %s's max_position_embeddings %d",
