@@ -25,7 +25,7 @@
 #include "io/io_internal.h"
 #include "io/st_parallel.h"
 
-enum { PATH_WORDS = 1024 }; /* 4096 bytes, as st_parallel_save's broadcast */
+enum { PATH_WORDS = ST_PATH_WORDS }; /* as st_parallel_save's broadcast */
 
 /* One file: a one-writer file (g NULL, written whole by this rank), or this
  * rank's part of a parallel file over g. */
@@ -241,21 +241,10 @@ int ckpt_stage_parallel(fsc_group *g, int root, const char *path, fsc_st_writer 
     ckpt_stage *s = current;
     const bool is_root = fsc_group_rank(g) == root;
     static _Thread_local int32_t names[2 * PATH_WORDS]; /* root's path, then its temporary */
-    memset(names, 0, sizeof names);
     char *rpath = (char *)names, *tmp = (char *)(names + PATH_WORDS);
-    int rc = status    ? status
-             : !plan   ? fsc_error(FSC_ERR_INVALID, "parallel save: no plan")
-             : is_root ? st_make_temporary(path, tmp, PATH_WORDS * 4)
-                       : FSC_OK;
+    int rc, brc = st_parallel_names(g, root, path, plan, status, names, &rc);
+    if (brc) return brc;
     const bool made = is_root && !rc;
-    if (made) snprintf(rpath, PATH_WORDS * 4, "%s", path);
-    int brc = fsc_group_broadcast(g, names, 2 * PATH_WORDS, FSC_DTYPE_I32, root);
-    if (brc) {
-        if (made) unlink(tmp);
-        fsc_st_writer_abort(plan);
-        return fsc_error_context(brc, "parallel save %s: ", is_root && path ? path : "");
-    }
-    rpath[PATH_WORDS * 4 - 1] = tmp[PATH_WORDS * 4 - 1] = '\0';
     stage_file *f = rc ? NULL : add(s);
     if (!rc && !f) rc = fsc_error(FSC_ERR_NOMEM, "%s: out of memory staging it", rpath);
     unsigned char *hdr = NULL;

@@ -31,7 +31,7 @@
 #include "io/io_internal.h"
 #include "io/st_parallel.h"
 
-enum { DEFAULT_CHUNK = 16 << 20, PATH_WORDS = 1024 /* 4096 bytes */ };
+enum { DEFAULT_CHUNK = 16 << 20, PATH_WORDS = ST_PATH_WORDS };
 
 static size_t chunk_bytes = DEFAULT_CHUNK;
 
@@ -320,7 +320,7 @@ static int verify_written(fsc_group *g, const job *j, const char *tmp, bool is_r
 /* ---- the save --------------------------------------------------------------------- */
 
 /* The root's temporary beside path (created empty, O_EXCL: its name is ours). */
-int st_make_temporary(const char *path, char *tmp, size_t cap) {
+static int make_temporary(const char *path, char *tmp, size_t cap) {
     if (!path || !*path) return fsc_error(FSC_ERR_INVALID, "parallel save: output path is empty");
     char prefix[PATH_WORDS * 4];
     if ((size_t)snprintf(prefix, sizeof prefix, "%s.tmp.%ld.", path, (long)getpid()) + 13 > cap)
@@ -329,6 +329,27 @@ int st_make_temporary(const char *path, char *tmp, size_t cap) {
     int rc = fsc_create_unique(prefix, tmp, cap, &fd);
     if (rc) return fsc_error_context(rc, "%s: cannot create its temporary: ", path);
     close(fd);
+    return FSC_OK;
+}
+
+int st_parallel_names(fsc_group *g, int root, const char *path, fsc_st_writer *plan, int status,
+                      int32_t names[2 * ST_PATH_WORDS], int *rc) {
+    const bool is_root = fsc_group_rank(g) == root;
+    memset(names, 0, 2 * ST_PATH_WORDS * sizeof *names);
+    char *rpath = (char *)names, *tmp = (char *)(names + PATH_WORDS);
+    *rc = status    ? status
+          : !plan   ? fsc_error(FSC_ERR_INVALID, "parallel save: no plan")
+          : is_root ? make_temporary(path, tmp, PATH_WORDS * 4)
+                    : FSC_OK;
+    const bool made = is_root && !*rc;
+    if (made) snprintf(rpath, PATH_WORDS * 4, "%s", path);
+    int brc = fsc_group_broadcast(g, names, 2 * PATH_WORDS, FSC_DTYPE_I32, root);
+    if (brc) {
+        if (made) unlink(tmp);
+        fsc_st_writer_abort(plan);
+        return fsc_error_context(brc, "parallel save %s: ", is_root && path ? path : "");
+    }
+    rpath[PATH_WORDS * 4 - 1] = tmp[PATH_WORDS * 4 - 1] = '\0';
     return FSC_OK;
 }
 
@@ -379,21 +400,11 @@ int st_parallel_save(fsc_group *g, int root, const char *path, fsc_st_writer *pl
     if (ckpt_stage_current()) return ckpt_stage_parallel(g, root, path, plan, pieces, status);
     const int me = fsc_group_rank(g), world = fsc_group_size(g);
     const bool is_root = me == root;
-    int32_t names[2 * PATH_WORDS] = {0}; /* root's path, then its temporary */
+    int32_t names[2 * PATH_WORDS]; /* root's path, then its temporary */
     char *rpath = (char *)names, *tmp = (char *)(names + PATH_WORDS);
-    int rc = status    ? status
-             : !plan   ? fsc_error(FSC_ERR_INVALID, "parallel save: no plan")
-             : is_root ? st_make_temporary(path, tmp, PATH_WORDS * 4)
-                       : FSC_OK;
+    int rc, crc = st_parallel_names(g, root, path, plan, status, names, &rc);
+    if (crc) return crc;
     const bool made = is_root && !rc;
-    if (made) snprintf(rpath, PATH_WORDS * 4, "%s", path);
-    int crc = fsc_group_broadcast(g, names, 2 * PATH_WORDS, FSC_DTYPE_I32, root);
-    if (crc) {
-        if (made) unlink(tmp);
-        fsc_st_writer_abort(plan);
-        return fsc_error_context(crc, "parallel save %s: ", is_root && path ? path : "");
-    }
-    rpath[PATH_WORDS * 4 - 1] = tmp[PATH_WORDS * 4 - 1] = '\0';
     job j = {.plan = plan, .path = rpath[0] ? rpath : "(the root's path)"};
     unsigned char *hdr = NULL;
     size_t hlen = 0;

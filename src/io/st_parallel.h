@@ -43,9 +43,18 @@ void st_plan_tensor(const fsc_st_writer *w, int i, fsc_dtype *dtype, uint64_t *b
                     uint64_t *nbytes);
 uint64_t st_plan_data_bytes(const fsc_st_writer *w);
 
-/* The root's temporary file beside path, created empty under a name of its own
- * (O_EXCL) into tmp[cap]; shared by the parallel save and the async stage. */
-int st_make_temporary(const char *path, char *tmp, size_t cap);
+enum { ST_PATH_WORDS = 1024 }; /* a path as int32 words: 4096 bytes */
+
+/* A parallel save's first step, on every rank of g (the parallel save's and
+ * the async stage's): unless status is set, root creates its temporary file
+ * beside path, empty, under a name of its own (O_EXCL); then root's path and
+ * temporary reach every rank in names (the path in the first ST_PATH_WORDS
+ * words, the temporary in the next; NUL-terminated). *rc gets this rank's
+ * status: status, or root's failure to make the temporary. Returns the
+ * broadcast's failure, with root's temporary removed and plan aborted (the
+ * caller returns it). */
+int st_parallel_names(fsc_group *g, int root, const char *path, fsc_st_writer *plan, int status,
+                      int32_t names[2 * ST_PATH_WORDS], int *rc);
 
 /* ---- pieces ---------------------------------------------------------------------- */
 
