@@ -74,6 +74,22 @@ static inline int mpi_test_finish(int failed) {
     return any ? 1 : 0;
 }
 
+/* main() of an MPI test program, whose file-scope `rank` and `world` it
+ * sets once MPI is up: the entries (cmocka_unit_test(...)) run as one group,
+ * then one verdict for every rank (mpi_test_finish). The _IN_SCRATCH form
+ * runs them with one scratch directory for the world in dir, as
+ * mpi_run_tests_in_scratch does. */
+#define MPI_TEST_MAIN_RUN(run, ...)                                                                \
+    int main(int argc, char **argv) {                                                              \
+        if (fsc_dist_init(&argc, &argv, NULL)) return 1;                                           \
+        rank = fsc_dist_rank(), world = fsc_dist_size();                                           \
+        const struct CMUnitTest tests[] = {__VA_ARGS__};                                           \
+        return mpi_test_finish(run);                                                               \
+    }
+#define MPI_TEST_MAIN(...) MPI_TEST_MAIN_RUN(cmocka_run_group_tests(tests, NULL, NULL), __VA_ARGS__)
+#define MPI_TEST_MAIN_IN_SCRATCH(prefix, dir, ...)                                                 \
+    MPI_TEST_MAIN_RUN(mpi_run_tests_in_scratch(tests, prefix, dir), __VA_ARGS__)
+
 /* The end of a program whose tests leave a peer out of a collective on
  * purpose (the watchdog's): no verdict exchange (a peer may be gone), and a
  * finalize that times out is expected; any other failure of it counts. */

@@ -308,4 +308,14 @@ static inline int tt_init(int *argc, char ***argv, int *rank, int *world) {
 #define tt_run_tests(tests, prefix, dir)                                                           \
     mpi_test_finish(mpi_run_tests_in_scratch(tests, prefix, dir))
 
+/* main() of a trainer test program, whose file-scope `rank` and `world`
+ * tt_init sets: the entries (cmocka_unit_test(...)) run as tt_run_tests
+ * does. */
+#define TT_MAIN(prefix, dir, ...)                                                                  \
+    int main(int argc, char **argv) {                                                              \
+        if (tt_init(&argc, &argv, &rank, &world)) return 1;                                        \
+        const struct CMUnitTest tests[] = {__VA_ARGS__};                                           \
+        return tt_run_tests(tests, prefix, dir);                                                   \
+    }
+
 #endif

@@ -160,12 +160,5 @@ static void test_bf16_first_step(void **state) {
     }
 }
 
-int main(int argc, char **argv) {
-    if (tt_init(&argc, &argv, &rank, &world)) return 1;
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_fsdp_matches_ddp),
-        cmocka_unit_test(test_fsdp_matches_ddp_accumulated),
-        cmocka_unit_test(test_bf16_first_step),
-    };
-    return tt_run_tests(tests, "fsc_adascale_fsdp", scratch);
-}
+TT_MAIN("fsc_adascale_fsdp", scratch, cmocka_unit_test(test_fsdp_matches_ddp),
+        cmocka_unit_test(test_fsdp_matches_ddp_accumulated), cmocka_unit_test(test_bf16_first_step))

@@ -221,13 +221,6 @@ static void test_refusals(void **state) {
     tt_data_free(d);
 }
 
-int main(int argc, char **argv) {
-    if (tt_init(&argc, &argv, &rank, &world)) return 1;
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_s1_is_one_process),
-        cmocka_unit_test(test_one_replica_accumulated),
-        cmocka_unit_test(test_two_replicas),
-        cmocka_unit_test(test_refusals),
-    };
-    return tt_run_tests(tests, "fsc_adascale_mesh", scratch);
-}
+TT_MAIN("fsc_adascale_mesh", scratch, cmocka_unit_test(test_s1_is_one_process),
+        cmocka_unit_test(test_one_replica_accumulated), cmocka_unit_test(test_two_replicas),
+        cmocka_unit_test(test_refusals))

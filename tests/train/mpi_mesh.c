@@ -263,16 +263,7 @@ static void test_mesh_refusals(void **state) {
         fail_msg("rank %d: %s", rank, fsc_last_error());
 }
 
-int main(int argc, char **argv) {
-    if (tt_init(&argc, &argv, &rank, &world)) return 1;
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_mesh_refusals),
-        cmocka_unit_test(test_mesh_ddp_clipped),
-        cmocka_unit_test(test_mesh_sequence_parallel),
-        cmocka_unit_test(test_mesh_zero_rows),
-        cmocka_unit_test(test_mesh_resume),
-        cmocka_unit_test(test_fsdp_tp),
-        cmocka_unit_test(test_fsdp_tp_resume),
-    };
-    return tt_run_tests(tests, "fsc_mesh", dir);
-}
+TT_MAIN("fsc_mesh", dir, cmocka_unit_test(test_mesh_refusals),
+        cmocka_unit_test(test_mesh_ddp_clipped), cmocka_unit_test(test_mesh_sequence_parallel),
+        cmocka_unit_test(test_mesh_zero_rows), cmocka_unit_test(test_mesh_resume),
+        cmocka_unit_test(test_fsdp_tp), cmocka_unit_test(test_fsdp_tp_resume))

@@ -258,13 +258,6 @@ static void test_bad_configs(void **state) {
     fsc_module_free(m);
 }
 
-int main(int argc, char **argv) {
-    if (tt_init(&argc, &argv, &rank, &world)) return 1;
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_every_strategy),
+TT_MAIN("fsc_trainer", dir, cmocka_unit_test(test_every_strategy),
         cmocka_unit_test(test_accumulation_and_clipping),
-        cmocka_unit_test(test_resume_across_strategies),
-        cmocka_unit_test(test_bad_configs),
-    };
-    return tt_run_tests(tests, "fsc_trainer", dir);
-}
+        cmocka_unit_test(test_resume_across_strategies), cmocka_unit_test(test_bad_configs))

@@ -160,13 +160,6 @@ static void test_bad_sizes_refused(void **state) {
     assert_false(fsc_strategy_takes("ddp", "shard_group"));
 }
 
-int main(int argc, char **argv) {
-    if (tt_init(&argc, &argv, &rank, &world)) return 1;
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_matches_one_process),
-        cmocka_unit_test(test_bytes_across_groups),
-        cmocka_unit_test(test_resume_layout_free),
-        cmocka_unit_test(test_bad_sizes_refused),
-    };
-    return tt_run_tests(tests, "fsc_hsdp", dir);
-}
+TT_MAIN("fsc_hsdp", dir, cmocka_unit_test(test_matches_one_process),
+        cmocka_unit_test(test_bytes_across_groups), cmocka_unit_test(test_resume_layout_free),
+        cmocka_unit_test(test_bad_sizes_refused))

@@ -321,19 +321,9 @@ static void test_trainer_ddp_pipeline(void **state) {
     tt_expect_reference(NULL, "ddp -> checkpoint -> pp 2", got, n);
 }
 
-int main(int argc, char **argv) {
-    if (tt_init(&argc, &argv, &rank, &world)) return 1;
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_gpipe_1f1b_zbh1),
-        cmocka_unit_test(test_interleaved),
-        cmocka_unit_test(test_uneven_balance),
-        cmocka_unit_test(test_shape_mismatch),
-        cmocka_unit_test(test_bad_setups),
-        cmocka_unit_test(test_trainer_ddp_pipeline),
-        cmocka_unit_test(test_balance_auto),
-        cmocka_unit_test(test_pipe_checkpoint),
+TT_MAIN("fsc_pipe", dir, cmocka_unit_test(test_gpipe_1f1b_zbh1), cmocka_unit_test(test_interleaved),
+        cmocka_unit_test(test_uneven_balance), cmocka_unit_test(test_shape_mismatch),
+        cmocka_unit_test(test_bad_setups), cmocka_unit_test(test_trainer_ddp_pipeline),
+        cmocka_unit_test(test_balance_auto), cmocka_unit_test(test_pipe_checkpoint),
         cmocka_unit_test(test_trainer_zero_pipeline),
-        cmocka_unit_test(test_trainer_tensor_parallel),
-    };
-    return tt_run_tests(tests, "fsc_pipe", dir);
-}
+        cmocka_unit_test(test_trainer_tensor_parallel))

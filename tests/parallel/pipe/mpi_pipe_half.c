@@ -264,12 +264,7 @@ static void test_cut_checkpoint_resumes(void **state) {
     expect_one_process("1.75,2.25 -> checkpoint -> pp 1", got, n, EQ_GLOBAL_BATCH);
 }
 
-int main(int argc, char **argv) {
-    if (tt_init(&argc, &argv, &rank, &world)) return 1;
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_names_and_refusals), cmocka_unit_test(test_cuts),
-        cmocka_unit_test(test_auto_over_parts),    cmocka_unit_test(test_cut_checkpoint),
-        cmocka_unit_test(test_unplanned_width),    cmocka_unit_test(test_cut_checkpoint_resumes),
-    };
-    return tt_run_tests(tests, "fsc_pipe_half", dir);
-}
+TT_MAIN("fsc_pipe_half", dir, cmocka_unit_test(test_names_and_refusals),
+        cmocka_unit_test(test_cuts), cmocka_unit_test(test_auto_over_parts),
+        cmocka_unit_test(test_cut_checkpoint), cmocka_unit_test(test_unplanned_width),
+        cmocka_unit_test(test_cut_checkpoint_resumes))

@@ -400,15 +400,7 @@ static void test_cut_resume(void **state) {
     tt_expect_reference(NULL, "pp 2 x tp 2, cut 1.75 -> checkpoint -> one process", w, n);
 }
 
-int main(int argc, char **argv) {
-    if (tt_init(&argc, &argv, &rank, &world)) return 1;
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_fused_head_contract),
-        cmocka_unit_test(test_chunked_head_equals_one_process),
-        cmocka_unit_test(test_balance_auto),
-        cmocka_unit_test(test_cuts_inside_blocks),
-        cmocka_unit_test(test_cut_refusals),
-        cmocka_unit_test(test_cut_resume),
-    };
-    return tt_run_tests(tests, "fsc_tp_pipe", dir);
-}
+TT_MAIN("fsc_tp_pipe", dir, cmocka_unit_test(test_fused_head_contract),
+        cmocka_unit_test(test_chunked_head_equals_one_process), cmocka_unit_test(test_balance_auto),
+        cmocka_unit_test(test_cuts_inside_blocks), cmocka_unit_test(test_cut_refusals),
+        cmocka_unit_test(test_cut_resume))

@@ -291,16 +291,7 @@ static void test_sharded_training(void **state) {
     free(scaled);
 }
 
-int main(int argc, char **argv) {
-    if (fsc_dist_init(&argc, &argv, NULL)) return 1;
-    rank = fsc_dist_rank(), world = fsc_dist_size();
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_clean_step),
-        cmocka_unit_test(test_inf_on_one_rank),
-        cmocka_unit_test(test_rank_owning_nothing),
-        cmocka_unit_test(test_fp16_overflow),
-        cmocka_unit_test(test_bad_argument_on_one_rank),
-        cmocka_unit_test(test_sharded_training),
-    };
-    return mpi_test_finish(cmocka_run_group_tests(tests, NULL, NULL));
-}
+MPI_TEST_MAIN(cmocka_unit_test(test_clean_step), cmocka_unit_test(test_inf_on_one_rank),
+              cmocka_unit_test(test_rank_owning_nothing), cmocka_unit_test(test_fp16_overflow),
+              cmocka_unit_test(test_bad_argument_on_one_rank),
+              cmocka_unit_test(test_sharded_training))

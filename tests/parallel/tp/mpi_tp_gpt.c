@@ -372,16 +372,9 @@ static void test_bad_configs(void **state) {
     fsc_params_free(&ps), fsc_module_free(m);
 }
 
-int main(int argc, char **argv) {
-    if (fsc_dist_init(&argc, &argv, NULL)) return 1;
-    rank = fsc_dist_rank(), world = fsc_dist_size();
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_weights_by_global_name),
-        cmocka_unit_test(test_replicated_bitwise_sp),
-        cmocka_unit_test(test_grad_norm),
-        cmocka_unit_test(test_checkpoint_bitwise),
-        cmocka_unit_test(test_grads_written_in_backward),
-        cmocka_unit_test(test_bad_configs),
-    };
-    return mpi_test_finish(mpi_run_tests_in_scratch(tests, "fsc_tp_gpt", dir));
-}
+MPI_TEST_MAIN_IN_SCRATCH("fsc_tp_gpt", dir, cmocka_unit_test(test_weights_by_global_name),
+                         cmocka_unit_test(test_replicated_bitwise_sp),
+                         cmocka_unit_test(test_grad_norm),
+                         cmocka_unit_test(test_checkpoint_bitwise),
+                         cmocka_unit_test(test_grads_written_in_backward),
+                         cmocka_unit_test(test_bad_configs))

@@ -241,13 +241,5 @@ static void test_fused_head(void **state) {
     }
 }
 
-int main(int argc, char **argv) {
-    if (fsc_dist_init(&argc, &argv, NULL)) return 1;
-    rank = fsc_dist_rank(), world = fsc_dist_size();
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_block_counts),
-        cmocka_unit_test(test_gpt_high_water),
-        cmocka_unit_test(test_fused_head),
-    };
-    return mpi_test_finish(cmocka_run_group_tests(tests, NULL, NULL));
-}
+MPI_TEST_MAIN(cmocka_unit_test(test_block_counts), cmocka_unit_test(test_gpt_high_water),
+              cmocka_unit_test(test_fused_head))

@@ -533,14 +533,6 @@ static void test_refuse_other_files(void **state) {
     fsc_tp_optim_state_free(NULL);
 }
 
-int main(int argc, char **argv) {
-    if (fsc_dist_init(&argc, &argv, NULL)) return 1;
-    rank = fsc_dist_rank(), world = fsc_dist_size();
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_runs_bitwise),
-        cmocka_unit_test(test_state_equals_one_process),
-        cmocka_unit_test(test_resume),
-        cmocka_unit_test(test_refuse_other_files),
-    };
-    return mpi_test_finish(mpi_run_tests_in_scratch(tests, "fsc_tp_optim", dir));
-}
+MPI_TEST_MAIN_IN_SCRATCH("fsc_tp_optim", dir, cmocka_unit_test(test_runs_bitwise),
+                         cmocka_unit_test(test_state_equals_one_process),
+                         cmocka_unit_test(test_resume), cmocka_unit_test(test_refuse_other_files))

@@ -277,13 +277,5 @@ static void test_fsdp_lora(void **state) {
     fsdp_case(FROZEN_LORA, "FSDP LoRA");
 }
 
-int main(int argc, char **argv) {
-    if (tt_init(&argc, &argv, &rank, &world)) return 1;
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_sdp_freeze),
-        cmocka_unit_test(test_sdp_lora),
-        cmocka_unit_test(test_fsdp_freeze),
-        cmocka_unit_test(test_fsdp_lora),
-    };
-    return tt_run_tests(tests, "fsc_frozen", scratch);
-}
+TT_MAIN("fsc_frozen", scratch, cmocka_unit_test(test_sdp_freeze), cmocka_unit_test(test_sdp_lora),
+        cmocka_unit_test(test_fsdp_freeze), cmocka_unit_test(test_fsdp_lora))
