@@ -86,6 +86,12 @@ typedef struct fsc_pipe_options {
      * ids (act_shape[0], seq_len) and a fused head's targets; 0: act_shape[1]
      * (under sequence parallelism act_shape[1] is a TP rank's shard of it). */
     int64_t seq_len;
+    /* Context parallelism (fsc/cp.h): fsc_pipe_balance_auto times each
+     * layer under this split (fsc_ctx.seq; act_shape and seq_len are then
+     * this rank's positions), its attention round the ring with the cp
+     * group's other ranks, which must time the same layers. Borrowed; NULL:
+     * none. A run's split is its ctx's (fsc_pipe_run). */
+    const fsc_seq_split *seq;
     uint64_t seed; /* initial weights by (seed, name, element) */
     /* Recompute in backward: each stage's children that hold parameters of
      * their own (not used by the stage directly) are checkpointed in place.
@@ -110,9 +116,11 @@ typedef struct fsc_pipe_options {
      * Borrowed, outliving the pipe. */
     fsc_group *tp;
     /* The layout's mesh (fsc/dist.h; borrowed, outliving the pipe): g, dp,
-     * mesh and tp are then its pp, dp, parent and tp groups, and the pipe
-     * takes its other groups from it (a replica's ranks, the stages that
-     * share a parameter). NULL: the pipe lays out its own mesh once, over
+     * mesh and tp are then its pp, dp x cp (fsc_mesh_dp_cp: under context
+     * parallelism a stage's cp ranks are replicas that see other positions,
+     * and its gradients are summed over them), parent and tp groups, and
+     * the pipe takes its other groups from it (a replica's ranks, the
+     * stages that share a parameter). NULL: the pipe lays out its own mesh once, over
      * mesh (else g) as replicas x g's ranks x tp. */
     const fsc_mesh *layout;
     /* NULL: none. Sees each micro-batch's own gradient after its backward

@@ -94,7 +94,14 @@ typedef struct fsc_trainer_config {
     fsc_trainer_input_fn pipe_input;     /* required under a pipeline */
     fsc_trainer_head_loss_fn pipe_loss;  /* required under a pipeline */
     fsc_trainer_targets_fn pipe_targets; /* may be NULL */
-    fsc_trainer_hook_fn after_backward;  /* may be NULL */
+    /* Under a pipeline with context parallelism (fsc/cp.h; the layout's
+     * plan sets both, fsc/layout.h): the split every stage runs under
+     * (fsc_ctx.seq, borrowed), and the global index of micro-batch mb's
+     * first sample, which the cp ranks of a replica share (dropout keys).
+     * NULL: no split, mb->sample0. */
+    const fsc_seq_split *pipe_seq;
+    int64_t (*pipe_sample0)(const fsc_micro_batch *mb, void *user);
+    fsc_trainer_hook_fn after_backward; /* may be NULL */
     void *user;
     /* AdaScale (fsc/adascale.h): the gain r from the step's world x
      * grad_accum gradient samples (each micro-batch of each data-parallel

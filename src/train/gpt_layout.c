@@ -152,9 +152,10 @@ static int pipe_options(fsc_gpt_plan *p, const fsc_optim_config *optim, fsc_stra
     so->pipe.make_stage = l->tp > 1 ? NULL : make_stage; /* else tp.make_stage */
     so->pipe.stage_user = l->tp > 1 ? (void *)p : &p->cfg;
     so->pipe.act_ndim = 3;
-    /* under sequence parallelism a stage passes on its TP rank's shard of the sequence */
+    /* under sequence parallelism a stage passes on its TP rank's shard of
+     * the sequence, under context parallelism this rank's positions */
     so->pipe.act_shape[0] = l->batch;
-    so->pipe.act_shape[1] = p->cfg.seq / (l->sequence_parallel ? l->tp : 1);
+    so->pipe.act_shape[1] = p->cfg.seq / (l->sequence_parallel ? l->tp : 1) / (p->cp ? l->cp : 1);
     so->pipe.act_shape[2] = p->cfg.d_model;
     so->pipe.act_shape_at = l->tp > 1 ? gpt_layout_tp_act_shape : gpt_layout_parts_act_shape;
     if (autobalance && (rc = gpt_layout_balance_auto(p, optim, so)))

@@ -2,11 +2,13 @@
  * in quarters of a block so a stage may end inside one (.5 after its
  * attention half, .75 after its MLP's c_fc and GELU), turned into the parts
  * fsc_gpt_stage_parts_new makes stages of; "auto" times the layers (TP
- * stages over the mesh's TP group) and prints its choice in the same units. */
+ * stages over the mesh's TP group, under cp at this rank's positions with
+ * the ring) and prints its choice in the same units. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "fsc/cp.h"
 #include "fsc/pipe_schedule.h"
 #include "gpt_layout_internal.h"
 
@@ -190,6 +192,8 @@ int gpt_layout_balance_auto(fsc_gpt_plan *p, const fsc_optim_config *optim,
         rc = fsc_error(FSC_ERR_NOMEM, "out of memory");
     if (!rc && l->tp > 1)
         rc = balance_tp_begin(&tp, &so->tp, fsc_mesh_group(p->mesh, FSC_MESH_TP), &p->cfg, &po);
+    if (!rc && p->cp) /* each layer at this rank's positions, attention round the cp ring */
+        po.seq = fsc_cp_seq(p->cp), po.seq_len = p->cfg.seq / l->cp;
     if (!rc) /* every rank of the layout times every layer */
         rc = fsc_pipe_balance_auto(fsc_mesh_parent(p->mesh), &po, sched, p->cfg.vocab,
                                    optim ? fsc_optim_state_count(optim) : 2, p->balance, &rep);
@@ -198,6 +202,7 @@ int gpt_layout_balance_auto(fsc_gpt_plan *p, const fsc_optim_config *optim,
         rc = rc ? rc : end;
     }
     fsc_pipe_schedule_free(sched);
+    fsc_cp_reset_stats(p->cp); /* the ring's figures are training's */
     if (rc) return rc;
     so->pipe.balance = p->balance;
     if (fsc_dist_rank() == 0 && l->balance_out)

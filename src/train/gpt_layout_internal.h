@@ -34,6 +34,13 @@ struct fsc_gpt_plan {
  * size, what context parallelism runs with) and makes the ring over the
  * mesh's cp group; nothing without cp. */
 int gpt_layout_cp_setup(fsc_gpt_plan *p);
+/* This rank's positions of rows (rows, T) of x and y (either may be NULL)
+ * into p->cx and p->cy (layout.batch x T/cp each, made at the first call). */
+int gpt_layout_cp_take(fsc_gpt_plan *p, const int32_t *x, const int32_t *y, int rows);
+/* Under cp with a pipeline: the trainer's pipe_seq and pipe_sample0 (the
+ * stages run under the ring's split, dropout keyed by the replica's
+ * samples); nothing otherwise. */
+void gpt_layout_cp_pipe(fsc_gpt_plan *p, fsc_trainer_config *cfg);
 
 /* gpt_layout_finetune.c. Freezes what layout.freeze names on m, a model
  * the plan made (whole: the one-process GPT, every pattern must match;

@@ -2,10 +2,12 @@
  * functions for whichever model the plan made: the whole GPT, the TP GPT
  * (its fused vocabulary-parallel loss), or pipeline stages (the first
  * stage's ids kept per micro-batch until its backward, the last stage's
- * loss over the TP group, or its head fused with the loss under tp). */
+ * loss over the TP group, or its head fused with the loss under tp; under
+ * cp both ends at this rank's positions). */
 #include <stdlib.h>
 #include <string.h>
 
+#include "fsc/cp.h"
 #include "fsc/trainer.h"
 #include "gpt_layout_internal.h"
 
@@ -22,20 +24,37 @@ static int loss(fsc_module *m, const fsc_ctx *ctx, const fsc_micro_batch *mb, vo
                                     ((fsc_gpt_plan *)user)->y, out);
 }
 
-/* Under a pipeline: stage 0 keeps each micro-batch's ids until its backward. */
+/* Under a pipeline: stage 0 keeps each micro-batch's ids until its backward
+ * (under cp this rank's positions of them, T / cp per row). */
 static int pipe_input(const fsc_micro_batch *mb, void *user, fsc_tensor *x) {
     fsc_gpt_plan *p = user;
     const int T = p->cfg.seq;
     int32_t *ids = p->px + (size_t)mb->micro * mb->batch * T;
-    memcpy(ids, p->x, sizeof *ids * (size_t)mb->batch * T);
-    *x = fsc_tensor_2d(ids, FSC_DTYPE_I32, mb->batch, T);
+    if (p->cp)
+        fsc_cp_take(p->cp, p->x, mb->batch, ids);
+    else
+        memcpy(ids, p->x, sizeof *ids * (size_t)mb->batch * T);
+    *x = fsc_tensor_2d(ids, FSC_DTYPE_I32, mb->batch, p->cp ? T / p->layout.cp : T);
     return FSC_OK;
+}
+
+/* The last stage's targets: the micro-batch's, or under cp this rank's positions of them. */
+static int stage_targets(fsc_gpt_plan *p, const fsc_micro_batch *mb, const int32_t **y, int *T) {
+    *y = p->y, *T = p->cfg.seq;
+    if (!p->cp) return FSC_OK;
+    *T = p->cfg.seq / p->layout.cp;
+    int rc = gpt_layout_cp_take(p, NULL, p->y, mb->batch);
+    *y = p->cy; /* made by the first take */
+    return rc;
 }
 
 static int pipe_loss(const fsc_micro_batch *mb, void *user, fsc_tensor *y, fsc_arena *arena,
                      float *out) {
-    const fsc_gpt_plan *p = user;
-    fsc_tensor targets = fsc_tensor_2d(p->y, FSC_DTYPE_I32, mb->batch, p->cfg.seq);
+    fsc_gpt_plan *p = user;
+    const int32_t *ids;
+    int T, rc = stage_targets(p, mb, &ids, &T);
+    if (rc) return rc;
+    fsc_tensor targets = fsc_tensor_2d((int32_t *)ids, FSC_DTYPE_I32, mb->batch, T);
     return p->layout.tp > 1 ? fsc_tp_cross_entropy(out, y, &targets, p->cfg.vocab, -1, mb->norm,
                                                    p->tp_group, arena)
                             : fsc_cross_entropy(out, y, &targets, -1, mb->norm, arena);
@@ -44,10 +63,9 @@ static int pipe_loss(const fsc_micro_batch *mb, void *user, fsc_tensor *y, fsc_a
 /* Under tp with a pipeline: the last stage's head runs fused with the loss. */
 static int pipe_targets(const fsc_micro_batch *mb, void *user, const int32_t **targets,
                         int *ignore_index) {
-    (void)mb;
-    *targets = ((const fsc_gpt_plan *)user)->y;
+    int T;
     *ignore_index = -1;
-    return FSC_OK;
+    return stage_targets(user, mb, targets, &T);
 }
 
 /* Validation: the caller's batches into the same buffers. */
@@ -116,6 +134,7 @@ int fsc_gpt_plan_trainer_config(fsc_gpt_plan *p, fsc_gpt_batch_fn batch, void *b
     cfg->pipe_input = pipe_input;
     cfg->pipe_loss = pipe_loss;
     cfg->pipe_targets = l->tp > 1 ? pipe_targets : NULL;
+    gpt_layout_cp_pipe(p, cfg);
     cfg->user = p;
     return fsc_gpt_plan_options(p, &cfg->optim, &cfg->strategy);
 }

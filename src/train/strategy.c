@@ -219,10 +219,10 @@ fsc_strategy *fsc_strategy_new(fsc_module *model, const fsc_optim_config *optim,
     }
     if (check_mesh(opt, name)) return NULL;
     const int cp = fsc_mesh_size(opt->mesh, FSC_MESH_CP);
-    if (cp > 1 && (piped || !ops->spans_ranks)) {
+    if (cp > 1 && !ops->spans_ranks) {
         fsc_error(FSC_ERR_UNSUPPORTED,
                   "strategy %s: context parallelism (cp %d) runs under ddp, oss, sdp and fsdp, "
-                  "with or without tensor parallelism, but not with a pipeline yet",
+                  "with or without tensor parallelism and a pipeline",
                   name, cp);
         return NULL;
     }

@@ -176,7 +176,9 @@ static int pipe_targets(void *user, int k, fsc_head_loss *hl) {
 }
 
 static int64_t pipe_sample0(void *user, int k) {
-    return pipe_micro(user, k).sample0;
+    const pipe_call *c = user;
+    fsc_micro_batch mb = pipe_micro(c, k);
+    return c->t->cfg.pipe_sample0 ? c->t->cfg.pipe_sample0(&mb, c->t->cfg.user) : mb.sample0;
 }
 
 /* bf16 mixed precision is autocast under every strategy: the GEMMs in
@@ -201,6 +203,7 @@ static int pipeline_step(fsc_trainer *t, double scale, double *loss) {
                    .step = t->step,
                    .keyed = true,
                    .autocast = autocast(c),
+                   .seq = c->pipe_seq,
                    .attention = c->attention};
     float part = 0;
     int rc = fsc_strategy_run_pipeline(t->s, &ctx, &io, &part);

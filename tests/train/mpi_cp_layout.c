@@ -9,8 +9,8 @@
  *  - checkpoints are layout-free: 2 steps under --cp 2 resumed in one
  *    process for the other 3, and 2 steps in one process resumed under
  *    --cp 2, end as the uninterrupted run does;
- *  - a layout that asks for cp the mesh lacks, and cp with a pipeline, are
- *    refused by name. */
+ *  - a layout that asks for cp the mesh lacks, and cp with sequence
+ *    parallelism, are refused by name (cp with a pipeline: mpi_cp_pipe). */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -186,10 +186,11 @@ static void test_refusals(void **state) {
     assert_non_null(strstr(fsc_last_error(), "the layout asks for cp 2 but the mesh has cp 1"));
     fsc_mesh_free(mesh);
     if (world % 4) return;
-    assert_int_equal(fsc_mesh_new_over(NULL, (fsc_mesh_shape){.pp = 2, .cp = 2}, &mesh), FSC_OK);
-    l.pp = 2;
+    assert_int_equal(fsc_mesh_new_over(NULL, (fsc_mesh_shape){.tp = 2, .cp = 2}, &mesh), FSC_OK);
+    l.tp = 2, l.sequence_parallel = true;
     assert_int_equal(fsc_gpt_plan_new(&EQ_MODEL, &l, mesh, &plan), FSC_ERR_UNSUPPORTED);
-    assert_non_null(strstr(fsc_last_error(), "does not run with a pipeline (--pp) yet"));
+    assert_non_null(
+        strstr(fsc_last_error(), "does not run with sequence parallelism (--sequence-parallel)"));
     fsc_mesh_free(mesh);
 }
 

@@ -6,7 +6,8 @@
  * a cross-entropy on its logits), and weighed (parameters, gradients and
  * optimizer state; activations kept for backward). Every rank profiles
  * every layer in the same order, so the ranks of a TP group run each
- * layer's collectives together, and the times are averaged over the
+ * layer's collectives together (and a cp group its ring attention, under
+ * opt->seq), and the times are averaged over the
  * group, so all ranks choose the same cut. The cut is the contiguous split
  * into stages that minimises the slowest stage, among those whose memory
  * (state + the schedule's activations in flight on that stage's rank) fits
@@ -87,6 +88,7 @@ static int profile_layer(const fsc_pipe_options *opt, int l, int vocab, double *
                        .training = true,
                        .seed = opt->seed,
                        .keyed = true,
+                       .seq = opt->seq,
                        .head_loss = l == opt->layers - 1 ? &hl : NULL};
         void *saved;
         double t0 = fsc_now();

@@ -75,8 +75,8 @@ static int cut_ranges(fsc_pipe *p) {
  * coordinates. */
 int pipe_mesh_setup(fsc_pipe *p) {
     const fsc_mesh *given = p->opt.layout;
-    if (given && !p->opt.dp && fsc_mesh_size(given, FSC_MESH_DP) > 1)
-        p->opt.dp = fsc_mesh_group(given, FSC_MESH_DP);
+    if (given && !p->opt.dp && fsc_group_size(fsc_mesh_dp_cp(given)) > 1)
+        p->opt.dp = fsc_mesh_dp_cp(given);
     if (given && !p->opt.tp && fsc_mesh_size(given, FSC_MESH_TP) > 1)
         p->opt.tp = fsc_mesh_group(given, FSC_MESH_TP);
     fsc_group *dp = p->opt.dp, *all = p->opt.mesh;
@@ -98,17 +98,21 @@ int pipe_mesh_setup(fsc_pipe *p) {
     const fsc_mesh *m = p->layout;
     const int size[3] = {p->dp_size, p->cfg.ranks, p->tp_size};
     const int coord[3] = {p->dp_rank, p->rank, p->tp_rank};
-    for (int d = FSC_MESH_DP; d <= FSC_MESH_TP; d++)
-        if (fsc_mesh_size(m, (fsc_mesh_dim)d) != size[d] ||
-            fsc_mesh_coord(m, (fsc_mesh_dim)d) != coord[d])
+    /* a stage's replicas are its dp x cp ranks (fsc_mesh_dp_cp, ranked d * cp + c):
+     * the cp ranks of a replica hold the same parameters and see other positions */
+    const int cp = fsc_mesh_size(m, FSC_MESH_CP);
+    const int msize[3] = {fsc_mesh_size(m, FSC_MESH_DP) * cp, fsc_mesh_size(m, FSC_MESH_PP),
+                          fsc_mesh_size(m, FSC_MESH_TP)};
+    const int mcoord[3] = {fsc_mesh_coord(m, FSC_MESH_DP) * cp + fsc_mesh_coord(m, FSC_MESH_CP),
+                           fsc_mesh_coord(m, FSC_MESH_PP), fsc_mesh_coord(m, FSC_MESH_TP)};
+    for (int d = 0; d < 3; d++)
+        if (msize[d] != size[d] || mcoord[d] != coord[d])
             return fsc_error(FSC_ERR_INVALID,
                              "pipeline: the groups place this rank at replica %d of %d, pipeline "
-                             "rank %d of %d, TP rank %d of %d; the mesh at %d of %d, %d of %d, %d "
-                             "of %d",
-                             coord[0], size[0], coord[1], size[1], coord[2], size[2],
-                             fsc_mesh_coord(m, FSC_MESH_DP), fsc_mesh_size(m, FSC_MESH_DP),
-                             fsc_mesh_coord(m, FSC_MESH_PP), fsc_mesh_size(m, FSC_MESH_PP),
-                             fsc_mesh_coord(m, FSC_MESH_TP), fsc_mesh_size(m, FSC_MESH_TP));
+                             "rank %d of %d, TP rank %d of %d; the mesh at %d of %d (dp x cp), "
+                             "%d of %d, %d of %d",
+                             coord[0], size[0], coord[1], size[1], coord[2], size[2], mcoord[0],
+                             msize[0], mcoord[1], msize[1], mcoord[2], msize[2]);
     p->replica = fsc_mesh_replica(m);
     return FSC_OK;
 }

@@ -1,0 +1,241 @@
+/* Context parallelism composed with a pipeline (fsc/layout.h's layout.cp
+ * with layout.pp, fsc-train's --cp 2 --pp 2) through the trainer, on 4
+ * ranks: each pipeline stage's two ranks form the stage's cp ring (the
+ * mesh's cp group), stage 0 embeds this rank's T/2 positions at their
+ * global positions, activations between stages carry those positions
+ * only, the last stage's loss is normalised by the global target count,
+ * and each stage's gradients are summed over its dp x cp ranks. Against
+ * one process on the same global batch (5 AdamW steps of equivalence.h's
+ * tiny GPT-2, dropout on, and of a grouped-query LLaMA whose rotary angles
+ * are taken at global positions):
+ *  - the per-step losses within the loss noise of one process's legal
+ *    orders and the parameters within equivalence.h's bounds, under
+ *    gpipe, 1f1b, interleaved (2 chunks per rank) and zbh1, replicated
+ *    (ddp) and sharded (fsdp) between the cp ranks, and with --balance
+ *    auto (its probe times each layer on this rank's positions through
+ *    the ring, every cp rank together);
+ *  - checkpoints are layout-free: 2 steps under cp 2 x pp 2 resumed in one
+ *    process for the other 3, and 2 steps in one process resumed under cp
+ *    2 x pp 2, end as the uninterrupted run does.
+ * At 1 and 2 ranks there is no such mesh and every test skips. The fault
+ * tests fault_cp_pipe_* in tests/CMakeLists.txt rerun this program with
+ * the replicas' reduction dropped (drop-grad) and with a visiting key block
+ * skipped in every ring (cp-skip-block): every comparison must catch them
+ * (the losses are then not compared: they diverge by design). */
+#define _POSIX_C_SOURCE 200809L
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+#include <string.h>
+
+#include "equivalence.h"
+#include "fsc/layout.h"
+#include "fsc/trainer.h"
+#include "mpi_test.h"
+
+static int rank, world;
+static char dir[64];
+static fsc_tokens tokens;
+
+/* 8 query heads on 4 key/value heads, head_dim 4, as mpi_cp's. */
+static const fsc_gpt_config LLAMA = {.arch = FSC_ARCH_LLAMA,
+                                     .vocab = 64,
+                                     .seq = 16,
+                                     .layers = 2,
+                                     .d_model = 32,
+                                     .heads = 8,
+                                     .kv_heads = 4,
+                                     .ffn_hidden = 64};
+
+static int batch_fn(const fsc_micro_batch *mb, void *user, int32_t *x, int32_t *y) {
+    const fsc_gpt_config *m = user;
+    return fsc_tokens_batch(&tokens, mb->step, mb->micro, mb->rank, mb->batch, mb->micros,
+                            mb->world, m->seq, x, y);
+}
+
+typedef struct {
+    const fsc_gpt_config *model; /* NULL: EQ_MODEL */
+    const char *strategy;        /* "single": one process, no mesh */
+    const char *schedule;        /* NULL: 1f1b */
+    const char *balance;         /* NULL: even */
+    int micros;                  /* 0: 2 */
+    int steps;                   /* train up to this step (0: EQ_STEPS) */
+    const char *resume;          /* a checkpoint directory to resume from first */
+    const char *ckpt;            /* save a checkpoint here after `steps` */
+} run;
+
+/* Trains r over the world as cp 2 x pp 2 (single: this process alone);
+ * losses[s] each step's; returns the final parameters in the one-process
+ * flat layout. */
+static float *train(const run *r, double *losses, int64_t *numel) {
+    const fsc_gpt_config *model = r->model ? r->model : &EQ_MODEL;
+    const bool single = !strcmp(r->strategy, "single");
+    const int micros = r->micros ? r->micros : 2, cp = single ? 1 : 2, pp = single ? 1 : 2;
+    fsc_mesh *mesh = NULL;
+    if (!single)
+        assert_int_equal(fsc_mesh_new_over(NULL, (fsc_mesh_shape){.pp = pp, .cp = cp}, &mesh),
+                         FSC_OK);
+    fsc_gpt_layout l = {.strategy = r->strategy,
+                        .pp = pp,
+                        .cp = cp,
+                        .pipe_schedule = r->schedule,
+                        .balance = r->balance,
+                        .batch = EQ_GLOBAL_BATCH / micros, /* one replica */
+                        .micro_batches = micros,
+                        .seed = 5};
+    fsc_gpt_plan *plan = NULL;
+    if (fsc_gpt_plan_new(model, &l, mesh, &plan))
+        fail_msg("rank %d: plan: %s", rank, fsc_last_error());
+    fsc_trainer_config tc = {.optim = EQ_ADAMW};
+    if (fsc_gpt_plan_trainer_config(plan, batch_fn, (void *)model, &tc))
+        fail_msg("rank %d: trainer config: %s", rank, fsc_last_error());
+    fsc_trainer *t = fsc_trainer_new(fsc_gpt_plan_model(plan), &tc);
+    if (!t) fail_msg("rank %d: %s", rank, fsc_last_error());
+    if (r->resume && fsc_trainer_resume(t, r->resume, 0, NULL, NULL))
+        fail_msg("rank %d: resume: %s", rank, fsc_last_error());
+    const int steps = r->steps ? r->steps : EQ_STEPS;
+    for (int64_t s = fsc_trainer_get_step(t); s < steps; s++) {
+        fsc_step_result res;
+        if (fsc_trainer_step(t, &res)) fail_msg("rank %d: %s", rank, fsc_last_error());
+        losses[s] = res.loss;
+    }
+    if (r->ckpt && fsc_trainer_save_checkpoint(t, r->ckpt, 0, NULL, NULL))
+        fail_msg("rank %d: checkpoint: %s", rank, fsc_last_error());
+    char path[160];
+    snprintf(path, sizeof path, "%s/%s-%s-%d.safetensors", dir, r->strategy,
+             r->schedule ? r->schedule : "1f1b", single ? rank : -1);
+    if (fsc_trainer_save_weights(t, path, 0, NULL, NULL))
+        fail_msg("rank %d: %s: %s", rank, path, fsc_last_error());
+    fsc_trainer_free(t);
+    fsc_gpt_plan_free(plan);
+    fsc_mesh_free(mesh);
+    if (!single) fsc_group_barrier(fsc_group_world()); /* rank 0's file is complete */
+    float *out = eq_read_weights(model, path, numel);
+    if (!out) fail_msg("rank %d: %s: %s", rank, path, fsc_last_error());
+    return out;
+}
+
+/* One process: parameters (eq_noise set from the legal orders), losses and
+ * their noise over 1, 2 and 4 micro-batches. */
+static float *reference(const fsc_gpt_config *model, double *losses, double *loss_noise,
+                        int64_t *numel) {
+    const fsc_fault fault = fsc_fault_active;
+    fsc_fault_active = FSC_FAULT_NONE;
+    float *ref = eq_reference_ex(&(eq_options){.model = model}, numel);
+    double alt[3][EQ_STEPS];
+    int64_t n;
+    for (int a = 0; a < 3; a++)
+        free(train(&(run){.model = model, .strategy = "single", .micros = 1 << a}, alt[a], &n));
+    memcpy(losses, alt[0], sizeof alt[0]);
+    *loss_noise = 0;
+    for (int s = 0; s < EQ_STEPS; s++)
+        for (int a = 1; a < 3; a++) *loss_noise = fmax(*loss_noise, fabs(alt[a][s] - losses[s]));
+    fsc_fault_active = fault;
+    return ref;
+}
+
+/* Under a fault (FSC_TEST_EXPECT_MISMATCH=1) the losses diverge by design:
+ * the parameters' comparison alone gives the verdict. */
+static void expect(const char *what, const float *got, const double *losses, const float *ref,
+                   const double *ref_losses, double loss_noise, int64_t n) {
+    const char *faulty = getenv("FSC_TEST_EXPECT_MISMATCH");
+    for (int s = 0; !(faulty && !strcmp(faulty, "1")) && s < EQ_STEPS; s++) {
+        const double bound =
+            EQ_NOISE_K * loss_noise + EQ_FLOOR_ULPS * FLT_EPSILON * fabs(ref_losses[s]);
+        if (fabs(losses[s] - ref_losses[s]) > bound)
+            fail_msg("%s: step %d loss %.9g vs one process's %.9g (bound %.2e)", what, s + 1,
+                     losses[s], ref_losses[s], bound);
+    }
+    assert_int_equal(eq_compare(what, got, ref, n), 0);
+}
+
+static void check(const run *r) {
+    if (world != 4) skip();
+    const fsc_gpt_config *model = r->model ? r->model : &EQ_MODEL;
+    double ref_losses[EQ_STEPS], losses[EQ_STEPS], noise;
+    int64_t n, n2;
+    float *ref = reference(model, ref_losses, &noise, &n);
+    float *got = train(r, losses, &n2);
+    assert_int_equal(n, n2);
+    char what[160];
+    snprintf(what, sizeof what, "%s %s --cp 2 --pp 2 --pipe-schedule %s%s%s",
+             model->arch == FSC_ARCH_LLAMA ? "llama" : "gpt2", r->strategy,
+             r->schedule ? r->schedule : "1f1b", r->balance ? " --balance " : "",
+             r->balance ? r->balance : "");
+    expect(what, got, losses, ref, ref_losses, noise, n);
+    free(ref), free(got);
+}
+
+static void test_gpipe(void **state) {
+    (void)state;
+    check(&(run){.strategy = "ddp", .schedule = "gpipe"});
+}
+static void test_1f1b(void **state) {
+    (void)state;
+    check(&(run){.strategy = "ddp", .schedule = "1f1b", .micros = 4});
+}
+static void test_interleaved_fsdp(void **state) {
+    (void)state;
+    check(&(run){.strategy = "fsdp", .schedule = "interleaved"});
+}
+static void test_zbh1(void **state) {
+    (void)state;
+    check(&(run){.strategy = "oss", .schedule = "zbh1"});
+}
+static void test_balance_auto(void **state) {
+    (void)state;
+    check(&(run){.strategy = "ddp", .balance = "auto"});
+}
+static void test_llama(void **state) {
+    (void)state;
+    check(&(run){.model = &LLAMA, .strategy = "ddp", .schedule = "1f1b"});
+}
+static void test_llama_interleaved(void **state) {
+    (void)state;
+    check(&(run){.model = &LLAMA, .strategy = "sdp", .schedule = "interleaved"});
+}
+
+/* cp 2 x pp 2 for 2 steps, one process for the rest; and the other way round. */
+static void test_resume(void **state) {
+    (void)state;
+    if (world != 4) skip();
+    double ref_losses[EQ_STEPS], noise, losses[EQ_STEPS];
+    int64_t n, n2;
+    float *ref = reference(&EQ_MODEL, ref_losses, &noise, &n);
+    char a[96], b[96];
+    snprintf(a, sizeof a, "%s/ckpt-cp-pp", dir);
+    snprintf(b, sizeof b, "%s/ckpt-single-%d", dir, rank);
+    free(train(&(run){.strategy = "fsdp", .steps = 2, .ckpt = a}, losses, &n2));
+    float *got = train(&(run){.strategy = "single", .resume = a}, losses, &n2);
+    expect("fsdp --cp 2 --pp 2 for 2 steps, then one process", got, losses, ref, ref_losses, noise,
+           n);
+    free(got);
+    free(train(&(run){.strategy = "single", .steps = 2, .ckpt = b}, losses, &n2));
+    /* every rank resumes from rank 0's directory: the same bytes as its own */
+    snprintf(b, sizeof b, "%s/ckpt-single-0", dir);
+    got = train(&(run){.strategy = "ddp", .resume = b}, losses, &n2);
+    expect("one process for 2 steps, then ddp --cp 2 --pp 2", got, losses, ref, ref_losses, noise,
+           n);
+    free(got), free(ref);
+}
+
+int main(int argc, char **argv) {
+    if (fsc_dist_init(&argc, &argv, NULL)) return 1;
+    rank = fsc_dist_rank(), world = fsc_dist_size();
+    eq_fault_from_env();
+    eq_tokens(&tokens);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_gpipe),
+        cmocka_unit_test(test_1f1b),
+        cmocka_unit_test(test_interleaved_fsdp),
+        cmocka_unit_test(test_zbh1),
+        cmocka_unit_test(test_balance_auto),
+        cmocka_unit_test(test_llama),
+        cmocka_unit_test(test_llama_interleaved),
+        cmocka_unit_test(test_resume),
+    };
+    int failed = mpi_run_tests_in_scratch(tests, "fsc_cp_pipe", dir);
+    fsc_tokens_free(&tokens);
+    return mpi_test_finish(failed);
+}
