@@ -48,7 +48,8 @@ static const row rows[] = {
              "bf16 GEMMs through oneDNN under autocast: auto on CPUs with native bf16, per shape"},
      .any_case = true},
     {.var = {"FSC_FLASH_TILES", FSC_ENV_ENUM, "kernels", 0, 0, "auto|gemm", "auto", "auto or gemm",
-             "flash attention's fp32 tiles: auto in registers on AVX-512, gemm as sgemm calls"}},
+             "flash attention's tiles: auto in registers (fp32 on AVX-512, bf16 on "
+             "avx512_bf16), gemm as fsc_gemm calls"}},
     /* ---- io */
     {.var = {"FSC_PARALLEL_IO", FSC_ENV_BOOL, "io", 0, 1, NULL, "1", "0 or 1",
              "every rank writes its part of a safetensors file; 0: one writer"}},

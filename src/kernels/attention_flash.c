@@ -56,10 +56,11 @@ static float online_row(float *s, int n, int cols, float *m, float *l) {
     for (int u = 0; u < n; u++) mx = s[u] > mx ? s[u] : mx;
     const float mnew = *m > mx ? *m : mx;
     const float corr = *m == -INFINITY ? 0.f : fsc_fast_expf(*m - mnew);
-#pragma omp simd
-    for (int u = 0; u < n; u++) s[u] = fsc_fast_expf(s[u] - mnew);
 #pragma omp simd reduction(+ : sum)
-    for (int u = 0; u < n; u++) sum += s[u];
+    for (int u = 0; u < n; u++) {
+        s[u] = fsc_fast_expf(s[u] - mnew);
+        sum += s[u];
+    }
     if (n < cols) memset(s + n, 0, (size_t)(cols - n) * sizeof(float));
     *l = *l * corr + sum;
     *m = mnew;

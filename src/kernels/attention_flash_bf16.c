@@ -215,16 +215,18 @@ TGT uint32_t *fsc_flash_pack(const fsc_attn_dims *d, const float *src, int ld, i
         } else if (kind == FSC_FLASH_PACK_ROWS) {
             fsc_flash_pairs_down(o, hd, s, ld, T, hd);
         } else {
-            /* pair p of key t at o[p * tld + t]; keys past T are zero */
-            memset(o, 0, (size_t)per * sizeof(uint32_t));
-            const __m512i idx = _mm512_mullo_epi32(
-                _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                _mm512_set1_epi32((int)tld));
-            for (int t = 0; t < T; t++)
-                for (int e0 = 0; e0 < hd; e0 += 32)
-                    _mm512_mask_i32scatter_epi32(o + (size_t)(e0 / 2) * tld + t,
-                                                 lanes((hd - e0 + 1) / 2), idx,
-                                                 pairs_of_row(s + (size_t)t * ld + e0, hd - e0), 4);
+            /* pair p of key t at o[p * tld + t]: 16 keys' pairs, transposed */
+            uint32_t tmp[16][16];
+            for (int t0 = 0; t0 < (int)tld; t0 += 16) {
+                const int n = T - t0 < 0 ? 0 : T - t0 < 16 ? T - t0 : 16;
+                for (int e0 = 0; e0 < hd; e0 += 32) {
+                    for (int t = 0; t < n; t++)
+                        _mm512_storeu_si512(tmp[t],
+                                            pairs_of_row(s + (size_t)(t0 + t) * ld + e0, hd - e0));
+                    fsc_flash_transpose16((float *)(o + (size_t)(e0 / 2) * tld + t0), tld,
+                                          (const float *)tmp[0], 16, n, (hd - e0 + 1) / 2);
+                }
+            }
         }
     }
     return dst;

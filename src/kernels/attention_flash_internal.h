@@ -78,6 +78,10 @@ float *fsc_flash_scratch(int slot, size_t floats);
  * (zeros past Tk). src is k (v) with its ld. NULL when out of memory. */
 float *fsc_flash_transpose(const fsc_attn_dims *d, const float *src, int ld, int slot);
 int64_t fsc_flash_t_ld(const fsc_attn_dims *d);
+/* 16 rows of src (stride ld) by ne <= 16 columns, transposed: column e as
+ * row e of dst (stride tld) for e < ne, rows past n read as zero; 32-bit
+ * values moved bit for bit. AVX-512 only (fsc_flash_fused's machines). */
+void fsc_flash_transpose16(float *dst, int64_t tld, const float *src, int ld, int n, int ne);
 /* src (B, T, ld) with H heads of hd floats at h * hd, copied head by head
  * into scratch slot: head h of batch row b at rows (b * H + h) * T of hd
  * floats. The B of the products over keys or queries (O += P v, dq += dS k,

@@ -12,7 +12,8 @@
  * the masked half of a diagonal tile is not computed. Each element of C is
  * a sum in a fixed order, so results do not depend on the thread count.
  * Machines without AVX-512 (and FSC_FLASH_TILES=gemm) run the tiles as
- * fsc_gemm calls instead (attention_flash.c, attention_flash_backward.c). */
+ * fsc_gemm calls instead (attention_flash.c, attention_flash_backward.c);
+ * bf16 tiles are attention_flash_bf16.c's. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -177,11 +178,8 @@ __attribute__((target("avx512f"))) void fsc_flash_mm_run(const fsc_flash_mm *m) 
     }
 }
 
-/* Rows (keys) c0 .. c0 + 15 of elements e0 .. e0 + 15 of src, as 16 rows of
- * 16 keys at dst (row stride tld): keys past n and elements past hd - e0 are
- * zero; only rows e < hd - e0 are stored. */
-__attribute__((target("avx512f"))) static void
-transpose16(float *dst, int64_t tld, const float *src, int ld, int n, int ne) {
+__attribute__((target("avx512f"))) void
+fsc_flash_transpose16(float *dst, int64_t tld, const float *src, int ld, int n, int ne) {
     const __mmask16 me = ne >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << ne) - 1);
     __m512 r[16], t[16];
     for (int i = 0; i < 16; i++)
@@ -227,8 +225,9 @@ __attribute__((target("avx512f"))) float *fsc_flash_transpose(const fsc_attn_dim
         const int b = (int)(bj / NKV), j = (int)(bj % NKV);
         const int n = Tk - c0 < 16 ? (int)(Tk - c0) : 16;
         for (int e0 = 0; e0 < hd; e0 += 16)
-            transpose16(dst + (size_t)(bj * hd + e0) * tld + c0, tld,
-                        src + ((size_t)b * Tk + c0) * ld + (size_t)j * hd + e0, ld, n, hd - e0);
+            fsc_flash_transpose16(dst + (size_t)(bj * hd + e0) * tld + c0, tld,
+                                  src + ((size_t)b * Tk + c0) * ld + (size_t)j * hd + e0, ld, n,
+                                  hd - e0);
     }
     return dst;
 }
