@@ -56,7 +56,9 @@ static void summary(const trainer *t, double first_loss, double last_loss, doubl
     int cores = threads ? o->threads : ranks * o->threads;
     fprintf(stderr, "\n== fsc-train summary (--strategy %s, %d rank%s%s", o->strategy, ranks,
             ranks > 1 ? "s" : "", threads ? ", threads" : "");
-    if (o->pp > 1 || o->tp > 1) fprintf(stderr, ": %d replica(s)", t->world);
+    /* the strategy's world is replicas x cp (the ranks that hold the same parameters) */
+    if (o->pp > 1 || o->tp > 1 || o->cp > 1) fprintf(stderr, ": %d replica(s)", t->world / o->cp);
+    if (o->cp > 1) fprintf(stderr, " x cp %d", o->cp);
     if (o->pp > 1) fprintf(stderr, " x pp %d", o->pp);
     if (o->tp > 1) fprintf(stderr, " x tp %d", o->tp);
     fprintf(stderr, ") ==\n");

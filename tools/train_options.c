@@ -131,9 +131,9 @@ static const flag flags[] = {
       "ranks / (tp x pp) replicas under ddp, oss, sdp or fsdp"),
     F("cp", ARG_INT, cp,
       "context-parallel ranks per model replica (ring attention): each holds 2 of 2 x cp chunks "
-      "of every sequence (--seq must divide by 2 x cp); ranks / (cp x tp) replicas under ddp, "
-      "oss, sdp or fsdp, gradients summed over replicas x cp; not with --pp, MoE or "
-      "--sequence-parallel"),
+      "of every sequence (--seq must divide by 2 x cp); ranks / (cp x tp x pp) replicas under "
+      "ddp, oss, sdp or fsdp, gradients summed over replicas x cp; with --tp and --pp, not with "
+      "MoE or --sequence-parallel"),
     F("sequence-parallel", ARG_FLAG, sequence_parallel,
       "with --tp: LayerNorm, dropout and residuals on sequence shards (less activation memory)"),
     F("recompute-attention", ARG_FLAG, recompute_attention,
