@@ -13,6 +13,7 @@
  * results do not depend on the thread count. Rounding is the bf16 GEMM
  * path's: operands rounded to bf16 (nearest even, fsc_f32_to_bf16's bits),
  * exact products, fp32 accumulation and output. */
+#include <stdatomic.h>
 #include <string.h>
 
 #include "fsc/core.h"
@@ -41,9 +42,10 @@ bool fsc_flash_bf16_tiles(fsc_gemm_prec prec) {
     if (prec != FSC_GEMM_BF16) return false;
     int tiles; /* auto|gemm, as fsc_flash_fused */
     if (fsc_env_enum("FSC_FLASH_TILES", &tiles) == FSC_OK && tiles == 1) return false;
-    static int has = -1; /* a race writes the same value */
-    if (has < 0) has = cpu_avx512_bf16();
-    return has;
+    static _Atomic int has = -1; /* racing first calls store the same value */
+    int h = atomic_load_explicit(&has, memory_order_relaxed);
+    if (h < 0) atomic_store_explicit(&has, h = cpu_avx512_bf16(), memory_order_relaxed);
+    return h;
 #else
     (void)prec;
     return false;
