@@ -8,7 +8,10 @@
  * by at most 0.007-0.023 nats at losses of 2.5-4.7 (the larger figure since
  * the attention softmax sums its row in vector lanes: fp32 reordering alone
  * moves the bf16 trajectory that much; gradients differ by 0.2-0.6%
- * relative per tensor at step 0); the test allows 0.03 nats plus 1% of the
+ * relative per tensor at step 0), and 0.056 since attention keeps its
+ * probabilities in bf16 (the bf16 run ahead: it leaves the plateau near 3.4
+ * nats some 20 steps sooner; the bound there is 0.057-0.061, a thin
+ * margin); the test allows 0.03 nats plus 1% of the
  * loss, and requires the loss to have fallen by a third. (At lr 3e-3 the
  * curves part by up to 0.4 nats after step 100, on a plateau near 3.4 nats
  * that the fp32 run leaves first, although gradients agree as closely: that
