@@ -3,7 +3,7 @@
  * steps, 2 micro-batches per replica, against one process:
  *  - --cp 2 under ddp, oss, sdp and fsdp (2 ranks: cp 2; 4 ranks: cp 2 x dp
  *    2, gradients over dp x cp, fsdp's shards over all four), and --cp 2
- *    --tp 2 under ddp (4 ranks): the per-step losses within the loss noise
+ *    --tp 2 under ddp and fsdp (4 ranks): the per-step losses within the loss noise
  *    of one process's legal orders, the parameters within equivalence.h's
  *    bounds (the TP order in the floor);
  *  - checkpoints are layout-free: 2 steps under --cp 2 resumed in one
@@ -153,6 +153,13 @@ static void test_ddp_tp2(void **state) {
     if (world != 4) skip();
     run_layout("ddp", 2);
 }
+/* fsdp over TP replicas is a pipeline of one stage (strategy_pipe.c): its
+ * replicas are the mesh's dp x cp ranks */
+static void test_fsdp_tp2(void **state) {
+    (void)state;
+    if (world != 4) skip();
+    run_layout("fsdp", 2);
+}
 
 /* --cp 2 for 2 steps, one process for the rest; and the other way round. */
 static void test_resume(void **state) {
@@ -200,10 +207,10 @@ int main(int argc, char **argv) {
     eq_fault_from_env();
     eq_tokens(&tokens);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_ddp),      cmocka_unit_test(test_oss),
-        cmocka_unit_test(test_sdp),      cmocka_unit_test(test_fsdp),
-        cmocka_unit_test(test_ddp_tp2),  cmocka_unit_test(test_resume),
-        cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_ddp),     cmocka_unit_test(test_oss),
+        cmocka_unit_test(test_sdp),     cmocka_unit_test(test_fsdp),
+        cmocka_unit_test(test_ddp_tp2), cmocka_unit_test(test_fsdp_tp2),
+        cmocka_unit_test(test_resume),  cmocka_unit_test(test_refusals),
     };
     int failed = mpi_run_tests_in_scratch(tests, "fsc_cp_layout", dir);
     fsc_tokens_free(&tokens);
