@@ -2,20 +2,21 @@
  * fallback (bf16 GEMMs forced off) trains bit for bit as fp32, and what bf16
  * autocast cannot do (fp16 GEMMs) is refused by name.
  *
- * The curve tolerance is empirical, not a bound: per-GEMM errors (see
- * test_bf16.c) compound through 2 layers and 200 AdamW steps. Measured here
- * (AMD EPYC, oneDNN 2.6.3) the 20-step window means of the two curves differ
- * by at most 0.007-0.023 nats at losses of 2.5-4.7 (the larger figure since
- * the attention softmax sums its row in vector lanes: fp32 reordering alone
- * moves the bf16 trajectory that much; gradients differ by 0.2-0.6%
- * relative per tensor at step 0), and 0.056 since attention keeps its
- * probabilities in bf16 (the bf16 run ahead: it leaves the plateau near 3.4
- * nats some 20 steps sooner; the bound there is 0.057-0.061, a thin
- * margin); the test allows 0.03 nats plus 1% of the
- * loss, and requires the loss to have fallen by a third. (At lr 3e-3 the
- * curves part by up to 0.4 nats after step 100, on a plateau near 3.4 nats
- * that the fp32 run leaves first, although gradients agree as closely: that
- * setting tests the optimizer's stability more than bf16.)
+ * The curve tolerance has two parts. A quality part: 0.03 nats plus 1% of
+ * the loss (per-GEMM errors, see test_bf16.c, compound through 2 layers and
+ * 200 AdamW steps). And the trajectory's own noise floor, measured here: the
+ * bf16 run is chaotic on the plateau near 3.4 nats, so initial weights moved
+ * by a few fp32 ulps (what another CPU's accumulation order does to every
+ * GEMM) shift when it leaves the plateau. Measured (AMD EPYC, oneDNN 2.6.3,
+ * 2026-11-30): the unperturbed gap to fp32 is 0.056 nats; six ulp-level
+ * perturbations of the bf16 run put it anywhere from 0.007 to 0.060, and
+ * move the bf16 curve itself by up to 0.063. A fixed bound near 0.057 would
+ * pass or fail by the CPU's summation order, so each 20-step window allows
+ * the quality part plus the largest distance, in that window, between the
+ * bf16 run and NOISE_RUNS perturbed copies of it. The loss must also fall
+ * by a third. (At lr 3e-3 the curves part by up to 0.4 nats after step
+ * 100, although gradients agree as closely: that setting tests the
+ * optimizer's stability more than bf16.)
  *
  * The bf16 run rounds each weight once per optimizer step, as the trainer
  * does (the bf16 weight cache; test_bf16_weights.c shows it computes what
@@ -38,19 +39,22 @@
 #include "fsc/io.h"
 #include "fsc/optim.h"
 
-enum { STEPS = 200, B = 4, T = 32, WINDOW = 20 };
+enum { STEPS = 200, B = 4, T = 32, WINDOW = 20, NOISE_RUNS = 3 };
 
 static const fsc_gpt_config CFG = {.vocab = 256, .seq = T, .layers = 2, .d_model = 64, .heads = 2};
 
 /* Trains STEPS steps of AdamW on the built-in corpus with ctx.autocast = ac;
- * losses[s] receives step s's loss. */
-static void train(fsc_dtype ac, float *losses) {
+ * losses[s] receives step s's loss. perturb > 0 first scales each initial
+ * weight by 1 + perturb * (-3..3) * 2^-23: a few ulps, a fixed pattern. */
+static void train_perturbed(fsc_dtype ac, int perturb, float *losses) {
     fsc_tokens tk;
     assert_int_equal(fsc_tokens_builtin(7, 1 << 18, &tk), FSC_OK);
     fsc_module *gpt = fsc_gpt_new(&CFG);
     assert_non_null(gpt);
     fsc_params ps;
     assert_int_equal(fsc_params_bind(gpt, 42, true, &ps), FSC_OK);
+    for (int64_t i = 0; perturb && i < ps.numel; i++)
+        ps.data[i] *= 1.0f + (float)(perturb * ((int)((uint64_t)i * 2654435761u % 7) - 3)) * 0x1p-23f;
     fsc_optim_range *r;
     int nr;
     assert_int_equal(fsc_optim_ranges_from_params(&ps, &r, &nr), FSC_OK);
@@ -75,7 +79,15 @@ static void train(fsc_dtype ac, float *losses) {
     fsc_tokens_free(&tk);
 }
 
+static void train(fsc_dtype ac, float *losses) { train_perturbed(ac, 0, losses); }
+
 static float fp32_curve[STEPS];
+
+static double window_mean(const float *l, int w) {
+    double m = 0;
+    for (int s = w * WINDOW; s < (w + 1) * WINDOW; s++) m += l[s];
+    return m / WINDOW;
+}
 
 static int setup(void **state) {
     (void)state;
@@ -100,26 +112,29 @@ static void test_bf16_follows_fp32_curve(void **state) {
     }
     fsc_bf16_gemm_set_mode(FSC_BF16_GEMM_ON); /* every GEMM in bf16, whatever is faster */
     fsc_bf16_gemm_reset_stats();
-    float l[STEPS];
+    float l[STEPS], noisy[NOISE_RUNS][STEPS];
     /* as the trainer runs bf16: each weight rounded once per optimizer step */
     fsc_bf16_weight_cache_set(true);
     train(FSC_DTYPE_BF16, l);
+    for (int k = 0; k < NOISE_RUNS; k++) train_perturbed(FSC_DTYPE_BF16, k + 1, noisy[k]);
     fsc_bf16_weight_cache_set(false);
     fsc_bf16_gemm_stats st = fsc_bf16_gemm_get_stats();
     assert_true(st.calls_bf16 > 0);
     assert_int_equal(st.calls_f32, 0);
-    double worst = 0;
+    double worst = 0, worst_noise = 0;
     for (int w = 0; w < STEPS / WINDOW; w++) {
-        double a = 0, b = 0;
-        for (int s = w * WINDOW; s < (w + 1) * WINDOW; s++) a += l[s], b += fp32_curve[s];
-        a /= WINDOW, b /= WINDOW;
+        double a = window_mean(l, w), b = window_mean(fp32_curve, w), noise = 0;
+        for (int k = 0; k < NOISE_RUNS; k++) noise = fmax(noise, fabs(window_mean(noisy[k], w) - a));
         double d = fabs(a - b);
         worst = d > worst ? d : worst;
-        assert_true(d <= 0.03 + 0.01 * b);
+        worst_noise = noise > worst_noise ? noise : worst_noise;
+        if (d > 0.03 + 0.01 * b + noise)
+            fail_msg("window %d: bf16 %.4f vs fp32 %.4f, gap %.4f > 0.03 + 1%% + noise %.4f", w, a, b,
+                     d, noise);
     }
-    print_message("bf16 vs fp32 loss, 20-step windows: worst gap %.4f nats (first %.3f, last "
-                  "%.3f vs %.3f)\n",
-                  worst, l[0], l[STEPS - 1], fp32_curve[STEPS - 1]);
+    print_message("bf16 vs fp32 loss, 20-step windows: worst gap %.4f nats, trajectory noise up "
+                  "to %.4f (first %.3f, last %.3f vs %.3f)\n",
+                  worst, worst_noise, l[0], l[STEPS - 1], fp32_curve[STEPS - 1]);
     assert_true(l[STEPS - 1] < 0.67 * l[0]); /* it learned */
     assert_true(fp32_curve[STEPS - 1] < 0.67 * fp32_curve[0]);
 }
