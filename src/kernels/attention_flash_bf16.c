@@ -147,10 +147,7 @@ TGT void fsc_flash_mm16_run(const fsc_flash_mm16 *m) {
     for (int i = 0; i < m->M; i += MR) {
         const int R = m->M - i < MR ? m->M - i : MR;
         int n = m->N, k0 = 0, k1 = m->K;
-        const int64_t last = (int64_t)i + R - 1 + m->diag + 1, first = (int64_t)i - m->diag;
-        if (m->mask == FSC_FLASH_MASK_N_UPPER && last < n) n = last < 0 ? 0 : (int)last;
-        if (m->mask == FSC_FLASH_MASK_K_UPPER && last < k1) k1 = last < 0 ? 0 : (int)last;
-        if (m->mask == FSC_FLASH_MASK_K_LOWER && first > 0) k0 = first > k1 ? k1 : (int)first;
+        fsc_flash_span(m->mask, m->diag, i, R, &n, &k0, &k1);
         /* whole pairs: the terms a bound cuts in two are zero in A */
         const int p0 = k0 / 2, p1 = (k1 + 1) / 2;
         for (int n0 = 0; n0 < n; n0 += 64) {

@@ -37,6 +37,16 @@ typedef enum {
     FSC_FLASH_MASK_K_LOWER
 } fsc_flash_mask;
 
+/* The span rows i .. i + R - 1 of a masked product need: columns [0, *n)
+ * and terms [*k0, *k1) of the whole [0, N) x [0, K), as fsc_flash_mask says. */
+static inline void fsc_flash_span(fsc_flash_mask mask, int64_t diag, int i, int R, int *n, int *k0,
+                                  int *k1) {
+    const int64_t last = (int64_t)i + R - 1 + diag + 1, first = (int64_t)i - diag;
+    if (mask == FSC_FLASH_MASK_N_UPPER && last < *n) *n = last < 0 ? 0 : (int)last;
+    if (mask == FSC_FLASH_MASK_K_UPPER && last < *k1) *k1 = last < 0 ? 0 : (int)last;
+    if (mask == FSC_FLASH_MASK_K_LOWER && first > 0) *k0 = first > *k1 ? *k1 : (int)first;
+}
+
 typedef struct {
     int M, N, K;
     const float *A;
