@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "equivalence.h"
+#include "plan_test.h"
 #include "fsc/layout.h"
 #include "fsc/trainer.h"
 #include "mpi_test.h"
@@ -61,27 +62,13 @@ static float *train(const layout_run *r, double *losses, int64_t *numel) {
     fsc_gpt_plan *plan = NULL;
     if (fsc_gpt_plan_new(&EQ_MODEL, &l, mesh, &plan))
         fail_msg("rank %d: plan: %s", rank, fsc_last_error());
-    fsc_trainer_config tc = {.optim = EQ_ADAMW};
-    assert_int_equal(fsc_gpt_plan_trainer_config(plan, batch_fn, NULL, &tc), FSC_OK);
-    fsc_trainer *t = fsc_trainer_new(fsc_gpt_plan_model(plan), &tc);
-    if (!t) fail_msg("rank %d: %s", rank, fsc_last_error());
-    if (r->resume && fsc_trainer_resume(t, r->resume, 0, NULL, NULL))
-        fail_msg("rank %d: resume: %s", rank, fsc_last_error());
-    const int steps = r->steps ? r->steps : EQ_STEPS;
-    for (int64_t s = fsc_trainer_get_step(t); s < steps; s++) {
-        fsc_step_result res;
-        if (fsc_trainer_step(t, &res)) fail_msg("rank %d: %s", rank, fsc_last_error());
-        losses[s] = res.loss;
-    }
-    if (r->ckpt && fsc_trainer_save_checkpoint(t, r->ckpt, 0, NULL, NULL))
-        fail_msg("rank %d: checkpoint: %s", rank, fsc_last_error());
     char path[128];
     snprintf(path, sizeof path, "%s/%s-cp%d-tp%d-%d.safetensors", dir, r->strategy, cp, tp,
              single ? rank : -1);
-    assert_int_equal(fsc_trainer_save_weights(t, path, 0, NULL, NULL), FSC_OK);
-    fsc_trainer_free(t);
-    fsc_gpt_plan_free(plan);
-    fsc_mesh_free(mesh);
+    plan_train(
+        plan, mesh, batch_fn, NULL,
+        &(plan_run){.resume = r->resume, .steps = r->steps, .ckpt = r->ckpt, .weights = path},
+        losses, rank);
     if (!single) fsc_group_barrier(fsc_group_world()); /* rank 0's file is complete */
     float *out = eq_read_weights(&EQ_MODEL, path, numel);
     if (!out) fail_msg("rank %d: %s: %s", rank, path, fsc_last_error());

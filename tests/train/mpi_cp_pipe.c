@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "equivalence.h"
+#include "plan_test.h"
 #include "fsc/layout.h"
 #include "fsc/trainer.h"
 #include "mpi_test.h"
@@ -37,16 +38,6 @@
 static int rank, world;
 static char dir[64];
 static fsc_tokens tokens;
-
-/* 8 query heads on 4 key/value heads, head_dim 4, as mpi_cp's. */
-static const fsc_gpt_config LLAMA = {.arch = FSC_ARCH_LLAMA,
-                                     .vocab = 64,
-                                     .seq = 16,
-                                     .layers = 2,
-                                     .d_model = 32,
-                                     .heads = 8,
-                                     .kv_heads = 4,
-                                     .ffn_hidden = 64};
 
 static int batch_fn(const fsc_micro_batch *mb, void *user, int32_t *x, int32_t *y) {
     const fsc_gpt_config *m = user;
@@ -87,29 +78,13 @@ static float *train(const run *r, double *losses, int64_t *numel) {
     fsc_gpt_plan *plan = NULL;
     if (fsc_gpt_plan_new(model, &l, mesh, &plan))
         fail_msg("rank %d: plan: %s", rank, fsc_last_error());
-    fsc_trainer_config tc = {.optim = EQ_ADAMW};
-    if (fsc_gpt_plan_trainer_config(plan, batch_fn, (void *)model, &tc))
-        fail_msg("rank %d: trainer config: %s", rank, fsc_last_error());
-    fsc_trainer *t = fsc_trainer_new(fsc_gpt_plan_model(plan), &tc);
-    if (!t) fail_msg("rank %d: %s", rank, fsc_last_error());
-    if (r->resume && fsc_trainer_resume(t, r->resume, 0, NULL, NULL))
-        fail_msg("rank %d: resume: %s", rank, fsc_last_error());
-    const int steps = r->steps ? r->steps : EQ_STEPS;
-    for (int64_t s = fsc_trainer_get_step(t); s < steps; s++) {
-        fsc_step_result res;
-        if (fsc_trainer_step(t, &res)) fail_msg("rank %d: %s", rank, fsc_last_error());
-        losses[s] = res.loss;
-    }
-    if (r->ckpt && fsc_trainer_save_checkpoint(t, r->ckpt, 0, NULL, NULL))
-        fail_msg("rank %d: checkpoint: %s", rank, fsc_last_error());
     char path[160];
     snprintf(path, sizeof path, "%s/%s-%s-%d.safetensors", dir, r->strategy,
              r->schedule ? r->schedule : "1f1b", single ? rank : -1);
-    if (fsc_trainer_save_weights(t, path, 0, NULL, NULL))
-        fail_msg("rank %d: %s: %s", rank, path, fsc_last_error());
-    fsc_trainer_free(t);
-    fsc_gpt_plan_free(plan);
-    fsc_mesh_free(mesh);
+    plan_train(
+        plan, mesh, batch_fn, (void *)model,
+        &(plan_run){.resume = r->resume, .steps = r->steps, .ckpt = r->ckpt, .weights = path},
+        losses, rank);
     if (!single) fsc_group_barrier(fsc_group_world()); /* rank 0's file is complete */
     float *out = eq_read_weights(model, path, numel);
     if (!out) fail_msg("rank %d: %s: %s", rank, path, fsc_last_error());
@@ -189,11 +164,11 @@ static void test_balance_auto(void **state) {
 }
 static void test_llama(void **state) {
     (void)state;
-    check(&(run){.model = &LLAMA, .strategy = "ddp", .schedule = "1f1b"});
+    check(&(run){.model = &EQ_LLAMA, .strategy = "ddp", .schedule = "1f1b"});
 }
 static void test_llama_interleaved(void **state) {
     (void)state;
-    check(&(run){.model = &LLAMA, .strategy = "sdp", .schedule = "interleaved"});
+    check(&(run){.model = &EQ_LLAMA, .strategy = "sdp", .schedule = "interleaved"});
 }
 
 /* cp 2 x pp 2 for 2 steps, one process for the rest; and the other way round. */
