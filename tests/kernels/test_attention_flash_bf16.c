@@ -44,39 +44,11 @@ static void test_llama_gqa_bf16(void **state) {
     fr_llama_gqa_case(FSC_GEMM_BF16, 33);
 }
 
-/* The backward's fused loop (one thread) and its two passes (more threads
- * than (batch, KV head) pairs) give the same bits, as does the forward;
- * T odd, so the last query and key rows pair with zero. */
+/* fr_thread_count_case: 1 and 3 threads, the same bits, in bf16. */
 static void test_thread_count_independent_bf16(void **state) {
     (void)state;
     need_bf16();
-    enum { B = 1, T = 333, NH = 4, NKV = 1, HD = 32, CQ = NH * HD, CK = NKV * HD };
-    float *q = fr_random(B * T * CQ, 35), *k = fr_random(B * T * CK, 36);
-    float *v = fr_random(B * T * CK, 37), *dout = fr_random(B * T * CQ, 38);
-    fsc_attn_dims d = {.B = B,
-                       .NH = NH,
-                       .NKV = NKV,
-                       .hd = HD,
-                       .Tq = T,
-                       .Tk = T,
-                       .ldq = CQ,
-                       .ldk = CK,
-                       .ldv = CK,
-                       .ldo = CQ};
-    const int saved = fsc_get_num_threads();
-    fsc_set_num_threads(1);
-    fr_case one = fr_case_run(&d, q, k, v, dout, FSC_GEMM_BF16);
-    fsc_set_num_threads(3);
-    fr_case three = fr_case_run(&d, q, k, v, dout, FSC_GEMM_BF16);
-    fsc_set_num_threads(saved);
-    assert_memory_equal(one.out, three.out, (size_t)B * T * CQ * 4);
-    assert_memory_equal(one.dq, three.dq, (size_t)B * T * CQ * 4);
-    assert_memory_equal(one.dk, three.dk, (size_t)B * T * CK * 4);
-    assert_memory_equal(one.dv, three.dv, (size_t)B * T * CK * 4);
-    fr_check_against_reference(&one);
-    fr_assert_rounded_bf16(&one);
-    fr_case_free(&one), fr_case_free(&three);
-    free(q), free(k), free(v), free(dout);
+    fr_thread_count_case(FSC_GEMM_BF16, 35);
 }
 
 int main(void) {

@@ -340,4 +340,38 @@ static inline void fr_llama_gqa_case(fsc_gemm_prec prec, uint64_t seed) {
     free(q), free(k), free(v), free(dout), free(out), free(att), free(dq), free(dk), free(dv);
 }
 
+/* The backward's fused loop (one thread) and its two passes (more threads
+ * than (batch, KV head) pairs) give the same bits, as does the forward; T
+ * odd, so under bf16 the last query and key rows pair with zero. Both runs
+ * are also checked against the reference (and, in bf16, for rounding). */
+static inline void fr_thread_count_case(fsc_gemm_prec prec, uint64_t seed) {
+    enum { B = 1, T = 333, NH = 4, NKV = 1, HD = 32, CQ = NH * HD, CK = NKV * HD };
+    float *q = fr_random(B * T * CQ, seed), *k = fr_random(B * T * CK, seed + 1);
+    float *v = fr_random(B * T * CK, seed + 2), *dout = fr_random(B * T * CQ, seed + 3);
+    fsc_attn_dims d = {.B = B,
+                       .NH = NH,
+                       .NKV = NKV,
+                       .hd = HD,
+                       .Tq = T,
+                       .Tk = T,
+                       .ldq = CQ,
+                       .ldk = CK,
+                       .ldv = CK,
+                       .ldo = CQ};
+    const int saved = fsc_get_num_threads();
+    fsc_set_num_threads(1);
+    fr_case one = fr_case_run(&d, q, k, v, dout, prec);
+    fsc_set_num_threads(3);
+    fr_case three = fr_case_run(&d, q, k, v, dout, prec);
+    fsc_set_num_threads(saved);
+    assert_memory_equal(one.out, three.out, (size_t)B * T * CQ * 4);
+    assert_memory_equal(one.dq, three.dq, (size_t)B * T * CQ * 4);
+    assert_memory_equal(one.dk, three.dk, (size_t)B * T * CK * 4);
+    assert_memory_equal(one.dv, three.dv, (size_t)B * T * CK * 4);
+    fr_check_against_reference(&one);
+    if (prec == FSC_GEMM_BF16) fr_assert_rounded_bf16(&one);
+    fr_case_free(&one), fr_case_free(&three);
+    free(q), free(k), free(v), free(dout);
+}
+
 #endif
