@@ -314,6 +314,7 @@ FSC_API void fsc_attention_backward_prec(float *dqkv, const float *dout, const f
  * neither can have its workspace. */
 FSC_API int fsc_attention_forward_bf16_act(float *out, uint16_t *atth, const uint16_t *qkvh, int B,
                                            int T, int C, int NH);
+/* Its backward: dqkv (fp32) from dout and what the forward kept in bf16. */
 FSC_API int fsc_attention_backward_bf16_act(float *dqkv, const float *dout, const uint16_t *qkvh,
                                             const uint16_t *atth, int B, int T, int C, int NH);
 /* Whether the batched bf16 attention runs for (B,T,C,NH) here (bf16 GEMMs
