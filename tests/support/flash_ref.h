@@ -311,6 +311,21 @@ static inline void fr_gpt2_fused_case(fsc_gemm_prec prec, uint64_t seed) {
     free(qkv), free(dout), free(out), free(att), free(dqkv);
 }
 
+/* Causal self-attention over T positions with q, k and v as separate
+ * (B, T, heads * hd) tensors: NH query heads on NKV key/value heads. */
+static inline fsc_attn_dims fr_self_dims(int B, int T, int NH, int NKV, int HD) {
+    return (fsc_attn_dims){.B = B,
+                           .NH = NH,
+                           .NKV = NKV,
+                           .hd = HD,
+                           .Tq = T,
+                           .Tk = T,
+                           .ldq = NH * HD,
+                           .ldk = NKV * HD,
+                           .ldv = NKV * HD,
+                           .ldo = NH * HD};
+}
+
 /* LLaMA's layout: separate q (B,T,NH*hd), k and v (B,T,NKV*hd), two query
  * heads per KV head, T = 200; as fr_gpt2_fused_case, operands from seeds
  * seed .. seed + 3. */
@@ -319,16 +334,7 @@ static inline void fr_llama_gqa_case(fsc_gemm_prec prec, uint64_t seed) {
     float *q = fr_random((size_t)B * T * CQ, seed), *k = fr_random((size_t)B * T * CK, seed + 1);
     float *v = fr_random((size_t)B * T * CK, seed + 2);
     float *dout = fr_random((size_t)B * T * CQ, seed + 3);
-    fsc_attn_dims d = {.B = B,
-                       .NH = NH,
-                       .NKV = NKV,
-                       .hd = HD,
-                       .Tq = T,
-                       .Tk = T,
-                       .ldq = CQ,
-                       .ldk = CK,
-                       .ldv = CK,
-                       .ldo = CQ};
+    fsc_attn_dims d = fr_self_dims(B, T, NH, NKV, HD);
     fr_case c = fr_case_run(&d, q, k, v, dout, prec);
     float *out = malloc((size_t)B * T * CQ * 4), *att = calloc((size_t)B * NH * T * T, 4);
     float *dq = malloc((size_t)B * T * CQ * 4), *dk = malloc((size_t)B * T * CK * 4);
@@ -348,16 +354,7 @@ static inline void fr_thread_count_case(fsc_gemm_prec prec, uint64_t seed) {
     enum { B = 1, T = 333, NH = 4, NKV = 1, HD = 32, CQ = NH * HD, CK = NKV * HD };
     float *q = fr_random(B * T * CQ, seed), *k = fr_random(B * T * CK, seed + 1);
     float *v = fr_random(B * T * CK, seed + 2), *dout = fr_random(B * T * CQ, seed + 3);
-    fsc_attn_dims d = {.B = B,
-                       .NH = NH,
-                       .NKV = NKV,
-                       .hd = HD,
-                       .Tq = T,
-                       .Tk = T,
-                       .ldq = CQ,
-                       .ldk = CK,
-                       .ldv = CK,
-                       .ldo = CQ};
+    fsc_attn_dims d = fr_self_dims(B, T, NH, NKV, HD);
     const int saved = fsc_get_num_threads();
     fsc_set_num_threads(1);
     fr_case one = fr_case_run(&d, q, k, v, dout, prec);
