@@ -17,7 +17,7 @@
  *   FSC_SHIM_FSYNC  EIO: fsync and fdatasync of the file fail
  *   FSC_SHIM_DELAY_MS  each selected write and fsync first sleeps this long
  *   FSC_SHIM_DELAY_ON  "fsync": only fsync and fdatasync sleep (a directory's
- *                      too), the writes do not
+ *                      too), the writes do not; "dirsync": only a directory's
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -63,10 +64,13 @@ static int selected(int fd) {
     return strstr(path, want) != NULL;
 }
 
-/* is_sync: called for an fsync or fdatasync, else for a write. */
-static void delay(bool is_sync) {
+/* is_sync: called for an fsync or fdatasync of fd, else for a write. */
+static void delay(bool is_sync, int fd) {
     const char *ms = env("FSC_SHIM_DELAY_MS"), *on = env("FSC_SHIM_DELAY_ON");
+    struct stat st;
+    const bool dirs = on && !strcmp(on, "dirsync");
     if (!ms || (!is_sync && on && !strcmp(on, "fsync"))) return;
+    if (dirs && (!is_sync || fstat(fd, &st) || !S_ISDIR(st.st_mode))) return;
     long v = strtol(ms, NULL, 10);
     struct timespec ts = {v / 1000, (v % 1000) * 1000000L};
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
@@ -87,7 +91,7 @@ static off_t from_offset(void) {
  * or -1 with errno set. */
 static ssize_t allowed(int fd, off_t off, size_t n) {
     if (!selected(fd)) return (ssize_t)n;
-    delay(false);
+    delay(false, fd);
     const int e = write_errno();
     const off_t from = from_offset();
     if (!e || n == 0) return (ssize_t)n;
@@ -170,7 +174,7 @@ ssize_t pwritev64(int fd, const struct iovec *iov, int cnt, off_t off) {
 
 static int sync_fault(int fd) {
     if (!selected(fd)) return 0;
-    delay(true);
+    delay(true, fd);
     const char *e = env("FSC_SHIM_FSYNC");
     if (!e) return 0;
     errno = EIO;

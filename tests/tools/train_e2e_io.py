@@ -121,22 +121,27 @@ def slow_disk():
     any one removed, a case below that reaches it ends in a stall verdict (each
     was removed in turn to check). Under ddp, the MPI-IO save of a member
     (src/io/safetensors_mpiio.c) and the commit (checkpoint.c: checksums, fsyncs,
-    renames): all 8 of rank 0's fsyncs into the directory. Under pp 2, the one
-    writer's (safetensors_write.c) and the commit again: the 2 fsyncs of
-    optim.safetensors, one in each scope. Writes are not slowed: MPI-IO's run
-    inside MPI's collective calls, where the peer does not wait in fsc, and the
-    one writer's go through stdio, which the shim does not see. Slowing every
-    write and fsync of both ranks into the directory (24 calls) took 50 s; these
-    10 take 21 s."""
-    for what, flags, path in (("ddp, MPI-IO", ["--strategy", "ddp"], ".step-000002.tmp"),
-                              ("pp 2, one writer", ["--strategy", "ddp", "--pp", "2"],
-                               "/optim.safetensors")):
+    renames): rank 0's 3 fsyncs of the directory, 2 in the first scope (one per
+    member, while the peer waits in fsc; during a member's own sync it waits in
+    MPI_File_sync, outside fsc, so slowing that one tells nothing) and 1 in the
+    second. Under pp 2, the one writer's (safetensors_write.c) and the commit
+    again: the 2 fsyncs of optim.safetensors, one in each scope. Writes are not
+    slowed: MPI-IO's run inside MPI's collective calls, where the peer does not
+    wait in fsc, and the one writer's go through stdio, which the shim does not
+    see. Slowing every write and fsync of both ranks into the directory (24
+    calls) took 50 s, all 8 of rank 0's fsyncs there under ddp 21 s with pp's 2;
+    these 5 take 10.5 s."""
+    for what, flags, path, on in (("ddp, MPI-IO", ["--strategy", "ddp"], ".step-000002.tmp",
+                                   "dirsync"),
+                                  ("pp 2, one writer", ["--strategy", "ddp", "--pp", "2"],
+                                   "/optim.safetensors", "fsync")):
         ck = os.path.join(TMP, "slow-" + what.split(",")[0].replace(" ", ""))
-        env = shim_env(path=path, rank=0, delay_ms=2100, delay_on="fsync")
+        env = shim_env(path=path, rank=0, delay_ms=2100, delay_on=on)
         env["FSC_TIMEOUT_S"] = "2"
         p = mpiexec(2, *TINY, "--quiet", "--steps", "3", "--save-every", "2", *flags,
                     "--checkpoint-dir", ck, expect_ok=False, env=env)
         if p.returncode != 0 or verify_checkpoint(ck) != 2:
             sys.exit(f"FAIL: slow disk, {what}: exit {p.returncode}:\n{p.stderr}")
-        print(f"ok  slow disk (rank 0's fsyncs into {path}: 2.1 s each at FSC_TIMEOUT_S=2), "
+        which = "directory fsyncs of" if on == "dirsync" else "fsyncs into"
+        print(f"ok  slow disk (rank 0's {which} {path}: 2.1 s each at FSC_TIMEOUT_S=2), "
               f"{what}: committed")
