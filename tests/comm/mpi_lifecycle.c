@@ -96,11 +96,7 @@ static int stall_finalize(int argc, char **argv) {
 
 int main(int argc, char **argv) {
     if (getenv("FSC_TEST_STALL_FINALIZE")) return stall_finalize(argc, argv);
-    fsc_dist_options opt = {.timeout_s = TIMEOUT_S};
-    if (fsc_dist_init(&argc, &argv, &opt)) {
-        fprintf(stderr, "fsc_dist_init: %s\n", fsc_last_error());
-        return 1;
-    }
+    if (mpi_test_init_timeout(&argc, &argv, TIMEOUT_S)) return 1;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_everyone_answers),
         cmocka_unit_test(test_stopped_rank_named),

@@ -86,15 +86,5 @@ static void test_recv_never_sent(void **state) {
     set_timeout(TIMEOUT_S);
 }
 
-int main(int argc, char **argv) {
-    fsc_dist_options opt = {.timeout_s = TIMEOUT_S};
-    if (fsc_dist_init(&argc, &argv, &opt)) {
-        fprintf(stderr, "fsc_dist_init: %s\n", fsc_last_error());
-        return 1;
-    }
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_missing_rank_named),
-        cmocka_unit_test(test_recv_never_sent),
-    };
-    return mpi_test_finish_faulted(cmocka_run_group_tests(tests, NULL, NULL));
-}
+MPI_TEST_MAIN_FAULTED(TIMEOUT_S, cmocka_unit_test(test_missing_rank_named),
+                      cmocka_unit_test(test_recv_never_sent))

@@ -245,18 +245,11 @@ static void test_env_values_checked(void **state) {
     unsetenv("FSC_IO_TIMEOUT_S");
 }
 
-int main(int argc, char **argv) {
-    if (fsc_dist_init(&argc, &argv, NULL) != FSC_OK) return 1;
-    rank = fsc_dist_rank(), world = fsc_dist_size();
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_env_values_checked),
-        cmocka_unit_test(test_byte_identical_ddp),
-        cmocka_unit_test(test_byte_identical_oss),
-        cmocka_unit_test(test_byte_identical_sdp),
-        cmocka_unit_test(test_byte_identical_fsdp),
-        cmocka_unit_test(test_resume_from_parallel_checkpoint),
-        cmocka_unit_test(test_failed_write_keeps_previous),
-        cmocka_unit_test(test_missing_directory_named_everywhere),
-    };
-    return mpi_test_finish(mpi_run_tests_in_scratch(tests, "fsc_pio", dir));
-}
+MPI_TEST_MAIN_IN_SCRATCH("fsc_pio", dir, cmocka_unit_test(test_env_values_checked),
+                         cmocka_unit_test(test_byte_identical_ddp),
+                         cmocka_unit_test(test_byte_identical_oss),
+                         cmocka_unit_test(test_byte_identical_sdp),
+                         cmocka_unit_test(test_byte_identical_fsdp),
+                         cmocka_unit_test(test_resume_from_parallel_checkpoint),
+                         cmocka_unit_test(test_failed_write_keeps_previous),
+                         cmocka_unit_test(test_missing_directory_named_everywhere))

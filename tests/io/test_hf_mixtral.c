@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "equivalence.h"
 #include "fsc/gpt.h"
 #include "fsc/io.h"
 #include "fsc/moe.h"
@@ -106,15 +107,8 @@ static void test_write_read_back(void **state) {
     };
     for (int i = 0; i < 2; i++) {
         fsc_moe_options o = cases[i];
-        const fsc_gpt_config c = {.vocab = 64,
-                                  .seq = 16,
-                                  .layers = 2,
-                                  .d_model = 32,
-                                  .heads = 4,
-                                  .kv_heads = 2,
-                                  .ffn_hidden = 48,
-                                  .arch = FSC_ARCH_LLAMA,
-                                  .moe = &o};
+        fsc_gpt_config c = EQ_LLAMA_MOE;
+        c.moe = &o;
         assert_int_equal(fsc_hf_config_write(tmp(""), &c, NULL), FSC_OK);
         fsc_gpt_config back;
         assert_int_equal(fsc_hf_config_read(tmp(""), &back), FSC_OK);

@@ -13,8 +13,13 @@
  *  - forced off (FSC_BF16_GEMM=off), nothing is stored in bf16;
  *  - attention keeps q/k/v (3C per row) and its probabilities in bf16,
  *    its output bit for bit the same;
- *  - LLaMA's SwiGLU MLP keeps its gated product (down_proj's input) in
- *    bf16: F elements per row at 2 bytes, the output unchanged in dtype. */
+ *  - LLaMA's SwiGLU MLP keeps its gated product (down_proj's input) and
+ *    its two projections (gate_proj's and up_proj's outputs) in bf16: 3F
+ *    elements per row at 2 bytes, the output unchanged in dtype;
+ *  - GPT-2's MLP keeps c_fc's output (GELU's input, 4C per row) in bf16:
+ *    GELU is evaluated, and differentiated, at the stored value, so the
+ *    output and every gradient move, by no more than that one rounding
+ *    can move them (test_mlp_reads_c_fc_in_bf16 derives the bound). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -154,7 +159,8 @@ static void test_block_keeps_half_and_computes_the_same(void **state) {
     /* forced off: fp32 throughout, the attention output too */
     fsc_bf16_gemm_set_mode(FSC_BF16_GEMM_OFF);
     const size_t none = block_run(blk, &ps, xv, dyv, y2, dx2, g2);
-    assert_int_equal(none - all, (size_t)N * (C + C + C + 4 * C + 3 * C) * 2 + QKV_ATT_SAVED);
+    assert_int_equal(none - all,
+                     (size_t)N * (C + C + C + 4 * C + 4 * C + 3 * C) * 2 + QKV_ATT_SAVED);
     fsc_bf16_gemm_set_mode(FSC_BF16_GEMM_AUTO);
     free(g1), free(g2);
     fsc_params_free(&ps);
@@ -242,7 +248,161 @@ static void test_swiglu_keeps_its_product_in_bf16(void **state) {
     fsc_bf16_gemm_set_mode(FSC_BF16_GEMM_AUTO);
     assert_int_equal(on_dt, FSC_DTYPE_F32);
     assert_int_equal(off_dt, FSC_DTYPE_F32);
-    assert_int_equal(off - on, (size_t)N * F * 2);
+    assert_int_equal(off - on, (size_t)N * 3 * F * 2); /* product, gate, up */
+    fsc_params_free(&ps);
+    fsc_module_free(m);
+}
+
+/* ---- GPT-2's MLP reading c_fc's output in bf16 ----------------------------- */
+
+/* An MLP's forward and backward under autocast ac: the bytes its forward
+ * keeps; y, dx and the gradients copied. */
+static size_t mlp_run(fsc_module *m, fsc_params *ps, fsc_dtype ac, const float *xv,
+                      const float *dyv, float *y, float *dx, float *grads) {
+    fsc_arena *a = fsc_arena_new(FSC_MEM_ACTIV, 1 << 22);
+    assert_non_null(a);
+    fsc_params_zero_grad(ps);
+    fsc_ctx ctx = {.arena = a, .training = true, .keyed = true, .autocast = ac};
+    fsc_tensor x = fsc_tensor_3d((void *)xv, FSC_DTYPE_F32, B, T, C), out, din;
+    void *saved;
+    assert_int_equal(fsc_module_forward(m, &ctx, &x, &out, &saved), FSC_OK);
+    assert_int_equal(out.dtype, FSC_DTYPE_F32);
+    const size_t kept = fsc_arena_used(a);
+    memcpy(y, out.data, fsc_tensor_nbytes(&out));
+    fsc_tensor dy = out;
+    dy.data = (void *)dyv;
+    assert_int_equal(fsc_module_backward(m, &ctx, saved, &dy, &din), FSC_OK);
+    memcpy(dx, din.data, fsc_tensor_nbytes(&din));
+    memcpy(grads, ps->grad, (size_t)ps->numel * sizeof(float));
+    fsc_arena_free(a);
+    return kept;
+}
+
+#define U_BF16 (1.0 / 256) /* bf16's unit roundoff, 2^-8 */
+#define U_F32 (1.0 / 16777216)
+#define GELU_D1 1.13 /* max |gelu'| (1.129 near x = 1.5) */
+#define GELU_D2 0.80 /* max |gelu''| (sqrt(2/pi) = 0.798 at x = 0) */
+
+static double gelu_d(double x, double *d1) { /* the tanh form and its derivative */
+    const double k = 0.7978845608028654, t = tanh(k * (x + 0.044715 * x * x * x));
+    *d1 = 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * k * (1 + 3 * 0.044715 * x * x);
+    return 0.5 * x * (1 + t);
+}
+
+enum { F4 = 4 * C };
+/* Worst-case bounds on how far the MLP's y, dx and gradients may move when
+ * c_fc's output a is rounded to bf16 before GELU (u = 2^-8 of |a|), every
+ * GEMM in bf16 both ways (exact products of bf16 operands, fp32 sums):
+ *  - h = gelu(a) moves by at most u (D1 |a| + 2 |h|): the change through
+ *    gelu', and both sides' own rounding of h to bf16 for c_proj;
+ *  - dh = dy W_proj^T is the same both ways; da = dh gelu'(a) moves by at
+ *    most u (D2 |a| |dh| + 2 |da|): the change through gelu'', and both
+ *    sides' rounding of da to bf16 for c_fc's GEMMs;
+ *  - a GEMM then carries those through |W| (1 + u), |dy| or |x|, plus each
+ *    side's fp32 summation error, K 2^-24 of its sum of |products|.
+ * All four bounds in one array laid out as the parameters and dx. */
+static void mlp_bounds(const fsc_module *m, const float *xv, const float *dyv, double *by,
+                       double *bdx, double *bg) {
+    const float *wf = m->children[0]->params[0].data, *bf = m->children[0]->params[1].data;
+    const float *wp = m->children[2]->params[0].data;
+    static double dh_[N * F4], da_[N * F4], h_[N * F4], a_[N * F4];
+    for (int n = 0; n < N; n++)
+        for (int k = 0; k < F4; k++) {
+            double a = bf[k], dh = 0, d1;
+            for (int c = 0; c < C; c++) a += (double)xv[n * C + c] * wf[c * F4 + k];
+            for (int j = 0; j < C; j++) dh += (double)dyv[n * C + j] * wp[k * C + j];
+            h_[n * F4 + k] = fabs(gelu_d(a, &d1)), a_[n * F4 + k] = fabs(a);
+            dh_[n * F4 + k] = fabs(dh), da_[n * F4 + k] = fabs(dh * d1);
+        }
+    const double w1 = 1 + U_BF16;
+    /* parameters: c_fc.weight (C,4C), c_fc.bias (4C), c_proj.weight (4C,C), c_proj.bias (C) */
+    double *gwf = bg, *gbf = gwf + C * F4, *gwp = gbf + F4, *gbp = gwp + F4 * C;
+    memset(bg, 0, sizeof(double) * (size_t)(C * F4 + F4 + F4 * C + C));
+    memset(by, 0, sizeof(double) * N * C), memset(bdx, 0, sizeof(double) * N * C);
+    for (int n = 0; n < N; n++)
+        for (int k = 0; k < F4; k++) {
+            const int i = n * F4 + k;
+            const double dh = U_BF16 * (GELU_D1 * a_[i] + 2 * h_[i]);
+            const double da = U_BF16 * (GELU_D2 * a_[i] * dh_[i] + 2 * da_[i]);
+            for (int j = 0; j < C; j++) {
+                const double wpa = fabs(wp[k * C + j]) * w1, dya = fabs(dyv[n * C + j]) * w1;
+                by[n * C + j] += dh * wpa + 2 * F4 * U_F32 * h_[i] * wpa;
+                gwp[k * C + j] += dh * dya + 2 * N * U_F32 * h_[i] * dya;
+            }
+            for (int c = 0; c < C; c++) {
+                const double wfa = fabs(wf[c * F4 + k]) * w1, xa = fabs(xv[n * C + c]) * w1;
+                bdx[n * C + c] += da * wfa + 2 * F4 * U_F32 * da_[i] * wfa;
+                gwf[c * F4 + k] += da * xa + 2 * N * U_F32 * da_[i] * xa;
+            }
+            gbf[k] += da + 2 * N * U_F32 * da_[i];
+        }
+    (void)gbp; /* c_proj's bias gradient sums dy alone: equal both ways */
+}
+
+/* Elements where |a - b| exceeds bound (times 1.05 for second-order terms
+ * the bound leaves out); prints the first. The largest share of its bound
+ * any element uses goes to *used. */
+static int over_bound(const char *what, const float *a, const float *b, const double *bound,
+                      int64_t n, double *used) {
+    int bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const double d = fabs((double)a[i] - b[i]), lim = 1.05 * bound[i] + 1e-30;
+        *used = fmax(*used, d / lim);
+        if (d > lim && !bad++)
+            print_error("%s[%lld]: %.9g vs %.9g, off by %.3g > bound %.3g\n", what, (long long)i,
+                        a[i], b[i], d, lim);
+    }
+    return bad;
+}
+
+/* c_fc told GELU reads fp32 keeps exactly N x 4C x 2 bytes more; stored in
+ * bf16 the MLP's y, dx and gradients stay within mlp_bounds of that fp32-
+ * stored run and differ from it (GELU really read the rounded value);
+ * forced off, bf16 autocast keeps everything fp32 and computes bit for bit
+ * what fp32 computes. */
+static void test_mlp_reads_c_fc_in_bf16(void **state) {
+    (void)state;
+    if (!have_bf16()) skip();
+    fsc_module *m = fsc_mlp_new("mlp", C, 0.f, 1, 0.05f, 0.05f);
+    assert_non_null(m);
+    fsc_params ps;
+    assert_int_equal(fsc_params_bind(m, 17, true, &ps), FSC_OK);
+    assert_int_equal(ps.numel, C * F4 + F4 + F4 * C + C);
+    uint64_t seed = 37;
+    static float xv[N * C], dyv[N * C], y1[N * C], y2[N * C], dx1[N * C], dx2[N * C];
+    for (int i = 0; i < N * C; i++) xv[i] = 4 * frand(&seed), dyv[i] = frand(&seed);
+    float *g1 = malloc((size_t)ps.numel * sizeof(float)), *g2 = malloc((size_t)ps.numel * 4);
+    double *bg = malloc((size_t)ps.numel * sizeof(double));
+    static double by[N * C], bdx[N * C];
+    assert_non_null(g1), assert_non_null(g2), assert_non_null(bg);
+    fsc_bf16_gemm_set_mode(FSC_BF16_GEMM_ON);
+    const size_t h = mlp_run(m, &ps, FSC_DTYPE_BF16, xv, dyv, y1, dx1, g1);
+    fsc_module *c_fc = m->children[0];
+    nn_linear_set_out_bf16(c_fc, NULL, NULL); /* c_fc's output fp32, as before */
+    const size_t f = mlp_run(m, &ps, FSC_DTYPE_BF16, xv, dyv, y2, dx2, g2);
+    nn_linear_set_out_bf16(c_fc, nn_gelu_reads_bf16, m->children[1]);
+    assert_int_equal(f - h, (size_t)N * F4 * 2);
+    mlp_bounds(m, xv, dyv, by, bdx, bg);
+    double used = 0;
+    int bad = over_bound("y", y1, y2, by, N * C, &used);
+    bad += over_bound("dx", dx1, dx2, bdx, N * C, &used);
+    bad += over_bound("grad", g1, g2, bg, C * F4 + F4 + F4 * C, &used);
+    print_message("c_fc's output in bf16: y, dx, gradients within %.0f%% of their bounds\n",
+                  100 * used);
+    assert_int_equal(bad, 0);
+    assert_memory_equal(g1 + ps.numel - C, g2 + ps.numel - C, C * sizeof(float)); /* c_proj.bias */
+    assert_true(memcmp(y1, y2, sizeof y1) != 0 && memcmp(dx1, dx2, sizeof dx1) != 0);
+    /* forced off: fp32 kept throughout, bit for bit fp32 autocast's numbers */
+    fsc_bf16_gemm_set_mode(FSC_BF16_GEMM_OFF);
+    const size_t off = mlp_run(m, &ps, FSC_DTYPE_BF16, xv, dyv, y1, dx1, g1);
+    const size_t f32 = mlp_run(m, &ps, FSC_DTYPE_F32, xv, dyv, y2, dx2, g2);
+    assert_int_equal(off - h, (size_t)N * (F4 + F4) * 2); /* c_fc's and GELU's outputs */
+    assert_int_equal(off, f32);
+    assert_memory_equal(y1, y2, sizeof y1);
+    assert_memory_equal(dx1, dx2, sizeof dx1);
+    assert_memory_equal(g1, g2, (size_t)ps.numel * sizeof(float));
+    fsc_bf16_gemm_set_mode(FSC_BF16_GEMM_AUTO);
+    free(g1), free(g2), free(bg);
     fsc_params_free(&ps);
     fsc_module_free(m);
 }
@@ -253,6 +413,7 @@ int main(void) {
         cmocka_unit_test(test_block_keeps_half_and_computes_the_same),
         cmocka_unit_test(test_attention_keeps_qkv_and_probabilities_in_bf16),
         cmocka_unit_test(test_swiglu_keeps_its_product_in_bf16),
+        cmocka_unit_test(test_mlp_reads_c_fc_in_bf16),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

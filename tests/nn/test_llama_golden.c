@@ -153,16 +153,22 @@ static void test_swiglu(void **state) {
     check_layer("swiglu", fsc_swiglu_mlp_new("mlp", C, FFN, 0.02f, 0.02f));
 }
 
+/* The attention layers golden_llama.py wrote: grouped-query (2 key/value
+ * heads, biases, Llama 3.1's scaled rotary angles), else multi-query. */
+static fsc_llama_attention_config attention_config(bool gqa) {
+    if (!gqa) return (fsc_llama_attention_config){.d_model = AC, .n_heads = ANH, .n_kv_heads = 1};
+    return (fsc_llama_attention_config){.d_model = AC,
+                                        .n_heads = ANH,
+                                        .n_kv_heads = 2,
+                                        .qkv_bias = true,
+                                        .rope_theta = 500000.f,
+                                        .rope_scaling = LLAMA31};
+}
+
 static void test_attention(void **state) {
     (void)state;
-    fsc_llama_attention_config gqa = {.d_model = AC,
-                                      .n_heads = ANH,
-                                      .n_kv_heads = 2,
-                                      .qkv_bias = true,
-                                      .rope_theta = 500000.f,
-                                      .rope_scaling = LLAMA31};
+    const fsc_llama_attention_config gqa = attention_config(true), mqa = attention_config(false);
     check_layer("attention_gqa", fsc_llama_attention_new("attn", &gqa));
-    fsc_llama_attention_config mqa = {.d_model = AC, .n_heads = ANH, .n_kv_heads = 1};
     check_layer("attention_mqa", fsc_llama_attention_new("attn", &mqa));
 }
 
@@ -220,14 +226,8 @@ static void check_cached(const char *layer, fsc_module *m, int nkv) {
 
 static void test_attention_kv_cache(void **state) {
     (void)state;
-    fsc_llama_attention_config gqa = {.d_model = AC,
-                                      .n_heads = ANH,
-                                      .n_kv_heads = 2,
-                                      .qkv_bias = true,
-                                      .rope_theta = 500000.f,
-                                      .rope_scaling = LLAMA31};
+    const fsc_llama_attention_config gqa = attention_config(true), mqa = attention_config(false);
     check_cached("attention_gqa", fsc_llama_attention_new("attn", &gqa), 2);
-    fsc_llama_attention_config mqa = {.d_model = AC, .n_heads = ANH, .n_kv_heads = 1};
     check_cached("attention_mqa", fsc_llama_attention_new("attn", &mqa), 1);
 }
 

@@ -307,15 +307,8 @@ static void test_gpt_names_and_count(void **state) {
 static void test_llama_names_and_count(void **state) {
     (void)state;
     fsc_moe_options o = {.experts = 4, .every = 2, .capacity_factor = 4.0f};
-    fsc_gpt_config c = {.vocab = 64,
-                        .seq = 8,
-                        .layers = 2,
-                        .d_model = 16,
-                        .heads = 4,
-                        .kv_heads = 2,
-                        .ffn_hidden = 24,
-                        .arch = FSC_ARCH_LLAMA,
-                        .moe = &o};
+    fsc_gpt_config c = EQ_LLAMA_MOE; /* C 32, F 48 */
+    c.moe = &o;
     fsc_module *m = fsc_gpt_new(&c);
     assert_non_null(m);
     fsc_params ps;
@@ -325,10 +318,10 @@ static void test_llama_names_and_count(void **state) {
     const struct {
         const char *name;
         int64_t rows, cols;
-    } want[] = {{"model.layers.1.block_sparse_moe.gate.weight", 4, 16},
-                {"model.layers.1.block_sparse_moe.experts.3.w1.weight", 24, 16},
-                {"model.layers.1.block_sparse_moe.experts.3.w3.weight", 24, 16},
-                {"model.layers.1.block_sparse_moe.experts.3.w2.weight", 16, 24}};
+    } want[] = {{"model.layers.1.block_sparse_moe.gate.weight", 4, 32},
+                {"model.layers.1.block_sparse_moe.experts.3.w1.weight", 48, 32},
+                {"model.layers.1.block_sparse_moe.experts.3.w3.weight", 48, 32},
+                {"model.layers.1.block_sparse_moe.experts.3.w2.weight", 32, 48}};
     for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
         const fsc_param_entry *p = fsc_params_find(&ps, want[i].name);
         if (!p) fprintf(stderr, "missing %s\n", want[i].name);
@@ -345,9 +338,9 @@ static void test_llama_names_and_count(void **state) {
     assert_int_equal(total, fsc_gpt_num_params(&c));
     fsc_gpt_config dense = c;
     dense.moe = NULL; /* one MoE layer: gate 4C and 4 experts for one 3CF MLP */
-    assert_int_equal(total - fsc_gpt_num_params(&dense), 4 * 16 + 3 * (3 * 16 * 24));
+    assert_int_equal(total - fsc_gpt_num_params(&dense), 4 * 32 + 3 * (3 * 32 * 48));
     assert_true(fabs(fsc_gpt_flops_per_token(&c, 8) - fsc_gpt_flops_per_token(&dense, 8) -
-                     6.0 * (4 * 16 + 3 * 16 * 24)) < 1e-6);
+                     6.0 * (4 * 32 + 3 * 32 * 48)) < 1e-6);
     fsc_params_free(&ps);
     fsc_module_free(m);
     o.hidden = 40; /* experts of their own width */

@@ -31,6 +31,16 @@ static const fsc_gpt_config EQ_LLAMA = {.arch = FSC_ARCH_LLAMA,
                                         .heads = 8,
                                         .kv_heads = 4,
                                         .ffn_hidden = 64};
+/* The LLaMA the Mixtral (MoE) tests put their MoE layers into (each sets
+ * .moe): 4 query heads on 2 key/value heads, dense MLPs and experts 48 wide. */
+static const fsc_gpt_config EQ_LLAMA_MOE = {.arch = FSC_ARCH_LLAMA,
+                                            .vocab = 64,
+                                            .seq = 16,
+                                            .layers = 2,
+                                            .d_model = 32,
+                                            .heads = 4,
+                                            .kv_heads = 2,
+                                            .ffn_hidden = 48};
 enum { EQ_GLOBAL_BATCH = 8, EQ_STEPS = 5 };
 /* Tolerance from a measured noise floor, not from one CPU's rounding. Any
  * layout sums each gradient in some legal order; the reference is computed in
@@ -268,21 +278,30 @@ static inline eq_batch eq_batch_of_rank(const fsc_tokens *tk, fsc_arena *arena, 
                       .y = y};
 }
 
-/* Micro-step k of step s on m (the plain GPT or a wrapper around it): this
- * rank's micro-batch, dropout keyed by its global sample (seed 5), the loss
- * normalised by the global token count, gradients accumulated. The layout
- * of every equivalence test and of its one-process reference. Returns
- * fsc_gpt_train_micro's status. */
-static inline int eq_micro(fsc_module *m, const eq_batch *b, int s, int k) {
+/* Micro-step k of step s's input: the arena reset, this rank's micro-batch
+ * read into b->x and b->y, and in *ctx the training context every layout
+ * and its one-process reference share (dropout keyed by the global sample,
+ * seed 5). Returns fsc_tokens_batch's status. */
+static inline int eq_micro_input(const eq_batch *b, int s, int k, fsc_ctx *ctx) {
     fsc_arena_reset(b->arena);
     int rc = fsc_tokens_batch(b->tk, s, k, b->rank, b->B, b->micros, b->world, b->T, b->x, b->y);
+    *ctx = (fsc_ctx){.arena = b->arena,
+                     .training = true,
+                     .keyed = true,
+                     .seed = 5,
+                     .step = s,
+                     .sample0 = fsc_batch_first_sample(s, k, b->rank, b->B, b->micros, b->world)};
+    return rc;
+}
+
+/* Micro-step k of step s on m (the plain GPT or a wrapper around it): this
+ * rank's micro-batch (eq_micro_input), the loss normalised by the global
+ * token count, gradients accumulated. The layout of every equivalence test
+ * and of its one-process reference. Returns fsc_gpt_train_micro's status. */
+static inline int eq_micro(fsc_module *m, const eq_batch *b, int s, int k) {
+    fsc_ctx ctx;
+    int rc = eq_micro_input(b, s, k, &ctx);
     if (rc) return rc;
-    fsc_ctx ctx = {.arena = b->arena,
-                   .training = true,
-                   .keyed = true,
-                   .seed = 5,
-                   .step = s,
-                   .sample0 = fsc_batch_first_sample(s, k, b->rank, b->B, b->micros, b->world)};
     float loss;
     return fsc_gpt_train_micro(m, &ctx, b->x, b->y, b->B, b->T, -1, (double)b->G * b->T, &loss);
 }
@@ -301,8 +320,7 @@ static float *eq_run_reference(const eq_options *o, const eq_order *ord, fsc_par
     eq_tokens(&tk);
     if (!m || (o->lora && fsc_lora_apply(m, o->lora, NULL)) ||
         (o->nfreeze && fsc_module_freeze(m, o->freeze, o->nfreeze, true, NULL)) ||
-        fsc_params_bind(m, 5, true, ps) ||
-        fsc_optim_ranges_from_params(ps, &r, &nr))
+        fsc_params_bind(m, 5, true, ps) || fsc_optim_ranges_from_params(ps, &r, &nr))
         abort();
     if (ord->tp > 1) eq_tp_orders(m, ord->tp);
     if (ps->numel > EQ_MAX_NUMEL) abort();

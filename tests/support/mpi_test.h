@@ -75,20 +75,35 @@ static inline int mpi_test_finish(int failed) {
 }
 
 /* main() of an MPI test program, whose file-scope `rank` and `world` it
- * sets once MPI is up: the entries (cmocka_unit_test(...)) run as one group,
- * then one verdict for every rank (mpi_test_finish). The _IN_SCRATCH form
- * runs them with one scratch directory for the world in dir, as
+ * sets once MPI is up: `init` runs, the entries (cmocka_unit_test(...)) run
+ * as one group (`run`, cmocka's count of failures), `fini` runs, then one
+ * verdict for every rank (mpi_test_finish). The _IN_SCRATCH forms run them
+ * with one scratch directory for the world in dir, as
  * mpi_run_tests_in_scratch does. */
-#define MPI_TEST_MAIN_RUN(run, ...)                                                                \
+#define MPI_TEST_MAIN_WITH(init, run, fini, ...)                                                   \
     int main(int argc, char **argv) {                                                              \
         if (fsc_dist_init(&argc, &argv, NULL)) return 1;                                           \
         rank = fsc_dist_rank(), world = fsc_dist_size();                                           \
+        init;                                                                                      \
         const struct CMUnitTest tests[] = {__VA_ARGS__};                                           \
-        return mpi_test_finish(run);                                                               \
+        const int failed = run;                                                                    \
+        fini;                                                                                      \
+        return mpi_test_finish(failed);                                                            \
     }
+#define MPI_TEST_MAIN_RUN(run, ...) MPI_TEST_MAIN_WITH((void)0, run, (void)0, __VA_ARGS__)
 #define MPI_TEST_MAIN(...) MPI_TEST_MAIN_RUN(cmocka_run_group_tests(tests, NULL, NULL), __VA_ARGS__)
 #define MPI_TEST_MAIN_IN_SCRATCH(prefix, dir, ...)                                                 \
     MPI_TEST_MAIN_RUN(mpi_run_tests_in_scratch(tests, prefix, dir), __VA_ARGS__)
+
+/* main() of an equivalence test (equivalence.h): MPI_TEST_MAIN's, with the
+ * test-only fault named by FSC_TEST_FAULT switched on first, so that the
+ * fault matrix (tests/CMakeLists.txt) can run the same program. */
+#define MPI_EQ_MAIN(...)                                                                           \
+    MPI_TEST_MAIN_WITH(eq_fault_from_env(), cmocka_run_group_tests(tests, NULL, NULL), (void)0,    \
+                       __VA_ARGS__)
+#define MPI_EQ_MAIN_IN_SCRATCH(prefix, dir, ...)                                                   \
+    MPI_TEST_MAIN_WITH(eq_fault_from_env(), mpi_run_tests_in_scratch(tests, prefix, dir), (void)0, \
+                       __VA_ARGS__)
 
 /* The end of a program whose tests leave a peer out of a collective on
  * purpose (the watchdog's): no verdict exchange (a peer may be gone), and a
@@ -101,5 +116,24 @@ static inline int mpi_test_finish_faulted(int failed) {
     }
     return failed ? 1 : 0;
 }
+
+/* MPI up with every collective's deadline timeout_s (the watchdog tests'
+ * short one); non-zero, said on stderr, when it did not start. */
+static inline int mpi_test_init_timeout(int *argc, char ***argv, double timeout_s) {
+    fsc_dist_options opt = {.timeout_s = timeout_s};
+    if (!fsc_dist_init(argc, argv, &opt)) return 0;
+    fprintf(stderr, "fsc_dist_init: %s\n", fsc_last_error());
+    return 1;
+}
+
+/* main() of such a program: MPI up with timeout_s (mpi_test_init_timeout),
+ * the entries (cmocka_unit_test(...)) run as one group, then
+ * mpi_test_finish_faulted's verdict. */
+#define MPI_TEST_MAIN_FAULTED(timeout_s, ...)                                                      \
+    int main(int argc, char **argv) {                                                              \
+        if (mpi_test_init_timeout(&argc, &argv, timeout_s)) return 1;                              \
+        const struct CMUnitTest tests[] = {__VA_ARGS__};                                           \
+        return mpi_test_finish_faulted(cmocka_run_group_tests(tests, NULL, NULL));                 \
+    }
 
 #endif

@@ -2,7 +2,8 @@
  * (tests/train/mpi_cp_layout.c, mpi_cp_pipe.c): the trainer a program
  * builds from the plan, optionally resumed, stepped to `steps`, optionally
  * checkpointed, its weights saved to `weights`; then the plan and the mesh
- * freed. A failure names the rank and the library's message. */
+ * freed. A failure names the rank and the library's message. And the
+ * comparison of a layout's losses and parameters with one process's. */
 #ifndef FSC_TEST_PLAN_TEST_H
 #define FSC_TEST_PLAN_TEST_H
 
@@ -40,6 +41,34 @@ static inline void plan_train(fsc_gpt_plan *plan, fsc_mesh *mesh, fsc_gpt_batch_
     fsc_trainer_free(t);
     fsc_gpt_plan_free(plan);
     fsc_mesh_free(mesh);
+}
+
+/* One process's losses over 1, 2 and 4 micro-batches (alt[a]: 1 << a):
+ * the first run's as losses, their largest spread per step as *loss_noise
+ * (the losses' share of the legal orders' noise). */
+static inline void plan_loss_noise(double alt[3][EQ_STEPS], double *losses, double *loss_noise) {
+    memcpy(losses, alt[0], sizeof alt[0]);
+    *loss_noise = 0;
+    for (int s = 0; s < EQ_STEPS; s++)
+        for (int a = 1; a < 3; a++) *loss_noise = fmax(*loss_noise, fabs(alt[a][s] - losses[s]));
+}
+
+/* A layout's run against one process's: each step's loss within EQ_NOISE_K
+ * times the loss noise plus the floor, the parameters within equivalence.h's
+ * bounds (eq_compare). Under a fault (FSC_TEST_EXPECT_MISMATCH=1) the losses
+ * diverge by design: the parameters' comparison alone gives the verdict. */
+static inline void plan_expect(const char *what, const float *got, const double *losses,
+                               const float *ref, const double *ref_losses, double loss_noise,
+                               int64_t n) {
+    const char *faulty = getenv("FSC_TEST_EXPECT_MISMATCH");
+    for (int s = 0; !(faulty && !strcmp(faulty, "1")) && s < EQ_STEPS; s++) {
+        const double bound =
+            EQ_NOISE_K * loss_noise + EQ_FLOOR_ULPS * FLT_EPSILON * fabs(ref_losses[s]);
+        if (fabs(losses[s] - ref_losses[s]) > bound)
+            fail_msg("%s: step %d loss %.9g vs one process's %.9g (bound %.2e)", what, s + 1,
+                     losses[s], ref_losses[s], bound);
+    }
+    assert_int_equal(eq_compare(what, got, ref, n), 0);
 }
 
 #endif

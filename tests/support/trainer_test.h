@@ -81,6 +81,19 @@ static inline int tt_tp_gpt_loss(fsc_module *m, const fsc_ctx *ctx, const fsc_mi
                                   loss);
 }
 
+/* mb's micro-batch of EQ_MODEL's sequences read from tk and trained on m
+ * (fsc_gpt_train_micro): the body of a trainer loss whose user pointer
+ * carries something else than a tt_data. */
+static inline int tt_tokens_micro(const fsc_tokens *tk, fsc_module *m, const fsc_ctx *ctx,
+                                  const fsc_micro_batch *mb, float *loss) {
+    const int T = EQ_MODEL.seq;
+    int32_t x[EQ_GLOBAL_BATCH * 16], y[EQ_GLOBAL_BATCH * 16];
+    if (mb->batch > EQ_GLOBAL_BATCH || T > 16) return FSC_ERR_INVALID; /* the buffers above */
+    int rc = fsc_tokens_batch(tk, mb->step, mb->micro, mb->rank, mb->batch, mb->micros, mb->world,
+                              T, x, y);
+    return rc ? rc : fsc_gpt_train_micro(m, ctx, x, y, mb->batch, T, -1, mb->norm, loss);
+}
+
 /* Layers [first, end) of the GPT whose config is user. */
 static inline fsc_module *tt_make_stage(void *user, int first, int end) {
     return fsc_gpt_stage_new(user, first, end);
@@ -121,6 +134,7 @@ typedef struct tt_run {
     const int *balance;     /* with pp: layers (parts) per stage (NULL: even) */
     bool sp;                /* with tp: sequence parallelism */
     float clip;             /* > 0: clip the global norm */
+    int accum;              /* micro-batches per replica and step (0: 2) */
     int steps;              /* train up to this step (0: EQ_STEPS) */
     const char *resume;     /* resume from this checkpoint directory first */
     int save_at;            /* > 0: checkpoint into ckpt after this step and stop */
@@ -136,16 +150,18 @@ static inline fsc_group *tt_ranks(const tt_run *c) {
                                           : fsc_group_world();
 }
 
-/* A trainer of d's EQ GPT under c's layout, the global batch per step as 2
- * micro-batches per replica; *model is the whole model where the layout has
- * one (else NULL), the caller's to free after the trainer. Pipeline stages
- * are GPT stages (parts under c->parts), or TP stages under tp; tp without a
- * pipeline is the whole TP model. A refusal fails the test, naming the rank. */
-static inline fsc_trainer *tt_trainer_new(const tt_run *c, tt_data *d, fsc_module **model) {
-    const int pp = c->pp > 1 ? c->pp : 1, tp = c->tp > 1 ? c->tp : 1, m = 2;
+/* The configuration of a trainer of d's EQ GPT under c's layout (AdamW,
+ * seed 5), the global batch per step as c->accum micro-batches per replica;
+ * *dp gets the data-parallel size. Pipeline stages are GPT stages (parts
+ * under c->parts), or TP stages under tp; tp without a pipeline is the whole
+ * TP model. A test about something else (an optimizer rule) changes it
+ * before tt_trainer_of. */
+static inline fsc_trainer_config tt_trainer_config(const tt_run *c, tt_data *d, int *dp) {
+    const int pp = c->pp > 1 ? c->pp : 1, tp = c->tp > 1 ? c->tp : 1;
+    const int m = c->accum > 0 ? c->accum : 2;
     const bool single = !strcmp(c->strategy, "single");
-    const int dp = single ? 1 : fsc_group_size(tt_ranks(c)) / (pp * tp);
-    const int B = EQ_GLOBAL_BATCH / (dp * m);
+    *dp = single ? 1 : fsc_group_size(tt_ranks(c)) / (pp * tp);
+    const int B = EQ_GLOBAL_BATCH / (*dp * m);
     fsc_trainer_config tc = {.strategy = {.name = c->strategy,
                                           .group = c->group,
                                           .seed = 5,
@@ -179,11 +195,27 @@ static inline fsc_trainer *tt_trainer_new(const tt_run *c, tt_data *d, fsc_modul
     if (tp > 1 && pp > 1)
         tc.strategy.tp.make_stage = tt_make_tp_stage, tc.pipe_targets = tt_pipe_targets;
     if (tp > 1 && pp == 1) tc.loss = tt_tp_gpt_loss, tc.strategy.tp.make_model = tt_make_tp_model;
-    *model = pp > 1 || tp > 1 ? NULL : fsc_gpt_new(&d->cfg);
-    fsc_trainer *t = fsc_trainer_new(*model, &tc);
-    if (!t) fail_msg("rank %d: %s", fsc_dist_rank(), fsc_last_error());
+    return tc;
+}
+
+/* The trainer of tc (tt_trainer_config's for c, data-parallel size dp);
+ * *model is the whole model where the layout has one (else NULL), the
+ * caller's to free after the trainer. A refusal fails the test, naming the
+ * rank and the strategy. */
+static inline fsc_trainer *tt_trainer_of(const tt_run *c, tt_data *d, const fsc_trainer_config *tc,
+                                         int dp, fsc_module **model) {
+    *model = c->pp > 1 || c->tp > 1 ? NULL : fsc_gpt_new(&d->cfg);
+    fsc_trainer *t = fsc_trainer_new(*model, tc);
+    if (!t) fail_msg("rank %d, %s: %s", fsc_dist_rank(), c->strategy, fsc_last_error());
     assert_int_equal(fsc_strategy_world(fsc_trainer_strategy(t)), dp);
     return t;
+}
+
+/* A trainer of d's EQ GPT under c's layout (tt_trainer_config, tt_trainer_of). */
+static inline fsc_trainer *tt_trainer_new(const tt_run *c, tt_data *d, fsc_module **model) {
+    int dp;
+    const fsc_trainer_config tc = tt_trainer_config(c, d, &dp);
+    return tt_trainer_of(c, d, &tc, dp, model);
 }
 
 /* Resumes t from c->resume when set, then steps it up to c->steps, keeping
@@ -293,29 +325,10 @@ static inline void tt_expect_norms(const char *what, const double *got, const do
 
 /* ---- the program --------------------------------------------------------------------------- */
 
-/* MPI up, this process's rank and the world's size, and the fault switch
- * from FSC_TEST_FAULT; non-zero when MPI did not start. */
-static inline int tt_init(int *argc, char ***argv, int *rank, int *world) {
-    if (fsc_dist_init(argc, argv, NULL)) return 1;
-    *rank = fsc_dist_rank(), *world = fsc_dist_size();
-    eq_fault_from_env();
-    return 0;
-}
-
-/* Runs the cmocka array `tests` with one scratch directory for the world in
- * dir (64 bytes; /tmp/<prefix>_XXXXXX, made before the first test and
- * removed after the last), then ends MPI with one verdict for every rank. */
-#define tt_run_tests(tests, prefix, dir)                                                           \
-    mpi_test_finish(mpi_run_tests_in_scratch(tests, prefix, dir))
-
-/* main() of a trainer test program, whose file-scope `rank` and `world`
- * tt_init sets: the entries (cmocka_unit_test(...)) run as tt_run_tests
- * does. */
-#define TT_MAIN(prefix, dir, ...)                                                                  \
-    int main(int argc, char **argv) {                                                              \
-        if (tt_init(&argc, &argv, &rank, &world)) return 1;                                        \
-        const struct CMUnitTest tests[] = {__VA_ARGS__};                                           \
-        return tt_run_tests(tests, prefix, dir);                                                   \
-    }
+/* main() of a trainer test program, whose file-scope `rank` and `world` it
+ * sets: the fault switch on, then the entries (cmocka_unit_test(...)) run as
+ * MPI_EQ_MAIN_IN_SCRATCH (mpi_test.h) runs them: one scratch directory for
+ * the world in dir (64 bytes), one verdict for every rank. */
+#define TT_MAIN(prefix, dir, ...) MPI_EQ_MAIN_IN_SCRATCH(prefix, dir, __VA_ARGS__)
 
 #endif

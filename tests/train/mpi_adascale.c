@@ -25,6 +25,7 @@
 #include "fsc/io.h"
 #include "fsc/trainer.h"
 #include "mpi_test.h"
+#include "test_main.h"
 #include "train/trainer_internal.h" /* the checkpoint entry's reader, tried directly */
 
 static int world;
@@ -163,16 +164,23 @@ static void each_layout(void (*check)(const char *name, int accum, bool local)) 
     check("sdp", 2, false);
 }
 
+/* `steps` AdaScale steps (lr 1e-3) of layout name x accum on p, the gain's
+ * estimate smoothed at 0.98, the norm clipped to clip when > 0. */
+static run_out run_smoothed(const char *name, int accum, int steps, double clip, problem p) {
+    return run(&(run_cfg){.strategy = name,
+                          .accum = accum,
+                          .adascale = true,
+                          .lr = 1e-3,
+                          .smoothing = 0.98,
+                          .clip = clip,
+                          .steps = steps,
+                          .p = p});
+}
+
 static void check_known_variance(const char *name, int accum, bool local) {
     const problem p = {.m = 0.05, .sigma = 0.5};
     const int S = accum * (local ? 1 : world);
-    run_out o = run(&(run_cfg){.strategy = name,
-                               .accum = accum,
-                               .adascale = true,
-                               .lr = 1e-3,
-                               .smoothing = 0.98,
-                               .steps = 300,
-                               .p = p});
+    run_out o = run_smoothed(name, accum, 300, 0, p);
     const double var = D * p.sigma * p.sigma / B, sqr = D * p.m * p.m;
     const double expect = (var + sqr) / (var / S + sqr);
     if (fsc_dist_rank() == 0)
@@ -217,13 +225,7 @@ static void check_identical(const char *name, int accum, bool local) {
 
 static void check_noise(const char *name, int accum, bool local) {
     const int S = accum * (local ? 1 : world);
-    run_out o = run(&(run_cfg){.strategy = name,
-                               .accum = accum,
-                               .adascale = true,
-                               .lr = 1e-3,
-                               .smoothing = 0.98,
-                               .steps = 100,
-                               .p = {.sigma = 0.5}});
+    run_out o = run_smoothed(name, accum, 100, 0, (problem){.sigma = 0.5});
     /* mu = 0: r -> S; clamping each step's mu^2 estimate at 0 biases it up by
      * ~0.4 sqrt(2/D) sigma^2/S, a few percent of S at D = 1024 */
     if (o.gain < 0.9 * S) fail_msg("%s x%d: pure noise, gain %g, S %d", name, accum, o.gain, S);
@@ -241,14 +243,8 @@ static void check_spike(const char *name, int accum, bool local) {
     p.spike_from = (int64_t)100 * B * S, p.spike_to = p.spike_from + B * S;
     const double var = D * p.sigma * p.sigma / B, sqr = D * p.m * p.m;
     const double expect = (var + sqr) / (var / S + sqr);
-    run_out o = run(&(run_cfg){.strategy = name,
-                               .accum = accum,
-                               .adascale = true,
-                               .lr = 1e-3,
-                               .smoothing = 0.98,
-                               .clip = 3 * sqrt(var + sqr), /* no other step's norm comes near */
-                               .steps = 300,
-                               .p = p});
+    /* no other step's norm comes near the clip */
+    run_out o = run_smoothed(name, accum, 300, 3 * sqrt(var + sqr), p);
     if (fsc_dist_rank() == 0)
         print_message("%s x%d (S = %d), a clipped spike at step 100: gain %.3f, closed form %.3f\n",
                       name, accum, S, o.gain, expect);
@@ -259,21 +255,14 @@ static void check_spike(const char *name, int accum, bool local) {
     free(o.w);
 }
 
-static void test_gain_known_variance(void **state) {
-    (void)state;
-    each_layout(check_known_variance);
-}
-static void test_gain_identical_is_one(void **state) {
-    (void)state;
-    each_layout(check_identical);
-}
-static void test_gain_noise_is_s(void **state) {
-    (void)state;
-    each_layout(check_noise);
-}
-static void test_gain_after_clipped_spike(void **state) {
-    (void)state;
-    each_layout(check_spike);
+/* The gain checks, each over every layout (each_layout), one test each
+ * (FSC_TEST_ROW). */
+typedef void gain_check(const char *name, int accum, bool local);
+static gain_check *gain_checks[] = {check_known_variance, check_identical, check_noise,
+                                    check_spike};
+
+static void test_gain(void **state) {
+    each_layout(*(gain_check **)*state);
 }
 
 /* One rank, one micro-batch: S = 1, gain 1, the optimizer's very steps. */
@@ -628,10 +617,10 @@ int main(int argc, char **argv) {
     world = fsc_dist_size();
     if (getenv("FSC_TEST_FILTER")) cmocka_set_test_filter(getenv("FSC_TEST_FILTER")); /* by hand */
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_gain_known_variance),
-        cmocka_unit_test(test_gain_identical_is_one),
-        cmocka_unit_test(test_gain_noise_is_s),
-        cmocka_unit_test(test_gain_after_clipped_spike),
+        FSC_TEST_ROW("gain_known_variance", test_gain, &gain_checks[0]),
+        FSC_TEST_ROW("gain_identical_is_one", test_gain, &gain_checks[1]),
+        FSC_TEST_ROW("gain_noise_is_s", test_gain, &gain_checks[2]),
+        FSC_TEST_ROW("gain_after_clipped_spike", test_gain, &gain_checks[3]),
         cmocka_unit_test(test_one_rank_is_the_optimizer),
         cmocka_unit_test(test_training_matches_one_rank),
         cmocka_unit_test(test_gain_on_gpt_gradients),

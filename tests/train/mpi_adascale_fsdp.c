@@ -34,25 +34,19 @@ typedef struct ada_run {
     double gains[STEPS]; /* out: each step's gain */
 } ada_run;
 
+/* tt_trainer_config's trainer of c's strategy over the world, stepping SGD
+ * by AdaScale. */
 static fsc_trainer *ada_trainer(const ada_run *c, tt_data *d, fsc_module **m) {
-    const fsc_trainer_config tc = {
-        .strategy = {.name = c->strategy,
-                     .seed = 5,
-                     .compute_dtype = c->dtype,
-                     .fp32_reduce_scatter = c->fp32_rs,
-                     .accum_no_sync = c->accum_no_sync},
-        .optim = EQ_SGD_MOMENTUM, /* AdaScale is an SGD rule */
-        .batch = EQ_GLOBAL_BATCH / (world * c->accum),
-        .grad_accum = c->accum,
-        .targets_per_sample = d->T,
-        .load = tt_load,
-        .loss = tt_gpt_loss,
-        .user = d,
-        .adascale = true,
-        .adascale_cfg = {.smoothing = -1}, /* each step's own estimate: nothing averages out */
-    };
-    *m = fsc_gpt_new(&d->cfg);
-    return fsc_trainer_new(*m, &tc);
+    const tt_run r = {.strategy = c->strategy, .accum = c->accum};
+    int dp;
+    fsc_trainer_config tc = tt_trainer_config(&r, d, &dp);
+    tc.strategy.compute_dtype = c->dtype;
+    tc.strategy.fp32_reduce_scatter = c->fp32_rs;
+    tc.strategy.accum_no_sync = c->accum_no_sync;
+    tc.optim = EQ_SGD_MOMENTUM; /* AdaScale is an SGD rule */
+    tc.adascale = true;
+    tc.adascale_cfg = (fsc_adascale_config){.smoothing = -1}; /* each step's own estimate */
+    return tt_trainer_of(&r, d, &tc, dp, m);
 }
 
 /* c's run for its steps; the final weights (the caller frees), gains in c. */
@@ -60,7 +54,6 @@ static float *ada_train(ada_run *c, int64_t *numel) {
     tt_data *d = tt_data_new();
     fsc_module *m;
     fsc_trainer *t = ada_trainer(c, d, &m);
-    if (!t) fail_msg("rank %d, %s: %s", rank, c->strategy, fsc_last_error());
     if (c->init && fsc_strategy_load_weights(fsc_trainer_strategy(t), c->init, NULL))
         fail_msg("rank %d: %s: %s", rank, c->init, fsc_last_error());
     for (int s = 0; s < (c->steps ? c->steps : STEPS); s++) {

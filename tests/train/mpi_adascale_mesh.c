@@ -33,48 +33,24 @@ typedef struct ada_run {
     double gains[STEPS];    /* out */
 } ada_run;
 
-static fsc_trainer *ada_trainer(const ada_run *c, tt_data *d) {
-    const int pp = c->pp > 1 ? c->pp : 1, tp = c->tp > 1 ? c->tp : 1;
-    const int dp = fsc_group_size(c->group) / (pp * tp), B = EQ_GLOBAL_BATCH / (dp * c->accum);
-    fsc_trainer_config tc = {
-        .strategy = {.name = c->strategy, .group = c->group, .seed = 5},
-        .optim = EQ_SGD_MOMENTUM, /* AdaScale is an SGD rule */
-        .batch = B,
-        .grad_accum = c->accum,
-        .targets_per_sample = d->T,
-        .load = tt_load,
-        .loss = tt_gpt_loss,
-        .pipe_input = tt_pipe_input,
-        .pipe_loss = tt_pipe_loss,
-        .user = d,
-        .adascale = true,
-        .adascale_cfg = {.smoothing = -1}, /* each step's own estimate */
-    };
-    if (pp > 1)
-        tc.strategy.pipe = (fsc_pipe_strategy_options){
-            .stages = pp,
-            .schedule = c->schedule,
-            .layers = fsc_gpt_num_layers(&d->cfg),
-            .act_ndim = 3,
-            .act_shape = {B, d->T, d->cfg.d_model},
-            .make_stage = tp > 1 ? NULL : tt_make_stage,
-            .stage_user = tp > 1 ? NULL : &d->cfg,
-        };
-    if (tp > 1) tc.strategy.tp = (fsc_tp_strategy_options){.size = tp, .user = d};
-    if (tp > 1 && pp > 1)
-        tc.strategy.tp.make_stage = tt_make_tp_stage, tc.pipe_targets = tt_pipe_targets;
-    if (tp > 1 && pp == 1) tc.loss = tt_tp_gpt_loss, tc.strategy.tp.make_model = tt_make_tp_model;
-    fsc_module *m = pp > 1 || tp > 1 ? NULL : fsc_gpt_new(&d->cfg);
-    fsc_trainer *t = fsc_trainer_new(m, &tc);
-    if (!t) fail_msg("rank %d, %s pp %d tp %d: %s", rank, c->strategy, pp, tp, fsc_last_error());
-    assert_int_equal(fsc_strategy_world(fsc_trainer_strategy(t)), dp);
-    return t;
+/* tt_trainer_config's trainer for c's layout, stepping SGD by AdaScale. */
+static fsc_trainer *ada_trainer(const ada_run *c, tt_data *d, fsc_module **model) {
+    const tt_run r = {
+        .strategy = c->strategy, .group = c->group, .pp = c->pp, .tp = c->tp, .accum = c->accum};
+    int dp;
+    fsc_trainer_config tc = tt_trainer_config(&r, d, &dp);
+    tc.optim = EQ_SGD_MOMENTUM; /* AdaScale is an SGD rule */
+    tc.adascale = true;
+    tc.adascale_cfg = (fsc_adascale_config){.smoothing = -1}; /* each step's own estimate */
+    if (c->pp > 1) tc.strategy.pipe.schedule = c->schedule;
+    return tt_trainer_of(&r, d, &tc, dp, model);
 }
 
 /* c's run; the final weights in the one-process layout (the caller frees). */
 static float *ada_train(ada_run *c, const char *tag, int64_t *numel) {
     tt_data *d = tt_data_new();
-    fsc_trainer *t = ada_trainer(c, d);
+    fsc_module *m;
+    fsc_trainer *t = ada_trainer(c, d, &m);
     for (int s = 0; s < STEPS; s++) {
         fsc_step_result r;
         if (fsc_trainer_step(t, &r))
@@ -84,7 +60,7 @@ static float *ada_train(ada_run *c, const char *tag, int64_t *numel) {
     char path[160];
     snprintf(path, sizeof path, "%s/%s_%d.safetensors", scratch, tag,
              fsc_group_rank(fsc_group_world()) / fsc_group_size(c->group));
-    tt_save_and_free(t, NULL, path); /* the strategy made the model */
+    tt_save_and_free(t, m, path); /* NULL where the strategy made the model */
     float *w = tt_read_weights(&EQ_MODEL, path, numel);
     tt_data_free(d);
     fsc_group_barrier(fsc_group_world());

@@ -23,6 +23,7 @@
 #include "fsc/layout.h"
 #include "fsc/trainer.h"
 #include "mpi_test.h"
+#include "test_main.h"
 
 static int rank, world;
 static char dir[64];
@@ -86,66 +87,33 @@ static float *reference(int tp, double *losses, double *loss_noise, int64_t *num
     int64_t n;
     for (int a = 0; a < 3; a++)
         free(train(&(layout_run){.strategy = "single", .micros = 1 << a}, alt[a], &n));
-    memcpy(losses, alt[0], sizeof alt[0]);
-    *loss_noise = 0;
-    for (int s = 0; s < EQ_STEPS; s++)
-        for (int a = 1; a < 3; a++) *loss_noise = fmax(*loss_noise, fabs(alt[a][s] - losses[s]));
+    plan_loss_noise(alt, losses, loss_noise);
     fsc_fault_active = fault;
     return ref;
 }
 
-static void expect(const char *what, const float *got, const double *losses, const float *ref,
-                   const double *ref_losses, double loss_noise, int64_t n) {
-    for (int s = 0; s < EQ_STEPS; s++) {
-        const double bound =
-            EQ_NOISE_K * loss_noise + EQ_FLOOR_ULPS * FLT_EPSILON * fabs(ref_losses[s]);
-        if (fabs(losses[s] - ref_losses[s]) > bound)
-            fail_msg("%s: step %d loss %.9g vs one process's %.9g (bound %.2e)", what, s + 1,
-                     losses[s], ref_losses[s], bound);
-    }
-    assert_int_equal(eq_compare(what, got, ref, n), 0);
-}
+/* The layouts checked, one test each (FSC_TEST_ROW): --cp 2 under each
+ * strategy, and with --tp 2 on 4 ranks (fsdp over TP replicas is a pipeline
+ * of one stage, strategy_pipe.c: its replicas are the mesh's dp x cp ranks). */
+static layout_run layouts[] = {
+    {.strategy = "ddp", .cp = 2},          {.strategy = "oss", .cp = 2},
+    {.strategy = "sdp", .cp = 2},          {.strategy = "fsdp", .cp = 2},
+    {.strategy = "ddp", .cp = 2, .tp = 2}, {.strategy = "fsdp", .cp = 2, .tp = 2},
+};
 
-static void run_layout(const char *strategy, int tp) {
-    if (world % (2 * tp)) skip();
+static void test_layout(void **state) {
+    const layout_run *r = *state;
+    const int tp = r->tp > 1 ? r->tp : 1;
+    if (world % (2 * tp) || (tp > 1 && world != 4)) skip();
     double ref_losses[EQ_STEPS], losses[EQ_STEPS], noise;
     int64_t n, n2;
     float *ref = reference(tp, ref_losses, &noise, &n);
-    float *got = train(&(layout_run){.strategy = strategy, .cp = 2, .tp = tp}, losses, &n2);
+    float *got = train(r, losses, &n2);
     assert_int_equal(n, n2);
     char what[96];
-    snprintf(what, sizeof what, "%s --cp 2 --tp %d on %d ranks", strategy, tp, world);
-    expect(what, got, losses, ref, ref_losses, noise, n);
+    snprintf(what, sizeof what, "%s --cp 2 --tp %d on %d ranks", r->strategy, tp, world);
+    plan_expect(what, got, losses, ref, ref_losses, noise, n);
     free(ref), free(got);
-}
-
-static void test_ddp(void **state) {
-    (void)state;
-    run_layout("ddp", 1);
-}
-static void test_oss(void **state) {
-    (void)state;
-    run_layout("oss", 1);
-}
-static void test_sdp(void **state) {
-    (void)state;
-    run_layout("sdp", 1);
-}
-static void test_fsdp(void **state) {
-    (void)state;
-    run_layout("fsdp", 1);
-}
-static void test_ddp_tp2(void **state) {
-    (void)state;
-    if (world != 4) skip();
-    run_layout("ddp", 2);
-}
-/* fsdp over TP replicas is a pipeline of one stage (strategy_pipe.c): its
- * replicas are the mesh's dp x cp ranks */
-static void test_fsdp_tp2(void **state) {
-    (void)state;
-    if (world != 4) skip();
-    run_layout("fsdp", 2);
 }
 
 /* --cp 2 for 2 steps, one process for the rest; and the other way round. */
@@ -160,13 +128,14 @@ static void test_resume(void **state) {
     snprintf(b, sizeof b, "%s/ckpt-single-%d", dir, rank);
     free(train(&(layout_run){.strategy = "fsdp", .cp = 2, .steps = 2, .ckpt = a}, losses, &n2));
     float *got = train(&(layout_run){.strategy = "single", .resume = a}, losses, &n2);
-    expect("fsdp --cp 2 for 2 steps, then one process", got, losses, ref, ref_losses, noise, n);
+    plan_expect("fsdp --cp 2 for 2 steps, then one process", got, losses, ref, ref_losses, noise,
+                n);
     free(got);
     free(train(&(layout_run){.strategy = "single", .steps = 2, .ckpt = b}, losses, &n2));
     /* every rank resumes from rank 0's directory: the same bytes as its own */
     snprintf(b, sizeof b, "%s/ckpt-single-0", dir);
     got = train(&(layout_run){.strategy = "ddp", .cp = 2, .resume = b}, losses, &n2);
-    expect("one process for 2 steps, then ddp --cp 2", got, losses, ref, ref_losses, noise, n);
+    plan_expect("one process for 2 steps, then ddp --cp 2", got, losses, ref, ref_losses, noise, n);
     free(got), free(ref);
 }
 
@@ -188,18 +157,12 @@ static void test_refusals(void **state) {
     fsc_mesh_free(mesh);
 }
 
-int main(int argc, char **argv) {
-    if (fsc_dist_init(&argc, &argv, NULL)) return 1;
-    rank = fsc_dist_rank(), world = fsc_dist_size();
-    eq_fault_from_env();
-    eq_tokens(&tokens);
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_ddp),     cmocka_unit_test(test_oss),
-        cmocka_unit_test(test_sdp),     cmocka_unit_test(test_fsdp),
-        cmocka_unit_test(test_ddp_tp2), cmocka_unit_test(test_fsdp_tp2),
-        cmocka_unit_test(test_resume),  cmocka_unit_test(test_refusals),
-    };
-    int failed = mpi_run_tests_in_scratch(tests, "fsc_cp_layout", dir);
-    fsc_tokens_free(&tokens);
-    return mpi_test_finish(failed);
-}
+MPI_TEST_MAIN_WITH((eq_fault_from_env(), eq_tokens(&tokens)),
+                   mpi_run_tests_in_scratch(tests, "fsc_cp_layout", dir), fsc_tokens_free(&tokens),
+                   FSC_TEST_ROW("ddp --cp 2", test_layout, &layouts[0]),
+                   FSC_TEST_ROW("oss --cp 2", test_layout, &layouts[1]),
+                   FSC_TEST_ROW("sdp --cp 2", test_layout, &layouts[2]),
+                   FSC_TEST_ROW("fsdp --cp 2", test_layout, &layouts[3]),
+                   FSC_TEST_ROW("ddp --cp 2 --tp 2", test_layout, &layouts[4]),
+                   FSC_TEST_ROW("fsdp --cp 2 --tp 2", test_layout, &layouts[5]),
+                   cmocka_unit_test(test_resume), cmocka_unit_test(test_refusals))

@@ -34,6 +34,7 @@
 #include "fsc/layout.h"
 #include "fsc/trainer.h"
 #include "mpi_test.h"
+#include "test_main.h"
 
 static int rank, world;
 static char dir[64];
@@ -102,27 +103,9 @@ static float *reference(const fsc_gpt_config *model, double *losses, double *los
     int64_t n;
     for (int a = 0; a < 3; a++)
         free(train(&(run){.model = model, .strategy = "single", .micros = 1 << a}, alt[a], &n));
-    memcpy(losses, alt[0], sizeof alt[0]);
-    *loss_noise = 0;
-    for (int s = 0; s < EQ_STEPS; s++)
-        for (int a = 1; a < 3; a++) *loss_noise = fmax(*loss_noise, fabs(alt[a][s] - losses[s]));
+    plan_loss_noise(alt, losses, loss_noise);
     fsc_fault_active = fault;
     return ref;
-}
-
-/* Under a fault (FSC_TEST_EXPECT_MISMATCH=1) the losses diverge by design:
- * the parameters' comparison alone gives the verdict. */
-static void expect(const char *what, const float *got, const double *losses, const float *ref,
-                   const double *ref_losses, double loss_noise, int64_t n) {
-    const char *faulty = getenv("FSC_TEST_EXPECT_MISMATCH");
-    for (int s = 0; !(faulty && !strcmp(faulty, "1")) && s < EQ_STEPS; s++) {
-        const double bound =
-            EQ_NOISE_K * loss_noise + EQ_FLOOR_ULPS * FLT_EPSILON * fabs(ref_losses[s]);
-        if (fabs(losses[s] - ref_losses[s]) > bound)
-            fail_msg("%s: step %d loss %.9g vs one process's %.9g (bound %.2e)", what, s + 1,
-                     losses[s], ref_losses[s], bound);
-    }
-    assert_int_equal(eq_compare(what, got, ref, n), 0);
 }
 
 static void check(const run *r) {
@@ -138,37 +121,23 @@ static void check(const run *r) {
              model->arch == FSC_ARCH_LLAMA ? "llama" : "gpt2", r->strategy,
              r->schedule ? r->schedule : "1f1b", r->balance ? " --balance " : "",
              r->balance ? r->balance : "");
-    expect(what, got, losses, ref, ref_losses, noise, n);
+    plan_expect(what, got, losses, ref, ref_losses, noise, n);
     free(ref), free(got);
 }
 
-static void test_gpipe(void **state) {
-    (void)state;
-    check(&(run){.strategy = "ddp", .schedule = "gpipe"});
-}
-static void test_1f1b(void **state) {
-    (void)state;
-    check(&(run){.strategy = "ddp", .schedule = "1f1b", .micros = 4});
-}
-static void test_interleaved_fsdp(void **state) {
-    (void)state;
-    check(&(run){.strategy = "fsdp", .schedule = "interleaved"});
-}
-static void test_zbh1(void **state) {
-    (void)state;
-    check(&(run){.strategy = "oss", .schedule = "zbh1"});
-}
-static void test_balance_auto(void **state) {
-    (void)state;
-    check(&(run){.strategy = "ddp", .balance = "auto"});
-}
-static void test_llama(void **state) {
-    (void)state;
-    check(&(run){.model = &EQ_LLAMA, .strategy = "ddp", .schedule = "1f1b"});
-}
-static void test_llama_interleaved(void **state) {
-    (void)state;
-    check(&(run){.model = &EQ_LLAMA, .strategy = "sdp", .schedule = "interleaved"});
+/* The layouts checked, one test each (FSC_TEST_ROW). */
+static run layouts[] = {
+    {.strategy = "ddp", .schedule = "gpipe"},
+    {.strategy = "ddp", .schedule = "1f1b", .micros = 4},
+    {.strategy = "fsdp", .schedule = "interleaved"},
+    {.strategy = "oss", .schedule = "zbh1"},
+    {.strategy = "ddp", .balance = "auto"},
+    {.model = &EQ_LLAMA, .strategy = "ddp", .schedule = "1f1b"},
+    {.model = &EQ_LLAMA, .strategy = "sdp", .schedule = "interleaved"},
+};
+
+static void test_layout(void **state) {
+    check(*state);
 }
 
 /* cp 2 x pp 2 for 2 steps, one process for the rest; and the other way round. */
@@ -183,34 +152,25 @@ static void test_resume(void **state) {
     snprintf(b, sizeof b, "%s/ckpt-single-%d", dir, rank);
     free(train(&(run){.strategy = "fsdp", .steps = 2, .ckpt = a}, losses, &n2));
     float *got = train(&(run){.strategy = "single", .resume = a}, losses, &n2);
-    expect("fsdp --cp 2 --pp 2 for 2 steps, then one process", got, losses, ref, ref_losses, noise,
-           n);
+    plan_expect("fsdp --cp 2 --pp 2 for 2 steps, then one process", got, losses, ref, ref_losses,
+                noise, n);
     free(got);
     free(train(&(run){.strategy = "single", .steps = 2, .ckpt = b}, losses, &n2));
     /* every rank resumes from rank 0's directory: the same bytes as its own */
     snprintf(b, sizeof b, "%s/ckpt-single-0", dir);
     got = train(&(run){.strategy = "ddp", .resume = b}, losses, &n2);
-    expect("one process for 2 steps, then ddp --cp 2 --pp 2", got, losses, ref, ref_losses, noise,
-           n);
+    plan_expect("one process for 2 steps, then ddp --cp 2 --pp 2", got, losses, ref, ref_losses,
+                noise, n);
     free(got), free(ref);
 }
 
-int main(int argc, char **argv) {
-    if (fsc_dist_init(&argc, &argv, NULL)) return 1;
-    rank = fsc_dist_rank(), world = fsc_dist_size();
-    eq_fault_from_env();
-    eq_tokens(&tokens);
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_gpipe),
-        cmocka_unit_test(test_1f1b),
-        cmocka_unit_test(test_interleaved_fsdp),
-        cmocka_unit_test(test_zbh1),
-        cmocka_unit_test(test_balance_auto),
-        cmocka_unit_test(test_llama),
-        cmocka_unit_test(test_llama_interleaved),
-        cmocka_unit_test(test_resume),
-    };
-    int failed = mpi_run_tests_in_scratch(tests, "fsc_cp_pipe", dir);
-    fsc_tokens_free(&tokens);
-    return mpi_test_finish(failed);
-}
+MPI_TEST_MAIN_WITH((eq_fault_from_env(), eq_tokens(&tokens)),
+                   mpi_run_tests_in_scratch(tests, "fsc_cp_pipe", dir), fsc_tokens_free(&tokens),
+                   FSC_TEST_ROW("gpt2 ddp gpipe", test_layout, &layouts[0]),
+                   FSC_TEST_ROW("gpt2 ddp 1f1b, 4 micro-batches", test_layout, &layouts[1]),
+                   FSC_TEST_ROW("gpt2 fsdp interleaved", test_layout, &layouts[2]),
+                   FSC_TEST_ROW("gpt2 oss zbh1", test_layout, &layouts[3]),
+                   FSC_TEST_ROW("gpt2 ddp --balance auto", test_layout, &layouts[4]),
+                   FSC_TEST_ROW("llama ddp 1f1b", test_layout, &layouts[5]),
+                   FSC_TEST_ROW("llama sdp interleaved", test_layout, &layouts[6]),
+                   cmocka_unit_test(test_resume))

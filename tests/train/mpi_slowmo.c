@@ -23,9 +23,7 @@
 #include <stddef.h>
 #include <cmocka.h>
 
-#include "equivalence.h"
-#include "fsc/trainer.h"
-#include "mpi_test.h"
+#include "trainer_test.h"
 
 static int rank, world;
 static fsc_tokens tk;
@@ -33,11 +31,7 @@ static fsc_tokens tk;
 static int gpt_loss(fsc_module *m, const fsc_ctx *ctx, const fsc_micro_batch *mb, void *user,
                     float *loss) {
     (void)user;
-    const int T = EQ_MODEL.seq;
-    int32_t x[EQ_GLOBAL_BATCH * 16], y[EQ_GLOBAL_BATCH * 16];
-    int rc = fsc_tokens_batch(&tk, mb->step, mb->micro, mb->rank, mb->batch, mb->micros, mb->world,
-                              T, x, y);
-    return rc ? rc : fsc_gpt_train_micro(m, ctx, x, y, mb->batch, T, -1, mb->norm, loss);
+    return tt_tokens_micro(&tk, m, ctx, mb, loss);
 }
 
 typedef struct slow {
@@ -115,18 +109,14 @@ static float *run_by_hand(const fsc_optim_config *optim, slow o, int steps, int 
     float *old = malloc(sizeof(float) * P), *buf = calloc((size_t)P, sizeof(float));
     memcpy(old, ps.data, sizeof(float) * P);
     int32_t x[EQ_GLOBAL_BATCH * 16], y[EQ_GLOBAL_BATCH * 16];
+    const eq_batch b = eq_batch_of_rank(&tk, arena, T, 1, rank, world, x, y);
     for (int s = 0; s < steps; s++) {
         fsc_params_zero_grad(&ps);
-        fsc_arena_reset(arena);
-        fsc_tokens_batch(&tk, s, 0, rank, B, 1, world, T, x, y);
-        fsc_ctx ctx = {.arena = arena,
-                       .training = true,
-                       .keyed = true,
-                       .seed = 5,
-                       .step = s,
-                       .sample0 = fsc_batch_first_sample(s, 0, rank, B, 1, world)};
+        fsc_ctx ctx;
         float loss;
-        if (fsc_gpt_train_micro(m, &ctx, x, y, B, T, -1, (double)B * T, &loss)) abort();
+        if (eq_micro_input(&b, s, 0, &ctx) ||
+            fsc_gpt_train_micro(m, &ctx, x, y, B, T, -1, (double)B * T, &loss))
+            abort();
         fsc_optim_step(opt);
         const bool avg = (s + 1) % o.localsgd == 0, slow_step = outer && (s + 1) % o.slowmo == 0;
         if ((avg || slow_step) && world > 1) average(ps.data, P, order);

@@ -17,9 +17,7 @@
 #include <stddef.h>
 #include <cmocka.h>
 
-#include "equivalence.h"
-#include "fsc/trainer.h"
-#include "mpi_test.h"
+#include "trainer_test.h"
 
 static int rank, world;
 static fsc_tokens tk;
@@ -28,11 +26,7 @@ static char dir[64];
 static int gpt_loss(fsc_module *m, const fsc_ctx *ctx, const fsc_micro_batch *mb, void *user,
                     float *loss) {
     (void)user;
-    const int T = EQ_MODEL.seq;
-    int32_t x[EQ_GLOBAL_BATCH * 16], y[EQ_GLOBAL_BATCH * 16];
-    int rc = fsc_tokens_batch(&tk, mb->step, mb->micro, mb->rank, mb->batch, mb->micros, mb->world,
-                              T, x, y);
-    return rc ? rc : fsc_gpt_train_micro(m, ctx, x, y, mb->batch, T, -1, mb->norm, loss);
+    return tt_tokens_micro(&tk, m, ctx, mb, loss);
 }
 
 typedef struct run_cfg {
@@ -182,16 +176,8 @@ static int teardown(void **state) {
     return mpi_scratch_dir_remove(dir);
 }
 
-int main(int argc, char **argv) {
-    if (fsc_dist_init(&argc, &argv, NULL)) return 1;
-    rank = fsc_dist_rank(), world = fsc_dist_size();
-    eq_tokens(&tk);
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_same_size_bit_for_bit, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_another_size_is_one_process, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_other_settings_refused, setup, teardown),
-    };
-    int failed = cmocka_run_group_tests(tests, NULL, NULL);
-    fsc_tokens_free(&tk);
-    return mpi_test_finish(failed);
-}
+MPI_TEST_MAIN_WITH(eq_tokens(&tk), cmocka_run_group_tests(tests, NULL, NULL), fsc_tokens_free(&tk),
+                   cmocka_unit_test_setup_teardown(test_same_size_bit_for_bit, setup, teardown),
+                   cmocka_unit_test_setup_teardown(test_another_size_is_one_process, setup,
+                                                   teardown),
+                   cmocka_unit_test_setup_teardown(test_other_settings_refused, setup, teardown))

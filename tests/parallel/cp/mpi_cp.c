@@ -25,7 +25,7 @@
 #include "fsc/cp.h"
 #include "mpi_test.h"
 
-static int world;
+static int rank, world;
 
 /* 5 AdamW steps of `model` on EQ_GLOBAL_BATCH sequences; under mesh (NULL:
  * one process, the batch in `micro` micro-batches) this rank's dp share of
@@ -173,15 +173,5 @@ static void test_refusals(void **state) {
     assert_null(fsc_cp_new(fsc_group_world(), 0));
 }
 
-int main(int argc, char **argv) {
-    if (fsc_dist_init(&argc, &argv, NULL)) return 1;
-    world = fsc_dist_size();
-    eq_fault_from_env();
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_gpt2_cp),
-        cmocka_unit_test(test_llama_cp),
-        cmocka_unit_test(test_gpt2_cp2_dp2),
-        cmocka_unit_test(test_refusals),
-    };
-    return mpi_test_finish(cmocka_run_group_tests(tests, NULL, NULL));
-}
+MPI_EQ_MAIN(cmocka_unit_test(test_gpt2_cp), cmocka_unit_test(test_llama_cp),
+            cmocka_unit_test(test_gpt2_cp2_dp2), cmocka_unit_test(test_refusals))

@@ -135,13 +135,5 @@ static void test_unused_parameters(void **state) {
     fsc_module_free(&p->base);
 }
 
-int main(int argc, char **argv) {
-    if (tt_init(&argc, &argv, &rank, &world)) return 1;
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_one_bucket),
-        cmocka_unit_test(test_many_buckets),
-        cmocka_unit_test(test_accumulation_no_sync),
-        cmocka_unit_test(test_unused_parameters),
-    };
-    return mpi_test_finish(cmocka_run_group_tests(tests, NULL, NULL));
-}
+MPI_EQ_MAIN(cmocka_unit_test(test_one_bucket), cmocka_unit_test(test_many_buckets),
+            cmocka_unit_test(test_accumulation_no_sync), cmocka_unit_test(test_unused_parameters))

@@ -18,7 +18,7 @@
 #include "fsc/parallel.h"
 #include "fsc/zero.h"
 
-static int rank;
+static int rank, world;
 
 static void expect_error(int rc, int want, const char *text) {
     assert_int_equal(rc, want);
@@ -188,13 +188,5 @@ static void test_fsdp_submodule(void **state) {
     fsc_module_free(g);
 }
 
-int main(int argc, char **argv) {
-    if (fsc_dist_init(&argc, &argv, NULL)) return 1;
-    rank = fsc_dist_rank();
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_ddp_bypass),
-        cmocka_unit_test(test_sdp_bypass),
-        cmocka_unit_test(test_fsdp_submodule),
-    };
-    return mpi_test_finish(cmocka_run_group_tests(tests, NULL, NULL));
-}
+MPI_TEST_MAIN(cmocka_unit_test(test_ddp_bypass), cmocka_unit_test(test_sdp_bypass),
+              cmocka_unit_test(test_fsdp_submodule))

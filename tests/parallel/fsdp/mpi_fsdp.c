@@ -332,22 +332,14 @@ static void test_bad_configurations_refused(void **state) {
     fsc_module_free(m), fsc_module_free(other);
 }
 
-int main(int argc, char **argv) {
-    if (tt_init(&argc, &argv, &rank, &world)) return 1;
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_blocks_match_one_process),
-        cmocka_unit_test(test_root_only_matches),
-        cmocka_unit_test(test_nested_matches),
-        cmocka_unit_test(test_keep_after_forward_matches),
-        cmocka_unit_test(test_activation_checkpointing_matches),
-        cmocka_unit_test(test_no_prefetch_matches),
-        cmocka_unit_test(test_accumulation_both_ways),
-        cmocka_unit_test(test_sgd_momentum_with_clipping),
-        cmocka_unit_test(test_collective_counts),
-        cmocka_unit_test(test_memory_is_the_shard),
-        cmocka_unit_test(test_steady_steps_allocate_nothing),
-        cmocka_unit_test(test_initial_values_match_bind),
-        cmocka_unit_test(test_bad_configurations_refused),
-    };
-    return mpi_test_finish(cmocka_run_group_tests(tests, NULL, NULL));
-}
+MPI_EQ_MAIN(cmocka_unit_test(test_blocks_match_one_process),
+            cmocka_unit_test(test_root_only_matches), cmocka_unit_test(test_nested_matches),
+            cmocka_unit_test(test_keep_after_forward_matches),
+            cmocka_unit_test(test_activation_checkpointing_matches),
+            cmocka_unit_test(test_no_prefetch_matches),
+            cmocka_unit_test(test_accumulation_both_ways),
+            cmocka_unit_test(test_sgd_momentum_with_clipping),
+            cmocka_unit_test(test_collective_counts), cmocka_unit_test(test_memory_is_the_shard),
+            cmocka_unit_test(test_steady_steps_allocate_nothing),
+            cmocka_unit_test(test_initial_values_match_bind),
+            cmocka_unit_test(test_bad_configurations_refused))

@@ -28,15 +28,8 @@ static fsc_moe_options one_moe = {
     .experts = 4, .every = 1, .capacity_factor = 1.0f, .aux_coef = 0.05f};
 
 /* The model the MoE layers go into: the test GPT-2, or (test_llama_*) a
- * LLaMA of the same size, whose MoE layers are Mixtral's (SwiGLU experts). */
-static const fsc_gpt_config LLAMA = {.vocab = 64,
-                                     .seq = 16,
-                                     .layers = 2,
-                                     .d_model = 32,
-                                     .heads = 4,
-                                     .kv_heads = 2,
-                                     .ffn_hidden = 48,
-                                     .arch = FSC_ARCH_LLAMA};
+ * LLaMA of the same size (EQ_LLAMA_MOE), whose MoE layers are Mixtral's
+ * (SwiGLU experts). */
 static const fsc_gpt_config *base = &EQ_MODEL;
 
 static fsc_gpt_config with_moe(const fsc_moe_options *o) {
@@ -78,15 +71,11 @@ static void run(fsc_strategy *s, int from, int to, int me, int P, float *losses)
     int32_t x[EQ_GLOBAL_BATCH * 16], y[EQ_GLOBAL_BATCH * 16];
     batch b = {x, y, T, (double)EQ_GLOBAL_BATCH * T};
     fsc_arena *arena = fsc_arena_new(FSC_MEM_ACTIV, 1 << 22);
+    const eq_batch eb = eq_batch_of_rank(&tk, arena, T, 1, me, P, x, y);
     for (int st = from; st < to; st++) {
         fsc_strategy_zero_grad(s);
-        fsc_tokens_batch(&tk, st, 0, me, B, 1, P, T, x, y);
-        fsc_ctx ctx = {.arena = arena,
-                       .training = true,
-                       .keyed = true,
-                       .seed = 5,
-                       .step = st,
-                       .sample0 = fsc_batch_first_sample(st, 0, me, B, 1, P)};
+        fsc_ctx ctx;
+        assert_int_equal(eq_micro_input(&eb, st, 0, &ctx), FSC_OK);
         float loss, norm;
         assert_int_equal(fsc_strategy_forward_backward(s, &ctx, 0, 1, B, work, &b, &loss), FSC_OK);
         assert_int_equal(fsc_strategy_clip_grad_norm(s, MAX_NORM, &norm), FSC_OK);
@@ -252,13 +241,13 @@ static void test_checkpoint_resume(void **state) {
  * SwiGLU experts spread over the ranks equals one process holding them all,
  * and its checkpoint resumes by global name across sizes. */
 static void test_llama_same_as_one_process(void **state) {
-    base = &LLAMA;
+    base = &EQ_LLAMA_MOE;
     test_same_as_one_process(state);
     base = &EQ_MODEL;
 }
 
 static void test_llama_checkpoint_resume(void **state) {
-    base = &LLAMA;
+    base = &EQ_LLAMA_MOE;
     test_checkpoint_resume(state);
     base = &EQ_MODEL;
 }
@@ -303,15 +292,7 @@ static void test_mismatch_is_desync(void **state) {
     fsc_module_free(m);
 }
 
-int main(int argc, char **argv) {
-    if (tt_init(&argc, &argv, &rank, &world)) return 1;
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_same_as_one_process),
-        cmocka_unit_test(test_checkpoint_resume),
-        cmocka_unit_test(test_llama_same_as_one_process),
+TT_MAIN("fsc_moe", dir, cmocka_unit_test(test_same_as_one_process),
+        cmocka_unit_test(test_checkpoint_resume), cmocka_unit_test(test_llama_same_as_one_process),
         cmocka_unit_test(test_llama_checkpoint_resume),
-        cmocka_unit_test(test_other_strategies_refused),
-        cmocka_unit_test(test_mismatch_is_desync),
-    };
-    return tt_run_tests(tests, "fsc_moe", dir);
-}
+        cmocka_unit_test(test_other_strategies_refused), cmocka_unit_test(test_mismatch_is_desync))

@@ -136,6 +136,19 @@ static int64_t sample0(void *user, int micro) {
     return micro;
 }
 
+/* The pipeline of sched over the world: `layers` stages of make_stage's
+ * (ROWS, COLS) activations, SGD; fails the test when refused. */
+static fsc_pipe *pipe_of(fsc_pipe_schedule *sched, int layers) {
+    fsc_pipe_options opt = {.layers = layers,
+                            .make_stage = make_stage,
+                            .act_ndim = 2,
+                            .act_shape = {ROWS, COLS},
+                            .seed = 5};
+    fsc_pipe *p = fsc_pipe_new(fsc_group_world(), sched, &SGD, &opt);
+    if (!p) fail_msg("fsc_pipe_new: %s", fsc_last_error());
+    return p;
+}
+
 /* One attempt: `kind` with m micro-batches run twice, the second run's
  * figures checked on this rank. When the machine keeps time (every rank's
  * compute within 10% of its nominal 3 m units, sleeps waking within 0.5 ms)
@@ -151,13 +164,7 @@ static int bubble_attempt(fsc_pipe_kind kind, int m) {
     assert_int_equal(fsc_pipe_schedule_validate(sched, &(fsc_pipe_costs){1, 2, 1}, NULL, per),
                      FSC_OK);
     const double want = per[rank].bubble;
-    fsc_pipe_options opt = {.layers = world,
-                            .make_stage = make_stage,
-                            .act_ndim = 2,
-                            .act_shape = {ROWS, COLS},
-                            .seed = 5};
-    fsc_pipe *p = fsc_pipe_new(fsc_group_world(), sched, &SGD, &opt);
-    if (!p) fail_msg("fsc_pipe_new: %s", fsc_last_error());
+    fsc_pipe *p = pipe_of(sched, world);
     fsc_pipe_io io = {.input = input, .loss = loss, .sample0 = sample0};
     const double latency = wake_latency();
     for (int s = 0; s < 2; s++) {
@@ -227,13 +234,7 @@ static void expect_bubble(fsc_pipe_kind kind, int m) {
 static void expect_eval(fsc_pipe_kind kind, int chunks, int m) {
     fsc_pipe_schedule *sched;
     assert_int_equal(fsc_pipe_schedule_make(kind, world, chunks, m, &sched), FSC_OK);
-    fsc_pipe_options opt = {.layers = world * (chunks ? chunks : 1),
-                            .make_stage = make_stage,
-                            .act_ndim = 2,
-                            .act_shape = {ROWS, COLS},
-                            .seed = 5};
-    fsc_pipe *p = fsc_pipe_new(fsc_group_world(), sched, &SGD, &opt);
-    if (!p) fail_msg("fsc_pipe_new: %s", fsc_last_error());
+    fsc_pipe *p = pipe_of(sched, world * (chunks ? chunks : 1));
     fsc_pipe_io io = {.input = input, .loss = loss, .sample0 = sample0};
     fsc_ctx ctx = {.training = true, .seed = 5};
     float trained, evaluated = -1;
@@ -288,13 +289,10 @@ static void test_reversed_backwards(void **state) {
     if (fsc_pipe_schedule_validate(scheds[0], NULL, NULL, NULL))
         fail_msg("the hand-written schedule: %s", fsc_last_error());
     assert_int_equal(fsc_pipe_schedule_make(FSC_PIPE_1F1B, 2, 1, 2, &scheds[1]), FSC_OK);
-    fsc_pipe_options opt = {
-        .layers = 2, .make_stage = make_stage, .act_ndim = 2, .act_shape = {ROWS, COLS}};
     fsc_pipe_io io = {.input = input, .loss = loss, .sample0 = sample0};
     float losses[2], grads[2];
     for (int k = 0; k < 2; k++) {
-        fsc_pipe *p = fsc_pipe_new(fsc_group_world(), scheds[k], &SGD, &opt);
-        if (!p) fail_msg("fsc_pipe_new: %s", fsc_last_error());
+        fsc_pipe *p = pipe_of(scheds[k], 2);
         fsc_ctx ctx = {.training = true, .seed = 5};
         fsc_pipe_zero_grad(p);
         if (fsc_pipe_run(p, &ctx, &io, &losses[k]))
@@ -317,11 +315,5 @@ static void test_measured_bubble(void **state) {
     expect_bubble(FSC_PIPE_GPIPE, 4);
 }
 
-int main(int argc, char **argv) {
-    if (fsc_dist_init(&argc, &argv, NULL)) return 1;
-    rank = fsc_dist_rank(), world = fsc_dist_size();
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_measured_bubble),
-                                       cmocka_unit_test(test_eval),
-                                       cmocka_unit_test(test_reversed_backwards)};
-    return mpi_test_finish(cmocka_run_group_tests(tests, NULL, NULL));
-}
+MPI_TEST_MAIN(cmocka_unit_test(test_measured_bubble), cmocka_unit_test(test_eval),
+              cmocka_unit_test(test_reversed_backwards))

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "equivalence.h"
 #include "mpi_test.h"
 #include "fsc/gpt.h"
 #include "fsc/io.h"
@@ -200,23 +201,22 @@ static void test_bad_argument_on_one_rank(void **state) {
 
 /* ---- training ------------------------------------------------------------------ */
 
-static const fsc_gpt_config TINY = {
-    .vocab = 64, .seq = 16, .layers = 2, .d_model = 32, .heads = 4, .dropout = 0.1f};
-enum { GLOBAL_BATCH = 8, STEPS = 4, SKIPPED = 1 };
+/* The equivalence tests' GPT (EQ_MODEL) on EQ_GLOBAL_BATCH sequences a step. */
+enum { STEPS = 4, SKIPPED = 1 };
 
 /* ShardedDDP + OSS (EVEN) for STEPS steps. With a scaler, the loss is scaled,
  * the owned gradients unscaled (one rank's poisoned with an inf at step
  * SKIPPED) and the step taken only when no rank overflowed; without, step
  * SKIPPED is simply not taken. Returns the final parameters. */
 static float *train(fsc_grad_scaler *gs, int64_t *numel) {
-    fsc_module *m = fsc_gpt_new(&TINY);
+    fsc_module *m = fsc_gpt_new(&EQ_MODEL);
     fsc_params ps;
     assert_int_equal(fsc_params_bind(m, 5, true, &ps), FSC_OK);
     enum { NTOK = 2048 };
     static int32_t tok[NTOK];
-    for (int i = 0; i < NTOK; i++) tok[i] = (int32_t)((i * 7 + (i / 5) * 3) % TINY.vocab);
+    for (int i = 0; i < NTOK; i++) tok[i] = (int32_t)((i * 7 + (i / 5) * 3) % EQ_MODEL.vocab);
     fsc_tokens tk;
-    assert_int_equal(fsc_tokens_from_i32(tok, NTOK, TINY.vocab, &tk), FSC_OK);
+    assert_int_equal(fsc_tokens_from_i32(tok, NTOK, EQ_MODEL.vocab, &tk), FSC_OK);
     const fsc_optim_config adamw = {.kind = FSC_OPTIM_ADAMW, .lr = 1e-2, .weight_decay = 0.1};
     fsc_oss *oss = fsc_oss_new(&adamw, &ps, fsc_group_world(),
                                &(fsc_oss_options){.policy = FSC_PARTITION_EVEN});
@@ -228,22 +228,16 @@ static float *train(fsc_grad_scaler *gs, int64_t *numel) {
     assert_int_equal(fsc_partition_ranges(fsc_oss_partition(oss), &ps, rank, &owned, &nowned),
                      FSC_OK);
     fsc_arena *arena = fsc_arena_new(FSC_MEM_ACTIV, 1 << 20);
-    const int B = GLOBAL_BATCH / world, T = TINY.seq;
-    int32_t x[GLOBAL_BATCH * 16], y[GLOBAL_BATCH * 16];
+    int32_t x[EQ_GLOBAL_BATCH * 16], y[EQ_GLOBAL_BATCH * 16];
+    const eq_batch b = eq_batch_of_rank(&tk, arena, EQ_MODEL.seq, 1, rank, world, x, y);
     for (int s = 0; s < STEPS; s++) {
         fsc_sdp_zero_grad(sdp);
-        fsc_arena_reset(arena);
-        fsc_tokens_batch(&tk, s, 0, rank, B, 1, world, T, x, y);
-        fsc_ctx ctx = {.arena = arena,
-                       .training = true,
-                       .keyed = true,
-                       .seed = 5,
-                       .step = s,
-                       .sample0 = fsc_batch_first_sample(s, 0, rank, B, 1, world)};
-        double norm = (double)GLOBAL_BATCH * T;
+        fsc_ctx ctx;
+        assert_int_equal(eq_micro_input(&b, s, 0, &ctx), FSC_OK);
+        double norm = (double)b.G * b.T;
         if (gs) norm /= fsc_grad_scaler_get_scale(gs);
         float loss;
-        assert_int_equal(fsc_gpt_train_micro(sdp, &ctx, x, y, B, T, -1, norm, &loss), FSC_OK);
+        assert_int_equal(fsc_gpt_train_micro(sdp, &ctx, x, y, b.B, b.T, -1, norm, &loss), FSC_OK);
         bool skip = s == SKIPPED;
         if (gs) {
             /* the overflow lands on one rank's shard only */
@@ -271,7 +265,7 @@ static float *train(fsc_grad_scaler *gs, int64_t *numel) {
  * reduction: the scaled run matches the unscaled one bit for bit. */
 static void test_sharded_training(void **state) {
     (void)state;
-    if (GLOBAL_BATCH % world) skip();
+    if (EQ_GLOBAL_BATCH % world) skip();
     int64_t n_plain, n_scaled;
     float *plain = train(NULL, &n_plain);
     fsc_grad_scaler *gs = scaler_at(1024.0);

@@ -364,15 +364,8 @@ static void test_gpt_clipped(void **state) {
     expect_one_process(runs, 2);
 }
 
-int main(int argc, char **argv) {
-    if (fsc_dist_init(&argc, &argv, NULL)) return 1;
-    rank = fsc_dist_rank(), world = fsc_dist_size();
-    eq_fault_from_env();
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_vocab_range),      cmocka_unit_test(test_cross_entropy),
-        cmocka_unit_test(test_column_row_pair),  cmocka_unit_test(test_gpt_equals_one_process),
-        cmocka_unit_test(test_gpt_padded_vocab), cmocka_unit_test(test_gpt_clipped),
-        cmocka_unit_test(test_gpt_chunked_head),
-    };
-    return mpi_test_finish(mpi_run_tests_in_scratch(tests, "fsc_tp", dir));
-}
+MPI_EQ_MAIN_IN_SCRATCH("fsc_tp", dir, cmocka_unit_test(test_vocab_range),
+                       cmocka_unit_test(test_cross_entropy), cmocka_unit_test(test_column_row_pair),
+                       cmocka_unit_test(test_gpt_equals_one_process),
+                       cmocka_unit_test(test_gpt_padded_vocab), cmocka_unit_test(test_gpt_clipped),
+                       cmocka_unit_test(test_gpt_chunked_head))

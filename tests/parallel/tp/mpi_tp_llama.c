@@ -158,15 +158,6 @@ static void test_refusals(void **state) {
     assert_non_null(strstr(fsc_last_error(), "recompute_attention"));
 }
 
-int main(int argc, char **argv) {
-    if (fsc_dist_init(&argc, &argv, NULL)) return 1;
-    rank = fsc_dist_rank(), world = fsc_dist_size();
-    eq_fault_from_env();
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_untied),
-        cmocka_unit_test(test_tied_bias),
-        cmocka_unit_test(test_padded_vocab),
-        cmocka_unit_test(test_refusals),
-    };
-    return mpi_test_finish(mpi_run_tests_in_scratch(tests, "fsc_tp_llama", dir));
-}
+MPI_EQ_MAIN_IN_SCRATCH("fsc_tp_llama", dir, cmocka_unit_test(test_untied),
+                       cmocka_unit_test(test_tied_bias), cmocka_unit_test(test_padded_vocab),
+                       cmocka_unit_test(test_refusals))

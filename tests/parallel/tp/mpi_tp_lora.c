@@ -115,14 +115,5 @@ static void test_refusals(void **state) {
     fsc_module_free(m);
 }
 
-int main(int argc, char **argv) {
-    if (fsc_dist_init(&argc, &argv, NULL)) return 1;
-    rank = fsc_dist_rank(), world = fsc_dist_size();
-    eq_fault_from_env();
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_lora),
-        cmocka_unit_test(test_lora_dropout),
-        cmocka_unit_test(test_refusals),
-    };
-    return mpi_test_finish(mpi_run_tests_in_scratch(tests, "fsc_tp_lora", dir));
-}
+MPI_EQ_MAIN_IN_SCRATCH("fsc_tp_lora", dir, cmocka_unit_test(test_lora),
+                       cmocka_unit_test(test_lora_dropout), cmocka_unit_test(test_refusals))

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "test_main.h"
 #include "trainer_test.h"
 #include "fsc/parallel.h"
 #include "fsc/zero.h"
@@ -151,27 +152,21 @@ static void equivalence(const char *what, run_cfg c) {
     }
 }
 
-static void test_adamw(void **state) {
-    (void)state;
-    equivalence("OSS AdamW", (run_cfg){.optim = &EQ_ADAMW});
-}
+/* The equivalence runs, one test each (FSC_TEST_ROW). */
+typedef struct {
+    const char *what;
+    run_cfg cfg;
+} oss_case;
+static oss_case cases[] = {
+    {"OSS AdamW", {.optim = &EQ_ADAMW}},
+    {"OSS SGD momentum, 2 micro-batches", {.optim = &EQ_SGD_MOMENTUM, .accum = 2}},
+    {"OSS AdamW, 2 micro-batches, clip 0.05", {.optim = &EQ_ADAMW, .accum = 2, .max_norm = 0.05f}},
+    {"OSS SGD momentum, clip 0.05", {.optim = &EQ_SGD_MOMENTUM, .max_norm = 0.05f}},
+};
 
-static void test_sgd_momentum_accumulation(void **state) {
-    (void)state;
-    equivalence("OSS SGD momentum, 2 micro-batches",
-                (run_cfg){.optim = &EQ_SGD_MOMENTUM, .accum = 2});
-}
-
-static void test_adamw_accumulation_clipping(void **state) {
-    (void)state;
-    equivalence("OSS AdamW, 2 micro-batches, clip 0.05",
-                (run_cfg){.optim = &EQ_ADAMW, .accum = 2, .max_norm = 0.05f});
-}
-
-static void test_sgd_clipping(void **state) {
-    (void)state;
-    equivalence("OSS SGD momentum, clip 0.05",
-                (run_cfg){.optim = &EQ_SGD_MOMENTUM, .max_norm = 0.05f});
+static void test_equivalence(void **state) {
+    const oss_case *c = *state;
+    equivalence(c->what, c->cfg);
 }
 
 static void test_big_embedding(void **state) {
@@ -545,18 +540,10 @@ static void test_state_dict(void **state) {
     model_free(&sg);
 }
 
-int main(int argc, char **argv) {
-    if (tt_init(&argc, &argv, &rank, &world)) return 1;
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_adamw),
-        cmocka_unit_test(test_sgd_momentum_accumulation),
-        cmocka_unit_test(test_adamw_accumulation_clipping),
-        cmocka_unit_test(test_sgd_clipping),
-        cmocka_unit_test(test_big_embedding),
-        cmocka_unit_test(test_bf16_share),
-        cmocka_unit_test(test_state_memory),
-        cmocka_unit_test(test_tiny_model_and_bad_arguments),
-        cmocka_unit_test(test_state_dict),
-    };
-    return tt_run_tests(tests, "fsc_oss", dir); /* one scratch directory, removed after */
-}
+TT_MAIN("fsc_oss", dir, FSC_TEST_ROW("adamw", test_equivalence, &cases[0]),
+        FSC_TEST_ROW("sgd_momentum_accumulation", test_equivalence, &cases[1]),
+        FSC_TEST_ROW("adamw_accumulation_clipping", test_equivalence, &cases[2]),
+        FSC_TEST_ROW("sgd_clipping", test_equivalence, &cases[3]),
+        cmocka_unit_test(test_big_embedding), cmocka_unit_test(test_bf16_share),
+        cmocka_unit_test(test_state_memory), cmocka_unit_test(test_tiny_model_and_bad_arguments),
+        cmocka_unit_test(test_state_dict))

@@ -432,17 +432,8 @@ static void test_dominant_tensor(void **state) {
     mlp_case(true, 16384);
 }
 
-int main(int argc, char **argv) {
-    if (tt_init(&argc, &argv, &rank, &world)) return 1;
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_adamw),
-        cmocka_unit_test(test_sgd_momentum_accumulation),
-        cmocka_unit_test(test_adamw_clipping_one_bucket),
-        cmocka_unit_test(test_gradient_memory),
-        cmocka_unit_test(test_half_reduction),
-        cmocka_unit_test(test_bad_reduce_dtype),
-        cmocka_unit_test(test_linear_stack_memory),
-        cmocka_unit_test(test_dominant_tensor),
-    };
-    return mpi_test_finish(cmocka_run_group_tests(tests, NULL, NULL));
-}
+MPI_EQ_MAIN(cmocka_unit_test(test_adamw), cmocka_unit_test(test_sgd_momentum_accumulation),
+            cmocka_unit_test(test_adamw_clipping_one_bucket),
+            cmocka_unit_test(test_gradient_memory), cmocka_unit_test(test_half_reduction),
+            cmocka_unit_test(test_bad_reduce_dtype), cmocka_unit_test(test_linear_stack_memory),
+            cmocka_unit_test(test_dominant_tensor))
