@@ -10,13 +10,15 @@
 #     another layout), so that both kernel families meet the same tolerances.
 #     Tests whose assertions no kernel's rounding can move (refusals,
 #     messages, files, collectives without a matmul, sleeps, byte counts, the
-#     fault_ reruns, comparisons measured bit for bit under both families)
-#     run once, in pass 1.
+#     fault_ reruns, comparisons measured bit for bit under both families,
+#     1-rank runs that skip every numerical case or compare one computation
+#     with itself) run once, in pass 1.
 #  3. ASan + UBSan at -O1, every test but the `release_only` label: tests
 #     that run no fsc C code (repository checks, the PyTorch benchmark side),
 #     the fault_ reruns (they test that comparisons notice a fault; the clean
-#     runs are here), the fsc-train modes about numerical agreement whose
-#     C paths the kept tests run under the sanitizers, and the 4-rank runs of
+#     runs are here), the fsc-train modes about numerical agreement or
+#     layouts whose C paths the C tests and the kept fsc-train modes run
+#     under the sanitizers, and the 4-rank runs of
 #     the MPI programs in which 4 ranks reach no code that 2 do not (no
 #     4-rank branch, no middle pipeline stage, no shard inside one tensor;
 #     their 1- and 2-rank runs stay). The lists and the reasons per program
@@ -27,13 +29,14 @@
 #     reach about 93-100% of the edges (libFuzzer's cov) that 7 s reached in
 #     a CI run, per harness; the search itself is `scripts/fuzz.sh 1800`.
 # Each pass starts its longest tests first (COST, tests/CMakeLists.txt's
-# last block), so that no long test runs alone at the end.
+# cost block), so that no long test runs alone at the end.
 # Every pass runs programs started without mpiexec as isolated MPI
 # singletons (OMPI_MCA_ess_singleton_isolated in tests/CMakeLists.txt): no
 # orted daemon forked per fsc-train start, which fsc (never spawning) has no
 # use for.
 # ctest -j $(nproc) runs tests side by side, multi-rank ones included (why
-# no test counts its ranks as PROCESSORS: tests/CMakeLists.txt's last block).
+# no test counts its ranks as PROCESSORS: tests/CMakeLists.txt's processors
+# block).
 # Arguments go to every ctest run (e.g. -R golden). The multihost label (two
 # network namespaces, root only) is left out: `ctest -L multihost` runs it.
 set -euo pipefail
