@@ -10,32 +10,19 @@
 #include "gradcheck.h"
 #include "test_main.h"
 
-static const gradcheck_opts OPTS = {.atol = 2e-3, .rtol = 2e-2, .h = 1e-2, .samples = 24};
-
-static void fill(float *x, int64_t n, uint64_t seed, float std) {
-    fsc_rng_normal_fill(x, n, 0, fsc_rng_key(seed, "gradcheck"), 0.f, std);
-}
-
 /* Builds params for m (random non-trivial values, so LayerNorm weights are not all 1), runs the
  * check. */
 static void check(fsc_module *m, fsc_tensor *x, int64_t y_numel, bool check_input, float train_p) {
     (void)train_p;
     fsc_params ps;
     assert_int_equal(fsc_params_bind(m, 7, true, &ps), FSC_OK);
-    for (int i = 0; i < ps.count; i++) {
-        fsc_param *p = ps.entries[i].param;
-        float tmp[1];
-        (void)tmp;
-        fsc_rng_normal_fill(p->data, p->numel, 0, fsc_rng_key(11, ps.entries[i].name), 0.f, 0.3f);
-        if (p->init == FSC_INIT_ONES)
-            for (int64_t j = 0; j < p->numel; j++) p->data[j] += 1.f;
-    }
+    gc_randomize(&ps);
     fsc_arena *arena = fsc_arena_new(FSC_MEM_ACTIV, 1 << 20);
     fsc_ctx ctx = {
         .arena = arena, .training = true, .seed = 3, .step = 5, .sample0 = 10, .keyed = true};
     float *w = malloc((size_t)y_numel * sizeof(float));
-    fill(w, y_numel, 99, 1.f);
-    int bad = gradcheck_module(m, &ps, &ctx, x, w, y_numel, check_input, &OPTS);
+    gc_fill(w, y_numel, 99, 1.f);
+    int bad = gradcheck_module(m, &ps, &ctx, x, w, y_numel, check_input, &GC_OPTS);
     assert_int_equal(bad, 0);
     free(w);
     fsc_arena_free(arena);
@@ -45,15 +32,9 @@ static void check(fsc_module *m, fsc_tensor *x, int64_t y_numel, bool check_inpu
 
 enum { B = 2, T = 5, C = 8 };
 
-static float *input(int64_t n) {
-    float *x = malloc((size_t)n * sizeof(float));
-    fill(x, n, 5, 1.f);
-    return x;
-}
-
 static void test_linear(void **state) {
     (void)state;
-    float *xd = input(B * T * C);
+    float *xd = gc_input(B * T * C);
     fsc_tensor x = fsc_tensor_3d(xd, FSC_DTYPE_F32, B, T, C);
     check(fsc_linear_new("torch_layout", C, 6, true, FSC_WEIGHT_OUT_IN, 0.3f), &x, B * T * 6, true,
           0);
@@ -65,7 +46,7 @@ static void test_linear(void **state) {
 
 static void test_layernorm(void **state) {
     (void)state;
-    float *xd = input(B * T * C);
+    float *xd = gc_input(B * T * C);
     fsc_tensor x = fsc_tensor_3d(xd, FSC_DTYPE_F32, B, T, C);
     check(fsc_layernorm_new("ln", C, 1e-5f), &x, B * T * C, true, 0);
     free(xd);
@@ -73,7 +54,7 @@ static void test_layernorm(void **state) {
 
 static void test_activations(void **state) {
     (void)state;
-    float *xd = input(B * T * C);
+    float *xd = gc_input(B * T * C);
     /* keep ReLU inputs away from the kink, where finite differences are meaningless */
     for (int i = 0; i < B * T * C; i++)
         if (fabsf(xd[i]) < 0.05f) xd[i] = 0.1f;
@@ -93,7 +74,7 @@ static void test_embedding(void **state) {
 
 static void test_attention(void **state) {
     (void)state;
-    float *xd = input(B * T * C);
+    float *xd = gc_input(B * T * C);
     fsc_tensor x = fsc_tensor_3d(xd, FSC_DTYPE_F32, B, T, C);
     check(fsc_attention_new("attn", C, 2, 0.f, 1, 0.3f, 0.3f), &x, B * T * C, true, 0);
     check(fsc_attention_new("attn_dropout", C, 2, 0.25f, 1, 0.3f, 0.3f), &x, B * T * C, true, 0);
@@ -105,7 +86,7 @@ static void test_attention(void **state) {
 static void test_attention_long_sequence(void **state) {
     (void)state;
     enum { TL = 150 };
-    float *xd = input(TL * C);
+    float *xd = gc_input(TL * C);
     fsc_tensor x = fsc_tensor_3d(xd, FSC_DTYPE_F32, 1, TL, C);
     check(fsc_attention_new("attn_long", C, 2, 0.f, 1, 0.3f, 0.3f), &x, TL * C, true, 0);
     free(xd);
@@ -113,7 +94,7 @@ static void test_attention_long_sequence(void **state) {
 
 static void test_containers_and_block(void **state) {
     (void)state;
-    float *xd = input(B * T * C);
+    float *xd = gc_input(B * T * C);
     fsc_tensor x = fsc_tensor_3d(xd, FSC_DTYPE_F32, B, T, C);
     check(fsc_mlp_new("mlp", C, 0.f, 2, 0.3f, 0.3f), &x, B * T * C, true, 0);
     fsc_module *parts[2] = {fsc_layernorm_new("ln", C, 1e-5f),
@@ -136,7 +117,7 @@ static void test_cross_entropy(void **state) {
     (void)state;
     enum { N = 6, V = 9 };
     float logits[N * V], work[N * V], losses[N];
-    fill(logits, N * V, 17, 2.f);
+    gc_fill(logits, N * V, 17, 2.f);
     int32_t targets[N] = {0, 8, -100, 3, 3, 7};
     double norm = 5.0; /* non-ignored targets */
     memcpy(work, logits, sizeof work);
@@ -156,8 +137,8 @@ static void test_cross_entropy(void **state) {
         tmp[i] -= (float)h;
         fsc_crossentropy_fused(l2, tmp, targets, N, V, -100, 1.f, NULL);
         for (int r = 0; r < N; r++) lm += l2[r];
-        assert_int_equal(gc_compare("cross_entropy", i, work[i], (lp - lm) / (2 * h) / norm, &OPTS),
-                         0);
+        assert_int_equal(
+            gc_compare("cross_entropy", i, work[i], (lp - lm) / (2 * h) / norm, &GC_OPTS), 0);
     }
     /* an out-of-range target is reported, not read out of bounds */
     targets[1] = V;

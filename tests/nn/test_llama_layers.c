@@ -15,32 +15,18 @@
 #include "gradcheck.h"
 #include "test_main.h"
 
-/* h = 1e-2 keeps the fp32 noise of the difference quotient (~1e-7 / h)
- * well under atol; rtol covers the O(h^2) truncation of the central
- * difference on these smooth layers. As test_gradcheck.c. */
-static const gradcheck_opts OPTS = {.atol = 2e-3, .rtol = 2e-2, .h = 1e-2, .samples = 24};
-
-static void fill(float *x, int64_t n, uint64_t seed, float std) {
-    fsc_rng_normal_fill(x, n, 0, fsc_rng_key(seed, "gradcheck"), 0.f, std);
-}
-
 /* Binds m with non-trivial values (norm weights 1 + N(0, 0.3)), checks
  * every parameter and the input, frees m. */
 static void check(fsc_module *m, fsc_tensor *x, int64_t y_numel, int samples) {
     assert_non_null(m);
     fsc_params ps;
     assert_int_equal(fsc_params_bind(m, 7, true, &ps), FSC_OK);
-    for (int i = 0; i < ps.count; i++) {
-        fsc_param *p = ps.entries[i].param;
-        fsc_rng_normal_fill(p->data, p->numel, 0, fsc_rng_key(11, ps.entries[i].name), 0.f, 0.3f);
-        if (p->init == FSC_INIT_ONES)
-            for (int64_t j = 0; j < p->numel; j++) p->data[j] += 1.f;
-    }
+    gc_randomize(&ps);
     fsc_arena *arena = fsc_arena_new(FSC_MEM_ACTIV, 1 << 22);
     fsc_ctx ctx = {.arena = arena, .training = true};
     float *w = malloc((size_t)y_numel * sizeof(float));
-    fill(w, y_numel, 99, 1.f);
-    gradcheck_opts o = OPTS;
+    gc_fill(w, y_numel, 99, 1.f);
+    gradcheck_opts o = GC_OPTS;
     if (samples) o.samples = samples;
     gc_worst_ratio = 0;
     int bad = gradcheck_module(m, &ps, &ctx, x, w, y_numel, true, &o);
@@ -54,12 +40,6 @@ static void check(fsc_module *m, fsc_tensor *x, int64_t y_numel, int samples) {
 
 enum { B = 2, T = 5, C = 16 };
 
-static float *input(int64_t n) {
-    float *x = malloc((size_t)n * sizeof(float));
-    fill(x, n, 5, 1.f);
-    return x;
-}
-
 /* LLaMA-3.1's published scaling; with head_dim 16 and theta 10000 the
  * wavelengths (2 pi 10000^(i/8)) fall in all three bands: i = 7 above
  * 8192 (slowed), i = 6 between 2048 and 8192 (blended), i <= 5 below. */
@@ -70,7 +50,7 @@ static const fsc_rope_scaling LLAMA31 = {.factor = 8.f,
 
 static void test_rmsnorm(void **state) {
     (void)state;
-    float *xd = input(B * T * C);
+    float *xd = gc_input(B * T * C);
     fsc_tensor x = fsc_tensor_3d(xd, FSC_DTYPE_F32, B, T, C);
     check(fsc_rmsnorm_new("norm", C, 1e-5f), &x, B * T * C, 0);
     check(fsc_rmsnorm_new("norm_eps", C, 0.5f), &x, B * T * C, 0); /* eps matters */
@@ -79,7 +59,7 @@ static void test_rmsnorm(void **state) {
 
 static void test_rope(void **state) {
     (void)state;
-    float *xd = input(B * T * C);
+    float *xd = gc_input(B * T * C);
     fsc_tensor x = fsc_tensor_3d(xd, FSC_DTYPE_F32, B, T, C);
     check(fsc_rope_new("rope", 2, 8, 0.f, NULL, 0), &x, B * T * C, 0);
     check(fsc_rope_new("rope_offset", 2, 8, 500000.f, NULL, 37), &x, B * T * C, 0);
@@ -119,14 +99,14 @@ static void test_rope_scaling_bands(void **state) {
 
 static void test_swiglu(void **state) {
     (void)state;
-    float *xd = input(B * T * C);
+    float *xd = gc_input(B * T * C);
     fsc_tensor x = fsc_tensor_3d(xd, FSC_DTYPE_F32, B, T, C);
     check(fsc_swiglu_mlp_new("mlp", C, 24, 0.3f, 0.3f), &x, B * T * C, 0);
     free(xd);
 }
 
 static void check_attention(const char *name, fsc_llama_attention_config cfg, int t, int samples) {
-    float *xd = input((int64_t)B * t * C);
+    float *xd = gc_input((int64_t)B * t * C);
     fsc_tensor x = fsc_tensor_3d(xd, FSC_DTYPE_F32, B, t, C);
     cfg.d_model = C;
     cfg.init_std = cfg.proj_std = 0.3f;
@@ -177,7 +157,8 @@ static void test_gqa_is_repeated_mha(void **state) {
         int group = NH / nkv, ck = nkv * HD;
         int64_t nq = (int64_t)B * TT * CC, nk = (int64_t)B * TT * ck;
         float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4), *dy = malloc(nq * 4);
-        fill(q, nq, 1, 1.f), fill(k, nk, 2, 1.f), fill(v, nk, 3, 1.f), fill(dy, nq, 4, 1.f);
+        gc_fill(q, nq, 1, 1.f), gc_fill(k, nk, 2, 1.f), gc_fill(v, nk, 3, 1.f),
+            gc_fill(dy, nq, 4, 1.f);
         float *qkv = malloc(nq * 3 * 4), *dqkv = malloc(nq * 3 * 4);
         for (int64_t r = 0; r < (int64_t)B * TT; r++)
             for (int h = 0; h < NH; h++)
@@ -229,7 +210,7 @@ static void test_rope_adjoint(void **state) {
     fsc_rope_inv_freq(inv, HD, 10000.f, NULL);
     fsc_rope_table(cs, sn, inv, TT, HD, 100);
     float *x = malloc(n * 4), *y = malloc(n * 4), *rx = malloc(n * 4), *rty = malloc(n * 4);
-    fill(x, n, 1, 1.f), fill(y, n, 2, 1.f);
+    gc_fill(x, n, 1, 1.f), gc_fill(y, n, 2, 1.f);
     fsc_rope_forward(rx, x, cs, sn, B, TT, H, HD);
     fsc_rope_backward(rty, y, cs, sn, B, TT, H, HD);
     double a = 0, b = 0, nx = 0, nrx = 0;

@@ -10,6 +10,7 @@ import struct
 
 import torch
 
+import torch_gpt
 import torch_llama
 
 DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
@@ -86,18 +87,8 @@ def write_dir(d, tensors, config, dtype, shards):
         json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
 
 
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(n))
-        data = f.read()
-    meta = header.pop("__metadata__", {})
-    out = {}
-    for name, e in header.items():
-        b, end = e["data_offsets"]
-        out[name] = torch.frombuffer(bytearray(data[b:end]), dtype=DTYPES[e["dtype"]]) \
-            .reshape(e["shape"]).clone()
-    return out, meta
+# ({name: tensor}, metadata) of one safetensors file: torch_gpt's reader.
+read_safetensors = torch_gpt.load_safetensors
 
 
 def read_dir(d):

@@ -30,10 +30,17 @@ class Llama(torch.nn.Module):
         """The parameters under prefix, named from there (golden_llama's dicts)."""
         return {n[len(prefix):]: self.p(n) for n in self.names if n.startswith(prefix)}
 
-    def logits(self, x):
+    def mlp(self, m, pre):
+        """Layer pre's MLP on m: (its output, its load-balancing term or None);
+        torch_mixtral.py's layers answer with a mixture of experts."""
+        return layers.swiglu(m, self.sub(pre + "mlp.")), None
+
+    def forward_aux(self, x):
+        """(logits, the load-balancing terms of the MLPs summed over layers)."""
         h = self.p("model.embed_tokens.weight")[x]
         C = h.shape[-1]
         hd = C // self.NH
+        aux = torch.zeros(())
         for i in range(self.L):
             pre = f"model.layers.{i}."
             a = layers.rms_norm(h, self.p(pre + "input_layernorm.weight"), self.eps)
@@ -41,11 +48,17 @@ class Llama(torch.nn.Module):
                                            self.theta, self.scaling,
                                            pre + "self_attn.q_proj.bias" in self.index)
             m = layers.rms_norm(h, self.p(pre + "post_attention_layernorm.weight"), self.eps)
-            h = h + layers.swiglu(m, self.sub(pre + "mlp."))
+            y, l_aux = self.mlp(m, pre)
+            if l_aux is not None:
+                aux = aux + l_aux
+            h = h + y
         h = layers.rms_norm(h, self.p("model.norm.weight"), self.eps)
         head = self.p("lm_head.weight") if "lm_head.weight" in self.index else \
             self.p("model.embed_tokens.weight")
-        return h @ head.t()
+        return h @ head.t(), aux
+
+    def logits(self, x):
+        return self.forward_aux(x)[0]
 
     def loss(self, x, y):
         lg = self.logits(x)

@@ -14,7 +14,6 @@ added to the objective, not to the reported loss, as fsc-train reports it."""
 import torch
 import torch.nn.functional as F
 
-import golden_llama as layers
 import torch_llama
 
 
@@ -47,29 +46,11 @@ class Mixtral(torch_llama.Llama):
         super().__init__(tensors, **kw)
         self.E, self.aux_coef = experts, aux_coef
 
-    def forward_aux(self, x):
-        """(logits, the load-balancing term summed over MoE layers)."""
-        h = self.p("model.embed_tokens.weight")[x]
-        C = h.shape[-1]
-        hd = C // self.NH
-        aux = torch.zeros(())
-        for i in range(self.L):
-            pre = f"model.layers.{i}."
-            a = layers.rms_norm(h, self.p(pre + "input_layernorm.weight"), self.eps)
-            h = h + layers.llama_attention(a, self.sub(pre + "self_attn."), self.NH, self.NKV, hd,
-                                           self.theta, self.scaling,
-                                           pre + "self_attn.q_proj.bias" in self.index)
-            m = layers.rms_norm(h, self.p(pre + "post_attention_layernorm.weight"), self.eps)
-            if pre + "block_sparse_moe.gate.weight" in self.index:
-                y, l_aux = sparse_moe(m, self.sub(pre + "block_sparse_moe."), self.E)
-                aux = aux + l_aux
-            else:
-                y = layers.swiglu(m, self.sub(pre + "mlp."))
-            h = h + y
-        h = layers.rms_norm(h, self.p("model.norm.weight"), self.eps)
-        head = self.p("lm_head.weight") if "lm_head.weight" in self.index else \
-            self.p("model.embed_tokens.weight")
-        return h @ head.t(), aux
+    def mlp(self, m, pre):
+        """A mixture of experts where the state dict has the layer's gate."""
+        if pre + "block_sparse_moe.gate.weight" in self.index:
+            return sparse_moe(m, self.sub(pre + "block_sparse_moe."), self.E)
+        return super().mlp(m, pre)
 
     def objective(self, x, y):
         """(what backward runs on, the cross-entropy reported)."""

@@ -11,6 +11,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "fsc/nn.h"
@@ -102,6 +103,35 @@ static int gradcheck_module(fsc_module *m, fsc_params *ps, fsc_ctx *ctx, fsc_ten
     free(dx_copy);
     free(grads);
     return bad;
+}
+
+/* The options of the module checks (test_gradcheck.c, test_llama_layers.c):
+ * h = 1e-2 keeps the fp32 noise of the difference quotient (~1e-7 / h) well
+ * under atol; rtol covers the O(h^2) truncation of the central difference
+ * on these smooth layers. */
+static const gradcheck_opts GC_OPTS = {.atol = 2e-3, .rtol = 2e-2, .h = 1e-2, .samples = 24};
+
+/* x[0..n) drawn from N(0, std^2), keyed by seed: inputs and output weights. */
+static inline void gc_fill(float *x, int64_t n, uint64_t seed, float std) {
+    fsc_rng_normal_fill(x, n, 0, fsc_rng_key(seed, "gradcheck"), 0.f, std);
+}
+
+/* A check's input: n such values (seed 5, std 1), malloc'ed. */
+static inline float *gc_input(int64_t n) {
+    float *x = malloc((size_t)n * sizeof(float));
+    if (x) gc_fill(x, n, 5, 1.f);
+    return x;
+}
+
+/* Non-trivial parameter values: N(0, 0.3) keyed by name, plus 1 for those
+ * initialised to ones (norm weights 1 + N(0, 0.3), not all 1). */
+static inline void gc_randomize(fsc_params *ps) {
+    for (int i = 0; i < ps->count; i++) {
+        fsc_param *p = ps->entries[i].param;
+        fsc_rng_normal_fill(p->data, p->numel, 0, fsc_rng_key(11, ps->entries[i].name), 0.f, 0.3f);
+        if (p->init == FSC_INIT_ONES)
+            for (int64_t j = 0; j < p->numel; j++) p->data[j] += 1.f;
+    }
 }
 
 #endif

@@ -20,8 +20,8 @@ import sys
 import time
 
 from train_e2e_common import FSC_TRAIN, TINY, TMP, verify_checkpoint
+from train_e2e_io import SHIM, expect_failed_save, require_shim, shim_env
 
-SHIM = os.environ.get("FSC_IO_SHIM")
 POINTS = 11  # FSC_CKPT_POINTS (src/core/fault.h)
 RENAMED = 5  # FSC_CKPT_POINT_RENAMED: from here on the new step directory is complete
 LATEST = 8  # FSC_CKPT_POINT_LATEST: from here on `latest` names it
@@ -77,41 +77,15 @@ def equal():
               f"{': synchronous, with the notice' if notice else ''}")
 
 
-def shim_env(**fault):
-    env = dict(os.environ, LD_PRELOAD=SHIM)
-    env["ASAN_OPTIONS"] = ":".join(
-        x for x in (env.get("ASAN_OPTIONS"), "verify_asan_link_order=0") if x)
-    for k, v in fault.items():
-        env[f"FSC_SHIM_{k.upper()}"] = str(v)
-    return env
-
-
-def expect_failed(what, p, needles, ck):
-    if p.returncode == 0:
-        sys.exit(f"FAIL: {what}: exited 0 after a failed background write:\n{p.stderr}")
-    for n in needles:
-        if n not in p.stderr:
-            sys.exit(f"FAIL: {what}: {n!r} not in the message:\n{p.stderr}")
-    if verify_checkpoint(ck) != 2:
-        sys.exit(f"FAIL: {what}: latest is not step 2")
-    left = sorted(x for x in os.listdir(ck) if x not in ("latest", "step-000002"))
-    if left:
-        sys.exit(f"FAIL: {what}: left in {ck}: {left}")
-    line = next((x for x in p.stderr.splitlines() if x.startswith("fsc-train")), "")
-    print(f"ok  {what}: {line[:200]}")
-
-
 def faults():
-    if not SHIM or not os.path.exists(SHIM):
-        print("SKIP: FSC_IO_SHIM (the fault shim library) not given")
-        sys.exit(77)
+    require_shim()
     base = [*TINY, "--quiet", "--steps", "6", "--save-every", "2", "--async-save"]
     for strategy, err in (("ddp", "EIO"), ("fsdp", "ENOSPC")):
         ck = os.path.join(TMP, f"fault-{strategy}")
         p = launch(2, [*base, "--strategy", strategy, "--checkpoint-dir", ck, "--keep-last", 1],
                    expect_ok=False, env=shim_env(path=".step-000004.tmp", rank=1, write=err,
                                                  **{"from": 300000}))
-        expect_failed(f"async {strategy}, rank 1's background writes {err}", p,
+        expect_failed_save(f"async {strategy}, rank 1's background writes {err}", p,
                       ["rank 1", ".safetensors", "in the background", os.strerror(
                           {"EIO": 5, "ENOSPC": 28}[err])], ck)
     # writes that report success but land as zeros: each rank reads its own bytes
@@ -122,14 +96,14 @@ def faults():
         env.update(extra)
         p = launch(2, [*base, "--strategy", "ddp", "--checkpoint-dir", ck, "--keep-last", 1],
                    expect_ok=False, env=env)
-        expect_failed(f"async {what}, rank {rank}'s background writes lost", p,
+        expect_failed_save(f"async {what}, rank {rank}'s background writes lost", p,
                       [f"rank {rank}", ".safetensors", "not the bytes written"], ck)
     ck = os.path.join(TMP, "fault-onewriter")
     env = shim_env(path=".step-000004.tmp", rank=0, fsync="EIO")
     env["FSC_PARALLEL_IO"] = "0"
     p = launch(2, [*base, "--strategy", "ddp", "--checkpoint-dir", ck, "--keep-last", 1],
                expect_ok=False, env=env)
-    expect_failed("async ddp one writer, rank 0's fsync EIO", p,
+    expect_failed_save("async ddp one writer, rank 0's fsync EIO", p,
                   ["rank 0", ".safetensors", "Input/output error"], ck)
     # a slow disk: the save at step 4 waits for step 2's (rank 0's fsyncs into it take
     # 1 s each, about 8 s in all) past FSC_TIMEOUT_S, and every save commits

@@ -25,9 +25,26 @@ def run(*args, expect_ok=True):
     return p
 
 
+def fsc_line(p):
+    """The first line of a finished run's stderr that fsc-train wrote (its
+    message, for the log), or "" when there is none."""
+    return next((x for x in p.stderr.splitlines() if x.startswith("fsc-train")), "")
+
+
 def metrics(path):
     with open(path) as f:
         return [json.loads(line) for line in f]
+
+
+def run_metrics(name, *args, ranks=1):
+    """Runs fsc-train with args (on `ranks` ranks under mpiexec when > 1), its per-step metrics
+    written to TMP/name; returns that path."""
+    path = os.path.join(TMP, name)
+    if ranks > 1:
+        mpiexec(ranks, *args, "--metrics", path)
+    else:
+        run(*args, "--metrics", path)
+    return path
 
 
 def same_tree(what, root, before):
@@ -104,15 +121,27 @@ def corpus_tokens(torch, path):
         return torch.tensor(list(f.read()), dtype=torch.int64)
 
 
-def torch_losses_of(torch_gpt, model, opt, tokens, steps, after_step=None):
+def varied_corpus_tokens(torch, name):
+    """(TMP/name, its tokens): varied_corpus and the same bytes as PyTorch's token ids, for a
+    cross-check that trains fsc-train and the reference on one corpus."""
+    path = varied_corpus(name)
+    return path, corpus_tokens(torch, path)
+
+
+def torch_losses_of(torch_gpt, model, opt, tokens, steps, after_step=None, objective=None):
     """Per-step losses of `steps` steps of opt on the PyTorch model, step s on the batch fsc-train
-    reads at step s of one process (batch 4, seq 32); after_step runs after each opt.step()."""
+    reads at step s of one process (batch 4, seq 32); after_step runs after each opt.step().
+    objective(x, y) gives (what backward runs on, the loss reported) where they differ (an
+    auxiliary term added to the objective only); by default both are model.loss(x, y)."""
     out = []
     for s in range(steps):
         x, y = torch_gpt.batch(tokens, s, 0, 0, 4, 1, 1, 32)
         opt.zero_grad()
-        loss = model.loss(x, y)
-        loss.backward()
+        if objective:
+            obj, loss = objective(x, y)
+        else:
+            obj = loss = model.loss(x, y)
+        obj.backward()
         opt.step()
         if after_step:
             after_step()

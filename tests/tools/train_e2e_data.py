@@ -3,7 +3,7 @@ file formats (bytes, llm.c shards of both versions, nanoGPT) read as the same to
 import os
 import sys
 
-from train_e2e_common import TINY, TMP, expect_refused, metrics, mpiexec, run
+from train_e2e_common import TINY, TMP, expect_refused, metrics, mpiexec, run, run_metrics
 
 
 def write_shard(path, tokens):
@@ -25,12 +25,9 @@ def validation():
     common = ["--layers", "2", "--d-model", "64", "--heads", "4", "--seq", "32", "--steps", "6",
               "--dropout", "0.1", "--quiet", "--eval-every", "3", "--eval-batches", "2"]
     runs = {}
-    m = os.path.join(TMP, "v-single.jsonl")
-    run(*common, "--batch", "8", "--metrics", m)
-    runs["single"] = val_rows(m)
-    m = os.path.join(TMP, "v-dp.jsonl")
-    run(*common, "--batch", "8", "--strategy", "dp", "--threads", "2", "--metrics", m)
-    runs["dp x2 threads"] = val_rows(m)
+    runs["single"] = val_rows(run_metrics("v-single.jsonl", *common, "--batch", "8"))
+    runs["dp x2 threads"] = val_rows(run_metrics("v-dp.jsonl", *common, "--batch", "8",
+                                                 "--strategy", "dp", "--threads", "2"))
     for n, strat, extra in ((2, "ddp", ["--batch", "4"]), (2, "fsdp", ["--batch", "4"]),
                             (4, "fsdp", ["--batch", "1", "--grad-accum", "2"]),
                             (4, "sdp", ["--batch", "1", "--grad-accum", "2"]),

@@ -12,14 +12,23 @@ import os
 import re
 import sys
 
-from train_e2e_common import (TMP, corpus_tokens, expect_refused, import_torch, metrics, mpiexec,
-                              run, torch_losses_of, varied_corpus)
+from train_e2e_common import (TMP, expect_refused, import_torch, metrics, mpiexec, run,
+                              torch_losses_of, varied_corpus_tokens)
 
 LLAMA = ["--arch", "llama", "--layers", "2", "--d-model", "64", "--heads", "4", "--kv-heads", "2",
          "--seq", "32", "--vocab", "512", "--dropout", "0"]
 FREEZE = "model.layers.*.mlp.*,model.embed_tokens.*"
 STEPS, LR = 20, 1e-3
 TRAIN = ["--steps", STEPS, "--lr", LR, "--schedule", "constant", "--clip", "0", "--quiet"]
+# The 2-rank layouts a fine-tuning run is checked under, each against one process.
+LAYOUTS = {"ddp": ["--strategy", "ddp", "--batch", "2"],
+           "oss": ["--strategy", "oss", "--batch", "2"],
+           "sdp": ["--strategy", "sdp", "--batch", "2"],
+           "fsdp": ["--strategy", "fsdp", "--batch", "2"],
+           "pp2": ["--strategy", "ddp", "--pp", "2", "--batch", "2", "--grad-accum", "2"],
+           "tp2": ["--strategy", "ddp", "--tp", "2", "--batch", "4"],
+           "tp2 + sequence parallel": ["--strategy", "ddp", "--tp", "2", "--batch", "4",
+                                       "--sequence-parallel"]}
 
 
 def frozen(name, patterns):
@@ -61,8 +70,7 @@ def optim_mib(stderr):
 
 def freeze():
     torch, torch_gpt, torch_llama = import_torch("torch_gpt", "torch_llama")
-    data = varied_corpus("ft.txt")
-    tokens = corpus_tokens(torch, data)
+    data, tokens = varied_corpus_tokens(torch, "ft.txt")
     init, m = os.path.join(TMP, "ft_init.safetensors"), os.path.join(TMP, "ft.jsonl")
     saved = os.path.join(TMP, "ft_saved.safetensors")
     run(*LLAMA, "--data", data, "--batch", "4", *TRAIN, "--freeze", FREEZE, "--save-init", init,
@@ -70,15 +78,7 @@ def freeze():
     ref = torch_losses(init, tokens, torch, torch_gpt, torch_llama)
     compare("--freeze, one process", [r["loss"] for r in metrics(m)], ref)
     frozen_unchanged("--freeze, one process", init, saved, torch_gpt, FREEZE)
-    for name, extra in (("ddp", ["--strategy", "ddp", "--batch", "2"]),
-                        ("oss", ["--strategy", "oss", "--batch", "2"]),
-                        ("sdp", ["--strategy", "sdp", "--batch", "2"]),
-                        ("fsdp", ["--strategy", "fsdp", "--batch", "2"]),
-                        ("pp2", ["--strategy", "ddp", "--pp", "2", "--batch", "2",
-                                 "--grad-accum", "2"]),
-                        ("tp2", ["--strategy", "ddp", "--tp", "2", "--batch", "4"]),
-                        ("tp2 + sequence parallel", ["--strategy", "ddp", "--tp", "2", "--batch",
-                                                     "4", "--sequence-parallel"])):
+    for name, extra in LAYOUTS.items():
         m2, s2 = os.path.join(TMP, f"ft_{name}.jsonl"), os.path.join(TMP, f"ft_{name}.st")
         mpiexec(2, *LLAMA, "--data", data, *extra, *TRAIN, "--freeze", FREEZE, "--metrics", m2,
                 "--save", s2)
@@ -250,8 +250,7 @@ def tp_adapters(data, init, ref, torch_gpt):
 
 def lora():
     torch, torch_gpt, torch_lora = import_torch("torch_gpt", "torch_lora")
-    data = varied_corpus("lora.txt")
-    tokens = corpus_tokens(torch, data)
+    data, tokens = varied_corpus_tokens(torch, "lora.txt")
     init, m = os.path.join(TMP, "lora_init"), os.path.join(TMP, "lora.jsonl")
     saved = os.path.join(TMP, "lora_saved")
     run(*LLAMA, "--data", data, "--batch", "4", *TRAIN, *LORA, "--save-init", init,
@@ -267,13 +266,8 @@ def lora():
         sys.exit(f"FAIL: LoRA: base tensors changed {moved}, adapters did not train {trained}")
     print(f"LoRA: {sum('.lora_' not in n for n in a)} base tensors bit-identical, "
           f"{sum('.lora_' in n for n in a)} adapter tensors trained")
-    for name, extra in (("ddp", ["--strategy", "ddp", "--batch", "2"]),
-                        ("fsdp", ["--strategy", "fsdp", "--batch", "2"]),
-                        ("pp2", ["--strategy", "ddp", "--pp", "2", "--batch", "2",
-                                 "--grad-accum", "2"]),
-                        ("tp2", ["--strategy", "ddp", "--tp", "2", "--batch", "4"]),
-                        ("tp2 + sequence parallel", ["--strategy", "ddp", "--tp", "2", "--batch",
-                                                     "4", "--sequence-parallel"])):
+    for name, extra in ((n, LAYOUTS[n]) for n in ("ddp", "fsdp", "pp2", "tp2",
+                                                  "tp2 + sequence parallel")):
         m2 = os.path.join(TMP, f"lora_{name}.jsonl")
         mpiexec(2, *LLAMA, "--data", data, *extra, *TRAIN, *LORA, "--metrics", m2)
         compare(f"LoRA, {name} on 2 ranks", [r["loss"] for r in metrics(m2)], ref)
@@ -327,8 +321,7 @@ def group_losses(init, tokens, torch, torch_gpt, torch_llama, kind):
 
 def param_groups():
     torch, torch_gpt, torch_llama = import_torch("torch_gpt", "torch_llama")
-    data = varied_corpus("pg.txt")
-    tokens = corpus_tokens(torch, data)
+    data, tokens = varied_corpus_tokens(torch, "pg.txt")
     sched = ["--steps", STEPS, "--schedule", "warmup-constant", "--warmup", "5", "--clip", "0",
              "--quiet", "--param-group", GROUPS]
     for kind, flags in (("adamw", ["--lr", "1e-3", "--weight-decay", "0.1"]),

@@ -13,9 +13,17 @@ import os
 import shutil
 import sys
 
-from train_e2e_common import TINY, TMP, mpiexec, verify_checkpoint
+from train_e2e_common import TINY, TMP, fsc_line, mpiexec, verify_checkpoint
 
 SHIM = os.environ.get("FSC_IO_SHIM")
+
+
+def require_shim():
+    """Skips the run (exit 77, ctest's SKIP_RETURN_CODE) when FSC_IO_SHIM names
+    no shim library."""
+    if not SHIM or not os.path.exists(SHIM):
+        print("SKIP: FSC_IO_SHIM (the fault shim library) not given")
+        sys.exit(77)
 
 
 def shim_env(**fault):
@@ -44,14 +52,11 @@ def expect_failed_save(what, p, needles, ck, keep_step=2):
     left = sorted(x for x in os.listdir(ck) if x not in ("latest", f"step-{keep_step:06d}"))
     if left:
         sys.exit(f"FAIL: {what}: left in {ck}: {left}")
-    line = next((x for x in p.stderr.splitlines() if x.startswith("fsc-train")), "")
-    print(f"ok  {what}: {line[:170]}")
+    print(f"ok  {what}: {fsc_line(p)[:200]}")
 
 
 def io_faults():
-    if not SHIM or not os.path.exists(SHIM):
-        print("SKIP: FSC_IO_SHIM (the fault shim library) not given")
-        sys.exit(77)
+    require_shim()
     base = [*TINY, "--quiet", "--steps", "6", "--save-every", "2"]
     # the MPI-IO path: rank 1's writes into step 4's files fail from byte 300,000
     # on (both files are ~470 KB and ~950 KB, split between the two ranks)

@@ -7,8 +7,8 @@ refused by name."""
 import os
 import sys
 
-from train_e2e_common import (TMP, corpus_tokens, expect_refused, import_torch, metrics, mpiexec,
-                              run, torch_losses_of, varied_corpus)
+from train_e2e_common import (TMP, expect_refused, import_torch, metrics, mpiexec, run,
+                              torch_losses_of, varied_corpus_tokens)
 
 LLAMA = ["--arch", "llama", "--layers", "2", "--d-model", "64", "--heads", "4", "--kv-heads", "2",
          "--seq", "32", "--vocab", "512", "--dropout", "0"]
@@ -38,8 +38,7 @@ def compare(what, fsc, ref):
 
 def llama():
     torch, torch_gpt, torch_llama = import_torch("torch_gpt", "torch_llama")
-    data = varied_corpus("llama.txt")
-    tokens = corpus_tokens(torch, data)
+    data, tokens = varied_corpus_tokens(torch, "llama.txt")
     init, m = os.path.join(TMP, "llama_init.safetensors"), os.path.join(TMP, "llama.jsonl")
     run(*LLAMA, "--data", data, "--batch", "4", *TRAIN, "--save-init", init, "--metrics", m)
     ref = torch_losses(init, tokens, torch, torch_gpt, torch_llama)

@@ -13,38 +13,21 @@ import os
 import subprocess
 import sys
 
-from train_e2e_common import FSC_TRAIN, TMP, expect_refused, metrics, mpiexec, run
+from train_e2e_common import (FSC_TRAIN, TMP, expect_refused, import_torch, metrics, mpiexec,
+                              run, torch_losses_of, varied_corpus_tokens)
+from train_e2e_llama import LR, STEPS, TRAIN, compare
 
 E = 4
 MOE = ["--arch", "llama", "--layers", "2", "--d-model", "64", "--heads", "4", "--kv-heads", "2",
        "--seq", "32", "--vocab", "512", "--dropout", "0", "--ffn-hidden", "96",
        "--moe-experts", E, "--moe-every", "1", "--moe-capacity", E, "--moe-aux-coef", "0.02"]
-STEPS, LR = 20, 1e-3
-TRAIN = ["--steps", STEPS, "--lr", LR, "--schedule", "constant", "--clip", "0", "--quiet"]
 
 
 def torch_losses(init, tokens, torch, torch_gpt, torch_mixtral):
     tensors, _ = torch_gpt.load_safetensors(init)
     model = torch_mixtral.Mixtral(tensors, E, 0.02, layers_=2, heads=4, kv_heads=2)
     opt = torch_gpt.adamw(model, LR, (0.9, 0.95), 1e-8, 0.1)
-    out = []
-    for s in range(STEPS):
-        x, y = torch_gpt.batch(tokens, s, 0, 0, 4, 1, 1, 32)
-        opt.zero_grad()
-        objective, ce = model.objective(x, y)
-        objective.backward()
-        opt.step()
-        out.append(ce.item())
-    return out
-
-
-def compare(what, fsc, ref):
-    rel = max(abs(a - b) / abs(b) for a, b in zip(fsc, ref))
-    print(f"{what}: {len(fsc)} AdamW steps, max relative loss difference from PyTorch {rel:.2e}")
-    if len(fsc) != STEPS or rel > 1e-4:
-        print("  fsc  ", " ".join(f"{v:.5f}" for v in fsc[::4]))
-        print("  torch", " ".join(f"{v:.5f}" for v in ref[::4]))
-        sys.exit(f"FAIL: {what}: per-step losses differ from PyTorch by {rel:.2e} (> 1e-4)")
+    return torch_losses_of(torch_gpt, model, opt, tokens, STEPS, objective=model.objective)
 
 
 def mixtral_files(init, torch_gpt):
@@ -73,18 +56,8 @@ def mixtral_files(init, torch_gpt):
 
 
 def llama_moe():
-    try:
-        import torch
-        import torch_gpt
-        import torch_mixtral
-    except ImportError:
-        print("SKIP: PyTorch is not installed (scripts/install-deps.sh installs python3-torch)")
-        sys.exit(77)
-    torch.set_num_threads(1)
-    data = os.path.join(TMP, "moe.txt")
-    with open(data, "wb") as f:  # varied bytes, deterministic
-        f.write(bytes((i * 7919 + (i // 13) * 31) % 251 for i in range(20000)))
-    tokens = torch.tensor(list(open(data, "rb").read()), dtype=torch.int64)
+    torch, torch_gpt, torch_mixtral = import_torch("torch_gpt", "torch_mixtral")
+    data, tokens = varied_corpus_tokens(torch, "moe.txt")
     init, m = os.path.join(TMP, "moe_init"), os.path.join(TMP, "moe.jsonl")
     run(*MOE, "--data", data, "--batch", "4", *TRAIN, "--save-init", init, "--metrics", m)
     tensors = mixtral_files(init, torch_gpt)

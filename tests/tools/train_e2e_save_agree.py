@@ -11,8 +11,8 @@ import shutil
 import subprocess
 import sys
 
-from train_e2e_common import FSC_TRAIN, TINY, TMP, mpiexec
-from train_e2e_io import SHIM, shim_env
+from train_e2e_common import FSC_TRAIN, TINY, TMP, fsc_line, mpiexec
+from train_e2e_io import require_shim, shim_env
 
 
 def each_rank(n, *args, env):
@@ -56,14 +56,11 @@ def expect_failed(what, p, codes, n, needles, before, folder, prefix):
                    if x.startswith(prefix) and os.path.join(folder, x) not in before)
     if stray:
         sys.exit(f"FAIL: {what}: left in {folder}: {stray}")
-    line = next((x for x in p.stderr.splitlines() if x.startswith("fsc-train")), "")
-    print(f"ok  {what}: exits {codes}; {line[:160]}")
+    print(f"ok  {what}: exits {codes}; {fsc_line(p)[:160]}")
 
 
 def save_agree():
-    if not SHIM or not os.path.exists(SHIM):
-        print("SKIP: FSC_IO_SHIM (the fault shim library) not given")
-        sys.exit(77)
+    require_shim()
     os.makedirs(TMP, exist_ok=True)
     # --save-adapter: rank 0 writes the directory; its writes fail
     lora = [*TINY, "--quiet", "--strategy", "ddp", "--lora-rank", "4", "--lora-targets", "c_attn"]

@@ -6,7 +6,7 @@ import os
 import sys
 
 from train_e2e_common import (TINY, TMP, corpus_tokens, expect_refused, expect_torch_losses,
-                              import_torch, metrics, mpiexec, run, varied_corpus)
+                              import_torch, metrics, mpiexec, run, run_metrics, varied_corpus)
 
 
 def learns():
@@ -55,26 +55,17 @@ def strategies():
     common = ["--layers", "2", "--d-model", "64", "--heads", "4", "--seq", "32", "--steps", "6",
               "--dropout", "0.1", "--quiet"]
     out = {}
-    m = os.path.join(TMP, "single.jsonl")
-    run(*common, "--batch", "8", "--metrics", m)
-    out["single"] = metrics(m)
-    m = os.path.join(TMP, "dp.jsonl")
-    run(*common, "--batch", "8", "--strategy", "dp", "--threads", "2", "--metrics", m)
-    out["dp x2"] = metrics(m)
-    m = os.path.join(TMP, "ddp2.jsonl")
-    mpiexec(2, *common, "--batch", "4", "--strategy", "ddp", "--metrics", m)
-    out["ddp x2"] = metrics(m)
-    m = os.path.join(TMP, "ddp4.jsonl")
-    mpiexec(4, *common, "--batch", "1", "--grad-accum", "2", "--strategy", "ddp", "--metrics", m,
-            "--bucket-mb", "0.05")
-    out["ddp x4, accum 2, small buckets"] = metrics(m)
-    m = os.path.join(TMP, "oss2.jsonl")
-    mpiexec(2, *common, "--batch", "4", "--strategy", "oss", "--partition", "greedy", "--metrics", m)
-    out["oss x2 (greedy)"] = metrics(m)
-    m = os.path.join(TMP, "sdp4.jsonl")
-    mpiexec(4, *common, "--batch", "1", "--grad-accum", "2", "--strategy", "sdp", "--metrics", m,
-            "--bucket-mb", "0.02")
-    out["sdp x4, accum 2, small buckets"] = metrics(m)
+    for name, ranks, extra in (
+            ("single", 1, ["--batch", "8"]),
+            ("dp x2", 1, ["--batch", "8", "--strategy", "dp", "--threads", "2"]),
+            ("ddp x2", 2, ["--batch", "4", "--strategy", "ddp"]),
+            ("ddp x4, accum 2, small buckets", 4,
+             ["--batch", "1", "--grad-accum", "2", "--strategy", "ddp", "--bucket-mb", "0.05"]),
+            ("oss x2 (greedy)", 2, ["--batch", "4", "--strategy", "oss", "--partition", "greedy"]),
+            ("sdp x4, accum 2, small buckets", 4,
+             ["--batch", "1", "--grad-accum", "2", "--strategy", "sdp", "--bucket-mb", "0.02"])):
+        out[name] = metrics(run_metrics(f"strategies-{len(out)}.jsonl", *common, *extra,
+                                        ranks=ranks))
     # pipelines: 4 layers (embedding, 2 blocks, head) over 2 ranks, and dp 2 x pp 2 with the
     # replicas' ZeRO stages
     for n, strat, sched, extra in (

@@ -148,6 +148,23 @@ static void absmm(double *out, const double *a, const double *b, int n, int k, i
         }
 }
 
+/* A weight gradient of the pair, a^T b over the LN rows, a (LN x R) exact
+ * and b (LN x LHID, magnitudes mb) within eb: this rank's h columns got
+ * (R x h) against the one-process gradient ref (R x LHID) within sum_n |a|
+ * (eb + 2 LN u mb). */
+static void expect_weight_grad(const char *what, const float *ref, const float *got,
+                               const double *a, int R, const double *mb, const double *eb, int h) {
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < h; j++) {
+            const int k = rank * h + j;
+            double b = 0;
+            for (int n = 0; n < LN; n++)
+                b += fabs(a[n * R + r]) * (eb[n * LHID + k] + 2 * LN * U * mb[n * LHID + k]);
+            if (fabs((double)ref[r * LHID + k] - got[r * h + j]) > b + 1e-30)
+                fail_msg("%s[%d,%d] %.9g vs %.9g", what, r, k, got[r * h + j], ref[r * LHID + k]);
+        }
+}
+
 static void test_column_row_pair(void **state) {
     (void)state;
     if (fsc_fault_active != FSC_FAULT_NONE) skip(); /* compared without eq_compare */
@@ -226,26 +243,10 @@ static void test_column_row_pair(void **state) {
             fail_msg("dx[%d] %.9g vs %.9g (bound %.2e)", i, d2[i], d1[i], b);
     }
     /* dW2 = dy^T h: same rows, h within eH; dW1 = x^T dh: dh within eDH */
-    const float *gW2 = pr.entries[2].param->grad, *gw2 = pt.entries[2].param->grad;
-    for (int o = 0; o < LOUT; o++)
-        for (int j = 0; j < h; j++) {
-            int k = rank * h + j;
-            double b = 0;
-            for (int n = 0; n < LN; n++)
-                b += fabs(DY[n * LOUT + o]) * (eH[n * LHID + k] + 2 * LN * U * H[n * LHID + k]);
-            if (fabs((double)gW2[o * LHID + k] - gw2[o * h + j]) > b + 1e-30)
-                fail_msg("dW2[%d,%d] %.9g vs %.9g", o, k, gw2[o * h + j], gW2[o * LHID + k]);
-        }
-    const float *gW1 = pr.entries[0].param->grad, *gw1 = pt.entries[0].param->grad;
-    for (int i = 0; i < LIN; i++)
-        for (int j = 0; j < h; j++) {
-            int k = rank * h + j;
-            double b = 0;
-            for (int n = 0; n < LN; n++)
-                b += fabs(X[n * LIN + i]) * (eDH[n * LHID + k] + 2 * LN * U * DH[n * LHID + k]);
-            if (fabs((double)gW1[i * LHID + k] - gw1[i * h + j]) > b + 1e-30)
-                fail_msg("dW1[%d,%d] %.9g vs %.9g", i, k, gw1[i * h + j], gW1[i * LHID + k]);
-        }
+    expect_weight_grad("dW2", pr.entries[2].param->grad, pt.entries[2].param->grad, DY, LOUT, H, eH,
+                       h);
+    expect_weight_grad("dW1", pr.entries[0].param->grad, pt.entries[0].param->grad, X, LIN, DH, eDH,
+                       h);
     /* proj.bias: sum of dy rows, the same order on both sides: bitwise */
     assert_memory_equal(pr.entries[3].param->grad, pt.entries[3].param->grad, LOUT * sizeof(float));
     fsc_arena_free(arena);
