@@ -134,6 +134,10 @@ int strategy_fsdp_clip(fsc_strategy *s, float max_norm, float *total);
 int strategy_fsdp_step(fsc_strategy *s);
 int strategy_fsdp_load_weights(fsc_strategy *s, const char *path, int *n_unused);
 int strategy_fsdp_load_optim(fsc_strategy *s, const char *path);
+/* The entries both rows' tables fill with them. */
+#define STRATEGY_FSDP_SHARED_OPS                                                                   \
+    .zero_grad = strategy_fsdp_zero_grad, .clip = strategy_fsdp_clip, .step = strategy_fsdp_step,  \
+    .load_weights = strategy_fsdp_load_weights, .load_optim = strategy_fsdp_load_optim
 
 /* strategy_hsdp.c: the group across shard groups (this rank's peers that
  * own the same shard), or NULL when s is not hsdp; for tests' statistics. */

@@ -173,6 +173,12 @@ static void stats(const fsc_strategy *s, fsc_strategy_stats *out) {
     if (s->tp_group) out->tp_wait_s = fsc_group_get_stats(s->tp_group).wait_s;
 }
 
+/* Both rows below step, clip, save and load through the pipe alike. */
+#define PIPE_OPS                                                                                   \
+    .zero_grad = zero_grad, .clip = clip, .step = step, .save_weights = save_weights,              \
+    .load_weights = load_weights, .save_optim = save_optim, .load_optim = load_optim,              \
+    .stats = stats
+
 const strategy_ops fsc_strategy_pipe = {
     .name = "pipe",
     .summary = "pipeline stages over consecutive ranks, data-parallel (ZeRO) replicas of them",
@@ -180,16 +186,9 @@ const strategy_ops fsc_strategy_pipe = {
     .pipeline = true,
     .setup = setup,
     .teardown = teardown,
-    .zero_grad = zero_grad,
     .run_pipeline = run_pipeline,
-    .clip = clip,
-    .step = step,
-    .save_weights = save_weights,
-    .load_weights = load_weights,
-    .save_optim = save_optim,
-    .load_optim = load_optim,
-    .stats = stats,
     .write_trace = write_trace,
+    PIPE_OPS,
 };
 
 /* ---- fsdp over tensor-parallel replicas, without a pipeline ------------------------------ */
@@ -253,15 +252,8 @@ const strategy_ops fsc_strategy_pipe_whole = {
     .zero_stage = 3,
     .setup = whole_setup,
     .teardown = whole_teardown,
-    .zero_grad = zero_grad,
     .set_no_sync = whole_set_no_sync,
     .run = whole_run,
-    .clip = clip,
-    .step = step,
-    .save_weights = save_weights,
-    .load_weights = load_weights,
-    .save_optim = save_optim,
-    .load_optim = load_optim,
     .save_sharded = whole_save_sharded,
-    .stats = stats,
+    PIPE_OPS,
 };
