@@ -413,10 +413,7 @@ static const gpt_layout_ops plain_layout = {
     .block = plain_block,
     .ln_f = plain_ln_f,
     .width = plain_width,
-    .embed_forward = gpt_plain_embed_forward,
-    .embed_backward = gpt_plain_embed_backward,
-    .head_forward = gpt_plain_head_forward,
-    .head_backward = gpt_plain_head_backward,
+    GPT_PLAIN_ENDS,
 };
 
 /* The one-process layout of cfg's family. */

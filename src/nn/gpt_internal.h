@@ -105,6 +105,10 @@ int gpt_plain_embed_backward(gpt_model *g, const fsc_ctx *ctx, const gpt_saved *
 int gpt_plain_head_forward(gpt_model *g, const fsc_ctx *ctx, gpt_saved *s, fsc_tensor *y);
 int gpt_plain_head_backward(gpt_model *g, const fsc_ctx *ctx, gpt_saved *s, const fsc_tensor *dy,
                             fsc_tensor *dfin);
+/* The four entries a plain layout's table fills with them. */
+#define GPT_PLAIN_ENDS                                                                             \
+    .embed_forward = gpt_plain_embed_forward, .embed_backward = gpt_plain_embed_backward,          \
+    .head_forward = gpt_plain_head_forward, .head_backward = gpt_plain_head_backward
 /* The LLaMA family's plain layout (llama.c). */
 extern const gpt_layout_ops gpt_llama_layout;
 

@@ -83,8 +83,5 @@ const gpt_layout_ops gpt_llama_layout = {
     .ln_f = llama_norm,
     .lm_head = llama_lm_head,
     .width = llama_width,
-    .embed_forward = gpt_plain_embed_forward,
-    .embed_backward = gpt_plain_embed_backward,
-    .head_forward = gpt_plain_head_forward,
-    .head_backward = gpt_plain_head_backward,
+    GPT_PLAIN_ENDS,
 };

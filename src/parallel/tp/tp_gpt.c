@@ -211,8 +211,6 @@ int tp_gpt_head_backward(gpt_model *g, const fsc_ctx *ctx, gpt_saved *s, const f
 }
 
 static const gpt_layout_ops tp_layout = {
-    .kind = TP_KIND_GPT,
-    .stage_kind = TP_KIND_STAGE,
     .label = "TP GPT",
     .block_fmt = "h.%d",
     .wte = tp_wte,
@@ -221,10 +219,7 @@ static const gpt_layout_ops tp_layout = {
     .block = tp_block,
     .ln_f = tp_ln_f,
     .width = tp_width,
-    .embed_forward = tp_gpt_embed_forward,
-    .embed_backward = tp_gpt_embed_backward,
-    .head_forward = tp_gpt_head_forward,
-    .head_backward = tp_gpt_head_backward,
+    TP_GPT_ENDS,
     .free_state = free,
 };
 

@@ -200,6 +200,11 @@ int tp_gpt_head_forward(struct gpt_model *g, const fsc_ctx *ctx, struct gpt_save
 int tp_gpt_head_backward(struct gpt_model *g, const fsc_ctx *ctx, struct gpt_saved *s,
                          const fsc_tensor *dy, fsc_tensor *dfin);
 extern const char TP_KIND_STAGE[];
+/* What every family's TP layout table fills alike: the kinds and the ends. */
+#define TP_GPT_ENDS                                                                                \
+    .kind = TP_KIND_GPT, .stage_kind = TP_KIND_STAGE, .embed_forward = tp_gpt_embed_forward,       \
+    .embed_backward = tp_gpt_embed_backward, .head_forward = tp_gpt_head_forward,                  \
+    .head_backward = tp_gpt_head_backward
 /* The LLaMA family's TP layout (tp_llama.c): the same ends and kinds. */
 extern const struct gpt_layout_ops tp_llama_layout;
 

@@ -112,8 +112,6 @@ static int tp_llama_width(void *st, const fsc_gpt_config *c, int p) {
 }
 
 const gpt_layout_ops tp_llama_layout = {
-    .kind = TP_KIND_GPT,
-    .stage_kind = TP_KIND_STAGE,
     .label = "TP LLaMA",
     .block_fmt = "model.layers.%d",
     .wte = tp_llama_wte,
@@ -121,9 +119,6 @@ const gpt_layout_ops tp_llama_layout = {
     .ln_f = tp_llama_norm,
     .lm_head = tp_llama_lm_head,
     .width = tp_llama_width,
-    .embed_forward = tp_gpt_embed_forward,
-    .embed_backward = tp_gpt_embed_backward,
-    .head_forward = tp_gpt_head_forward,
-    .head_backward = tp_gpt_head_backward,
+    TP_GPT_ENDS,
     .free_state = free,
 };
