@@ -68,3 +68,12 @@ int fsc_file_write_atomic(const char *path, const void *data, size_t n) {
     }
     return fsc_atomic_commit(&af);
 }
+
+int fsc_memstream_write_atomic(FILE *f, char **text, size_t *len, const char *path) {
+    const bool bad = ferror(f) | (fclose(f) != 0);
+    int rc = bad || !*text ? fsc_error(FSC_ERR_NOMEM, "%s: out of memory", path)
+                           : fsc_file_write_atomic(path, *text, *len);
+    free(*text);
+    *text = NULL;
+    return rc;
+}

@@ -24,6 +24,7 @@
 
 #include "fsc/moe.h"
 #include "fsc/weights.h"
+#include "io/io_internal.h"
 
 #define CONFIG_MAX ((size_t)4 << 20) /* bytes of config.json accepted */
 
@@ -161,30 +162,40 @@ static int gpt2_fields(const cJSON *j, const char *what, fsc_gpt_config *c) {
     return rc;
 }
 
-int fsc_hf_config_parse(const char *json, const char *what, fsc_gpt_config *cfg) {
-    if (!json || !what || !cfg)
-        return fsc_error(FSC_ERR_INVALID, "fsc_hf_config_parse: NULL argument");
+/* Both parsers' start: config.json's text as an object, and its
+ * "model_type" (NULL when absent or not a string); the caller deletes *out. */
+static int parse_object(const char *json, const char *what, cJSON **out, const char **type) {
     cJSON *j = cJSON_Parse(json);
     if (!cJSON_IsObject(j)) {
         cJSON_Delete(j);
         return fsc_error(FSC_ERR_FORMAT, "%s: not a JSON object", what);
     }
-    const cJSON *type = cJSON_GetObjectItemCaseSensitive(j, "model_type");
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "model_type");
+    *type = cJSON_IsString(t) ? t->valuestring : NULL;
+    *out = j;
+    return FSC_OK;
+}
+
+int fsc_hf_config_parse(const char *json, const char *what, fsc_gpt_config *cfg) {
+    if (!json || !what || !cfg)
+        return fsc_error(FSC_ERR_INVALID, "fsc_hf_config_parse: NULL argument");
+    cJSON *j = NULL;
+    const char *type = NULL;
+    int rc = parse_object(json, what, &j, &type);
+    if (rc) return rc;
     fsc_gpt_config c = {0};
-    int rc;
-    if (!cJSON_IsString(type))
+    if (!type)
         rc =
             fsc_error(FSC_ERR_FORMAT, "%s: \"model_type\" is missing (llama, qwen2 or gpt2)", what);
-    else if (!strcmp(type->valuestring, "llama") || !strcmp(type->valuestring, "qwen2") ||
-             !strcmp(type->valuestring, "mixtral"))
-        rc = llama_fields(j, what, !strcmp(type->valuestring, "qwen2"), &c);
-    else if (!strcmp(type->valuestring, "gpt2"))
+    else if (!strcmp(type, "llama") || !strcmp(type, "qwen2") || !strcmp(type, "mixtral"))
+        rc = llama_fields(j, what, !strcmp(type, "qwen2"), &c);
+    else if (!strcmp(type, "gpt2"))
         rc = gpt2_fields(j, what, &c);
     else
         rc = fsc_error(FSC_ERR_UNSUPPORTED,
                        "%s: \"model_type\" \"%s\": fsc reads llama, qwen2, mixtral and gpt2 "
                        "models",
-                       what, type->valuestring);
+                       what, type);
     cJSON_Delete(j);
     if (!rc) *cfg = c;
     return rc;
@@ -231,16 +242,12 @@ static int mixtral_fields(const cJSON *j, const char *what, fsc_moe_options *o) 
 int fsc_hf_config_parse_moe(const char *json, const char *what, fsc_moe_options *moe) {
     if (!json || !what || !moe)
         return fsc_error(FSC_ERR_INVALID, "fsc_hf_config_parse_moe: NULL argument");
-    cJSON *j = cJSON_Parse(json);
-    if (!cJSON_IsObject(j)) {
-        cJSON_Delete(j);
-        return fsc_error(FSC_ERR_FORMAT, "%s: not a JSON object", what);
-    }
-    const cJSON *type = cJSON_GetObjectItemCaseSensitive(j, "model_type");
+    cJSON *j = NULL;
+    const char *type = NULL;
+    int rc = parse_object(json, what, &j, &type);
+    if (rc) return rc;
     fsc_moe_options o = {0};
-    int rc = FSC_OK;
-    if (cJSON_IsString(type) && !strcmp(type->valuestring, "mixtral"))
-        rc = mixtral_fields(j, what, &o);
+    if (type && !strcmp(type, "mixtral")) rc = mixtral_fields(j, what, &o);
     cJSON_Delete(j);
     if (!rc) *moe = o;
     return rc;
@@ -316,9 +323,5 @@ int fsc_hf_config_write(const char *dir, const fsc_gpt_config *m, const char *to
         if (cf < (float)o->experts) fprintf(f, ",\n  \"moe_capacity_factor\": %.9g", (double)cf);
     }
     fprintf(f, "\n}\n");
-    const bool bad = ferror(f) | (fclose(f) != 0);
-    int rc = bad || !text ? fsc_error(FSC_ERR_NOMEM, "%s: out of memory", path)
-                          : fsc_file_write_atomic(path, text, len);
-    free(text);
-    return rc;
+    return fsc_memstream_write_atomic(f, &text, &len, path);
 }

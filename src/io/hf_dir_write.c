@@ -72,11 +72,7 @@ static int write_index(const char *dir, fsc_st_file *src, const int *shard_of, i
         fprintf(f, "%s\n    \"%s\": \"%s\"", i ? "," : "", fsc_st_entry_at(src, i)->name, name);
     }
     fprintf(f, "\n  }\n}\n");
-    const bool bad = ferror(f) | (fclose(f) != 0);
-    int rc = bad || !text ? fsc_error(FSC_ERR_NOMEM, "%s: out of memory", path)
-                          : fsc_file_write_atomic(path, text, len);
-    free(text);
-    return rc;
+    return fsc_memstream_write_atomic(f, &text, &len, path);
 }
 
 int fsc_hf_shard(const char *dir, int64_t max_shard_bytes, int *n_shards) {

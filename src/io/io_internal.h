@@ -30,6 +30,11 @@ int fsc_atomic_commit(fsc_atomic_file *af);
 /* Removes the temporary and frees af's fields. Safe on a zeroed af. */
 void fsc_atomic_abort(fsc_atomic_file *af);
 
+/* Closes f, an open_memstream over *text and *len, writes what it held to
+ * path with fsc_file_write_atomic and frees *text; FSC_ERR_NOMEM naming path
+ * when the stream failed (a config or index printed in memory first). */
+int fsc_memstream_write_atomic(FILE *f, char **text, size_t *len, const char *path);
+
 /* Reads exactly nbytes at offset (retrying short reads); FSC_ERR_IO naming path. */
 int fsc_pread_full(int fd, void *dst, size_t nbytes, uint64_t offset, const char *path);
 /* Opens path read-only and reports its size; FSC_ERR_IO naming path on failure.
