@@ -6,17 +6,21 @@ typedef struct {
     int num, dim;
 } embedding;
 
+int nn_check_ids_below(const fsc_module *m, const fsc_tensor *x, int num) {
+    const int32_t *ids = x->data;
+    for (int64_t i = 0; i < fsc_tensor_numel(x); i++)
+        if (ids[i] < 0 || ids[i] >= num)
+            return fsc_error(FSC_ERR_INVALID, "%s %s: id %d at position %lld outside [0,%d)",
+                             m->ops->kind, m->name, ids[i], (long long)i, num);
+    return FSC_OK;
+}
+
 static int check_ids(const fsc_module *m, const fsc_tensor *x, int num) {
     if (x->dtype != FSC_DTYPE_I32 || x->ndim != 2)
         return fsc_error(FSC_ERR_SHAPE,
                          "Embedding %s: expected int32 (B,T) ids, got %s with %d dims", m->name,
                          fsc_dtype_name(x->dtype), x->ndim);
-    const int32_t *ids = x->data;
-    for (int64_t i = 0; i < fsc_tensor_numel(x); i++)
-        if (ids[i] < 0 || ids[i] >= num)
-            return fsc_error(FSC_ERR_INVALID, "Embedding %s: id %d at position %lld outside [0,%d)",
-                             m->name, ids[i], (long long)i, num);
-    return FSC_OK;
+    return nn_check_ids_below(m, x, num);
 }
 
 static int embedding_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, fsc_tensor *y,

@@ -88,19 +88,26 @@ void nn_layernorm_set_feeds(fsc_module *m, const fsc_module *linear) {
     ((layernorm *)m)->feeds = linear;
 }
 
-fsc_module *fsc_layernorm_new(const char *name, int dim, float eps) {
+fsc_module *nn_norm_alloc(size_t size, const fsc_module_ops *ops, const char *name, int dim,
+                          bool bias) {
     if (dim <= 0) {
-        fsc_error(FSC_ERR_INVALID, "LayerNorm %s: dim %d must be positive", name, dim);
+        fsc_error(FSC_ERR_INVALID, "%s %s: dim %d must be positive", ops->kind, name, dim);
         return NULL;
     }
-    layernorm *l = fsc_module_alloc(sizeof *l, &ln_ops, name);
+    fsc_module *m = fsc_module_alloc(size, ops, name);
+    if (!m) return NULL;
+    if (fsc_module_add_param(m, "weight", 1, (int64_t[]){dim}, FSC_INIT_ONES, 0) < 0 ||
+        (bias && fsc_module_add_param(m, "bias", 1, (int64_t[]){dim}, FSC_INIT_ZEROS, 0) < 0)) {
+        fsc_module_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+fsc_module *fsc_layernorm_new(const char *name, int dim, float eps) {
+    layernorm *l = (layernorm *)nn_norm_alloc(sizeof *l, &ln_ops, name, dim, true);
     if (!l) return NULL;
     l->dim = dim;
     l->eps = eps > 0 ? eps : 1e-5f;
-    if (fsc_module_add_param(&l->base, "weight", 1, (int64_t[]){dim}, FSC_INIT_ONES, 0) < 0 ||
-        fsc_module_add_param(&l->base, "bias", 1, (int64_t[]){dim}, FSC_INIT_ZEROS, 0) < 0) {
-        fsc_module_free(&l->base);
-        return NULL;
-    }
     return &l->base;
 }

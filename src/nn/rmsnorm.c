@@ -61,17 +61,9 @@ static int rms_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fs
 static const fsc_module_ops rms_ops = {"RMSNorm", rms_forward, rms_backward, NULL};
 
 fsc_module *fsc_rmsnorm_new(const char *name, int dim, float eps) {
-    if (dim <= 0) {
-        fsc_error(FSC_ERR_INVALID, "RMSNorm %s: dim %d must be positive", name, dim);
-        return NULL;
-    }
-    rmsnorm *l = fsc_module_alloc(sizeof *l, &rms_ops, name);
+    rmsnorm *l = (rmsnorm *)nn_norm_alloc(sizeof *l, &rms_ops, name, dim, false);
     if (!l) return NULL;
     l->dim = dim;
     l->eps = eps > 0 ? eps : 1e-5f;
-    if (fsc_module_add_param(&l->base, "weight", 1, (int64_t[]){dim}, FSC_INIT_ONES, 0) < 0) {
-        fsc_module_free(&l->base);
-        return NULL;
-    }
     return &l->base;
 }

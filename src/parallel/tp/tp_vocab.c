@@ -42,12 +42,7 @@ typedef struct {
 static int check_ids(const fsc_module *m, const fsc_tensor *x, int num) {
     if (x->dtype != FSC_DTYPE_I32 || x->ndim != 2)
         return tp_shape_error(m, "expected int32 (B,T) ids", x);
-    const int32_t *ids = x->data;
-    for (int64_t i = 0; i < fsc_tensor_numel(x); i++)
-        if (ids[i] < 0 || ids[i] >= num)
-            return fsc_error(FSC_ERR_INVALID, "%s %s: id %d at position %lld outside [0,%d)",
-                             m->ops->kind, m->name, ids[i], (long long)i, num);
-    return FSC_OK;
+    return nn_check_ids_below(m, x, num);
 }
 
 static int emb_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, fsc_tensor *y,
