@@ -11,9 +11,6 @@
 #include "fsc/core.h"
 #include "fsc/kernels.h"
 #include "kernels/attention_internal.h"
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 void fsc_softmax_forward(float *out, const float *inp, int N, int V) {
 #pragma omp parallel for if ((int64_t)N * V >= (1 << 16)) schedule(static)
@@ -97,14 +94,17 @@ void fsc_attention_forward_prec(float *out, float *att, const float *qkv, int B,
         }
 }
 
+float *fsc_attention_scratch(int T) {
+    return fsc_mem_alloc(FSC_MEM_WORK, (size_t)fsc_get_num_threads() * T * T * sizeof(float));
+}
+
 void fsc_attention_backward_prec(float *dqkv, const float *dout, const float *qkv, const float *att,
                                  int B, int T, int C, int NH, fsc_gemm_prec prec) {
     if (prec == FSC_GEMM_BF16 && fsc_attention_bf16_backward(dqkv, dout, qkv, att, B, T, C, NH))
         return;
     int hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs);
-    int threads = fsc_get_num_threads();
-    float *scratch = fsc_mem_alloc(FSC_MEM_WORK, (size_t)threads * T * T * sizeof(float));
+    float *scratch = fsc_attention_scratch(T);
     if (!scratch) { /* cannot happen for sane sizes; leave the gradient defined */
         memset(dqkv, 0, (size_t)B * T * 3 * C * sizeof(float));
         fsc_log(FSC_LOG_ERROR, "attention backward: %s", fsc_last_error());
@@ -113,11 +113,7 @@ void fsc_attention_backward_prec(float *dqkv, const float *dout, const float *qk
 #pragma omp parallel for collapse(2) if (B * NH > 1 && (int64_t)T * T * hs >= (1 << 16))
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH; h++) {
-            int tid = 0;
-#ifdef _OPENMP
-            tid = omp_get_thread_num();
-#endif
-            float *dp = scratch + (size_t)tid * T * T;
+            float *dp = fsc_attention_scratch_mine(scratch, T);
             size_t base = (size_t)b * T * 3 * C + (size_t)h * hs;
             const float *q = qkv + base, *k = q + C, *v = q + 2 * C;
             float *dq = dqkv + base, *dk = dq + C, *dv = dq + 2 * C;

@@ -132,14 +132,23 @@ static bool buffers_get(const config *c, bool backward, buffers *w) {
     return w->qkv && w->p && w->scratch && (!backward || (w->dy && w->dp));
 }
 
+/* Either pass's start: the shape's primitives, the buffers and qkv packed
+ * to bf16; NULL when this path is not to run. */
+static const config *begin(const float *qkv, int B, int T, int C, int NH, bool backward,
+                           buffers *w) {
+    const config *c = get(B, T, C, NH);
+    if (!c || !buffers_get(c, backward, w)) return NULL;
+    fsc_pack_bf16(w->qkv, qkv, B * T, 3 * C, 3 * C);
+    return c;
+}
+
 bool fsc_attention_bf16_forward(float *out, float *att, const float *qkv, int B, int T, int C,
                                 int NH) {
-    const config *c = get(B, T, C, NH);
     buffers w;
-    if (!c || !buffers_get(c, false, &w)) return false;
+    const config *c = begin(qkv, B, T, C, NH, false, &w);
+    if (!c) return false;
     const int hs = C / NH, nb = (T + FSC_ATT_BLOCK - 1) / FSC_ATT_BLOCK;
     const float scale = 1.0f / sqrtf((float)hs);
-    fsc_pack_bf16(w.qkv, qkv, B * T, 3 * C, 3 * C);
     for (int i = 0; i < nb; i++) /* raw scores q k^T of block i: scaled with the softmax */
         if (!run(c, QK, i, w.qkv + (size_t)i * FSC_ATT_BLOCK * 3 * C, w.qkv + C,
                  att + (size_t)i * FSC_ATT_BLOCK * T, w.scratch))
@@ -167,12 +176,11 @@ bool fsc_attention_bf16_forward(float *out, float *att, const float *qkv, int B,
 
 bool fsc_attention_bf16_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
                                  int B, int T, int C, int NH) {
-    const config *c = get(B, T, C, NH);
     buffers w;
-    if (!c || !buffers_get(c, true, &w)) return false;
+    const config *c = begin(qkv, B, T, C, NH, true, &w);
+    if (!c) return false;
     const int hs = C / NH, nb = (T + FSC_ATT_BLOCK - 1) / FSC_ATT_BLOCK;
     const float scale = 1.0f / sqrtf((float)hs);
-    fsc_pack_bf16(w.qkv, qkv, B * T, 3 * C, 3 * C);
     fsc_pack_bf16(w.dy, dout, B * T, C, C);
     for (int i = 0; i < nb; i++) /* dp = dy v^T, per query block */
         if (!run(c, DP, i, w.dy + (size_t)i * FSC_ATT_BLOCK * C, w.qkv + 2 * C,

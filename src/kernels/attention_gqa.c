@@ -14,9 +14,6 @@
 #include "fsc/core.h"
 #include "fsc/kernels.h"
 #include "kernels/attention_internal.h"
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #define ATT_BLOCK FSC_ATT_BLOCK
 
@@ -53,8 +50,7 @@ void fsc_attention_gqa_backward_prec(float *dq, float *dk, float *dv, const floa
                                      fsc_gemm_prec prec) {
     const int group = NH / NKV, ldq = NH * hd, ldk = NKV * hd;
     const float scale = 1.0f / sqrtf((float)hd);
-    int threads = fsc_get_num_threads();
-    float *scratch = fsc_mem_alloc(FSC_MEM_WORK, (size_t)threads * T * T * sizeof(float));
+    float *scratch = fsc_attention_scratch(T);
     if (!scratch) { /* as attention.c: leave the gradients defined */
         memset(dq, 0, (size_t)B * T * ldq * sizeof(float));
         memset(dk, 0, (size_t)B * T * ldk * sizeof(float));
@@ -65,11 +61,7 @@ void fsc_attention_gqa_backward_prec(float *dq, float *dk, float *dv, const floa
 #pragma omp parallel for collapse(2) if (B * NKV > 1 && (int64_t)T * T * hd >= (1 << 16))
     for (int b = 0; b < B; b++)
         for (int j = 0; j < NKV; j++) {
-            int tid = 0;
-#ifdef _OPENMP
-            tid = omp_get_thread_num();
-#endif
-            float *dp = scratch + (size_t)tid * T * T;
+            float *dp = fsc_attention_scratch_mine(scratch, T);
             size_t kv = (size_t)b * T * ldk + (size_t)j * hd;
             const float *kh = k + kv, *vh = v + kv;
             float *dkh = dk + kv, *dvh = dv + kv;

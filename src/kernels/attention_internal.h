@@ -5,6 +5,10 @@
 #define FSC_KERNELS_ATTENTION_INTERNAL_H
 
 #include <stdbool.h>
+#include <stddef.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 /* Queries are taken in blocks of FSC_ATT_BLOCK rows; block i needs keys up to
  * its last row only, so the upper triangle of the score matrix is computed
@@ -17,6 +21,19 @@
 /* Its backward for row t: dp[0, t] becomes ds = scale p (dp - sum p dp),
  * dp(t, ncols) zeros. */
 void fsc_softmax_causal_row_backward(float *dp, const float *p, int t, int ncols, float scale);
+
+/* The per-head backwards' (attention.c, attention_gqa.c) score-gradient
+ * scratch: one T x T block per OpenMP thread, from fsc_mem_alloc
+ * (FSC_MEM_WORK; the caller frees it); NULL, the error set, when short. */
+float *fsc_attention_scratch(int T);
+/* The calling thread's block of it. */
+static inline float *fsc_attention_scratch_mine(float *scratch, int T) {
+    int tid = 0;
+#ifdef _OPENMP
+    tid = omp_get_thread_num();
+#endif
+    return scratch + (size_t)tid * T * T;
+}
 
 /* Attention's forward (backward) with every GEMM in bf16 through batched
  * oneDNN primitives: fsc_attention_forward_prec's (backward_prec's)

@@ -55,23 +55,6 @@ static bool drops(const tp_lora *st, const fsc_ctx *ctx) {
     return ctx->training && st->p > 0.f;
 }
 
-/* xd = dropout(x) as one process draws it for the whole input (rows are
- * samples); in the arena, or x itself without dropout. */
-static int dropped_whole(const tp_lora *st, const fsc_ctx *ctx, const fsc_tensor *x,
-                         fsc_tensor *xd) {
-    *xd = *x;
-    if (!drops(st, ctx)) return FSC_OK;
-    if (!ctx->keyed)
-        return fsc_error(
-            FSC_ERR_INVALID,
-            "LoRA dropout: a training forward needs a keyed ctx (seed, step, sample0)");
-    int rc = fsc_alloc_like(ctx->arena, x, x->shape[x->ndim - 1], xd);
-    if (rc) return rc;
-    fsc_dropout_forward(xd->data, x->data, st->p, fsc_dropout_key(ctx, st->layer_id), ctx->sample0,
-                        x->shape[0], fsc_tensor_numel(x) / x->shape[0]);
-    return FSC_OK;
-}
-
 /* dropout in place on this rank's columns [c0, c0 + c) of every row of an
  * input whose whole rows are `width` wide: the one-process mask's slice
  * (element t * width + c0 + j of sample row b). Forward and backward alike. */
@@ -87,9 +70,11 @@ static void drop_columns(const tp_lora *st, const fsc_ctx *ctx, float *x, const 
         }
 }
 
-/* xd = dropout(x_r) on a row-parallel input's columns, as drop_columns. */
-static int dropped_columns(const tp_lora *st, const tp_module *t, const fsc_ctx *ctx,
-                           const fsc_tensor *x, fsc_tensor *xd) {
+/* xd = dropout(x) in the arena, or x itself without dropout: drawn as one
+ * process draws it for the whole input (rows are samples) when cols is NULL,
+ * else on the columns of a row-parallel input that cols holds, as drop_columns. */
+static int dropped(const tp_lora *st, const tp_module *cols, const fsc_ctx *ctx,
+                   const fsc_tensor *x, fsc_tensor *xd) {
     *xd = *x;
     if (!drops(st, ctx)) return FSC_OK;
     if (!ctx->keyed)
@@ -99,8 +84,13 @@ static int dropped_columns(const tp_lora *st, const tp_module *t, const fsc_ctx 
     const int64_t c = x->shape[x->ndim - 1];
     int rc = fsc_alloc_like(ctx->arena, x, c, xd);
     if (rc) return rc;
-    memcpy(xd->data, x->data, fsc_tensor_nbytes(x));
-    drop_columns(st, ctx, xd->data, x, c * t->size, c * t->rank);
+    if (cols) {
+        memcpy(xd->data, x->data, fsc_tensor_nbytes(x));
+        drop_columns(st, ctx, xd->data, x, c * cols->size, c * cols->rank);
+    } else {
+        fsc_dropout_forward(xd->data, x->data, st->p, fsc_dropout_key(ctx, st->layer_id),
+                            ctx->sample0, x->shape[0], fsc_tensor_numel(x) / x->shape[0]);
+    }
     return FSC_OK;
 }
 
@@ -177,15 +167,21 @@ static int grads_b(lora_grads *g, const tp_lora *st, const fsc_ctx *ctx, const f
     return weight_grad(ctx, g->B, g->dz, g->h, g->N, g->r, g->out);
 }
 
-int tp_lora_column_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *xin,
-                           fsc_tensor *yl) {
+/* Either kind's forward: y += the adapter's output on x dropped as `dropped`. */
+static int lora_forward(fsc_module *m, const tp_module *cols, const fsc_ctx *ctx,
+                        const fsc_tensor *x, float *y) {
     const tp_lora *st = settings_of(m);
     fsc_arena_mark_t mark = fsc_arena_mark(ctx->arena);
     fsc_tensor xd;
-    int rc = dropped_whole(st, ctx, xin, &xd);
-    if (!rc) rc = add_low_rank(st, m, ctx, &xd, yl->data);
+    int rc = dropped(st, cols, ctx, x, &xd);
+    if (!rc) rc = add_low_rank(st, m, ctx, &xd, y);
     fsc_arena_release(ctx->arena, mark);
     return rc;
+}
+
+int tp_lora_column_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *xin,
+                           fsc_tensor *yl) {
+    return lora_forward(m, NULL, ctx, xin, yl->data);
 }
 
 int tp_lora_column_backward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *xin,
@@ -193,7 +189,7 @@ int tp_lora_column_backward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor 
     const tp_lora *st = settings_of(m);
     fsc_arena_mark_t mark = fsc_arena_mark(ctx->arena);
     lora_grads g;
-    int rc = dropped_whole(st, ctx, xin, &g.xd);
+    int rc = dropped(st, NULL, ctx, xin, &g.xd);
     if (!rc) rc = grads_begin(&g, m, ctx, dxin != NULL);
     if (!rc) rc = grads_b(&g, st, ctx, dyl);
     if (rc) return rc;
@@ -215,13 +211,7 @@ int tp_lora_column_backward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor 
 /* ---- row-parallel --------------------------------------------------------------------------- */
 
 int tp_lora_row_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *xl, fsc_tensor *part) {
-    const tp_lora *st = settings_of(m);
-    fsc_arena_mark_t mark = fsc_arena_mark(ctx->arena);
-    fsc_tensor xd;
-    int rc = dropped_columns(st, tp_module_of(m), ctx, xl, &xd);
-    if (!rc) rc = add_low_rank(st, m, ctx, &xd, part->data);
-    fsc_arena_release(ctx->arena, mark);
-    return rc;
+    return lora_forward(m, tp_module_of(m), ctx, xl, part->data);
 }
 
 int tp_lora_row_backward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *xl,
@@ -230,7 +220,7 @@ int tp_lora_row_backward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *xl
     const tp_module *t = tp_module_of(m);
     fsc_arena_mark_t mark = fsc_arena_mark(ctx->arena);
     lora_grads g;
-    int rc = dropped_columns(st, t, ctx, xl, &g.xd);
+    int rc = dropped(st, t, ctx, xl, &g.xd);
     if (!rc) rc = grads_begin(&g, m, ctx, dxl != NULL);
     if (!rc) rc = tp_allreduce(t, g.h, (int64_t)g.N * g.r, false); /* h = sum of A_r x_r */
     if (!rc) rc = grads_b(&g, st, ctx, dyf);
