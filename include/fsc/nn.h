@@ -106,8 +106,11 @@ typedef struct fsc_ctx {
      * the GEMMs of Linear, attention (q k^T, att v) and the GPT's tied LM
      * head, forward and backward (dx and dW), at bf16-rounded inputs with
      * fp32 accumulation (fsc_gemm, FSC_GEMM_BF16: oneDNN where measured
-     * faster, else sgemm). LayerNorm, softmax, the loss, activations,
-     * parameters, gradients and optimizer state stay fp32. F32 (0, the
+     * faster, else sgemm). With bf16 GEMMs running, activations that feed
+     * only a bf16 GEMM are stored in bf16, and a one-process GPT's output
+     * logits are bf16 (not when decoding), as fsc_cross_entropy takes them.
+     * The arithmetic of LayerNorm, softmax and the loss, parameters,
+     * gradients and optimizer state stay fp32. F32 (0, the
      * default): fp32 throughout, bit for bit as without this field. Other
      * dtypes: fsc_module_forward/backward return FSC_ERR_UNSUPPORTED. */
     fsc_dtype autocast;
@@ -435,11 +438,13 @@ FSC_API fsc_module *fsc_block_new(const char *name, int C, int NH, float dropout
 /* ---- loss ------------------------------------------------------------------ */
 /* Cross-entropy, mean over every non-ignored target of the GLOBAL batch: the
  * caller passes the global count of such targets (norm), so micro-batches and
- * ranks add up to the gradient of one big batch. logits (..., V) f32 are
- * overwritten by d(loss)/d(logits); targets int32 with one id per row.
+ * ranks add up to the gradient of one big batch. logits (..., V) f32 or
+ * bf16 (the GPT's under bf16 autocast: softmax in fp32, the gradient
+ * rounded once) are overwritten by d(loss)/d(logits) in their own dtype;
+ * targets int32 with one id per row.
  * *loss_out receives sum(per-token loss) / norm. An out-of-range target (other
  * than ignore_index) is FSC_ERR_INVALID naming its position; FSC_ERR_SHAPE for
- * logits that are not f32 or a target count other than the rows of logits;
+ * logits that are not f32 or bf16 or a target count other than the rows of logits;
  * FSC_ERR_INVALID for norm <= 0. Takes N floats of scratch from arena. */
 FSC_API int fsc_cross_entropy(float *loss_out, fsc_tensor *logits, const fsc_tensor *targets,
                               int ignore_index, double norm, fsc_arena *arena);

@@ -105,9 +105,11 @@ static int model_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const 
     int rc = fsc_check_saved(m, saved);
     if (rc) return rc;
     const int B = (int)s->in.shape[0], T = s->T, S = T / g->seq_split, C = g->cfg.d_model;
+    fsc_tensor dyc = *dy; /* bf16 logits take their gradient in bf16 or fp32 */
+    if (s->logits_bf16 && dy->dtype == FSC_DTYPE_BF16) dyc.dtype = FSC_DTYPE_F32;
     if (!s->fused && /* a fused head checks its (1,) dy itself */
         (rc = fsc_module_check_dy(
-             m, dy, 3, (int64_t[]){B, g->head ? T : S, g->head ? g->logit_width : g->out_w})))
+             m, &dyc, 3, (int64_t[]){B, g->head ? T : S, g->head ? g->logit_width : g->out_w})))
         return rc;
     fsc_tensor cur = *dy;
     /* the two (B,S,C) buffers the blocks' input gradients alternate in */
@@ -373,13 +375,21 @@ static fsc_param *head_weight(gpt_model *g) {
     return g->lm_head ? &g->lm_head->params[0] : &g->wte->params[0];
 }
 
-/* Logits of every row, or when decoding with kv->last_only of the last. */
+/* Logits of every row, or when decoding with kv->last_only of the last.
+ * Under bf16 autocast they are written in bf16, as torch's autocast leaves
+ * them: half the bytes of the largest activation, and what the loss then
+ * reads and writes its gradient into (not when decoding: fp32 for sampling). */
 int gpt_plain_head_forward(gpt_model *g, const fsc_ctx *ctx, gpt_saved *s, fsc_tensor *y) {
     const int B = (int)s->in.shape[0], C = g->cfg.d_model, V = g->cfg.vocab;
     const int T = ctx->kv && ctx->kv->last_only ? 1 : s->T;
     const float *in = (const float *)s->final.data + (size_t)(s->T - T) * C; /* batch 1 then */
-    *y = fsc_tensor_arena(ctx->arena, FSC_DTYPE_F32, 3, (int64_t[]){B, T, V});
+    s->logits_bf16 = fsc_ctx_bf16_act(ctx) && !ctx->kv;
+    *y = fsc_tensor_arena(ctx->arena, s->logits_bf16 ? FSC_DTYPE_BF16 : FSC_DTYPE_F32, 3,
+                          (int64_t[]){B, T, V});
     if (!y->data) return FSC_ERR_NOMEM;
+    if (s->logits_bf16)
+        return fsc_matmul_forward_bf16_out(y->data, in, head_weight(g)->data, B * T, C, V,
+                                           FSC_WEIGHT_OUT_IN);
     fsc_matmul_forward_prec(y->data, in, head_weight(g)->data, NULL, B * T, C, V, FSC_WEIGHT_OUT_IN,
                             fsc_ctx_prec(ctx));
     return FSC_OK;
@@ -393,11 +403,24 @@ int gpt_plain_head_backward(gpt_model *g, const fsc_ctx *ctx, gpt_saved *s, cons
     *dfin = fsc_tensor_arena(ctx->arena, FSC_DTYPE_F32, 3, (int64_t[]){B, T, C});
     if (!dfin->data) return FSC_ERR_NOMEM;
     const fsc_gemm_prec prec = fsc_ctx_prec(ctx);
-    fsc_matmul_backward_prec(dfin->data, ctx->defer || wte->frozen ? NULL : wte->grad, NULL,
-                             dy->data, s->final.data, wte->data, B * T, C, V, FSC_WEIGHT_OUT_IN,
-                             prec);
+    float *dw = ctx->defer || wte->frozen ? NULL : wte->grad;
+    const float *dout = dy->data;
+    if (dy->dtype == FSC_DTYPE_BF16) { /* the loss's gradient of bf16 logits */
+        int rc = fsc_matmul_backward_bf16_dout(dfin->data, dw, dy->data, s->final.data, wte->data,
+                                               B * T, C, V, FSC_WEIGHT_OUT_IN);
+        if (rc || !ctx->defer || wte->frozen) return rc;
+        /* the deferred weight gradient reads dy later, in fp32: its exact
+         * widening, kept in the arena with the GEMM's other operands */
+        float *w = fsc_arena_alloc(ctx->arena, (size_t)B * T * V * sizeof(float));
+        if (!w) return FSC_ERR_NOMEM;
+        fsc_widen_bf16(w, dy->data, (int64_t)B * T * V);
+        dout = w;
+    } else {
+        fsc_matmul_backward_prec(dfin->data, dw, NULL, dout, s->final.data, wte->data, B * T, C, V,
+                                 FSC_WEIGHT_OUT_IN, prec);
+    }
     if (!ctx->defer || wte->frozen) return FSC_OK;
-    return fsc_deferred_matmul_prec(ctx->defer, wte->grad, NULL, dy->data, s->final.data, wte->data,
+    return fsc_deferred_matmul_prec(ctx->defer, wte->grad, NULL, dout, s->final.data, wte->data,
                                     B * T, C, V, FSC_WEIGHT_OUT_IN, prec);
 }
 

@@ -81,6 +81,7 @@ struct gpt_saved {
     void *drop, *ln_f;
     void **h;
     fsc_tensor final; /* ln_f's output: the head's input */
+    bool logits_bf16; /* the head wrote its logits in bf16 (bf16 autocast) */
     /* a head fused with its loss: the targets kept (the caller's need not
      * outlive forward) and the (1,) output it fills */
     bool fused;
