@@ -21,6 +21,15 @@ static inline uint16_t fsc_bf16_round(float f) {
     return (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)((u >> 16) | 0x40) : h;
 }
 
+/* The exact fp32 value of bf16 h (its top half), in a form the compiler
+ * vectorises. */
+static inline float fsc_bf16_widen(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
 /* fsc_gemm(FSC_GEMM_BF16, ...), where Ah (Bh), when not NULL, is op's A (B)
  * already rounded to bf16 as fsc_f32_to_bf16 rounds it, dense: (M,K) rows,
  * or (K,M) when ta; B's (K,N), or (N,K) when tb. A and B are always given

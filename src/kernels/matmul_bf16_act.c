@@ -1,7 +1,7 @@
-/* Linear layers reading activations stored in bf16, and the producers that
- * store them so (issue 27's bf16 end to end): GELU's output and LayerNorm's
- * (layernorm.c), rounded once as the bf16 GEMM would round them, so the
- * product is the same and the fp32 copy is never kept. A bf16 input is the
+/* Linear layers reading activations stored in bf16 (issue 27's bf16 end to
+ * end): their producers (GELU, activation.c; LayerNorm, layernorm.c) round
+ * them once as the bf16 GEMM would round them, so the product is the same
+ * and the fp32 copy is never kept. A bf16 input is the
  * operand the bf16 GEMM multiplies, handed to oneDNN as is; it is also
  * widened into a per-thread fp32 workspace (exactly: bf16 is the top half
  * of an fp32), because a shape that measured faster on sgemm, and the first
@@ -9,25 +9,16 @@
  * every layer, not an activation. */
 #include <string.h>
 
-#include "fastmath.h"
 #include "fsc/core.h"
 #include "fsc/kernels.h"
 #include "kernels/gemm_bf16_internal.h"
 
-#define GELU_K 0.7978845608028654f /* sqrt(2/pi), as activation.c */
 #define PAR_MIN (1 << 16)
 #define WS_IN 1 /* fsc_bf16_ws slot of the widened input (slot 0: backward's dout) */
 
-static inline float widen(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 void fsc_widen_bf16(float *dst, const uint16_t *src, int64_t n) {
 #pragma omp parallel for simd if (n >= PAR_MIN) schedule(static)
-    for (int64_t i = 0; i < n; i++) dst[i] = widen(src[i]);
+    for (int64_t i = 0; i < n; i++) dst[i] = fsc_bf16_widen(src[i]);
 }
 
 /* A per-thread fp32 workspace of n floats in slot `slot`; NULL when out of
@@ -60,15 +51,4 @@ int fsc_matmul_backward_bf16_act(float *dinp, float *dweight, float *dbias, cons
     fsc_widen_bf16(a, inph, (int64_t)N * C);
     fsc_matmul_backward_bf16_in(dinp, dweight, dbias, dout, a, inph, weight, N, C, OC, layout);
     return FSC_OK;
-}
-
-/* activation.c's GELU at x */
-static inline float gelu(float x) {
-    float t = fsc_fast_tanhf(GELU_K * (x + 0.044715f * x * x * x));
-    return 0.5f * x * (1.0f + t);
-}
-
-void fsc_gelu_forward_bf16(uint16_t *out, const float *inp, int64_t n) {
-#pragma omp parallel for simd if (n >= PAR_MIN) schedule(static)
-    for (int64_t i = 0; i < n; i++) out[i] = fsc_bf16_round(gelu(inp[i]));
 }

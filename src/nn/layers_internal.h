@@ -18,17 +18,6 @@ static inline void *fsc_module_alloc(size_t size, const fsc_module_ops *ops, con
     return m;
 }
 
-/* layernorm.c: a norm module of `size` bytes (as fsc_module_alloc) with a
- * weight of ones over dim, and a bias of zeros when bias; NULL (error set,
- * naming ops->kind) when dim is not positive or memory is short. */
-fsc_module *nn_norm_alloc(size_t size, const fsc_module_ops *ops, const char *name, int dim,
-                          bool bias);
-
-/* embedding.c: every id of x (int32 ids) in [0, num), else FSC_ERR_INVALID
- * naming m's kind and name and the first id outside (the plain and the
- * vocabulary-parallel embedding). */
-int nn_check_ids_below(const fsc_module *m, const fsc_tensor *x, int num);
-
 /* linear.c: whether m is a plain Linear (fsc_linear_new), and its layout
  * (m must be one); for LoRA (lora.c), which adapts Linears in place. */
 bool nn_linear_is(const fsc_module *m);
@@ -45,21 +34,15 @@ typedef int (*nn_lora_adapt_fn)(fsc_module *m, const struct fsc_lora_config *c,
 int nn_lora_apply_with(fsc_module *root, const struct fsc_lora_config *cfg, nn_lora_adapt_fn other,
                        int *adapted);
 
-/* Allocates an output shaped like x, last dim replaced, of dtype dt. */
-static inline int fsc_alloc_like_dt(fsc_arena *a, const fsc_tensor *x, int64_t last, fsc_dtype dt,
-                                    fsc_tensor *out) {
+/* Allocates an output tensor shaped like x but with the last dim replaced. */
+static inline int fsc_alloc_like(fsc_arena *a, const fsc_tensor *x, int64_t last, fsc_tensor *out) {
     fsc_tensor t = *x;
-    t.dtype = dt;
+    t.dtype = FSC_DTYPE_F32;
     t.shape[t.ndim - 1] = last;
     t.data = fsc_arena_alloc(a, fsc_tensor_nbytes(&t));
     if (!t.data) return FSC_ERR_NOMEM;
     *out = t;
     return FSC_OK;
-}
-
-/* Allocates an fp32 output tensor shaped like x but with the last dim replaced. */
-static inline int fsc_alloc_like(fsc_arena *a, const fsc_tensor *x, int64_t last, fsc_tensor *out) {
-    return fsc_alloc_like_dt(a, x, last, FSC_DTYPE_F32, out);
 }
 
 /* For modules whose backward needs only their input: saves a view of x. */
@@ -109,6 +92,18 @@ static inline bool fsc_ctx_bf16_act(const fsc_ctx *ctx) {
     return ctx->autocast == FSC_DTYPE_BF16 && fsc_bf16_gemm_wanted();
 }
 
+/* Allocates an output shaped like x, last dim replaced, of dtype dt. */
+static inline int fsc_alloc_like_dt(fsc_arena *a, const fsc_tensor *x, int64_t last, fsc_dtype dt,
+                                    fsc_tensor *out) {
+    fsc_tensor t = *x;
+    t.dtype = dt;
+    t.shape[t.ndim - 1] = last;
+    t.data = fsc_arena_alloc(a, fsc_tensor_nbytes(&t));
+    if (!t.data) return FSC_ERR_NOMEM;
+    *out = t;
+    return FSC_OK;
+}
+
 /* Under fsc_ctx_bf16_act a producer whose output goes straight into a
  * plain Linear (not one LoRA adapted, which reads fp32) writes it in bf16,
  * which the Linear's GEMM would round it to anyway: GELU into the MLP's
@@ -116,6 +111,9 @@ static inline bool fsc_ctx_bf16_act(const fsc_ctx *ctx) {
  * ctx->kv or ctx->seq, whose paths read fp32). Set by the module that owns
  * both ends. */
 void nn_gelu_set_feeds(fsc_module *gelu, const fsc_module *linear);
+/* nn_bf16_out_fn of a GELU reading its Linear's output (the MLP's c_fc) in
+ * bf16: true under fsc_ctx_bf16_act. */
+bool nn_gelu_reads_bf16(const fsc_module *gelu, const fsc_ctx *ctx, const fsc_tensor *x);
 /* A Linear's consumer that reads its output in bf16 (attention: q/k/v)
  * says so per call: want(consumer, ctx, x) true makes that call's y bf16,
  * the GEMM's fp32 result rounded once. Set by the module that owns both;

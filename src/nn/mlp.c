@@ -25,6 +25,9 @@ fsc_module *fsc_mlp_parts_new(const char *name, int C, float dropout, uint32_t l
     /* bf16 autocast: GELU's output in bf16 when c_proj is here to read it
      * (a pipeline cut after GELU packs fp32 rows) */
     if (from <= 1 && to >= 3) nn_gelu_set_feeds(parts[1], parts[2]);
+    /* and c_fc's output, GELU's input, in bf16 when GELU is here to read it
+     * (PyTorch's autocast keeps it so: the MLP's widest saved tensor) */
+    if (from == 0 && to >= 2) nn_linear_set_out_bf16(parts[0], nn_gelu_reads_bf16, parts[1]);
     return fsc_sequential_new(name, to - from, parts + from);
 }
 

@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fsc/kernels.h"
 #include "fsc/nn.h"
 #include "nn/layers_internal.h" /* nn_*_set_feeds: the producers' switch */
 
@@ -355,6 +356,36 @@ static int over_bound(const char *what, const float *a, const float *b, const do
     return bad;
 }
 
+/* GELU and SwiGLU on inputs stored in bf16 compute, bit for bit, what the
+ * fp32 kernels compute on those inputs' widenings: forward (fp32 or bf16
+ * out) and backward, which so differentiates at the stored value. */
+static void test_kernels_evaluate_at_the_widening(void **state) {
+    (void)state;
+    enum { M = 4099 }; /* not a multiple of any vector width */
+    static uint16_t gh[M], uh[M], o1h[M], o2h[M];
+    static float g[M], u[M], dout[M], o1[M], o2[M], d1[M], d2[M], e1[M], e2[M];
+    uint64_t seed = 41;
+    for (int i = 0; i < M; i++) {
+        gh[i] = fsc_f32_to_bf16(12 * frand(&seed)), uh[i] = fsc_f32_to_bf16(4 * frand(&seed));
+        g[i] = fsc_bf16_to_f32(gh[i]), u[i] = fsc_bf16_to_f32(uh[i]), dout[i] = frand(&seed);
+    }
+    fsc_gelu_forward(o1, g, M), fsc_gelu_forward_bf16_in(o2, gh, M);
+    assert_memory_equal(o1, o2, sizeof o1);
+    fsc_gelu_forward_bf16(o1h, g, M), fsc_gelu_forward_bf16_io(o2h, gh, M);
+    assert_memory_equal(o1h, o2h, sizeof o1h);
+    fsc_gelu_backward(d1, g, dout, M), fsc_gelu_backward_bf16_in(d2, gh, dout, M);
+    assert_memory_equal(d1, d2, sizeof d1);
+    fsc_swiglu_forward(o1, g, u, M), fsc_swiglu_forward_bf16_in(o2, gh, uh, M);
+    assert_memory_equal(o1, o2, sizeof o1);
+    fsc_swiglu_forward_bf16(o1h, g, u, M), fsc_swiglu_forward_bf16_io(o2h, gh, uh, M);
+    assert_memory_equal(o1h, o2h, sizeof o1h);
+    fsc_swiglu_backward(d1, e1, dout, g, u, M);
+    memcpy(e2, dout, sizeof e2); /* dup over dout, as the MLP runs it */
+    fsc_swiglu_backward_bf16_in(d2, e2, e2, gh, uh, M);
+    assert_memory_equal(d1, d2, sizeof d1);
+    assert_memory_equal(e1, e2, sizeof e1);
+}
+
 /* c_fc told GELU reads fp32 keeps exactly N x 4C x 2 bytes more; stored in
  * bf16 the MLP's y, dx and gradients stay within mlp_bounds of that fp32-
  * stored run and differ from it (GELU really read the rounded value);
@@ -413,6 +444,7 @@ int main(void) {
         cmocka_unit_test(test_block_keeps_half_and_computes_the_same),
         cmocka_unit_test(test_attention_keeps_qkv_and_probabilities_in_bf16),
         cmocka_unit_test(test_swiglu_keeps_its_product_in_bf16),
+        cmocka_unit_test(test_kernels_evaluate_at_the_widening),
         cmocka_unit_test(test_mlp_reads_c_fc_in_bf16),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
