@@ -225,6 +225,19 @@ FSC_API int fsc_matmul_backward_bf16_act(float *dinp, float *dweight, float *dbi
                                          const float *dout, const uint16_t *inph,
                                          const float *weight, int N, int C, int OC,
                                          fsc_weight_layout layout);
+/* fsc_matmul_forward_prec at FSC_GEMM_BF16, no bias, with out (N,OC) written
+ * in bf16, each fp32 result rounded once: the LM head's logits under bf16
+ * autocast. The rows go a block at a time through a per-thread fp32
+ * workspace (FSC_MEM_WORK), never the whole product. FSC_ERR_NOMEM. */
+FSC_API int fsc_matmul_forward_bf16_out(uint16_t *out, const float *inp, const float *weight,
+                                        int N, int C, int OC, fsc_weight_layout layout);
+/* fsc_matmul_backward_prec at FSC_GEMM_BF16, no bias, for a gradient held in
+ * bf16 (douth (N,OC), the loss's gradient of bf16 logits), multiplied as is:
+ * dinp (may be NULL) written, dweight (may be NULL) accumulated in fp32,
+ * by blocks of rows as above. FSC_ERR_NOMEM. */
+FSC_API int fsc_matmul_backward_bf16_dout(float *dinp, float *dweight, const uint16_t *douth,
+                                          const float *inp, const float *weight, int N, int C,
+                                          int OC, fsc_weight_layout layout);
 /* fsc_gelu_forward with its output rounded once to bf16. */
 FSC_API void fsc_gelu_forward_bf16(uint16_t *out, const float *inp, int64_t n);
 /* fsc_gelu_forward of an input stored in bf16 (c_fc's output under bf16
@@ -356,6 +369,13 @@ FSC_API void fsc_encoder_backward(float *dwte, float *dwpe, const float *dout,
 FSC_API int64_t fsc_crossentropy_fused(float *losses, float *logits, const int32_t *targets, int N,
                                        int V, int ignore_index, float grad_scale,
                                        int64_t *bad_target);
+/* fsc_crossentropy_fused on logits stored in bf16 (the LM head's under bf16
+ * autocast): softmax and log-sum-exp in fp32 at their exact widenings, the
+ * gradient written in their place rounded once to bf16. */
+FSC_API int64_t fsc_crossentropy_fused_bf16(float *losses, uint16_t *logits,
+                                            const int32_t *targets, int N, int V,
+                                            int ignore_index, float grad_scale,
+                                            int64_t *bad_target);
 
 /* ---- reductions ------------------------------------------------------------ */
 /* Sum of squares (for gradient norms): float partial sums over blocks of 4096

@@ -18,6 +18,17 @@ static inline void *fsc_module_alloc(size_t size, const fsc_module_ops *ops, con
     return m;
 }
 
+/* layernorm.c: a norm module of `size` bytes (as fsc_module_alloc) with a
+ * weight of ones over dim, and a bias of zeros when bias; NULL (error set,
+ * naming ops->kind) when dim is not positive or memory is short. */
+fsc_module *nn_norm_alloc(size_t size, const fsc_module_ops *ops, const char *name, int dim,
+                          bool bias);
+
+/* embedding.c: every id of x (int32 ids) in [0, num), else FSC_ERR_INVALID
+ * naming m's kind and name and the first id outside (the plain and the
+ * vocabulary-parallel embedding). */
+int nn_check_ids_below(const fsc_module *m, const fsc_tensor *x, int num);
+
 /* linear.c: whether m is a plain Linear (fsc_linear_new), and its layout
  * (m must be one); for LoRA (lora.c), which adapts Linears in place. */
 bool nn_linear_is(const fsc_module *m);
@@ -34,15 +45,21 @@ typedef int (*nn_lora_adapt_fn)(fsc_module *m, const struct fsc_lora_config *c,
 int nn_lora_apply_with(fsc_module *root, const struct fsc_lora_config *cfg, nn_lora_adapt_fn other,
                        int *adapted);
 
-/* Allocates an output tensor shaped like x but with the last dim replaced. */
-static inline int fsc_alloc_like(fsc_arena *a, const fsc_tensor *x, int64_t last, fsc_tensor *out) {
+/* Allocates an output shaped like x, last dim replaced, of dtype dt. */
+static inline int fsc_alloc_like_dt(fsc_arena *a, const fsc_tensor *x, int64_t last, fsc_dtype dt,
+                                    fsc_tensor *out) {
     fsc_tensor t = *x;
-    t.dtype = FSC_DTYPE_F32;
+    t.dtype = dt;
     t.shape[t.ndim - 1] = last;
     t.data = fsc_arena_alloc(a, fsc_tensor_nbytes(&t));
     if (!t.data) return FSC_ERR_NOMEM;
     *out = t;
     return FSC_OK;
+}
+
+/* Allocates an fp32 output tensor shaped like x but with the last dim replaced. */
+static inline int fsc_alloc_like(fsc_arena *a, const fsc_tensor *x, int64_t last, fsc_tensor *out) {
+    return fsc_alloc_like_dt(a, x, last, FSC_DTYPE_F32, out);
 }
 
 /* For modules whose backward needs only their input: saves a view of x. */
@@ -90,18 +107,6 @@ static inline fsc_gemm_prec fsc_ctx_prec(const fsc_ctx *ctx) {
  * computes in fp32 bit for bit as before, so producers keep fp32 too. */
 static inline bool fsc_ctx_bf16_act(const fsc_ctx *ctx) {
     return ctx->autocast == FSC_DTYPE_BF16 && fsc_bf16_gemm_wanted();
-}
-
-/* Allocates an output shaped like x, last dim replaced, of dtype dt. */
-static inline int fsc_alloc_like_dt(fsc_arena *a, const fsc_tensor *x, int64_t last, fsc_dtype dt,
-                                    fsc_tensor *out) {
-    fsc_tensor t = *x;
-    t.dtype = dt;
-    t.shape[t.ndim - 1] = last;
-    t.data = fsc_arena_alloc(a, fsc_tensor_nbytes(&t));
-    if (!t.data) return FSC_ERR_NOMEM;
-    *out = t;
-    return FSC_OK;
 }
 
 /* Under fsc_ctx_bf16_act a producer whose output goes straight into a
