@@ -145,15 +145,18 @@ static void forward_block(const fsc_attn_dims *d, const float *q, const float *k
             fsc_gemm(prec, false, true, rows, cols, hd, scale, qb, d->ldq, kh + (size_t)c0 * d->ldk,
                      d->ldk, 0.f, S, BC);
         }
-        for (int r = 0; r < rows; r++) {
-            const float corr = online_row(S + (size_t)r * BC, fsc_flash_visible(d, r0 + r) - c0,
-                                          cols, &m[r], &l[r]);
-            if (corr != 1.f) {
-                float *o = O + (size_t)r * hd;
+        if (kt) /* fused tiles: the rows in registers */
+            fsc_flash_softmax_rows(S, rows, cols, diag, m, l, O, hd);
+        else
+            for (int r = 0; r < rows; r++) {
+                const float corr = online_row(S + (size_t)r * BC, fsc_flash_visible(d, r0 + r) - c0,
+                                              cols, &m[r], &l[r]);
+                if (corr != 1.f) {
+                    float *o = O + (size_t)r * hd;
 #pragma omp simd
-                for (int e = 0; e < hd; e++) o[e] *= corr;
+                    for (int e = 0; e < hd; e++) o[e] *= corr;
+                }
             }
-        }
         if (tl->vp) {
             const int64_t vper = fsc_flash_pack_per_head(d, d->Tk, FSC_FLASH_PACK_ROWS);
             fsc_flash_pairs_of_rows(Pp, BC / 2, S, BC, rows, cols);

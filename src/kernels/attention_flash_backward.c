@@ -139,6 +139,10 @@ static void tile(const bwd *a, int b, int h, int r0, int rows, int c0, int cols,
                  BC);
         fsc_gemm(a->prec, false, true, rows, cols, hd, 1.f, gb, d->ldo, vb, d->ldv, 0.f, dS, BC);
     }
+    if (a->kt) { /* fused tiles: the rows in registers */
+        fsc_flash_probs_rows(P, dS, rows, cols, tile_diag(d, r0, c0), L, D, a->scale);
+        return;
+    }
     for (int r = 0; r < rows; r++) {
         float *p = P + (size_t)r * BC, *ds = dS + (size_t)r * BC;
         int n = fsc_flash_visible(d, r0 + r) - c0;

@@ -65,6 +65,17 @@ typedef struct {
  * FSC_FLASH_TILES=gemm); otherwise they are fsc_gemm calls. */
 bool fsc_flash_fused(fsc_gemm_prec prec);
 void fsc_flash_mm_run(const fsc_flash_mm *m);
+/* The fused tiles' row steps (attention_flash_rows.c), on rows of
+ * FSC_FLASH_BC floats whose row r sees keys up to r + diag (clamped to
+ * [0, cols)), written whole with zeros past that bound. Forward: folds each
+ * row of the scores S into its running max m and sum l, turns it into
+ * exp(s - m), and scales its output row (hd floats of O) by the change of
+ * m. Backward: P = exp(S - lse) in place and dS = P (dP - delta) scale in
+ * place of dP (rows with lse = -inf see nothing). */
+void fsc_flash_softmax_rows(float *S, int rows, int cols, int64_t diag, float *m, float *l,
+                            float *O, int hd);
+void fsc_flash_probs_rows(float *P, float *dS, int rows, int cols, int64_t diag, const float *lse,
+                          const float *delta, float scale);
 /* This thread's scratch buffer slot (FSC_MEM_WORK, kept and grown for the
  * thread's next call, freed when it exits) of at least floats; NULL
  * (fsc_last_error says why) when out of memory. Slots: the call's k^T and
