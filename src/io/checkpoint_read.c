@@ -50,15 +50,8 @@ static int read_state_text(const char *path, char **text, size_t *len) {
         return fsc_error(FSC_ERR_FORMAT, "%s: %llu bytes, more than the %d a state.json may have",
                          path, (unsigned long long)size, CKPT_STATE_MAX);
     }
-    char *buf = malloc((size_t)size + 1);
-    rc = buf ? fsc_pread_full(fd, buf, (size_t)size, 0, path)
-             : fsc_error(FSC_ERR_NOMEM, "%s: out of memory", path);
-    close(fd);
-    if (rc) {
-        free(buf);
-        return rc;
-    }
-    buf[size] = '\0';
+    char *buf;
+    if ((rc = fsc_read_fd_text(fd, size, path, &buf))) return rc;
     if (strlen(buf) != size) {
         free(buf);
         return fsc_error(FSC_ERR_FORMAT, "%s: contains a NUL byte", path);

@@ -83,6 +83,21 @@ int fsc_pread_full(int fd, void *dst, size_t nbytes, uint64_t offset, const char
     return FSC_OK;
 }
 
+int fsc_read_fd_text(int fd, uint64_t size, const char *path, char **out) {
+    char *buf = malloc((size_t)size + 1);
+    int rc = buf ? fsc_pread_full(fd, buf, (size_t)size, 0, path)
+                 : fsc_error(FSC_ERR_NOMEM, "%s: out of memory for %llu bytes", path,
+                             (unsigned long long)size);
+    close(fd);
+    if (rc) {
+        free(buf);
+        return rc;
+    }
+    buf[size] = '\0';
+    *out = buf;
+    return FSC_OK;
+}
+
 /* ---- names nobody can guess ------------------------------------------------ */
 
 void fsc_random_name(char *out, size_t n) {

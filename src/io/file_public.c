@@ -25,17 +25,7 @@ int fsc_file_read_all(const char *path, size_t max_bytes, char **data, size_t *l
         return fsc_error(FSC_ERR_IO, "%s: %llu bytes, more than the %zu this file may have", path,
                          (unsigned long long)size, max_bytes);
     }
-    char *buf = malloc((size_t)size + 1);
-    rc = buf ? fsc_pread_full(fd, buf, (size_t)size, 0, path)
-             : fsc_error(FSC_ERR_NOMEM, "%s: out of memory for %llu bytes", path,
-                         (unsigned long long)size);
-    close(fd);
-    if (rc) {
-        free(buf);
-        return rc;
-    }
-    buf[size] = '\0';
-    *data = buf;
+    if ((rc = fsc_read_fd_text(fd, size, path, data))) return rc;
     if (len) *len = (size_t)size;
     return FSC_OK;
 }

@@ -37,6 +37,9 @@ int fsc_memstream_write_atomic(FILE *f, char **text, size_t *len, const char *pa
 
 /* Reads exactly nbytes at offset (retrying short reads); FSC_ERR_IO naming path. */
 int fsc_pread_full(int fd, void *dst, size_t nbytes, uint64_t offset, const char *path);
+/* The size bytes of fd (opened by the caller, which checked size against
+ * its own cap; closed here) into a new NUL-terminated *out. */
+int fsc_read_fd_text(int fd, uint64_t size, const char *path, char **out);
 /* Opens path read-only and reports its size; FSC_ERR_IO naming path on failure.
  * Opened with O_NONBLOCK (a FIFO cannot block) and refused unless fstat says
  * it is a regular file (FIFOs, devices, directories: named in the message). */
