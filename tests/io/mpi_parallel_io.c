@@ -22,6 +22,7 @@
 #include "io/st_parallel.h"
 #include "mpi_test.h"
 #include "mse_test.h"
+#include "test_main.h"
 
 static int rank, world;
 static char dir[64]; /* rank 0's scratch directory, known to every rank */
@@ -126,21 +127,9 @@ static void check_strategy(const char *strategy) {
     fsc_module_free(m);
 }
 
-static void test_byte_identical_ddp(void **state) {
-    (void)state;
-    check_strategy("ddp");
-}
-static void test_byte_identical_oss(void **state) {
-    (void)state;
-    check_strategy("oss");
-}
-static void test_byte_identical_sdp(void **state) {
-    (void)state;
-    check_strategy("sdp");
-}
-static void test_byte_identical_fsdp(void **state) {
-    (void)state;
-    check_strategy("fsdp");
+/* One test per strategy (FSC_TEST_ROW: the row is the strategy's name). */
+static void test_byte_identical(void **state) {
+    check_strategy(*state);
 }
 
 /* Two steps, a parallel checkpoint, a fresh trainer resumed from it: the
@@ -246,10 +235,10 @@ static void test_env_values_checked(void **state) {
 }
 
 MPI_TEST_MAIN_IN_SCRATCH("fsc_pio", dir, cmocka_unit_test(test_env_values_checked),
-                         cmocka_unit_test(test_byte_identical_ddp),
-                         cmocka_unit_test(test_byte_identical_oss),
-                         cmocka_unit_test(test_byte_identical_sdp),
-                         cmocka_unit_test(test_byte_identical_fsdp),
+                         FSC_TEST_ROW("byte_identical_ddp", test_byte_identical, "ddp"),
+                         FSC_TEST_ROW("byte_identical_oss", test_byte_identical, "oss"),
+                         FSC_TEST_ROW("byte_identical_sdp", test_byte_identical, "sdp"),
+                         FSC_TEST_ROW("byte_identical_fsdp", test_byte_identical, "fsdp"),
                          cmocka_unit_test(test_resume_from_parallel_checkpoint),
                          cmocka_unit_test(test_failed_write_keeps_previous),
                          cmocka_unit_test(test_missing_directory_named_everywhere))

@@ -147,12 +147,8 @@ static void report(const char *where, const cmp_stats *s) {
  * backward with dy, and compares y, dx (when the input is differentiable) and
  * every grad.<name>. Takes ownership of m. */
 static void check_layer(const char *layer, fsc_module *m, double atol, double rtol) {
-    assert_non_null(m);
-    char file[128];
-    snprintf(file, sizeof file, "golden_%s.safetensors", layer);
-    fsc_st_file *f = open_golden(file);
     fsc_params ps;
-    assert_int_equal(fsc_params_bind(m, 0, true, &ps), FSC_OK);
+    fsc_st_file *f = open_golden_layer("golden_", layer, m, &ps);
     load_params(f, &ps, "", true);
     fsc_tensor x = read_entry(f, "x");
     bool has_dx = fsc_st_find(f, "dx") != NULL;
@@ -182,9 +178,7 @@ static void check_layer(const char *layer, fsc_module *m, double atol, double rt
     free(dy.data);
     free(x.data);
     fsc_arena_free(arena);
-    fsc_params_free(&ps);
-    fsc_module_free(m);
-    fsc_st_close(f);
+    close_golden_layer(f, m, &ps);
 }
 
 static void test_linear(void **state) {
@@ -272,10 +266,9 @@ static fsc_module *new_gpt(void) {
  * fsc_gpt_train_micro (mean over non-ignored targets, two of them ignored). */
 static void test_gpt(void **state) {
     (void)state;
-    fsc_st_file *f = open_golden("golden_gpt.safetensors");
     fsc_module *m = new_gpt();
     fsc_params ps;
-    assert_int_equal(fsc_params_bind(m, 0, true, &ps), FSC_OK);
+    fsc_st_file *f = open_golden_layer("golden_", "gpt", m, &ps);
     load_params(f, &ps, "", true);
     fsc_tensor x = read_entry(f, "x"), y = read_entry(f, "targets");
     assert_int_equal(x.shape[0], GPT_B);
@@ -306,19 +299,16 @@ static void test_gpt(void **state) {
     free(x.data);
     free(y.data);
     fsc_arena_free(arena);
-    fsc_params_free(&ps);
-    fsc_module_free(m);
-    fsc_st_close(f);
+    close_golden_layer(f, m, &ps);
 }
 
 /* 20 steps of AdamW(lr 1e-3, betas (0.9, 0.95), eps 1e-8, weight decay 0.1 on
  * >= 2-dim parameters) from torch's initial weights on torch's batches. */
 static void test_train(void **state) {
     (void)state;
-    fsc_st_file *f = open_golden("golden_train.safetensors");
     fsc_module *m = new_gpt();
     fsc_params ps;
-    assert_int_equal(fsc_params_bind(m, 0, true, &ps), FSC_OK);
+    fsc_st_file *f = open_golden_layer("golden_", "train", m, &ps);
     load_params(f, &ps, "", false);
     fsc_tensor xs = read_entry(f, "x"), ys = read_entry(f, "y"), want = read_entry(f, "losses");
     assert_int_equal(xs.ndim, 3);

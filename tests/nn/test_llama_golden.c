@@ -78,12 +78,8 @@ static void compare(layer_stats *ls, const char *layer, fsc_st_file *f, const ch
 
 /* Opens golden_llama_<layer>.safetensors and binds m's parameters to its values. */
 static fsc_st_file *load_layer(const char *layer, fsc_module *m, fsc_params *out) {
-    assert_non_null(m);
-    char file[128];
-    snprintf(file, sizeof file, "golden_llama_%s.safetensors", layer);
-    fsc_st_file *f = open_golden(file);
     fsc_params ps;
-    assert_int_equal(fsc_params_bind(m, 0, true, &ps), FSC_OK);
+    fsc_st_file *f = open_golden_layer("golden_llama_", layer, m, &ps);
     for (int i = 0; i < ps.count; i++) {
         fsc_tensor t = fsc_param_tensor(ps.entries[i].param);
         int rc = fsc_st_read(f, ps.entries[i].name, &t);
@@ -132,9 +128,7 @@ static void check_layer(const char *layer, fsc_module *m) {
     free(dy.data);
     free(x.data);
     fsc_arena_free(arena);
-    fsc_params_free(&ps);
-    fsc_module_free(m);
-    fsc_st_close(f);
+    close_golden_layer(f, m, &ps);
 }
 
 static void test_rmsnorm(void **state) {
@@ -219,9 +213,7 @@ static void check_cached(const char *layer, fsc_module *m, int nkv) {
     assert_int_equal(ls.bad, 0);
     free(k), free(v), free(y.data), free(x.data);
     fsc_arena_free(arena);
-    fsc_params_free(&ps);
-    fsc_module_free(m);
-    fsc_st_close(f);
+    close_golden_layer(f, m, &ps);
 }
 
 static void test_attention_kv_cache(void **state) {

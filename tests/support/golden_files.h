@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include "fsc/io.h"
+#include "fsc/nn.h"
 
 /* Opens tests/data/<file> (or $FSC_TEST_DATA/<file>); fails the test if it cannot. */
 static fsc_st_file *open_golden(const char *file) {
@@ -30,6 +31,26 @@ static fsc_tensor read_entry(fsc_st_file *f, const char *name) {
     assert_non_null(t.data);
     assert_int_equal(fsc_st_read(f, name, &t), FSC_OK);
     return t;
+}
+
+/* A layer's golden, <prefix><layer>.safetensors (open_golden), opened, and
+ * m's parameters bound into *ps (seed 0, with gradients; the caller loads
+ * their values from the file). */
+static fsc_st_file *open_golden_layer(const char *prefix, const char *layer, fsc_module *m,
+                                      fsc_params *ps) {
+    assert_non_null(m);
+    char file[128];
+    snprintf(file, sizeof file, "%s%s.safetensors", prefix, layer);
+    fsc_st_file *f = open_golden(file);
+    assert_int_equal(fsc_params_bind(m, 0, true, ps), FSC_OK);
+    return f;
+}
+
+/* Frees what open_golden_layer gave: the file, m's parameters and m. */
+static void close_golden_layer(fsc_st_file *f, fsc_module *m, fsc_params *ps) {
+    fsc_params_free(ps);
+    fsc_module_free(m);
+    fsc_st_close(f);
 }
 
 #endif

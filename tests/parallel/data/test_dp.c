@@ -8,6 +8,7 @@
 
 #include "equivalence.h"
 #include "fsc/parallel.h"
+#include "test_main.h"
 
 static fsc_module *replica(void *user) {
     return fsc_gpt_new(user);
@@ -67,14 +68,11 @@ static void run_dp(int threads) {
     free(ref);
 }
 
-static void test_dp_2_threads(void **state) {
-    (void)state;
-    run_dp(2);
-}
+/* One test per thread count (FSC_TEST_ROW). */
+static int thread_counts[] = {2, 3};
 
-static void test_dp_3_threads(void **state) {
-    (void)state;
-    run_dp(3);
+static void test_dp_threads(void **state) {
+    run_dp(*(const int *)*state);
 }
 
 static void test_dp_bad_input(void **state) {
@@ -96,8 +94,8 @@ static void test_dp_bad_input(void **state) {
 int main(void) {
     eq_fault_from_env();
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_dp_2_threads),
-        cmocka_unit_test(test_dp_3_threads),
+        FSC_TEST_ROW("dp_2_threads", test_dp_threads, &thread_counts[0]),
+        FSC_TEST_ROW("dp_3_threads", test_dp_threads, &thread_counts[1]),
         cmocka_unit_test(test_dp_bad_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

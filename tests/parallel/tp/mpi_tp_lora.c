@@ -20,6 +20,7 @@
 #include "fsc/tp.h"
 #include "fsc/weights.h"
 #include "mpi_test.h"
+#include "test_main.h"
 #include "tp_test.h"
 
 static int rank, world;
@@ -88,14 +89,11 @@ static void expect_one_process(float dropout) {
     free(ref);
 }
 
-static void test_lora(void **state) {
-    (void)state;
-    expect_one_process(0.f);
-}
+/* One test per adapter dropout (FSC_TEST_ROW). */
+static float dropouts[] = {0.f, 0.1f};
 
-static void test_lora_dropout(void **state) {
-    (void)state;
-    expect_one_process(0.1f);
+static void test_lora(void **state) {
+    expect_one_process(*(const float *)*state);
 }
 
 /* The vocabulary-parallel head is no Linear: refused by name. */
@@ -115,5 +113,6 @@ static void test_refusals(void **state) {
     fsc_module_free(m);
 }
 
-MPI_EQ_MAIN_IN_SCRATCH("fsc_tp_lora", dir, cmocka_unit_test(test_lora),
-                       cmocka_unit_test(test_lora_dropout), cmocka_unit_test(test_refusals))
+MPI_EQ_MAIN_IN_SCRATCH("fsc_tp_lora", dir, FSC_TEST_ROW("lora", test_lora, &dropouts[0]),
+                       FSC_TEST_ROW("lora_dropout", test_lora, &dropouts[1]),
+                       cmocka_unit_test(test_refusals))
