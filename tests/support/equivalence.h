@@ -252,6 +252,33 @@ static void eq_tp_orders(fsc_module *m, int t) {
     for (int i = 0; i < m->nchildren; i++) eq_tp_orders(m->children[i], t);
 }
 
+/* A one-process training set-up on the test corpus: the model, its
+ * parameters bound, their optimizer ranges and the corpus's tokens. */
+typedef struct eq_setup {
+    fsc_module *m;
+    fsc_params ps;
+    fsc_optim_range *r;
+    int nr;
+    fsc_tokens tk;
+} eq_setup;
+
+/* e for cfg's GPT, its parameters bound with `seed` (with gradients);
+ * FSC_OK or the status of the step that failed (error set). */
+static inline int eq_setup_new(eq_setup *e, const fsc_gpt_config *cfg, uint64_t seed) {
+    *e = (eq_setup){.m = fsc_gpt_new(cfg)};
+    if (!e->m) return FSC_ERR_INVALID;
+    eq_tokens(&e->tk);
+    int rc = fsc_params_bind(e->m, seed, true, &e->ps);
+    return rc ? rc : fsc_optim_ranges_from_params(&e->ps, &e->r, &e->nr);
+}
+
+static inline void eq_setup_free(eq_setup *e) {
+    fsc_optim_ranges_free(e->r);
+    fsc_params_free(&e->ps);
+    fsc_tokens_free(&e->tk);
+    fsc_module_free(e->m);
+}
+
 /* Where a layout's micro-steps come from: the test corpus, step s's global
  * batch of G sequences of T tokens cut into `micros` micro-batches per rank
  * of `world`, B sequences each (G = B * micros * world), read into x and y. */

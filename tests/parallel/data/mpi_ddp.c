@@ -17,24 +17,18 @@ static int rank, world;
  * `accum` micro-batches; returns the final parameters (*numel of them; the
  * caller frees them). */
 static float *run_ddp(size_t bucket_bytes, int accum, fsc_ddp_stats *stats, int64_t *numel) {
-    fsc_module *m = fsc_gpt_new(&EQ_MODEL);
-    fsc_params ps;
-    fsc_optim_range *r;
-    int nr;
-    fsc_tokens tk;
-    eq_tokens(&tk);
     /* a different seed on other ranks: the wrap-time broadcast must fix it */
-    assert_int_equal(fsc_params_bind(m, rank == 0 ? 5 : 99, true, &ps), FSC_OK);
-    fsc_module *ddp =
-        fsc_ddp_wrap(m, &ps, fsc_group_world(), &(fsc_ddp_options){.bucket_bytes = bucket_bytes});
+    eq_setup e;
+    assert_int_equal(eq_setup_new(&e, &EQ_MODEL, rank == 0 ? 5 : 99), FSC_OK);
+    fsc_module *ddp = fsc_ddp_wrap(e.m, &e.ps, fsc_group_world(),
+                                   &(fsc_ddp_options){.bucket_bytes = bucket_bytes});
     assert_non_null(ddp);
-    assert_int_equal(fsc_optim_ranges_from_params(&ps, &r, &nr), FSC_OK);
-    fsc_optim *opt = fsc_optim_new(&EQ_ADAMW, r, nr);
+    fsc_optim *opt = fsc_optim_new(&EQ_ADAMW, e.r, e.nr);
     fsc_arena *arena = fsc_arena_new(FSC_MEM_ACTIV, 1 << 20);
     int32_t x[EQ_GLOBAL_BATCH * 16], y[EQ_GLOBAL_BATCH * 16];
-    const eq_batch b = eq_batch_of_rank(&tk, arena, EQ_MODEL.seq, accum, rank, world, x, y);
+    const eq_batch b = eq_batch_of_rank(&e.tk, arena, EQ_MODEL.seq, accum, rank, world, x, y);
     for (int s = 0; s < EQ_STEPS; s++) {
-        fsc_params_zero_grad(&ps);
+        fsc_params_zero_grad(&e.ps);
         for (int k = 0; k < accum; k++) {
             fsc_ddp_set_no_sync(ddp, k < accum - 1);
             assert_int_equal(eq_micro(ddp, &b, s, k), FSC_OK);
@@ -42,16 +36,13 @@ static float *run_ddp(size_t bucket_bytes, int accum, fsc_ddp_stats *stats, int6
         fsc_optim_step(opt);
     }
     if (stats) *stats = fsc_ddp_get_stats(ddp);
-    float *out = malloc(sizeof(float) * (size_t)ps.numel);
-    memcpy(out, ps.data, sizeof(float) * (size_t)ps.numel);
-    *numel = ps.numel;
+    float *out = malloc(sizeof(float) * (size_t)e.ps.numel);
+    memcpy(out, e.ps.data, sizeof(float) * (size_t)e.ps.numel);
+    *numel = e.ps.numel;
     fsc_arena_free(arena);
     fsc_optim_free(opt);
-    fsc_optim_ranges_free(r);
     fsc_module_free(ddp);
-    fsc_params_free(&ps);
-    fsc_tokens_free(&tk);
-    fsc_module_free(m);
+    eq_setup_free(&e);
     return out;
 }
 

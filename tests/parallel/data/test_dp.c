@@ -30,22 +30,16 @@ static void run_dp(int threads) {
     int64_t n;
     float *ref = eq_reference(&n);
     fsc_gpt_config cfg = EQ_MODEL;
-    fsc_module *m = fsc_gpt_new(&cfg);
-    fsc_params ps;
-    fsc_optim_range *r;
-    int nr;
-    fsc_tokens tk;
-    eq_tokens(&tk);
-    assert_int_equal(fsc_params_bind(m, 5, true, &ps), FSC_OK);
-    assert_int_equal(fsc_optim_ranges_from_params(&ps, &r, &nr), FSC_OK);
-    fsc_optim *opt = fsc_optim_new(&EQ_ADAMW, r, nr);
+    eq_setup e;
+    assert_int_equal(eq_setup_new(&e, &cfg, 5), FSC_OK);
+    fsc_optim *opt = fsc_optim_new(&EQ_ADAMW, e.r, e.nr);
     fsc_dp *dp;
-    assert_int_equal(fsc_dp_new(replica, &cfg, &ps, threads, &dp), FSC_OK);
+    assert_int_equal(fsc_dp_new(replica, &cfg, &e.ps, threads, &dp), FSC_OK);
     int B = EQ_GLOBAL_BATCH, T = EQ_MODEL.seq;
     int32_t x[EQ_GLOBAL_BATCH * 16], y[EQ_GLOBAL_BATCH * 16];
     for (int s = 0; s < EQ_STEPS; s++) {
-        fsc_params_zero_grad(&ps);
-        fsc_tokens_batch(&tk, s, 0, 0, B, 1, 1, T, x, y);
+        fsc_params_zero_grad(&e.ps);
+        fsc_tokens_batch(&e.tk, s, 0, 0, B, 1, 1, T, x, y);
         fsc_ctx ctx = {.training = true,
                        .keyed = true,
                        .seed = 5,
@@ -58,13 +52,10 @@ static void run_dp(int threads) {
     }
     char what[32];
     snprintf(what, sizeof what, "DP %d threads", threads);
-    assert_int_equal(eq_compare(what, ps.data, ref, n), 0);
+    assert_int_equal(eq_compare(what, e.ps.data, ref, n), 0);
     fsc_dp_free(dp);
     fsc_optim_free(opt);
-    fsc_optim_ranges_free(r);
-    fsc_params_free(&ps);
-    fsc_tokens_free(&tk);
-    fsc_module_free(m);
+    eq_setup_free(&e);
     free(ref);
 }
 

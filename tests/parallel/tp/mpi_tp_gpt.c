@@ -206,37 +206,16 @@ static void test_replicated_bitwise_sp(void **state) {
 /* ---- gradient norm --------------------------------------------------------------------- */
 /* One process, step 0's global batch as `micro` micro-batches: the norm. */
 static double one_process_norm(int micro) {
-    fsc_module *m = fsc_gpt_new(&EQ_MODEL);
-    fsc_params ps;
-    fsc_optim_range *r;
-    int nr;
-    fsc_tokens tk;
-    eq_tokens(&tk);
-    assert_int_equal(fsc_params_bind(m, 5, true, &ps), FSC_OK);
-    assert_int_equal(fsc_optim_ranges_from_params(&ps, &r, &nr), FSC_OK);
+    eq_setup e;
+    assert_int_equal(eq_setup_new(&e, &EQ_MODEL, 5), FSC_OK);
     fsc_arena *arena = fsc_arena_new(FSC_MEM_ACTIV, 1 << 20);
-    const int G = EQ_GLOBAL_BATCH, B = G / micro, T = EQ_MODEL.seq;
     int32_t x[EQ_GLOBAL_BATCH * 16], y[EQ_GLOBAL_BATCH * 16];
-    fsc_params_zero_grad(&ps);
-    for (int k = 0; k < micro; k++) {
-        fsc_arena_reset(arena);
-        assert_int_equal(fsc_tokens_batch(&tk, 0, k, 0, B, micro, 1, T, x, y), FSC_OK);
-        fsc_ctx ctx = {.arena = arena,
-                       .training = true,
-                       .keyed = true,
-                       .seed = 5,
-                       .step = 0,
-                       .sample0 = fsc_batch_first_sample(0, k, 0, B, micro, 1)};
-        float loss;
-        assert_int_equal(fsc_gpt_train_micro(m, &ctx, x, y, B, T, -1, (double)G * T, &loss),
-                         FSC_OK);
-    }
-    double norm = sqrt(fsc_grad_norm_sq(r, nr));
+    const eq_batch b = eq_batch_of_rank(&e.tk, arena, EQ_MODEL.seq, micro, 0, 1, x, y);
+    fsc_params_zero_grad(&e.ps);
+    for (int k = 0; k < micro; k++) assert_int_equal(eq_micro(e.m, &b, 0, k), FSC_OK);
+    double norm = sqrt(fsc_grad_norm_sq(e.r, e.nr));
     fsc_arena_free(arena);
-    fsc_optim_ranges_free(r);
-    fsc_params_free(&ps);
-    fsc_module_free(m);
-    fsc_tokens_free(&tk);
+    eq_setup_free(&e);
     return norm;
 }
 
