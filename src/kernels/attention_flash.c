@@ -110,37 +110,17 @@ static void forward_block(const fsc_attn_dims *d, const float *q, const float *k
         const int cols = kend - c0 < BC ? kend - c0 : BC;
         /* row r of the tile sees keys c0 .. c0 + r + diag */
         const int64_t diag = d->q_pos0 + r0 - d->k_pos0 - c0;
-        fsc_flash_mm mm = {.M = rows,
-                           .N = cols,
-                           .K = hd,
-                           .A = qb,
-                           .sai = d->ldq,
-                           .sak = 1,
-                           .alpha = scale,
-                           .mask = FSC_FLASH_MASK_N_UPPER,
-                           .diag = diag};
         if (tl->kp) {
             const int64_t ep = fsc_flash_pairs_ld(hd);
             const int64_t kper = fsc_flash_pack_per_head(d, d->Tk, FSC_FLASH_PACK_KEYS_T);
-            fsc_flash_mm16_run(
-                &(fsc_flash_mm16){.M = rows,
-                                  .N = cols,
-                                  .K = hd,
-                                  .A = tl->qp + (((size_t)b * d->NH + h) * d->Tq + r0) * ep,
-                                  .sai = ep,
-                                  .sak = 1,
-                                  .B = tl->kp + ((size_t)b * d->NKV + j) * kper + c0,
-                                  .ldb = fsc_flash_t_ld(d),
-                                  .C = S,
-                                  .ldc = BC,
-                                  .alpha = scale,
-                                  .mask = FSC_FLASH_MASK_N_UPPER,
-                                  .diag = diag});
+            fsc_flash_mm16_do(rows, cols, hd, tl->qp + (((size_t)b * d->NH + h) * d->Tq + r0) * ep,
+                              ep, 1, tl->kp + ((size_t)b * d->NKV + j) * kper + c0,
+                              fsc_flash_t_ld(d), S, BC, scale, false, FSC_FLASH_MASK_N_UPPER, diag);
         } else if (kt) {
             const int64_t tld = fsc_flash_t_ld(d);
-            mm.B = kt + ((size_t)b * d->NKV + j) * hd * tld + c0, mm.ldb = tld;
-            mm.C = S, mm.ldc = BC;
-            fsc_flash_mm_run(&mm);
+            fsc_flash_mm_do(rows, cols, hd, qb, d->ldq, 1,
+                            kt + ((size_t)b * d->NKV + j) * hd * tld + c0, tld, S, BC, scale, false,
+                            FSC_FLASH_MASK_N_UPPER, diag);
         } else {
             fsc_gemm(prec, false, true, rows, cols, hd, scale, qb, d->ldq, kh + (size_t)c0 * d->ldk,
                      d->ldk, 0.f, S, BC);
@@ -160,37 +140,13 @@ static void forward_block(const fsc_attn_dims *d, const float *q, const float *k
         if (tl->vp) {
             const int64_t vper = fsc_flash_pack_per_head(d, d->Tk, FSC_FLASH_PACK_ROWS);
             fsc_flash_pairs_of_rows(Pp, BC / 2, S, BC, rows, cols);
-            fsc_flash_mm16_run(&(fsc_flash_mm16){.M = rows,
-                                                 .N = hd,
-                                                 .K = cols,
-                                                 .A = Pp,
-                                                 .sai = BC / 2,
-                                                 .sak = 1,
-                                                 .B = tl->vp + ((size_t)b * d->NKV + j) * vper +
-                                                      (size_t)c0 / 2 * hd,
-                                                 .ldb = hd,
-                                                 .C = O,
-                                                 .ldc = hd,
-                                                 .alpha = 1.f,
-                                                 .accumulate = true,
-                                                 .mask = FSC_FLASH_MASK_K_UPPER,
-                                                 .diag = diag});
+            fsc_flash_mm16_do(rows, hd, cols, Pp, BC / 2, 1,
+                              tl->vp + ((size_t)b * d->NKV + j) * vper + (size_t)c0 / 2 * hd, hd, O,
+                              hd, 1.f, true, FSC_FLASH_MASK_K_UPPER, diag);
         } else if (kt) {
-            mm = (fsc_flash_mm){.M = rows,
-                                .N = hd,
-                                .K = cols,
-                                .A = S,
-                                .sai = BC,
-                                .sak = 1,
-                                .B = vhd + (((size_t)b * d->NKV + j) * d->Tk + c0) * hd,
-                                .ldb = hd,
-                                .C = O,
-                                .ldc = hd,
-                                .alpha = 1.f,
-                                .accumulate = true,
-                                .mask = FSC_FLASH_MASK_K_UPPER,
-                                .diag = diag};
-            fsc_flash_mm_run(&mm);
+            fsc_flash_mm_do(rows, hd, cols, S, BC, 1,
+                            vhd + (((size_t)b * d->NKV + j) * d->Tk + c0) * hd, hd, O, hd, 1.f,
+                            true, FSC_FLASH_MASK_K_UPPER, diag);
         } else {
             fsc_gemm(prec, false, false, rows, hd, cols, 1.f, S, BC, vh + (size_t)c0 * d->ldv,
                      d->ldv, 1.f, O, hd);

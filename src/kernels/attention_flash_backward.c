@@ -52,26 +52,6 @@ static size_t per_thread(int hd) {
     return 2 * (size_t)BR * BC + 2 * (size_t)BC * hd + 3 * (size_t)BR * BC / 2;
 }
 
-/* One bf16 tile product into C (row stride ldc), added to it when acc. */
-static void mm16(int M, int N, int K, const uint32_t *A, int64_t sai, int64_t sak,
-                 const uint32_t *B, int64_t ldb, float *C, int64_t ldc, float alpha, bool acc,
-                 fsc_flash_mask mask, int64_t diag) {
-    fsc_flash_mm16_run(&(fsc_flash_mm16){.M = M,
-                                         .N = N,
-                                         .K = K,
-                                         .A = A,
-                                         .sai = sai,
-                                         .sak = sak,
-                                         .B = B,
-                                         .ldb = ldb,
-                                         .C = C,
-                                         .ldc = ldc,
-                                         .alpha = alpha,
-                                         .accumulate = acc,
-                                         .mask = mask,
-                                         .diag = diag});
-}
-
 /* Row r of a tile at query row r0 and key c0 sees keys c0 .. c0 + r + diag. */
 static int64_t tile_diag(const fsc_attn_dims *d, int r0, int c0) {
     return d->q_pos0 + r0 - d->k_pos0 - c0;
@@ -101,39 +81,17 @@ static void tile(const bwd *a, int b, int h, int r0, int rows, int c0, int cols,
             ((size_t)b * d->NKV + j) * fsc_flash_pack_per_head(d, d->Tk, FSC_FLASH_PACK_KEYS_T) +
             c0;
         const size_t qa = (((size_t)b * d->NH + h) * d->Tq + r0) * ep;
-        mm16(rows, cols, hd, a->qe + qa, ep, 1, a->kp + at, a->tld, P, BC, a->scale, false,
-             FSC_FLASH_MASK_N_UPPER, diag);
-        mm16(rows, cols, hd, a->ge + qa, ep, 1, a->vp + at, a->tld, dS, BC, 1.f, false,
-             FSC_FLASH_MASK_N_UPPER, diag);
+        fsc_flash_mm16_do(rows, cols, hd, a->qe + qa, ep, 1, a->kp + at, a->tld, P, BC, a->scale,
+                          false, FSC_FLASH_MASK_N_UPPER, diag);
+        fsc_flash_mm16_do(rows, cols, hd, a->ge + qa, ep, 1, a->vp + at, a->tld, dS, BC, 1.f, false,
+                          FSC_FLASH_MASK_N_UPPER, diag);
     } else if (a->kt) {
         const int64_t diag = tile_diag(d, r0, c0);
         const size_t at = ((size_t)b * d->NKV + j) * hd * a->tld + c0;
-        fsc_flash_mm_run(&(fsc_flash_mm){.M = rows,
-                                         .N = cols,
-                                         .K = hd,
-                                         .A = a->qh + (((size_t)b * d->NH + h) * d->Tq + r0) * hd,
-                                         .sai = hd,
-                                         .sak = 1,
-                                         .B = a->kt + at,
-                                         .ldb = a->tld,
-                                         .C = P,
-                                         .ldc = BC,
-                                         .alpha = a->scale,
-                                         .mask = FSC_FLASH_MASK_N_UPPER,
-                                         .diag = diag});
-        fsc_flash_mm_run(&(fsc_flash_mm){.M = rows,
-                                         .N = cols,
-                                         .K = hd,
-                                         .A = a->gh + (((size_t)b * d->NH + h) * d->Tq + r0) * hd,
-                                         .sai = hd,
-                                         .sak = 1,
-                                         .B = a->vt + at,
-                                         .ldb = a->tld,
-                                         .C = dS,
-                                         .ldc = BC,
-                                         .alpha = 1.f,
-                                         .mask = FSC_FLASH_MASK_N_UPPER,
-                                         .diag = diag});
+        fsc_flash_mm_do(rows, cols, hd, a->qh + (((size_t)b * d->NH + h) * d->Tq + r0) * hd, hd, 1,
+                        a->kt + at, a->tld, P, BC, a->scale, false, FSC_FLASH_MASK_N_UPPER, diag);
+        fsc_flash_mm_do(rows, cols, hd, a->gh + (((size_t)b * d->NH + h) * d->Tq + r0) * hd, hd, 1,
+                        a->vt + at, a->tld, dS, BC, 1.f, false, FSC_FLASH_MASK_N_UPPER, diag);
     } else {
         fsc_gemm(a->prec, false, true, rows, cols, hd, a->scale, qb, d->ldq, kb, d->ldk, 0.f, P,
                  BC);
@@ -168,26 +126,14 @@ static void dq_add(const bwd *a, int b, int j, int c0, int rows, int cols, const
     if (a->kr) {
         const int64_t per = fsc_flash_pack_per_head(d, d->Tk, FSC_FLASH_PACK_ROWS);
         fsc_flash_pairs_of_rows(dSp, BC / 2, dS, BC, rows, cols);
-        mm16(rows, d->hd, cols, dSp, BC / 2, 1,
-             a->kr + ((size_t)b * d->NKV + j) * per + (size_t)c0 / 2 * d->hd, d->hd, dq, d->ldq,
-             1.f, true, FSC_FLASH_MASK_K_UPPER, diag);
+        fsc_flash_mm16_do(rows, d->hd, cols, dSp, BC / 2, 1,
+                          a->kr + ((size_t)b * d->NKV + j) * per + (size_t)c0 / 2 * d->hd, d->hd,
+                          dq, d->ldq, 1.f, true, FSC_FLASH_MASK_K_UPPER, diag);
         return;
     }
-    fsc_flash_mm_run(
-        &(fsc_flash_mm){.M = rows,
-                        .N = a->d->hd,
-                        .K = cols,
-                        .A = dS,
-                        .sai = BC,
-                        .sak = 1,
-                        .B = a->kh + (((size_t)b * a->d->NKV + j) * a->d->Tk + c0) * a->d->hd,
-                        .ldb = a->d->hd,
-                        .C = dq,
-                        .ldc = a->d->ldq,
-                        .alpha = 1.f,
-                        .accumulate = true,
-                        .mask = FSC_FLASH_MASK_K_UPPER,
-                        .diag = diag});
+    fsc_flash_mm_do(rows, d->hd, cols, dS, BC, 1,
+                    a->kh + (((size_t)b * d->NKV + j) * d->Tk + c0) * d->hd, d->hd, dq, d->ldq, 1.f,
+                    true, FSC_FLASH_MASK_K_UPPER, diag);
 }
 
 /* Key block [c0, c0+cols) of KV head j of batch row b: its dk and dv summed
@@ -215,30 +161,18 @@ static void key_block(const bwd *a, int b, int j, int c0, int cols, bool with_dq
                                    (size_t)r0 / 2 * hd;
                 fsc_flash_pairs_down(Pt, BC, P, BC, rows, cols);
                 fsc_flash_pairs_down(dSt, BC, dS, BC, rows, cols);
-                mm16(cols, hd, rows, Pt, 1, BC, a->gr + qo2, hd, dVb, hd, 1.f, true,
-                     FSC_FLASH_MASK_K_LOWER, diag);
-                mm16(cols, hd, rows, dSt, 1, BC, a->qr + qo2, hd, dKb, hd, 1.f, true,
-                     FSC_FLASH_MASK_K_LOWER, diag);
+                fsc_flash_mm16_do(cols, hd, rows, Pt, 1, BC, a->gr + qo2, hd, dVb, hd, 1.f, true,
+                                  FSC_FLASH_MASK_K_LOWER, diag);
+                fsc_flash_mm16_do(cols, hd, rows, dSt, 1, BC, a->qr + qo2, hd, dKb, hd, 1.f, true,
+                                  FSC_FLASH_MASK_K_LOWER, diag);
                 if (with_dq) dq_add(a, b, j, c0, rows, cols, dS, dSp, a->dq + qo, diag);
             } else if (a->kt) {
                 const int64_t diag = tile_diag(d, r0, c0);
-                fsc_flash_mm m = {.M = cols,
-                                  .N = hd,
-                                  .K = rows,
-                                  .A = P,
-                                  .sai = 1,
-                                  .sak = BC,
-                                  .B = a->gh + (((size_t)b * d->NH + h) * d->Tq + r0) * hd,
-                                  .ldb = hd,
-                                  .C = dVb,
-                                  .ldc = hd,
-                                  .alpha = 1.f,
-                                  .accumulate = true,
-                                  .mask = FSC_FLASH_MASK_K_LOWER,
-                                  .diag = diag};
-                fsc_flash_mm_run(&m);
-                m.A = dS, m.B = a->qh + (((size_t)b * d->NH + h) * d->Tq + r0) * hd, m.C = dKb;
-                fsc_flash_mm_run(&m);
+                const size_t qa = (((size_t)b * d->NH + h) * d->Tq + r0) * hd;
+                fsc_flash_mm_do(cols, hd, rows, P, 1, BC, a->gh + qa, hd, dVb, hd, 1.f, true,
+                                FSC_FLASH_MASK_K_LOWER, diag);
+                fsc_flash_mm_do(cols, hd, rows, dS, 1, BC, a->qh + qa, hd, dKb, hd, 1.f, true,
+                                FSC_FLASH_MASK_K_LOWER, diag);
                 if (with_dq) dq_add(a, b, j, c0, rows, cols, dS, NULL, a->dq + qo, diag);
             } else {
                 fsc_gemm(a->prec, true, false, cols, hd, rows, 1.f, P, BC, gb, d->ldo, 1.f, dVb,

@@ -22,6 +22,8 @@
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <cpuid.h>
 #include <immintrin.h>
+
+#include "kernels/attention_flash_block.h"
 #define FLASH_BF16 1
 #endif
 
@@ -64,7 +66,7 @@ int64_t fsc_flash_pack_per_head(const fsc_attn_dims *d, int T, fsc_flash_pack_ki
 }
 
 #ifdef FLASH_BF16
-#define MR 6
+#define MR FSC_FLASH_MR
 #define TGT __attribute__((target("avx512f,avx512bw,avx512bf16")))
 
 /* fsc_f32_to_bf16 on 16 lanes (NaN stays a quiet NaN), as 16-bit values in
@@ -81,7 +83,7 @@ TGT static inline __m512i narrow16(__m512 x) {
 
 /* Pairs (lo[i], hi[i]) of 16 lanes (lanes past n: (0, 0)). */
 TGT static inline __m512i pair16(const float *lo, const float *hi, int n) {
-    const __mmask16 m = n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
+    const __mmask16 m = fsc_flash_lanes(n);
     const __m512i a = narrow16(_mm512_maskz_loadu_ps(m, lo));
     const __m512i b = hi ? narrow16(_mm512_maskz_loadu_ps(m, hi)) : _mm512_setzero_si512();
     return _mm512_maskz_or_epi32(m, a, _mm512_slli_epi32(b, 16));
@@ -90,9 +92,9 @@ TGT static inline __m512i pair16(const float *lo, const float *hi, int n) {
 /* 32 consecutive floats of src as 16 pairs (src[2i], src[2i+1]); floats
  * past n are zero. */
 TGT static inline __m512i pairs_of_row(const float *src, int n) {
-    const __mmask16 m0 = n >= 16 ? (__mmask16)0xFFFF : n <= 0 ? 0 : (__mmask16)((1u << n) - 1);
+    const __mmask16 m0 = fsc_flash_lanes(n);
     const int n1 = n - 16;
-    const __mmask16 m1 = n1 >= 16 ? (__mmask16)0xFFFF : n1 <= 0 ? 0 : (__mmask16)((1u << n1) - 1);
+    const __mmask16 m1 = fsc_flash_lanes(n1);
     const __m512i a = narrow16(_mm512_maskz_loadu_ps(m0, src));
     const __m512i b = narrow16(_mm512_maskz_loadu_ps(m1, src + 16));
     /* a's and b's low halves packed in order: 32 bf16 = 16 pairs */
@@ -107,14 +109,7 @@ TGT __attribute__((always_inline)) static inline void block(const fsc_flash_mm16
                                                             int n0, int n, int p0, int p1) {
     __m512 acc[MR][4];
     __mmask16 mk[4];
-    for (int v = 0; v < 4; v++) {
-        const int left = n - n0 - 16 * v;
-        mk[v] = left >= 16 ? (__mmask16)0xFFFF : left <= 0 ? 0 : (__mmask16)((1u << left) - 1);
-    }
-#pragma GCC unroll 6
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
-        for (int v = 0; v < 4; v++) acc[r][v] = _mm512_setzero_ps();
+    fsc_flash_block_start(mk, n0, n, acc, R);
     const uint32_t *a = m->A + (size_t)i * m->sai;
     const uint32_t *b = m->B + n0;
     for (int p = p0; p < p1; p++) {
@@ -130,17 +125,8 @@ TGT __attribute__((always_inline)) static inline void block(const fsc_flash_mm16
             for (int v = 0; v < 4; v++) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], av, bv[v]);
         }
     }
-    const __m512 alpha = _mm512_set1_ps(m->alpha);
-#pragma GCC unroll 6
-    for (int r = 0; r < R; r++) {
-        float *c = m->C + (size_t)(i + r) * m->ldc + n0;
-#pragma GCC unroll 4
-        for (int v = 0; v < 4; v++) {
-            __m512 x = _mm512_mul_ps(acc[r][v], alpha);
-            if (m->accumulate) x = _mm512_add_ps(_mm512_maskz_loadu_ps(mk[v], c + 16 * v), x);
-            _mm512_mask_storeu_ps(c + 16 * v, mk[v], x);
-        }
-    }
+    fsc_flash_block_store(m->C + (size_t)i * m->ldc + n0, m->ldc, m->alpha, m->accumulate, mk, acc,
+                          R);
 }
 
 TGT void fsc_flash_mm16_run(const fsc_flash_mm16 *m) {
@@ -151,39 +137,17 @@ TGT void fsc_flash_mm16_run(const fsc_flash_mm16 *m) {
         /* whole pairs: the terms a bound cuts in two are zero in A */
         const int p0 = k0 / 2, p1 = (k1 + 1) / 2;
         for (int n0 = 0; n0 < n; n0 += 64) {
-            switch (R) {
-            case 6:
-                block(m, 6, i, n0, n, p0, p1);
-                break;
-            case 5:
-                block(m, 5, i, n0, n, p0, p1);
-                break;
-            case 4:
-                block(m, 4, i, n0, n, p0, p1);
-                break;
-            case 3:
-                block(m, 3, i, n0, n, p0, p1);
-                break;
-            case 2:
-                block(m, 2, i, n0, n, p0, p1);
-                break;
-            default:
-                block(m, 1, i, n0, n, p0, p1);
-                break;
-            }
+            FSC_FLASH_BY_ROWS(R, block, m, i, n0, n, p0, p1);
         }
     }
-}
-
-static inline __mmask16 lanes(int n) {
-    return n >= 16 ? (__mmask16)0xFFFF : n <= 0 ? 0 : (__mmask16)((1u << n) - 1);
 }
 
 TGT void fsc_flash_pairs_of_rows(uint32_t *dst, int64_t ldd, const float *src, int64_t lds,
                                  int rows, int cols) {
     for (int r = 0; r < rows; r++)
         for (int c = 0; c < cols; c += 32)
-            _mm512_mask_storeu_epi32(dst + (size_t)r * ldd + c / 2, lanes((cols - c + 1) / 2),
+            _mm512_mask_storeu_epi32(dst + (size_t)r * ldd + c / 2,
+                                     fsc_flash_lanes((cols - c + 1) / 2),
                                      pairs_of_row(src + (size_t)r * lds + c, cols - c));
 }
 
@@ -192,7 +156,7 @@ TGT void fsc_flash_pairs_down(uint32_t *dst, int64_t ldd, const float *src, int6
     for (int r = 0; r < rows; r += 2) {
         const float *lo = src + (size_t)r * lds, *hi = r + 1 < rows ? lo + lds : NULL;
         for (int c = 0; c < cols; c += 16)
-            _mm512_mask_storeu_epi32(dst + (size_t)(r / 2) * ldd + c, lanes(cols - c),
+            _mm512_mask_storeu_epi32(dst + (size_t)(r / 2) * ldd + c, fsc_flash_lanes(cols - c),
                                      pair16(lo + c, hi ? hi + c : NULL, cols - c));
     }
 }

@@ -47,18 +47,57 @@ static inline void fsc_flash_span(fsc_flash_mask mask, int64_t diag, int i, int 
     if (mask == FSC_FLASH_MASK_K_LOWER && first > 0) *k0 = first > *k1 ? *k1 : (int)first;
 }
 
+/* The lanes of a 16-lane vector below n (n clamped to [0, 16]): what a
+ * masked load or store of a row's first n floats from this vector on uses. */
+static inline uint16_t fsc_flash_lanes(int n) {
+    return n >= 16 ? (uint16_t)0xFFFF : n <= 0 ? 0 : (uint16_t)((1u << n) - 1);
+}
+
+/* Rows of C that a tile product's register block holds (both kernels). */
+#define FSC_FLASH_MR 6
+
+/* Calls BLOCK(m, R, ...) with the row count R (1 .. FSC_FLASH_MR) spelled
+ * as a constant, so that each count compiles to a block whose accumulators
+ * stay in registers. */
+#define FSC_FLASH_BY_ROWS(R, BLOCK, m, ...)                                                        \
+    switch (R) {                                                                                   \
+    case 6:                                                                                        \
+        BLOCK(m, 6, __VA_ARGS__);                                                                  \
+        break;                                                                                     \
+    case 5:                                                                                        \
+        BLOCK(m, 5, __VA_ARGS__);                                                                  \
+        break;                                                                                     \
+    case 4:                                                                                        \
+        BLOCK(m, 4, __VA_ARGS__);                                                                  \
+        break;                                                                                     \
+    case 3:                                                                                        \
+        BLOCK(m, 3, __VA_ARGS__);                                                                  \
+        break;                                                                                     \
+    case 2:                                                                                        \
+        BLOCK(m, 2, __VA_ARGS__);                                                                  \
+        break;                                                                                     \
+    default:                                                                                       \
+        BLOCK(m, 1, __VA_ARGS__);                                                                  \
+        break;                                                                                     \
+    }
+
+/* A tile product's fields, its A and B of element type T (fp32 values, or
+ * bf16 pairs for fsc_flash_mm16). */
+#define FSC_FLASH_MM_FIELDS(T)                                                                     \
+    int M, N, K;                                                                                   \
+    const T *A;                                                                                    \
+    int64_t sai, sak;                                                                              \
+    const T *B;                                                                                    \
+    int64_t ldb;                                                                                   \
+    float *C;                                                                                      \
+    int64_t ldc;                                                                                   \
+    float alpha;                                                                                   \
+    bool accumulate;                                                                               \
+    fsc_flash_mask mask;                                                                           \
+    int64_t diag
+
 typedef struct {
-    int M, N, K;
-    const float *A;
-    int64_t sai, sak;
-    const float *B;
-    int64_t ldb;
-    float *C;
-    int64_t ldc;
-    float alpha;
-    bool accumulate;
-    fsc_flash_mask mask;
-    int64_t diag;
+    FSC_FLASH_MM_FIELDS(float);
 } fsc_flash_mm;
 
 /* True when the tiles run fsc_flash_mm (fp32 on a CPU with AVX-512, unless
@@ -117,23 +156,29 @@ float *fsc_flash_heads(const fsc_attn_dims *d, const float *src, int ld, int T, 
  * mask and diag count k as fsc_flash_mm does (not pairs); a pair a bound
  * cuts in two is summed whole, its other term being zero in A. */
 typedef struct {
-    int M, N, K;
-    const uint32_t *A;
-    int64_t sai, sak;
-    const uint32_t *B;
-    int64_t ldb;
-    float *C;
-    int64_t ldc;
-    float alpha;
-    bool accumulate;
-    fsc_flash_mask mask;
-    int64_t diag;
+    FSC_FLASH_MM_FIELDS(uint32_t);
 } fsc_flash_mm16;
 
 /* True when bf16 tiles run fsc_flash_mm16 (FSC_GEMM_BF16 on a CPU with
  * avx512_bf16, unless FSC_FLASH_TILES=gemm); otherwise fsc_gemm calls. */
 bool fsc_flash_bf16_tiles(fsc_gemm_prec prec);
 void fsc_flash_mm16_run(const fsc_flash_mm16 *m);
+
+/* One product of either kind, its fields in the struct's order (as a BLAS
+ * call lists them): what the forward and backward tiles call. */
+static inline void fsc_flash_mm_do(int M, int N, int K, const float *A, int64_t sai, int64_t sak,
+                                   const float *B, int64_t ldb, float *C, int64_t ldc, float alpha,
+                                   bool acc, fsc_flash_mask mask, int64_t diag) {
+    fsc_flash_mm_run(&(fsc_flash_mm){M, N, K, A, sai, sak, B, ldb, C, ldc, alpha, acc, mask, diag});
+}
+
+static inline void fsc_flash_mm16_do(int M, int N, int K, const uint32_t *A, int64_t sai,
+                                     int64_t sak, const uint32_t *B, int64_t ldb, float *C,
+                                     int64_t ldc, float alpha, bool acc, fsc_flash_mask mask,
+                                     int64_t diag) {
+    fsc_flash_mm16_run(
+        &(fsc_flash_mm16){M, N, K, A, sai, sak, B, ldb, C, ldc, alpha, acc, mask, diag});
+}
 /* How a whole call's (B, T, ld) operand with H heads is packed, head by
  * head (fsc_flash_pack_per_head pairs each): KEYS_T as the B of S = q k^T
  * and dP = dout v^T (pair p of key t at p * fsc_flash_t_ld + t, elements

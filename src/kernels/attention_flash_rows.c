@@ -43,12 +43,6 @@ __attribute__((target("avx512f"), always_inline)) static inline __m512 exp16(__m
     return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
 }
 
-/* Lanes of vector v (keys 16v ..) below n. */
-__attribute__((target("avx512f"), always_inline)) static inline __mmask16 below(int n, int v) {
-    const int left = n - 16 * v;
-    return left >= 16 ? (__mmask16)0xFFFF : left <= 0 ? 0 : (__mmask16)((1u << left) - 1);
-}
-
 /* Whole rows are written, zeros past the row's bound: S, P and dS have
  * rows of FSC_FLASH_BC floats, and a fixed count keeps them in registers. */
 
@@ -70,7 +64,7 @@ __attribute__((target("avx512f"))) void fsc_flash_softmax_rows(float *S, int row
         }
         __m512 x[ROW_VECS], mx = _mm512_set1_ps(-INFINITY);
         for (int v = 0; v < ROW_VECS; v++) {
-            x[v] = _mm512_mask_loadu_ps(mx, below(n, v), s + 16 * v);
+            x[v] = _mm512_mask_loadu_ps(mx, fsc_flash_lanes(n - 16 * v), s + 16 * v);
             mx = _mm512_max_ps(x[v], mx);
         }
         const float rmax = _mm512_reduce_max_ps(mx);
@@ -78,7 +72,8 @@ __attribute__((target("avx512f"))) void fsc_flash_softmax_rows(float *S, int row
         const __m512 mv = _mm512_set1_ps(mnew);
         __m512 sum = _mm512_setzero_ps();
         for (int v = 0; v < ROW_VECS; v++) {
-            const __m512 p = _mm512_maskz_mov_ps(below(n, v), exp16(_mm512_sub_ps(x[v], mv)));
+            const __m512 p =
+                _mm512_maskz_mov_ps(fsc_flash_lanes(n - 16 * v), exp16(_mm512_sub_ps(x[v], mv)));
             _mm512_storeu_ps(s + 16 * v, p);
             sum = _mm512_add_ps(sum, p);
         }
@@ -91,7 +86,7 @@ __attribute__((target("avx512f"))) void fsc_flash_softmax_rows(float *S, int row
             float *o = O + (size_t)r * hd;
             const __m512 cv = _mm512_set1_ps(corr);
             for (int e = 0; e < hd; e += 16) {
-                const __mmask16 k = below(hd - e, 0);
+                const __mmask16 k = fsc_flash_lanes(hd - e);
                 _mm512_mask_storeu_ps(o + e, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, o + e), cv));
             }
         }
@@ -108,7 +103,7 @@ __attribute__((target("avx512f"))) void fsc_flash_probs_rows(float *P, float *dS
         const int n = lse[r] == -INFINITY ? 0 : row_keys(diag, r, cols);
         const __m512 lv = _mm512_set1_ps(lse[r]), dv = _mm512_set1_ps(delta[r]);
         for (int v = 0; v < ROW_VECS; v++) {
-            const __mmask16 k = below(n, v);
+            const __mmask16 k = fsc_flash_lanes(n - 16 * v);
             const __m512 pe = _mm512_maskz_mov_ps(
                 k, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, p + 16 * v), lv)));
             /* p (ds - delta) scale, in that order */

@@ -22,7 +22,7 @@
 #include "kernels/attention_flash_internal.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
+#include "kernels/attention_flash_block.h"
 #define FLASH_AVX512 1
 #endif
 
@@ -100,7 +100,7 @@ int64_t fsc_flash_t_ld(const fsc_attn_dims *d) {
 }
 
 #ifdef FLASH_AVX512
-#define MR 6
+#define MR FSC_FLASH_MR
 
 /* Rows [i, i + R) of C, columns [n0, n0 + 64) (lanes beyond n masked off),
  * summed over k in [k0, k1). R is a constant at every call, so acc stays in
@@ -109,14 +109,7 @@ __attribute__((target("avx512f"), always_inline)) static inline void
 block(const fsc_flash_mm *m, int R, int i, int n0, int n, int k0, int k1) {
     __m512 acc[MR][4];
     __mmask16 mk[4];
-    for (int v = 0; v < 4; v++) {
-        const int left = n - n0 - 16 * v;
-        mk[v] = left >= 16 ? (__mmask16)0xFFFF : left <= 0 ? 0 : (__mmask16)((1u << left) - 1);
-    }
-#pragma GCC unroll 6
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
-        for (int v = 0; v < 4; v++) acc[r][v] = _mm512_setzero_ps();
+    fsc_flash_block_start(mk, n0, n, acc, R);
     const float *a = m->A + (size_t)i * m->sai;
     const float *b = m->B + n0;
     for (int k = k0; k < k1; k++) {
@@ -132,17 +125,8 @@ block(const fsc_flash_mm *m, int R, int i, int n0, int n, int k0, int k1) {
             for (int v = 0; v < 4; v++) acc[r][v] = _mm512_fmadd_ps(av, bv[v], acc[r][v]);
         }
     }
-    const __m512 alpha = _mm512_set1_ps(m->alpha);
-#pragma GCC unroll 6
-    for (int r = 0; r < R; r++) {
-        float *c = m->C + (size_t)(i + r) * m->ldc + n0;
-#pragma GCC unroll 4
-        for (int v = 0; v < 4; v++) {
-            __m512 x = _mm512_mul_ps(acc[r][v], alpha);
-            if (m->accumulate) x = _mm512_add_ps(_mm512_maskz_loadu_ps(mk[v], c + 16 * v), x);
-            _mm512_mask_storeu_ps(c + 16 * v, mk[v], x);
-        }
-    }
+    fsc_flash_block_store(m->C + (size_t)i * m->ldc + n0, m->ldc, m->alpha, m->accumulate, mk, acc,
+                          R);
 }
 
 __attribute__((target("avx512f"))) void fsc_flash_mm_run(const fsc_flash_mm *m) {
@@ -151,33 +135,14 @@ __attribute__((target("avx512f"))) void fsc_flash_mm_run(const fsc_flash_mm *m) 
         int n = m->N, k0 = 0, k1 = m->K;
         fsc_flash_span(m->mask, m->diag, i, R, &n, &k0, &k1);
         for (int n0 = 0; n0 < n; n0 += 64) {
-            switch (R) {
-            case 6:
-                block(m, 6, i, n0, n, k0, k1);
-                break;
-            case 5:
-                block(m, 5, i, n0, n, k0, k1);
-                break;
-            case 4:
-                block(m, 4, i, n0, n, k0, k1);
-                break;
-            case 3:
-                block(m, 3, i, n0, n, k0, k1);
-                break;
-            case 2:
-                block(m, 2, i, n0, n, k0, k1);
-                break;
-            default:
-                block(m, 1, i, n0, n, k0, k1);
-                break;
-            }
+            FSC_FLASH_BY_ROWS(R, block, m, i, n0, n, k0, k1);
         }
     }
 }
 
 __attribute__((target("avx512f"))) void
 fsc_flash_transpose16(float *dst, int64_t tld, const float *src, int ld, int n, int ne) {
-    const __mmask16 me = ne >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << ne) - 1);
+    const __mmask16 me = fsc_flash_lanes(ne);
     __m512 r[16], t[16];
     for (int i = 0; i < 16; i++)
         r[i] = i < n ? _mm512_maskz_loadu_ps(me, src + (size_t)i * ld) : _mm512_setzero_ps();
