@@ -47,6 +47,17 @@ static unsigned char *slurp(const char *path, long *n) {
     return b;
 }
 
+/* cfg's one-process GPT (seed 5) written to path with the n metadata
+ * entries keys/values: the file the TP model reads by global name. */
+static void save_one_process(const fsc_gpt_config *cfg, const char *path, int n,
+                             const char *const *keys, const char *const *values) {
+    fsc_module *m = fsc_gpt_new(cfg);
+    fsc_params ps;
+    assert_int_equal(fsc_params_bind(m, 5, false, &ps), FSC_OK);
+    assert_int_equal(fsc_weights_save(path, &ps, n, keys, values), FSC_OK);
+    fsc_params_free(&ps), fsc_module_free(m);
+}
+
 /* ---- weights by global name ---------------------------------------------------------- */
 static void check_weights(int vocab) {
     fsc_gpt_config cfg = model_v(vocab);
@@ -54,13 +65,7 @@ static void check_weights(int vocab) {
     char one[128], tp[128];
     snprintf(one, sizeof one, "%s/one_%d.safetensors", dir, vocab);
     snprintf(tp, sizeof tp, "%s/tp_%d.safetensors", dir, vocab);
-    if (rank == 0) {
-        fsc_module *m = fsc_gpt_new(&cfg);
-        fsc_params ps;
-        assert_int_equal(fsc_params_bind(m, 5, false, &ps), FSC_OK);
-        assert_int_equal(fsc_weights_save(one, &ps, 1, keys, values), FSC_OK);
-        fsc_params_free(&ps), fsc_module_free(m);
-    }
+    if (rank == 0) save_one_process(&cfg, one, 1, keys, values);
     fsc_tp_options opt = {.group = fsc_group_world()};
     fsc_module *a = fsc_tp_gpt_new(&cfg, &opt), *b = fsc_tp_gpt_new(&cfg, &opt);
     fsc_params pa, pb;
@@ -100,13 +105,7 @@ static void test_weights_by_global_name(void **state) {
     small.layers = 1;
     char path[128];
     snprintf(path, sizeof path, "%s/small.safetensors", dir);
-    if (rank == 0) {
-        fsc_module *m = fsc_gpt_new(&small);
-        fsc_params ps;
-        assert_int_equal(fsc_params_bind(m, 5, false, &ps), FSC_OK);
-        assert_int_equal(fsc_weights_save(path, &ps, 0, NULL, NULL), FSC_OK);
-        fsc_params_free(&ps), fsc_module_free(m);
-    }
+    if (rank == 0) save_one_process(&small, path, 0, NULL, NULL);
     assert_int_equal(fsc_group_barrier(fsc_group_world()), FSC_OK);
     fsc_tp_options opt = {.group = fsc_group_world()};
     fsc_module *m = fsc_tp_gpt_new(&EQ_MODEL, &opt);
