@@ -279,22 +279,13 @@ static void test_schedules(void **state) {
     assert_true(fsc_lr_schedule(&wc, 500) == 3e-4f);
 
     /* invalid schedules are refused by name */
-    fsc_lr_schedule_config bad = cos;
-    bad.total_steps = 2;
-    assert_int_equal(fsc_lr_schedule_check(&bad), FSC_ERR_INVALID);
-    assert_non_null(strstr(fsc_last_error(), "total_steps"));
-    bad = cos;
-    bad.warmup_steps = -1;
-    assert_int_equal(fsc_lr_schedule_check(&bad), FSC_ERR_INVALID);
-    assert_non_null(strstr(fsc_last_error(), "warmup_steps"));
-    bad = cos;
-    bad.min_lr = 2.0f;
-    assert_int_equal(fsc_lr_schedule_check(&bad), FSC_ERR_INVALID);
-    assert_non_null(strstr(fsc_last_error(), "min_lr"));
-    bad = constant;
-    bad.max_lr = -1.0f;
-    assert_int_equal(fsc_lr_schedule_check(&bad), FSC_ERR_INVALID);
-    assert_non_null(strstr(fsc_last_error(), "max_lr"));
+    fsc_lr_schedule_config bad[] = {cos, cos, cos, constant};
+    bad[0].total_steps = 2, bad[1].warmup_steps = -1, bad[2].min_lr = 2.0f, bad[3].max_lr = -1.0f;
+    const char *field[] = {"total_steps", "warmup_steps", "min_lr", "max_lr"};
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(fsc_lr_schedule_check(&bad[i]), FSC_ERR_INVALID);
+        assert_non_null(strstr(fsc_last_error(), field[i]));
+    }
 }
 
 /* ---- state accounting ----------------------------------------------------------- */
