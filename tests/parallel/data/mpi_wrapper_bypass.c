@@ -54,6 +54,20 @@ static float sum(const float *x, int64_t n) {
     return (float)s;
 }
 
+/* Forward on the wrapped child is fine (evaluation does it); its backward
+ * is refused with `said`, under the wrapper's no_sync too (no exception). */
+static void expect_bypass_refused(fsc_module *net, fsc_module *wrapper,
+                                  void (*set_no_sync)(fsc_module *, bool), const fsc_ctx *ctx,
+                                  const fsc_tensor *x, const char *said) {
+    fsc_tensor y;
+    void *saved;
+    assert_int_equal(fsc_module_forward(net, ctx, x, &y, &saved), FSC_OK);
+    expect_error(fsc_module_backward(net, ctx, saved, &y, NULL), FSC_ERR_INVALID, said);
+    set_no_sync(wrapper, true);
+    expect_error(fsc_module_backward(net, ctx, saved, &y, NULL), FSC_ERR_INVALID, said);
+    set_no_sync(wrapper, false);
+}
+
 static void test_ddp_bypass(void **state) {
     (void)state;
     fsc_module *net = net_new();
@@ -69,12 +83,7 @@ static void test_ddp_bypass(void **state) {
     const char *said = "DDP: the wrapped module's backward ran without the DDP wrapper (called the "
                        "inner model directly?): its gradients were never all-reduced";
 
-    /* forward on the child is fine (evaluation does it); its backward is not */
-    assert_int_equal(fsc_module_forward(net, &ctx, &x, &y, &saved), FSC_OK);
-    expect_error(fsc_module_backward(net, &ctx, saved, &y, NULL), FSC_ERR_INVALID, said);
-    fsc_ddp_set_no_sync(ddp, true); /* no exception under no_sync */
-    expect_error(fsc_module_backward(net, &ctx, saved, &y, NULL), FSC_ERR_INVALID, said);
-    fsc_ddp_set_no_sync(ddp, false);
+    expect_bypass_refused(net, ddp, fsc_ddp_set_no_sync, &ctx, &x, said);
 
     /* the wrapper still works, and reduces */
     fsc_params_zero_grad(&ps);
@@ -113,11 +122,7 @@ static void test_sdp_bypass(void **state) {
                        "wrapper (called the inner model directly?): its gradients were never "
                        "reduced to their owners";
 
-    assert_int_equal(fsc_module_forward(net, &ctx, &x, &y, &saved), FSC_OK);
-    expect_error(fsc_module_backward(net, &ctx, saved, &y, NULL), FSC_ERR_INVALID, said);
-    fsc_sdp_set_no_sync(sdp, true);
-    expect_error(fsc_module_backward(net, &ctx, saved, &y, NULL), FSC_ERR_INVALID, said);
-    fsc_sdp_set_no_sync(sdp, false);
+    expect_bypass_refused(net, sdp, fsc_sdp_set_no_sync, &ctx, &x, said);
 
     /* refused before anything was written: a good step follows */
     for (int step = 0; step < 2; step++) {
