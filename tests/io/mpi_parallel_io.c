@@ -49,18 +49,15 @@ static float target(int64_t sample, int k) {
 }
 
 /* Half the squared error over the global count of targets (mse_test.h). */
-static int mse_loss(fsc_module *m, const fsc_ctx *ctx, const fsc_micro_batch *mb, void *user,
-                    float *loss) {
-    (void)user;
-    return mse_micro_batch(m, ctx, mb, IN, OUT, input, target, loss);
-}
+static mse_data DATA = {IN, OUT, input, target};
 
 static fsc_trainer *trainer_new(const char *strategy, fsc_module **m) {
     *m = model_new();
     fsc_trainer_config cfg = {.strategy = {.name = strategy, .seed = 3},
                               .optim = ADAMW,
                               .batch = G / world,
-                              .loss = mse_loss};
+                              .loss = mse_loss,
+                              .user = &DATA};
     fsc_trainer *t = fsc_trainer_new(*m, &cfg);
     if (!t) fail_msg("%s: %s", strategy, fsc_last_error());
     return t;

@@ -46,4 +46,18 @@ static inline int mse_micro_batch(fsc_module *m, const fsc_ctx *ctx, const fsc_m
     return rc;
 }
 
+/* A least-squares problem: `in` inputs and `out` targets per sample, each a
+ * function of the global sample index. */
+typedef struct mse_data {
+    int in, out;
+    mse_value_fn input, target;
+} mse_data;
+
+/* The trainer's loss for the problem user (an mse_data): mse_micro_batch. */
+static inline int mse_loss(fsc_module *m, const fsc_ctx *ctx, const fsc_micro_batch *mb, void *user,
+                           float *loss) {
+    const mse_data *d = user;
+    return mse_micro_batch(m, ctx, mb, d->in, d->out, d->input, d->target, loss);
+}
+
 #endif

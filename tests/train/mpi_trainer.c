@@ -45,11 +45,7 @@ static float target(int64_t sample, int k) {
 }
 
 /* Half the squared error over the global count of targets (mse_test.h). */
-static int mse_loss(fsc_module *m, const fsc_ctx *ctx, const fsc_micro_batch *mb, void *user,
-                    float *loss) {
-    (void)user;
-    return mse_micro_batch(m, ctx, mb, IN, OUT, input, target, loss);
-}
+static mse_data DATA = {IN, OUT, input, target};
 
 static const char *ckpt_dir(void) {
     static char path[96];
@@ -77,6 +73,7 @@ static fsc_trainer_config trainer_config(const run_cfg *c) {
         .targets_per_sample = OUT,
         .clip = c->clip,
         .loss = mse_loss,
+        .user = &DATA,
     };
     /* hsdp: two groups where there are 4 ranks, else replicas of one rank */
     if (fsc_strategy_takes(c->strategy, "shard_group"))
