@@ -14,6 +14,7 @@
 
 #include "fsc/checkpoint_wrapper.h"
 #include "fsc/gpt.h"
+#include "hook_log.h"
 #include "test_main.h"
 
 #define ALIGN 64 /* the arena's allocation granule */
@@ -252,37 +253,16 @@ static void test_activation_memory_drops(void **state) {
 
 /* ---- hooks ----------------------------------------------------------------- */
 
-typedef struct {
-    char log[32][160];
-    int n;
-} event_log;
-
-static void note(event_log *l, const char *what, const char *who) {
-    assert_true(l->n < 32);
-    snprintf(l->log[l->n++], sizeof l->log[0], "%s:%s", what, who);
-}
-
-/* Logs "kind:module", kind suffixed with "_recompute" when ctx says so. */
-static int record_hook(fsc_module *m, fsc_hook_kind kind, const fsc_ctx *ctx, const fsc_tensor *t,
-                       void *user) {
-    (void)t;
-    static const char *names[2][4] = {
-        {"pre_fwd", "post_fwd", "pre_bwd", "post_bwd"},
-        {"pre_fwd_recompute", "post_fwd_recompute", "pre_bwd_recompute", "post_bwd_recompute"}};
-    note(user, names[ctx->recompute][kind], m->name);
-    return 0;
-}
-
 /* A module that logs what its forward saw in ctx->recompute: y = 2x. */
 typedef struct {
     fsc_module base;
-    event_log *log;
+    hook_log *log;
 } probe;
 
 static int probe_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x, fsc_tensor *y,
                          void **saved) {
     (void)saved;
-    note(((probe *)m)->log, ctx->recompute ? "fwd_recompute" : "fwd", m->name);
+    hook_log_note(((probe *)m)->log, ctx->recompute ? "fwd_recompute" : "fwd", m->name);
     *y = *x;
     y->data = fsc_arena_alloc(ctx->arena, fsc_tensor_nbytes(x));
     if (!y->data) return FSC_ERR_NOMEM;
@@ -294,7 +274,7 @@ static int probe_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x,
 static int probe_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const fsc_tensor *dy,
                           fsc_tensor *dx) {
     (void)saved;
-    note(((probe *)m)->log, ctx->recompute ? "bwd_recompute" : "bwd", m->name);
+    hook_log_note(((probe *)m)->log, ctx->recompute ? "bwd_recompute" : "bwd", m->name);
     if (!dx) return FSC_OK;
     *dx = *dy;
     dx->data = fsc_arena_alloc(ctx->arena, fsc_tensor_nbytes(dy));
@@ -306,7 +286,7 @@ static int probe_backward(fsc_module *m, const fsc_ctx *ctx, void *saved, const 
 
 static const fsc_module_ops probe_ops = {"Probe", probe_forward, probe_backward, NULL};
 
-static fsc_module *probe_new(const char *name, event_log *log) {
+static fsc_module *probe_new(const char *name, hook_log *log) {
     probe *p = calloc(1, sizeof *p);
     assert_non_null(p);
     fsc_module_init(&p->base, &probe_ops, name);
@@ -320,25 +300,19 @@ static fsc_module *probe_new(const char *name, event_log *log) {
  * backward hooks do not (backward is not a recompute). */
 static void test_hooks_and_recompute_flag(void **state) {
     (void)state;
-    event_log log = {0};
+    hook_log log = {0};
     fsc_module *parts[2] = {fsc_linear_new("lin", 4, 4, true, FSC_WEIGHT_OUT_IN, 0.1f),
                             probe_new("probe", &log)};
     fsc_module *seq = fsc_sequential_new("seq", 2, parts);
     fsc_params ps;
     assert_int_equal(fsc_params_bind(seq, 1, true, &ps), FSC_OK);
     for (int k = 0; k < FSC_HOOK_KIND_COUNT; k++) {
-        assert_int_equal(fsc_module_add_hook(seq, (fsc_hook_kind)k, record_hook, &log), FSC_OK);
-        assert_int_equal(fsc_module_add_hook(parts[1], (fsc_hook_kind)k, record_hook, &log),
+        assert_int_equal(fsc_module_add_hook(seq, (fsc_hook_kind)k, hook_log_record, &log), FSC_OK);
+        assert_int_equal(fsc_module_add_hook(parts[1], (fsc_hook_kind)k, hook_log_record, &log),
                          FSC_OK);
     }
     assert_int_equal(fsc_checkpoint_wrap(seq), FSC_OK);
-    fsc_arena *arena = fsc_arena_new(FSC_MEM_ACTIV, 1 << 16);
-    fsc_ctx ctx = {.arena = arena, .training = true};
-    float xd[8] = {1, 2, 3, 4, 5, 6, 7, 8};
-    fsc_tensor x = fsc_tensor_2d(xd, FSC_DTYPE_F32, 2, 4), y, dx;
-    void *saved;
-    assert_int_equal(fsc_module_forward(seq, &ctx, &x, &y, &saved), FSC_OK);
-    assert_int_equal(fsc_module_backward(seq, &ctx, saved, &y, &dx), FSC_OK);
+    hook_log_step(seq);
     const char *want[] = {
         "pre_fwd:seq",
         "pre_fwd:probe",
@@ -357,7 +331,6 @@ static void test_hooks_and_recompute_flag(void **state) {
     int nwant = (int)(sizeof want / sizeof *want);
     assert_int_equal(log.n, nwant);
     for (int i = 0; i < nwant; i++) assert_string_equal(log.log[i], want[i]);
-    fsc_arena_free(arena);
     fsc_params_free(&ps);
     fsc_module_free(seq);
 }
