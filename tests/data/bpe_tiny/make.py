@@ -3,16 +3,10 @@
 vocab.bpe in GPT-2's format): the 256 byte tokens in GPT-2's order, a few
 merges chosen so that merge order, pre-tokenization and repeated pairs
 each show in the ids, and <|endoftext|> last."""
-import json, os
+import json, os, sys
 
-def bytes_to_unicode():  # GPT-2's, verbatim in spirit
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) \
-        + list(range(ord("®"), ord("ÿ") + 1))
-    cs, n = bs[:], 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b); cs.append(256 + n); n += 1
-    return dict(zip(bs, map(chr, cs)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from gpt2_bytes import bytes_to_unicode  # noqa: E402 (tests/data)
 
 b2u = bytes_to_unicode()
 enc = {b2u[b]: i for i, b in enumerate(b2u)}  # ids 0..255 in GPT-2's byte order

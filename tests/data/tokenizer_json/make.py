@@ -6,16 +6,10 @@ merges, "xyz" reachable only whole), its merges as "a b" strings
 (pairs.json), a Sequence pre-tokenizer of Splits (split.json), and files
 fsc must refuse (metaspace.json, unigram.json); nfc.json is strings.json
 with Qwen 2's NFC normalizer (tests/io/test_tokenizer_nfc.c)."""
-import copy, json, os
+import copy, json, os, sys
 
-def bytes_to_unicode():  # GPT-2's byte alphabet
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) \
-        + list(range(ord("®"), ord("ÿ") + 1))
-    cs, n = bs[:], 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b); cs.append(256 + n); n += 1
-    return dict(zip(bs, map(chr, cs)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from gpt2_bytes import bytes_to_unicode  # noqa: E402 (tests/data)
 
 b2u = bytes_to_unicode()
 vocab = {b2u[b]: i for i, b in enumerate(b2u)}
