@@ -318,60 +318,68 @@ static void test_malformed_json(void **state) {
 
 static void test_malformed_entries(void **state) {
     (void)state;
-    expect_header_fails("{\"a\": 5}", 0, FSC_ERR_FORMAT, "tensor \"a\" must be a JSON object");
-    expect_header_fails("{\"a\":{\"shape\":[1],\"data_offsets\":[0,4]}}", 4, FSC_ERR_FORMAT,
-                        "tensor \"a\" has no \"dtype\"");
-    expect_header_fails("{\"a\":{\"dtype\":\"F32\",\"data_offsets\":[0,4]}}", 4, FSC_ERR_FORMAT,
-                        "tensor \"a\" has no \"shape\"");
-    expect_header_fails("{\"a\":{\"dtype\":\"F32\",\"shape\":[1]}}", 4, FSC_ERR_FORMAT,
-                        "tensor \"a\" has no \"data_offsets\"");
-    expect_header_fails("{\"a\":" ENTRY("F8_E4M3", "[1]", "[0,1]") "}", 1, FSC_ERR_DTYPE,
-                        "unknown dtype \"F8_E4M3\"");
-    expect_header_fails("{\"a\":{\"dtype\":32,\"shape\":[1],\"data_offsets\":[0,4]}}", 4,
-                        FSC_ERR_FORMAT, "\"dtype\" must be a string");
-    expect_header_fails("{\"a\":" ENTRY("F32", "[-1]", "[0,4]") "}", 4, FSC_ERR_FORMAT,
-                        "shape[0] must be a non-negative integer");
-    expect_header_fails("{\"a\":" ENTRY("F32", "[2, 2.5]", "[0,4]") "}", 4, FSC_ERR_FORMAT,
-                        "shape[1] must be a non-negative integer");
-    expect_header_fails("{\"a\":" ENTRY("F32", "[\"2\"]", "[0,8]") "}", 8, FSC_ERR_FORMAT,
-                        "shape[0] must be a non-negative integer");
-    expect_header_fails("{\"a\":" ENTRY("F32", "4", "[0,16]") "}", 16, FSC_ERR_FORMAT,
-                        "\"shape\" must be an array");
-    expect_header_fails("{\"a\":" ENTRY("F32", "[1,1,1,1,1]", "[0,4]") "}", 4, FSC_ERR_UNSUPPORTED,
-                        "has 5 dims; fsc tensors have at most 4");
-    expect_header_fails("{\"a\":" ENTRY("F32", "[1,1,1,1,1,1,1,1,1]", "[0,4]") "}", 4,
-                        FSC_ERR_FORMAT, "has 9 dims (at most 8)");
-    expect_header_fails("{\"a\":" ENTRY("F32", "[4294967296,4294967296,4294967296]", "[0,4]") "}",
-                        4, FSC_ERR_FORMAT, "the product of its shape overflows");
-    expect_header_fails("{\"a\":" ENTRY("F32", "[4294967296,2147483648]", "[0,4]") "}", 4,
-                        FSC_ERR_FORMAT, "elements of F32 overflow a 64-bit byte count");
-    expect_header_fails("{\"a\":" ENTRY("F32", "[1e300]", "[0,4]") "}", 4, FSC_ERR_FORMAT,
-                        "shape[0] must be a non-negative integer");
-    expect_header_fails("{\"a\":" ENTRY("F32", "[1]", "[8,4]") "}", 8, FSC_ERR_FORMAT,
-                        "data_offsets begin 8 > end 4");
-    expect_header_fails("{\"a\":" ENTRY("F32", "[2]", "[0,8]") "}", 4, FSC_ERR_FORMAT,
-                        "data ends at byte 8 but the data region has only 4 bytes");
-    expect_header_fails("{\"a\":" ENTRY("F32", "[3]", "[0,8]") "}", 8, FSC_ERR_FORMAT,
-                        "shape holds 3 elements of F32 (12 bytes) but data_offsets span 8 bytes");
-    expect_header_fails("{\"a\":" ENTRY("F32", "[1]", "[0]") "}", 4, FSC_ERR_FORMAT,
-                        "\"data_offsets\" must be an array of 2 integers");
-    expect_header_fails("{\"a\":" ENTRY("F32", "[1]", "[0,4,8]") "}", 8, FSC_ERR_FORMAT,
-                        "\"data_offsets\" must be an array of 2 integers");
-    expect_header_fails("{\"a\":" ENTRY("F32", "[1]", "{\"b\":0}") "}", 8, FSC_ERR_FORMAT,
-                        "\"data_offsets\" must be an array of 2 integers");
-    expect_header_fails("{\"a\":" ENTRY("F32", "[1]", "[-4,0]") "}", 4, FSC_ERR_FORMAT,
-                        "data_offsets must be non-negative integers");
-    expect_header_fails("{\"a\":" ENTRY("F32", "[1]", "[0.5,4.5]") "}", 8, FSC_ERR_FORMAT,
-                        "data_offsets must be non-negative integers");
-    expect_header_fails(
-        "{\"a\":" ENTRY("F32", "[1]", "[0,4]") ",\"b\":" ENTRY("F32", "[2]", "[2,10]") "}", 12,
-        FSC_ERR_FORMAT, "tensors \"a\" and \"b\" overlap");
-    expect_header_fails(
-        "{\"a\":" ENTRY("F32", "[4]", "[0,16]") ",\"b\":" ENTRY("F32", "[1]", "[4,8]") "}", 16,
-        FSC_ERR_FORMAT, "tensors \"a\" and \"b\" overlap");
-    expect_header_fails(
-        "{\"a\":" ENTRY("F32", "[1]", "[0,4]") ",\"a\":" ENTRY("F32", "[1]", "[4,8]") "}", 8,
-        FSC_ERR_FORMAT, "duplicate tensor name \"a\"");
+    /* each header (ndata bytes of data after it) with the status and the
+     * words its refusal must give */
+    static const struct {
+        const char *header;
+        size_t ndata;
+        int status;
+        const char *needle;
+    } cases[] = {
+        {"{\"a\": 5}", 0, FSC_ERR_FORMAT, "tensor \"a\" must be a JSON object"},
+        {"{\"a\":{\"shape\":[1],\"data_offsets\":[0,4]}}", 4, FSC_ERR_FORMAT,
+         "tensor \"a\" has no \"dtype\""},
+        {"{\"a\":{\"dtype\":\"F32\",\"data_offsets\":[0,4]}}", 4, FSC_ERR_FORMAT,
+         "tensor \"a\" has no \"shape\""},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1]}}", 4, FSC_ERR_FORMAT,
+         "tensor \"a\" has no \"data_offsets\""},
+        {"{\"a\":" ENTRY("F8_E4M3", "[1]", "[0,1]") "}", 1, FSC_ERR_DTYPE,
+         "unknown dtype \"F8_E4M3\""},
+        {"{\"a\":{\"dtype\":32,\"shape\":[1],\"data_offsets\":[0,4]}}", 4, FSC_ERR_FORMAT,
+         "\"dtype\" must be a string"},
+        {"{\"a\":" ENTRY("F32", "[-1]", "[0,4]") "}", 4, FSC_ERR_FORMAT,
+         "shape[0] must be a non-negative integer"},
+        {"{\"a\":" ENTRY("F32", "[2, 2.5]", "[0,4]") "}", 4, FSC_ERR_FORMAT,
+         "shape[1] must be a non-negative integer"},
+        {"{\"a\":" ENTRY("F32", "[\"2\"]", "[0,8]") "}", 8, FSC_ERR_FORMAT,
+         "shape[0] must be a non-negative integer"},
+        {"{\"a\":" ENTRY("F32", "4", "[0,16]") "}", 16, FSC_ERR_FORMAT,
+         "\"shape\" must be an array"},
+        {"{\"a\":" ENTRY("F32", "[1,1,1,1,1]", "[0,4]") "}", 4, FSC_ERR_UNSUPPORTED,
+         "has 5 dims; fsc tensors have at most 4"},
+        {"{\"a\":" ENTRY("F32", "[1,1,1,1,1,1,1,1,1]", "[0,4]") "}", 4, FSC_ERR_FORMAT,
+         "has 9 dims (at most 8)"},
+        {"{\"a\":" ENTRY("F32", "[4294967296,4294967296,4294967296]", "[0,4]") "}", 4,
+         FSC_ERR_FORMAT, "the product of its shape overflows"},
+        {"{\"a\":" ENTRY("F32", "[4294967296,2147483648]", "[0,4]") "}", 4, FSC_ERR_FORMAT,
+         "elements of F32 overflow a 64-bit byte count"},
+        {"{\"a\":" ENTRY("F32", "[1e300]", "[0,4]") "}", 4, FSC_ERR_FORMAT,
+         "shape[0] must be a non-negative integer"},
+        {"{\"a\":" ENTRY("F32", "[1]", "[8,4]") "}", 8, FSC_ERR_FORMAT,
+         "data_offsets begin 8 > end 4"},
+        {"{\"a\":" ENTRY("F32", "[2]", "[0,8]") "}", 4, FSC_ERR_FORMAT,
+         "data ends at byte 8 but the data region has only 4 bytes"},
+        {"{\"a\":" ENTRY("F32", "[3]", "[0,8]") "}", 8, FSC_ERR_FORMAT,
+         "shape holds 3 elements of F32 (12 bytes) but data_offsets span 8 bytes"},
+        {"{\"a\":" ENTRY("F32", "[1]", "[0]") "}", 4, FSC_ERR_FORMAT,
+         "\"data_offsets\" must be an array of 2 integers"},
+        {"{\"a\":" ENTRY("F32", "[1]", "[0,4,8]") "}", 8, FSC_ERR_FORMAT,
+         "\"data_offsets\" must be an array of 2 integers"},
+        {"{\"a\":" ENTRY("F32", "[1]", "{\"b\":0}") "}", 8, FSC_ERR_FORMAT,
+         "\"data_offsets\" must be an array of 2 integers"},
+        {"{\"a\":" ENTRY("F32", "[1]", "[-4,0]") "}", 4, FSC_ERR_FORMAT,
+         "data_offsets must be non-negative integers"},
+        {"{\"a\":" ENTRY("F32", "[1]", "[0.5,4.5]") "}", 8, FSC_ERR_FORMAT,
+         "data_offsets must be non-negative integers"},
+        {"{\"a\":" ENTRY("F32", "[1]", "[0,4]") ",\"b\":" ENTRY("F32", "[2]", "[2,10]") "}", 12,
+         FSC_ERR_FORMAT, "tensors \"a\" and \"b\" overlap"},
+        {"{\"a\":" ENTRY("F32", "[4]", "[0,16]") ",\"b\":" ENTRY("F32", "[1]", "[4,8]") "}", 16,
+         FSC_ERR_FORMAT, "tensors \"a\" and \"b\" overlap"},
+        {"{\"a\":" ENTRY("F32", "[1]", "[0,4]") ",\"a\":" ENTRY("F32", "[1]", "[4,8]") "}", 8,
+         FSC_ERR_FORMAT, "duplicate tensor name \"a\""},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+        expect_header_fails(cases[i].header, cases[i].ndata, cases[i].status, cases[i].needle);
 }
 
 static void test_malformed_metadata_and_data(void **state) {
