@@ -241,23 +241,26 @@ FSC_API int fsc_matmul_backward_bf16_dout(float *dinp, float *dweight, const uin
 /* fsc_gelu_forward with its output rounded once to bf16. */
 FSC_API void fsc_gelu_forward_bf16(uint16_t *out, const float *inp, int64_t n);
 /* fsc_gelu_forward of an input stored in bf16 (c_fc's output under bf16
- * autocast), evaluated at its exact widening: the output in fp32, or
- * rounded once to bf16 (_io); the backward's derivative is taken at the
- * same widened value. */
+ * autocast), evaluated at its exact widening; out in fp32. */
 FSC_API void fsc_gelu_forward_bf16_in(float *out, const uint16_t *inp, int64_t n);
+/* fsc_gelu_forward_bf16_in with its output rounded once to bf16. */
 FSC_API void fsc_gelu_forward_bf16_io(uint16_t *out, const uint16_t *inp, int64_t n);
+/* fsc_gelu_backward with the derivative taken at inp's exact widening, the
+ * value fsc_gelu_forward_bf16_in evaluated. */
 FSC_API void fsc_gelu_backward_bf16_in(float *dinp, const uint16_t *inp, const float *dout,
                                        int64_t n);
 /* fsc_swiglu_forward with its output rounded once to bf16. */
 FSC_API void fsc_swiglu_forward_bf16(uint16_t *out, const float *gate, const float *up, int64_t n);
-/* SwiGLU on gate and up stored in bf16 (gate_proj's and up_proj's outputs
- * under bf16 autocast), at their exact widenings: the product in fp32, or
- * rounded once to bf16 (_io); the backward as fsc_swiglu_backward at the
- * same widened values (dup may equal dout). */
+/* SwiGLU's product of gate and up stored in bf16 (gate_proj's and
+ * up_proj's outputs under bf16 autocast), at their exact widenings; out in
+ * fp32. */
 FSC_API void fsc_swiglu_forward_bf16_in(float *out, const uint16_t *gate, const uint16_t *up,
                                         int64_t n);
+/* fsc_swiglu_forward_bf16_in with its output rounded once to bf16. */
 FSC_API void fsc_swiglu_forward_bf16_io(uint16_t *out, const uint16_t *gate, const uint16_t *up,
                                         int64_t n);
+/* fsc_swiglu_backward at the exact widenings of gate and up stored in bf16
+ * (dup may equal dout). */
 FSC_API void fsc_swiglu_backward_bf16_in(float *dgate, float *dup, const float *dout,
                                          const uint16_t *gate, const uint16_t *up, int64_t n);
 /* fsc_layernorm_forward with its output rounded once to bf16. */
