@@ -107,8 +107,9 @@ typedef struct fsc_ctx {
      * head, forward and backward (dx and dW), at bf16-rounded inputs with
      * fp32 accumulation (fsc_gemm, FSC_GEMM_BF16: oneDNN where measured
      * faster, else sgemm). With bf16 GEMMs running, activations that feed
-     * only a bf16 GEMM are stored in bf16, and a one-process GPT's output
-     * logits are bf16 (not when decoding), as fsc_cross_entropy takes them.
+     * only a bf16 GEMM are stored in bf16, and the GPT's output logits are
+     * bf16 (not when decoding, nor the tensor-parallel head's), as
+     * fsc_cross_entropy takes them.
      * The arithmetic of LayerNorm, softmax and the loss, parameters,
      * gradients and optimizer state stay fp32. F32 (0, the
      * default): fp32 throughout, bit for bit as without this field. Other
