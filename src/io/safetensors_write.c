@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/grow.h"
 #include "fsc/io.h"
 #include "io/io_internal.h"
 
@@ -54,14 +55,7 @@ static int failed(fsc_st_writer *w) {
 }
 
 static int grow(void **arr, int *cap, int need, size_t elem) {
-    if (need <= *cap) return FSC_OK;
-    int nc = *cap ? *cap * 2 : 16;
-    while (nc < need) nc *= 2;
-    void *p = realloc(*arr, (size_t)nc * elem);
-    if (!p) return fsc_error(FSC_ERR_NOMEM, "safetensors writer: out of memory");
-    *arr = p;
-    *cap = nc;
-    return FSC_OK;
+    return fsc_grow_array(arr, cap, need, elem, 16, "safetensors writer: out of memory");
 }
 
 /* ---- the JSON header ------------------------------------------------------------ */

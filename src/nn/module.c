@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/grow.h"
 #include "fsc/nn.h"
 #include "fsc/profile.h"
 
@@ -23,14 +24,7 @@ void fsc_module_init(fsc_module *m, const fsc_module_ops *ops, const char *name)
 }
 
 static int grow(void **arr, int *cap, int need, size_t elem) {
-    if (need <= *cap) return FSC_OK;
-    int ncap = *cap ? *cap * 2 : 4;
-    while (ncap < need) ncap *= 2;
-    void *p = realloc(*arr, (size_t)ncap * elem);
-    if (!p) return fsc_error(FSC_ERR_NOMEM, "out of memory growing a module");
-    *arr = p;
-    *cap = ncap;
-    return FSC_OK;
+    return fsc_grow_array(arr, cap, need, elem, 4, "out of memory growing a module");
 }
 
 int fsc_module_add_param(fsc_module *m, const char *name, int ndim, const int64_t *shape,
