@@ -484,7 +484,7 @@ static inline double eq_tolerance(int64_t i, float ref) {
  * largest share of its bound any element used, and the worst offender. Under
  * FSC_TEST_EXPECT_MISMATCH=1 (the fault-injection runs) a clean comparison is
  * the failure: the injected fault went unnoticed. */
-static int64_t eq_compare(const char *what, const float *a, const float *b, int64_t n) {
+static inline int64_t eq_compare(const char *what, const float *a, const float *b, int64_t n) {
     int64_t bad = 0, worst = 0;
     double worst_r = 0, max_d = 0, max_noise = 0;
     for (int64_t i = 0; i < n; i++) {
