@@ -8,7 +8,8 @@ int fsc_cross_entropy(float *loss_out, fsc_tensor *logits, const fsc_tensor *tar
                       int ignore_index, double norm, fsc_arena *arena) {
     const bool half = logits->dtype == FSC_DTYPE_BF16;
     if ((logits->dtype != FSC_DTYPE_F32 && !half) || logits->ndim < 1)
-        return fsc_error(FSC_ERR_SHAPE, "cross_entropy: logits must be f32 or bf16 (..., V), got %s",
+        return fsc_error(FSC_ERR_SHAPE,
+                         "cross_entropy: logits must be f32 or bf16 (..., V), got %s",
                          fsc_dtype_name(logits->dtype));
     int64_t V = logits->shape[logits->ndim - 1], N = fsc_rows(logits);
     if (targets->dtype != FSC_DTYPE_I32 || fsc_tensor_numel(targets) != N)

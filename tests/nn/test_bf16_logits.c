@@ -112,7 +112,8 @@ static void test_cross_entropy_accepts_bf16(void **state) {
     for (int i = 0; i < N * V; i++) xf[i] = fsc_bf16_to_f32(h[i]);
     fsc_arena *a = fsc_arena_new(FSC_MEM_ACTIV, 1 << 16);
     assert_non_null(a);
-    fsc_tensor lh = fsc_tensor_2d(h, FSC_DTYPE_BF16, N, V), lf = fsc_tensor_2d(xf, FSC_DTYPE_F32, N, V);
+    fsc_tensor lh = fsc_tensor_2d(h, FSC_DTYPE_BF16, N, V),
+               lf = fsc_tensor_2d(xf, FSC_DTYPE_F32, N, V);
     fsc_tensor t = fsc_tensor_2d(y, FSC_DTYPE_I32, N, 1);
     float loss_h, loss_f;
     assert_int_equal(fsc_cross_entropy(&loss_h, &lh, &t, -1, N, a), FSC_OK);
@@ -134,7 +135,8 @@ static void head_gemm_case(int N, int C, int V, bool one_block) {
     float *x = malloc(sizeof(float) * (size_t)N * C), *w = malloc(sizeof(float) * (size_t)V * C);
     float *yf = malloc(sizeof(float) * (size_t)N * V), *dyw = malloc(sizeof(float) * (size_t)N * V);
     uint16_t *yh = malloc(2 * (size_t)N * V), *dyh = malloc(2 * (size_t)N * V);
-    float *dx1 = malloc(sizeof(float) * (size_t)N * C), *dx2 = malloc(sizeof(float) * (size_t)N * C);
+    float *dx1 = malloc(sizeof(float) * (size_t)N * C),
+          *dx2 = malloc(sizeof(float) * (size_t)N * C);
     float *dw1 = calloc((size_t)V * C, sizeof(float)), *dw2 = calloc((size_t)V * C, sizeof(float));
     assert_true(x && w && yf && dyw && yh && dyh && dx1 && dx2 && dw1 && dw2);
     for (int i = 0; i < N * C; i++) x[i] = frand(&seed);
@@ -244,8 +246,13 @@ static void test_gpt2_and_llama_heads_keep_bf16_logits(void **state) {
     if (!have_bf16()) skip();
     const fsc_gpt_config gpt2 = {.vocab = 500, .seq = T, .layers = 1, .d_model = 64, .heads = 2};
     head_case(&gpt2);
-    const fsc_gpt_config llama = {.arch = FSC_ARCH_LLAMA, .vocab = 500, .seq = T, .layers = 1,
-                                  .d_model = 64, .heads = 4, .kv_heads = 2};
+    const fsc_gpt_config llama = {.arch = FSC_ARCH_LLAMA,
+                                  .vocab = 500,
+                                  .seq = T,
+                                  .layers = 1,
+                                  .d_model = 64,
+                                  .heads = 4,
+                                  .kv_heads = 2};
     head_case(&llama);
 }
 
