@@ -15,10 +15,11 @@
  * step recorded as "fsc.step", a trainer checkpoint's convention). */
 static int fuzz_write_members(const char *dir) {
     char path[512];
-    snprintf(path, sizeof path, "%s/a.bin", dir);
+    if (snprintf(path, sizeof path, "%s/a.bin", dir) >= (int)sizeof path) return FSC_ERR_IO;
     FILE *f = fopen(path, "wb");
     if (!f || fwrite("0123456789", 1, 10, f) != 10 || fclose(f) != 0) return FSC_ERR_IO;
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    if (snprintf(path, sizeof path, "%s/model.safetensors", dir) >= (int)sizeof path)
+        return FSC_ERR_IO;
     int rc = FSC_OK;
     fsc_st_writer *w = fsc_st_writer_open(path, &rc);
     if (!w) return rc;
