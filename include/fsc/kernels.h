@@ -142,6 +142,12 @@ FSC_API int fsc_gemm_shape_peak(fsc_gemm_prec prec, bool ta, bool tb, int M, int
 FSC_API void fsc_round_bf16(float *dst, const float *src, int64_t n);
 /* dst[i] = fsc_f32_to_bf16(src[i]), bit for bit, vectorised. */
 FSC_API void fsc_narrow_bf16(uint16_t *dst, const float *src, int64_t n);
+/* This thread's fp32 buffer of at least n floats for a result about to be
+ * narrowed to bf16 (a Linear's or attention's output kept in bf16): kept
+ * and grown between calls, so no call pays fresh pages; valid until this
+ * thread's next call. Never handed to the bf16 GEMMs' own workspace users.
+ * NULL if out of memory. */
+FSC_API float *fsc_bf16_narrow_scratch(int64_t n);
 /* dst[i] = src[i] widened to fp32 (exact). */
 FSC_API void fsc_widen_bf16(float *dst, const uint16_t *src, int64_t n);
 

@@ -88,7 +88,7 @@ void fsc_narrow_bf16(uint16_t *dst, const float *src, int64_t n) {
 
 static void init_once(void);
 
-enum { WS_A, WS_B, WS_C, WS_SCRATCH, WS_CALLER, WS_COUNT = WS_CALLER + FSC_BF16_WS_SLOTS };
+enum { WS_A, WS_B, WS_C, WS_SCRATCH, WS_NARROW, WS_CALLER, WS_COUNT = WS_CALLER + FSC_BF16_WS_SLOTS };
 
 typedef struct {
     void *buf[WS_COUNT]; /* packed A, packed B, C staging, oneDNN scratch, the callers' */
@@ -124,6 +124,11 @@ uint16_t *fsc_bf16_ws(int slot, size_t elems) {
     pthread_once(&g.once, init_once);
     if (slot < 0 || slot >= FSC_BF16_WS_SLOTS) return NULL;
     return ws_get(WS_CALLER + slot, elems * sizeof(uint16_t));
+}
+
+float *fsc_bf16_narrow_scratch(int64_t n) {
+    pthread_once(&g.once, init_once);
+    return n < 0 ? NULL : (float *)ws_get(WS_NARROW, (size_t)n * sizeof(float));
 }
 
 void fsc_pack_bf16(uint16_t *dst, const float *src, int rows, int cols, int ld) {

@@ -103,7 +103,8 @@ static bool qkv_in_bf16(const fsc_module *m, const fsc_ctx *ctx, const fsc_tenso
 /* The attention output h (B,T,C) for c_proj. Under bf16 autocast, when
  * c_proj is a plain Linear and the kernel is naive (flash's backward reads
  * its output again), h is kept in bf16, as c_proj's GEMM would round it:
- * the kernel writes fp32 into a scratch buffer that is given back at once. */
+ * the kernel writes fp32 into this thread's narrowing scratch (kept between
+ * calls: a buffer mapped per call faults its pages in every time). */
 static int attention_output(const fsc_ctx *ctx, fsc_attn_saved *s, const fsc_module *c_proj,
                             fsc_tensor *h, int C, int NH) {
     const bool bf16 = fsc_ctx_bf16_act(ctx) && nn_linear_is(c_proj) &&
@@ -111,11 +112,10 @@ static int attention_output(const fsc_ctx *ctx, fsc_attn_saved *s, const fsc_mod
     int rc = fsc_alloc_like_dt(ctx->arena, &s->qkv, C, bf16 ? FSC_DTYPE_BF16 : FSC_DTYPE_F32, h);
     if (rc || !bf16) return rc ? rc : nn_attention_fused_forward(ctx, s, h->data, C, NH);
     const int64_t n = fsc_tensor_numel(h);
-    float *tmp = fsc_mem_alloc(FSC_MEM_WORK, (size_t)n * sizeof(float));
+    float *tmp = fsc_bf16_narrow_scratch(n);
     if (!tmp) return FSC_ERR_NOMEM;
     rc = nn_attention_fused_forward(ctx, s, tmp, C, NH);
     if (!rc) fsc_narrow_bf16(h->data, tmp, n);
-    fsc_mem_free(tmp);
     return rc;
 }
 

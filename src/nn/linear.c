@@ -41,8 +41,8 @@ static int linear_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x
         rc = fsc_alloc_like_dt(ctx->arena, x, l->out, out_h ? FSC_DTYPE_BF16 : FSC_DTYPE_F32, y);
     if (rc) return rc;
     const int64_t n = fsc_rows(x) * l->out;
-    /* a bf16 y: the GEMM's fp32 result in a scratch given back at once */
-    float *yf = out_h ? fsc_mem_alloc(FSC_MEM_WORK, (size_t)n * sizeof(float)) : y->data;
+    /* a bf16 y: the GEMM's fp32 result in this thread's narrowing scratch */
+    float *yf = out_h ? fsc_bf16_narrow_scratch(n) : y->data;
     if (!yf) return FSC_ERR_NOMEM;
     const float *b = l->bias ? m->params[1].data : NULL;
     if (x->dtype == FSC_DTYPE_BF16)
@@ -51,10 +51,7 @@ static int linear_forward(fsc_module *m, const fsc_ctx *ctx, const fsc_tensor *x
     else
         fsc_matmul_forward_prec(yf, x->data, m->params[0].data, b, (int)fsc_rows(x), l->in, l->out,
                                 l->layout, fsc_ctx_prec(ctx));
-    if (out_h) {
-        if (!rc) fsc_narrow_bf16(y->data, yf, n);
-        fsc_mem_free(yf);
-    }
+    if (out_h && !rc) fsc_narrow_bf16(y->data, yf, n);
     return rc ? rc : fsc_save_input(ctx->arena, x, saved);
 }
 
