@@ -5,11 +5,24 @@
  * widened on the fly (max, sum of exps, gradient), so no fp32 copy of it is
  * made; the arithmetic is fp32 and the gradient is rounded once to bf16. */
 #include <math.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include "fastmath.h"
 #include "fsc/kernels.h"
 #include "kernels/gemm_bf16_internal.h"
+
+/* Row i's target y is ignored or out of range: its loss is 0 and the caller
+ * zeroes its gradient; the first out-of-range row is kept for the error. */
+static bool skipped(int i, int y, int V, int ignore_index, int64_t *bad, float *loss) {
+    if (y != ignore_index && y >= 0 && y < V) return false;
+    if (y != ignore_index) {
+#pragma omp critical
+        if (*bad < 0 || i < *bad) *bad = i;
+    }
+    *loss = 0.f;
+    return true;
+}
 
 int64_t fsc_crossentropy_fused(float *losses, float *logits, const int32_t *targets, int N, int V,
                                int ignore_index, float grad_scale, int64_t *bad_target) {
@@ -18,12 +31,7 @@ int64_t fsc_crossentropy_fused(float *losses, float *logits, const int32_t *targ
     for (int i = 0; i < N; i++) {
         float *x = logits + (size_t)i * V;
         int y = targets[i];
-        if (y == ignore_index || y < 0 || y >= V) {
-            if (y != ignore_index) {
-#pragma omp critical
-                if (bad < 0 || i < bad) bad = i;
-            }
-            losses[i] = 0.f;
+        if (skipped(i, y, V, ignore_index, &bad, &losses[i])) {
 #pragma omp simd
             for (int v = 0; v < V; v++) x[v] = 0.f;
             continue;
@@ -47,13 +55,6 @@ int64_t fsc_crossentropy_fused(float *losses, float *logits, const int32_t *targ
     return counted;
 }
 
-static inline float widen(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 int64_t fsc_crossentropy_fused_bf16(float *losses, uint16_t *logits, const int32_t *targets, int N,
                                     int V, int ignore_index, float grad_scale,
                                     int64_t *bad_target) {
@@ -62,29 +63,25 @@ int64_t fsc_crossentropy_fused_bf16(float *losses, uint16_t *logits, const int32
     for (int i = 0; i < N; i++) {
         uint16_t *x = logits + (size_t)i * V;
         int y = targets[i];
-        if (y == ignore_index || y < 0 || y >= V) {
-            if (y != ignore_index) {
-#pragma omp critical
-                if (bad < 0 || i < bad) bad = i;
-            }
-            losses[i] = 0.f;
+        if (skipped(i, y, V, ignore_index, &bad, &losses[i])) {
             memset(x, 0, (size_t)V * sizeof *x);
             continue;
         }
         float m = -INFINITY, s = 0.f;
         for (int v = 0; v < V; v++) {
-            const float xv = widen(x[v]);
+            const float xv = fsc_bf16_widen(x[v]);
             m = xv > m ? xv : m;
         }
-        const float xt = widen(x[y]);
+        const float xt = fsc_bf16_widen(x[y]);
 #pragma omp simd reduction(+ : s)
-        for (int v = 0; v < V; v++) s += fsc_fast_expf(widen(x[v]) - m);
+        for (int v = 0; v < V; v++) s += fsc_fast_expf(fsc_bf16_widen(x[v]) - m);
         losses[i] = logf(s) - (xt - m);
         const float g = grad_scale / s;
         /* the target's entry before rounding: p_y g - scale, as the fp32 kernel */
         const float gy = fsc_fast_expf(xt - m) * g - grad_scale;
 #pragma omp simd
-        for (int v = 0; v < V; v++) x[v] = fsc_bf16_round(fsc_fast_expf(widen(x[v]) - m) * g);
+        for (int v = 0; v < V; v++)
+            x[v] = fsc_bf16_round(fsc_fast_expf(fsc_bf16_widen(x[v]) - m) * g);
         x[y] = fsc_bf16_round(gy);
         counted++;
     }
