@@ -20,14 +20,11 @@
 
 #include "fsc/core.h"
 #include "fsc/kernels.h"
+#include "bf16_test.h"
+#include "frand.h"
 
 /* T > 64: two query blocks, the second partial; B = 2 */
 enum { B = 2, T = 80, C = 64, NH = 2, NQ = B * T * 3 * C, NA = B * NH * T * T };
-
-static float frand(uint64_t *s) {
-    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
-    return (float)((*s >> 40) & 0xffffff) / (float)0x1000000 - 0.5f;
-}
 
 /* qkv in bf16 (qh) and its widening (qw); dy fp32 */
 static void inputs(uint16_t *qh, float *qw, float *dy) {
@@ -67,10 +64,7 @@ static void both_forms(void) {
 
 static void test_batched_reads_bf16_as_its_widening(void **state) {
     (void)state;
-    if (!fsc_bf16_gemm_available()) {
-        print_message("skipped: no oneDNN bf16 path here (%s)\n", fsc_last_error());
-        skip();
-    }
+    if (!have_bf16()) skip();
     fsc_bf16_gemm_set_mode(FSC_BF16_GEMM_ON);
     assert_true(fsc_attention_bf16_act_ready(B, T, C, NH));
     fsc_bf16_gemm_reset_stats();

@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "fsc/nn.h"
+#include "bf16_test.h"
 
 #define U_BF16 (1.0 / 256) /* 2^-8 */
 #define U_F32 (1.0 / 16777216)
@@ -37,10 +38,7 @@ static double e_bf16(int K) {
 /* Skips the calling test unless oneDNN runs bf16 here; says why. */
 #define NEED_ONEDNN()                                                                              \
     do {                                                                                           \
-        if (!fsc_bf16_gemm_available()) {                                                          \
-            print_message("skipped: no oneDNN bf16 path here (%s)\n", fsc_last_error());           \
-            skip();                                                                                \
-        }                                                                                          \
+        if (!have_bf16()) skip();                                                                  \
     } while (0)
 
 static float *filled(size_t n, unsigned seed, float lo, float hi) {

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 
 #include "fsc/nn.h"
+#include "bf16_test.h"
 #include "test_main.h"
 
 enum { B = 2 };
@@ -33,10 +34,7 @@ static double e_bf16(int K) {
 
 static void test_gqa_bf16(void **state) {
     (void)state;
-    if (!fsc_bf16_gemm_available()) {
-        print_message("skipped: no oneDNN bf16 path here (%s)\n", fsc_last_error());
-        skip();
-    }
+    if (!have_bf16()) skip();
     fsc_bf16_gemm_mode mode = fsc_bf16_gemm_get_mode();
     fsc_bf16_gemm_set_mode(FSC_BF16_GEMM_ON);
     enum { TT = 80, NH = 4, NKV = 2, HD = 16, CQ = NH * HD, CK = NKV * HD };

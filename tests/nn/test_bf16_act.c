@@ -32,21 +32,12 @@
 #include "fsc/kernels.h"
 #include "fsc/nn.h"
 #include "nn/layers_internal.h" /* nn_*_set_feeds: the producers' switch */
+#include "bf16_test.h"
+#include "frand.h"
 
 enum { B = 2, T = 32, C = 64, NH = 2, N = B * T };
 /* what attention keeps of its probabilities in bf16 instead of fp32 */
 #define QKV_ATT_SAVED ((size_t)B * NH * T * T * 2)
-
-static float frand(uint64_t *s) {
-    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
-    return (float)((*s >> 40) & 0xffffff) / (float)0x1000000 - 0.5f;
-}
-
-static bool have_bf16(void) {
-    if (fsc_bf16_gemm_available()) return true;
-    print_message("skipped: no oneDNN bf16 path here (%s)\n", fsc_last_error());
-    return false;
-}
 
 /* Forward and backward of a Linear on x (dtype dt), autocast bf16. */
 static void linear_run(fsc_module *m, fsc_params *ps, const fsc_tensor *x, const float *dyv,

@@ -24,17 +24,8 @@
 
 #include "fsc/gpt.h"
 #include "fsc/nn.h"
-
-static float frand(uint64_t *s) {
-    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
-    return (float)((*s >> 40) & 0xffffff) / (float)0x1000000 - 0.5f;
-}
-
-static bool have_bf16(void) {
-    if (fsc_bf16_gemm_available()) return true;
-    print_message("skipped: no oneDNN bf16 path here (%s)\n", fsc_last_error());
-    return false;
-}
+#include "bf16_test.h"
+#include "frand.h"
 
 enum { CN = 48, CV = 777, IGNORED_ROW = 5 };
 

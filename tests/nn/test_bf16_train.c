@@ -38,6 +38,7 @@
 #include "fsc/gpt.h"
 #include "fsc/io.h"
 #include "fsc/optim.h"
+#include "bf16_test.h"
 
 enum { STEPS = 200, B = 4, T = 32, WINDOW = 20, NOISE_RUNS = 3 };
 
@@ -106,10 +107,7 @@ static void test_fallback_trains_as_fp32(void **state) {
 
 static void test_bf16_follows_fp32_curve(void **state) {
     (void)state;
-    if (!fsc_bf16_gemm_available()) {
-        print_message("skipped: no oneDNN bf16 path here (%s)\n", fsc_last_error());
-        skip();
-    }
+    if (!have_bf16()) skip();
     fsc_bf16_gemm_set_mode(FSC_BF16_GEMM_ON); /* every GEMM in bf16, whatever is faster */
     fsc_bf16_gemm_reset_stats();
     float l[STEPS], noisy[NOISE_RUNS][STEPS];
@@ -193,10 +191,7 @@ static void check_fresh(fsc_fsdp *f, fsc_module *m, fsc_params *pp, fsc_module *
 
 static void test_fsdp_bf16_views_follow_weights(void **state) {
     (void)state;
-    if (!fsc_bf16_gemm_available()) {
-        print_message("skipped: no oneDNN bf16 path here (%s)\n", fsc_last_error());
-        skip();
-    }
+    if (!have_bf16()) skip();
     fsc_bf16_gemm_set_mode(FSC_BF16_GEMM_ON);
     fsc_module *m = fsc_gpt_new(&CFG), *p = fsc_gpt_new(&CFG), **units;
     int n;

@@ -14,6 +14,7 @@
 
 #include "fsc/core.h"
 #include "fsc/optim.h"
+#include "frand.h"
 #include "test_main.h"
 
 #define NR 8
@@ -22,11 +23,6 @@ static const int64_t SIZES[NR] = {1, 511, 0, 512, 513, 70001, 3, 40000};
 typedef struct {
     float *p[NR], *g[NR], *m[NR], *v[NR];
 } arrays;
-
-static float frand(uint64_t *s) {
-    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
-    return (float)((*s >> 40) & 0xffffff) / (float)0x1000000 - 0.5f;
-}
 
 static void arrays_new(arrays *a) {
     for (int i = 0; i < NR; i++) {
