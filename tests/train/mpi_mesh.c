@@ -10,13 +10,17 @@
  * checkpoint of the mesh resumes under one process, under fsdp on 4 ranks
  * and back, by global name. fsdp over TP replicas without a pipeline (dp 2
  * x tp 2: the model one pipeline stage) is one process's training too,
- * keeps 1/dp of the model between steps, and resumes across layouts. */
+ * keeps 1/dp of the model between steps, and resumes across layouts. The
+ * mesh's pipeline writes its last step's trace (fsc_strategy_write_trace:
+ * the first TP rank of the first replica writes, every rank learns the
+ * outcome); a layout without a pipeline has none to write. */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <cmocka.h>
+#include <cjson/cJSON.h>
 #include <string.h>
 
 #include "trainer_test.h"
@@ -51,16 +55,54 @@ static void expect_slices(fsc_strategy *s, int dp) {
     if (dp > 1) assert_true(params < (size_t)local * sizeof(float));
 }
 
+/* The strategy's trace at path: with a pipeline (c->pp stages) every rank
+ * returns FSC_OK and rank 0's file holds one named row with boxes for each
+ * stage and no other row; a layout without a pipeline refuses. */
+static void expect_trace(fsc_strategy *s, const tt_run *c, const char *path) {
+    const int rc = fsc_strategy_write_trace(s, path);
+    if (!c->pp) {
+        assert_int_equal(rc, FSC_ERR_INVALID);
+        assert_non_null(strstr(fsc_last_error(), "no pipeline to trace"));
+        return;
+    }
+    if (rc) fail_msg("rank %d: %s", rank, fsc_last_error());
+    if (rank != 0) return;
+    long len = 0;
+    char *text = (char *)mpi_read_file(path, &len);
+    assert_non_null(text);
+    cJSON *trace = cJSON_ParseWithLength(text, (size_t)len);
+    if (!trace) fail_msg("%s is not JSON", path);
+    int names[8] = {0}, boxes[8] = {0};
+    const cJSON *e;
+    cJSON_ArrayForEach(e, cJSON_GetObjectItem(trace, "traceEvents")) {
+        const int tid = (int)cJSON_GetNumberValue(cJSON_GetObjectItem(e, "tid"));
+        if (tid < 0 || tid >= c->pp) fail_msg("a row %d in a trace of %d stages", tid, c->pp);
+        const char *ph = cJSON_GetStringValue(cJSON_GetObjectItem(e, "ph"));
+        assert_non_null(ph);
+        if (!strcmp(ph, "M"))
+            names[tid]++;
+        else
+            boxes[tid]++;
+    }
+    for (int r = 0; r < c->pp; r++)
+        if (names[r] != 1 || boxes[r] < 1)
+            fail_msg("stage %d: %d names and %d boxes in %s", r, names[r], boxes[r], path);
+    cJSON_Delete(trace);
+    free(text);
+}
+
 /* Trains the EQ model EQ_STEPS steps through the trainer (2 micro-batches
  * of the global batch per replica) and returns the saved weights; with
- * `slices`, checks that the model is kept in 1/dp slices between steps. */
-static float *train_ex(const tt_run *c, bool slices, int64_t *numel) {
+ * `slices`, checks that the model is kept in 1/dp slices between steps;
+ * with a `trace` path, the strategy's trace (expect_trace). */
+static float *train_ex(const tt_run *c, bool slices, const char *trace, int64_t *numel) {
     tt_data *d = tt_data_new();
     fsc_module *model;
     fsc_trainer *t = tt_trainer_new(c, d, &model);
     tt_train(t, c);
     fsc_strategy *s = fsc_trainer_strategy(t);
     if (slices) expect_slices(s, fsc_strategy_world(s));
+    if (trace) expect_trace(s, c, trace);
     tt_save_and_free(t, model, c->out);
     fsc_group_barrier(tt_ranks(c)); /* the file is complete */
     float *out = tt_read_weights(&EQ_MODEL, c->out, numel);
@@ -69,7 +111,7 @@ static float *train_ex(const tt_run *c, bool slices, int64_t *numel) {
 }
 
 static float *train(const tt_run *c, int64_t *numel) {
-    return train_ex(c, false, numel);
+    return train_ex(c, false, NULL, numel);
 }
 
 static void path(char *buf, const char *name) {
@@ -108,7 +150,10 @@ static void test_mesh_sequence_parallel(void **state) {
     char out[128];
     path(out, "sp.safetensors");
     int64_t n;
-    float *w = train(&(tt_run){.strategy = "ddp", .pp = 2, .tp = 2, .sp = true, .out = out}, &n);
+    char trace[128];
+    path(trace, "sp.trace.json");
+    float *w = train_ex(&(tt_run){.strategy = "ddp", .pp = 2, .tp = 2, .sp = true, .out = out},
+                        false, trace, &n);
     tt_expect_reference(&(eq_options){0}, "ddp x pp 2 x tp 2 (sp)", w, n);
 }
 
@@ -183,12 +228,14 @@ static void test_fsdp_tp(void **state) {
     free(train(&(tt_run){.strategy = "single", .clip = clip, .out = mine, .norms = ref},
                &(int64_t){0}));
     path(out, "fsdp-tp.safetensors");
+    char trace[128];
+    path(trace, "fsdp-tp.trace.json");
     for (int sp = 0; sp < 2; sp++) {
         int64_t n;
         float *w = train_ex(
             &(tt_run){
                 .strategy = "fsdp", .tp = 2, .sp = sp, .clip = clip, .out = out, .norms = got},
-            true, &n);
+            true, sp ? NULL : trace, &n); /* no pipeline: refused */
         snprintf(what, sizeof what, "fsdp x tp 2 (dp 2%s), clip %.2f", sp ? ", sp" : "",
                  (double)clip);
         tt_expect_reference(&(eq_options){.max_norm = clip}, what, w, n);

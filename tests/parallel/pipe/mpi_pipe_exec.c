@@ -16,6 +16,11 @@
  * forwards exactly, with the gradients, the figures of that run and its
  * trace left as they were, under 1F1B, ZB-H1 and interleaved shapes.
  *
+ * The trace of the last run (fsc_pipe_write_trace) read back as JSON: one
+ * named row per rank holding that rank's schedule in order, boxes that do
+ * not overlap and last at least their sleeps; a path it cannot open fails
+ * on every rank, naming it.
+ *
  * A hand-written schedule whose last stage sends micro-batch 1's gradient
  * before micro-batch 0's, while the first stage receives 0's first: valid
  * (sends never block), and it trains to generated 1F1B's loss and
@@ -26,6 +31,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <cmocka.h>
+#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -276,6 +282,99 @@ static void test_eval(void **state) {
     expect_eval(FSC_PIPE_INTERLEAVED, 2, world);
 }
 
+/* Row r of a trace: its "rank r" name once, then one box per action of r's
+ * schedule in order, each named as fsc_pipe_action_format names it, none
+ * starting before the one before ended (a rank runs its actions one at a
+ * time), F at least UNIT_MS and B at least 2 UNIT_MS long (their sleeps; a
+ * loaded machine only lengthens them; 1 us for truncation). */
+static void expect_trace_row(const cJSON *events, const fsc_pipe_schedule *sched, int r) {
+    const fsc_pipe_action *acts;
+    int n, k = 0, named = 0;
+    assert_int_equal(fsc_pipe_schedule_actions(sched, r, &acts, &n), FSC_OK);
+    double end = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, events) {
+        const cJSON *tid = cJSON_GetObjectItem(e, "tid"), *ph = cJSON_GetObjectItem(e, "ph"),
+                    *name = cJSON_GetObjectItem(e, "name");
+        assert_true(cJSON_IsNumber(tid) && cJSON_IsString(ph) && cJSON_IsString(name));
+        if (tid->valueint != r) continue;
+        if (!strcmp(ph->valuestring, "M")) {
+            const cJSON *args = cJSON_GetObjectItem(e, "args");
+            char want[32];
+            snprintf(want, sizeof want, "rank %d", r);
+            assert_string_equal(name->valuestring, "thread_name");
+            assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(args, "name")), want);
+            named++;
+            continue;
+        }
+        assert_string_equal(ph->valuestring, "X");
+        if (k >= n) fail_msg("row %d: more than its schedule's %d actions", r, n);
+        char want[FSC_PIPE_ACTION_TEXT];
+        assert_true(fsc_pipe_action_format(acts[k], want, sizeof want) > 0);
+        const double ts = cJSON_GetNumberValue(cJSON_GetObjectItem(e, "ts")),
+                     dur = cJSON_GetNumberValue(cJSON_GetObjectItem(e, "dur"));
+        if (strcmp(name->valuestring, want) || ts < end || dur < 0)
+            fail_msg("row %d, box %d: %s at %.0f us for %.0f us; expected %s from %.0f us on", r, k,
+                     name->valuestring, ts, dur, want, end);
+        const double least = acts[k].op == FSC_PIPE_F   ? 1e3 * UNIT_MS
+                             : acts[k].op == FSC_PIPE_B ? 2e3 * UNIT_MS
+                                                        : 0;
+        if (dur < least - 1)
+            fail_msg("row %d: %s lasted %.0f us, it sleeps %.0f", r, want, dur, least);
+        end = ts + dur, k++;
+    }
+    assert_int_equal(named, 1);
+    if (k != n) fail_msg("row %d: %d boxes, its schedule has %d actions", r, k, n);
+}
+
+/* Two 1F1B runs, then the trace: rank 0's file holds every rank's row of
+ * the last run alone (the first run's boxes too would double each row). */
+static void test_trace(void **state) {
+    (void)state;
+    if (world < 2) skip();
+    char dir[64], path[128];
+    assert_int_equal(mpi_scratch_dir(dir, "fsc_pipe_trace"), 0);
+    fsc_pipe_schedule *sched;
+    assert_int_equal(fsc_pipe_schedule_make(FSC_PIPE_1F1B, world, 1, 2, &sched), FSC_OK);
+    fsc_pipe *p = pipe_of(sched, world);
+    fsc_pipe_io io = {.input = input, .loss = loss, .sample0 = sample0};
+    for (int s = 0; s < 2; s++) {
+        fsc_ctx ctx = {.training = true, .seed = 5, .step = s};
+        float l;
+        fsc_pipe_zero_grad(p);
+        if (fsc_pipe_run(p, &ctx, &io, &l)) fail_msg("rank %d: %s", rank, fsc_last_error());
+    }
+    snprintf(path, sizeof path, "%s/trace.json", dir);
+    if (fsc_pipe_write_trace(p, path)) fail_msg("rank %d: %s", rank, fsc_last_error());
+    if (rank == 0) {
+        long len = 0;
+        char *text = (char *)mpi_read_file(path, &len);
+        assert_non_null(text);
+        cJSON *trace = cJSON_ParseWithLength(text, (size_t)len);
+        if (!trace) fail_msg("%s is not JSON:\n%s", path, text);
+        const cJSON *events = cJSON_GetObjectItem(trace, "traceEvents");
+        assert_true(cJSON_IsArray(events));
+        int rows = 0;
+        for (int r = 0; r < world; r++) {
+            const fsc_pipe_action *acts;
+            int n;
+            assert_int_equal(fsc_pipe_schedule_actions(sched, r, &acts, &n), FSC_OK);
+            rows += 1 + n;
+            expect_trace_row(events, sched, r);
+        }
+        assert_int_equal(cJSON_GetArraySize(events), rows); /* no row of another rank */
+        cJSON_Delete(trace);
+        free(text);
+    }
+    /* a directory that is not there: every rank fails, naming the path */
+    snprintf(path, sizeof path, "%s/missing/trace.json", dir);
+    assert_int_equal(fsc_pipe_write_trace(p, path), FSC_ERR_IO);
+    if (!strstr(fsc_last_error(), path)) fail_msg("rank %d: \"%s\"", rank, fsc_last_error());
+    fsc_pipe_free(p);
+    fsc_pipe_schedule_free(sched);
+    assert_int_equal(mpi_scratch_dir_remove(dir), 0);
+}
+
 /* Rank 1 releases micro-batch 1 after sending its gradient; rank 0 takes
  * that message only after micro-batch 0's, which rank 1 sends later. */
 static void test_reversed_backwards(void **state) {
@@ -316,4 +415,4 @@ static void test_measured_bubble(void **state) {
 }
 
 MPI_TEST_MAIN(cmocka_unit_test(test_measured_bubble), cmocka_unit_test(test_eval),
-              cmocka_unit_test(test_reversed_backwards))
+              cmocka_unit_test(test_trace), cmocka_unit_test(test_reversed_backwards))
