@@ -73,15 +73,18 @@ static bool recording_here(void) {
     return true;
 }
 
-static bool grow(void **p, int32_t *cap, int32_t need, size_t elem) {
-    if (need <= *cap) return true;
+/* p (*cap elements of elem bytes) reallocated to hold need, doubling from
+ * 256, and *cap set; p itself, *cap kept, when it already holds need or
+ * realloc fails (the caller checks *cap). It returns the pointer, since
+ * taking the caller's T ** as a void ** would be a pun. */
+static void *grow(void *p, int32_t *cap, int32_t need, size_t elem) {
+    if (need <= *cap) return p;
     int32_t n = *cap ? *cap * 2 : 256;
     while (n < need) n *= 2;
-    void *q = realloc(*p, (size_t)n * elem);
-    if (!q) return false;
-    *p = q;
+    void *q = realloc(p, (size_t)n * elem);
+    if (!q) return p;
     *cap = n;
-    return true;
+    return q;
 }
 
 static uint32_t hash_str(const char *s) {
@@ -196,7 +199,8 @@ void fsc_prof_gemm_begin(fsc_prof_cat cat, bool ta, bool tb, int M, int N, int K
 static fsc_prof_op *op_for(int32_t name, int32_t cat) {
     if (name < 0) return NULL;
     if (P.op_of[name] < 0) {
-        if (!grow((void **)&P.ops, &P.capops, P.nops + 1, sizeof *P.ops)) return NULL;
+        P.ops = grow(P.ops, &P.capops, P.nops + 1, sizeof *P.ops);
+        if (P.capops <= P.nops) return NULL;
         P.ops[P.nops] = (fsc_prof_op){.name = P.str[name], .cat = (fsc_prof_cat)cat};
         P.op_of[name] = P.nops++;
     }
@@ -206,7 +210,8 @@ static fsc_prof_op *op_for(int32_t name, int32_t cat) {
 static fsc_prof_mem_row *mem_for(int32_t detail) {
     if (detail < 0) return NULL;
     if (P.mem_of[detail] < 0) {
-        if (!grow((void **)&P.mem, &P.capmem, P.nmem + 1, sizeof *P.mem)) return NULL;
+        P.mem = grow(P.mem, &P.capmem, P.nmem + 1, sizeof *P.mem);
+        if (P.capmem <= P.nmem) return NULL;
         P.mem[P.nmem] = (fsc_prof_mem_row){.module = P.str[detail]};
         P.mem_of[detail] = P.nmem++;
     }

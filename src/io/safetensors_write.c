@@ -54,9 +54,8 @@ static int failed(fsc_st_writer *w) {
     return fsc_error(w->status, "%s", w->msg);
 }
 
-static int grow(void **arr, int *cap, int need, size_t elem) {
-    return fsc_grow_array(arr, cap, need, elem, 16, "safetensors writer: out of memory");
-}
+/* The writer's lists (declarations, metadata) start at 16 entries. */
+#define GROW(p, cap, need) FSC_GROW_ARRAY(p, cap, need, 16, "safetensors writer: out of memory")
 
 /* ---- the JSON header ------------------------------------------------------------ */
 
@@ -239,7 +238,7 @@ int fsc_st_writer_declare(fsc_st_writer *w, const char *name, fsc_dtype dtype, i
     if (w->status) return failed(w);
     uint64_t nbytes = 0;
     int rc = check_declaration(w, name, dtype, ndim, shape, &nbytes);
-    if (!rc) rc = grow((void **)&w->decls, &w->cap, w->n + 1, sizeof *w->decls);
+    if (!rc) rc = GROW(w->decls, &w->cap, w->n + 1);
     if (rc) return fail(w, rc);
     decl *d = &w->decls[w->n];
     memset(d, 0, sizeof *d);
@@ -269,7 +268,7 @@ int fsc_st_writer_set_metadata(fsc_st_writer *w, const char *key, const char *va
         if (strcmp(w->meta[2 * i], key) == 0)
             return fail(
                 w, fsc_error(FSC_ERR_INVALID, "%s: metadata \"%s\" set twice", w->af.path, key));
-    int rc = grow((void **)&w->meta, &w->metacap, 2 * w->nmeta + 2, sizeof *w->meta);
+    int rc = GROW(w->meta, &w->metacap, 2 * w->nmeta + 2);
     if (rc) return fail(w, rc);
     w->meta[2 * w->nmeta] = dup_str(key);
     w->meta[2 * w->nmeta + 1] = dup_str(value);

@@ -193,14 +193,18 @@ void fsc_bpe_split_ws_free(bpe_split_ws *ws) {
     free(ws);
 }
 
-static bool grow(void **p, size_t *cap, size_t need, size_t size) {
-    if (need <= *cap) return true;
+/* p (*cap elements of size bytes) reallocated to hold need, doubling from
+ * 64, and *cap set; p itself, *cap kept, when it already holds need or
+ * realloc fails (the caller checks *cap). It returns the pointer, since
+ * taking the caller's T ** as a void ** would be a pun. */
+static void *grow(void *p, size_t *cap, size_t need, size_t size) {
+    if (need <= *cap) return p;
     size_t c = *cap ? *cap : 64;
     while (c < need) c *= 2;
-    void *q = realloc(*p, c * size);
-    if (!q) return false;
-    *p = q, *cap = c;
-    return true;
+    void *q = realloc(p, c * size);
+    if (!q) return p;
+    *cap = c;
+    return q;
 }
 
 /* The matches of step in s[0..n) and the gaps between them, in order. */
@@ -225,14 +229,14 @@ static int find_segments(const bpe_split *step, bool utf8, bpe_split_ws *ws, con
             while (from < n && ((unsigned char)s[from] & 0xC0) == 0x80) from++;
             continue;
         }
-        if (!grow((void **)&ws->seg, &ws->cap_seg, k + 2, sizeof *ws->seg))
-            return fsc_error(FSC_ERR_NOMEM, "pre-tokenizer: out of memory");
+        ws->seg = grow(ws->seg, &ws->cap_seg, k + 2, sizeof *ws->seg);
+        if (ws->cap_seg < k + 2) return fsc_error(FSC_ERR_NOMEM, "pre-tokenizer: out of memory");
         if (ov[0] > prev) ws->seg[k++] = (segment){prev, ov[0], step->invert};
         ws->seg[k++] = (segment){ov[0], ov[1], !step->invert};
         prev = from = ov[1];
     }
-    if (!grow((void **)&ws->seg, &ws->cap_seg, k + 1, sizeof *ws->seg))
-        return fsc_error(FSC_ERR_NOMEM, "pre-tokenizer: out of memory");
+    ws->seg = grow(ws->seg, &ws->cap_seg, k + 1, sizeof *ws->seg);
+    if (ws->cap_seg < k + 1) return fsc_error(FSC_ERR_NOMEM, "pre-tokenizer: out of memory");
     if (prev < n) ws->seg[k++] = (segment){prev, n, step->invert};
     *nseg = k;
     return FSC_OK;
@@ -284,8 +288,8 @@ static bool valid_utf8(const unsigned char *s, size_t n) {
 int fsc_bpe_split_run(const fsc_bpe *t, bpe_split_ws *ws, const char *s, size_t n,
                       const bpe_range **pieces, size_t *count) {
     const bool utf8 = valid_utf8((const unsigned char *)s, n);
-    if (!grow((void **)&ws->a, &ws->cap_a, 1, sizeof *ws->a))
-        return fsc_error(FSC_ERR_NOMEM, "pre-tokenizer: out of memory");
+    ws->a = grow(ws->a, &ws->cap_a, 1, sizeof *ws->a);
+    if (ws->cap_a < 1) return fsc_error(FSC_ERR_NOMEM, "pre-tokenizer: out of memory");
     ws->a[0] = (bpe_range){0, n};
     size_t na = 1;
     for (int st = 0; st < t->nsplit; st++) {
@@ -296,8 +300,8 @@ int fsc_bpe_split_run(const fsc_bpe *t, bpe_split_ws *ws, const char *s, size_t 
             int rc = find_segments(&t->split[st], utf8, ws, s + base, k_n, &k);
             if (rc) return rc;
             k = fold(t->split[st].how, ws->seg, k);
-            if (!grow((void **)&ws->b, &ws->cap_b, nb + k, sizeof *ws->b))
-                return fsc_error(FSC_ERR_NOMEM, "pre-tokenizer: out of memory");
+            ws->b = grow(ws->b, &ws->cap_b, nb + k, sizeof *ws->b);
+            if (ws->cap_b < nb + k) return fsc_error(FSC_ERR_NOMEM, "pre-tokenizer: out of memory");
             for (size_t j = 0; j < k; j++)
                 ws->b[nb++] = (bpe_range){base + ws->seg[j].start, base + ws->seg[j].end};
         }

@@ -23,16 +23,15 @@ void fsc_module_init(fsc_module *m, const fsc_module_ops *ops, const char *name)
     snprintf(m->name, sizeof m->name, "%s", name ? name : "");
 }
 
-static int grow(void **arr, int *cap, int need, size_t elem) {
-    return fsc_grow_array(arr, cap, need, elem, 4, "out of memory growing a module");
-}
+/* A module's lists (params, children) start at 4 entries. */
+#define GROW(p, cap, need) FSC_GROW_ARRAY(p, cap, need, 4, "out of memory growing a module")
 
 int fsc_module_add_param(fsc_module *m, const char *name, int ndim, const int64_t *shape,
                          fsc_init_kind init, float init_std) {
     if (ndim < 1 || ndim > FSC_MAX_DIMS)
         return fsc_error(FSC_ERR_INVALID, "parameter %s.%s: %d dims (1..%d allowed)", m->name, name,
                          ndim, FSC_MAX_DIMS);
-    int rc = grow((void **)&m->params, &m->cap_params, m->nparams + 1, sizeof *m->params);
+    int rc = GROW(m->params, &m->cap_params, m->nparams + 1);
     if (rc) return rc;
     fsc_param *p = &m->params[m->nparams];
     memset(p, 0, sizeof *p);
@@ -54,7 +53,7 @@ int fsc_module_add_param(fsc_module *m, const char *name, int ndim, const int64_
 
 int fsc_module_add_child(fsc_module *m, fsc_module *child) {
     if (!child) return fsc_error(FSC_ERR_INVALID, "module %s: NULL child", m->name);
-    int rc = grow((void **)&m->children, &m->cap_children, m->nchildren + 1, sizeof *m->children);
+    int rc = GROW(m->children, &m->cap_children, m->nchildren + 1);
     if (rc) return rc;
     m->children[m->nchildren++] = child;
     child->parent = m;
