@@ -8,7 +8,7 @@ usage: train_e2e.py FSC_TRAIN {learns|accum|strategies|watchdog|resume|bad-input
                               llama-strategies|llama-techniques|llama-resume|llama-moe|
                               resume-outputs|launcher|sample-tokenizer|messages|freeze|
                               keep-best|async-equal|async-faults|async-kill|
-                              save-agree}
+                              save-agree|zb-bf16}
 One mode a ctest (train_<mode>); the checks live by feature in the train_e2e_*.py
 modules beside this file, what they share in train_e2e_common.py. (The progress
 output is tests/tools/progress_e2e.py.)
@@ -30,6 +30,7 @@ import train_e2e_save_agree as save_agree
 import train_e2e_tools as tools
 import train_e2e_training as training
 import train_e2e_user as user
+import train_e2e_zero_bubble as zero_bubble
 
 MODES = {
     "learns": training.learns,
@@ -72,6 +73,7 @@ MODES = {
     "freeze": finetune.freeze,
     "lora": finetune.lora,
     "param-groups": finetune.param_groups,
+    "zb-bf16": zero_bubble.zero_bubble_bf16,
 }
 
 MODES[sys.argv[2]]()
