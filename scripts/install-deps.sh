@@ -17,6 +17,7 @@ packages=(
   python3 python3-numpy
   doxygen                # the API reference (ctest api_docs, target api-docs)
   clang libclang-rt-dev  # libFuzzer harnesses (scripts/fuzz.sh; test.sh's fuzz smoke)
+  lld                    # links test.sh's sanitizer build faster (ld.bfd without it)
 )
 # PyTorch cross-checks (a model saved by fsc evaluated in PyTorch), golden
 # regeneration and the peer benchmark; FSC_NO_TORCH=1 skips it (those tests skip).

@@ -3,17 +3,19 @@
 # the tests. What runs where, and why (labels are set in tests/CMakeLists.txt):
 #  1. Release, every test (-LE multihost), under the environment's BLAS
 #     kernels (OPENBLAS_CORETYPE). Every test runs here.
-#  2. Release, the `numerics` label again under fsc's own CPUID choice of
-#     kernels, when that differs from the environment's: the tests whose
-#     results pass through a GEMM and are held to a bound (goldens, gradient
-#     checks, equivalence against one process, fsc-train against PyTorch or
-#     another layout), so that both kernel families meet the same tolerances.
+#  2. When fsc's own CPUID choice of kernels differs from the environment's,
+#     the `numerics` tests (results that pass through a GEMM and are held to
+#     a bound: goldens, gradient checks, equivalence against one process,
+#     fsc-train against PyTorch or another layout) meet the same tolerances
+#     under that choice too: in pass 3, which runs under it, and those that
+#     pass 3 leaves out (`numerics` and `release_only`) again here, Release.
 #     Tests whose assertions no kernel's rounding can move (refusals,
 #     messages, files, collectives without a matmul, sleeps, byte counts, the
 #     fault_ reruns, comparisons measured bit for bit under both families,
 #     1-rank runs that skip every numerical case or compare one computation
-#     with itself) run once, in pass 1.
-#  3. ASan + UBSan at -O1, every test but the `release_only` label: tests
+#     with itself) need no second family.
+#  3. ASan + UBSan at -O1, under fsc's CPUID choice of kernels, every test
+#     but the `release_only` label: tests
 #     that run no fsc C code (repository checks, the PyTorch benchmark side),
 #     the fault_ reruns (they test that comparisons notice a fault; the clean
 #     runs are here), the fsc-train modes about numerical agreement or
@@ -64,10 +66,13 @@ SECONDS=0
 (cd build && ctest --output-on-failure -j "$(nproc)" -LE multihost "$@")
 echo "== Release pass: ${SECONDS}s"
 
+# Passes 2 and 3 run under fsc's CPUID choice of kernels (cpu_env).
+cpu_env=(env)
 if [ "$env_kernels" != "$cpu_kernels" ]; then
-  echo "== Release: numerics tests again, fsc's CPUID choice (env -u OPENBLAS_CORETYPE): $(field blas <<<"$cpu_info")"
+  cpu_env=(env -u OPENBLAS_CORETYPE)
+  echo "== Release: the numerics tests that the sanitizer pass leaves out, fsc's CPUID choice (env -u OPENBLAS_CORETYPE): $(field blas <<<"$cpu_info")"
   SECONDS=0
-  (cd build && env -u OPENBLAS_CORETYPE ctest --output-on-failure -j "$(nproc)" -L numerics "$@")
+  (cd build && env -u OPENBLAS_CORETYPE ctest --output-on-failure -j "$(nproc)" -L numerics -L release_only "$@")
   echo "== Release numerics pass under $cpu_kernels kernels: ${SECONDS}s"
 elif [ -z "${OPENBLAS_CORETYPE+set}" ]; then
   echo "== OPENBLAS_CORETYPE is unset: the Release pass ran fsc's CPUID choice ($cpu_kernels kernels); no second numerics pass"
@@ -75,17 +80,21 @@ else
   echo "== OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE gives fsc's CPUID choice ($cpu_kernels kernels); no second numerics pass"
 fi
 
-echo "== the same tests under ASan + UBSan, but the release_only label =="
+echo "== the same tests under ASan + UBSan, but the release_only label, $cpu_kernels kernels =="
 # -O1, as AddressSanitizer's own guide advises: the same checks, and the
 # instrumented tests run 1.4-2.4x faster than at -O0 (measured on
 # test_llama_layers, test_golden and mpi_tp_np2), which keeps the suite short.
 # The by-hand benchmarks and the fuzz seed writer, which no test runs, are
-# compiled in the Release build only (FSC_BY_HAND_PROGRAMS).
+# compiled in the Release build only (FSC_BY_HAND_PROGRAMS). lld links the
+# instrumented programs in about 0.6x of ld.bfd's time (the 88 test programs:
+# 60 s against 98 s of a loaded 2-core EPYC); ld.bfd where it is missing.
+lld=()
+if command -v ld.lld >/dev/null; then lld=(-DCMAKE_EXE_LINKER_FLAGS=-fuse-ld=lld); fi
 cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS_DEBUG="-g -O1" -DFSC_WERROR=ON \
-  -DFSC_ASAN=ON -DFSC_UBSAN=ON -DFSC_BY_HAND_PROGRAMS=OFF >/dev/null
+  -DFSC_ASAN=ON -DFSC_UBSAN=ON -DFSC_BY_HAND_PROGRAMS=OFF "${lld[@]}" >/dev/null
 cmake --build build-sanitize -j "$(nproc)" >/dev/null
 SECONDS=0
-(cd build-sanitize && ctest --output-on-failure -j "$(nproc)" -LE 'multihost|release_only' "$@")
+(cd build-sanitize && "${cpu_env[@]}" ctest --output-on-failure -j "$(nproc)" -LE 'multihost|release_only' "$@")
 echo "== sanitizer pass: ${SECONDS}s"
 
 smoke=${FSC_FUZZ_SMOKE_S:-0}
