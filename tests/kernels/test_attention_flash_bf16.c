@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bf16_test.h"
 #include "flash_ref.h"
 
 static int setup(void **state) {
@@ -25,29 +26,22 @@ static int setup(void **state) {
     return 0;
 }
 
-static void need_bf16(void) {
-    if (!fsc_bf16_gemm_available()) {
-        print_message("skipped: no oneDNN bf16 path here (%s)\n", fsc_last_error());
-        skip();
-    }
-}
-
 static void test_gpt2_fused_bf16(void **state) {
     (void)state;
-    need_bf16();
+    if (!have_bf16()) skip();
     fr_gpt2_fused_case(FSC_GEMM_BF16, 31);
 }
 
 static void test_llama_gqa_bf16(void **state) {
     (void)state;
-    need_bf16();
+    if (!have_bf16()) skip();
     fr_llama_gqa_case(FSC_GEMM_BF16, 33);
 }
 
 /* fr_thread_count_case: 1 and 3 threads, the same bits, in bf16. */
 static void test_thread_count_independent_bf16(void **state) {
     (void)state;
-    need_bf16();
+    if (!have_bf16()) skip();
     fr_thread_count_case(FSC_GEMM_BF16, 35);
 }
 
