@@ -16,11 +16,12 @@
 #     with itself) need no second family.
 #  3. ASan + UBSan at -O1, under fsc's CPUID choice of kernels, every test
 #     but the `release_only` label: tests
-#     that run no fsc C code (repository checks, the PyTorch benchmark side),
-#     the fault_ reruns (they test that comparisons notice a fault; the clean
-#     runs are here), the fsc-train modes about numerical agreement or
-#     layouts whose C paths the C tests and the kept fsc-train modes run
-#     under the sanitizers, and the 4-rank runs of
+#     that run no fsc C code (repository checks, the API reference, the
+#     PyTorch benchmark side), the fault_ reruns (they test that comparisons
+#     notice a fault; the clean runs are here), the tool-driven tests about
+#     numerical agreement or layouts whose C paths the C tests and the kept
+#     tool-driven tests run under the sanitizers (a gcov build of the suite
+#     found no line they alone run), and the 4-rank runs of
 #     the MPI programs in which 4 ranks reach no code that 2 do not (no
 #     4-rank branch, no middle pipeline stage, no shard inside one tensor;
 #     their 1- and 2-rank runs stay). The lists and the reasons per program

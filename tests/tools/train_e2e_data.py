@@ -33,8 +33,10 @@ def validation():
                             (4, "sdp", ["--batch", "1", "--grad-accum", "2"]),
                             (2, "ddp", ["--batch", "8", "--tp", "2"]),
                             (2, "ddp", ["--batch", "4", "--grad-accum", "2", "--pp", "2"]),
+                            # a --balance given (parsed; strategies, where it also runs,
+                            # is left out of the sanitizer pass)
                             (2, "ddp", ["--batch", "4", "--grad-accum", "2", "--pp", "2",
-                                        "--pipe-schedule", "zbh1"]),
+                                        "--pipe-schedule", "zbh1", "--balance", "1,3"]),
                             (4, "fsdp", ["--batch", "2", "--grad-accum", "2", "--pp", "2"])):
         m = os.path.join(TMP, f"v-{strat}{n}{len(runs)}.jsonl")
         mpiexec(n, *common, "--strategy", strat, *extra, "--metrics", m)
