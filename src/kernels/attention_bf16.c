@@ -294,14 +294,6 @@ int fsc_attention_forward_bf16_act(float *out, uint16_t *atth, const uint16_t *q
     return FSC_OK;
 }
 
-/* One row of probabilities widened inside the per-(batch, head) loops:
- * fsc_widen_bf16 opens an OpenMP region per call, which per row of T costs
- * more than the row itself. */
-static void widen_row(float *dst, const uint16_t *src, int n) {
-#pragma omp simd
-    for (int i = 0; i < n; i++) dst[i] = fsc_bf16_widen(src[i]);
-}
-
 static int backward_fallback(float *dqkv, const float *dout, const uint16_t *qkvh,
                              const uint16_t *atth, int B, int T, int C, int NH) {
     const size_t nq = (size_t)B * T * 3 * C, na = (size_t)B * NH * T * T;
@@ -312,7 +304,7 @@ static int backward_fallback(float *dqkv, const float *dout, const uint16_t *qkv
         for (int bh = 0; bh < B * NH; bh++)
             for (int t = 0; t < T; t++) { /* the causal part; the per-head path reads no more */
                 size_t at = ((size_t)bh * T + t) * T;
-                widen_row(att + at, atth + at, t + 1);
+                fsc_widen_bf16(att + at, atth + at, t + 1);
                 memset(att + at + t + 1, 0, (size_t)(T - t - 1) * sizeof(float));
             }
         fsc_attention_backward_prec(dqkv, dout, qkv, att, B, T, C, NH, FSC_GEMM_BF16);
@@ -346,7 +338,7 @@ int fsc_attention_backward_bf16_act(float *dqkv, const float *dout, const uint16
             int ncols = (t / FSC_ATT_BLOCK + 1) * FSC_ATT_BLOCK;
             ncols = ncols < T ? ncols : T;
             size_t at = ((size_t)bh * T + t) * T;
-            widen_row(p, atth + at, t + 1);
+            fsc_widen_bf16(p, atth + at, t + 1);
             fsc_softmax_causal_row_backward(w.dp + at, p, t, ncols, scale);
             fsc_pack_bf16(w.p + at, w.dp + at, 1, ncols, 0);
         }

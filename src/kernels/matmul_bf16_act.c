@@ -17,7 +17,15 @@
 #define WS_IN 1 /* fsc_bf16_ws slot of the widened input (slot 0: backward's dout) */
 
 void fsc_widen_bf16(float *dst, const uint16_t *src, int64_t n) {
-#pragma omp parallel for simd if (n >= PAR_MIN) schedule(static)
+    /* a short span opens no OpenMP region: callers widen single rows inside
+     * their own loops, where even a region run on one thread costs more than
+     * the row (the bf16 attention backward: 244 -> 40 ms a medium step) */
+    if (n < PAR_MIN) {
+#pragma omp simd
+        for (int64_t i = 0; i < n; i++) dst[i] = fsc_bf16_widen(src[i]);
+        return;
+    }
+#pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; i++) dst[i] = fsc_bf16_widen(src[i]);
 }
 
